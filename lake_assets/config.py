@@ -1,0 +1,176 @@
+"""The feed configuration file: where the lake is and which vendor feeds land where.
+
+```yaml
+lake: file:///abs/lake            # or s3a://bucket/prefix
+feeds:
+  - name: unit                    # [a-z0-9_-]+
+    format: unit_cdc
+    landing: file:///abs/landing/unit
+    tables: [accounts]            # optional: discovered from the landing layout when omitted
+    start: 2024-01-01-00          # optional: first hourly partition, discovered when omitted
+    late_hours: 4                 # optional: how long an hour folder may still gain files
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from lake_assets.errors import ConfigError
+from lake_assets.paths import normalise_root_uri
+
+NAME_PATTERN = re.compile(r"^[a-z0-9_-]+$")
+TABLE_PATTERN = re.compile(r"^[a-z0-9_]+$")
+KNOWN_FORMATS = ("unit_cdc",)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedConfig:
+    name: str
+    format: str
+    landing: str
+    tables: tuple[str, ...] | None = None
+    start: str | None = None
+    late_hours: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Config:
+    """Where S3 lives; credentials come from the environment, never from this file."""
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkConfig:
+    master: str | None = None
+    remote: str | None = None
+    conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LakeConfig:
+    lake: str
+    feeds: tuple[FeedConfig, ...]
+    s3: S3Config = S3Config()
+    spark: SparkConfig = SparkConfig()
+    source: str | None = None
+
+    def feed(self, name: str) -> FeedConfig:
+        for feed in self.feeds:
+            if feed.name == name:
+                return feed
+        raise ConfigError(f"no feed named {name!r} (configured: {[f.name for f in self.feeds]})")
+
+    def with_lake(self, lake: str) -> "LakeConfig":
+        return dataclasses.replace(self, lake=normalise_root_uri(lake, "lake"))
+
+
+def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in mapping or mapping[key] in (None, ""):
+        raise ConfigError(f"{where}: '{key}' is required")
+    return mapping[key]
+
+
+def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
+    where = f"feeds[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    unknown = set(raw) - {f.name for f in dataclasses.fields(FeedConfig)}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    name = str(_require(raw, "name", where))
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"{where}: name {name!r} must match {NAME_PATTERN.pattern}")
+    fmt = str(_require(raw, "format", where))
+    if fmt not in KNOWN_FORMATS:
+        raise ConfigError(f"{where} ({name}): format {fmt!r} is not one of {list(KNOWN_FORMATS)}")
+    landing = normalise_root_uri(str(_require(raw, "landing", where)), f"{where}.landing")
+    tables = raw.get("tables")
+    if tables is not None:
+        if not isinstance(tables, Sequence) or isinstance(tables, str) or not tables:
+            raise ConfigError(f"{where} ({name}): 'tables' must be a non-empty list")
+        for table in tables:
+            if not isinstance(table, str) or not TABLE_PATTERN.match(table):
+                raise ConfigError(f"{where} ({name}): table {table!r} must match {TABLE_PATTERN.pattern}")
+        tables = tuple(tables)
+    start = raw.get("start")
+    if start is not None:
+        start = str(start)
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", start):
+            raise ConfigError(f"{where} ({name}): start {start!r} must look like 2024-01-31-00")
+    late_hours = raw.get("late_hours", 4)
+    if not isinstance(late_hours, int) or late_hours < 0:
+        raise ConfigError(f"{where} ({name}): late_hours must be a non-negative integer")
+    return FeedConfig(name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours)
+
+
+def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
+    where = source or "config"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    unknown = set(raw) - {"lake", "feeds", "s3", "spark"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    lake = normalise_root_uri(str(_require(raw, "lake", where)), "lake")
+    feeds_raw = raw.get("feeds") or []
+    if not isinstance(feeds_raw, Sequence) or isinstance(feeds_raw, str):
+        raise ConfigError(f"{where}: 'feeds' must be a list")
+    feeds = tuple(parse_feed(f, i) for i, f in enumerate(feeds_raw))
+    names = [f.name for f in feeds]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: feed names must be unique, got {names}")
+    s3_raw = raw.get("s3") or {}
+    if set(s3_raw) - {"endpoint_url", "region"}:
+        raise ConfigError(
+            f"{where}: s3 takes only endpoint_url and region; credentials come from the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+        )
+    spark_raw = raw.get("spark") or {}
+    if set(spark_raw) - {"master", "remote", "conf"}:
+        raise ConfigError(f"{where}: spark takes master, remote and conf")
+    return LakeConfig(
+        lake=lake,
+        feeds=feeds,
+        s3=S3Config(endpoint_url=s3_raw.get("endpoint_url"), region=s3_raw.get("region", "us-east-1")),
+        spark=SparkConfig(
+            master=spark_raw.get("master"),
+            remote=spark_raw.get("remote"),
+            conf={str(k): str(v) for k, v in (spark_raw.get("conf") or {}).items()},
+        ),
+        source=source,
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> LakeConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    with path.open() as handle:
+        try:
+            raw = yaml.safe_load(handle)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_config(raw, source=str(path))
+
+
+def dump_config(config: LakeConfig) -> str:
+    """YAML text for a config (used by the demo to write the config it runs)."""
+    feeds = []
+    for feed in config.feeds:
+        entry: dict[str, Any] = {"name": feed.name, "format": feed.format, "landing": feed.landing}
+        if feed.tables:
+            entry["tables"] = list(feed.tables)
+        if feed.start:
+            entry["start"] = feed.start
+        if feed.late_hours != 4:
+            entry["late_hours"] = feed.late_hours
+        feeds.append(entry)
+    return yaml.safe_dump({"lake": config.lake, "feeds": feeds}, sort_keys=False)

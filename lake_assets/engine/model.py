@@ -1,0 +1,66 @@
+"""The normalised change model every feed produces and the merge engine consumes.
+
+A change event row holds the table's key column(s), its payload columns as the vendor sent them,
+and these system columns:
+
+| column          | type            | meaning                                                       |
+|-----------------|-----------------|---------------------------------------------------------------|
+| `_op`           | string          | `insert`, `update` or `delete`                                |
+| `_version_at`   | timestamp       | the version's source time, truncated to milliseconds          |
+| `_seq`          | feed-specific   | orders several writes of one version; greatest wins            |
+| `_unmodified`   | array<string>   | payload columns this event did not set (partial update)       |
+| `_purged`       | boolean         | the key was purged: its field data must be erased everywhere  |
+| `_source_file`  | string          | URI of the landed file the event came from                    |
+| `_ingested_at`  | timestamp       | when lake_assets read it                                      |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+OP = "_op"
+VERSION_AT = "_version_at"
+SEQ = "_seq"
+UNMODIFIED = "_unmodified"
+PURGED = "_purged"
+SOURCE_FILE = "_source_file"
+INGESTED_AT = "_ingested_at"
+
+SYSTEM_COLUMNS = (OP, VERSION_AT, SEQ, UNMODIFIED, PURGED, SOURCE_FILE, INGESTED_AT)
+
+# Hive partition columns of change logs (hourly feeds, batch feeds); never payload.
+PARTITION_COLUMNS = ("hour", "batch")
+
+
+def is_reserved(column: str) -> bool:
+    """System, partition and internal (`__`) columns: everything that is not payload."""
+    return column in SYSTEM_COLUMNS or column in PARTITION_COLUMNS or column.startswith("__")
+
+INSERT, UPDATE, DELETE = "insert", "update", "delete"
+OPERATIONS = (INSERT, UPDATE, DELETE)
+
+# Fivetran's "open" end of an active version.
+END_OF_TIME = "9999-12-31 23:59:59.999"
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryColumns:
+    """Names of the history-mode system columns; Fivetran's by default."""
+
+    start: str = "_fivetran_start"
+    end: str = "_fivetran_end"
+    active: str = "_fivetran_active"
+    synced: str = "_fivetran_synced"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """What the engine needs to know about one source table."""
+
+    name: str
+    keys: tuple[str, ...]
+    partial_updates: bool = False
+    history_columns: HistoryColumns = HistoryColumns()
+
+    def payload_columns(self, columns: list[str]) -> list[str]:
+        return [c for c in columns if c not in self.keys and not is_reserved(c)]

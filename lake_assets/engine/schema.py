@@ -1,0 +1,78 @@
+"""Schema drift: columns come and go, numeric types widen, anything else is a clear clash."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, functions as F, types as T
+
+from lake_assets.errors import SchemaClash
+
+# Each type can widen to any type later in its chain.
+_NUMERIC_CHAIN = (T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType(), T.DoubleType())
+
+
+def _rank(dtype: T.DataType) -> int | None:
+    if isinstance(dtype, T.FloatType):
+        return len(_NUMERIC_CHAIN) - 1  # float only widens to double
+    for index, candidate in enumerate(_NUMERIC_CHAIN):
+        if dtype == candidate:
+            return index
+    return None
+
+
+def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.DataType:
+    """The narrowest type holding both, or SchemaClash naming table, column and both types."""
+    if left == right or isinstance(right, T.NullType):
+        return left
+    if isinstance(left, T.NullType):
+        return right
+    if isinstance(left, T.TimestampNTZType) and isinstance(right, T.TimestampType):
+        return right
+    if isinstance(left, T.TimestampType) and isinstance(right, T.TimestampNTZType):
+        return left
+    left_rank, right_rank = _rank(left), _rank(right)
+    if left_rank is not None and right_rank is not None:
+        if isinstance(left, T.FloatType) or isinstance(right, T.FloatType):
+            return T.DoubleType()
+        return _NUMERIC_CHAIN[max(left_rank, right_rank)]
+    if isinstance(left, T.DecimalType) and right_rank is not None or isinstance(right, T.DecimalType) and left_rank is not None:
+        return T.DoubleType()
+    raise SchemaClash(
+        f"table {table!r}: column {column!r} has type {left.simpleString()} in one place and "
+        f"{right.simpleString()} in another; these cannot be widened into one type"
+    )
+
+
+def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructField]:
+    """Union of columns in first-seen order, each with its widened type."""
+    order: list[str] = []
+    types: dict[str, T.DataType] = {}
+    for schema in schemas:
+        for field in schema.fields:
+            if field.name not in types:
+                order.append(field.name)
+                types[field.name] = field.dataType
+            else:
+                types[field.name] = widen(table, field.name, types[field.name], field.dataType)
+    return [T.StructField(name, types[name], True) for name in order]
+
+
+def conform(df: DataFrame, fields: list[T.StructField]) -> DataFrame:
+    """Select `fields` from `df`: cast to the target type, NULL where the column is absent."""
+    present = set(df.columns)
+    return df.select(
+        *[
+            (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name)
+            for f in fields
+        ]
+    )
+
+
+def union_all(table: str, frames: list[DataFrame]) -> DataFrame:
+    """Union frames whose schemas drifted, widening types where that is lossless."""
+    if len(frames) == 1:
+        return frames[0]
+    fields = unified_fields(table, [f.schema for f in frames])
+    result = conform(frames[0], fields)
+    for frame in frames[1:]:
+        result = result.unionByName(conform(frame, fields))
+    return result

@@ -1,0 +1,26 @@
+"""Errors raised by the pure layers; each says what was wrong and where."""
+
+
+class LakeAssetsError(Exception):
+    """Base class for every error lake_assets raises on purpose."""
+
+
+class ConfigError(LakeAssetsError):
+    """The feed configuration is invalid."""
+
+
+class UnsafePathError(LakeAssetsError):
+    """A path segment built from external input (partition key, file name) is not safe."""
+
+
+class BadInputFile(LakeAssetsError):
+    """A landed file cannot be used; it is quarantined with this reason."""
+
+    def __init__(self, uri: str, reason: str):
+        super().__init__(f"{uri}: {reason}")
+        self.uri = uri
+        self.reason = reason
+
+
+class SchemaClash(LakeAssetsError):
+    """Two observations of a column have types that cannot be widened into one."""

@@ -1,0 +1,16 @@
+"""One module per vendor format; each provides a `FeedFormat` (see `base`)."""
+
+from __future__ import annotations
+
+from lake_assets.errors import ConfigError
+from lake_assets.feeds.base import FeedFormat
+from lake_assets.feeds.unit_cdc import UnitCdcFormat
+
+_FORMATS: dict[str, FeedFormat] = {f.name: f for f in (UnitCdcFormat(),)}
+
+
+def get_format(name: str) -> FeedFormat:
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise ConfigError(f"unknown feed format {name!r}; known: {sorted(_FORMATS)}") from None

@@ -1,0 +1,125 @@
+"""Unit CDC exports: hourly Parquet under `<table>/year=/month=/day=/hour=/part-*.parquet`.
+
+Facts (seeds/unit-cdc-export.txt, FORMATS.md): business key `id`; special columns
+`cdc_operation_type` (INSERT/UPDATE/DELETE or I/U/D), `cdc_change_seq` (unique, increasing) and
+`cdc_commit_timestamp`; a DELETE row carries only `id`; duplicates, out-of-order rows and
+same-timestamp multi-updates happen; columns come and go; hours gain files up to 4 hours late.
+Their physical types are not documented, so every plausible encoding is accepted.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, functions as F, types as T
+
+from lake_assets.engine import model as m
+from lake_assets.feeds.base import FeedFormat, data_files, hour_folder
+from lake_assets.paths import safe_segment
+from lake_assets.storage import Entry, Storage
+
+KEY = "id"
+OPERATION = "cdc_operation_type"
+SEQUENCE = "cdc_change_seq"
+COMMITTED_AT = "cdc_commit_timestamp"
+SPECIAL = (OPERATION, SEQUENCE, COMMITTED_AT)
+
+_OPS = {"INSERT": m.INSERT, "I": m.INSERT, "UPDATE": m.UPDATE, "U": m.UPDATE, "DELETE": m.DELETE, "D": m.DELETE}
+_HOUR_IN_PATH = r"year=(\d{4})/month=(\d{1,2})/day=(\d{1,2})/hour=(\d{1,2})/"
+_EPOCH_MS_THRESHOLD = 100_000_000_000  # numbers above this are milliseconds, below seconds
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
+    )
+
+
+def _is_whole_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or (pa.types.is_decimal(t) and t.scale == 0)
+
+
+class UnitCdcFormat(FeedFormat):
+    name = "unit_cdc"
+    partition_column = "hour"
+
+    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
+        return sorted(
+            e.name for e in storage.list(landing) if e.is_dir and re.fullmatch(r"[a-z0-9_]+", e.name)
+        )
+
+    def table_spec(self, table: str) -> m.TableSpec:
+        return m.TableSpec(name=table, keys=(KEY,))
+
+    def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
+        return data_files(storage, hour_folder(f"{landing}/{safe_segment(table, 'table')}", partition))
+
+    def vet_schema(self, schema: pa.Schema) -> str | None:
+        names = set(schema.names)
+        if KEY not in names:
+            return f"missing the key column '{KEY}'"
+        missing = [c for c in SPECIAL if c not in names]
+        if missing:
+            return f"missing special column(s) {missing}"
+        op_type = schema.field(OPERATION).type
+        if not _is_text(op_type):
+            return f"column '{OPERATION}' has type {op_type}, expected a string"
+        seq_type = schema.field(SEQUENCE).type
+        if not (_is_whole_number(seq_type) or _is_text(seq_type)):
+            return f"column '{SEQUENCE}' has type {seq_type}, expected an integer (or digits as text)"
+        ts_type = schema.field(COMMITTED_AT).type
+        if not (pa.types.is_timestamp(ts_type) or pa.types.is_date(ts_type) or _is_text(ts_type) or pa.types.is_integer(ts_type)):
+            return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
+        return None
+
+    @staticmethod
+    def _commit_time(raw: DataFrame) -> Column:
+        column = F.col(COMMITTED_AT)
+        dtype = raw.schema[COMMITTED_AT].dataType
+        if isinstance(dtype, T.StringType):
+            return F.try_to_timestamp(F.trim(column))
+        if isinstance(dtype, T.IntegralType):
+            as_long = column.cast("long")
+            return F.when(F.abs(as_long) > _EPOCH_MS_THRESHOLD, F.timestamp_millis(as_long)).otherwise(
+                F.timestamp_seconds(as_long)
+            )
+        return column.cast("timestamp")
+
+    def normalise(self, raw: DataFrame, file_path: Column) -> DataFrame:
+        op_text = F.upper(F.trim(F.col(OPERATION)))
+        op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
+        seq_col = F.col(SEQUENCE)
+        seq = seq_col.cast("long") if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType) else F.expr(
+            f"try_cast(trim(`{SEQUENCE}`) as bigint)"
+        )
+        version_at = F.date_trunc("millisecond", self._commit_time(raw))
+        invalid = (
+            F.when(F.col(KEY).isNull(), F.lit("id is NULL"))
+            .when(op.isNull(), F.concat(F.lit(f"unknown {OPERATION} "), F.coalesce(F.col(OPERATION), F.lit("NULL"))))
+            .when(seq.isNull(), F.concat(F.lit(f"{SEQUENCE} is not a whole number: "), F.coalesce(seq_col.cast("string"), F.lit("NULL"))))
+            .when(version_at.isNull(), F.concat(F.lit(f"{COMMITTED_AT} is not a time: "), F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL"))))
+        )
+        hour = F.regexp_extract(file_path, _HOUR_IN_PATH, 0)
+        partition = F.format_string(
+            "%s-%02d-%02d-%02d",
+            F.regexp_extract(file_path, _HOUR_IN_PATH, 1),
+            F.regexp_extract(file_path, _HOUR_IN_PATH, 2).cast("int"),
+            F.regexp_extract(file_path, _HOUR_IN_PATH, 3).cast("int"),
+            F.regexp_extract(file_path, _HOUR_IN_PATH, 4).cast("int"),
+        )
+        payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
+        return raw.select(
+            F.col(KEY),
+            *[F.col(f"`{c}`") for c in payload],
+            op.alias(m.OP),
+            version_at.alias(m.VERSION_AT),
+            seq.alias(m.SEQ),
+            F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
+            F.lit(False).alias(m.PURGED),
+            file_path.alias(m.SOURCE_FILE),
+            F.current_timestamp().alias(m.INGESTED_AT),
+            F.when(hour != "", partition).alias(self.partition_column),
+            invalid.alias("__invalid"),
+            F.col("__file_path"),
+        )

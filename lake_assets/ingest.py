@@ -1,0 +1,161 @@
+"""Reading one batch of landed files into change events, whatever the vendor format.
+
+For every file: vet its Parquet footer (readable? the columns the format needs, with usable
+types?), read the good files with Spark grouped by schema so drifting schemas union cleanly,
+validate rows, and set aside any file with a bad row. Nothing is dropped silently: every file is
+either read or quarantined with a reason, and the counts reconcile
+(rows in good files = events out + duplicates collapsed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
+from lake_assets.engine.schema import union_all
+from lake_assets.feeds.base import FeedFormat
+from lake_assets.quarantine import Quarantined
+from lake_assets.storage import Entry, Storage
+
+INVALID = "__invalid"
+FILE_PATH = "__file_path"
+
+
+@dataclasses.dataclass
+class Batch:
+    """The events of a batch and the bookkeeping that proves nothing was lost or doubled."""
+
+    events: DataFrame | None
+    files_listed: int
+    files_read: int
+    rows_in: int
+    events_out: int
+    duplicates: int
+    quarantined: list[Quarantined]
+
+    @property
+    def reconciles(self) -> bool:
+        return self.rows_in == self.events_out + self.duplicates and self.files_listed == self.files_read + len(
+            self.quarantined
+        )
+
+
+def canonical_uri(spark_path: str) -> str:
+    """Spark reports `file:/a/b` or URL-encoded `file:///a/b`; lake_assets says `file:///a/b`."""
+    path = unquote(spark_path)
+    if path.startswith("file:"):
+        return "file:///" + path[len("file:"):].lstrip("/")
+    return path
+
+
+def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
+    """(schema, rows) of a usable file, or the reason it is not usable."""
+    try:
+        with storage.open_input_file(entry.uri) as handle:
+            meta = pq.ParquetFile(handle)
+            schema, rows = meta.schema_arrow, meta.metadata.num_rows
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
+    reason = fmt.vet_schema(schema)
+    return ((schema, rows), None) if reason is None else (None, reason)
+
+
+def canonical_uri_column(path: str) -> F.Column:
+    """`canonical_uri` as a Spark expression."""
+    return F.regexp_replace(F.url_decode(F.col(path)), r"^file:/+", "file:///")
+
+
+def _read_group(spark: SparkSession, fmt: FeedFormat, uris: list[str], null_columns: tuple[str, ...] = ()) -> DataFrame:
+    raw = spark.read.parquet(*uris)
+    # A column Parquet stores with the null type (present but empty) reaches Spark as some
+    # arbitrary type; as NullType it widens into whatever type the column has elsewhere.
+    raw = raw.select(
+        *[F.lit(None).alias(c) if c in null_columns else F.col(f"`{c}`") for c in raw.columns],
+        F.col("_metadata.file_path").alias(FILE_PATH),
+    )
+    return fmt.normalise(raw, canonical_uri_column(FILE_PATH))
+
+
+def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, uris: list[str]) -> dict[str, str]:
+    """Find files whose data pages Spark cannot decode, one file at a time."""
+    bad = {}
+    for uri in uris:
+        try:
+            _read_group(spark, fmt, [uri]).write.format("noop").mode("overwrite").save()
+        except Exception as exc:  # py4j wraps the JVM error; its first line names the cause
+            first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            bad[uri] = f"Spark could not read the file's data ({first_line})"
+    return bad
+
+
+def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: list[Entry]) -> Batch:
+    spec = fmt.table_spec(table)
+    quarantined: list[Quarantined] = []
+    groups: dict[str, list[str]] = defaultdict(list)
+    null_columns: dict[str, tuple[str, ...]] = {}
+    rows_of: dict[str, int] = {}
+    for entry in files:
+        vetted, reason = _vet(storage, fmt, entry)
+        if vetted is None:
+            quarantined.append(Quarantined(entry.uri, reason))
+            continue
+        schema, rows = vetted
+        rows_of[entry.uri] = rows
+        signature = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        groups[signature].append(entry.uri)
+        null_columns[signature] = tuple(f.name for f in schema if pa.types.is_null(f.type))
+
+    frames = [_read_group(spark, fmt, uris, null_columns[sig]) for sig, uris in groups.items()]
+    if not frames:
+        return Batch(None, len(files), 0, 0, 0, 0, quarantined)
+
+    events = union_all(table, frames)
+    try:
+        events = events.persist()
+        problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
+            F.first(INVALID).alias("reason"), F.count(F.lit(1)).alias("rows")
+        ).collect()
+    except Exception:
+        # A file passed its footer check but its pages are damaged: find it and set it aside.
+        events.unpersist()
+        damaged = _unreadable_in_spark(spark, fmt, [u for g in groups.values() for u in g])
+        if not damaged:
+            raise
+        quarantined.extend(Quarantined(u, r, rows_of.pop(u)) for u, r in damaged.items())
+        remaining = {sig: [u for u in g if u not in damaged] for sig, g in groups.items()}
+        frames = [_read_group(spark, fmt, g, null_columns[sig]) for sig, g in remaining.items() if g]
+        if not frames:
+            return Batch(None, len(files), 0, 0, 0, 0, quarantined)
+        events = union_all(table, frames).persist()
+        problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
+            F.first(INVALID).alias("reason"), F.count(F.lit(1)).alias("rows")
+        ).collect()
+
+    bad_paths = []
+    for row in problems:
+        uri = canonical_uri(row[FILE_PATH])
+        quarantined.append(
+            Quarantined(uri, f"{row['reason']} ({row['rows']} bad row(s), first reason shown)", rows_of.pop(uri, None))
+        )
+        bad_paths.append(row[FILE_PATH])
+    good = events.where(~F.col(FILE_PATH).isin(bad_paths)) if bad_paths else events
+    good = good.drop(INVALID, FILE_PATH)
+    deduped = merge.collapse_identical(good, spec)
+    rows_in = sum(rows_of.values())
+    events_out = deduped.count()
+    return Batch(
+        events=deduped,
+        files_listed=len(files),
+        files_read=len(rows_of),
+        rows_in=rows_in,
+        events_out=events_out,
+        duplicates=rows_in - events_out,
+        quarantined=quarantined,
+    )

@@ -1,0 +1,96 @@
+"""Dagster definitions built from a feed configuration."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+
+from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.feeds import get_format
+from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key, list_hour_folders
+from lake_assets.orchestration.assets import TableAssets, build_table_assets
+from lake_assets.orchestration.io_managers import SparkParquetIOManager
+from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
+from lake_assets.orchestration.sensors import build_landing_sensor
+from lake_assets.paths import is_s3
+from lake_assets.storage import S3Settings, Storage
+
+
+def feed_job_name(feed: str) -> str:
+    return f"{feed.replace('-', '_')}_all_tables"
+
+
+def feed_tables(feed: FeedConfig, fmt: FeedFormat, storage: Storage) -> list[str]:
+    return list(feed.tables) if feed.tables else fmt.discover_tables(storage, feed.landing)
+
+
+def first_hour(feed: FeedConfig, fmt: FeedFormat, storage: Storage, tables: list[str]) -> str:
+    """The feed's first hourly partition: configured, else the earliest landed hour folder.
+
+    Discovery lists only the first year/month/day branch of each table. With nothing landed yet
+    the partitions start today, so a fresh deployment still loads; production configs should
+    pin `start` so every process agrees whatever has landed.
+    """
+    if feed.start:
+        return feed.start
+    earliest = []
+    for table in tables:
+        hours = list_hour_folders(storage, f"{feed.landing}/{table}")
+        if hours:
+            earliest.append(hours[0])
+    if earliest:
+        return min(earliest)
+    return hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
+
+
+def resources_for(config: LakeConfig) -> dict:
+    uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
+    lake = LakeResource(root=config.lake, s3_endpoint_url=config.s3.endpoint_url, s3_region=config.s3.region)
+    spark = LakeSparkResource.for_lake(
+        master=config.spark.master,
+        remote=config.spark.remote,
+        extra=dict(config.spark.conf),
+        use_s3=uses_s3,
+        s3_endpoint_url=config.s3.endpoint_url,
+        s3_region=config.s3.region,
+    )
+    return {
+        "lake": lake,
+        "spark": spark,
+        "lake_io_manager": SparkParquetIOManager(lake=lake, spark=spark),
+    }
+
+
+def build_definitions(config: LakeConfig) -> dg.Definitions:
+    storage = Storage(S3Settings(endpoint_url=config.s3.endpoint_url, region=config.s3.region))
+    assets: list = []
+    sensors, jobs = [], []
+    for feed in config.feeds:
+        fmt = get_format(feed.format)
+        tables = feed_tables(feed, fmt, storage)
+        start = first_hour(feed, fmt, storage, tables)
+        partitions = dg.HourlyPartitionsDefinition(
+            start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT), fmt=HOUR_KEY_FORMAT, timezone="UTC"
+        )
+        built: list[TableAssets] = [build_table_assets(feed, fmt, t, partitions) for t in tables]
+        for table_assets in built:
+            assets.extend([table_assets.raw, table_assets.changes, table_assets.state])
+        if built:
+            sensors.append(build_landing_sensor(feed, fmt, built))
+            jobs.append(
+                dg.define_asset_job(
+                    feed_job_name(feed.name),
+                    selection=dg.AssetSelection.assets(*[k for t in built for k in t.keys if k != t.raw.key]),
+                    partitions_def=partitions,
+                    description=f"Every table of the `{feed.name}` feed: changes, current and history.",
+                )
+            )
+    return dg.Definitions(
+        assets=assets,
+        sensors=sensors,
+        jobs=jobs,
+        resources=resources_for(config),
+        # One process per run: a SparkSession (and its JVM) per step would cost more than the work.
+        executor=dg.in_process_executor,
+    )

@@ -1,0 +1,63 @@
+"""Dagster resources: object storage access and the PySpark session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from lake_assets import spark as spark_settings
+from lake_assets.paths import LakeLayout
+from lake_assets.storage import S3Settings, Storage
+
+
+class LakeResource(dg.ConfigurableResource):
+    """The lake root and object storage access for `file://` and `s3a://` URIs.
+
+    Access keys are never part of this config: they come from the standard AWS environment
+    variables when a client is created.
+    """
+
+    root: str
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+
+    def get_storage(self) -> Storage:
+        return Storage(S3Settings(endpoint_url=self.s3_endpoint_url, region=self.s3_region))
+
+    def layout(self) -> LakeLayout:
+        return LakeLayout(self.root)
+
+
+class LakeSparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session, created on first use from the lake's Spark settings.
+
+    `spark_config` holds the non-secret settings (shown in the UI); s3a access keys are added
+    from the environment at session start and never appear in config or logs.
+    """
+
+    def _init_session(self) -> None:
+        if not self._spark_session:
+            self._spark_session = spark_settings.build_session(self.spark_config)
+
+    @classmethod
+    def for_lake(
+        cls,
+        *,
+        master: str | None,
+        remote: str | None,
+        extra: dict[str, str],
+        use_s3: bool,
+        s3_endpoint_url: str | None,
+        s3_region: str,
+    ) -> "LakeSparkResource":
+        conf: dict[str, Any] = spark_settings.session_conf(
+            master=master,
+            remote=remote,
+            extra=extra,
+            use_s3=use_s3,
+            s3_endpoint_url=s3_endpoint_url,
+            s3_region=s3_region,
+        )
+        return cls(spark_config=conf)

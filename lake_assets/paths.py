@@ -1,0 +1,82 @@
+"""URIs of the lake and landing areas, and the lake layout contract.
+
+Every path that lake_assets builds from outside input (a partition key, a table name, a landed
+file's name) goes through `safe_segment`, so a crafted name can never climb out of its folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from urllib.parse import urlparse
+
+from lake_assets.errors import ConfigError, UnsafePathError
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
+
+
+def safe_segment(value: str, what: str = "path segment") -> str:
+    """Return `value` if it can stand as one folder or file name, else raise UnsafePathError."""
+    if not isinstance(value, str) or not _SEGMENT.match(value) or value in (".", "..") or ".." in value:
+        raise UnsafePathError(f"{what} {value!r} is not a safe path segment")
+    return value
+
+
+def normalise_root_uri(uri: str, what: str) -> str:
+    """Accept `file:///abs`, an absolute local path, `s3a://bucket/prefix` or `s3://…`.
+
+    Returns `file:///abs/path` or `s3a://bucket/prefix` without a trailing slash.
+    """
+    uri = uri.strip()
+    if uri.startswith("/"):
+        uri = "file://" + uri
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"{what}: {uri!r} must be file:///absolute/path")
+        path = str(PurePosixPath(parsed.path))
+        if not path.startswith("/") or ".." in PurePosixPath(path).parts:
+            raise ConfigError(f"{what}: {uri!r} must be an absolute path without '..'")
+        return "file://" + path.rstrip("/") if path != "/" else "file:///"
+    if parsed.scheme in ("s3", "s3a"):
+        if not parsed.netloc:
+            raise ConfigError(f"{what}: {uri!r} has no bucket")
+        prefix = parsed.path.strip("/")
+        if ".." in PurePosixPath(prefix).parts:
+            raise ConfigError(f"{what}: {uri!r} must not contain '..'")
+        return f"s3a://{parsed.netloc}" + (f"/{prefix}" if prefix else "")
+    raise ConfigError(f"{what}: {uri!r} must be a file:// or s3a:// URI (or an absolute path)")
+
+
+def join(root: str, *segments: str) -> str:
+    """Join validated segments onto a root URI."""
+    parts = [safe_segment(s) for s in segments]
+    return "/".join([root.rstrip("/")] + parts)
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3a://") or uri.startswith("s3://")
+
+
+class LakeLayout:
+    """The lake layout contract (DESIGN.md): other engines read these paths with globs."""
+
+    LAYERS = ("changes", "current", "history")
+
+    def __init__(self, root: str):
+        self.root = normalise_root_uri(root, "lake")
+
+    def table(self, layer: str, feed: str, table: str) -> str:
+        if layer not in self.LAYERS:
+            raise ValueError(f"unknown layer {layer!r}")
+        return join(self.root, layer, feed, table)
+
+    def quarantine(self, feed: str, table: str, partition: str) -> str:
+        return join(self.root, "_quarantine", feed, table, partition)
+
+    def staging(self, feed: str, table: str, token: str) -> str:
+        """Scratch space outside every table's folder: globs over a table never see it."""
+        return join(self.root, "_staging", feed, table, token)
+
+    def catalog(self) -> str:
+        return join(self.root, "catalog")
