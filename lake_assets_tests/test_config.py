@@ -1,0 +1,66 @@
+import pytest
+
+from lake_assets.config import dump_config, load_config, parse_config
+from lake_assets.errors import ConfigError, UnsafePathError
+from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
+
+
+def test_minimal_config_parses_and_round_trips(tmp_path):
+    raw = {
+        "lake": "file:///tmp/lake/",
+        "feeds": [{"name": "unit", "format": "unit_cdc", "landing": "s3://bucket/unit", "tables": ["accounts"]}],
+    }
+    config = parse_config(raw)
+    assert config.lake == "file:///tmp/lake"
+    assert config.feeds[0].landing == "s3a://bucket/unit"
+    assert config.feeds[0].tables == ("accounts",)
+    assert config.feeds[0].late_hours == 4
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path).feeds == config.feeds
+
+
+@pytest.mark.parametrize(
+    "feed, message",
+    [
+        ({"name": "Unit", "format": "unit_cdc", "landing": "/x"}, "must match"),
+        ({"name": "unit", "format": "csv", "landing": "/x"}, "format"),
+        ({"name": "unit", "format": "unit_cdc"}, "'landing' is required"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "relative/path"}, "must be a file://"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "tables": ["../etc"]}, "table"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "colour": 1}, "unknown keys"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "start": "2024-01-01"}, "start"),
+    ],
+)
+def test_invalid_feeds_are_refused_with_the_reason(feed, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"lake": "/tmp/lake", "feeds": [feed]})
+
+
+def test_credentials_are_refused_in_the_config_file():
+    with pytest.raises(ConfigError, match="environment"):
+        parse_config({"lake": "/tmp/lake", "feeds": [], "s3": {"access_key_id": "AKIA"}})
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "../x", "a/b", "", ".hidden", "a\\b", "x..y", "a b"])
+def test_unsafe_path_segments_are_refused(bad):
+    with pytest.raises(UnsafePathError):
+        safe_segment(bad)
+
+
+def test_layout_builds_contract_paths():
+    layout = LakeLayout("s3://bucket/prefix/")
+    assert layout.table("history", "unit", "accounts") == "s3a://bucket/prefix/history/unit/accounts"
+    assert layout.quarantine("unit", "accounts", "2024-01-01-05") == (
+        "s3a://bucket/prefix/_quarantine/unit/accounts/2024-01-01-05"
+    )
+    with pytest.raises(UnsafePathError):
+        join("file:///lake", "changes", "../../etc")
+    assert normalise_root_uri("/abs/lake", "lake") == "file:///abs/lake"
+    with pytest.raises(ConfigError):
+        normalise_root_uri("file:///abs/../etc", "lake")

@@ -1,0 +1,70 @@
+"""The sensor's scanning logic: new hours, late files, run keys, pruned listing."""
+
+import pyarrow as pa
+
+from lake_assets.feeds.unit_cdc import UnitCdcFormat
+from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table
+from lake_assets.storage import Storage
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+
+class CountingStorage(Storage):
+    def __init__(self):
+        super().__init__()
+        self.listed: list[str] = []
+
+    def list(self, uri):
+        self.listed.append(uri)
+        return super().list(uri)
+
+
+def _write(landing, hour, name, day=1):
+    write_events(landing, "accounts", hour, name, [event("a", "INSERT", hour, at(hour, day=day), name="n", balance=1)], ACCOUNT_SCHEMA, day=day)
+
+
+def test_new_hours_then_only_late_files_are_reported(tmp_path):
+    landing = tmp_path / "unit"
+    for hour in (0, 1, 2, 5):
+        _write(landing, hour, "part-0.parquet")
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+
+    found, cursor = scan_table(storage, fmt, uri, "accounts", TableCursor(), late_hours=4)
+    assert [f.partition for f in found] == ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-01-05"]
+    assert cursor.high_water == "2024-03-01-05"
+
+    again, cursor = scan_table(storage, fmt, uri, "accounts", decode_cursor(encode_cursor({"accounts": cursor}))["accounts"], 4)
+    assert again == []
+
+    _write(landing, 2, "part-late.parquet")  # 3 hours late: inside the window
+    _write(landing, 6, "part-0.parquet")
+    found, cursor = scan_table(storage, fmt, uri, "accounts", cursor, 4)
+    assert [(f.partition, f.new_names) for f in found] == [
+        ("2024-03-01-02", ("part-late.parquet",)),
+        ("2024-03-01-06", ("part-0.parquet",)),
+    ]
+    assert found[0].all_names == ("part-0.parquet", "part-late.parquet")
+    # Hours older than the window are forgotten, so the cursor stays small.
+    assert min(cursor.seen) >= "2024-03-01-02"
+
+
+def test_scan_lists_only_the_late_window_not_the_whole_history(tmp_path):
+    landing = tmp_path / "unit"
+    for day in range(1, 11):
+        for hour in (0, 12):
+            _write(landing, hour, "part-0.parquet", day=day)
+    storage, fmt, uri = CountingStorage(), UnitCdcFormat(), f"file://{landing}"
+    _, cursor = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4)
+    full = len(storage.listed)
+    storage.listed.clear()
+    scan_table(storage, fmt, uri, "accounts", cursor, 4)
+    # year + month + the last day folder + its hour folders, not 10 days of folders.
+    assert len(storage.listed) <= 6 < full
+
+
+def test_contiguous_ranges_group_consecutive_hours():
+    keys = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-01-05", "2024-03-02-00", "2024-03-01-23"]
+    assert contiguous_ranges(keys) == [
+        ("2024-03-01-00", "2024-03-01-02"),
+        ("2024-03-01-05", "2024-03-01-05"),
+        ("2024-03-01-23", "2024-03-02-00"),
+    ]

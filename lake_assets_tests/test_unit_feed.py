@@ -1,0 +1,147 @@
+"""The Unit feed through the shared batch reader and the merge engine (Spark, no Dagster)."""
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lake_assets.engine import merge
+from lake_assets.feeds.base import data_files
+from lake_assets.feeds.unit_cdc import UnitCdcFormat
+from lake_assets.ingest import read_batch
+from lake_assets.storage import Storage
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
+
+FMT = UnitCdcFormat()
+
+
+def _fold(spark, landing, hours=(0, 1, 2)):
+    storage = Storage()
+    files = [f for h in hours for f in data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}")]
+    batch = read_batch(spark, storage, FMT, "accounts", files)
+    result = merge.fold_full(batch.events, FMT.table_spec("accounts"))
+    current = {r["id"]: r.asDict() for r in result.current.collect()}
+    history = sorted((r.asDict() for r in result.history.collect()), key=lambda r: (r["id"], r["_fivetran_start"]))
+    return batch, current, history
+
+
+def test_unit_semantics_on_focused_events(spark, tmp_path):
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [
+        event("a1", "INSERT", 1, at(0, 1), name="first", balance=1),
+        # same timestamp, three writes: the greatest cdc_change_seq wins, whatever the row order
+        event("a1", "UPDATE", 4, at(0, 2), name="winner", balance=3),
+        event("a1", "UPDATE", 2, at(0, 2), name="loser", balance=2),
+        event("a1", "UPDATE", 3, at(0, 2), name="middle", balance=2),
+        event("b1", "U", 5, at(0, 3), name="first-is-an-update", balance=10),
+        event("c1", "I", 6, at(0, 4), name="to-delete", balance=7),
+    ], ACCOUNT_SCHEMA)
+    write_events(landing, "accounts", 1, "part-0.parquet", [
+        {"id": "c1", "name": None, "balance": None, "cdc_operation_type": "D", "cdc_change_seq": 7, "cdc_commit_timestamp": at(1, 5)},
+        event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
+    ], ACCOUNT_SCHEMA)
+    # The same file delivered twice: identical duplicates collapse.
+    write_events(landing, "accounts", 1, "part-1.parquet", [
+        event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
+    ], ACCOUNT_SCHEMA)
+
+    batch, current, history = _fold(spark, landing)
+
+    assert batch.reconciles and batch.duplicates == 1 and batch.events_out == 8
+    assert set(current) == {"a1", "b1"}  # c1 was deleted
+    assert current["a1"]["name"] == "winner" and current["a1"]["_seq"] == 4
+    assert current["b1"]["name"] == "second"
+    c1 = [h for h in history if h["id"] == "c1"]
+    assert len(c1) == 1 and c1[0]["_fivetran_end"] == at(1, 5).replace(tzinfo=None) and not c1[0]["_fivetran_active"]
+    a1 = [h for h in history if h["id"] == "a1"]
+    assert [h["name"] for h in a1] == ["first", "winner"]
+    assert a1[0]["_fivetran_end"] == at(0, 2).replace(tzinfo=None) - dt.timedelta(milliseconds=1)
+    assert a1[1]["_fivetran_end"] == dt.datetime(9999, 12, 31, 23, 59, 59, 999000) and a1[1]["_fivetran_active"]
+    b1 = [h for h in history if h["id"] == "b1"]
+    assert [h["name"] for h in b1] == ["first-is-an-update", "second"]
+
+
+def test_special_columns_in_other_encodings_are_accepted(spark, tmp_path):
+    landing = tmp_path / "unit"
+    text_schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("cdc_operation_type", pa.string()),
+                             ("cdc_change_seq", pa.string()), ("cdc_commit_timestamp", pa.string())])
+    write_events(landing, "accounts", 0, "part-0.parquet", [
+        {"id": 1, "v": "a", "cdc_operation_type": "insert", "cdc_change_seq": "0001", "cdc_commit_timestamp": "2024-03-01T00:00:01Z"},
+        {"id": 1, "v": "b", "cdc_operation_type": " Update ", "cdc_change_seq": "2", "cdc_commit_timestamp": "2024-03-01 00:00:02.5"},
+    ], text_schema)
+    epoch_schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("cdc_operation_type", pa.string()),
+                              ("cdc_change_seq", pa.int32()), ("cdc_commit_timestamp", pa.int64())])
+    write_events(landing, "accounts", 1, "part-0.parquet", [
+        {"id": 1, "v": "c", "cdc_operation_type": "U", "cdc_change_seq": 3, "cdc_commit_timestamp": int(at(1).timestamp() * 1000)},
+        {"id": 2, "v": "d", "cdc_operation_type": "I", "cdc_change_seq": 4, "cdc_commit_timestamp": int(at(1, 1).timestamp())},
+    ], epoch_schema)
+    batch, current, history = _fold(spark, landing, hours=(0, 1))
+    assert batch.quarantined == [] and batch.reconciles
+    assert current[1]["v"] == "c" and current[1]["_version_at"] == at(1).replace(tzinfo=None)
+    assert current[2]["_version_at"] == at(1, 1).replace(tzinfo=None)
+    assert [h["v"] for h in history if h["id"] == 1] == ["a", "b", "c"]
+    assert history[1]["_fivetran_start"] == dt.datetime(2024, 3, 1, 0, 0, 2, 500000)
+
+
+def test_bad_files_are_quarantined_and_the_rest_of_the_hour_goes_on(spark, tmp_path):
+    landing = tmp_path / "unit"
+    good = write_events(landing, "accounts", 0, "part-good.parquet", [
+        event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
+        event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
+    ], ACCOUNT_SCHEMA)
+    folder = hour_dir(landing, "accounts", 0)
+    (folder / "part-corrupt.parquet").write_bytes(b"PAR1 this is not parquet at all PAR1")
+    truncated = folder / "part-truncated.parquet"
+    truncated.write_bytes(good.read_bytes()[:-30])
+    pq.write_table(pa.table({"name": ["no id"], "cdc_operation_type": ["I"], "cdc_change_seq": [2],
+                             "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC"))}),
+                   folder / "part-no-id.parquet")
+    pq.write_table(pa.table({"id": ["x"], "cdc_operation_type": ["I"], "cdc_change_seq": [2.5],
+                             "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC"))}),
+                   folder / "part-float-seq.parquet")
+    pq.write_table(pa.table({"id": ["y"], "cdc_operation_type": ["I"], "cdc_change_seq": [3],
+                             "cdc_commit_timestamp": [True]}),
+                   folder / "part-bool-ts.parquet")
+    write_events(landing, "accounts", 0, "part-bad-op.parquet", [
+        event("z", "UPSERT", 9, at(0, 9), name="?", balance=0),
+        event("z2", "INSERT", 10, at(0, 9), name="fine row, bad file", balance=0),
+    ], ACCOUNT_SCHEMA)
+
+    batch, current, _ = _fold(spark, landing, hours=(0,))
+
+    reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
+    assert set(reasons) == {"part-corrupt.parquet", "part-truncated.parquet", "part-no-id.parquet",
+                            "part-float-seq.parquet", "part-bool-ts.parquet", "part-bad-op.parquet"}
+    assert "not a readable Parquet file" in reasons["part-corrupt.parquet"]
+    assert "missing the key column 'id'" in reasons["part-no-id.parquet"]
+    assert "cdc_change_seq" in reasons["part-float-seq.parquet"] and "double" in reasons["part-float-seq.parquet"]
+    assert "cdc_commit_timestamp" in reasons["part-bool-ts.parquet"]
+    assert "unknown cdc_operation_type UPSERT" in reasons["part-bad-op.parquet"]
+    assert batch.files_listed == 7 and batch.files_read == 1
+    assert batch.rows_in == 2 and batch.events_out == 1 and batch.duplicates == 1 and batch.reconciles
+    assert set(current) == {"a1"}
+
+
+def test_a_type_that_cannot_widen_is_a_clear_error(spark, tmp_path):
+    from lake_assets.errors import SchemaClash
+
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0), flag=True)])
+    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0), flag=dt.date(2024, 1, 1))])
+    with pytest.raises(SchemaClash, match=r"table 'accounts': column 'flag' has type boolean .* date"):
+        _fold(spark, landing, hours=(0,))
+
+
+def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0), old_col="x", amount=1)],
+                 pa.schema([("id", pa.string()), ("old_col", pa.string()), ("amount", pa.int32()),
+                            ("cdc_operation_type", pa.string()), ("cdc_change_seq", pa.int64()),
+                            ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC"))]))
+    write_events(landing, "accounts", 0, "part-1.parquet", [event("a", "U", 2, at(0, 5), new_col="y", amount=2**40)])
+    batch, current, history = _fold(spark, landing, hours=(0,))
+    assert batch.reconciles
+    row = current["a"]
+    assert row["old_col"] is None and row["new_col"] == "y" and row["amount"] == 2**40
+    assert history[0]["old_col"] == "x" and history[0]["new_col"] is None and history[0]["amount"] == 1
