@@ -82,7 +82,6 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                 dg.define_asset_job(
                     feed_job_name(feed.name),
                     selection=dg.AssetSelection.assets(*[k for t in built for k in t.keys if k != t.raw.key]),
-                    partitions_def=partitions,
                     description=f"Every table of the `{feed.name}` feed: changes, current and history.",
                 )
             )

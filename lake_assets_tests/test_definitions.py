@@ -1,0 +1,111 @@
+"""The code location as Dagster loads it: validation, asset graph shape, the landing sensor."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.orchestration.definitions import build_definitions
+from lake_assets.orchestration.resources import LakeResource
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _landing(tmp_path):
+    landing = tmp_path / "landing" / "unit"
+    for hour in (3, 4, 5, 9):
+        write_events(landing, "accounts", hour, "part-0.parquet", [event("a", "I", hour, at(hour), name="x", balance=1)], ACCOUNT_SCHEMA)
+    write_events(landing, "cards", 4, "part-0.parquet", [event("c", "I", 1, at(4), name="x", balance=1)], ACCOUNT_SCHEMA)
+    return landing
+
+
+def _config(tmp_path, landing):
+    return LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+
+
+WARNINGS_PROBE = """
+import warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import lake_assets.definitions as location
+    location.defs.resolve_asset_graph()
+    location.defs.resolve_all_job_defs()
+for w in caught:
+    print(f"WARNING {w.category.__name__}: {w.message} ({w.filename}:{w.lineno})")
+print("LOADED", len(list(location.defs.resolve_asset_graph().get_all_asset_keys())))
+"""
+
+
+def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_path):
+    config_file = tmp_path / "lake_assets.yaml"
+    config_file.write_text(dump_config(_config(tmp_path, _landing(tmp_path))))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("")
+    env = {**os.environ, "LAKE_ASSETS_CONFIG": str(config_file), "DAGSTER_HOME": str(home)}
+    dagster = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0 and "Validation successful for code location lake_assets" in proc.stderr + proc.stdout, proc.stderr
+
+    # Every deprecation warning raised while Dagster builds our definitions, from any module.
+    probe = subprocess.run([sys.executable, "-c", WARNINGS_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    assert "LOADED 8" in probe.stdout
+    # BackfillPolicy is marked beta by Dagster; it is what the single-run backfills need.
+    deprecations = [line for line in probe.stdout.splitlines() if "Deprecation" in line or "Supersession" in line]
+    assert deprecations == [], probe.stdout
+
+
+def test_asset_graph_per_table(tmp_path):
+    defs = build_definitions(_config(tmp_path, _landing(tmp_path)))
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    for table in ("accounts", "cards"):  # discovered from the landing folder
+        assert {f"unit/{table}/{layer}" for layer in ("raw", "changes", "current", "history")} <= keys
+    changes = graph.get(dg.AssetKey(["unit", "accounts", "changes"]))
+    assert changes.partitions_def.get_first_partition_key() == "2024-03-01-03"
+    assert changes.backfill_policy == dg.BackfillPolicy.single_run()
+    history = graph.get(dg.AssetKey(["unit", "accounts", "history"]))
+    assert history.parent_keys == {dg.AssetKey(["unit", "accounts", "changes"])}
+    for key in keys:
+        assert graph.get(dg.AssetKey.from_user_string(key)).description, key
+
+
+def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path):
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    defs = build_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_landing_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        result = sensor(context)
+    requests = {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]): r for r in result.run_requests}
+    assert set(requests) == {
+        ("accounts", "2024-03-01-03", "2024-03-01-05"),
+        ("accounts", "2024-03-01-09", "2024-03-01-09"),
+        ("cards", "2024-03-01-04", "2024-03-01-04"),
+    }
+    assert len({r.run_key for r in result.run_requests}) == 3
+    assert {o.asset_key for o in result.asset_events} == {dg.AssetKey(["unit", "accounts", "raw"]), dg.AssetKey(["unit", "cards", "raw"])}
+
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=result.cursor) as context:
+        quiet = sensor(context)
+    assert quiet.run_requests == []
+
+    write_events(landing, "accounts", 5, "part-late.parquet", [event("b", "I", 99, at(5, 30), name="late", balance=2)], ACCOUNT_SCHEMA)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=quiet.cursor) as context:
+        late = sensor(context)
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in late.run_requests] == [("2024-03-01-05", "2024-03-01-05")]
+    assert set(late.run_requests[0].asset_selection) == {
+        dg.AssetKey(["unit", "accounts", layer]) for layer in ("changes", "current", "history")
+    }
