@@ -132,7 +132,13 @@ class Storage:
             fs.delete_file(path)
 
     def move_tree(self, src: str, dst: str) -> None:
+        """Move a folder: one rename on a file system, a copy per object then a delete on S3."""
         fs, src_path = self.resolve(src)
         _, dst_path = self.resolve(dst)
-        fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
-        fs.move(src_path, dst_path)
+        if not is_s3(src):
+            fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
+            fs.move(src_path, dst_path)
+            return
+        for entry in list(self.walk_files(src)):
+            self.copy(entry.uri, dst.rstrip("/") + entry.uri[len(src.rstrip("/")):])
+        self.delete_tree(src)
