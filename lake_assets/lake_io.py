@@ -5,12 +5,14 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 
 from __future__ import annotations
 
-import uuid
-from typing import Iterable
+from typing import Callable, Iterable
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
-from lake_assets.paths import LakeLayout, safe_segment
+from lake_assets.engine.schema import union_all
+
+from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
 
 
@@ -34,11 +36,49 @@ def read_partitions(
     wanted = sorted(present) if values is None else sorted(set(values) & set(present))
     if not wanted:
         return None
-    return (
-        spark.read.option("basePath", table_uri)
-        .option("mergeSchema", "true")
-        .parquet(*[present[v] for v in wanted])
-    )
+    return read_drifting(spark, storage, [present[v] for v in wanted], base_path=table_uri, table=table_uri)
+
+
+def read_drifting(
+    spark: SparkSession,
+    storage: Storage,
+    folders: list[str],
+    base_path: str | None = None,
+    table: str = "",
+    recursive: bool = False,
+) -> DataFrame:
+    """Read Parquet folders whose files may disagree on column types.
+
+    Spark's mergeSchema handles added and dropped columns but refuses a column that is int in
+    one file and bigint in another; then the files are read in groups of equal schema and
+    unioned with lossless widening (or a clear SchemaClash).
+    """
+    reader = spark.read.option("mergeSchema", "true")
+    if recursive:
+        # Folders like history/<t>/closed/<date>/ are not Hive partitions: no columns inferred.
+        reader = reader.option("recursiveFileLookup", "true")
+    if base_path:
+        reader = reader.option("basePath", base_path)
+    try:
+        df = reader.parquet(*folders)
+        df.schema  # schema merging happens here, eagerly
+        return df
+    except Exception as exc:  # py4j surfaces Spark's CANNOT_MERGE_SCHEMAS as a generic error
+        if "CANNOT_MERGE_SCHEMAS" not in str(exc):
+            raise
+    groups: dict[str, list[str]] = {}
+    for folder in folders:
+        for entry in storage.walk_files(folder):
+            if entry.name.startswith(("_", ".")) or not entry.name.endswith(".parquet"):
+                continue
+            with storage.open_input_file(entry.uri) as handle:
+                signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
+            groups.setdefault(signature, []).append(entry.uri)
+    frames = []
+    for uris in groups.values():
+        part = spark.read.option("basePath", base_path).parquet(*uris) if base_path else spark.read.parquet(*uris)
+        frames.append(part)
+    return union_all(table, frames)
 
 
 def write_partitions(
@@ -75,22 +115,47 @@ def write_partitions(
     return counts
 
 
-def replace_table(df: DataFrame, storage: Storage, layout: LakeLayout, feed: str, table: str, layer: str) -> str:
-    """Write a whole table to staging, then swap it in place of the previous version."""
-    target = layout.table(layer, feed, table)
-    staging = f"{layout.staging(feed, table, uuid.uuid4().hex)}/{safe_segment(layer)}"
-    df.write.mode("overwrite").parquet(staging)
-    storage.delete_tree(target)
-    storage.move_tree(staging, target)
-    storage.delete_tree(staging.rsplit("/", 1)[0])
-    return target
-
-
 def read_table(spark: SparkSession, storage: Storage, table_uri: str) -> DataFrame | None:
     if not storage.exists(table_uri):
         return None
-    return spark.read.option("mergeSchema", "true").parquet(table_uri)
+    return read_drifting(spark, storage, [table_uri], table=table_uri, recursive=True)
 
 
 def schema_metadata(schema: T.StructType) -> list[tuple[str, str]]:
     return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+def erase_keys_in_partitions(
+    spark: SparkSession,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    keys: list[str],
+    key_values: list[tuple],
+    payload_of: Callable[[list[str]], list[str]],
+    purged_column: str,
+) -> list[str]:
+    """NULL the payload of the given keys in every partition of a log that holds them.
+
+    Returns the partitions rewritten. Used for purges, which must leave no field data behind.
+    """
+    log = read_partitions(spark, storage, table_uri, column, None)
+    if log is None or not key_values:
+        return []
+    wanted = spark.createDataFrame(key_values, schema=log.select(*keys).schema).withColumn("__erase", F.lit(True))
+    hit = [r[column] for r in log.join(wanted, keys, "inner").select(column).distinct().collect()]
+    if not hit:
+        return []
+    part = read_partitions(spark, storage, table_uri, column, hit).join(wanted, keys, "left")
+    erase = F.coalesce(F.col("__erase"), F.lit(False))
+    payload = payload_of(part.columns)
+    rewritten = part.select(
+        *[
+            (F.when(erase, F.lit(None).cast(part.schema[c].dataType)).otherwise(F.col(f"`{c}`")).alias(c) if c in payload
+             else (F.col(c) | erase).alias(c) if c == purged_column else F.col(f"`{c}`"))
+            for c in part.columns if c != "__erase"
+        ]
+    )
+    # Materialised first: Spark refuses to overwrite folders the same plan still reads.
+    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit)
+    return sorted(hit)

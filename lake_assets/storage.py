@@ -131,6 +131,17 @@ class Storage:
         if fs.get_file_info(path).type == pafs.FileType.File:
             fs.delete_file(path)
 
+    def move_file(self, src: str, dst: str) -> None:
+        """Make `dst` appear whole: a rename on a file system, a server-side copy on S3."""
+        fs, src_path = self.resolve(src)
+        _, dst_path = self.resolve(dst)
+        fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
+        if is_s3(src):
+            fs.copy_file(src_path, dst_path)
+            fs.delete_file(src_path)
+        else:
+            fs.move(src_path, dst_path)
+
     def move_tree(self, src: str, dst: str) -> None:
         """Move a folder: one rename on a file system, a copy per object then a delete on S3."""
         fs, src_path = self.resolve(src)

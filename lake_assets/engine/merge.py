@@ -1,13 +1,18 @@
-"""Current state (SCD1) and history (SCD2, Fivetran history mode) from change events.
+"""The rules that turn change events into a per-key timeline, and current / history from it.
 
-The rules (DESIGN.md "Semantics"), applied per key in (version time, sequence) order:
+Per key, in (version time, sequence) order (DESIGN.md "Semantics", FORMATS.md "Fivetran
+history mode"):
 1. identical events collapse: one event per (key, version time, sequence);
-2. a partial update's unmodified columns take the previous event's values, reset by a delete;
-3. several writes of one version collapse to the greatest sequence;
-4. every surviving non-delete event is a history version; it ends 1 ms before the next version,
-   at the next event's time when that is a delete, or at the end of time while it is live;
-5. current holds each key's live version; a key whose last event is a delete is absent;
+2. several writes of one version collapse to the greatest sequence;
+3. a partial update's unmodified columns take the previous version's values; after a delete
+   (or with no previous version) they are NULL;
+4. every event becomes a timeline row that ends 1 ms before the next event starts, or at the
+   next event's time when that is a delete, or at the end of time when it is the last;
+5. history = the timeline's non-delete rows; current = each key's last row unless a delete;
 6. a purged key keeps its key and system columns, every field is erased.
+
+The functions here know nothing of storage: `fold.py` applies them to a whole log or to the
+window of touched keys.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from pyspark.sql import Column, DataFrame, Window, functions as F
 
 from lake_assets.engine import model as m
 
+START = "_version_at"  # in a timeline, a row starts at its version time
+END = "__end"
+ACTIVE = "__active"
+SYNCED = "__synced"
+
 
 @dataclasses.dataclass
 class FoldResult:
@@ -26,28 +36,38 @@ class FoldResult:
     history: DataFrame
 
 
-def _key_cols(spec: m.TableSpec) -> list[Column]:
+def key_cols(spec: m.TableSpec) -> list[Column]:
     return [F.col(f"`{k}`") for k in spec.keys]
 
 
 def collapse_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ."""
-    window = Window.partitionBy(*_key_cols(spec), F.col(m.VERSION_AT), F.col(m.SEQ)).orderBy(
+    window = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT), F.col(m.SEQ)).orderBy(
         F.col(m.SOURCE_FILE).desc_nulls_last(), F.col(m.OP).desc()
     )
     return events.withColumn("__dup", F.row_number().over(window)).where("__dup = 1").drop("__dup")
 
 
+def latest_write_per_version(events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None) -> DataFrame:
+    """Several writes of one version: the greatest sequence wins."""
+    order = [F.col(m.SEQ).desc(), *(tie_break or []), F.col(m.SOURCE_FILE).desc_nulls_last()]
+    window = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*order)
+    return events.withColumn("__w", F.row_number().over(window)).where("__w = 1").drop("__w")
+
+
 def fill_unmodified(events: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Columns listed in `_unmodified` take the value of the key's previous event in its life."""
+    """Columns listed in `_unmodified` take the value of the key's previous version in its life.
+
+    A life is the run of events between deletes: a delete resets what can be carried forward.
+    """
     if not spec.partial_updates or not payload:
         return events
     order = [F.col(m.VERSION_AT), F.col(m.SEQ)]
     is_delete = (F.col(m.OP) == m.DELETE).cast("int")
-    before = Window.partitionBy(*_key_cols(spec)).orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
+    before = Window.partitionBy(*key_cols(spec)).orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
     events = events.withColumn("__life", F.coalesce(F.sum(is_delete).over(before), F.lit(0)))
     so_far = (
-        Window.partitionBy(*_key_cols(spec), F.col("__life"))
+        Window.partitionBy(*key_cols(spec), F.col("__life"))
         .orderBy(*order)
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
@@ -59,63 +79,81 @@ def fill_unmodified(events: DataFrame, spec: m.TableSpec, payload: list[str]) ->
         carried = F.last(F.when(~unmodified, F.struct(F.col(name).alias("v"))), ignorenulls=True).over(so_far)
         filled.append(F.when(unmodified, carried.getField("v")).otherwise(F.col(name)).alias(column))
     others = [F.col(f"`{c}`") for c in events.columns if c not in payload and c != "__life"]
-    return events.select(*others, *filled)
+    return events.select(*others, *filled).select(*events.drop("__life").columns)
 
 
-def latest_write_per_version(events: DataFrame, spec: m.TableSpec) -> DataFrame:
-    window = Window.partitionBy(*_key_cols(spec), F.col(m.VERSION_AT)).orderBy(F.col(m.SEQ).desc())
-    return events.withColumn("__w", F.row_number().over(window)).where("__w = 1").drop("__w")
+def with_windows(events: DataFrame, spec: m.TableSpec) -> DataFrame:
+    """Add each row's end (see rule 4) and whether it is the key's last event."""
+    order = Window.partitionBy(*key_cols(spec)).orderBy(F.col(m.VERSION_AT), F.col(m.SEQ))
+    next_at = F.lead(m.VERSION_AT).over(order)
+    next_op = F.lead(m.OP).over(order)
+    events = events.withColumn("__next_at", next_at).withColumn("__next_op", next_op)
+    end = (
+        F.when(F.col("__next_at").isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
+        .when((F.col("__next_op") == m.DELETE) & (F.col(m.OP) != m.DELETE), F.col("__next_at"))
+        .otherwise(F.col("__next_at") - F.expr("INTERVAL 1 MILLISECOND"))
+    )
+    return events.withColumn(END, end).withColumn(ACTIVE, F.col("__next_at").isNull()).drop("__next_at", "__next_op")
 
 
-def erase_purged(frame: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Null every field of keys that carry a purge marker on any event."""
+def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFrame:
+    """NULL the payload columns of rows where `erase` holds (purged keys)."""
     if not payload:
         return frame
-    purged = F.max(F.coalesce(F.col(m.PURGED), F.lit(False)).cast("int")).over(Window.partitionBy(*_key_cols(spec))) == 1
+    types = dict((f.name, f.dataType) for f in frame.schema.fields)
     return frame.select(
         *[
-            (F.when(purged, F.lit(None)).otherwise(F.col(f"`{c}`")).cast(frame.schema[c].dataType).alias(c) if c in payload else F.col(f"`{c}`"))
+            F.when(erase, F.lit(None).cast(types[c])).otherwise(F.col(f"`{c}`")).alias(c) if c in payload else F.col(f"`{c}`")
             for c in frame.columns
         ]
     )
 
 
-def fold_full(changes: DataFrame, spec: m.TableSpec, synced_at: Column | None = None) -> FoldResult:
-    """Recompute current and history from the complete change log of one table."""
-    hc = spec.history_columns
-    payload = spec.payload_columns(changes.columns)
-    # One instant for the whole fold, so current and history agree on when they were written.
-    synced = synced_at if synced_at is not None else F.lit(dt.datetime.now(dt.timezone.utc)).cast("timestamp")
+def purged_anywhere(spec: m.TableSpec) -> Column:
+    """True on every row of a key that has a purge marker on any of its rows."""
+    flag = F.coalesce(F.col(m.PURGED), F.lit(False)).cast("int")
+    return F.max(flag).over(Window.partitionBy(*key_cols(spec))) == 1
 
-    events = collapse_identical(changes, spec)
+
+def timeline(events: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+    """Rules 3, 4 and 6 over collapsed events of whole keys (or of a key's window from its anchor)."""
     events = fill_unmodified(events, spec, payload)
-    events = latest_write_per_version(events, spec)
-    events = erase_purged(events, spec, payload)
+    events = erase_fields(events, payload, purged_anywhere(spec))
+    return with_windows(events, spec)
 
-    order = Window.partitionBy(*_key_cols(spec)).orderBy(F.col(m.VERSION_AT), F.col(m.SEQ))
-    events = events.withColumn("__next_at", F.lead(m.VERSION_AT).over(order)).withColumn(
-        "__next_op", F.lead(m.OP).over(order)
-    )
-    end = (
-        F.when(F.col("__next_at").isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
-        .when(F.col("__next_op") == m.DELETE, F.col("__next_at"))
-        .otherwise(F.col("__next_at") - F.expr("INTERVAL 1 MILLISECOND"))
-    )
-    versions = events.where(F.col(m.OP) != m.DELETE)
-    key_and_payload = [F.col(f"`{c}`") for c in (*spec.keys, *payload)]
-    history = versions.select(
-        *key_and_payload,
+
+def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+    """Published history columns from timeline rows (deletes excluded)."""
+    hc = spec.history_columns
+    return rows.where(F.col(m.OP) != m.DELETE).select(
+        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
         F.col(m.VERSION_AT).alias(hc.start),
-        end.alias(hc.end),
-        F.col("__next_at").isNull().alias(hc.active),
-        synced.alias(hc.synced),
+        F.col(END).alias(hc.end),
+        F.col(ACTIVE).alias(hc.active),
+        F.col(SYNCED).alias(hc.synced),
+        F.col(m.OP),
+        F.col(m.SEQ),
+        F.col(m.UNMODIFIED),
         F.col(m.SOURCE_FILE),
     )
-    current = versions.where(F.col("__next_at").isNull()).select(
-        *key_and_payload,
+
+
+def current_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+    """Published current columns from timeline rows: last rows that are not deletes."""
+    return rows.where(F.col(ACTIVE) & (F.col(m.OP) != m.DELETE)).select(
+        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
         F.col(m.VERSION_AT),
         F.col(m.SEQ),
         F.col(m.SOURCE_FILE),
-        synced.alias(hc.synced),
+        F.col(SYNCED).alias(spec.history_columns.synced),
     )
-    return FoldResult(current=current, history=history)
+
+
+def fold_full(changes: DataFrame, spec: m.TableSpec, synced_at: dt.datetime | None = None) -> FoldResult:
+    """Recompute current and history from the complete change log of one table."""
+    payload = spec.payload_columns(changes.columns)
+    # One instant for the whole fold, so current and history agree on when they were written.
+    synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
+    events = latest_write_per_version(collapse_identical(changes, spec), spec)
+    rows = timeline(events, spec, payload).withColumn(SYNCED, synced)
+    return FoldResult(current=current_of(rows, spec, payload), history=history_of(rows, spec, payload))

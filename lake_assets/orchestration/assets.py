@@ -6,7 +6,9 @@ import dataclasses
 import dagster as dg
 from lake_assets import lake_io
 from lake_assets.config import FeedConfig
-from lake_assets.engine import merge
+from lake_assets.engine.fold import fold
+from lake_assets.engine.model import PURGED
+from lake_assets.engine.state import TableState
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
@@ -104,6 +106,7 @@ def build_table_assets(
 
     @dg.multi_asset(
         name=f"{feed.name}__{table}__state".replace("-", "_"),
+        ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
             dg.AssetSpec(
                 current_key,
@@ -112,7 +115,8 @@ def build_table_assets(
                 kinds={"spark", "parquet"},
                 description=(
                     f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
-                    "version by (version time, sequence); deleted keys are absent."
+                    "version by (version time, sequence); deleted keys are absent. Materialising a "
+                    "partition folds that partition's change events in."
                 ),
             ),
             dg.AssetSpec(
@@ -122,7 +126,9 @@ def build_table_assets(
                 kinds={"spark", "parquet"},
                 description=(
                     f"Every version of `{table}` (SCD type 2, Fivetran history mode): "
-                    "`_fivetran_start`, `_fivetran_end`, `_fivetran_active`, `_fivetran_synced`."
+                    "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
+                    "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
+                    "under `active/`, closed ones under `closed/<end date>/`."
                 ),
             ),
         ],
@@ -131,30 +137,47 @@ def build_table_assets(
         pool=state_pool(feed.name, table),
         can_subset=False,
     )
-    def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource):
-        """Fold the change log of the materialised partitions into current and history."""
+    def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, batch):
+        """Fold the change events of the materialised partitions into current and history."""
         storage = lake.get_storage()
         layout = lake.layout()
         session = spark.spark_session
-        log = lake_io.read_table(session, storage, layout.table("changes", feed.name, table))
-        if log is None:
-            context.log.info(f"{feed.name}/{table}: the change log is empty; nothing to fold")
-            for key in (current_key, history_key):
-                yield dg.MaterializeResult(asset_key=key, metadata={"dagster/row_count": 0})
-            return
-        result = merge.fold_full(log, spec)
-        for key, frame, layer in ((current_key, result.current, "current"), (history_key, result.history, "history")):
-            path = lake_io.replace_table(frame, storage, layout, feed.name, table, layer)
-            written = session.read.parquet(path)
-            yield dg.MaterializeResult(
-                asset_key=key,
-                metadata={
-                    "dagster/row_count": written.count(),
-                    "path": dg.MetadataValue.path(path),
-                    "dagster/column_schema": dg.TableSchema(
-                        columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(written.schema)]
-                    ),
-                },
+        table_state = TableState(layout, feed.name, table)
+        changes_uri = layout.table("changes", feed.name, table)
+
+        def erase_from_log(key_values):
+            hours = lake_io.erase_keys_in_partitions(
+                session, storage, changes_uri, fmt.partition_column, list(spec.keys), key_values,
+                spec.payload_columns, PURGED,
             )
+            context.log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
+
+        report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
+        if report.recovered_folds:
+            context.log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
+        fold_metadata = {
+            "events_folded": report.events_in,
+            "keys_touched": report.keys_touched,
+            "late_keys": report.late_keys,
+            "closed_days_rewritten": len(report.days_rewritten),
+            "closed_days_appended": len(report.days_appended),
+            "keys_newly_purged": len(report.newly_purged),
+        }
+        for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
+            yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
 
     return TableAssets(feed=feed, table=table, raw=raw, changes=changes, state=state)
+
+
+def _table_metadata(session, storage, uri: str) -> dict:
+    """Row count, path and schema of a lake table as a reader sees it (footers only)."""
+    frame = lake_io.read_table(session, storage, uri)
+    if frame is None:
+        return {"dagster/row_count": 0, "path": dg.MetadataValue.path(uri)}
+    return {
+        "dagster/row_count": frame.count(),
+        "path": dg.MetadataValue.path(uri),
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(frame.schema)]
+        ),
+    }

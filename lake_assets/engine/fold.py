@@ -1,0 +1,237 @@
+"""Folding a batch of change events into a table's state, touching only what the batch touches.
+
+For the keys in the batch, the fold recomputes each key's timeline from its earliest touched
+version on. The rows it needs are the key's open row (its last event: `history/active` or the
+open deletes) and, only when the batch holds events older than that open row (late data), the
+closed rows ending at or after the earliest late version, found in the closed days from that
+date on. Everything else stays where it is: untouched keys' open rows are carried over, closed
+days before the late data are only ever appended to.
+
+Folding the same batch twice, folding batches in any order, or folding the whole log at once
+gives the same tables: the window of a key always starts at an anchor row (its last event
+before the batch's earliest version) whose values are final, and every event from there on is
+either in the state or in the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Callable
+
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+from lake_assets import lake_io
+from lake_assets.engine import merge, model as m
+from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
+from lake_assets.engine.schema import union_all
+from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, new_fold_id, recover
+from lake_assets.storage import Storage
+
+FROM = "__from"
+ROWS_PER_FILE = 2_000_000  # open-set files: few and large; a fold rewrites them all anyway
+ORIGIN = "__origin"
+DAY = "__day"
+KIND = "__kind"
+
+
+def _one_ms():
+    return F.expr("INTERVAL 1 MILLISECOND")
+
+
+@dataclasses.dataclass
+class FoldReport:
+    fold_id: str
+    events_in: int = 0
+    keys_touched: int = 0
+    late_keys: int = 0
+    newly_purged: list = dataclasses.field(default_factory=list)
+    days_rewritten: list[str] = dataclasses.field(default_factory=list)
+    days_appended: list[str] = dataclasses.field(default_factory=list)
+    current_rows: int = 0
+    recovered_folds: list[str] = dataclasses.field(default_factory=list)
+
+
+def _persisted_columns(spec: m.TableSpec, payload: list[str]) -> list:
+    hc = spec.history_columns
+    return [
+        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
+        F.col(START).alias(hc.start),
+        F.col(END).alias(hc.end),
+        F.col(ACTIVE).alias(hc.active),
+        F.col(SYNCED).alias(hc.synced),
+        F.col(m.OP),
+        F.col(m.SEQ),
+        F.col(m.UNMODIFIED),
+        F.col(m.PURGED),
+        F.col(m.SOURCE_FILE),
+    ]
+
+
+def persisted(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+    """Timeline rows in their stored shape (history columns plus the fold's bookkeeping)."""
+    return rows.select(*_persisted_columns(spec, payload))
+
+
+def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
+    hc = spec.history_columns
+    return (
+        stored.withColumnRenamed(hc.start, START)
+        .withColumnRenamed(hc.end, END)
+        .withColumnRenamed(hc.active, ACTIVE)
+        .withColumnRenamed(hc.synced, SYNCED)
+    )
+
+
+def _read(spark: SparkSession, storage: Storage, folders: list[str], spec: m.TableSpec) -> DataFrame | None:
+    folders = [f for f in folders if storage.exists(f)]
+    if not folders:
+        return None
+    return from_persisted(lake_io.read_drifting(spark, storage, folders, table=spec.name), spec)
+
+
+def _union(frames: list[DataFrame | None], table: str) -> DataFrame | None:
+    present = [f for f in frames if f is not None]
+    return union_all(table, present) if present else None
+
+
+def fold(
+    spark: SparkSession,
+    storage: Storage,
+    state: TableState,
+    batch: DataFrame | None,
+    spec: m.TableSpec,
+    *,
+    synced_at: dt.datetime | None = None,
+    before_commit: Callable[[], None] | None = None,
+    erase_from_log: Callable[[list[tuple]], None] | None = None,
+) -> FoldReport:
+    """Fold `batch` (change-model events) into the state of one table and commit it."""
+    report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
+    if batch is None or batch.isEmpty():
+        return report
+    keys = list(spec.keys)
+    synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
+    drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
+    events = merge.collapse_identical(batch.drop(*drop), spec).persist()
+    report.events_in = events.count()
+    if report.events_in == 0:
+        events.unpersist()
+        return report
+
+    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM)).persist()
+    open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
+    open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
+
+    # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
+    since_day, late_window, rewrite_days = None, None, {}
+    if open_touched is not None:
+        late = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM)
+        stats = late.agg(F.min(FROM).alias("since"), F.count(F.lit(1)).alias("n")).collect()[0]
+        report.late_keys = stats["n"]
+        if stats["n"]:
+            since_day = (stats["since"] - dt.timedelta(milliseconds=1)).date().isoformat()
+    newly_purged = _newly_purged(events, open_rows, keys)
+    report.newly_purged = newly_purged
+    if newly_purged:
+        since_day = "0000-00-00"  # erasing a key's fields reaches every closed day that holds it
+    if since_day is not None:
+        for kind, folder in (("history", state.history_closed), ("delete", state.deletes_closed)):
+            for day, uri in closed_days(storage, folder).items():
+                if day >= since_day:
+                    rewrite_days[(kind, day)] = uri
+        closed = _read(spark, storage, list(rewrite_days.values()), spec)
+        if closed is not None and report.late_keys:
+            late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM)
+            late_window = closed.join(late_keys, keys, "inner").where(F.col(END) >= F.col(FROM) - _one_ms())
+    else:
+        closed = None
+
+    # The window of every touched key: its anchor and later stored rows, plus the batch.
+    stored = _union([open_touched, late_window], spec.name)
+    frames = []
+    if stored is not None:
+        # Rows before the batch's earliest version are anchors: their values are final.
+        stored = stored.withColumn(
+            m.UNMODIFIED, F.when(F.col(START) < F.col(FROM), F.lit(None)).otherwise(F.col(m.UNMODIFIED))
+        ).drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
+        frames.append(stored)
+    frames.append(events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1)))
+    window_events = union_all(spec.name, frames)
+    payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
+    window_events = merge.latest_write_per_version(window_events, spec, tie_break=[F.col(ORIGIN).desc()])
+    rows = merge.timeline(window_events.drop(FROM, ORIGIN), spec, payload)
+    rows = rows.withColumn(m.PURGED, merge.purged_anywhere(spec)).withColumn(SYNCED, synced).persist()
+
+    carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
+    new_open = _union([carried, rows.where(F.col(ACTIVE))], spec.name)
+    payload = spec.payload_columns(new_open.columns)
+    new_open = new_open.persist()
+    new_closed = rows.where(~F.col(ACTIVE))
+
+    closed_out = [new_closed]
+    if closed is not None:
+        removed = late_window.select(*keys, START) if late_window is not None else None
+        kept = closed.join(removed, keys + [START], "left_anti") if removed is not None else closed
+        if newly_purged:
+            purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema).withColumn("__p", F.lit(True))
+            kept = kept.join(purge_keys, keys, "left")
+            kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
+            kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
+        closed_out.append(kept)
+    closed_rows = union_all(spec.name, closed_out).withColumn(DAY, F.date_format(F.col(END), "yyyy-MM-dd"))
+    closed_rows = closed_rows.withColumn(KIND, F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"))
+
+    if newly_purged and erase_from_log is not None:
+        erase_from_log(newly_purged)  # before the commit: a crash here is redone by the next fold
+
+    fold_id = report.fold_id
+    stage = state.staging(fold_id)
+    report.current_rows = new_open.where(F.col(m.OP) != m.DELETE).count()
+    files = max(1, report.current_rows // ROWS_PER_FILE)
+    live = new_open.where(F.col(m.OP) != m.DELETE)
+    persisted(live, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/history_active")
+    deleted = new_open.where(F.col(m.OP) == m.DELETE)
+    persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active")
+    merge.current_of(new_open, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/current")
+    closed_payload = spec.payload_columns(closed_rows.columns)
+    _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed")
+
+    plan = CommitPlan(fold_id)
+    for staged, final in (
+        (f"{stage}/history_active", state.history_active),
+        (f"{stage}/deletes_active", state.deletes_active),
+        (f"{stage}/current", state.current),
+    ):
+        plan.replace_folder(storage, final)
+        plan.stage_folder(storage, staged, final)
+    for (kind, day), uri in rewrite_days.items():
+        plan.replace_folder(storage, uri)
+        report.days_rewritten.append(f"{kind}:{day}")
+    for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
+        for entry in storage.list(f"{stage}/closed/{KIND}={kind}"):
+            if entry.is_dir and entry.name.startswith(f"{DAY}="):
+                day = entry.name.split("=", 1)[1]
+                plan.stage_folder(storage, entry.uri, f"{final_root}/{day}")
+                if (kind, day) not in rewrite_days:
+                    report.days_appended.append(f"{kind}:{day}")
+    report.keys_touched = touched.count()
+    commit(storage, state, plan, before_apply=before_commit)
+    for frame in (events, touched, rows, new_open):
+        frame.unpersist()
+    return report
+
+
+def _write_closed(closed_rows: DataFrame, spec: m.TableSpec, payload: list[str], target: str) -> None:
+    out = closed_rows.select(*_persisted_columns(spec, payload), F.col(KIND), F.col(DAY))
+    # One task per day keeps a closed day from splintering into a file per shuffle partition.
+    out.repartition(F.col(KIND), F.col(DAY)).write.mode("overwrite").partitionBy(KIND, DAY).parquet(target)
+
+
+def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:
+    """Keys with a purge marker in the batch that the state does not know as purged yet."""
+    purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys).distinct()
+    if open_rows is not None:
+        known = open_rows.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys)
+        purged = purged.join(known, keys, "left_anti")
+    return [tuple(r) for r in purged.collect()]

@@ -1,0 +1,159 @@
+"""Where a table's folded state lives, and how a fold replaces it without readers seeing
+half-written files.
+
+```
+current/<feed>/<table>/part-*.parquet                  live rows; rewritten by every fold
+history/<feed>/<table>/active/part-*.parquet           open versions; rewritten by every fold
+history/<feed>/<table>/closed/<end date>/part-*.parquet closed versions; new files appended,
+                                                       a day rewritten only for late data
+_state/<feed>/<table>/deletes/{active,closed/<date>}/  delete events, same shape, not published
+_state/<feed>/<table>/commits/<fold>.json              commit record of a fold being applied
+_staging/<feed>/<table>/<fold>/                        files of a fold before they are committed
+```
+
+Closed versions never change unless late data lands before their end, so keeping them apart from
+the open set, grouped by end date, lets a fold read and rewrite only the open set and the days
+that late data reaches: the cost of a fold follows the batch and the number of keys, not the
+length of history.
+
+A fold writes everything to staging first (invisible to readers: `_staging` is outside every
+table folder), then writes a commit record listing which staged files become which table files
+and which old files go. Applying the record is idempotent; a run that dies while applying it is
+finished by the next run (`recover`), and staging left without a record is discarded. Each file
+appears whole (a rename, or an S3 copy), so a glob never reads a half-written file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+
+from lake_assets.paths import LakeLayout, safe_segment
+from lake_assets.storage import Storage
+
+_DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableState:
+    layout: LakeLayout
+    feed: str
+    table: str
+
+    @property
+    def current(self) -> str:
+        return self.layout.table("current", self.feed, self.table)
+
+    @property
+    def history(self) -> str:
+        return self.layout.table("history", self.feed, self.table)
+
+    @property
+    def history_active(self) -> str:
+        return f"{self.history}/active"
+
+    @property
+    def history_closed(self) -> str:
+        return f"{self.history}/closed"
+
+    @property
+    def state_root(self) -> str:
+        return f"{self.layout.root}/_state/{safe_segment(self.feed)}/{safe_segment(self.table)}"
+
+    @property
+    def deletes_active(self) -> str:
+        return f"{self.state_root}/deletes/active"
+
+    @property
+    def deletes_closed(self) -> str:
+        return f"{self.state_root}/deletes/closed"
+
+    @property
+    def commits(self) -> str:
+        return f"{self.state_root}/commits"
+
+    def staging(self, fold_id: str) -> str:
+        return self.layout.staging(self.feed, self.table, fold_id)
+
+    def staging_root(self) -> str:
+        return f"{self.layout.root}/_staging/{safe_segment(self.feed)}/{safe_segment(self.table)}"
+
+
+def new_fold_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def data_files(storage: Storage, folder: str) -> list[str]:
+    """Parquet data files directly in a folder (Spark's markers and checksums excluded)."""
+    return [e.uri for e in storage.list(folder) if not e.is_dir and e.name.endswith(".parquet") and not e.name.startswith(("_", "."))]
+
+
+def closed_days(storage: Storage, folder: str) -> dict[str, str]:
+    """end date -> folder of the closed partitions under `folder`."""
+    return {e.name: e.uri for e in storage.list(folder) if e.is_dir and _DATE_FOLDER.match(e.name)}
+
+
+@dataclasses.dataclass
+class CommitPlan:
+    """Which staged files become which table files, and which table files go."""
+
+    fold_id: str
+    adds: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    deletes: list[str] = dataclasses.field(default_factory=list)
+
+    def stage_folder(self, storage: Storage, staged_folder: str, final_folder: str) -> None:
+        """Every data file Spark wrote to `staged_folder` goes to `final_folder`, named by fold."""
+        for index, uri in enumerate(sorted(data_files(storage, staged_folder))):
+            self.adds.append((uri, f"{final_folder}/part-{self.fold_id}-{index:05d}.parquet"))
+
+    def replace_folder(self, storage: Storage, final_folder: str) -> None:
+        """The files now in `final_folder` are superseded by this fold."""
+        self.deletes.extend(data_files(storage, final_folder))
+
+    def to_json(self) -> str:
+        return json.dumps({"fold_id": self.fold_id, "adds": self.adds, "deletes": self.deletes}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CommitPlan":
+        raw = json.loads(text)
+        return cls(fold_id=raw["fold_id"], adds=[tuple(a) for a in raw["adds"]], deletes=list(raw["deletes"]))
+
+
+def _apply(storage: Storage, plan: CommitPlan) -> None:
+    for staged, final in plan.adds:
+        if storage.exists(staged):
+            storage.move_file(staged, final)
+    for old in plan.deletes:
+        storage.delete_file(old)
+
+
+def commit(storage: Storage, state: TableState, plan: CommitPlan, before_apply=None) -> None:
+    """Record the plan, apply it, then forget it. `before_apply` is a test hook for crash tests."""
+    record = f"{state.commits}/{plan.fold_id}.json"
+    # Written aside then renamed, so a record is either whole or absent (an S3 put is atomic).
+    storage.write_bytes(f"{record}.tmp", plan.to_json().encode())
+    storage.move_file(f"{record}.tmp", record)
+    if before_apply is not None:
+        before_apply()
+    _apply(storage, plan)
+    storage.delete_file(record)
+    storage.delete_tree(state.staging(plan.fold_id))
+
+
+def recover(storage: Storage, state: TableState) -> list[str]:
+    """Finish folds whose commit record exists; discard staging that never got one."""
+    finished = []
+    for entry in storage.list(state.commits):
+        if entry.name.endswith(".json.tmp"):
+            storage.delete_file(entry.uri)  # never became a record: its fold never started applying
+            continue
+        if entry.is_dir or not entry.name.endswith(".json"):
+            continue
+        plan = CommitPlan.from_json(storage.read_bytes(entry.uri).decode())
+        _apply(storage, plan)
+        storage.delete_file(entry.uri)
+        finished.append(plan.fold_id)
+    storage.delete_tree(state.staging_root())
+    return finished
