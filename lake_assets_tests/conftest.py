@@ -7,6 +7,7 @@ with the reason; nothing is skipped.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -18,6 +19,10 @@ os.environ["AWS_SECRET_ACCESS_KEY"] = "lake-assets-test-secret"
 os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
+
+
+# moto's request log would bury test output.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 def free_port() -> int:

@@ -55,6 +55,6 @@ def test_demo_summary_matches_the_tables_on_disk(tmp_path):
     for table, changes, current, history, _ in rows:
         for layer, printed in (("changes", changes), ("current", current), ("history", history)):
             glob = f"{lake}/{layer}/unit/{table}/**/*.parquet"
-            on_disk = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)").fetchone()[0]
+            on_disk = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)").fetchall()[0][0]
             assert on_disk == int(printed) > 0, (table, layer)
     assert (tmp_path / "demo" / "lake_assets.yaml").is_file()

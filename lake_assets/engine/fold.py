@@ -159,9 +159,9 @@ def fold(
     frames.append(events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1)))
     window_events = union_all(spec.name, frames)
     payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
-    window_events = merge.latest_write_per_version(window_events, spec, tie_break=[F.col(ORIGIN).desc()])
-    rows = merge.timeline(window_events.drop(FROM, ORIGIN), spec, payload)
-    rows = rows.withColumn(m.PURGED, merge.purged_anywhere(spec)).withColumn(SYNCED, synced).persist()
+    # A stored row and a batch event for the same write: the batch's copy keeps its markers.
+    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN).desc()]).drop(FROM, ORIGIN)
+    rows = rows.withColumn(SYNCED, synced).persist()
 
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
     new_open = _union([carried, rows.where(F.col(ACTIVE))], spec.name)

@@ -115,10 +115,18 @@ def purged_anywhere(spec: m.TableSpec) -> Column:
     return F.max(flag).over(Window.partitionBy(*key_cols(spec))) == 1
 
 
-def timeline(events: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Rules 3, 4 and 6 over collapsed events of whole keys (or of a key's window from its anchor)."""
+def timeline(
+    events: DataFrame, spec: m.TableSpec, payload: list[str], tie_break: list[Column] | None = None
+) -> DataFrame:
+    """Rules 2–4 and 6 over the events of whole keys (or of a key's window from its anchor).
+
+    A key counts as purged when any of its writes carries the marker, superseded ones included,
+    so the flag is settled before writes of one version collapse.
+    """
+    events = events.withColumn(m.PURGED, purged_anywhere(spec))
+    events = latest_write_per_version(events, spec, tie_break)
     events = fill_unmodified(events, spec, payload)
-    events = erase_fields(events, payload, purged_anywhere(spec))
+    events = erase_fields(events, payload, F.col(m.PURGED))
     return with_windows(events, spec)
 
 
@@ -154,6 +162,5 @@ def fold_full(changes: DataFrame, spec: m.TableSpec, synced_at: dt.datetime | No
     payload = spec.payload_columns(changes.columns)
     # One instant for the whole fold, so current and history agree on when they were written.
     synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
-    events = latest_write_per_version(collapse_identical(changes, spec), spec)
-    rows = timeline(events, spec, payload).withColumn(SYNCED, synced)
+    rows = timeline(collapse_identical(changes, spec), spec, payload).withColumn(SYNCED, synced)
     return FoldResult(current=current_of(rows, spec, payload), history=history_of(rows, spec, payload))

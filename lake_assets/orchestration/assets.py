@@ -82,7 +82,7 @@ def build_table_assets(
         batch = read_batch(session, storage, fmt, table, files)
         for item in batch.quarantined:
             where = quarantine_file(
-                storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run_id
+                storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run.run_id
             )
             context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
         context.add_output_metadata(

@@ -1,0 +1,1 @@
+"""Sample vendor data for the demo and the tests."""

@@ -1,0 +1,96 @@
+"""The merge engine on hand-made cases: the Fivetran seed example and the classic edge cases."""
+
+import datetime as dt
+
+from lake_assets_tests.engine_harness import EngineLake, utc
+
+T = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 10)}
+MS = dt.timedelta(milliseconds=1)
+TMAX = utc(9999, 12, 31, 23, 59, 59, 999000)
+
+
+def ev(id_, op, at, seq, c1=None, c2=None, unmodified=None, purged=False):
+    return {"id": id_, "op": op, "version_at": at, "seq": seq, "c1": c1, "c2": c2, "unmodified": unmodified, "purged": purged}
+
+
+def table(rows):
+    return [(r["id"], r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"]) for r in rows]
+
+
+def test_fivetran_seed_worked_example(spark, tmp_path):
+    """seeds/fivetran-history-mode.txt: the existing table, three partial updates, the final table."""
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("1", "insert", T[1], 1, "abc", 1), ev("1", "update", T[2], 2, "pqr", 2), ev("2", "insert", T[2], 3, "mno", 3)])
+    assert table(lake.history()) == [
+        ("1", "abc", 1, T[1], T[2] - MS, False),
+        ("1", "pqr", 2, T[2], TMAX, True),
+        ("2", "mno", 3, T[2], TMAX, True),
+    ]
+    lake.fold([
+        ev("1", "update", T[3], 4, c1="xyz", unmodified=["c2"]),
+        ev("2", "update", T[4], 5, c2=1000, unmodified=["c1"]),
+        ev("1", "update", T[5], 6, c1="def", unmodified=["c2"]),
+    ])
+    assert sorted(table(lake.history())) == sorted([
+        ("1", "abc", 1, T[1], T[2] - MS, False),
+        ("1", "pqr", 2, T[2], T[3] - MS, False),
+        ("2", "mno", 3, T[2], T[4] - MS, False),
+        ("1", "def", 2, T[5], TMAX, True),
+        ("1", "xyz", 2, T[3], T[5] - MS, False),
+        ("2", "mno", 1000, T[4], TMAX, True),
+    ])
+    assert [(r["id"], r["c1"], r["c2"]) for r in lake.current()] == [("1", "def", 2), ("2", "mno", 1000)]
+
+
+def test_deletes_late_events_and_resurrection(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("a", "insert", T[1], 1, "v1"), ev("a", "delete", T[4], 4), ev("b", "insert", T[1], 2, "b1"), ev("b", "delete", T[3], 3)])
+    assert lake.current() == []
+    # A late older update of a deleted key must not resurrect it; it becomes a closed version.
+    lake.fold([ev("a", "update", T[2], 5, "late")])
+    assert lake.current() == []
+    assert table(lake.history())[:2] == [("a", "v1", None, T[1], T[2] - MS, False), ("a", "late", None, T[2], T[4], False)]
+    # A newer insert does resurrect it.
+    lake.fold([ev("b", "insert", T[6], 6, "back")])
+    assert [(r["id"], r["c1"]) for r in lake.current()] == [("b", "back")]
+    b = [h for h in table(lake.history()) if h[0] == "b"]
+    assert b == [("b", "b1", None, T[1], T[3], False), ("b", "back", None, T[6], TMAX, True)]
+
+
+def test_ties_duplicates_and_refolds(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    batch = [ev("a", "update", T[2], 7, "seven"), ev("a", "update", T[2], 3, "three"), ev("a", "insert", T[1], 1, "one")]
+    lake.fold(batch + batch)  # identical duplicates
+    first = table(lake.history())
+    assert first == [("a", "one", None, T[1], T[2] - MS, False), ("a", "seven", None, T[2], TMAX, True)]
+    report = lake.fold(batch)  # re-folding changes nothing
+    assert table(lake.history()) == first and report.late_keys == 1
+    lake.fold([ev("a", "update", T[2], 9, "nine")])  # same time, greater sequence: replaces the version
+    assert table(lake.history())[1][1] == "nine" and len(lake.history()) == 2
+
+
+def test_purge_erases_field_data_everywhere_but_keeps_keys(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("p", "insert", T[1], 1, "secret", 42), ev("p", "update", T[2], 2, "secret2", 43), ev("q", "insert", T[1], 3, "keep")])
+    lake.fold([ev("p", "update", T[3], 4, purged=True)])
+    rows = [h for h in lake.history() if h["id"] == "p"]
+    assert len(rows) == 3 and all(r["c1"] is None and r["c2"] is None and r["_purged"] for r in rows)
+    assert [r["_fivetran_start"] for r in rows] == [T[1], T[2], T[3]]
+    # A late event carrying field data for a purged key is erased as well.
+    lake.fold([ev("p", "update", T[1] + MS, 5, "leak", 1)])
+    assert all(r["c1"] is None for r in lake.history() if r["id"] == "p")
+    assert [r["c1"] for r in lake.history() if r["id"] == "q"] == ["keep"]
+
+
+def test_late_data_rewrites_only_the_days_it_reaches(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    days = [utc(2024, 1, d, 12) for d in range(1, 8)]
+    for i, day in enumerate(days):
+        report = lake.fold([ev(k, "update", day, i * 10 + n, f"{k}{i}") for n, k in enumerate("abc")])
+        assert report.days_rewritten == []
+    report = lake.fold([ev("a", "update", days[5] + dt.timedelta(hours=1), 999, "late")])
+    assert report.late_keys == 1
+    # the day the late version falls in and the days after it; never the older days
+    assert sorted(report.days_rewritten) == ["history:2024-01-06", "history:2024-01-07"]
+    a = [h for h in table(lake.history()) if h[0] == "a"]
+    assert [h[1] for h in a] == ["a0", "a1", "a2", "a3", "a4", "a5", "late", "a6"]

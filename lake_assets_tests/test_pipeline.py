@@ -1,0 +1,193 @@
+"""The asset graph through Dagster: ranged single-run backfills, re-runs, DuckDB reading the lake,
+the sample data against the brute-force reference, and the same graph on S3 (moto + s3a)."""
+
+import datetime as dt
+from pathlib import Path
+
+import boto3
+import dagster as dg
+import duckdb
+import pytest
+
+from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.demo.unit_sample import write_unit_landing
+from lake_assets.orchestration.definitions import build_definitions, feed_job_name
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.runner import run_feeds
+from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
+
+TABLES = ("accounts", "customers", "transactions")
+END_OF_TIME = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    landing = tmp_path_factory.mktemp("landing") / "unit"
+    return write_unit_landing(landing, hours=48)
+
+
+@pytest.fixture(scope="module")
+def local_lake(sample, tmp_path_factory, spark):
+    """The sample processed once by `run_feeds` (one ranged run), shared by the read-only tests."""
+    lake = tmp_path_factory.mktemp("lake")
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}"),))
+    instance = dg.DagsterInstance.ephemeral()
+    run_ids = run_feeds(config, instance=instance, say=lambda _: None)
+    return config, lake, instance, run_ids
+
+
+def duck(sql: str):
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    return con.execute(sql)
+
+
+def lake_rows(root: str, layer: str, table: str, order: str):
+    glob = f"{root}/{layer}/unit/{table}/**/*.parquet"
+    cur = duck(f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true) ORDER BY {order}")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _payload(sample, table):
+    specials = {"id", "cdc_operation_type", "cdc_change_seq", "cdc_commit_timestamp"}
+    return sorted({k for row in sample.events[table] for k in row if k not in specials})
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_duckdb_reads_current_and_history_exactly_as_the_reference(sample, local_lake, table):
+    _, lake, _, _ = local_lake
+    payload = _payload(sample, table)
+    expected_current, expected_history = reference_tables(unit_events_to_normalised(sample.events[table]), payload=payload)
+
+    current = lake_rows(str(lake), "current", table, "id")
+    assert len(current) == len(expected_current)
+    assert len({r["id"] for r in current}) == len(current)
+    for row in current:
+        want = expected_current[row["id"]]
+        assert {c: row.get(c) for c in payload} == {c: want[c] for c in payload}, row["id"]
+        assert row["_version_at"] == want["_version_at"]
+
+    history = lake_rows(str(lake), "history", table, "id, _fivetran_start")
+    got = [(r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], *[r.get(c) for c in payload]) for r in history]
+    want = [(r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], *[r[c] for c in payload]) for r in expected_history]
+    assert got == want
+
+
+def test_changes_hold_every_event_once_partitioned_by_hour(sample, local_lake):
+    _, lake, _, _ = local_lake
+    for table in TABLES:
+        rows = lake_rows(str(lake), "changes", table, "id")
+        distinct_events = {(r["id"], r["cdc_change_seq"]) for r in sample.events[table]}
+        assert len(rows) == len(distinct_events)
+        assert {r["hour"] for r in rows} <= set(sample.hours[table])
+        assert all(r["_op"] in ("insert", "update", "delete") for r in rows)
+
+
+def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
+    _, lake, instance, run_ids = local_lake
+    assert len(run_ids) == 1
+    records = instance.get_run_records()
+    assert len(records) == 1
+    run = records[0].dagster_run
+    assert run.tags[RANGE_START_TAG] == min(h for t in TABLES for h in sample.hours[t])
+    event = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", "changes"]))
+    metadata = event.asset_materialization.metadata
+    assert metadata["reconciled"].value is True
+    assert metadata["dagster/row_count"].value == metadata["events_out"].value
+    assert "path" in metadata and "dagster/column_schema" in metadata
+
+
+def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    defs = build_definitions(config)
+    job = defs.resolve_job_def(feed_job_name("unit"))
+    hours = sample.hours["accounts"]
+    instance = dg.DagsterInstance.ephemeral()
+    tags = {RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[5]}
+    assert job.execute_in_process(instance=instance, tags=tags).success
+    first = lake_rows(str(tmp_path / "lake"), "changes", "accounts", "_seq")
+    history_first = lake_rows(str(tmp_path / "lake"), "history", "accounts", "id, _fivetran_start")
+    # one partition again, then the whole range again
+    assert job.execute_in_process(instance=instance, partition_key=hours[2]).success
+    assert job.execute_in_process(instance=instance, tags=tags).success
+    again = lake_rows(str(tmp_path / "lake"), "changes", "accounts", "_seq")
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced")} for r in rows]
+    assert strip(again) == strip(first)
+    assert strip(lake_rows(str(tmp_path / "lake"), "history", "accounts", "id, _fivetran_start")) == strip(history_first)
+
+
+def test_empty_partitions_and_empty_upstream_are_handled(sample, tmp_path, spark):
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    # An hour before anything landed: no files, no rows, still a successful materialisation.
+    first = dt.datetime.strptime(sample.hours["accounts"][0], "%Y-%m-%d-%H")
+    empty_hour = (first + dt.timedelta(hours=0)).strftime("%Y-%m-%d-%H")
+    missing = [h for h in (first + dt.timedelta(hours=i) for i in range(48)) if h.strftime("%Y-%m-%d-%H") not in sample.hours["accounts"]]
+    if missing:
+        empty_hour = missing[0].strftime("%Y-%m-%d-%H")
+        result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), partition_key=empty_hour)
+        assert result.success
+    assert not (tmp_path / "lake" / "changes" / "unit" / "accounts" / f"hour={empty_hour}").exists()
+
+
+def _upload(client, bucket: str, local_root: Path, prefix: str):
+    for path in local_root.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
+
+
+def test_the_same_graph_runs_on_s3_through_s3a(sample, local_lake, moto_server, s3_bucket, spark):
+    client = moto_server.client("s3")
+    _upload(client, s3_bucket, sample.landing_dir, "landing/unit")
+    config = LakeConfig(
+        lake=f"s3a://{s3_bucket}/lake",
+        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts", "customers")),),
+    )
+    from lake_assets.config import S3Config
+
+    config = LakeConfig(lake=config.lake, feeds=config.feeds, s3=S3Config(endpoint_url=moto_server.url))
+    instance = dg.DagsterInstance.ephemeral()
+    run_ids = run_feeds(config, instance=instance, say=lambda _: None)
+    assert len(run_ids) == 1  # the whole range of hours in one run
+
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix="lake/") for o in page.get("Contents", [])]
+    assert any(k.startswith("lake/changes/unit/accounts/hour=") for k in keys)
+    assert not any(("_staging" in k or "_temporary" in k) and k.endswith(".parquet") for k in keys)
+
+    local_root = str(local_lake[1])
+    download = Path(local_root).parent / f"s3copy-{s3_bucket}"
+    for key in keys:
+        if key.endswith("/"):
+            continue  # folder markers
+        target = download / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(s3_bucket, key, str(target))
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced", "_source_file")} for r in rows]
+    for table in ("accounts", "customers"):
+        for layer, order in (("current", "id"), ("history", "id, _fivetran_start")):
+            assert strip(lake_rows(str(download / "lake"), layer, table, order)) == strip(lake_rows(local_root, layer, table, order))
+
+
+def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
+    import json
+
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
+
+    landing = tmp_path / "landing"
+    write_events(landing, "accounts", 2, "part-good.parquet", [event("a", "I", 1, at(2), name="ok", balance=1)] * 2, ACCOUNT_SCHEMA)
+    (hour_dir(landing, "accounts", 2) / "part-corrupt.parquet").write_bytes(b"not parquet")
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    note = tmp_path / "lake/_quarantine/unit/accounts/2024-03-01-02/part-corrupt.parquet.reason.json"
+    assert json.loads(note.read_text())["reason"].startswith("not a readable Parquet file")
+    assert (note.parent / "part-corrupt.parquet").read_bytes() == b"not parquet"
+    run_id = instance.get_run_records()[0].dagster_run.run_id
+    errors = [e.message for e in instance.all_logs(run_id) if e.level == 40 and e.message]  # logging.ERROR
+    assert any("part-corrupt.parquet" in m and "not a readable Parquet file" in m for m in errors)
+    metadata = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", "changes"])).asset_materialization.metadata
+    assert metadata["files_quarantined"].value == 1 and metadata["files_read"].value == 1
+    assert metadata["rows_in"].value == 2 and metadata["events_out"].value == 1 and metadata["duplicates_collapsed"].value == 1
+    assert lake_rows(str(tmp_path / "lake"), "current", "accounts", "id")[0]["name"] == "ok"
