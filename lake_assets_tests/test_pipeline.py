@@ -191,3 +191,27 @@ def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
     assert metadata["files_quarantined"].value == 1 and metadata["files_read"].value == 1
     assert metadata["rows_in"].value == 2 and metadata["events_out"].value == 1 and metadata["duplicates_collapsed"].value == 1
     assert lake_rows(str(tmp_path / "lake"), "current", "accounts", "id")[0]["name"] == "ok"
+
+
+def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, spark):
+    import shutil
+
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    hours = sample.hours["accounts"]
+    instance = dg.DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-2]})
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evaluations) == {"current_unique_key", "history_windows", "events_reconcile"}
+    assert all(e.passed for e in evaluations.values()), evaluations
+    assert evaluations["events_reconcile"].metadata["versions_stored"].value > 0
+
+    # A stray copy of the newest closed day (as a botched manual repair would leave) doubles rows.
+    closed = sorted((tmp_path / "lake/history/unit/accounts/closed").iterdir())[-1]
+    original = next(closed.glob("*.parquet"))
+    shutil.copy(original, closed / "part-stray-copy.parquet")
+    result = job.execute_in_process(instance=instance, partition_key=hours[-1], raise_on_error=False)
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evaluations["history_windows"].passed is False
+    assert evaluations["history_windows"].metadata["overlapping"].value > 0
+    assert not result.success  # the check is blocking

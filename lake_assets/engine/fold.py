@@ -50,6 +50,12 @@ class FoldReport:
     days_appended: list[str] = dataclasses.field(default_factory=list)
     current_rows: int = 0
     recovered_folds: list[str] = dataclasses.field(default_factory=list)
+    #: batch bookkeeping for reconciliation: rows in = versions + duplicates + superseded writes
+    batch_rows: int = 0
+    identical_duplicates: int = 0
+    superseded_writes: int = 0
+    #: the earliest version time the fold touched (state from there on was rewritten)
+    touched_since: dt.datetime | None = None
 
 
 def _persisted_columns(spec: m.TableSpec, payload: list[str]) -> list:
@@ -118,8 +124,14 @@ def fold(
     if report.events_in == 0:
         events.unpersist()
         return report
+    report.batch_rows = batch.count()
+    report.identical_duplicates = report.batch_rows - report.events_in
 
-    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM)).persist()
+    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM), F.countDistinct(m.VERSION_AT).alias("__versions")).persist()
+    sums = touched.agg(F.sum("__versions").alias("versions"), F.min(FROM).alias("since")).collect()[0]
+    report.superseded_writes = report.events_in - sums["versions"]
+    report.touched_since = sums["since"]
+    touched = touched.drop("__versions")
     open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
 
@@ -235,3 +247,18 @@ def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str
         known = open_rows.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys)
         purged = purged.join(known, keys, "left_anti")
     return [tuple(r) for r in purged.collect()]
+
+
+def stored_rows_since(
+    spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, since: dt.datetime | None
+) -> DataFrame | None:
+    """Stored history and delete rows (in their stored shape) that may end at or after `since`:
+    the open set plus the closed days from `since` on. What the last fold could have changed."""
+    folders = [state.history_active, state.deletes_active]
+    floor = (since - dt.timedelta(milliseconds=1)).date().isoformat() if since else ""
+    for root in (state.history_closed, state.deletes_closed):
+        folders += [uri for day, uri in closed_days(storage, root).items() if day >= floor]
+    folders = [f for f in folders if storage.exists(f)]
+    if not folders:
+        return None
+    return lake_io.read_drifting(spark, storage, folders, table=spec.name)

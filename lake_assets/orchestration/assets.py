@@ -6,7 +6,8 @@ import dataclasses
 import dagster as dg
 from lake_assets import lake_io
 from lake_assets.config import FeedConfig
-from lake_assets.engine.fold import fold
+from lake_assets.engine import checks, model as m
+from lake_assets.engine.fold import fold, stored_rows_since
 from lake_assets.engine.model import PURGED
 from lake_assets.engine.state import TableState
 from lake_assets.feeds.base import FeedFormat
@@ -132,6 +133,16 @@ def build_table_assets(
                 ),
             ),
         ],
+        check_specs=[
+            dg.AssetCheckSpec("current_unique_key", asset=current_key, blocking=True,
+                              description="One row per key in current."),
+            dg.AssetCheckSpec("history_windows", asset=history_key, blocking=True,
+                              description="Per key: at most one active version, no inverted or overlapping "
+                                          "windows, each end = next start − 1 ms or the delete time."),
+            dg.AssetCheckSpec("events_reconcile", asset=history_key, blocking=True,
+                              description="Events folded = versions stored + identical duplicates + "
+                                          "superseded writes of one version."),
+        ],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=state_pool(feed.name, table),
@@ -165,6 +176,15 @@ def build_table_assets(
         }
         for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
             yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
+        for outcome, key in zip(_check_fold(session, storage, table_state, spec, batch, report), (current_key, history_key, history_key)):
+            yield dg.AssetCheckResult(
+                asset_key=key,
+                check_name=outcome.name,
+                passed=outcome.passed,
+                description=outcome.description,
+                metadata=outcome.metadata,
+                severity=dg.AssetCheckSeverity.ERROR,
+            )
 
     return TableAssets(feed=feed, table=table, raw=raw, changes=changes, state=state)
 
@@ -181,3 +201,19 @@ def _table_metadata(session, storage, uri: str) -> dict:
             columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(frame.schema)]
         ),
     }
+
+
+def _check_fold(session, storage, table_state: TableState, spec, batch, report) -> list:
+    """The table invariants after a fold, read back from the committed files."""
+    current = lake_io.read_table(session, storage, table_state.current)
+    rows = stored_rows_since(session, storage, table_state, spec, report.touched_since)
+    stored_versions = 0
+    if report.events_in and rows is not None:
+        start = spec.history_columns.start
+        versions = batch.select(*spec.keys, m.VERSION_AT).distinct().withColumnRenamed(m.VERSION_AT, start)
+        stored_versions = versions.join(rows.select(*spec.keys, start), [*spec.keys, start], "left_semi").count()
+    return [
+        checks.current_has_unique_keys(current, spec),
+        checks.history_windows_are_consistent(rows, spec),
+        checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions),
+    ]
