@@ -109,7 +109,7 @@ def fold(
     spec: m.TableSpec,
     *,
     synced_at: dt.datetime | None = None,
-    before_commit: Callable[[], None] | None = None,
+    on_commit_step: Callable[[str], None] | None = None,
     erase_from_log: Callable[[list[tuple]], None] | None = None,
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it."""
@@ -228,7 +228,7 @@ def fold(
                 if (kind, day) not in rewrite_days:
                     report.days_appended.append(f"{kind}:{day}")
     report.keys_touched = touched.count()
-    commit(storage, state, plan, before_apply=before_commit)
+    commit(storage, state, plan, on_step=on_commit_step)
     for frame in (events, touched, rows, new_open):
         frame.unpersist()
     return report

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import re
 import uuid
+from typing import Callable
 
 from lake_assets.paths import LakeLayout, safe_segment
 from lake_assets.storage import Storage
@@ -121,23 +122,31 @@ class CommitPlan:
         return cls(fold_id=raw["fold_id"], adds=[tuple(a) for a in raw["adds"]], deletes=list(raw["deletes"]))
 
 
-def _apply(storage: Storage, plan: CommitPlan) -> None:
-    for staged, final in plan.adds:
+def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -> None:
+    for index, (staged, final) in enumerate(plan.adds):
+        on_step(f"add {index}")
         if storage.exists(staged):
             storage.move_file(staged, final)
-    for old in plan.deletes:
+    for index, old in enumerate(plan.deletes):
+        on_step(f"delete {index}")
         storage.delete_file(old)
 
 
-def commit(storage: Storage, state: TableState, plan: CommitPlan, before_apply=None) -> None:
-    """Record the plan, apply it, then forget it. `before_apply` is a test hook for crash tests."""
+def commit(
+    storage: Storage, state: TableState, plan: CommitPlan, on_step: Callable[[str], None] | None = None
+) -> None:
+    """Record the plan, apply it, then forget it.
+
+    `on_step` is called before every file operation; the crash tests use it to kill the
+    process at an exact point."""
+    step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
+    step("record")
     # Written aside then renamed, so a record is either whole or absent (an S3 put is atomic).
     storage.write_bytes(f"{record}.tmp", plan.to_json().encode())
     storage.move_file(f"{record}.tmp", record)
-    if before_apply is not None:
-        before_apply()
-    _apply(storage, plan)
+    _apply(storage, plan, step)
+    step("forget")
     storage.delete_file(record)
     storage.delete_tree(state.staging(plan.fold_id))
 
@@ -152,7 +161,7 @@ def recover(storage: Storage, state: TableState) -> list[str]:
         if entry.is_dir or not entry.name.endswith(".json"):
             continue
         plan = CommitPlan.from_json(storage.read_bytes(entry.uri).decode())
-        _apply(storage, plan)
+        _apply(storage, plan, lambda _: None)
         storage.delete_file(entry.uri)
         finished.append(plan.fold_id)
     storage.delete_tree(state.staging_root())
