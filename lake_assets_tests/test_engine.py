@@ -94,3 +94,15 @@ def test_late_data_rewrites_only_the_days_it_reaches(spark, tmp_path):
     assert sorted(report.days_rewritten) == ["history:2024-01-06", "history:2024-01-07"]
     a = [h for h in table(lake.history()) if h[0] == "a"]
     assert [h[1] for h in a] == ["a0", "a1", "a2", "a3", "a4", "a5", "late", "a6"]
+
+
+def test_a_partial_update_closed_by_a_later_fold_still_fills_from_an_older_late_version(spark, tmp_path):
+    """A partial update folded first, then closed by a delete in another fold (it becomes that
+    fold's anchor), then its previous version arrives late: the unmodified column must still be
+    taken from that previous version, so the stored row must keep its partial-update marker."""
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("a", "update", T[5], 5, c1="new", unmodified=["c2"])])
+    lake.fold([ev("a", "delete", T[8], 8)])
+    lake.fold([ev("a", "insert", T[1], 1, "old", 2)])
+    assert table(lake.history()) == [("a", "old", 2, T[1], T[5] - MS, False), ("a", "new", 2, T[5], T[8], False)]
+    assert lake.current() == []

@@ -163,16 +163,16 @@ def fold(
     stored = _union([open_touched, late_window], spec.name)
     frames = []
     if stored is not None:
-        # Rows before the batch's earliest version are anchors: their values are final.
-        stored = stored.withColumn(
-            m.UNMODIFIED, F.when(F.col(START) < F.col(FROM), F.lit(None)).otherwise(F.col(m.UNMODIFIED))
-        ).drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
+        stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
         frames.append(stored)
     frames.append(events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1)))
     window_events = union_all(spec.name, frames)
     payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
     # A stored row and a batch event for the same write: the batch's copy keeps its markers.
-    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN).desc()]).drop(FROM, ORIGIN)
+    # Stored rows before the batch's earliest version are anchors: their values are final.
+    anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
+    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN).desc()], settled=anchor)
+    rows = rows.drop(FROM, ORIGIN)
     rows = rows.withColumn(SYNCED, synced).persist()
 
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None

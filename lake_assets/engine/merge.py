@@ -55,10 +55,15 @@ def latest_write_per_version(events: DataFrame, spec: m.TableSpec, tie_break: li
     return events.withColumn("__w", F.row_number().over(window)).where("__w = 1").drop("__w")
 
 
-def fill_unmodified(events: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+def fill_unmodified(
+    events: DataFrame, spec: m.TableSpec, payload: list[str], settled: Column | None = None
+) -> DataFrame:
     """Columns listed in `_unmodified` take the value of the key's previous version in its life.
 
     A life is the run of events between deletes: a delete resets what can be carried forward.
+    Rows where `settled` holds already carry their filled values (an incremental fold's anchor
+    rows): nothing is carried into them, but their `_unmodified` marker is kept, because a later
+    fold that reaches further back must be able to fill them again.
     """
     if not spec.partial_updates or not payload:
         return events
@@ -75,6 +80,8 @@ def fill_unmodified(events: DataFrame, spec: m.TableSpec, payload: list[str]) ->
     for column in payload:
         name = f"`{column}`"
         unmodified = F.coalesce(F.array_contains(F.col(m.UNMODIFIED), column), F.lit(False))
+        if settled is not None:
+            unmodified = unmodified & ~F.coalesce(settled, F.lit(False))
         # Wrapping the value in a struct keeps an explicit NULL apart from "not set here".
         carried = F.last(F.when(~unmodified, F.struct(F.col(name).alias("v"))), ignorenulls=True).over(so_far)
         filled.append(F.when(unmodified, carried.getField("v")).otherwise(F.col(name)).alias(column))
@@ -116,7 +123,11 @@ def purged_anywhere(spec: m.TableSpec) -> Column:
 
 
 def timeline(
-    events: DataFrame, spec: m.TableSpec, payload: list[str], tie_break: list[Column] | None = None
+    events: DataFrame,
+    spec: m.TableSpec,
+    payload: list[str],
+    tie_break: list[Column] | None = None,
+    settled: Column | None = None,
 ) -> DataFrame:
     """Rules 2–4 and 6 over the events of whole keys (or of a key's window from its anchor).
 
@@ -125,7 +136,7 @@ def timeline(
     """
     events = events.withColumn(m.PURGED, purged_anywhere(spec))
     events = latest_write_per_version(events, spec, tie_break)
-    events = fill_unmodified(events, spec, payload)
+    events = fill_unmodified(events, spec, payload, settled)
     events = erase_fields(events, payload, F.col(m.PURGED))
     return with_windows(events, spec)
 
