@@ -119,7 +119,7 @@ def fold(
     keys = list(spec.keys)
     synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
-    events = merge.collapse_identical(batch.drop(*drop), spec).persist()
+    events = merge.collapse_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
     report.events_in = events.count()
     if report.events_in == 0:
         events.unpersist()

@@ -40,6 +40,20 @@ def key_cols(spec: m.TableSpec) -> list[Column]:
     return [F.col(f"`{k}`") for k in spec.keys]
 
 
+def with_optional_columns(events: DataFrame) -> DataFrame:
+    """Events with every optional model column: a feed that never sends partial updates, purges
+    or file names may leave them out."""
+    defaults = {
+        m.UNMODIFIED: F.lit(None).cast("array<string>"),
+        m.PURGED: F.lit(False),
+        m.SOURCE_FILE: F.lit(None).cast("string"),
+    }
+    for column, value in defaults.items():
+        if column not in events.columns:
+            events = events.withColumn(column, value)
+    return events
+
+
 def collapse_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ."""
     window = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT), F.col(m.SEQ)).orderBy(

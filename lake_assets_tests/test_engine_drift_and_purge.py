@@ -1,0 +1,64 @@
+"""Schema drift across folds, and purges reaching the change log."""
+
+import datetime as dt
+
+import pytest
+from pyspark.sql import functions as F, types as T
+
+from lake_assets import lake_io
+from lake_assets.engine import model as m
+from lake_assets.engine.fold import fold
+from lake_assets.errors import SchemaClash
+from lake_assets.storage import Storage
+from lake_assets_tests.engine_harness import EngineLake, utc
+
+
+def _frame(spark, rows, amount_type):
+    schema = T.StructType([
+        T.StructField("id", T.StringType()),
+        T.StructField("amount", amount_type),
+        T.StructField(m.OP, T.StringType()),
+        T.StructField(m.VERSION_AT, T.TimestampType()),
+        T.StructField(m.SEQ, T.LongType()),
+    ])
+    return spark.createDataFrame(rows, schema).withColumn(m.PURGED, F.lit(False)).withColumn(m.SOURCE_FILE, F.lit("f"))
+
+
+def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path, spec=m.TableSpec(name="ledger", keys=("id",)))
+    storage = Storage()
+    fold(spark, storage, lake.state, _frame(spark, [("a", 1, "insert", utc(2024, 1, 1), 1)], T.IntegerType()), lake.spec)
+    fold(spark, storage, lake.state, _frame(spark, [("a", 2**40, "update", utc(2024, 1, 2), 2)], T.LongType()), lake.spec)
+    fold(spark, storage, lake.state, _frame(spark, [("b", 2.5, "insert", utc(2024, 1, 3), 3)], T.DoubleType()), lake.spec)
+    history = lake.history()
+    assert [(r["id"], r["amount"]) for r in history] == [("a", 1.0), ("a", float(2**40)), ("b", 2.5)]
+    assert spark.read.parquet(lake.state.current).schema["amount"].dataType == T.DoubleType()
+
+    with pytest.raises(SchemaClash, match=r"table 'ledger': column 'amount' has type double .* boolean"):
+        fold(spark, storage, lake.state, _frame(spark, [("c", True, "insert", utc(2024, 1, 4), 4)], T.BooleanType()), lake.spec)
+
+
+def test_columns_added_and_dropped_across_folds(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([{"id": "a", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "old", "c2": 1}])
+    frame = spark.createDataFrame(
+        [("a", "new", "update", dt.datetime(2024, 1, 2), 2)], "id string, c3 string, _op string, _version_at timestamp, _seq long"
+    ).withColumn(m.PURGED, F.lit(False)).withColumn(m.SOURCE_FILE, F.lit("f"))
+    fold(spark, Storage(), lake.state, frame, lake.spec)
+    rows = lake.history()
+    assert [(r["c1"], r["c2"], r["c3"]) for r in rows] == [("old", 1, None), (None, None, "new")]
+
+
+def test_purge_erases_the_key_from_every_change_log_partition(spark, tmp_path):
+    storage = Storage()
+    table = f"file://{tmp_path}/changes/test/things"
+    log = spark.createDataFrame(
+        [("p", "secret", "h1", False), ("q", "keep", "h1", False), ("p", "secret2", "h2", False), ("q", "keep2", "h3", False)],
+        "id string, c1 string, hour string, _purged boolean",
+    )
+    lake_io.write_partitions(log, storage, table, "hour", ["h1", "h2", "h3"])
+    spec = m.TableSpec(name="things", keys=("id",))
+    hit = lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], [("p",)], spec.payload_columns, m.PURGED)
+    assert hit == ["h1", "h2"]
+    rows = sorted(tuple(r) for r in lake_io.read_partitions(spark, storage, table, "hour", None).select("id", "c1", "hour", "_purged").collect())
+    assert rows == [("p", None, "h1", True), ("p", None, "h2", True), ("q", "keep", "h1", False), ("q", "keep2", "h3", False)]
