@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures. Timings are ratios from one run on one machine."""
