@@ -9,6 +9,11 @@ feeds:
     tables: [accounts]            # optional: discovered from the landing layout when omitted
     start: 2024-01-01-00          # optional: first hourly partition, discovered when omitted
     late_hours: 4                 # optional: how long an hour folder may still gain files
+  - name: grax
+    format: grax_v2
+    landing: s3a://bucket          # holds parquet/v2/org=…/object=…/batch=…/ (or name parquet/v2)
+    orgs: [00D5e000000demoEAA]     # optional: discovered when omitted
+    objects: [Account, Contact]    # optional: discovered when omitted
 ```
 """
 
@@ -27,7 +32,10 @@ from lake_assets.paths import normalise_root_uri
 
 NAME_PATTERN = re.compile(r"^[a-z0-9_-]+$")
 TABLE_PATTERN = re.compile(r"^[a-z0-9_]+$")
-KNOWN_FORMATS = ("unit_cdc",)
+KNOWN_FORMATS = ("unit_cdc", "grax_v2")
+GROUPED_FORMATS = ("grax_v2",)  # tables named <org>/<object>
+ORG_PATTERN = re.compile(r"^[A-Za-z0-9]{1,64}$")
+OBJECT_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,8 @@ class FeedConfig:
     tables: tuple[str, ...] | None = None
     start: str | None = None
     late_hours: int = 4
+    orgs: tuple[str, ...] | None = None
+    objects: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +103,12 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     if fmt not in KNOWN_FORMATS:
         raise ConfigError(f"{where} ({name}): format {fmt!r} is not one of {list(KNOWN_FORMATS)}")
     landing = normalise_root_uri(str(_require(raw, "landing", where)), f"{where}.landing")
-    tables = raw.get("tables")
-    if tables is not None:
-        if not isinstance(tables, Sequence) or isinstance(tables, str) or not tables:
-            raise ConfigError(f"{where} ({name}): 'tables' must be a non-empty list")
-        for table in tables:
-            if not isinstance(table, str) or not TABLE_PATTERN.match(table):
-                raise ConfigError(f"{where} ({name}): table {table!r} must match {TABLE_PATTERN.pattern}")
-        tables = tuple(tables)
+    grouped = fmt in GROUPED_FORMATS
+    tables = _names(raw, "tables", where, name, TABLE_PATTERN, grouped=grouped)
+    orgs = _names(raw, "orgs", where, name, ORG_PATTERN)
+    objects = _names(raw, "objects", where, name, OBJECT_PATTERN)
+    if (orgs or objects) and not grouped:
+        raise ConfigError(f"{where} ({name}): 'orgs' and 'objects' apply to the formats {list(GROUPED_FORMATS)} only")
     start = raw.get("start")
     if start is not None:
         start = str(start)
@@ -109,7 +117,25 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     late_hours = raw.get("late_hours", 4)
     if not isinstance(late_hours, int) or late_hours < 0:
         raise ConfigError(f"{where} ({name}): late_hours must be a non-negative integer")
-    return FeedConfig(name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours)
+    return FeedConfig(
+        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours, orgs=orgs, objects=objects
+    )
+
+
+def _names(raw: Mapping[str, Any], key: str, where: str, feed: str, pattern: re.Pattern, grouped: bool = False):
+    """An optional non-empty list of names, each matching `pattern` (`group/name` when grouped)."""
+    values = raw.get(key)
+    if values is None:
+        return None
+    if not isinstance(values, Sequence) or isinstance(values, str) or not values:
+        raise ConfigError(f"{where} ({feed}): '{key}' must be a non-empty list")
+    for value in values:
+        parts = value.split("/", 1) if grouped and isinstance(value, str) else [value]
+        if grouped and (len(parts) != 2 or not ORG_PATTERN.match(parts[0])):
+            raise ConfigError(f"{where} ({feed}): {key[:-1]} {value!r} must look like '<org>/<object>'")
+        if not all(isinstance(p, str) and pattern.match(p) for p in parts[-1:]):
+            raise ConfigError(f"{where} ({feed}): {key[:-1]} {value!r} must match {pattern.pattern}")
+    return tuple(values)
 
 
 def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
@@ -172,5 +198,8 @@ def dump_config(config: LakeConfig) -> str:
             entry["start"] = feed.start
         if feed.late_hours != 4:
             entry["late_hours"] = feed.late_hours
+        for key in ("orgs", "objects"):
+            if getattr(feed, key):
+                entry[key] = list(getattr(feed, key))
         feeds.append(entry)
     return yaml.safe_dump({"lake": config.lake, "feeds": feeds}, sort_keys=False)

@@ -4,7 +4,7 @@ For every file: vet its Parquet footer (readable? the columns the format needs, 
 types?), read the good files with Spark grouped by schema so drifting schemas union cleanly,
 validate rows, and set aside any file with a bad row. Nothing is dropped silently: every file is
 either read or quarantined with a reason, and the counts reconcile
-(rows in good files = events out + duplicates collapsed).
+(rows in good files + events a feed derives from them = events out + duplicates collapsed).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.schema import union_all
-from lake_assets.feeds.base import FeedFormat
+from lake_assets.feeds.base import DERIVED, FeedFormat
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
@@ -39,11 +39,18 @@ class Batch:
     events_out: int
     duplicates: int
     quarantined: list[Quarantined]
+    #: events a feed derived in addition to the rows' own (e.g. a GRAX row's delete)
+    derived: int = 0
+
+    def quarantine(self, item: Quarantined) -> None:
+        """Set aside a file that was listed for the batch but not handed to the reader."""
+        self.files_listed += 1
+        self.quarantined.append(item)
 
     @property
     def reconciles(self) -> bool:
-        return self.rows_in == self.events_out + self.duplicates and self.files_listed == self.files_read + len(
-            self.quarantined
+        return self.rows_in + self.derived == self.events_out + self.duplicates and (
+            self.files_listed == self.files_read + len(self.quarantined)
         )
 
 
@@ -72,23 +79,25 @@ def canonical_uri_column(path: str) -> F.Column:
     return F.regexp_replace(F.url_decode(F.col(path)), r"^file:/+", "file:///")
 
 
-def _read_group(spark: SparkSession, fmt: FeedFormat, uris: list[str], null_columns: tuple[str, ...] = ()) -> DataFrame:
+def _read_group(spark: SparkSession, fmt: FeedFormat, uris: list[str], schema: pa.Schema | None = None) -> DataFrame:
     raw = spark.read.parquet(*uris)
+    null_columns = tuple(f.name for f in schema if pa.types.is_null(f.type)) if schema is not None else ()
     # A column Parquet stores with the null type (present but empty) reaches Spark as some
     # arbitrary type; as NullType it widens into whatever type the column has elsewhere.
     raw = raw.select(
         *[F.lit(None).alias(c) if c in null_columns else F.col(f"`{c}`") for c in raw.columns],
         F.col("_metadata.file_path").alias(FILE_PATH),
     )
-    return fmt.normalise(raw, canonical_uri_column(FILE_PATH))
+    events = fmt.normalise(raw, canonical_uri_column(FILE_PATH), schema)
+    return events if DERIVED in events.columns else events.withColumn(DERIVED, F.lit(False))
 
 
-def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, uris: list[str]) -> dict[str, str]:
+def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, schema_of: dict[str, pa.Schema]) -> dict[str, str]:
     """Find files whose data pages Spark cannot decode, one file at a time."""
     bad = {}
-    for uri in uris:
+    for uri, schema in schema_of.items():
         try:
-            _read_group(spark, fmt, [uri]).write.format("noop").mode("overwrite").save()
+            _read_group(spark, fmt, [uri], schema).write.format("noop").mode("overwrite").save()
         except Exception as exc:  # py4j wraps the JVM error; its first line names the cause
             first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             bad[uri] = f"Spark could not read the file's data ({first_line})"
@@ -99,7 +108,7 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
     spec = fmt.table_spec(table)
     quarantined: list[Quarantined] = []
     groups: dict[str, list[str]] = defaultdict(list)
-    null_columns: dict[str, tuple[str, ...]] = {}
+    schemas: dict[str, pa.Schema] = {}
     rows_of: dict[str, int] = {}
     for entry in files:
         vetted, reason = _vet(storage, fmt, entry)
@@ -110,9 +119,9 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         rows_of[entry.uri] = rows
         signature = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
         groups[signature].append(entry.uri)
-        null_columns[signature] = tuple(f.name for f in schema if pa.types.is_null(f.type))
+        schemas[signature] = schema
 
-    frames = [_read_group(spark, fmt, uris, null_columns[sig]) for sig, uris in groups.items()]
+    frames = [_read_group(spark, fmt, uris, schemas[sig]) for sig, uris in groups.items()]
     if not frames:
         return Batch(None, len(files), 0, 0, 0, 0, quarantined)
 
@@ -125,12 +134,12 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
     except Exception:
         # A file passed its footer check but its pages are damaged: find it and set it aside.
         events.unpersist()
-        damaged = _unreadable_in_spark(spark, fmt, [u for g in groups.values() for u in g])
+        damaged = _unreadable_in_spark(spark, fmt, {u: schemas[sig] for sig, g in groups.items() for u in g})
         if not damaged:
             raise
         quarantined.extend(Quarantined(u, r, rows_of.pop(u)) for u, r in damaged.items())
         remaining = {sig: [u for u in g if u not in damaged] for sig, g in groups.items()}
-        frames = [_read_group(spark, fmt, g, null_columns[sig]) for sig, g in remaining.items() if g]
+        frames = [_read_group(spark, fmt, g, schemas[sig]) for sig, g in remaining.items() if g]
         if not frames:
             return Batch(None, len(files), 0, 0, 0, 0, quarantined)
         events = union_all(table, frames).persist()
@@ -146,7 +155,8 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         )
         bad_paths.append(row[FILE_PATH])
     good = events.where(~F.col(FILE_PATH).isin(bad_paths)) if bad_paths else events
-    good = good.drop(INVALID, FILE_PATH)
+    derived = good.where(F.col(DERIVED)).count()
+    good = good.drop(INVALID, FILE_PATH, DERIVED)
     deduped = merge.collapse_identical(good, spec)
     rows_in = sum(rows_of.values())
     events_out = deduped.count()
@@ -156,6 +166,7 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         files_read=len(rows_of),
         rows_in=rows_in,
         events_out=events_out,
-        duplicates=rows_in - events_out,
+        duplicates=rows_in + derived - events_out,
         quarantined=quarantined,
+        derived=derived,
     )

@@ -73,11 +73,48 @@ def contiguous_ranges(keys: list[str]) -> list[tuple[str, str]]:
     return ranges
 
 
-def encode_cursor(cursors: dict[str, TableCursor]) -> str:
+def encode_cursor(cursors: dict) -> str:
+    """A sensor's cursor: one cursor (TableCursor or BatchCursor) per table, as JSON."""
     return json.dumps({t: dataclasses.asdict(c) for t, c in sorted(cursors.items())}, separators=(",", ":"))
 
 
-def decode_cursor(text: str | None) -> dict[str, TableCursor]:
+def decode_cursor(text: str | None, kind: type | None = None) -> dict:
+    kind = kind or TableCursor
     if not text:
         return {}
-    return {t: TableCursor(**c) for t, c in json.loads(text).items()}
+    return {t: kind(**c) for t, c in json.loads(text).items()}
+
+
+# --- feeds partitioned by the vendor's own batches (GRAX) ---------------------------------------
+
+
+@dataclasses.dataclass
+class BatchCursor:
+    """The greatest batch seen and the file names seen in it: only that batch can still grow."""
+
+    last: str | None = None
+    open_files: list[str] = dataclasses.field(default_factory=list)
+
+
+def scan_batches(storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: BatchCursor) -> tuple[list[NewFiles], BatchCursor]:
+    """Batches that are new since the cursor, and the open (greatest) batch if it gained files.
+
+    One listing of the table's batch folders, then file listings only of the batches at or after
+    the cursor: closed batches (a greater one exists) are never listed again.
+    """
+    keys = fmt.partition_keys(storage, landing, table)
+    floor = fmt.partition_order(cursor.last) if cursor.last is not None else None
+    found: list[NewFiles] = []
+    last, open_files = cursor.last, list(cursor.open_files)
+    for key in keys:
+        order = fmt.partition_order(key)
+        if floor is not None and order < floor:
+            continue
+        names = tuple(sorted(e.name for e in fmt.partition_files(storage, landing, table, key)))
+        seen = set(cursor.open_files) if key == cursor.last else set()
+        fresh = tuple(n for n in names if n not in seen)
+        if fresh:
+            found.append(NewFiles(table, key, fresh, names))
+        last, open_files = key, list(names)
+    return found, BatchCursor(last=last, open_files=open_files)
+

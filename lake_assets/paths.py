@@ -54,6 +54,15 @@ def join(root: str, *segments: str) -> str:
     return "/".join([root.rstrip("/")] + parts)
 
 
+def table_segments(table: str) -> list[str]:
+    """A table name is one segment (`accounts`) or, for feeds that group tables, two
+    (`<org>/<object>`); each is validated."""
+    parts = table.split("/")
+    if not 1 <= len(parts) <= 2:
+        raise UnsafePathError(f"table {table!r} must be 'name' or 'group/name'")
+    return [safe_segment(p, "table") for p in parts]
+
+
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3a://") or uri.startswith("s3://")
 
@@ -69,14 +78,18 @@ class LakeLayout:
     def table(self, layer: str, feed: str, table: str) -> str:
         if layer not in self.LAYERS:
             raise ValueError(f"unknown layer {layer!r}")
-        return join(self.root, layer, feed, table)
+        return join(self.root, layer, feed, *table_segments(table))
 
     def quarantine(self, feed: str, table: str, partition: str) -> str:
-        return join(self.root, "_quarantine", feed, table, partition)
+        return join(self.root, "_quarantine", feed, *table_segments(table), partition)
 
-    def staging(self, feed: str, table: str, token: str) -> str:
+    def staging(self, feed: str, table: str, token: str | None = None) -> str:
         """Scratch space outside every table's folder: globs over a table never see it."""
-        return join(self.root, "_staging", feed, table, token)
+        return join(self.root, "_staging", feed, *table_segments(table), *([token] if token else []))
+
+    def state(self, feed: str, table: str) -> str:
+        """The engine's bookkeeping for a table (not a table: `_` hides it from readers)."""
+        return join(self.root, "_state", feed, *table_segments(table))
 
     def catalog(self) -> str:
         return join(self.root, "catalog")

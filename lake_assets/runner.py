@@ -17,8 +17,13 @@ import pyarrow.dataset as pads
 from lake_assets.config import LakeConfig
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import get_format
-from lake_assets.feeds.base import list_hour_folders
-from lake_assets.orchestration.definitions import build_definitions, feed_job_name, feed_tables
+from lake_assets.orchestration.definitions import (
+    batch_partitions_name,
+    build_definitions,
+    feed_job_name,
+    feed_tables,
+    table_job_name,
+)
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import S3Settings, Storage
@@ -61,20 +66,38 @@ def run_feeds(
     for feed in config.feeds:
         fmt = get_format(feed.format)
         tables = feed_tables(feed, fmt, storage)
-        hours = sorted({h for t in tables for h in list_hour_folders(storage, f"{feed.landing}/{t}")})
+        if fmt.partitioning == "batch":
+            # Each table has its own batches: register them, then one run per table.
+            for table in tables:
+                batches = fmt.partition_keys(storage, feed.landing, table)
+                if not batches:
+                    say(f"{feed.name}/{table}: no batches landed")
+                    continue
+                name = batch_partitions_name(feed.name, table)
+                known = set(instance.get_dynamic_partitions(name))
+                instance.add_dynamic_partitions(name, [b for b in batches if b not in known])
+                say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
+                run_ids.append(_run(defs.resolve_job_def(table_job_name(feed.name, table)), instance, batches, f"{feed.name}/{table}", say))
+            continue
+        hours = sorted({h for t in tables for h in fmt.partition_keys(storage, feed.landing, t)})
         if not hours:
             say(f"{feed.name}: nothing landed under {feed.landing}")
             continue
         say(f"{feed.name}: {len(tables)} table(s) {', '.join(tables)}; hours {hours[0]} .. {hours[-1]} in one run")
-        job = defs.resolve_job_def(feed_job_name(feed.name))
-        result = job.execute_in_process(
-            instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-1]}, raise_on_error=False
-        )
-        run_ids.append(result.run_id)
-        if not result.success:
-            raise RunFailed(f"{feed.name}: run {result.run_id} failed: " + "; ".join(_failure_messages(result)))
-        say(f"{feed.name}: run {result.run_id} succeeded")
+        run_ids.append(_run(defs.resolve_job_def(feed_job_name(feed.name)), instance, hours, feed.name, say))
     return run_ids
+
+
+def _run(job, instance: dg.DagsterInstance, partitions: list[str], what: str, say: Callable[[str], None]) -> str:
+    """One single-run backfill over a range of partitions; RunFailed names the failing step."""
+    result = job.execute_in_process(
+        instance=instance, tags={RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]}, raise_on_error=False
+    )
+    if not result.success:
+        raise RunFailed(f"{what}: run {result.run_id} failed: " + "; ".join(_failure_messages(result)))
+    say(f"{what}: run {result.run_id} succeeded")
+    return result.run_id
+
 
 
 def storage_for(config: LakeConfig) -> Storage:

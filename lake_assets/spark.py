@@ -29,7 +29,10 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
-    "spark.sql.legacy.parquet.nanosAsLong": "false",
+    # Parquet TIMESTAMP(NANOS) (vendors write it) reaches Spark as a long; feeds convert it.
+    "spark.sql.legacy.parquet.nanosAsLong": "true",
+    # GRAX writes time-of-day fields (`_t`) as Parquet TIME, which Spark reads only with this.
+    "spark.sql.timeType.enabled": "true",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
 }

@@ -1,4 +1,5 @@
-"""Schema drift: columns come and go, numeric types widen, anything else is a clear clash."""
+"""Schema drift: columns come and go, numeric types widen, text absorbs any type it meets (a
+vendor that switches a field to text keeps every value as text); anything else is a clear clash."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         return left
     if isinstance(left, T.NullType):
         return right
+    if isinstance(left, T.StringType) or isinstance(right, T.StringType):
+        if isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType):
+            return T.StringType()
     if isinstance(left, T.TimestampNTZType) and isinstance(right, T.TimestampType):
         return right
     if isinstance(left, T.TimestampType) and isinstance(right, T.TimestampNTZType):

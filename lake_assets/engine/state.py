@@ -31,7 +31,7 @@ import re
 import uuid
 from typing import Callable
 
-from lake_assets.paths import LakeLayout, safe_segment
+from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
 _DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -61,7 +61,7 @@ class TableState:
 
     @property
     def state_root(self) -> str:
-        return f"{self.layout.root}/_state/{safe_segment(self.feed)}/{safe_segment(self.table)}"
+        return self.layout.state(self.feed, self.table)
 
     @property
     def deletes_active(self) -> str:
@@ -79,7 +79,7 @@ class TableState:
         return self.layout.staging(self.feed, self.table, fold_id)
 
     def staging_root(self) -> str:
-        return f"{self.layout.root}/_staging/{safe_segment(self.feed)}/{safe_segment(self.table)}"
+        return self.layout.staging(self.feed, self.table)
 
 
 def new_fold_id() -> str:

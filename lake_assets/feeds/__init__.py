@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from lake_assets.errors import ConfigError
 from lake_assets.feeds.base import FeedFormat
+from lake_assets.feeds.grax_v2 import GraxV2Format
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 
-_FORMATS: dict[str, FeedFormat] = {f.name: f for f in (UnitCdcFormat(),)}
+_FORMATS: dict[str, FeedFormat] = {f.name: f for f in (UnitCdcFormat(), GraxV2Format())}
 
 
 def get_format(name: str) -> FeedFormat:

@@ -7,12 +7,14 @@ import datetime as dt
 import re
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, functions as F, types as T
 
 from lake_assets.engine.model import TableSpec
 from lake_assets.storage import Entry, Storage
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
+#: set by `normalise` on events derived in addition to a landed row's own event
+DERIVED = "__derived"
 
 
 class FeedFormat(abc.ABC):
@@ -21,6 +23,9 @@ class FeedFormat(abc.ABC):
     name: str
     #: the Hive column that partitions this feed's change log
     partition_column: str
+    #: "hourly" (time-window partitions from the landing folders) or "batch" (the vendor's own
+    #: batches, registered as they appear)
+    partitioning: str = "hourly"
 
     @abc.abstractmethod
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
@@ -31,6 +36,18 @@ class FeedFormat(abc.ABC):
         """Key columns and engine options for a table."""
 
     @abc.abstractmethod
+    def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
+        """Every partition of a table with landed files, in partition order."""
+
+    def partition_order(self, key: str):
+        """Sort key of a partition key (hour keys sort as text; batches may not)."""
+        return key
+
+    def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
+        """Landed files of a table that belong to no valid partition, with the reason."""
+        return []
+
+    @abc.abstractmethod
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         """The landed data files of one partition of one table."""
 
@@ -39,12 +56,38 @@ class FeedFormat(abc.ABC):
         """Why a file with this Parquet schema cannot be used, or None when it can."""
 
     @abc.abstractmethod
-    def normalise(self, raw: DataFrame, file_path: Column) -> DataFrame:
+    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
         """Map the vendor's rows onto the change model.
 
+        `raw` holds files of one Parquet schema (`arrow_schema`, as the files declare it).
         Returns the change-model columns, the partition column and `__invalid`: NULL for a good
-        row, else the reason the row (and so its file) cannot be used.
+        row, else the reason the row (and so its file) cannot be used. A feed that turns one
+        landed row into several events marks the extra ones with `__derived` = true, so the
+        batch still reconciles.
         """
+
+
+# --- time values in any encoding a vendor may choose ---------------------------------------------
+
+EPOCH_MS_THRESHOLD = 100_000_000_000  # epoch numbers above this are milliseconds, below seconds
+
+
+def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
+    """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
+    (nanoseconds reach Spark as a long, see spark.py), INT96, ISO text, or epoch seconds/millis."""
+    value = F.col(f"`{column}`")
+    if isinstance(spark_type, T.StringType):
+        return F.try_to_timestamp(F.trim(value))
+    if isinstance(spark_type, T.IntegralType):
+        as_long = value.cast("long")
+        if arrow_type is not None and pa.types.is_timestamp(arrow_type):
+            return F.timestamp_micros(F.floor(as_long / 1000).cast("long"))  # TIMESTAMP(NANOS)
+        return F.when(F.abs(as_long) > EPOCH_MS_THRESHOLD, F.timestamp_millis(as_long)).otherwise(
+            F.timestamp_seconds(as_long)
+        )
+    if isinstance(spark_type, T.NullType):
+        return F.lit(None).cast("timestamp")
+    return value.cast("timestamp")
 
 
 # --- the year=/month=/day=/hour= landing layout (Unit; Hive-style hourly folders) ---------------

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
-from lake_assets.feeds.base import FeedFormat, data_files, hour_folder
+from lake_assets.feeds.base import FeedFormat, data_files, hour_folder, list_hour_folders, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
 
@@ -27,7 +27,6 @@ SPECIAL = (OPERATION, SEQUENCE, COMMITTED_AT)
 
 _OPS = {"INSERT": m.INSERT, "I": m.INSERT, "UPDATE": m.UPDATE, "U": m.UPDATE, "DELETE": m.DELETE, "D": m.DELETE}
 _HOUR_IN_PATH = r"year=(\d{4})/month=(\d{1,2})/day=(\d{1,2})/hour=(\d{1,2})/"
-_EPOCH_MS_THRESHOLD = 100_000_000_000  # numbers above this are milliseconds, below seconds
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -52,6 +51,9 @@ class UnitCdcFormat(FeedFormat):
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))
 
+    def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
+        return list_hour_folders(storage, f"{landing}/{safe_segment(table, 'table')}")
+
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         return data_files(storage, hour_folder(f"{landing}/{safe_segment(table, 'table')}", partition))
 
@@ -73,27 +75,15 @@ class UnitCdcFormat(FeedFormat):
             return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
         return None
 
-    @staticmethod
-    def _commit_time(raw: DataFrame) -> Column:
-        column = F.col(COMMITTED_AT)
-        dtype = raw.schema[COMMITTED_AT].dataType
-        if isinstance(dtype, T.StringType):
-            return F.try_to_timestamp(F.trim(column))
-        if isinstance(dtype, T.IntegralType):
-            as_long = column.cast("long")
-            return F.when(F.abs(as_long) > _EPOCH_MS_THRESHOLD, F.timestamp_millis(as_long)).otherwise(
-                F.timestamp_seconds(as_long)
-            )
-        return column.cast("timestamp")
-
-    def normalise(self, raw: DataFrame, file_path: Column) -> DataFrame:
+    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
         op_text = F.upper(F.trim(F.col(OPERATION)))
         op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
         seq_col = F.col(SEQUENCE)
         seq = seq_col.cast("long") if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType) else F.expr(
             f"try_cast(trim(`{SEQUENCE}`) as bigint)"
         )
-        version_at = F.date_trunc("millisecond", self._commit_time(raw))
+        arrow_type = arrow_schema.field(COMMITTED_AT).type if arrow_schema is not None else None
+        version_at = F.date_trunc("millisecond", timestamp_column(COMMITTED_AT, raw.schema[COMMITTED_AT].dataType, arrow_type))
         invalid = (
             F.when(F.col(KEY).isNull(), F.lit("id is NULL"))
             .when(op.isNull(), F.concat(F.lit(f"unknown {OPERATION} "), F.coalesce(F.col(OPERATION), F.lit("NULL"))))

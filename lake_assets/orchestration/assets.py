@@ -2,6 +2,7 @@
 
 
 import dataclasses
+import re
 
 import dagster as dg
 from lake_assets import lake_io
@@ -15,9 +16,10 @@ from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
 from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
-from lake_assets.quarantine import quarantine_file
+from lake_assets.quarantine import Quarantined, quarantine_file
 
 IO_MANAGER_KEY = "lake_io_manager"
+UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,16 +32,32 @@ class TableAssets:
 
     @property
     def keys(self) -> list[dg.AssetKey]:
-        return [self.raw.key, *self.changes.keys, *self.state.keys]
+        return [self.raw.key, *self.processed_keys]
+
+    @property
+    def processed_keys(self) -> list[dg.AssetKey]:
+        """What a run materialises: everything but the vendor's files."""
+        return [*self.changes.keys, *self.state.keys]
 
 
 def asset_key(feed: str, table: str, layer: str) -> dg.AssetKey:
-    return dg.AssetKey([feed, table, layer])
+    """`[feed, table, layer]`, or `[feed, group, table, layer]` for a grouped table (GRAX org)."""
+    return dg.AssetKey([feed, *table.split("/"), layer])
+
+
+def identifier(*parts: str) -> str:
+    """A Dagster name (op, pool, group, job) made of feed and table names."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", "__".join(parts))
 
 
 def state_pool(feed: str, table: str) -> str:
     """One writer per state table at a time: runs folding the same table queue on this pool."""
-    return f"lake_state__{feed}__{table}"
+    return identifier("lake_state", feed, table)
+
+
+def group_name(feed: str, table: str) -> str:
+    """Tables group by feed, and by their own group (a GRAX org) within it."""
+    return identifier(feed, *table.split("/")[:-1])
 
 
 def build_table_assets(
@@ -52,7 +70,7 @@ def build_table_assets(
             f"Files the vendor lands for `{table}` under {feed.landing} ({fmt.name}). Observed by "
             f"the `{feed.name}` landing sensor; lake_assets never writes here."
         ),
-        group_name=feed.name,
+        group_name=group_name(feed.name, table),
         kinds={storage_kind, "parquet"},
         metadata={"landing": feed.landing, "format": fmt.name},
     )
@@ -64,7 +82,7 @@ def build_table_assets(
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
         io_manager_key=IO_MANAGER_KEY,
-        group_name=feed.name,
+        group_name=group_name(feed.name, table),
         kinds={"spark", "parquet"},
         metadata={PARTITION_COLUMN_KEY: fmt.partition_column, "keys": list(spec.keys)},
         description=(
@@ -81,6 +99,11 @@ def build_table_assets(
         files = [f for _, f in listed]
         context.log.info(f"{feed.name}/{table}: {len(files)} landed file(s) in {len(context.partition_keys)} partition(s)")
         batch = read_batch(session, storage, fmt, table, files)
+        # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
+        # partition's run; each run sets them aside again, so none goes unreported.
+        for entry, reason in fmt.stray_files(storage, feed.landing, table):
+            partition_of[entry.uri] = UNPARTITIONED
+            batch.quarantine(Quarantined(entry.uri, reason))
         for item in batch.quarantined:
             where = quarantine_file(
                 storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run.run_id
@@ -106,13 +129,13 @@ def build_table_assets(
     history_key = asset_key(feed.name, table, "history")
 
     @dg.multi_asset(
-        name=f"{feed.name}__{table}__state".replace("-", "_"),
+        name=identifier(feed.name, table, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
             dg.AssetSpec(
                 current_key,
                 deps=[changes.key],
-                group_name=feed.name,
+                group_name=group_name(feed.name, table),
                 kinds={"spark", "parquet"},
                 description=(
                     f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
@@ -123,7 +146,7 @@ def build_table_assets(
             dg.AssetSpec(
                 history_key,
                 deps=[changes.key],
-                group_name=feed.name,
+                group_name=group_name(feed.name, table),
                 kinds={"spark", "parquet"},
                 description=(
                     f"Every version of `{table}` (SCD type 2, Fivetran history mode): "

@@ -9,20 +9,40 @@ import dagster as dg
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.feeds import get_format
 from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key, list_hour_folders
-from lake_assets.orchestration.assets import TableAssets, build_table_assets
+from lake_assets.orchestration.assets import build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
-from lake_assets.orchestration.sensors import build_landing_sensor
+from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor
 from lake_assets.paths import is_s3
 from lake_assets.storage import S3Settings, Storage
 
 
 def feed_job_name(feed: str) -> str:
+    """The job over every table of an hourly feed (they share one partitions definition)."""
     return f"{feed.replace('-', '_')}_all_tables"
 
 
+def table_job_name(feed: str, table: str) -> str:
+    """The job of one table of a batch feed (each table has its own batches)."""
+    return identifier(feed, table, "job")
+
+
+def batch_partitions_name(feed: str, table: str) -> str:
+    return identifier(feed, table, "batches")
+
+
 def feed_tables(feed: FeedConfig, fmt: FeedFormat, storage: Storage) -> list[str]:
-    return list(feed.tables) if feed.tables else fmt.discover_tables(storage, feed.landing)
+    """The configured tables, or those discovered in the landing area (narrowed by the feed's
+    `orgs` / `objects` filters)."""
+    if feed.tables:
+        return list(feed.tables)
+    tables = fmt.discover_tables(storage, feed.landing)
+    if feed.orgs:
+        tables = [t for t in tables if t.split("/")[0] in feed.orgs]
+    if feed.objects:
+        wanted = {o.lower() for o in feed.objects}
+        tables = [t for t in tables if t.split("/")[-1] in wanted]
+    return tables
 
 
 def first_hour(feed: FeedConfig, fmt: FeedFormat, storage: Storage, tables: list[str]) -> str:
@@ -69,22 +89,38 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     for feed in config.feeds:
         fmt = get_format(feed.format)
         tables = feed_tables(feed, fmt, storage)
-        start = first_hour(feed, fmt, storage, tables)
-        partitions = dg.HourlyPartitionsDefinition(
-            start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT), fmt=HOUR_KEY_FORMAT, timezone="UTC"
-        )
-        built: list[TableAssets] = [build_table_assets(feed, fmt, t, partitions) for t in tables]
+        if fmt.partitioning == "batch":
+            built = [
+                build_table_assets(feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t)))
+                for t in tables
+            ]
+            for table_assets in built:
+                jobs.append(
+                    dg.define_asset_job(
+                        table_job_name(feed.name, table_assets.table),
+                        selection=dg.AssetSelection.assets(*table_assets.processed_keys),
+                        description=f"`{table_assets.table}` of the `{feed.name}` feed: changes, current and history.",
+                    )
+                )
+            if built:
+                sensors.append(build_batch_sensor(feed, fmt, built))
+        else:
+            start = first_hour(feed, fmt, storage, tables)
+            partitions = dg.HourlyPartitionsDefinition(
+                start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT), fmt=HOUR_KEY_FORMAT, timezone="UTC"
+            )
+            built = [build_table_assets(feed, fmt, t, partitions) for t in tables]
+            if built:
+                sensors.append(build_landing_sensor(feed, fmt, built))
+                jobs.append(
+                    dg.define_asset_job(
+                        feed_job_name(feed.name),
+                        selection=dg.AssetSelection.assets(*[k for t in built for k in t.processed_keys]),
+                        description=f"Every table of the `{feed.name}` feed: changes, current and history.",
+                    )
+                )
         for table_assets in built:
             assets.extend([table_assets.raw, table_assets.changes, table_assets.state])
-        if built:
-            sensors.append(build_landing_sensor(feed, fmt, built))
-            jobs.append(
-                dg.define_asset_job(
-                    feed_job_name(feed.name),
-                    selection=dg.AssetSelection.assets(*[k for t in built for k in t.keys if k != t.raw.key]),
-                    description=f"Every table of the `{feed.name}` feed: changes, current and history.",
-                )
-            )
     return dg.Definitions(
         assets=assets,
         sensors=sensors,

@@ -1,6 +1,6 @@
 """The Spark Parquet IO manager: partitioned lake tables in Hive layout, `file://` or `s3a://`.
 
-An asset keyed `[feed, table, layer]` lives at `<lake>/<layer>/<feed>/<table>/`, partitioned
+An asset keyed `[feed, (group,) table, layer]` lives at `<lake>/<layer>/<feed>/(<group>/)<table>/`, partitioned
 by the column named in the asset's `lake/partition_column` metadata. Writes replace exactly the
 partitions of the run (a single partition or a whole backfill range); reads of an upstream range
 return one DataFrame filtered to those partitions.
@@ -19,10 +19,10 @@ PARTITION_COLUMN_KEY = "lake/partition_column"
 
 
 def _table_location(lake: LakeResource, key: dg.AssetKey) -> str:
-    if len(key.path) != 3:
-        raise dg.Failure(f"asset key {key.to_user_string()} is not [feed, table, layer]")
-    feed, table, layer = key.path
-    return lake.layout().table(layer, feed, table)
+    if len(key.path) not in (3, 4):
+        raise dg.Failure(f"asset key {key.to_user_string()} is not [feed, (group,) table, layer]")
+    feed, *table, layer = key.path
+    return lake.layout().table(layer, feed, "/".join(table))
 
 
 def empty_changes(spark, partition_column: str) -> DataFrame:

@@ -1,4 +1,9 @@
-"""Landing sensors: one per feed, a cursor per table, ranged runs for new or late files."""
+"""Landing sensors: one per feed, a cursor per table, ranged runs for new or late files.
+
+Hourly feeds: new hour folders and files arriving late in a recent hour. Batch feeds (GRAX): new
+batches are registered as dynamic partitions; the open (greatest) batch is re-run when it gains
+files. Run keys hash the files a run covers, so the same files never run twice.
+"""
 
 
 import hashlib
@@ -7,7 +12,16 @@ import dagster as dg
 
 from lake_assets.config import FeedConfig
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table
+from lake_assets.landing_watch import (
+    BatchCursor,
+    NewFiles,
+    TableCursor,
+    contiguous_ranges,
+    decode_cursor,
+    encode_cursor,
+    scan_batches,
+    scan_table,
+)
 from lake_assets.orchestration.assets import TableAssets
 from lake_assets.orchestration.resources import LakeResource
 
@@ -26,7 +40,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             "range of consecutive hours, keyed by the files it saw so nothing runs twice."
         ),
         minimum_interval_seconds=30,
-        asset_selection=[k for t in tables for k in t.keys if k != t.raw.key],
+        asset_selection=[k for t in tables for k in t.processed_keys],
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         storage = lake.get_storage()
@@ -38,27 +52,66 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             )
             if not found:
                 continue
-            fingerprints = {f.partition: f.fingerprint for f in found}
-            for start, end in contiguous_ranges(list(fingerprints)):
-                digest = hashlib.sha1(
-                    "".join(f"{k}={fingerprints[k]}" for k in sorted(fingerprints) if start <= k <= end).encode()
-                ).hexdigest()[:16]
-                run_requests.append(
-                    dg.RunRequest(
-                        run_key=f"{feed.name}:{name}:{start}..{end}:{digest}",
-                        asset_selection=[k for k in assets.keys if k != assets.raw.key],
-                        tags={RANGE_START_TAG: start, RANGE_END_TAG: end, "lake_assets/table": name},
-                    )
-                )
-            observations.append(
-                dg.AssetObservation(
-                    asset_key=assets.raw.key,
-                    metadata={
-                        "new_files": sum(len(f.new_names) for f in found),
-                        "partitions_with_new_files": dg.MetadataValue.json(sorted(fingerprints)),
-                    },
-                )
-            )
+            for start, end in contiguous_ranges([f.partition for f in found]):
+                run_requests.append(_range_run(feed.name, assets, [f for f in found if start <= f.partition <= end]))
+            observations.append(_observation(assets, found))
         return dg.SensorResult(run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors))
 
     return landing_sensor
+
+
+def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
+    by_name = {t.table: t for t in tables}
+
+    @dg.sensor(
+        name=f"{feed.name.replace('-', '_')}_batch_sensor",
+        description=(
+            f"Watches {feed.landing} for new batches of every object: registers them as partitions "
+            "and requests one run per table over the new batches, and again for the open "
+            "(greatest) batch when it gains files."
+        ),
+        minimum_interval_seconds=30,
+        asset_selection=[k for t in tables for k in t.processed_keys],
+    )
+    def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
+        storage = lake.get_storage()
+        cursors = decode_cursor(context.cursor, BatchCursor)
+        run_requests, observations, additions = [], [], []
+        for name, assets in sorted(by_name.items()):
+            found, cursors[name] = scan_batches(storage, fmt, feed.landing, name, cursors.get(name) or BatchCursor())
+            if not found:
+                continue
+            partitions_def = assets.changes.partitions_def
+            additions.append(dg.AddDynamicPartitionsRequest(partitions_def.name, [f.partition for f in found]))
+            # New batches follow the cursor's batch, so they form one range in partition order.
+            run_requests.append(_range_run(feed.name, assets, found))
+            observations.append(_observation(assets, found))
+        return dg.SensorResult(
+            run_requests=run_requests,
+            asset_events=observations,
+            dynamic_partitions_requests=additions,
+            cursor=encode_cursor(cursors),
+        )
+
+    return batch_sensor
+
+
+def _range_run(feed: str, assets: TableAssets, found: list[NewFiles]) -> dg.RunRequest:
+    """One run over the partitions with new files, keyed by every file name they hold."""
+    start, end = found[0].partition, found[-1].partition
+    digest = hashlib.sha1("".join(f"{f.partition}={f.fingerprint}" for f in found).encode()).hexdigest()[:16]
+    return dg.RunRequest(
+        run_key=f"{feed}:{assets.table}:{start}..{end}:{digest}",
+        asset_selection=assets.processed_keys,
+        tags={RANGE_START_TAG: start, RANGE_END_TAG: end, "lake_assets/table": assets.table},
+    )
+
+
+def _observation(assets: TableAssets, found: list[NewFiles]) -> dg.AssetObservation:
+    return dg.AssetObservation(
+        asset_key=assets.raw.key,
+        metadata={
+            "new_files": sum(len(f.new_names) for f in found),
+            "partitions_with_new_files": dg.MetadataValue.json([f.partition for f in found]),
+        },
+    )

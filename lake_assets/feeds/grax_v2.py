@@ -1,0 +1,277 @@
+"""GRAX Data Lake v2: Parquet under `parquet/v2/org=<org>/object=<Object>/batch=<hex>/data-<hex>.parquet`.
+
+Facts (seeds/grax-data-lake-v2.txt, FORMATS.md "GRAX"): a version of a record is
+`(Id, source__modified)` and the greatest `grax__idseq` (text) among its writes wins; rows repeat
+and arrive out of order; every file has its own schema (only fields with data, sometimes a field
+with none); non-string fields come with typed copies (`_b _i _f _ts _t _d`) beside the string
+value, and the typed copy of a field may switch over time; `grax__deleted` marks a delete or an
+archive (`grax__deletesource`), `grax__purged` a purge, `grax__restoredfrom` the Id a restored
+record came from (a restored record is a new key). Batch and file names are increasing hex
+numbers, compared as numbers and never read as clocks.
+
+One table per org and object: its name is `<org>/<object in lower case>`, so the lake holds it at
+`<layer>/<feed>/<org>/<object>/` and the assets are keyed `[feed, org, object, layer]`.
+
+Mapping onto the change model, one landed row at a time:
+- the row is the version `source__modified` of `Id`, sequenced by `grax__idseq`;
+- a row with `grax__deleted` also yields a delete event at the delete time (or at the version
+  time, when the vendor stamped the delete earlier), sequenced just after the row's own write so
+  that a delete stamped at the version time wins over it;
+- a row with `grax__purged` carries the purge marker: the engine erases the key's field data;
+- field `X` with typed copies becomes one column `X` of the copy's type (several copies in one
+  file: double for integer + float, else text) and `X__string` keeps the vendor's string for
+  audit; a field without typed copies stays text. Across files the engine widens the types
+  (integer to double; anything meeting text becomes text), so a switch loses no value.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, functions as F, types as T
+
+from lake_assets.engine import model as m
+from lake_assets.feeds.base import DERIVED, FeedFormat, data_files, timestamp_column
+from lake_assets.paths import safe_segment
+from lake_assets.storage import Entry, Storage
+
+KEY = "Id"
+MODIFIED = "source__modified"
+IDSEQ = "grax__idseq"
+DELETED = "grax__deleted"
+DELETE_SOURCE = "grax__deletesource"
+PURGED = "grax__purged"
+RESTORED_FROM = "grax__restoredfrom"
+GRAX_COLUMNS = (KEY, MODIFIED, IDSEQ, DELETED, DELETE_SOURCE, PURGED, RESTORED_FROM)
+STRING_COPY_SUFFIX = "__string"
+#: appended to a deleted row's idseq: greater than the row's own write, smaller than the next one
+DELETE_SEQ_SUFFIX = "~"
+
+TYPED_SUFFIXES = {"b": T.BooleanType(), "i": T.LongType(), "f": T.DoubleType(), "ts": T.TimestampType(),
+                  "t": None, "d": T.DateType()}
+_TYPED = re.compile(r"^(?P<field>.+)_(?P<suffix>b|i|f|ts|t|d)$")
+_BATCH = re.compile(r"^[0-9a-fA-F]{1,16}$")
+_ORG = re.compile(r"^[A-Za-z0-9]{1,64}$")
+_OBJECT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+V2_PREFIX = ("parquet", "v2")
+
+
+def is_batch_key(value: str) -> bool:
+    return bool(_BATCH.fullmatch(value or ""))
+
+
+def batch_order(key: str) -> int:
+    """Batches are opaque increasing hex numbers: compare them as numbers."""
+    if not is_batch_key(key):
+        raise ValueError(f"batch {key!r} is not a hex number")
+    return int(key, 16)
+
+
+def sort_batches(keys) -> list[str]:
+    return sorted(keys, key=batch_order)
+
+
+def split_table(table: str) -> tuple[str, str]:
+    """`<org>/<object>` -> (org, object), both validated for use in paths."""
+    org, _, obj = table.partition("/")
+    if not _ORG.fullmatch(org) or not _OBJECT.fullmatch(obj) or obj != obj.lower():
+        raise ValueError(f"GRAX table {table!r} must be '<org>/<object in lower case>'")
+    return org, obj
+
+
+def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
+    """field -> {suffix: column} for columns that are typed copies of a field present beside them.
+
+    A column like `Is_b` counts as a typed copy only when `Is` is in the same file: GRAX writes
+    the string value of every field that has data, so a lone `Is_b` is a field of its own.
+    """
+    present = set(columns)
+    copies: dict[str, dict[str, str]] = {}
+    for column in columns:
+        match = _TYPED.match(column)
+        if match and match.group("field") in present and match.group("field") not in GRAX_COLUMNS:
+            copies.setdefault(match.group("field"), {})[match.group("suffix")] = column
+    return copies
+
+
+class GraxV2Format(FeedFormat):
+    name = "grax_v2"
+    partition_column = "batch"
+    partitioning = "batch"
+
+    # --- landing layout ---------------------------------------------------------------------
+    @staticmethod
+    def v2_root(storage: Storage, landing: str) -> str:
+        """The landing may name the bucket folder that holds `parquet/v2`, or `parquet/v2` itself."""
+        nested = f"{landing}/{'/'.join(V2_PREFIX)}"
+        return nested if storage.exists(nested) else landing
+
+    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
+        root = self.v2_root(storage, landing)
+        tables = []
+        for org_entry in storage.list(root):
+            org = org_entry.name[len("org="):] if org_entry.name.startswith("org=") else None
+            if not org_entry.is_dir or org is None or not _ORG.fullmatch(org):
+                continue
+            for obj_entry in storage.list(org_entry.uri):
+                obj = obj_entry.name[len("object="):] if obj_entry.name.startswith("object=") else None
+                if obj_entry.is_dir and obj is not None and _OBJECT.fullmatch(obj):
+                    tables.append(f"{org}/{obj.lower()}")
+        return sorted(set(tables))
+
+    def object_folder(self, storage: Storage, landing: str, table: str) -> str | None:
+        """The landed `object=<Object>` folder of a table (object names keep their case there)."""
+        org, obj = split_table(table)
+        org_uri = f"{self.v2_root(storage, landing)}/org={safe_segment(org, 'org')}"
+        for entry in storage.list(org_uri):
+            if entry.is_dir and entry.name.startswith("object=") and entry.name[len("object="):].lower() == obj:
+                return entry.uri
+        return None
+
+    def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, str], list[Entry]]:
+        """({batch key: folder} for valid batches, [folders whose batch is not a hex number])."""
+        folder = self.object_folder(storage, landing, table)
+        valid, invalid = {}, []
+        for entry in storage.list(folder) if folder else []:
+            if not entry.is_dir or not entry.name.startswith("batch="):
+                continue
+            key = entry.name[len("batch="):]
+            (valid.__setitem__(key, entry.uri) if is_batch_key(key) else invalid.append(entry))
+        return valid, invalid
+
+    def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
+        return sort_batches(self.batch_folders(storage, landing, table)[0])
+
+    def partition_order(self, key: str) -> int:
+        return batch_order(key)
+
+    def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
+        _, invalid = self.batch_folders(storage, landing, table)
+        return [
+            (entry, f"batch folder '{folder.name}' is not a hex number, so the file belongs to no batch")
+            for folder in invalid
+            for entry in data_files(storage, folder.uri)
+        ]
+
+    def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
+        if not is_batch_key(partition):
+            raise ValueError(f"batch partition {partition!r} is not a hex number")
+        folder = self.object_folder(storage, landing, table)
+        return data_files(storage, f"{folder}/batch={partition}") if folder else []
+
+    def table_spec(self, table: str) -> m.TableSpec:
+        return m.TableSpec(name=table, keys=(KEY,))
+
+    # --- files --------------------------------------------------------------------------------
+    def vet_schema(self, schema: pa.Schema) -> str | None:
+        names = set(schema.names)
+        missing = [c for c in (KEY, MODIFIED, IDSEQ) if c not in names]
+        if missing:
+            return f"missing the required column(s) {missing}"
+        for column in (KEY, IDSEQ):
+            kind = schema.field(column).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+                return f"column '{column}' has type {kind}, expected a string"
+        for column in (MODIFIED, DELETED, PURGED):
+            if column in names:
+                kind = schema.field(column).type
+                if not (pa.types.is_timestamp(kind) or pa.types.is_null(kind) or pa.types.is_string(kind)):
+                    return f"column '{column}' has type {kind}, expected a timestamp"
+        return None
+
+    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
+        columns = [c for c in raw.columns if not c.startswith("__")]
+        copies = typed_copies(columns)
+        typed_columns = {c for group in copies.values() for c in group.values()}
+
+        def arrow_type(column: str):
+            return arrow_schema.field(column).type if arrow_schema is not None and column in arrow_schema.names else None
+
+        def stamp(column: str) -> Column:
+            if column not in columns:
+                return F.lit(None).cast("timestamp")
+            return timestamp_column(column, raw.schema[column].dataType, arrow_type(column))
+
+        payload: list[Column] = []
+        for column in columns:
+            if column in (KEY, MODIFIED, IDSEQ) or column in typed_columns:
+                continue
+            if column in copies:
+                payload.extend(self._typed_field(raw, column, copies[column], arrow_type))
+            elif column in (DELETED, PURGED):
+                payload.append(stamp(column).alias(column))  # the markers stay readable (lineage)
+            else:
+                payload.append(F.col(f"`{column}`").alias(column))
+
+        version_at = F.date_trunc("millisecond", stamp(MODIFIED))
+        seq = F.col(IDSEQ).cast("string")
+        invalid = (
+            F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
+            .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
+            .when(version_at.isNull(), F.concat(F.lit(f"{MODIFIED} is not a time: "),
+                                                F.coalesce(F.col(MODIFIED).cast("string"), F.lit("NULL"))))
+        )
+        for column in sorted(typed_columns):
+            target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
+            if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
+                value = F.col(f"`{column}`")
+                invalid = F.when(
+                    value.isNotNull() & value.try_cast(target).isNull(),
+                    F.concat(F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "), value),
+                ).otherwise(invalid)
+        versions = raw.select(
+            F.col(KEY).cast("string").alias(KEY),
+            *payload,
+            F.lit(m.UPDATE).alias(m.OP),
+            version_at.alias(m.VERSION_AT),
+            seq.alias(m.SEQ),
+            F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
+            stamp(PURGED).isNotNull().alias(m.PURGED),
+            file_path.alias(m.SOURCE_FILE),
+            F.current_timestamp().alias(m.INGESTED_AT),
+            F.regexp_extract(file_path, r"/batch=([0-9A-Fa-f]+)/", 1).alias(self.partition_column),
+            invalid.alias("__invalid"),
+            F.col("__file_path"),
+            F.lit(False).alias(DERIVED),
+            F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
+        )
+        payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)]
+        # A delete carries the key only; stamped before its version by the vendor, it still follows it.
+        deletes = versions.where(F.col("__deleted_at").isNotNull()).select(
+            *[F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else F.col(f"`{c}`")
+              for c in versions.columns]
+        ).withColumn(m.OP, F.lit(m.DELETE)).withColumn(
+            m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT))
+        ).withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX))).withColumn(DERIVED, F.lit(True))
+        return versions.unionByName(deletes).drop("__deleted_at")
+
+    @staticmethod
+    def _typed_field(raw: DataFrame, field: str, copies: dict[str, str], arrow_type) -> list[Column]:
+        """`field` as one typed column, plus its string copy for audit."""
+        kinds = {}
+        for suffix, column in copies.items():
+            dtype = raw.schema[column].dataType
+            if isinstance(dtype, T.NullType):
+                continue  # a column present but empty says nothing about the type
+            if suffix == "ts":
+                kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
+            elif TYPED_SUFFIXES[suffix] is None or isinstance(dtype, T.StringType) and suffix == "t":
+                kinds[column] = (F.col(f"`{column}`"), dtype)  # time of day: as Spark reads it
+            else:
+                target = TYPED_SUFFIXES[suffix]
+                value = F.col(f"`{column}`")
+                kinds[column] = (value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target), target)
+        string_copy = F.col(f"`{field}`").cast("string")
+        targets = {t.simpleString() for _, t in kinds.values()}
+        if not kinds:
+            value = string_copy
+        elif len(targets) == 1:
+            target = next(iter(kinds.values()))[1]
+            value = F.coalesce(*[v for v, _ in kinds.values()], string_copy.try_cast(target))
+        elif targets <= {"bigint", "double"}:
+            value = F.coalesce(*[v.cast("double") for v, _ in kinds.values()], string_copy.try_cast("double"))
+        else:
+            value = F.coalesce(*[v.cast("string") for v, _ in kinds.values()], string_copy)
+        return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
+
