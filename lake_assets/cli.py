@@ -28,18 +28,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from lake_assets.demo.grax_sample import write_grax_landing
     from lake_assets.demo.unit_sample import write_unit_landing
 
     root = Path(args.dir).resolve()
     for sub in ("landing", "lake"):
         shutil.rmtree(root / sub, ignore_errors=True)
-    landing = root / "landing" / "unit"
-    _say(f"writing sample Unit CDC exports to {landing}")
-    sample = write_unit_landing(landing)
-    _say(f"wrote {len(sample.files)} files for tables {', '.join(sample.tables)} ({len(sample.late_files)} late)")
+    unit_landing = root / "landing" / "unit"
+    _say(f"writing sample Unit CDC exports to {unit_landing}")
+    unit = write_unit_landing(unit_landing)
+    _say(f"wrote {len(unit.files)} files for tables {', '.join(unit.tables)} ({len(unit.late_files)} late)")
+    grax_landing = root / "landing" / "grax"
+    _say(f"writing a sample GRAX Data Lake v2 landing to {grax_landing}")
+    grax = write_grax_landing(grax_landing)
+    _say(f"wrote {len(grax.files)} files for objects {', '.join(grax.objects)} of org {grax.org}")
     config = LakeConfig(
         lake=f"file://{root / 'lake'}",
-        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),),
+        feeds=(
+            FeedConfig(name="unit", format="unit_cdc", landing=f"file://{unit_landing}"),
+            FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}"),
+        ),
     )
     config_file = root / "lake_assets.yaml"
     config_file.write_text(dump_config(config))

@@ -49,12 +49,13 @@ def test_demo_summary_matches_the_tables_on_disk(tmp_path):
     cli = Path(sys.executable).parent / "lake-assets"
     proc = subprocess.run([str(cli), "demo", "--dir", str(tmp_path / "demo")], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = re.findall(r"^unit\s+(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", proc.stdout, re.M)
-    assert len(rows) >= 3, proc.stdout
+    rows = re.findall(r"^(unit|grax)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", proc.stdout, re.M)
+    assert sorted({feed for feed, *_ in rows}) == ["grax", "unit"], proc.stdout
+    assert len(rows) >= 6, proc.stdout
     lake = tmp_path / "demo" / "lake"
-    for table, changes, current, history, _ in rows:
+    for feed, table, changes, current, history, _ in rows:
         for layer, printed in (("changes", changes), ("current", current), ("history", history)):
-            glob = f"{lake}/{layer}/unit/{table}/**/*.parquet"
+            glob = f"{lake}/{layer}/{feed}/{table}/**/*.parquet"
             on_disk = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)").fetchall()[0][0]
             assert on_disk == int(printed) > 0, (table, layer)
     assert (tmp_path / "demo" / "lake_assets.yaml").is_file()

@@ -274,3 +274,37 @@ def test_the_grax_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
     assert not any("_staging" in k or "_temporary" in k for k in keys)
     got = sorted(r["Id"] for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/grax/{table}").collect())
     assert got == [r["Id"] for r in layer_rows(local_lake, "current", table)]
+
+
+def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_path):
+    from lake_assets.orchestration.definitions import build_definitions
+    from lake_assets.orchestration.resources import LakeResource
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    landing = tmp_path / "landing"
+    row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
+    for batch in ("00000000a", "00000000b"):
+        write_file(landing, "Account", batch, "data-00000000001.parquet", row)
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
+    defs = build_definitions(config)
+    sensor = defs.resolve_sensor_def("grax_batch_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    partitions = batch_partitions_name("grax", f"{ORG}/account")
+
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        first = sensor(context)
+    assert [(r.partitions_def_name, list(r.partition_keys)) for r in first.dynamic_partitions_requests] == [
+        (partitions, ["00000000a", "00000000b"])]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in first.run_requests] == [("00000000a", "00000000b")]
+
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+        quiet = sensor(context)
+    assert quiet.run_requests == [] and quiet.dynamic_partitions_requests == []
+
+    write_file(landing, "Account", "00000000b", "data-00000000002.parquet", row)  # the open batch grows
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=quiet.cursor) as context:
+        grown = sensor(context)
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in grown.run_requests] == [("00000000b", "00000000b")]
+    assert grown.run_requests[0].run_key != first.run_requests[0].run_key
+    assert set(grown.run_requests[0].asset_selection) == {
+        dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("changes", "current", "history")}
