@@ -308,3 +308,27 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     assert grown.run_requests[0].run_key != first.run_requests[0].run_key
     assert set(grown.run_requests[0].asset_selection) == {
         dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("changes", "current", "history")}
+
+
+def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
+    """GRAX does not document the physical type: millis, micros, nanos and INT96 all read alike."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    moment = dt.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / "batch=000000001"
+    folder.mkdir(parents=True)
+    for index, (unit, int96) in enumerate((("ms", False), ("us", False), ("ns", False), ("us", True))):
+        table = pa.table({
+            "Id": [f"id-{unit}-{int96}"],
+            "source__modified": pa.array([moment], pa.timestamp(unit, tz="UTC")),
+            "grax__idseq": ["01"],
+            "LastReviewed__c": [moment.isoformat()],
+            "LastReviewed__c_ts": pa.array([moment], pa.timestamp(unit, tz="UTC")),
+        })
+        options = {"use_deprecated_int96_timestamps": True} if int96 else {"version": "2.6"}
+        pq.write_table(table, folder / f"data-{index:011x}.parquet", **options)
+        stored = pq.ParquetFile(folder / f"data-{index:011x}.parquet").schema.column(1).physical_type
+        assert stored == ("INT96" if int96 else "INT64")
+    process(landing, lake)
+    rows = layer_rows(lake, "current", f"{ORG}/account")
+    assert len(rows) == 4
+    assert {(r["_version_at"], r["LastReviewed__c"]) for r in rows} == {(moment, moment)}
