@@ -1,0 +1,518 @@
+"""Estuary Flow (Gazette) journal fragments: names, covers, codecs, checksums and transactions.
+
+Pure Python: no Spark, no Dagster. Facts (seeds/estuary-flow-journals.txt, FORMATS.md):
+
+- A fragment file is named `%016x-%016x-%x%s`: begin and end byte offsets of the journal
+  (half-open `[begin, end)`), SHA-1 of the *uncompressed* content and a codec extension. An empty
+  fragment (begin == end) has an all-zero sum.
+- Fragments of one journal may overlap; a reader picks a cover (lowest offset first, then always
+  the covering fragment reaching furthest) and skips the bytes it has already read. A gap in the
+  offsets is a real gap: it is reported, never papered over.
+- Content is newline-delimited JSON; fragments hold whole documents.
+- `_meta.uuid` is a v1 UUID carrying the producer's clock, the transaction flags and the producer
+  id. Continued transactions count only once acknowledged; see `Sequencer`.
+
+On the clock: Flow's producer clock is 64 bits, the UUID's 60-bit timestamp followed by a 4-bit
+sequence counter, and the counter is stored in the UUID's clock-sequence bits (bits 2-5 of byte 8,
+next to the variant), not in the timestamp field (estuary/flow `crates/proto-gazette/src/uuid.rs`,
+`parse_uuid` / `build_uuid`). So `FlowUuid.clock` is the UUID's 60-bit timestamp, which is a plain
+100 ns time, `FlowUuid.sequence` the 4 counter bits, and `FlowUuid.order` the full 64-bit clock
+that transactions are sequenced by.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import hashlib
+import json
+import re
+import uuid as uuidlib
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import cramjam
+
+__all__ = [
+    "ACK_TXN",
+    "CODECS",
+    "CONTINUE_TXN",
+    "OUTSIDE_TXN",
+    "ZERO_SUM",
+    "CoverPiece",
+    "Doc",
+    "FlowUuid",
+    "Fragment",
+    "FragmentError",
+    "FragmentName",
+    "Gap",
+    "JournalRead",
+    "Sequencer",
+    "by_journal",
+    "cover",
+    "fragment_from_uri",
+    "inflate",
+    "lines",
+    "parse_document",
+    "parse_fragment_name",
+    "parse_uuid",
+    "read_journal",
+    "verify",
+]
+
+
+class FragmentError(ValueError):
+    """A fragment that cannot be used: message names the fragment (uri) and, where known, the journal
+    byte offset."""
+
+    def __init__(self, uri: str, reason: str, offset: int | None = None):
+        self.uri = uri
+        self.reason = reason
+        self.offset = offset
+        where = f" at journal offset {offset}" if offset is not None else ""
+        super().__init__(f"fragment {uri}{where}: {reason}")
+
+    def __reduce__(self):  # keep the three fields through pickling (e.g. across processes)
+        return (type(self), (self.uri, self.reason, self.offset))
+
+
+# --------------------------------------------------------------------------------------------
+# Fragment names
+
+ZERO_SUM = "0" * 40
+#: largest journal offset: Gazette offsets are int64
+MAX_OFFSET = 0x7FFF_FFFF_FFFF_FFFF
+
+CODECS = ("raw", "gzip", "zstd", "snappy", "gzip_offload")
+_EXTENSIONS = {
+    ".raw": "raw",
+    ".gz": "gzip",
+    ".gzip": "gzip",
+    ".zst": "zstd",
+    ".zstandard": "zstd",
+    ".sz": "snappy",
+    ".snappy": "snappy",
+    "": "gzip_offload",
+    ".gzod": "gzip_offload",
+}
+_OFFSET = re.compile(r"[0-9a-fA-F]{16}")
+_SUM = re.compile(r"[0-9a-fA-F]{40}")
+
+
+@dataclass(frozen=True)
+class FragmentName:
+    begin: int
+    end: int
+    sum: str  # 40 lowercase hex: SHA-1 of the uncompressed content
+    codec: str  # one of CODECS
+
+    @property
+    def length(self) -> int:
+        return self.end - self.begin
+
+
+def parse_fragment_name(name: str) -> FragmentName:
+    """Parse `<begin:016x>-<end:016x>-<sha1:40x><ext>`; a leading folder path is ignored."""
+    base = name.rsplit("/", 1)[-1]
+    fields = base.split("-")
+    if len(fields) != 3:
+        raise ValueError(
+            f"fragment name {name!r}: expected 3 '-'-separated fields (begin-end-sum), got {len(fields)}"
+        )
+    begin_text, end_text, rest = fields
+    sum_text, dot, ext = rest.partition(".")
+    ext = (dot + ext).lower()
+    for label, text in (("begin", begin_text), ("end", end_text)):
+        if not _OFFSET.fullmatch(text):
+            raise ValueError(f"fragment name {name!r}: {label} offset {text!r} is not 16 hex digits")
+    begin, end = int(begin_text, 16), int(end_text, 16)
+    for label, value in (("begin", begin), ("end", end)):
+        if value > MAX_OFFSET:
+            raise ValueError(f"fragment name {name!r}: {label} offset {value:#x} exceeds int64")
+    if end < begin:
+        raise ValueError(f"fragment name {name!r}: end {end:#x} is before begin {begin:#x}")
+    if not _SUM.fullmatch(sum_text):
+        raise ValueError(
+            f"fragment name {name!r}: sum {sum_text!r} is not a 40-hex-digit SHA-1 "
+            f"(got {len(sum_text)} chars)"
+        )
+    digest = sum_text.lower()
+    if begin == end and digest != ZERO_SUM:
+        raise ValueError(f"fragment name {name!r}: an empty fragment must have an all-zero sum")
+    try:
+        codec = _EXTENSIONS[ext]
+    except KeyError:
+        known = sorted(e for e in _EXTENSIONS if e)
+        raise ValueError(
+            f"fragment name {name!r}: unknown extension {ext!r}; known: {known} or none"
+        ) from None
+    return FragmentName(begin=begin, end=end, sum=digest, codec=codec)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    uri: str
+    journal: str
+    name: FragmentName
+
+
+_PSEUDO_PARTITION = re.compile(r"utc_(date|hour)=[^/]*")
+
+
+def fragment_from_uri(uri: str, journal: str | None = None) -> Fragment:
+    """A fragment from its storage uri. Without `journal`, the journal is the uri's folder with the
+    supplemental `utc_date=`/`utc_hour=` pseudo-partitions removed (the journal's storage prefix)."""
+    name = parse_fragment_name(uri)
+    if journal is None:
+        folder = uri.rsplit("/", 1)[0] if "/" in uri else ""
+        parts = folder.split("/")
+        while parts and _PSEUDO_PARTITION.fullmatch(parts[-1]):
+            parts.pop()
+        journal = "/".join(parts)
+    return Fragment(uri=uri, journal=journal, name=name)
+
+
+def by_journal(fragments: Iterable[Fragment]) -> dict[str, list[Fragment]]:
+    """Fragments grouped by journal (in journal-name order), ready for `cover`."""
+    groups: dict[str, list[Fragment]] = {}
+    for fragment in fragments:
+        groups.setdefault(fragment.journal, []).append(fragment)
+    return {journal: groups[journal] for journal in sorted(groups)}
+
+
+# --------------------------------------------------------------------------------------------
+# Covers
+
+
+@dataclass(frozen=True)
+class CoverPiece:
+    fragment: Fragment
+    skip: int  # bytes of the fragment's inflated content to skip (offset - begin)
+
+    @property
+    def start(self) -> int:
+        """Journal offset where this piece's used content starts."""
+        return self.fragment.name.begin + self.skip
+
+    @property
+    def end(self) -> int:
+        return self.fragment.name.end
+
+
+@dataclass(frozen=True)
+class Gap:
+    journal: str
+    begin: int
+    end: int
+
+
+def cover(fragments: list[Fragment]) -> tuple[list[CoverPiece], list[Gap]]:
+    """The pieces that read every byte of one journal exactly once, and the gaps between them.
+
+    From the lowest begin, repeatedly take the fragment covering the current offset with the greatest
+    end (ties: smallest uri), skip what was already read, and continue from its end. Where nothing
+    covers the offset but a later fragment begins, the range up to that begin is a `Gap`.
+    Empty fragments are ignored; identical ranges give one piece."""
+    journals = {f.journal for f in fragments}
+    if len(journals) > 1:
+        raise ValueError(f"cover takes the fragments of one journal; got {sorted(journals)}")
+    usable = sorted(
+        (f for f in fragments if f.name.end > f.name.begin),
+        key=lambda f: (f.name.begin, f.name.end, f.uri),
+    )
+    pieces: list[CoverPiece] = []
+    gaps: list[Gap] = []
+    if not usable:
+        return pieces, gaps
+    journal = usable[0].journal
+    offset = usable[0].name.begin
+    best: Fragment | None = None  # of the fragments beginning at or before offset: greatest end, smallest uri
+    i = 0
+    while True:
+        while i < len(usable) and usable[i].name.begin <= offset:
+            f = usable[i]
+            if best is None or (-f.name.end, f.uri) < (-best.name.end, best.uri):
+                best = f
+            i += 1
+        if best is not None and best.name.end > offset:
+            pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin))
+            offset = best.name.end
+        elif i < len(usable):
+            gaps.append(Gap(journal=journal, begin=offset, end=usable[i].name.begin))
+            offset = usable[i].name.begin
+        else:
+            return pieces, gaps
+
+
+# --------------------------------------------------------------------------------------------
+# Content: codecs, checksums, lines
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _gunzip(data: bytes, uri: str, codec: str, begin: int | None) -> bytes:
+    try:
+        return gzip.decompress(data)  # reads every member of a multi-member stream
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
+
+
+def inflate(data: bytes, codec: str, uri: str, *, begin: int | None = None) -> bytes:
+    """The uncompressed content of a fragment's stored bytes. `begin` (optional, the fragment's begin
+    offset) is only used to place errors in the journal."""
+    data = bytes(data)
+    if codec == "raw":
+        return data
+    if codec == "gzip":
+        return _gunzip(data, uri, codec, begin)
+    if codec == "gzip_offload":
+        # Stored with Content-Encoding: gzip; an HTTP client may already have inflated it.
+        return _gunzip(data, uri, codec, begin) if data[:2] == _GZIP_MAGIC else data
+    if codec in ("zstd", "snappy"):
+        if not data:
+            return b""
+        module = cramjam.zstd if codec == "zstd" else cramjam.snappy  # snappy: the framing format
+        try:
+            return bytes(module.decompress(data))
+        except Exception as e:  # cramjam.DecompressionError, and anything else the codec reports
+            raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
+    raise FragmentError(uri, f"unknown codec {codec!r}; known: {list(CODECS)}", begin)
+
+
+def verify(content: bytes, name: FragmentName, uri: str) -> None:
+    """Check the inflated content against the fragment's name: length end - begin and SHA-1 sum."""
+    if len(content) != name.length:
+        raise FragmentError(
+            uri,
+            f"content length mismatch: expected {name.length} bytes (end - begin), actual {len(content)}",
+            name.begin,
+        )
+    actual = ZERO_SUM if name.length == 0 else hashlib.sha1(content).hexdigest()
+    if actual != name.sum:
+        raise FragmentError(uri, f"SHA-1 mismatch: expected {name.sum}, actual {actual}", name.begin)
+
+
+def lines(content: bytes, skip: int, begin: int, uri: str) -> Iterator[tuple[int, bytes]]:
+    """The newline-delimited documents of content[skip:], as (journal offset, line without newline).
+
+    `skip` must fall on a document boundary; the content must end with a newline. Both are checked
+    before anything is yielded. Blank (whitespace-only) lines are skipped."""
+    size = len(content)
+    if skip < 0 or skip > size:
+        raise FragmentError(uri, f"skip {skip} is outside the content ({size} bytes)", begin + max(skip, 0))
+    if skip > 0 and content[skip - 1 : skip] != b"\n":
+        raise FragmentError(uri, f"skip {skip} does not fall on a document boundary", begin + skip)
+    if size > skip and content[-1:] != b"\n":
+        last = max(content.rfind(b"\n", skip) + 1, skip)  # start of the unterminated line
+        raise FragmentError(uri, "content does not end with a newline", begin + last)
+    return _lines(content, skip, begin)
+
+
+def _lines(content: bytes, pos: int, begin: int) -> Iterator[tuple[int, bytes]]:
+    size = len(content)
+    while pos < size:
+        newline = content.index(b"\n", pos)
+        line = content[pos:newline]
+        if line.strip():
+            yield begin + pos, line
+        pos = newline + 1
+
+
+# --------------------------------------------------------------------------------------------
+# UUIDs and transactions
+
+OUTSIDE_TXN, CONTINUE_TXN, ACK_TXN = 0x0, 0x1, 0x2
+_GREGORIAN_EPOCH = dt.datetime(1582, 10, 15, tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class FlowUuid:
+    clock: int  # the UUID's 60-bit timestamp: 100 ns intervals since 1582-10-15 00:00:00 UTC
+    flags: int  # uint16_be(bytes[8:10]) & 0x3ff
+    producer: str  # bytes[10:16] as 12 lowercase hex
+    sequence: int = 0  # Flow's 4-bit clock counter: (bytes[8] >> 2) & 0xf
+
+    @property
+    def order(self) -> int:
+        """Flow's 64-bit producer clock (timestamp << 4 | counter): the total order of a producer's
+        documents, used for acknowledgements and duplicates."""
+        return (self.clock << 4) | self.sequence
+
+    @property
+    def timestamp(self) -> dt.datetime:
+        """UTC time of the clock, microsecond precision (truncated)."""
+        return _GREGORIAN_EPOCH + dt.timedelta(microseconds=self.clock // 10)
+
+    @property
+    def is_ack(self) -> bool:
+        return bool(self.flags & ACK_TXN)
+
+
+def parse_uuid(text: str) -> FlowUuid:
+    """Decode a Flow `_meta.uuid`; ValueError unless it is an RFC 4122 version-1 UUID."""
+    if not isinstance(text, str):
+        raise ValueError(f"uuid must be a string, got {type(text).__name__}")
+    try:
+        u = uuidlib.UUID(text)
+    except ValueError:
+        raise ValueError(f"invalid uuid {text!r}") from None
+    if u.variant != uuidlib.RFC_4122 or u.version != 1:
+        raise ValueError(f"uuid {text!r} is not a version-1 UUID")
+    raw = u.bytes
+    return FlowUuid(
+        clock=u.time,
+        flags=int.from_bytes(raw[8:10], "big") & 0x3FF,
+        producer=raw[10:16].hex(),
+        sequence=(raw[8] >> 2) & 0xF,
+    )
+
+
+@dataclass
+class Doc:
+    offset: int
+    uri: str
+    uuid: FlowUuid
+    doc: dict
+
+    @property
+    def is_ack(self) -> bool:
+        meta = self.doc.get("_meta")
+        return self.uuid.is_ack or (isinstance(meta, dict) and meta.get("ack") is True)
+
+
+def parse_document(line: bytes, offset: int, uri: str) -> Doc:
+    """One JSON document line; FragmentError (with the line's offset) when it is not usable."""
+    try:
+        value = json.loads(line, parse_constant=_refuse_constant)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise FragmentError(uri, f"line is not JSON ({e})", offset) from None
+    if not isinstance(value, dict):
+        raise FragmentError(uri, f"line is JSON {type(value).__name__}, not an object", offset)
+    meta = value.get("_meta")
+    if not isinstance(meta, dict) or "uuid" not in meta:
+        raise FragmentError(uri, "document has no _meta.uuid", offset)
+    try:
+        flow_uuid = parse_uuid(meta["uuid"])
+    except ValueError as e:
+        raise FragmentError(uri, f"document has an invalid _meta.uuid ({e})", offset) from None
+    return Doc(offset=offset, uri=uri, uuid=flow_uuid, doc=value)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+@dataclass
+class _Producer:
+    pending: list[Doc] = field(default_factory=list)
+    acked: int = -1  # last acknowledged (64-bit) clock; -1 before any
+
+
+class Sequencer:
+    """Transaction rules of one journal, fed documents in journal order (FORMATS.md):
+
+    - ACK documents (`_meta.ack` true, or flags & 0x2) are not data: never emitted;
+    - a document outside a transaction (flags 0x0) is committed at once (it acknowledges itself);
+    - a document continuing a transaction (0x1) stays pending until a later ACK from the same
+      producer has a clock at or above its own: then it is committed (emitted, in journal order);
+    - pending documents followed by an ACK of the same producer with a lower clock were rolled back:
+      they are dropped;
+    - a document whose clock is at or below the producer's last acknowledged clock is a re-read
+      duplicate: dropped.
+
+    Clocks compare as Flow's 64-bit clock (`FlowUuid.order`)."""
+
+    def __init__(self) -> None:
+        self._producers: dict[str, _Producer] = {}
+        self.counts: dict[str, int] = {
+            "documents": 0,
+            "acks": 0,
+            "outside": 0,
+            "committed": 0,
+            "rolled_back": 0,
+            "duplicates": 0,
+            "pending": 0,
+        }
+
+    def feed(self, doc: Doc) -> list[Doc]:
+        """The committed documents released by `doc` (possibly empty), in journal order."""
+        self.counts["documents"] += 1
+        producer = self._producers.setdefault(doc.uuid.producer, _Producer())
+        clock = doc.uuid.order
+        if doc.is_ack:
+            self.counts["acks"] += 1
+            released = [d for d in producer.pending if d.uuid.order <= clock]
+            self.counts["rolled_back"] += len(producer.pending) - len(released)
+            self.counts["committed"] += len(released)
+            producer.pending = []
+            producer.acked = max(producer.acked, clock)
+            return released
+        if clock <= producer.acked:
+            self.counts["duplicates"] += 1
+            return []
+        if doc.uuid.flags & CONTINUE_TXN:
+            producer.pending.append(doc)
+            return []
+        self.counts["outside"] += 1
+        self.counts["committed"] += 1
+        producer.acked = clock
+        return [doc]
+
+    def finish(self) -> list[Doc]:
+        """Documents still pending (never acknowledged: not data), in journal order; clears them."""
+        left = sorted((d for p in self._producers.values() for d in p.pending), key=lambda d: d.offset)
+        for producer in self._producers.values():
+            producer.pending = []
+        self.counts["pending"] += len(left)
+        return left
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a journal
+
+
+@dataclass
+class JournalRead:
+    committed: list[Doc]
+    pending: list[Doc]
+    bad: list[FragmentError]
+    counts: dict[str, int]
+
+
+def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes]) -> list[Doc]:
+    """The documents of one cover piece: inflated, verified, split and parsed (FragmentError if not)."""
+    fragment = piece.fragment
+    name = fragment.name
+    content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin)
+    verify(content, name, fragment.uri)
+    return [
+        parse_document(line, offset, fragment.uri)
+        for offset, line in lines(content, piece.skip, name.begin, fragment.uri)
+    ]
+
+
+def read_journal(pieces: list[CoverPiece], fetch: Callable[[str], bytes]) -> JournalRead:
+    """Read a journal's cover in order and sequence its transactions.
+
+    `fetch(uri)` returns a fragment's stored bytes; its own errors (missing object, network) are not
+    fragment errors and propagate. A fragment that fails inflate, verify, line splitting or document
+    parsing is set aside whole (none of its documents are used) and listed in `bad`."""
+    sequencer = Sequencer()
+    committed: list[Doc] = []
+    bad: list[FragmentError] = []
+    counts = {"pieces": 0, "bad_fragments": 0, "bytes": 0}
+    for piece in pieces:
+        counts["pieces"] += 1
+        try:
+            docs = read_piece(piece, fetch)
+        except FragmentError as e:
+            bad.append(e)
+            counts["bad_fragments"] += 1
+            continue
+        counts["bytes"] += piece.end - piece.start
+        for doc in docs:
+            committed.extend(sequencer.feed(doc))
+    pending = sequencer.finish()
+    counts.update(sequencer.counts)
+    return JournalRead(committed=committed, pending=pending, bad=bad, counts=counts)

@@ -1,0 +1,522 @@
+"""Estuary Flow journal fragments: pure logic, no Spark (lake_assets.feeds.flow_fragments)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import hashlib
+import json
+import pickle
+import random
+import uuid as uuidlib
+
+import cramjam
+import pytest
+
+from lake_assets.feeds import flow_fragments as ff
+from lake_assets.feeds.flow_fragments import (
+    ACK_TXN,
+    CONTINUE_TXN,
+    OUTSIDE_TXN,
+    CoverPiece,
+    Doc,
+    Fragment,
+    FragmentError,
+    FragmentName,
+    Gap,
+    Sequencer,
+    cover,
+    inflate,
+    lines,
+    parse_fragment_name,
+    parse_uuid,
+    read_journal,
+    verify,
+)
+
+SUM = "0102030405060708090a0b0c0d0e0f1011121314"
+GREGORIAN_TO_UNIX = 0x01B21DD213814000  # 100 ns ticks from 1582-10-15 to 1970-01-01
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def flow_uuid(producer: str, clock: int, flags: int) -> str:
+    """A Flow UUID from a 64-bit producer clock (timestamp << 4 | counter), flags and producer."""
+    t, seq = clock >> 4, clock & 0xF
+    raw = (
+        (t & 0xFFFFFFFF).to_bytes(4, "big")
+        + ((t >> 32) & 0xFFFF).to_bytes(2, "big")
+        + (0x1000 | ((t >> 48) & 0x0FFF)).to_bytes(2, "big")
+        + (0x8000 | (seq << 10) | flags).to_bytes(2, "big")
+        + bytes.fromhex(producer)
+    )
+    return str(uuidlib.UUID(bytes=raw))
+
+
+def line(producer: str, clock: int, flags: int, ack: bool = False, **fields) -> bytes:
+    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    if ack:
+        meta["ack"] = True
+    return json.dumps({**fields, "_meta": meta}).encode() + b"\n"
+
+
+def name_of(begin: int, end: int, content: bytes | None = None, ext: str = ".raw") -> str:
+    if begin == end:
+        digest = ff.ZERO_SUM
+    else:
+        digest = SUM if content is None else hashlib.sha1(content).hexdigest()
+    return f"{begin:016x}-{end:016x}-{digest}{ext}"
+
+
+def frag(begin: int, end: int, uri: str | None = None, journal: str = "j") -> Fragment:
+    name = name_of(begin, end)
+    return Fragment(uri=uri or f"s3://b/{journal}/{name}", journal=journal, name=parse_fragment_name(name))
+
+
+def doc(offset: int, producer: str, clock: int, flags: int, ack: bool = False, **fields) -> Doc:
+    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    if ack:
+        meta["ack"] = True
+    return Doc(offset=offset, uri="u", uuid=parse_uuid(meta["uuid"]), doc={**fields, "_meta": meta})
+
+
+P, Q = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
+
+
+# ---------------------------------------------------------------------------------------------
+# fragment names
+
+
+def test_gazette_test_vector_parses():
+    vector = "00000000499602d2-7fffffffffffffff-0102030405060708090a0b0c0d0e0f1011121314.gz"
+    name = parse_fragment_name(vector)
+    assert name == FragmentName(begin=0x499602D2, end=0x7FFFFFFFFFFFFFFF, sum=SUM, codec="gzip")
+    assert name.begin == 1234567890
+
+
+def test_name_with_folder_path_and_uppercase_hex():
+    uri = "s3://bkt/acmeCo/orders/category=Anvils/pivot=00/utc_date=2022-01-07/utc_hour=19/" + (
+        "0000000000000000-00000000201A3F27-1EC69E2DE187B7720FB864A8CD6D50BB69CC7F26.GZ"
+    )
+    name = parse_fragment_name(uri)
+    assert (name.begin, name.end, name.codec) == (0, 0x201A3F27, "gzip")
+    assert name.sum == "1ec69e2de187b7720fb864a8cd6d50bb69cc7f26"
+    fragment = ff.fragment_from_uri(uri)
+    assert fragment.journal == "s3://bkt/acmeCo/orders/category=Anvils/pivot=00"
+
+
+@pytest.mark.parametrize(
+    "ext, codec",
+    [
+        (".raw", "raw"), (".RAW", "raw"),
+        (".gz", "gzip"), (".GZ", "gzip"), (".gzip", "gzip"), (".GZip", "gzip"),
+        (".zst", "zstd"), (".ZST", "zstd"), (".zstandard", "zstd"), (".ZStandard", "zstd"),
+        (".sz", "snappy"), (".SZ", "snappy"), (".snappy", "snappy"), (".SNAPPY", "snappy"),
+        ("", "gzip_offload"), (".gzod", "gzip_offload"), (".GZOD", "gzip_offload"),
+    ],
+)
+def test_extension_mapping(ext, codec):
+    assert parse_fragment_name(f"{0:016x}-{16:016x}-{SUM}{ext}").codec == codec
+
+
+@pytest.mark.parametrize(
+    "name, complaint",
+    [
+        (f"{0:016x}-{SUM}.gz", "3 '-'-separated fields"),
+        (f"{0:016x}-{1:016x}-{2:016x}-{SUM}.gz", "3 '-'-separated fields"),
+        (f"{0:016x}-{1:016x}-{SUM[:39]}.gz", "40-hex"),
+        (f"{0:016x}-{1:016x}-{SUM}0.gz", "40-hex"),
+        (f"{0:016x}-{1:016x}-{'g' + SUM[1:]}.gz", "40-hex"),
+        (f"{0:015x}-{1:016x}-{SUM}.gz", "16 hex"),
+        (f"{0:016x}-{1:017x}-{SUM}.gz", "16 hex"),
+        (f"000000000000000x-{1:016x}-{SUM}.gz", "16 hex"),
+        (f"{9:016x}-{1:016x}-{SUM}.gz", "before begin"),
+        (f"{0:016x}-{1:016x}-{SUM}.lz4", "unknown extension"),
+        (f"{0:016x}-{1:016x}-{SUM}.", "unknown extension"),
+        (f"{5:016x}-{5:016x}-{SUM}.gz", "all-zero sum"),
+    ],
+)
+def test_bad_names_refused(name, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        parse_fragment_name(name)
+
+
+def test_empty_fragment_with_zero_sum_accepted():
+    name = parse_fragment_name(f"{5:016x}-{5:016x}-{ff.ZERO_SUM}.gz")
+    assert (name.begin, name.end, name.sum) == (5, 5, ff.ZERO_SUM)
+    verify(b"", name, "u")
+    with pytest.raises(FragmentError, match="length"):
+        verify(b"x", name, "u")
+
+
+# ---------------------------------------------------------------------------------------------
+# covers
+
+
+def spans(pieces: list[CoverPiece]) -> list[tuple[int, int, str, int]]:
+    return [(p.start, p.fragment.name.end, p.fragment.uri, p.skip) for p in pieces]
+
+
+def test_cover_contained_fragment_is_not_read():
+    a, b = frag(0, 100, "a"), frag(20, 50, "b")
+    pieces, gaps = cover([b, a])
+    assert spans(pieces) == [(0, 100, "a", 0)] and gaps == []
+
+
+def test_cover_prefers_greatest_end_at_the_same_begin():
+    a, b = frag(0, 50, "a"), frag(0, 100, "b")
+    assert spans(cover([a, b])[0]) == [(0, 100, "b", 0)]
+
+
+def test_cover_partial_overlap_skips_what_was_read():
+    a, b = frag(0, 60, "a"), frag(40, 100, "b")
+    pieces, gaps = cover([b, a])
+    assert spans(pieces) == [(0, 60, "a", 0), (60, 100, "b", 20)] and gaps == []
+    assert pieces[1].start == 60
+
+
+def test_cover_identical_ranges_give_one_piece():
+    pieces, gaps = cover([frag(0, 100, "z"), frag(0, 100, "a"), frag(0, 100, "m")])
+    assert spans(pieces) == [(0, 100, "a", 0)] and gaps == []
+
+
+def test_cover_adjacent_fragments():
+    pieces, gaps = cover([frag(50, 100, "b"), frag(0, 50, "a")])
+    assert spans(pieces) == [(0, 50, "a", 0), (50, 100, "b", 0)] and gaps == []
+
+
+def test_cover_reports_gaps_and_ignores_empty_fragments():
+    fragments = [frag(10, 50, "a"), frag(70, 100, "b"), frag(60, 60, "e"), frag(130, 140, "c")]
+    pieces, gaps = cover(fragments)
+    assert spans(pieces) == [(10, 50, "a", 0), (70, 100, "b", 0), (130, 140, "c", 0)]
+    assert gaps == [Gap("j", 50, 70), Gap("j", 100, 130)]
+
+
+def test_cover_mixed_shapes():
+    fragments = [
+        frag(0, 40, "a"),
+        frag(10, 30, "inside-a"),
+        frag(30, 80, "b"),  # partial overlap with a
+        frag(30, 80, "b-copy"),  # identical to b
+        frag(80, 90, "c"),  # adjacent to b
+        frag(85, 88, "inside-c"),
+        frag(95, 120, "d"),  # after a gap
+        frag(100, 120, "tail-of-d"),
+    ]
+    pieces, gaps = cover(fragments)
+    assert spans(pieces) == [(0, 40, "a", 0), (40, 80, "b", 10), (80, 90, "c", 0), (95, 120, "d", 0)]
+    assert gaps == [Gap("j", 90, 95)]
+
+
+def test_cover_every_byte_once_randomised():
+    rng = random.Random(20240501)
+    for _ in range(300):
+        fragments = []
+        for i in range(rng.randint(1, 12)):
+            begin = rng.randint(0, 200)
+            fragments.append(frag(begin, begin + rng.randint(0, 60), f"f{i:02d}"))
+        pieces, gaps = cover(fragments)
+        wanted = set()
+        for f in fragments:
+            wanted.update(range(f.name.begin, f.name.end))
+        read: list[int] = []
+        for p in pieces:
+            assert p.fragment.name.begin <= p.start < p.fragment.name.end
+            assert p.skip == p.start - p.fragment.name.begin
+            read.extend(range(p.start, p.fragment.name.end))
+            # greedy: nothing covering the start reaches further
+            assert all(
+                f.name.end <= p.fragment.name.end for f in fragments if f.name.begin <= p.start < f.name.end
+            )
+        assert len(read) == len(set(read)), "a byte was read twice"
+        assert set(read) == wanted
+        holes = set()
+        for g in gaps:
+            assert g.begin < g.end and not wanted & set(range(g.begin, g.end))
+            holes.update(range(g.begin, g.end))
+        if wanted:
+            assert holes | wanted == set(range(min(wanted), max(wanted) + 1))
+        for before, after in zip(pieces, pieces[1:]):
+            assert before.fragment.name.end <= after.start
+
+
+def test_cover_of_nothing_and_of_two_journals():
+    assert cover([]) == ([], [])
+    assert cover([frag(3, 3)]) == ([], [])
+    with pytest.raises(ValueError, match="one journal"):
+        cover([frag(0, 1, journal="x"), frag(0, 1, journal="y")])
+
+
+# ---------------------------------------------------------------------------------------------
+# codecs, checksums, lines
+
+CONTENT = b"".join(line(P, 16 * i, OUTSIDE_TXN, id=i) for i in range(40))
+
+
+def encodings(content: bytes) -> dict[str, list[bytes]]:
+    half = len(content) // 2
+    return {
+        "raw": [content],
+        "gzip": [gzip.compress(content[:half]) + gzip.compress(content[half:]), gzip.compress(content)],
+        "zstd": [bytes(cramjam.zstd.compress(content))],
+        "snappy": [bytes(cramjam.snappy.compress(content))],
+        "gzip_offload": [gzip.compress(content), content],
+    }
+
+
+@pytest.mark.parametrize("codec", ff.CODECS)
+def test_codecs_round_trip(codec):
+    name = parse_fragment_name(name_of(1000, 1000 + len(CONTENT), CONTENT))
+    for stored in encodings(CONTENT)[codec]:
+        inflated = inflate(stored, codec, "u")
+        assert inflated == CONTENT
+        verify(inflated, name, "u")
+        got = list(lines(inflated, 0, name.begin, "u"))
+        assert len(got) == 40 and got[0] == (1000, CONTENT.split(b"\n")[0])
+        assert all(CONTENT[off - 1000 :].startswith(text) for off, text in got)
+
+
+def test_gzip_multi_member_reads_every_member():
+    stored = gzip.compress(b"a\n") + gzip.compress(b"b\n") + gzip.compress(b"c\n")
+    assert inflate(stored, "gzip", "u") == b"a\nb\nc\n"
+
+
+def test_snappy_is_the_framing_format():
+    with pytest.raises(FragmentError, match=r"snappy: "):
+        inflate(bytes(cramjam.snappy.compress_raw(CONTENT)), "snappy", "s3://b/x.sz")
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd", "snappy", "gzip_offload"])
+def test_truncated_content_refused(codec):
+    stored = encodings(CONTENT)[codec][0]
+    with pytest.raises(FragmentError) as info:
+        inflate(stored[: len(stored) - 7], codec, "s3://b/j/f", begin=4096)
+    err = info.value
+    assert (err.uri, err.offset) == ("s3://b/j/f", 4096)
+    assert f"({codec}: " in str(err) and "s3://b/j/f" in str(err) and "4096" in str(err)
+
+
+def test_checksum_mismatch_names_expected_and_actual():
+    name = parse_fragment_name(name_of(64, 64 + len(CONTENT), CONTENT))
+    damaged = CONTENT.replace(b'"id": 7', b'"id": 8')
+    with pytest.raises(FragmentError) as info:
+        verify(damaged, name, "s3://b/j/f.raw")
+    err = info.value
+    assert err.uri == "s3://b/j/f.raw" and err.offset == 64
+    assert name.sum in str(err) and hashlib.sha1(damaged).hexdigest() in str(err)
+    with pytest.raises(FragmentError, match="expected 1 bytes"):
+        verify(b"xy", FragmentName(0, 1, SUM, "raw"), "u")
+
+
+def test_missing_trailing_newline_names_offset_of_last_line():
+    content = b'{"a":1}\n{"b":2}'
+    with pytest.raises(FragmentError, match="does not end with a newline") as info:
+        list(lines(content, 0, 500, "s3://b/j/f"))
+    assert (info.value.uri, info.value.offset) == ("s3://b/j/f", 508)
+
+
+def test_lines_skip_blank_lines_and_start_at_skip():
+    content = b'{"a":1}\n\n{"b":2}\n  \n{"c":3}\n'
+    assert list(lines(content, 0, 10, "u")) == [(10, b'{"a":1}'), (19, b'{"b":2}'), (30, b'{"c":3}')]
+    assert list(lines(content, 9, 10, "u")) == [(19, b'{"b":2}'), (30, b'{"c":3}')]
+    assert list(lines(content, len(content), 10, "u")) == []
+    with pytest.raises(FragmentError, match="document boundary"):
+        list(lines(content, 3, 10, "u"))
+
+
+def test_fragment_error_pickles():
+    err = pickle.loads(pickle.dumps(FragmentError("s3://x", "bad", 7)))
+    assert (err.uri, err.reason, err.offset) == ("s3://x", "bad", 7)
+    assert str(err) == "fragment s3://x at journal offset 7: bad"
+    assert isinstance(err, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------
+# uuids
+
+
+def test_parse_uuid_decodes_clock_flags_producer_and_time():
+    when = dt.datetime(2024, 3, 1, 12, 34, 56, 789012, tzinfo=dt.timezone.utc)
+    unix_us = (when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+    ticks = unix_us * 10 + GREGORIAN_TO_UNIX + 7  # 700 ns past the microsecond
+    text = flow_uuid("a1b2c3d4e5f6", (ticks << 4) | 5, CONTINUE_TXN)
+    u = parse_uuid(text)
+    assert u.clock == ticks and u.sequence == 5 and u.order == (ticks << 4) | 5
+    assert u.flags == CONTINUE_TXN and u.producer == "a1b2c3d4e5f6"
+    assert u.timestamp == when
+    # the same fields as Python's own v1 reading
+    std = uuidlib.UUID(text)
+    assert std.version == 1 and std.time == u.clock and std.node == int("a1b2c3d4e5f6", 16)
+
+
+def test_parse_uuid_flags_use_ten_bits():
+    u = parse_uuid(flow_uuid(P, (1 << 40) | 0xF, 0x3FF))
+    assert u.flags == 0x3FF and u.sequence == 0xF
+    assert parse_uuid(flow_uuid(P, 1 << 40, ACK_TXN)).is_ack
+
+
+@pytest.mark.parametrize("text", [str(uuidlib.uuid4()), "not-a-uuid", "", str(uuidlib.UUID(int=0))])
+def test_parse_uuid_refuses_non_v1(text):
+    with pytest.raises(ValueError):
+        parse_uuid(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# transactions
+
+
+def ids(docs):
+    return [d.doc.get("id") for d in docs]
+
+
+def test_outside_transaction_documents_commit_at_once():
+    s = Sequencer()
+    assert ids(s.feed(doc(0, P, 100, OUTSIDE_TXN, id=1))) == [1]
+    assert ids(s.feed(doc(1, Q, 50, OUTSIDE_TXN, id=2))) == [2]
+    assert s.finish() == [] and s.counts["committed"] == 2
+
+
+def test_transaction_committed_by_ack_in_journal_order():
+    s = Sequencer()
+    assert s.feed(doc(0, P, 100, CONTINUE_TXN, id=1)) == []
+    assert ids(s.feed(doc(1, Q, 100, OUTSIDE_TXN, id=2))) == [2]
+    assert s.feed(doc(2, P, 101, CONTINUE_TXN, id=3)) == []
+    assert s.feed(doc(3, Q, 200, ACK_TXN)) == []  # another producer's ack commits nothing of P
+    assert ids(s.feed(doc(4, P, 101, ACK_TXN))) == [1, 3]  # clock at or above each
+    assert s.finish() == []
+    assert s.counts["acks"] == 2 and s.counts["committed"] == 3
+
+
+def test_ack_flag_in_meta_is_an_ack():
+    s = Sequencer()
+    s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))
+    assert ids(s.feed(doc(1, P, 100, OUTSIDE_TXN, ack=True))) == [1]
+
+
+def test_transaction_rolled_back_by_lower_ack():
+    s = Sequencer()
+    s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))
+    s.feed(doc(1, P, 200, CONTINUE_TXN, id=2))
+    assert ids(s.feed(doc(2, P, 150, ACK_TXN))) == [1]  # 2 was rolled back
+    s.feed(doc(3, P, 300, CONTINUE_TXN, id=3))
+    assert s.feed(doc(4, P, 90, ACK_TXN)) == []
+    assert s.counts["rolled_back"] == 2 and s.counts["committed"] == 1
+
+
+def test_reread_duplicates_dropped():
+    s = Sequencer()
+    s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))
+    assert ids(s.feed(doc(1, P, 100, ACK_TXN))) == [1]
+    assert s.feed(doc(2, P, 100, CONTINUE_TXN, id=1)) == []  # re-read of a committed document
+    assert s.feed(doc(3, P, 100, ACK_TXN)) == []
+    assert ids(s.feed(doc(4, Q, 5, OUTSIDE_TXN, id=9))) == [9]
+    assert s.feed(doc(5, Q, 5, OUTSIDE_TXN, id=9)) == []  # outside documents acknowledge themselves
+    assert s.counts["duplicates"] == 2
+    # same 100 ns tick, higher counter: not a duplicate
+    s.feed(doc(6, P, 101, CONTINUE_TXN, id=2))
+    assert ids(s.feed(doc(7, P, 101, ACK_TXN))) == [2]
+
+
+def test_pending_at_the_end_is_not_emitted():
+    s = Sequencer()
+    s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))
+    s.feed(doc(1, Q, 100, CONTINUE_TXN, id=2))
+    s.feed(doc(2, P, 101, CONTINUE_TXN, id=3))
+    assert ids(s.finish()) == [1, 2, 3]
+    assert s.counts["committed"] == 0 and s.counts["pending"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a journal
+
+
+def test_read_journal_end_to_end():
+    journal = [
+        line(Q, 100, OUTSIDE_TXN, id=1),
+        line(P, 200, CONTINUE_TXN, id=2),
+        line(P, 201, CONTINUE_TXN, id=3),
+        line(P, 201, ACK_TXN),
+        line(Q, 101, OUTSIDE_TXN, id=4),
+        line(P, 300, CONTINUE_TXN, id=5),  # rolled back by the next ack
+        line(P, 250, ACK_TXN),
+        line(P, 201, CONTINUE_TXN, id=3),  # re-read duplicate
+        line(P, 400, CONTINUE_TXN, id=6),  # in the damaged fragment
+        line(P, 400, ACK_TXN),  # in the damaged fragment
+        line(Q, 102, OUTSIDE_TXN, id=7),
+        b"\n",
+        line(P, 500, CONTINUE_TXN, id=8),  # never acknowledged
+        line(Q, 103, OUTSIDE_TXN, id=9),  # in a fragment with a non-JSON line
+        b"{not json\n",
+    ]
+    offsets = [0]
+    for text in journal:
+        offsets.append(offsets[-1] + len(text))
+    data = b"".join(journal)
+    stored: dict[str, bytes] = {}
+    base = "s3://bkt/acme/orders/pivot=00/utc_date=2024-05-01/utc_hour=07/"
+
+    def put(first: int, last: int, codec_ext: str, encode, damage=None) -> None:
+        begin, end = offsets[first], offsets[last]
+        content = data[begin:end]
+        uri = base + name_of(begin, end, content, codec_ext)
+        stored[uri] = encode(damage(content) if damage else content)
+
+    put(0, 4, ".gz", lambda c: gzip.compress(c[:40]) + gzip.compress(c[40:]))
+    put(2, 8, ".zst", lambda c: bytes(cramjam.zstd.compress(c)))  # partial overlap
+    put(2, 4, ".raw", bytes)  # inside the first fragment
+    put(0, 4, ".raw", bytes)  # identical range, another codec
+    put(8, 10, ".sz", lambda c: bytes(cramjam.snappy.compress(c)), damage=lambda c: c.replace(b"id", b"ID"))
+    put(10, 13, "", bytes)  # offload codec, handed over already inflated
+    put(13, 15, ".gzod", gzip.compress)
+
+    fetched: list[str] = []
+
+    def fetch(uri: str) -> bytes:
+        fetched.append(uri)
+        return stored[uri]
+
+    fragments = [ff.fragment_from_uri(uri) for uri in stored]
+    assert {f.journal for f in fragments} == {"s3://bkt/acme/orders/pivot=00"}
+    pieces, gaps = cover(fragments)
+    assert gaps == []
+    assert [(p.start, p.fragment.name.end) for p in pieces] == [
+        (offsets[0], offsets[4]), (offsets[4], offsets[8]), (offsets[8], offsets[10]),
+        (offsets[10], offsets[13]), (offsets[13], offsets[15]),
+    ]
+    assert pieces[1].skip == offsets[4] - offsets[2]
+
+    result = read_journal(pieces, fetch)
+    assert len(fetched) == 5
+    assert ids(result.committed) == [1, 2, 3, 4, 7]
+    assert [d.offset for d in result.committed] == [offsets[i] for i in (0, 1, 2, 4, 10)]
+    assert ids(result.pending) == [8]
+    assert result.counts["rolled_back"] == 1 and result.counts["duplicates"] == 1
+    assert result.counts["acks"] == 2 and result.counts["bad_fragments"] == 2
+
+    checksum, not_json = result.bad
+    assert checksum.uri == pieces[2].fragment.uri and checksum.offset == offsets[8]
+    assert "SHA-1 mismatch" in str(checksum) and checksum.uri in str(checksum)
+    assert not_json.uri == pieces[4].fragment.uri and not_json.offset == offsets[14]
+    assert "not JSON" in str(not_json) and str(offsets[14]) in str(not_json)
+
+
+def test_read_journal_sets_aside_truncated_and_uuid_less_fragments():
+    good = line(P, 16, OUTSIDE_TXN, id=1)
+    no_uuid = b'{"id": 2, "_meta": {}}\n'
+    v4 = json.dumps({"id": 3, "_meta": {"uuid": str(uuidlib.uuid4())}}).encode() + b"\n"
+    a, b, c = good, no_uuid, v4
+    o1, o2, o3 = len(a), len(a) + len(b), len(a) + len(b) + len(c)
+    stored = {
+        "s3://b/j/" + name_of(0, o1, a, ".gz"): gzip.compress(a)[:-9],  # truncated
+        "s3://b/j/" + name_of(o1, o2, b, ".raw"): b,
+        "s3://b/j/" + name_of(o2, o3, c, ".raw"): c,
+    }
+    pieces, _ = cover([ff.fragment_from_uri(u) for u in stored])
+    result = read_journal(pieces, stored.__getitem__)
+    assert result.committed == [] and result.pending == []
+    truncated, missing, invalid = result.bad
+    assert truncated.offset == 0 and "(gzip: " in truncated.reason
+    assert missing.offset == o1 and "_meta.uuid" in missing.reason
+    assert invalid.offset == o2 and "not a version-1 UUID" in invalid.reason
