@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from lake_assets.config import FeedConfig, LakeConfig, dump_config, load_config
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
 from lake_assets.errors import LakeAssetsError
 from lake_assets.runner import format_summary, run_feeds, summarise
 
@@ -28,6 +28,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from lake_assets.demo.flow_sample import write_flow_landing
     from lake_assets.demo.grax_sample import write_grax_landing
     from lake_assets.demo.unit_sample import write_unit_landing
 
@@ -42,11 +43,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"writing a sample GRAX Data Lake v2 landing to {grax_landing}")
     grax = write_grax_landing(grax_landing)
     _say(f"wrote {len(grax.files)} files for objects {', '.join(grax.objects)} of org {grax.org}")
+    flow_landing = root / "landing" / "flow"
+    _say(f"writing sample Estuary Flow journals to {flow_landing}")
+    flow = write_flow_landing(flow_landing)
+    _say(f"wrote {len(flow.files)} fragments for collections {', '.join(flow.collections)}")
     config = LakeConfig(
         lake=f"file://{root / 'lake'}",
         feeds=(
             FeedConfig(name="unit", format="unit_cdc", landing=f"file://{unit_landing}"),
             FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}"),
+            FeedConfig(
+                name="flow",
+                format="flow_journal",
+                landing=f"file://{flow.landing_dir}",
+                collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()),
+            ),
         ),
     )
     config_file = root / "lake_assets.yaml"

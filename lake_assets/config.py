@@ -14,6 +14,11 @@ feeds:
     landing: s3a://bucket          # holds parquet/v2/org=…/object=…/batch=…/ (or name parquet/v2)
     orgs: [00D5e000000demoEAA]     # optional: discovered when omitted
     objects: [Account, Contact]    # optional: discovered when omitted
+  - name: flow
+    format: flow_journal
+    landing: s3a://bucket/prefix   # the storage prefix holding <collection>/…/pivot=…/utc_date=…/
+    collections:                   # required: each collection and its key (JSON pointers)
+      - {name: acmeCo/orders, key: [/id]}
 ```
 """
 
@@ -32,10 +37,25 @@ from lake_assets.paths import normalise_root_uri
 
 NAME_PATTERN = re.compile(r"^[a-z0-9_-]+$")
 TABLE_PATTERN = re.compile(r"^[a-z0-9_]+$")
-KNOWN_FORMATS = ("unit_cdc", "grax_v2")
+KNOWN_FORMATS = ("unit_cdc", "grax_v2", "flow_journal")
 GROUPED_FORMATS = ("grax_v2",)  # tables named <org>/<object>
 ORG_PATTERN = re.compile(r"^[A-Za-z0-9]{1,64}$")
 OBJECT_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+POINTER_PATTERN = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionConfig:
+    """A Flow collection: its name (which is also its storage prefix) and its key pointers."""
+
+    name: str
+    key: tuple[str, ...]
+
+    @property
+    def table(self) -> str:
+        """The lake table: the name in lower case, anything but [a-z0-9_] as `_`."""
+        return re.sub(r"[^a-z0-9_]", "_", self.name.lower())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +68,7 @@ class FeedConfig:
     late_hours: int = 4
     orgs: tuple[str, ...] | None = None
     objects: tuple[str, ...] | None = None
+    collections: tuple[CollectionConfig, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +130,9 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     objects = _names(raw, "objects", where, name, OBJECT_PATTERN)
     if (orgs or objects) and not grouped:
         raise ConfigError(f"{where} ({name}): 'orgs' and 'objects' apply to the formats {list(GROUPED_FORMATS)} only")
+    collections = _collections(raw.get("collections"), f"{where} ({name})")
+    if (collections is None) != (fmt != "flow_journal"):
+        raise ConfigError(f"{where} ({name}): 'collections' is required for flow_journal feeds and only for them")
     start = raw.get("start")
     if start is not None:
         start = str(start)
@@ -118,8 +142,32 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     if not isinstance(late_hours, int) or late_hours < 0:
         raise ConfigError(f"{where} ({name}): late_hours must be a non-negative integer")
     return FeedConfig(
-        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours, orgs=orgs, objects=objects
+        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours, orgs=orgs,
+        objects=objects, collections=collections,
     )
+
+
+def _collections(raw: Any, where: str) -> tuple[CollectionConfig, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+        raise ConfigError(f"{where}: 'collections' must be a non-empty list")
+    out = []
+    for item in raw:
+        if not isinstance(item, Mapping) or set(item) != {"name", "key"}:
+            raise ConfigError(f"{where}: each collection needs exactly 'name' and 'key', got {item!r}")
+        name, key = str(item["name"]), item["key"]
+        if not COLLECTION_PATTERN.match(name) or ".." in name:
+            raise ConfigError(f"{where}: collection {name!r} must match {COLLECTION_PATTERN.pattern}")
+        if not isinstance(key, Sequence) or isinstance(key, str) or not key or not all(
+            isinstance(k, str) and POINTER_PATTERN.match(k) for k in key
+        ):
+            raise ConfigError(f"{where}: collection {name!r}: key must be a list of JSON pointers like ['/id']")
+        out.append(CollectionConfig(name=name, key=tuple(key)))
+    tables = [c.table for c in out]
+    if len(set(tables)) != len(tables):
+        raise ConfigError(f"{where}: collections map onto the same table name: {tables}")
+    return tuple(out)
 
 
 def _names(raw: Mapping[str, Any], key: str, where: str, feed: str, pattern: re.Pattern, grouped: bool = False):
@@ -201,5 +249,7 @@ def dump_config(config: LakeConfig) -> str:
         for key in ("orgs", "objects"):
             if getattr(feed, key):
                 entry[key] = list(getattr(feed, key))
+        if feed.collections:
+            entry["collections"] = [{"name": c.name, "key": list(c.key)} for c in feed.collections]
         feeds.append(entry)
     return yaml.safe_dump({"lake": config.lake, "feeds": feeds}, sort_keys=False)

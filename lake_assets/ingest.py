@@ -41,6 +41,12 @@ class Batch:
     quarantined: list[Quarantined]
     #: events a feed derived in addition to the rows' own (e.g. a GRAX row's delete)
     derived: int = 0
+    #: listed files not needed because others hold the same data (overlapping Flow fragments)
+    files_skipped: int = 0
+    #: holes in the landed data (e.g. journal offsets no fragment covers)
+    gaps: list[str] = dataclasses.field(default_factory=list)
+    #: what the reader counted on the way (a Flow journal's ACKs, rollbacks, duplicates)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def quarantine(self, item: Quarantined) -> None:
         """Set aside a file that was listed for the batch but not handed to the reader."""
@@ -50,7 +56,7 @@ class Batch:
     @property
     def reconciles(self) -> bool:
         return self.rows_in + self.derived == self.events_out + self.duplicates and (
-            self.files_listed == self.files_read + len(self.quarantined)
+            self.files_listed == self.files_read + len(self.quarantined) + self.files_skipped
         )
 
 

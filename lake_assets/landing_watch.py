@@ -13,8 +13,7 @@ import datetime as dt
 import hashlib
 import json
 
-from lake_assets.feeds.base import FeedFormat, data_files, hour_folder, hour_key, list_hour_folders, parse_hour_key
-from lake_assets.paths import safe_segment
+from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage
 
 
@@ -41,15 +40,13 @@ class NewFiles:
 def scan_table(
     storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: TableCursor, late_hours: int
 ) -> tuple[list[NewFiles], TableCursor]:
-    table_uri = f"{landing}/{safe_segment(table, 'table')}"
     since = None
     if cursor.high_water is not None:
         since = parse_hour_key(cursor.high_water) - dt.timedelta(hours=late_hours)
     found: list[NewFiles] = []
     seen = dict(cursor.seen)
     high_water = cursor.high_water
-    for key in list_hour_folders(storage, table_uri, since):
-        names = tuple(sorted(e.name for e in data_files(storage, hour_folder(table_uri, key))))
+    for key, names in sorted(fmt.landed_hours(storage, landing, table, since).items()):
         fresh = tuple(n for n in names if n not in set(seen.get(key, ())))
         if fresh:
             found.append(NewFiles(table, key, fresh, names))

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 
 from lake_assets.config import LakeConfig
 from lake_assets.errors import LakeAssetsError
-from lake_assets.feeds import get_format
+from lake_assets.feeds import format_for
 from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
@@ -64,7 +64,7 @@ def run_feeds(
     instance = instance or instance_for_cli()
     run_ids = []
     for feed in config.feeds:
-        fmt = get_format(feed.format)
+        fmt = format_for(feed)
         tables = feed_tables(feed, fmt, storage)
         if fmt.partitioning == "batch":
             # Each table has its own batches: register them, then one run per table.
@@ -118,7 +118,7 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
     layout = LakeLayout(config.lake)
     rows = []
     for feed in config.feeds:
-        fmt = get_format(feed.format)
+        fmt = format_for(feed)
         for table in feed_tables(feed, fmt, storage):
             quarantine = f"{layout.root}/_quarantine/{feed.name}/{table}"
             quarantined = sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(".reason.json"))

@@ -8,6 +8,7 @@ Secrets are not part of it; `s3a_secret_conf` reads them from the environment at
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -95,6 +96,11 @@ def session_conf(
             # On a cluster the driver must be reachable by executors: do not pin it to loopback.
             conf.pop("spark.driver.bindAddress")
             conf.pop("spark.driver.host")
+        else:
+            # Local Python workers must run this interpreter (the virtualenv with lake_assets and
+            # its readers), not whatever `python3` is first on PATH.
+            conf["spark.pyspark.python"] = sys.executable
+            conf["spark.pyspark.driver.python"] = sys.executable
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())
@@ -136,6 +142,10 @@ def build_session(conf: Mapping[str, str]):
 
     builder = SparkSession.builder
     settings = dict(conf)
+    worker_python = settings.get("spark.pyspark.python")
+    if worker_python:
+        # PySpark picks its workers' interpreter from the environment when it starts the JVM.
+        os.environ.setdefault("PYSPARK_PYTHON", worker_python)
     if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
         settings.update(s3a_secret_conf())
     for key, value in settings.items():

@@ -49,9 +49,9 @@ def test_demo_summary_matches_the_tables_on_disk(tmp_path):
     cli = Path(sys.executable).parent / "lake-assets"
     proc = subprocess.run([str(cli), "demo", "--dir", str(tmp_path / "demo")], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = re.findall(r"^(unit|grax)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", proc.stdout, re.M)
-    assert sorted({feed for feed, *_ in rows}) == ["grax", "unit"], proc.stdout
-    assert len(rows) >= 6, proc.stdout
+    rows = re.findall(r"^(unit|grax|flow)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", proc.stdout, re.M)
+    assert sorted({feed for feed, *_ in rows}) == ["flow", "grax", "unit"], proc.stdout
+    assert len(rows) >= 8, proc.stdout
     lake = tmp_path / "demo" / "lake"
     for feed, table, changes, current, history, _ in rows:
         for layer, printed in (("changes", changes), ("current", current), ("history", history)):

@@ -19,7 +19,7 @@ from lake_assets.feeds.grax_v2 import GraxV2Format, batch_order, is_batch_key, t
 from lake_assets.landing_watch import BatchCursor, scan_batches
 from lake_assets.orchestration.definitions import batch_partitions_name
 from lake_assets.runner import run_feeds
-from lake_assets.storage import Storage
+from lake_assets_tests.storage_spy import CountingStorage
 
 UTC = dt.timezone.utc
 TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
@@ -233,14 +233,7 @@ def test_the_batch_scan_lists_only_the_open_batch_and_newer_ones(tmp_path):
         write_file(landing, "Account", batch, "data-00000000001.parquet", row)
     fmt, uri = GraxV2Format(), f"file://{landing}"
 
-    class Counting(Storage):
-        listed: list = []
-
-        def list(self, folder):
-            self.listed.append(folder)
-            return super().list(folder)
-
-    storage = Counting()
+    storage = CountingStorage()
     found, cursor = scan_batches(storage, fmt, uri, f"{ORG}/account", BatchCursor())
     assert [(f.partition, f.new_names) for f in found] == [("00000000a", ("data-00000000001.parquet",)),
                                                            ("00000000b", ("data-00000000001.parquet",))]

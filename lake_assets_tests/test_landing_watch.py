@@ -5,17 +5,8 @@ import pyarrow as pa
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table
 from lake_assets.storage import Storage
+from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
-
-
-class CountingStorage(Storage):
-    def __init__(self):
-        super().__init__()
-        self.listed: list[str] = []
-
-    def list(self, uri):
-        self.listed.append(uri)
-        return super().list(uri)
 
 
 def _write(landing, hour, name, day=1):

@@ -26,6 +26,8 @@ class FeedFormat(abc.ABC):
     #: "hourly" (time-window partitions from the landing folders) or "batch" (the vendor's own
     #: batches, registered as they appear)
     partitioning: str = "hourly"
+    #: "parquet": read by the shared Parquet reader (`ingest`); otherwise the format's `read_batch`
+    file_format: str = "parquet"
 
     @abc.abstractmethod
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
@@ -38,6 +40,15 @@ class FeedFormat(abc.ABC):
     @abc.abstractmethod
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every partition of a table with landed files, in partition order."""
+
+    def configured(self, feed) -> "FeedFormat":
+        """The format as one feed configures it (a Flow feed names its collections)."""
+        return self
+
+    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+        """Hourly formats: hour key -> names of the files landed in that hour, for the hours at or
+        after `since`, listing only what can hold them (the sensor's cost follows the window)."""
+        raise NotImplementedError(f"{self.name} is not partitioned by hour")
 
     def partition_order(self, key: str):
         """Sort key of a partition key (hour keys sort as text; batches may not)."""

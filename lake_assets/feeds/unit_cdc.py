@@ -9,6 +9,7 @@ Their physical types are not documented, so every plausible encoding is accepted
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 import pyarrow as pa
@@ -53,6 +54,13 @@ class UnitCdcFormat(FeedFormat):
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         return list_hour_folders(storage, f"{landing}/{safe_segment(table, 'table')}")
+
+    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+        table_uri = f"{landing}/{safe_segment(table, 'table')}"
+        return {
+            key: tuple(sorted(e.name for e in data_files(storage, hour_folder(table_uri, key))))
+            for key in list_hour_folders(storage, table_uri, since)
+        }
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         return data_files(storage, hour_folder(f"{landing}/{safe_segment(table, 'table')}", partition))

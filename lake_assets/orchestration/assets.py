@@ -90,6 +90,14 @@ def build_table_assets(
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "
             "Unreadable files are quarantined with their reason; the rest of the batch goes on."
         ),
+        check_specs=[
+            dg.AssetCheckSpec(
+                "landing_complete",
+                asset=asset_key(feed.name, table, "changes"),
+                description="Every landed file was read, quarantined or superseded, and the landed data "
+                            "has no holes (e.g. journal byte ranges that no fragment covers).",
+            )
+        ],
     )
     def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource):
         storage = lake.get_storage()
@@ -98,7 +106,10 @@ def build_table_assets(
         partition_of = {f.uri: key for key, f in listed}
         files = [f for _, f in listed]
         context.log.info(f"{feed.name}/{table}: {len(files)} landed file(s) in {len(context.partition_keys)} partition(s)")
-        batch = read_batch(session, storage, fmt, table, files)
+        if fmt.file_format == "parquet":
+            batch = read_batch(session, storage, fmt, table, files)
+        else:  # the format reads its own files (Flow: journals, covers and transactions)
+            batch = fmt.read_batch(session, storage, feed.landing, table, list(context.partition_keys))
         # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
         # partition's run; each run sets them aside again, so none goes unreported.
         for entry, reason in fmt.stray_files(storage, feed.landing, table):
@@ -109,21 +120,32 @@ def build_table_assets(
                 storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run.run_id
             )
             context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        context.add_output_metadata(
-            {
-                "files_listed": batch.files_listed,
-                "files_read": batch.files_read,
-                "files_quarantined": len(batch.quarantined),
-                "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in batch.quarantined]),
-                "rows_in": batch.rows_in,
-                "events_out": batch.events_out,
-                "duplicates_collapsed": batch.duplicates,
-                "reconciled": batch.reconciles,
-            }
-        )
+        metadata = {
+            "files_listed": batch.files_listed,
+            "files_read": batch.files_read,
+            "files_quarantined": len(batch.quarantined),
+            "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in batch.quarantined]),
+            "rows_in": batch.rows_in,
+            "events_out": batch.events_out,
+            "duplicates_collapsed": batch.duplicates,
+            "events_derived": batch.derived,
+            "files_superseded": batch.files_skipped,
+            "gaps": dg.MetadataValue.json(batch.gaps),
+            "reader_counts": dg.MetadataValue.json(batch.counts),
+            "reconciled": batch.reconciles,
+        }
         if not batch.reconciles:
             raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
-        return batch.events
+        for gap in batch.gaps:
+            context.log.error(f"{feed.name}/{table}: gap in the landed data: {gap}")
+        yield dg.Output(batch.events, metadata=metadata)
+        yield dg.AssetCheckResult(
+            check_name="landing_complete",
+            passed=not batch.gaps,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{len(batch.gaps)} gap(s); {len(batch.quarantined)} file(s) quarantined",
+            metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined)},
+        )
 
     current_key = asset_key(feed.name, table, "current")
     history_key = asset_key(feed.name, table, "history")

@@ -7,8 +7,8 @@ import datetime as dt
 import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.feeds import get_format
-from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key, list_hour_folders
+from lake_assets.feeds import format_for
+from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key
 from lake_assets.orchestration.assets import build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
@@ -46,19 +46,14 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, storage: Storage) -> list[str
 
 
 def first_hour(feed: FeedConfig, fmt: FeedFormat, storage: Storage, tables: list[str]) -> str:
-    """The feed's first hourly partition: configured, else the earliest landed hour folder.
+    """The feed's first hourly partition: configured, else the earliest landed hour.
 
-    Discovery lists only the first year/month/day branch of each table. With nothing landed yet
-    the partitions start today, so a fresh deployment still loads; production configs should
-    pin `start` so every process agrees whatever has landed.
+    With nothing landed yet the partitions start today, so a fresh deployment still loads;
+    production configs should pin `start` so every process agrees whatever has landed.
     """
     if feed.start:
         return feed.start
-    earliest = []
-    for table in tables:
-        hours = list_hour_folders(storage, f"{feed.landing}/{table}")
-        if hours:
-            earliest.append(hours[0])
+    earliest = [hours[0] for hours in (fmt.partition_keys(storage, feed.landing, t) for t in tables) if hours]
     if earliest:
         return min(earliest)
     return hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
@@ -87,7 +82,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     assets: list = []
     sensors, jobs = [], []
     for feed in config.feeds:
-        fmt = get_format(feed.format)
+        fmt = format_for(feed)
         tables = feed_tables(feed, fmt, storage)
         if fmt.partitioning == "batch":
             built = [

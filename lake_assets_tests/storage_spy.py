@@ -1,0 +1,13 @@
+"""A Storage that records every folder it lists: tests of listing costs (sensors, pruning)."""
+
+from lake_assets.storage import Storage
+
+
+class CountingStorage(Storage):
+    def __init__(self):
+        super().__init__()
+        self.listed: list[str] = []
+
+    def list(self, uri):
+        self.listed.append(uri)
+        return super().list(uri)

@@ -1,0 +1,233 @@
+"""The Estuary Flow journal feed through Dagster: every committed document exactly once over
+overlapping fragments and every codec, transactions honoured, bad fragments named and
+quarantined, gaps reported, hour pruning, the sensor, and the same graph on S3."""
+
+import dataclasses
+import datetime as dt
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import boto3
+import dagster as dg
+import duckdb
+import pytest
+
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
+from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
+from lake_assets.feeds.flow_journal import FlowJournalFormat
+from lake_assets.runner import run_feeds
+from lake_assets_tests.storage_spy import CountingStorage
+
+UTC = dt.timezone.utc
+
+
+def duck(sql: str) -> list[dict]:
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def rows(lake: Path, layer: str, table: str) -> list[dict]:
+    folder = lake / layer / "flow" / table
+    if not folder.exists():
+        return []
+    return duck(f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+
+
+def config_for(landing, lake, collections) -> LakeConfig:
+    cols = tuple(CollectionConfig(name, tuple(key)) for name, key in collections.items())
+    return LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("flow", "flow_journal", f"file://{landing}", collections=cols),))
+
+
+def metadata_of(instance, table: str) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(["flow", table, "changes"]))
+    return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+
+
+@pytest.fixture(scope="module")
+def sample_lake(tmp_path_factory, spark):
+    root = tmp_path_factory.mktemp("flow")
+    sample = write_flow_landing(root / "landing")
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(sample.landing_dir, root / "lake", sample.collections), instance=instance, say=lambda _: None)
+    return sample, root / "lake", instance
+
+
+def _uuid_key(doc: dict) -> str:
+    return doc["_meta"]["uuid"]
+
+
+@pytest.mark.parametrize("collection,table", [("acmeCo/orders", "acmeco_orders"), ("acmeCo/customers", "acmeco_customers")])
+def test_every_committed_document_once_over_overlaps_and_codecs(sample_lake, collection, table):
+    sample, lake, instance = sample_lake
+    expected = sample.committed[collection]
+    changes = rows(lake, "changes", table)
+    assert len(changes) == len(expected)
+    from lake_assets.feeds.flow_fragments import parse_uuid
+
+    want = sorted((str(d["id"]), parse_uuid(_uuid_key(d)).order) for d in expected)
+    assert sorted((str(r["id"]), r["_seq"]) for r in changes) == want
+    metadata = metadata_of(instance, table)
+    assert metadata["reconciled"] is True and metadata["gaps"] == [] and metadata["files_quarantined"] == 0
+    if collection == "acmeCo/orders":
+        assert metadata["files_superseded"] >= 1  # the contained and the duplicated fragments
+
+
+def test_uncommitted_and_rolled_back_documents_never_reach_current(sample_lake):
+    sample, lake, instance = sample_lake
+    excluded = {(e["collection"], _uuid_key(e["doc"])) for kind in ("rolled_back", "pending") for e in sample.excluded[kind]}
+    assert excluded
+    from lake_assets.feeds.flow_fragments import parse_uuid
+
+    for collection, table in (("acmeCo/orders", "acmeco_orders"), ("acmeCo/customers", "acmeco_customers")):
+        clocks = {parse_uuid(u).order for c, u in excluded if c == collection}
+        seen = {r["_seq"] for r in rows(lake, "changes", table)} | {r["_seq"] for r in rows(lake, "current", table)}
+        assert not clocks & seen, collection
+    counts = metadata_of(instance, "acmeco_customers")["reader_counts"]
+    assert counts["rolled_back"] >= 1 and counts["duplicates"] >= 1 and counts["acks"] >= 1
+    assert metadata_of(instance, "acmeco_orders")["reader_counts"]["pending"] >= 1
+
+
+def test_current_is_the_last_committed_version_and_deletes_remove_keys(sample_lake):
+    sample, lake, _ = sample_lake
+    from lake_assets.feeds.flow_fragments import parse_uuid
+
+    last: dict = {}
+    for doc in sample.committed["acmeCo/orders"]:
+        clock = parse_uuid(_uuid_key(doc)).order
+        if doc["id"] not in last or clock > last[doc["id"]][0]:
+            last[doc["id"]] = (clock, doc)
+    live = {k: d for k, (_, d) in last.items() if d["_meta"]["op"] != "d"}
+    current = {r["id"]: r for r in rows(lake, "current", "acmeco_orders")}
+    assert set(current) == set(live)
+    assert len(live) < len(last)  # the sample deletes orders
+    for key, doc in live.items():
+        assert current[key]["status"] == doc["status"] and current[key]["total"] == doc["total"]
+        assert json.loads(current[key]["shipping"]) == doc["shipping"]  # nested values as JSON text
+
+
+# --- hand-made journals for the error cases -----------------------------------------------------
+
+PRODUCER = bytes.fromhex("0a0b0c0d0e0f")
+HOUR = dt.datetime(2024, 6, 1, 10, 5, tzinfo=UTC)
+
+
+def doc_line(n: int, **fields) -> bytes:
+    doc = {"id": n, "name": f"c{n}", **fields, "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * n, 0, PRODUCER), "op": "c"}}
+    return json.dumps(doc).encode() + b"\n"
+
+
+def write_fragment(journal: Path, begin: int, content: bytes, *, stored: bytes | None = None, sum_of: bytes | None = None,
+                   hour: int = 10) -> Path:
+    folder = journal / "utc_date=2024-06-01" / f"utc_hour={hour:02d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(content if sum_of is None else sum_of).hexdigest()
+    path = folder / f"{begin:016x}-{begin + len(content):016x}-{digest}.gz"
+    path.write_bytes(gzip.compress(content) if stored is None else stored)
+    return path
+
+
+def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    good = doc_line(1)
+    offset = 0
+    write_fragment(journal, offset, good)
+    offset += len(good)
+    mismatch = doc_line(2)
+    bad_sum = write_fragment(journal, offset, mismatch, sum_of=b"other content")
+    offset += len(mismatch)
+    truncated_content = doc_line(3)
+    truncated = write_fragment(journal, offset, truncated_content, stored=gzip.compress(truncated_content)[:-12])
+    offset += len(truncated_content)
+    not_json = b'{"id": 4, "_meta": {"uuid": "x"\n'
+    bad_json = write_fragment(journal, offset, not_json)
+    offset += len(not_json)
+    keyless_content = json.dumps({"name": "no id", "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * 9, 0, PRODUCER), "op": "c"}}).encode() + b"\n"
+    keyless = write_fragment(journal, offset, keyless_content)
+    offset += len(keyless_content) + 1000  # the next fragment starts further on: a gap
+    write_fragment(journal, offset, doc_line(5))
+
+    instance = dg.DagsterInstance.ephemeral()
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 5]
+    notes = {json.loads(p.read_text())["file"]: json.loads(p.read_text())["reason"]
+             for p in (lake / "_quarantine").rglob("*.reason.json")}
+    uri = lambda p: f"file://{p}"  # noqa: E731
+    assert "SHA-1 mismatch" in notes[uri(bad_sum)]
+    assert "gzip" in notes[uri(truncated)]
+    assert "not JSON" in notes[uri(bad_json)] and "offset" in notes[uri(bad_json)]
+    assert "no key ['/id']" in notes[uri(keyless)] and f"offset {offset - 1000 - len(keyless_content)}" in notes[uri(keyless)]
+    assert all(str(p.name) in text for p, text in ((bad_sum, notes[uri(bad_sum)]), (keyless, notes[uri(keyless)])))
+
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["files_quarantined"] == 4 and metadata["reconciled"] is True
+    assert len(metadata["gaps"]) == 1 and "in no fragment" in metadata["gaps"][0]
+    check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(dg.AssetKey(["flow", "acmeco_customers", "changes"]), "landing_complete")]
+    )
+    evaluation = next(iter(check.values())).event.dagster_event.event_specific_data
+    assert evaluation.passed is False
+
+
+def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    offset = 0
+    for hour in range(10, 16):
+        line = doc_line(hour)
+        write_fragment(journal, offset, line, hour=hour)
+        offset += len(line)
+
+    storage = CountingStorage()
+    fmt = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),))
+    files = fmt.partition_files(storage, f"file://{landing}", "acmeco_customers", "2024-06-01-12")
+    assert [f.name.split("-")[0] for f in files] == [f"{len(doc_line(10)) + len(doc_line(11)):016x}"]
+    assert not any("utc_hour=1" in f and not f.endswith("utc_hour=12") for f in storage.listed)
+    hours = fmt.landed_hours(storage, f"file://{landing}", "acmeco_customers", dt.datetime(2024, 6, 1, 14))
+    assert sorted(hours) == ["2024-06-01-14", "2024-06-01-15"]
+
+
+def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
+    from lake_assets.orchestration.definitions import build_definitions
+    from lake_assets.orchestration.resources import LakeResource
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    first = doc_line(1)
+    write_fragment(journal, 0, first, hour=10)
+    config = config_for(landing, tmp_path / "lake", {"acmeCo/customers": ["/id"]})
+    defs = build_definitions(config)
+    sensor = defs.resolve_sensor_def("flow_landing_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        tick = sensor(context)
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests] == [("2024-06-01-10", "2024-06-01-10")]
+    write_fragment(journal, len(first), doc_line(2), hour=11)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=tick.cursor) as context:
+        later = sensor(context)
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in later.run_requests] == [("2024-06-01-11", "2024-06-01-11")]
+
+
+def test_the_flow_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_bucket, spark):
+    sample, local_lake, _ = sample_lake
+    s3 = boto3.client("s3", endpoint_url=moto_server.url, region_name="us-east-1")
+    for path in sample.files:
+        s3.upload_file(str(path), s3_bucket, f"flow/{path.relative_to(sample.landing_dir)}")
+    cols = (CollectionConfig("acmeCo/customers", tuple(sample.collections["acmeCo/customers"])),)
+    config = LakeConfig(
+        lake=f"s3a://{s3_bucket}/lake",
+        feeds=(FeedConfig("flow", "flow_journal", f"s3a://{s3_bucket}/flow", collections=cols),),
+        s3=S3Config(endpoint_url=moto_server.url),
+    )
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    got = sorted((r["id"], r["_seq"]) for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/flow/acmeco_customers").collect())
+    want = sorted((r["id"], r["_seq"]) for r in rows(local_lake, "current", "acmeco_customers"))
+    assert got == want and got
