@@ -19,6 +19,7 @@ feeds:
     landing: s3a://bucket/prefix   # the storage prefix holding <collection>/…/pivot=…/utc_date=…/
     collections:                   # required: each collection and its key (JSON pointers)
       - {name: acmeCo/orders, key: [/id]}
+      - {name: acmeCo/events, key: [/id], partitions: {region: [eu, us]}}  # read only these
 ```
 """
 
@@ -51,6 +52,13 @@ class CollectionConfig:
 
     name: str
     key: tuple[str, ...]
+    #: logical partitions to read, field -> accepted values; all when empty
+    partitions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def wants(self, field: str, value: str) -> bool:
+        """Whether a logical partition folder `field=value` is selected."""
+        selected = dict(self.partitions)
+        return field not in selected or value in selected[field]
 
     @property
     def table(self) -> str:
@@ -154,8 +162,8 @@ def _collections(raw: Any, where: str) -> tuple[CollectionConfig, ...] | None:
         raise ConfigError(f"{where}: 'collections' must be a non-empty list")
     out = []
     for item in raw:
-        if not isinstance(item, Mapping) or set(item) != {"name", "key"}:
-            raise ConfigError(f"{where}: each collection needs exactly 'name' and 'key', got {item!r}")
+        if not isinstance(item, Mapping) or not {"name", "key"} <= set(item) <= {"name", "key", "partitions"}:
+            raise ConfigError(f"{where}: a collection takes 'name', 'key' and optionally 'partitions', got {item!r}")
         name, key = str(item["name"]), item["key"]
         if not COLLECTION_PATTERN.match(name) or ".." in name:
             raise ConfigError(f"{where}: collection {name!r} must match {COLLECTION_PATTERN.pattern}")
@@ -163,7 +171,14 @@ def _collections(raw: Any, where: str) -> tuple[CollectionConfig, ...] | None:
             isinstance(k, str) and POINTER_PATTERN.match(k) for k in key
         ):
             raise ConfigError(f"{where}: collection {name!r}: key must be a list of JSON pointers like ['/id']")
-        out.append(CollectionConfig(name=name, key=tuple(key)))
+        selection = item.get("partitions") or {}
+        if not isinstance(selection, Mapping) or not all(
+            re.fullmatch(r"[A-Za-z0-9_]+", str(f)) and isinstance(v, Sequence) and not isinstance(v, str) and v
+            for f, v in selection.items()
+        ):
+            raise ConfigError(f"{where}: collection {name!r}: partitions must map a field to a list of values")
+        partitions = tuple(sorted((str(f), tuple(str(v) for v in values)) for f, values in selection.items()))
+        out.append(CollectionConfig(name=name, key=tuple(key), partitions=partitions))
     tables = [c.table for c in out]
     if len(set(tables)) != len(tables):
         raise ConfigError(f"{where}: collections map onto the same table name: {tables}")
@@ -250,6 +265,9 @@ def dump_config(config: LakeConfig) -> str:
             if getattr(feed, key):
                 entry[key] = list(getattr(feed, key))
         if feed.collections:
-            entry["collections"] = [{"name": c.name, "key": list(c.key)} for c in feed.collections]
+            entry["collections"] = [
+                {"name": c.name, "key": list(c.key), **({"partitions": {f: list(v) for f, v in c.partitions}} if c.partitions else {})}
+                for c in feed.collections
+            ]
         feeds.append(entry)
     return yaml.safe_dump({"lake": config.lake, "feeds": feeds}, sort_keys=False)

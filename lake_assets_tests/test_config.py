@@ -64,3 +64,16 @@ def test_layout_builds_contract_paths():
     assert normalise_root_uri("/abs/lake", "lake") == "file:///abs/lake"
     with pytest.raises(ConfigError):
         normalise_root_uri("file:///abs/../etc", "lake")
+
+
+def test_flow_collections_need_keys_and_may_select_logical_partitions():
+    from lake_assets.config import parse_config
+
+    feed = {"name": "flow", "format": "flow_journal", "landing": "/x",
+            "collections": [{"name": "acmeCo/orders", "key": ["/id"], "partitions": {"category": ["Anvils"]}}]}
+    parsed = parse_config({"lake": "/lake", "feeds": [feed]}).feeds[0].collections[0]
+    assert parsed.table == "acmeco_orders" and parsed.wants("category", "Anvils") and not parsed.wants("category", "Rockets")
+    with pytest.raises(ConfigError, match="JSON pointers"):
+        parse_config({"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]})
+    with pytest.raises(ConfigError, match="'collections' is required"):
+        parse_config({"lake": "/lake", "feeds": [{k: v for k, v in feed.items() if k != "collections"}]})

@@ -231,3 +231,16 @@ def test_the_flow_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
     got = sorted((r["id"], r["_seq"]) for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/flow/acmeco_customers").collect())
     want = sorted((r["id"], r["_seq"]) for r in rows(local_lake, "current", "acmeco_customers"))
     assert got == want and got
+
+
+def test_only_selected_logical_partitions_are_listed(tmp_path):
+    landing = tmp_path / "landing"
+    for category in ("Anvils", "Rockets"):
+        write_fragment(landing / "acmeCo" / "orders" / f"category={category}" / "pivot=00", 0, doc_line(1))
+    storage = CountingStorage()
+    selected = CollectionConfig("acmeCo/orders", ("/id",), partitions=(("category", ("Anvils",)),))
+    fmt = FlowJournalFormat((selected,))
+    journals = fmt.journals(storage, f"file://{landing}", "acmeco_orders")
+    assert [j.name for j in journals] == ["acmeCo/orders/category=Anvils/pivot=00"]
+    assert not any("category=Rockets" in folder for folder in storage.listed)
+    assert sorted(fmt.landed_hours(storage, f"file://{landing}", "acmeco_orders", None)) == ["2024-06-01-10"]

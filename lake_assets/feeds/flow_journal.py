@@ -173,8 +173,9 @@ class FlowJournalFormat(FeedFormat):
 
     # --- listing --------------------------------------------------------------------------------
     def journals(self, storage: Storage, landing: str, table: str) -> list[Journal]:
-        """Every `pivot=` folder under the collection, through its logical partition folders."""
-        name = self.collection(table).name
+        """Every `pivot=` folder under the collection, through the selected logical partitions."""
+        collection = self.collection(table)
+        name = collection.name
         root = "/".join([landing.rstrip("/"), *[safe_segment(p, "collection") for p in name.split("/")]])
         found: list[Journal] = []
 
@@ -185,7 +186,7 @@ class FlowJournalFormat(FeedFormat):
                 child = f"{relative}/{entry.name}"
                 if entry.name.startswith("pivot="):
                     found.append(Journal(uri=entry.uri, name=child))
-                else:
+                elif collection.wants(*entry.name.split("=", 1)):  # unselected partitions: never listed
                     descend(entry.uri, child)
 
         descend(root, name)
