@@ -137,7 +137,10 @@ class GraxV2Format(FeedFormat):
             if not entry.is_dir or not entry.name.startswith("batch="):
                 continue
             key = entry.name[len("batch="):]
-            (valid.__setitem__(key, entry.uri) if is_batch_key(key) else invalid.append(entry))
+            if is_batch_key(key):
+                valid[key] = entry.uri
+            else:
+                invalid.append(entry)
         return valid, invalid
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
