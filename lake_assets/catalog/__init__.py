@@ -1,0 +1,1 @@
+"""Datalake catalog: file metadata documents, their validation and their index records."""

@@ -1,0 +1,355 @@
+"""Datalake metadata documents: validation, JSON form, content hashes, time buckets and records.
+
+A file shipped to the datalake travels with a small JSON document (version, start, end, path,
+where, what, work_id, id, hash). `validate` checks it in a fixed order and returns a normalised
+copy whose dates are integer milliseconds since the epoch. `build_records` turns a validated
+document into the per-day index records the catalog stores (one per UTC day the file spans).
+
+Pure Python: no Spark, no Dagster, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import operator
+import re
+import time
+import uuid
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from typing import Any, Callable, Iterable, Mapping
+
+from lake_assets.errors import LakeAssetsError
+
+__all__ = [
+    "BUCKET_MS",
+    "MAX_BUCKETS",
+    "METADATA_VERSION",
+    "RECORD_VERSION",
+    "REQUIRED_FIELDS",
+    "MetadataError",
+    "buckets",
+    "build_records",
+    "content_hash",
+    "from_json",
+    "hash_stream",
+    "time_bucket",
+    "to_json",
+    "validate",
+]
+
+METADATA_VERSION = 0
+RECORD_VERSION = 0
+
+# Fields that must be present and non-null, checked in this order.
+REQUIRED_FIELDS = ("version", "start", "where", "what", "id", "hash", "path")
+
+BUCKET_MS = 86_400_000  # one UTC day
+MAX_BUCKETS = 30
+
+HASH_DIGEST_SIZE = 16
+
+# Numbers above this are milliseconds since the epoch; at or below it, seconds.
+_MS_THRESHOLD = 100_000_000_000  # 1e11
+
+_NAME = re.compile(r"[a-z0-9_-]+")
+_POSIX_ABSOLUTE = re.compile(r"/")
+_WINDOWS_DRIVE_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]")
+_NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_THOUSAND = Decimal(1000)
+_ONE = Decimal(1)
+
+
+class MetadataError(LakeAssetsError, ValueError):
+    """A metadata document is invalid; `field` names the offending field, `reason` says why."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"metadata field '{field}': {reason}")
+        self.field = field
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.field, self.reason))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------
+
+
+def validate(metadata: Mapping) -> dict:
+    """Check `metadata` and return a new, normalised dict; the input is never modified.
+
+    Checks run in this order and the first failure raises MetadataError:
+    1. `id` is assigned (uuid4 hex) when the key is missing;
+    2. `version` is the integer 0;
+    3. `version, start, where, what, id, hash, path` are present and non-null;
+    4. `where` and `what` match ^[a-z0-9_-]+$;
+    5. the `work_id` key is present; its value is null or a name like `where`, never "null";
+    6. `path` is absolute (POSIX, or a Windows drive path);
+    7. `start` and `end` become integer milliseconds since the epoch;
+    8. `end` may be missing or null, and is never before `start`.
+    Keys the format does not know are kept unchanged.
+    """
+    if not isinstance(metadata, Mapping):
+        raise MetadataError("document", f"must be a mapping, not {type(metadata).__name__}")
+    doc = dict(metadata)
+
+    # 1. id
+    if "id" not in doc:
+        doc["id"] = uuid.uuid4().hex
+
+    # 2. version
+    if "version" not in doc:
+        raise MetadataError("version", "is required")
+    version = doc["version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise MetadataError(
+            "version", f"must be the integer {METADATA_VERSION}, got {type(version).__name__} {version!r}"
+        )
+    if version != METADATA_VERSION:
+        raise MetadataError("version", f"unsupported version {version!r} (only {METADATA_VERSION})")
+    doc["version"] = METADATA_VERSION
+
+    # 3. required, non-null
+    for field in REQUIRED_FIELDS:
+        if field not in doc:
+            raise MetadataError(field, "is required")
+        if doc[field] is None:
+            raise MetadataError(field, "must not be null")
+
+    # 4. where / what
+    for field in ("where", "what"):
+        _check_name(field, doc[field])
+
+    # 5. work_id
+    if "work_id" not in doc:
+        raise MetadataError("work_id", "is required (it may be null)")
+    work_id = doc["work_id"]
+    if work_id is not None:
+        if work_id == "null":
+            raise MetadataError("work_id", 'must not be the string "null" (use a JSON null)')
+        _check_name("work_id", work_id)
+
+    # 6. path
+    _check_path(doc["path"])
+
+    # 7. dates
+    doc["start"] = _to_ms("start", doc["start"])
+    if doc.get("end") is not None:
+        doc["end"] = _to_ms("end", doc["end"])
+
+    # 8. end after start
+    end = doc.get("end")
+    if end is not None and end < doc["start"]:
+        raise MetadataError("end", f"{end} is before start {doc['start']}")
+
+    return doc
+
+
+def _check_name(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise MetadataError(field, f"must be a string, not {type(value).__name__}")
+    if not _NAME.fullmatch(value):
+        raise MetadataError(
+            field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'"
+        )
+
+
+def _check_path(path: Any) -> None:
+    if not isinstance(path, str):
+        raise MetadataError("path", f"must be a string, not {type(path).__name__}")
+    if _POSIX_ABSOLUTE.match(path) or _WINDOWS_DRIVE_ABSOLUTE.match(path):
+        return
+    raise MetadataError("path", f"{path!r} is not absolute (POSIX '/...' or Windows 'C:\\...')")
+
+
+def _to_ms(field: str, value: Any) -> int:
+    """Integer ms since the epoch from a number, a numeric string, a date string or 'now'."""
+    if isinstance(value, bool):
+        raise MetadataError(field, f"must be a time, not the boolean {value!r}")
+    if isinstance(value, int):
+        return _number_to_ms(field, Decimal(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MetadataError(field, f"must be a finite time, got {value!r}")
+        # repr gives the shortest decimal that round-trips, so 1426809600.123 stays .123 exactly.
+        return _number_to_ms(field, Decimal(repr(value)))
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "now":
+            return _now_ms()
+        if _NUMERIC.fullmatch(text):
+            try:
+                number = Decimal(text)
+            except InvalidOperation:  # pragma: no cover - the pattern admits only valid decimals
+                raise MetadataError(field, f"cannot read {value!r} as a number") from None
+            return _number_to_ms(field, number)
+        return _date_string_to_ms(field, value, text)
+    raise MetadataError(
+        field, f"must be a number, a date string or 'now', not {type(value).__name__} {value!r}"
+    )
+
+
+def _number_to_ms(field: str, number: Decimal) -> int:
+    if not number.is_finite():
+        raise MetadataError(field, f"must be a finite time, got {number}")
+    ms = number if number > _MS_THRESHOLD else number * _THOUSAND
+    return int(ms.quantize(_ONE, rounding=ROUND_HALF_EVEN))
+
+
+def _date_string_to_ms(field: str, original: str, text: str) -> int:
+    iso = text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        raise MetadataError(
+            field, f"cannot read {original!r} as a time (ms, seconds, ISO 8601 date or 'now')"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------
+
+
+def to_json(metadata: Mapping) -> str:
+    """The validated, normalised document as compact JSON with sorted keys."""
+    return json.dumps(validate(metadata), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _refuse_constant(name: str):
+    raise MetadataError("document", f"JSON constant {name} is not allowed")
+
+
+def from_json(text: str | bytes) -> dict:
+    """Parse a JSON metadata document and validate it."""
+    try:
+        loaded = json.loads(text, parse_constant=_refuse_constant)
+    except MetadataError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise MetadataError("document", f"not valid JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise MetadataError("document", f"must be a JSON object, not {type(loaded).__name__}")
+    return validate(loaded)
+
+
+# --------------------------------------------------------------------------------------------
+# content hash
+# --------------------------------------------------------------------------------------------
+
+
+def content_hash(data: bytes) -> str:
+    """blake2b with a 16-byte digest, as 32 hex characters."""
+    return hashlib.blake2b(data, digest_size=HASH_DIGEST_SIZE).hexdigest()
+
+
+def hash_stream(chunks: Iterable[bytes]) -> str:
+    """`content_hash` of the concatenated chunks, computed without holding them all."""
+    hasher = hashlib.blake2b(digest_size=HASH_DIGEST_SIZE)
+    for chunk in chunks:
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# time buckets and records
+# --------------------------------------------------------------------------------------------
+
+
+def time_bucket(ms: int) -> int:
+    """The one-day bucket holding the instant `ms` (milliseconds since the epoch)."""
+    return operator.index(ms) // BUCKET_MS
+
+
+def buckets(metadata: Mapping) -> list[int]:
+    """The buckets from start's to (end or start)'s, inclusive; more than MAX_BUCKETS is refused.
+
+    `metadata` must already be validated: `start` and `end` are read as integer milliseconds
+    as they stand. (Validating again would read a small ms value such as 69_120_000 as seconds.)
+    """
+    start = _ms_field(metadata, "start")
+    end = _ms_field(metadata, "end") if metadata.get("end") is not None else start
+    if end < start:
+        raise MetadataError("end", f"{end} is before start {start}")
+    first = time_bucket(start)
+    last = time_bucket(end)
+    count = last - first + 1
+    if count > MAX_BUCKETS:
+        raise MetadataError(
+            "end", f"the file spans {count} day buckets; at most {MAX_BUCKETS} are allowed"
+        )
+    return list(range(first, last + 1))
+
+
+def _ms_field(metadata: Mapping, field: str) -> int:
+    value = metadata.get(field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MetadataError(
+            field, f"must be integer milliseconds (validate the metadata first), got {value!r}"
+        )
+    return value
+
+
+def build_records(
+    metadata: Mapping,
+    *,
+    url: str,
+    size: int,
+    create_time: int | None = None,
+    null_work_id: Callable[[], str] | None = None,
+) -> list[dict]:
+    """One catalog record per time bucket the file spans, for a validated copy of `metadata`.
+
+    A null work_id is replaced in the index key by "null" plus one random value shared by all
+    of this file's records (`null_work_id()` when given, else a uuid4 hex).
+    """
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"url must be a non-empty string, got {url!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"size must be a non-negative integer, got {size!r}")
+    if create_time is not None and (isinstance(create_time, bool) or not isinstance(create_time, int)):
+        raise ValueError(f"create_time must be integer ms or None, got {create_time!r}")
+
+    doc = validate(metadata)
+    spans = buckets(doc)
+    what = doc["what"]
+    work_id = doc["work_id"]
+    if work_id is None:
+        token = (null_work_id or _random_hex)()
+        work_key = f"null{token}:{what}"
+    else:
+        work_key = f"{work_id}:{what}"
+    created = _now_ms() if create_time is None else create_time
+    range_key = f"{doc['where']}:{doc['id']}"
+
+    return [
+        {
+            "version": RECORD_VERSION,
+            "url": url,
+            "time_index_key": f"{bucket}:{what}",
+            "work_id_index_key": work_key,
+            "range_key": range_key,
+            "create_time": created,
+            "size": size,
+            "metadata": dict(doc),
+        }
+        for bucket in spans
+    ]
+
+
+def _random_hex() -> str:
+    return uuid.uuid4().hex

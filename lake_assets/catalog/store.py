@@ -1,0 +1,645 @@
+"""Where datalake records are kept and how they are found again.
+
+A record (see FORMATS.md, "datalake-common") describes one file in one one-day time bucket; a
+file whose data spans three days has three records with the same `range_key`. Two stores keep
+them:
+
+* `ParquetCatalogStore`: Parquet files in the lake itself, readable by any engine;
+* `DynamoCatalogStore`: the original datalake index in DynamoDB.
+
+Both answer the same queries the same way. The shared rules live in `CatalogStore`:
+
+* `put` replaces a record with the same `(time_index_key, range_key)` when the new one has a
+  `create_time` at least as great (ties: the last written wins). Putting the same records again
+  changes nothing.
+* A time query looks in the buckets `start // DAY .. end // DAY`, keeps records whose file span
+  `[metadata.start, metadata.end or metadata.start]` touches `[start, end]` (inclusive), and
+  returns each file once: the record from the earliest bucket looked in. Results are sorted by
+  `(metadata.start, range_key)`.
+* A work-id query returns each file once, same order; files whose work_id is null are never
+  returned (their index key holds a random stand-in, not a work id).
+* `latest` returns a record of the file with the greatest `metadata.start` for `what:where`
+  (ties: greatest `create_time`, then the last written); of a file's records, `put` offers the
+  one from its first bucket.
+"""
+
+from __future__ import annotations
+
+import abc
+import io
+import json
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lake_assets.paths import is_s3, safe_segment
+from lake_assets.storage import Storage
+
+DAY_MS = 86_400_000
+
+_NAME = re.compile(r"^[a-z0-9_-]+$")
+_RECORD_FIELDS = (
+    "version",
+    "url",
+    "time_index_key",
+    "work_id_index_key",
+    "range_key",
+    "create_time",
+    "size",
+    "metadata",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# shared rules
+
+
+def _check_name(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(f"{field} {value!r} must match {_NAME.pattern}")
+    return value
+
+
+def _check_ms(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} {value!r} must be an integer number of milliseconds")
+    return value
+
+
+def _bucket_of(record: dict) -> int:
+    return int(record["time_index_key"].split(":", 1)[0])
+
+
+def _span(record: dict) -> tuple[int, int]:
+    meta = record["metadata"]
+    start = meta["start"]
+    end = meta.get("end")
+    return start, (end if end is not None else start)
+
+
+def check_record(record: Any) -> dict:
+    """Refuse a record whose index keys disagree with its metadata; return it unchanged."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a dict, not {type(record).__name__}")
+    missing = [f for f in _RECORD_FIELDS if f not in record]
+    if missing:
+        raise ValueError(f"record is missing {', '.join(missing)}")
+    meta = record["metadata"]
+    if not isinstance(meta, dict):
+        raise ValueError("record metadata must be a dict")
+    what = _check_name("metadata.what", meta.get("what"))
+    where = _check_name("metadata.where", meta.get("where"))
+    start = _check_ms("metadata.start", meta.get("start"))
+    end = meta.get("end")
+    if end is not None:
+        _check_ms("metadata.end", end)
+        if end < start:
+            raise ValueError(f"metadata.end {end} is before metadata.start {start}")
+    if not isinstance(meta.get("id"), str) or not meta["id"]:
+        raise ValueError("metadata.id must be a non-empty string")
+    _check_ms("create_time", record["create_time"])
+    _check_ms("size", record["size"])
+
+    key = record["time_index_key"]
+    bucket_text, _, key_what = key.partition(":") if isinstance(key, str) else ("", "", "")
+    if not re.fullmatch(r"-?[0-9]+", bucket_text) or key_what != what:
+        raise ValueError(f"time_index_key {key!r} must be '<bucket>:{what}'")
+    first, last = start // DAY_MS, (end if end is not None else start) // DAY_MS
+    if not first <= int(bucket_text) <= last:
+        raise ValueError(f"time_index_key {key!r}: bucket outside the file's span {first}..{last}")
+
+    if record["range_key"] != f"{where}:{meta['id']}":
+        raise ValueError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
+
+    work_key = record["work_id_index_key"]
+    work_id = meta.get("work_id")
+    if not isinstance(work_key, str):
+        raise ValueError("work_id_index_key must be a string")
+    if work_id is None:
+        if not (work_key.startswith("null") and work_key.endswith(f":{what}") and ":" not in work_key[: -len(what) - 1]):
+            raise ValueError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
+    elif work_key != f"{_check_name('metadata.work_id', work_id)}:{what}":
+        raise ValueError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
+    return record
+
+
+def _winners(records: Iterable[dict]) -> dict[tuple[str, str], dict]:
+    """One record per (time_index_key, range_key): the greatest create_time, then the last seen."""
+    out: dict[tuple[str, str], dict] = {}
+    for record in records:
+        key = (record["time_index_key"], record["range_key"])
+        held = out.get(key)
+        if held is None or record["create_time"] >= held["create_time"]:
+            out[key] = record
+    return out
+
+
+def _one_per_file(records: Iterable[dict]) -> list[dict]:
+    """Each file once (its record from the earliest bucket), sorted by (start, range_key)."""
+    files: dict[str, dict] = {}
+    for record in records:
+        held = files.get(record["range_key"])
+        if held is None or _bucket_of(record) < _bucket_of(held):
+            files[record["range_key"]] = record
+    return sorted(files.values(), key=lambda r: (r["metadata"]["start"], r["range_key"]))
+
+
+def _latest_key(record: dict) -> tuple[int, int]:
+    return record["metadata"]["start"], record["create_time"]
+
+
+class CatalogStore(abc.ABC):
+    """Datalake records, found by time bucket, by work id, or as the latest file of what:where."""
+
+    def put(self, records: list[dict]) -> None:
+        records = [check_record(r) for r in records]
+        if not records:
+            return
+        batch = list(_winners(records).values())
+        latest: dict[tuple[str, str], dict] = {}
+        for record in batch:
+            meta = record["metadata"]
+            key = (meta["what"], meta["where"])
+            held = latest.get(key)
+            # of one file's records, the one from its first bucket, so a re-put offers the same
+            rank = (_latest_key(record), -_bucket_of(record))
+            if held is None or rank >= (_latest_key(held), -_bucket_of(held)):
+                latest[key] = record
+        self._put(batch, latest)
+
+    def query_by_time(self, start: int, end: int, what: str, where: str | None = None) -> list[dict]:
+        _check_ms("start", start)
+        _check_ms("end", end)
+        if end < start:
+            raise ValueError(f"end {end} is before start {start}")
+        _check_name("what", what)
+        if where is not None:
+            _check_name("where", where)
+        found = []
+        for bucket in range(start // DAY_MS, end // DAY_MS + 1):
+            for record in self._time_bucket(bucket, what, where):
+                first, last = _span(record)
+                if first <= end and last >= start:
+                    found.append(record)
+        return _one_per_file(found)
+
+    def query_by_work_id(self, work_id: str, what: str, where: str | None = None) -> list[dict]:
+        _check_name("work_id", work_id)
+        _check_name("what", what)
+        if where is not None:
+            _check_name("where", where)
+        found = [r for r in self._work_id(f"{work_id}:{what}", where) if r["metadata"].get("work_id") is not None]
+        return _one_per_file(found)
+
+    @abc.abstractmethod
+    def latest(self, what: str, where: str) -> dict | None:
+        """The record of the file with the greatest metadata.start for what:where, or None."""
+
+    # store-specific parts ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
+        """Store checked records (one per key) and offer each (what, where)'s best as latest."""
+
+    @abc.abstractmethod
+    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+        """The current records whose time_index_key is f"{bucket}:{what}" (and where, if given)."""
+
+    @abc.abstractmethod
+    def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
+        """The current records with this work_id_index_key (and where, if given)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet in the lake
+
+_KEPT = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def encode_segment(value: str) -> str:
+    """An injective, path-safe spelling of any string: other characters become `+hh` per byte."""
+    return "".join(c if c in _KEPT else "".join(f"+{b:02x}" for b in c.encode("utf-8")) for c in value)
+
+
+_SCHEMA = pa.schema(
+    [
+        ("version", pa.int64()),
+        ("url", pa.string()),
+        ("time_index_key", pa.string()),
+        ("work_id_index_key", pa.string()),
+        ("range_key", pa.string()),
+        ("create_time", pa.int64()),
+        ("size", pa.int64()),
+        ("meta_version", pa.int64()),
+        ("meta_start", pa.int64()),
+        ("meta_end", pa.int64()),
+        ("meta_where", pa.string()),
+        ("meta_what", pa.string()),
+        ("meta_work_id", pa.string()),
+        ("meta_id", pa.string()),
+        ("meta_hash", pa.string()),
+        ("meta_path", pa.string()),
+        ("metadata_json", pa.string()),
+        # top-level record fields beyond the format's own, as JSON (null when there are none)
+        ("extra_json", pa.string()),
+    ]
+)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _to_row(record: dict) -> dict:
+    meta = record["metadata"]
+    extra = {k: v for k, v in record.items() if k not in _RECORD_FIELDS}
+    return {
+        "version": record["version"],
+        "url": record["url"],
+        "time_index_key": record["time_index_key"],
+        "work_id_index_key": record["work_id_index_key"],
+        "range_key": record["range_key"],
+        "create_time": record["create_time"],
+        "size": record["size"],
+        "meta_version": _int_or_none(meta.get("version")),
+        "meta_start": meta["start"],
+        "meta_end": meta.get("end"),
+        "meta_where": meta["where"],
+        "meta_what": meta["what"],
+        "meta_work_id": _str_or_none(meta.get("work_id")),
+        "meta_id": meta["id"],
+        "meta_hash": _str_or_none(meta.get("hash")),
+        "meta_path": _str_or_none(meta.get("path")),
+        "metadata_json": json.dumps(meta, sort_keys=True, separators=(",", ":")),
+        "extra_json": json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None,
+    }
+
+
+def _from_row(row: dict) -> dict:
+    record = {
+        "version": row["version"],
+        "url": row["url"],
+        "time_index_key": row["time_index_key"],
+        "work_id_index_key": row["work_id_index_key"],
+        "range_key": row["range_key"],
+        "create_time": row["create_time"],
+        "size": row["size"],
+        "metadata": json.loads(row["metadata_json"]),
+    }
+    if row.get("extra_json"):
+        record.update(json.loads(row["extra_json"]))
+    return record
+
+
+class ParquetCatalogStore(CatalogStore):
+    """Records as Parquet files in the lake.
+
+    Layout under `root` (every part file is written once and never changed):
+
+    * `time_bucket=<bucket>/<what>/part-<token>.parquet`: one file per put call per
+      (bucket, what); a time query for a bucket and a what reads only that folder.
+    * `work_id=<encoded work_id_index_key>/part-<token>.parquet`: the same records again, by
+      work id (records with a null work_id are not written here).
+    * `latest=<encoded what:where>/part-<token>.parquet`: one record per put call per
+      (what, where), the best of the call; parts beaten by a newer one are removed.
+
+    Columns: the record's fields, the metadata flattened into `meta_*` columns for other
+    engines, and the whole metadata as JSON (`metadata_json`), which is what is read back.
+    Tokens sort in write order (nanosecond clock, then a random part), so "the last written"
+    is the part with the greatest name; among writers on different machines this is as good as
+    their clocks. The time layout is the truth: a work-id hit is checked against it, so a
+    record re-put with another work id is no longer found under the old one.
+    """
+
+    _token_lock = threading.Lock()
+    _last_ns = 0
+
+    def __init__(self, root: str, storage: Storage):
+        if not (root.startswith("file:///") or is_s3(root)):
+            raise ValueError(f"catalog root {root!r} must be a file:/// or s3a:// URI")
+        self.root = root.rstrip("/")
+        self.storage = storage
+
+    # paths ------------------------------------------------------------------------------------
+
+    def _time_folder(self, bucket: int, what: str) -> str:
+        return f"{self.root}/{safe_segment(f'time_bucket={int(bucket)}')}/{safe_segment(what, 'what')}"
+
+    def _work_folder(self, work_id_index_key: str) -> str:
+        return f"{self.root}/{safe_segment('work_id=' + encode_segment(work_id_index_key))}"
+
+    def _latest_folder(self, what: str, where: str) -> str:
+        return f"{self.root}/{safe_segment('latest=' + encode_segment(f'{what}:{where}'))}"
+
+    @classmethod
+    def _token(cls) -> str:
+        with cls._token_lock:
+            ns = max(time.time_ns(), cls._last_ns + 1)
+            cls._last_ns = ns
+        return f"{ns:020d}-{uuid.uuid4().hex[:16]}"
+
+    # reading and writing part files -----------------------------------------------------------
+
+    def _write_part(self, folder: str, records: list[dict], token: str) -> str:
+        table = pa.Table.from_pylist([_to_row(r) for r in records], schema=_SCHEMA)
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        name = f"part-{token}.parquet"
+        uri = f"{folder}/{name}"
+        if is_s3(uri):
+            self.storage.write_bytes(uri, sink.getvalue())  # one PUT: whole or absent
+        else:
+            temp = f"{folder}/.tmp-{token}"
+            self.storage.write_bytes(temp, sink.getvalue())
+            self.storage.move_file(temp, uri)  # readers never see half a file
+        return uri
+
+    def _parts(self, folder: str) -> list[str]:
+        names = [
+            e
+            for e in self.storage.list(folder)
+            if not e.is_dir and e.name.startswith("part-") and e.name.endswith(".parquet")
+        ]
+        return [e.uri for e in sorted(names, key=lambda e: e.name)]
+
+    def _read_part(self, uri: str, where: str | None = None) -> list[dict]:
+        table = pq.read_table(pa.BufferReader(self.storage.read_bytes(uri)))
+        if where is not None:
+            table = table.filter(pc.equal(table["meta_where"], where))
+        return [_from_row(row) for row in table.to_pylist()]
+
+    def _read_folder(self, folder: str, where: str | None = None) -> list[dict]:
+        out: list[dict] = []
+        for uri in self._parts(folder):
+            out.extend(self._read_part(uri, where))
+        return out
+
+    # CatalogStore -----------------------------------------------------------------------------
+
+    def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
+        token = self._token()
+        by_time: dict[str, list[dict]] = {}
+        by_work: dict[str, list[dict]] = {}
+        for record in records:
+            by_time.setdefault(record["time_index_key"], []).append(record)
+            if record["metadata"].get("work_id") is not None:
+                by_work.setdefault(record["work_id_index_key"], []).append(record)
+        # the time layout first: it is the truth the others are checked against
+        for key, group in sorted(by_time.items()):
+            bucket, what = key.split(":", 1)
+            self._write_part(self._time_folder(int(bucket), what), group, token)
+        for key, group in sorted(by_work.items()):
+            self._write_part(self._work_folder(key), group, token)
+        for (what, where), record in sorted(latest.items()):
+            self._offer_latest(what, where, record, token)
+
+    def _offer_latest(self, what: str, where: str, record: dict, token: str) -> None:
+        folder = self._latest_folder(what, where)
+        mine = self._write_part(folder, [record], token)
+        mine_rank = (_latest_key(record), mine.rsplit("/", 1)[1])
+        for uri in self._parts(folder):
+            if uri == mine:
+                continue
+            rows = self._read_part(uri)
+            if all((_latest_key(r), uri.rsplit("/", 1)[1]) < mine_rank for r in rows):
+                self.storage.delete_file(uri)  # beaten by the part just written, which stays
+
+    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+        return _winners(self._read_folder(self._time_folder(bucket, what), where)).values()
+
+    def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
+        candidates = _winners(self._read_folder(self._work_folder(work_id_index_key), where))
+        # check each hit against the time layout, which a later put may have changed
+        current: dict[str, dict[tuple[str, str], dict]] = {}
+        out = []
+        for key in candidates:
+            time_key = key[0]
+            if time_key not in current:
+                bucket, what = time_key.split(":", 1)
+                current[time_key] = _winners(self._read_folder(self._time_folder(int(bucket), what), where))
+            record = current[time_key].get(key)
+            if record is not None and record["work_id_index_key"] == work_id_index_key:
+                out.append(record)
+        return out
+
+    def latest(self, what: str, where: str) -> dict | None:
+        _check_name("what", what)
+        _check_name("where", where)
+        best = None
+        for uri in self._parts(self._latest_folder(what, where)):  # in write order
+            for record in self._read_part(uri):
+                if best is None or _latest_key(record) >= _latest_key(best):
+                    best = record
+        return best
+
+
+# --------------------------------------------------------------------------------------------
+# DynamoDB
+
+
+def _to_dynamo(value: Any) -> Any:
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _to_dynamo(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_dynamo(v) for v in value]
+    return value
+
+
+def _from_dynamo(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_dynamo(v) for k, v in value.items()}
+    if isinstance(value, (list, set, frozenset)):
+        return [_from_dynamo(v) for v in value]
+    return value
+
+
+class DynamoCatalogStore(CatalogStore):
+    """The original datalake index in DynamoDB.
+
+    * records table `table`: HASH `time_index_key`, RANGE `range_key`; global secondary index
+      `work-id-index`: HASH `work_id_index_key`, RANGE `range_key`, projection ALL;
+    * latest table `latest_table`: HASH `what_where_key` = f"{what}:{where}", the latest record.
+
+    Writes are conditional, so the rules of `CatalogStore` hold with concurrent writers: a
+    record replaces one with the same key only if its create_time is at least as great; the
+    latest item is replaced only by a record with a later start (or the same start and a
+    create_time at least as great). Credentials come from boto3's default chain only.
+    """
+
+    WORK_ID_INDEX = "work-id-index"
+
+    def __init__(
+        self,
+        table: str,
+        latest_table: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        page_size: int | None = None,
+        write_threads: int = 8,
+    ):
+        import boto3
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        self.table = table
+        self.latest_table = latest_table
+        self.page_size = page_size  # Query page size (None: DynamoDB's own 1 MB pages)
+        self.write_threads = max(1, write_threads)
+        self.client = boto3.client("dynamodb", endpoint_url=endpoint_url, region_name=region)
+        self._ser = TypeSerializer()
+        self._de = TypeDeserializer()
+
+    def __repr__(self) -> str:
+        return f"DynamoCatalogStore(table={self.table!r}, latest_table={self.latest_table!r})"
+
+    def _item(self, record: dict) -> dict:
+        return {k: self._ser.serialize(_to_dynamo(v)) for k, v in record.items()}
+
+    def _record(self, item: dict) -> dict:
+        record = {k: _from_dynamo(self._de.deserialize(v)) for k, v in item.items()}
+        record.pop("what_where_key", None)
+        return record
+
+    def create_tables(self) -> None:
+        """Create both tables if absent (PAY_PER_REQUEST) and wait until they are usable."""
+        errors = self.client.exceptions
+        try:
+            self.client.create_table(
+                TableName=self.table,
+                BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[
+                    {"AttributeName": "time_index_key", "AttributeType": "S"},
+                    {"AttributeName": "range_key", "AttributeType": "S"},
+                    {"AttributeName": "work_id_index_key", "AttributeType": "S"},
+                ],
+                KeySchema=[
+                    {"AttributeName": "time_index_key", "KeyType": "HASH"},
+                    {"AttributeName": "range_key", "KeyType": "RANGE"},
+                ],
+                GlobalSecondaryIndexes=[
+                    {
+                        "IndexName": self.WORK_ID_INDEX,
+                        "KeySchema": [
+                            {"AttributeName": "work_id_index_key", "KeyType": "HASH"},
+                            {"AttributeName": "range_key", "KeyType": "RANGE"},
+                        ],
+                        "Projection": {"ProjectionType": "ALL"},
+                    }
+                ],
+            )
+        except errors.ResourceInUseException:
+            pass
+        try:
+            self.client.create_table(
+                TableName=self.latest_table,
+                BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[{"AttributeName": "what_where_key", "AttributeType": "S"}],
+                KeySchema=[{"AttributeName": "what_where_key", "KeyType": "HASH"}],
+            )
+        except errors.ResourceInUseException:
+            pass
+        waiter = self.client.get_waiter("table_exists")
+        for name in (self.table, self.latest_table):
+            waiter.wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+        described = self.client.describe_table(TableName=self.table)["Table"]
+        indexes = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
+        if self.WORK_ID_INDEX not in indexes:
+            raise RuntimeError(f"table {self.table!r} exists without the {self.WORK_ID_INDEX!r} index")
+
+    def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
+        failed = self.client.exceptions.ConditionalCheckFailedException
+
+        def put_record(record: dict) -> None:
+            try:
+                self.client.put_item(
+                    TableName=self.table,
+                    Item=self._item(record),
+                    ConditionExpression="attribute_not_exists(#tk) OR #ct <= :ct",
+                    ExpressionAttributeNames={"#tk": "time_index_key", "#ct": "create_time"},
+                    ExpressionAttributeValues={":ct": {"N": str(record["create_time"])}},
+                )
+            except failed:
+                pass  # a record with a later create_time holds the key
+
+        # keys are distinct after CatalogStore.put, so the writes are independent
+        if len(records) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.write_threads, len(records))) as pool:
+                list(pool.map(put_record, records))  # list(): re-raise the first error
+        else:
+            for record in records:
+                put_record(record)
+        for (what, where), record in latest.items():
+            item = self._item({**record, "what_where_key": f"{what}:{where}"})
+            try:
+                self.client.put_item(
+                    TableName=self.latest_table,
+                    Item=item,
+                    ConditionExpression=(
+                        "attribute_not_exists(#wk) OR #m.#s < :s OR (#m.#s = :s AND #ct <= :ct)"
+                    ),
+                    ExpressionAttributeNames={
+                        "#wk": "what_where_key",
+                        "#m": "metadata",
+                        "#s": "start",
+                        "#ct": "create_time",
+                    },
+                    ExpressionAttributeValues={
+                        ":s": {"N": str(record["metadata"]["start"])},
+                        ":ct": {"N": str(record["create_time"])},
+                    },
+                )
+            except failed:
+                pass  # a later file is already the latest
+
+    def _query(self, hash_name: str, hash_value: str, where: str | None, **extra) -> Iterator[dict]:
+        condition = "#h = :h"
+        names = {"#h": hash_name}
+        values = {":h": {"S": hash_value}}
+        if where is not None:
+            condition += " AND begins_with(#r, :r)"
+            names["#r"] = "range_key"
+            values[":r"] = {"S": f"{where}:"}
+        pages = self.client.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression=condition,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            PaginationConfig={"PageSize": self.page_size} if self.page_size else {},
+            **extra,
+        )
+        for page in pages:
+            for item in page.get("Items", []):
+                yield self._record(item)
+
+    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+        return self._query("time_index_key", f"{bucket}:{what}", where, ConsistentRead=True)
+
+    def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
+        return self._query("work_id_index_key", work_id_index_key, where, IndexName=self.WORK_ID_INDEX)
+
+    def latest(self, what: str, where: str) -> dict | None:
+        _check_name("what", what)
+        _check_name("where", where)
+        answer = self.client.get_item(
+            TableName=self.latest_table,
+            Key={"what_where_key": {"S": f"{what}:{where}"}},
+            ConsistentRead=True,
+        )
+        item = answer.get("Item")
+        return self._record(item) if item else None

@@ -1,0 +1,389 @@
+"""The catalog stores: one suite run against ParquetCatalogStore (local lake) and
+DynamoCatalogStore (moto server), plus Parquet-only checks of what a query reads."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import uuid
+
+import pytest
+
+from lake_assets.catalog.store import DAY_MS, DynamoCatalogStore, ParquetCatalogStore
+from lake_assets.storage import S3Settings, Storage
+
+HOUR_MS = 3_600_000
+_clock = itertools.count(1_700_000_000_000, 1000)
+
+
+def make_file(
+    start: int,
+    end: int | None,
+    *,
+    what: str = "accounts",
+    where: str = "unit",
+    work_id: str | None = None,
+    create_time: int | None = None,
+    file_id: str | None = None,
+    url: str | None = None,
+    path: str | None = None,
+) -> list[dict]:
+    """The records of one file, built by hand: one per time bucket of its span."""
+    file_id = file_id or uuid.uuid4().hex
+    metadata = {
+        "version": 0,
+        "start": start,
+        "end": end,
+        "path": path or f"/data/{what}/{file_id}.parquet",
+        "work_id": work_id,
+        "where": where,
+        "what": what,
+        "id": file_id,
+        "hash": hashlib.blake2b(file_id.encode(), digest_size=16).hexdigest(),
+    }
+    work_key = f"{work_id}:{what}" if work_id is not None else f"null{uuid.uuid4().hex}:{what}"
+    last = end if end is not None else start
+    created = create_time if create_time is not None else next(_clock)
+    return [
+        {
+            "version": 0,
+            "url": url or f"file:///lake/changes/{where}/{what}/part-{file_id}.parquet",
+            "time_index_key": f"{bucket}:{what}",
+            "work_id_index_key": work_key,
+            "range_key": f"{where}:{file_id}",
+            "create_time": created,
+            "size": 1234,
+            "metadata": dict(metadata),
+        }
+        for bucket in range(start // DAY_MS, last // DAY_MS + 1)
+    ]
+
+
+def ids(records: list[dict]) -> list[str]:
+    return [r["metadata"]["id"] for r in records]
+
+
+def day(n: int) -> tuple[int, int]:
+    return n * DAY_MS, (n + 1) * DAY_MS - 1
+
+
+@pytest.fixture(params=["parquet", "dynamo"])
+def store(request, tmp_path):
+    if request.param == "parquet":
+        yield ParquetCatalogStore(f"file://{tmp_path}/lake/catalog", Storage())
+    else:
+        server = request.getfixturevalue("moto_server")
+        token = uuid.uuid4().hex[:12]
+        dynamo = DynamoCatalogStore(
+            f"records-{token}", f"latest-{token}", endpoint_url=server.url, page_size=40
+        )
+        dynamo.create_tables()
+        yield dynamo
+        for name in (dynamo.table, dynamo.latest_table):
+            dynamo.client.delete_table(TableName=name)
+
+
+# --------------------------------------------------------------------------------------------
+# both stores
+
+
+def test_put_and_query_by_time_for_a_what_and_a_where(store):
+    base = 19723 * DAY_MS
+    a = make_file(base + HOUR_MS, base + 2 * HOUR_MS, where="unit")
+    b = make_file(base + 3 * HOUR_MS, base + 4 * HOUR_MS, where="other", work_id="run-abc")
+    c = make_file(base + 5 * HOUR_MS, base + 6 * HOUR_MS, what="contacts", where="unit")
+    store.put(a + b + c)
+
+    found = store.query_by_time(*day(19723), "accounts")
+    assert found == [a[0], b[0]]  # whole records come back unchanged, ints not Decimals
+    assert all(type(r["create_time"]) is int and type(r["metadata"]["start"]) is int for r in found)
+    assert found[0]["metadata"]["work_id"] is None
+    assert store.query_by_time(*day(19723), "accounts", "unit") == a
+    assert store.query_by_time(*day(19723), "accounts", "other") == b
+    assert store.query_by_time(*day(19723), "contacts") == c
+    assert store.query_by_time(*day(19723), "contacts", "other") == []
+    assert store.query_by_time(*day(19723), "leads") == []
+    assert store.query_by_time(*day(19722), "accounts") == []
+
+
+def test_a_file_spanning_three_days_is_found_from_each_and_returned_once(store):
+    records = make_file(int(0.8 * DAY_MS), int(2.2 * DAY_MS))
+    assert len(records) == 3 and len({r["range_key"] for r in records}) == 1
+    store.put(records)
+
+    for n in (0, 1, 2):
+        found = store.query_by_time(*day(n), "accounts")
+        assert ids(found) == ids(records[:1]), n
+        assert found[0]["time_index_key"] == f"{n}:accounts"
+    assert store.query_by_time(0, 3 * DAY_MS - 1, "accounts") == [records[0]]
+    assert store.query_by_time(DAY_MS + 1, 2 * DAY_MS + 5, "accounts", "unit") == [records[1]]
+    assert store.query_by_time(*day(3), "accounts") == []
+    # inside the first and last day, outside the file's span
+    assert store.query_by_time(0, int(0.8 * DAY_MS) - 1, "accounts") == []
+    assert store.query_by_time(int(2.2 * DAY_MS) + 1, 3 * DAY_MS - 1, "accounts") == []
+
+
+def test_a_day_query_returns_exactly_the_files_touching_the_day(store):
+    d = 20_000
+    lo, hi = day(d)
+    ends_before = make_file(lo - 6 * HOUR_MS, lo - 1)  # the ms before the day starts
+    ends_at_start = make_file(lo - 5 * HOUR_MS, lo)
+    inside = make_file(lo + HOUR_MS, lo + 2 * HOUR_MS)
+    across_end = make_file(hi - HOUR_MS, hi + HOUR_MS)
+    starts_after = make_file(hi + 1, hi + HOUR_MS)
+    snapshot = make_file(lo + 5 * HOUR_MS, None)
+    old_snapshot = make_file(lo - 1, None)
+    store.put(ends_before + ends_at_start + inside + across_end + starts_after + snapshot + old_snapshot)
+
+    found = store.query_by_time(lo, hi, "accounts")
+    assert ids(found) == ids([ends_at_start[0], inside[0], snapshot[0], across_end[0]])
+    assert [r["time_index_key"] for r in found] == [f"{d}:accounts"] * 4
+
+    # a snapshot counts only at its own instant
+    instant = snapshot[0]["metadata"]["start"]
+    assert ids(store.query_by_time(instant, instant, "accounts")) == ids(snapshot)
+    assert ids(store.query_by_time(instant - 1, instant - 1, "accounts")) == []
+    assert ids(store.query_by_time(instant + 1, instant + 1, "accounts")) == []
+    assert ids(store.query_by_time(lo + 3 * HOUR_MS, lo + 4 * HOUR_MS, "accounts")) == []
+    assert ids(store.query_by_time(lo - 1, lo - 1, "accounts")) == ids(
+        [ends_before[0], ends_at_start[0], old_snapshot[0]]
+    )
+
+
+def test_query_by_work_id_with_and_without_where(store):
+    a = make_file(DAY_MS - HOUR_MS, DAY_MS + HOUR_MS, where="unit", work_id="run-a")  # two buckets
+    b = make_file(5 * DAY_MS, 5 * DAY_MS + 1, where="other", work_id="run-a")
+    c = make_file(DAY_MS, DAY_MS + 1, where="unit", work_id="run-b")
+    d = make_file(DAY_MS, DAY_MS + 1, what="contacts", where="unit", work_id="run-a")
+    store.put(a + b + c + d)
+
+    assert store.query_by_work_id("run-a", "accounts") == [a[0], b[0]]
+    assert store.query_by_work_id("run-a", "accounts", "unit") == [a[0]]
+    assert store.query_by_work_id("run-a", "accounts", "other") == [b[0]]
+    assert store.query_by_work_id("run-a", "contacts") == d
+    assert store.query_by_work_id("run-b", "accounts") == c
+    assert store.query_by_work_id("run-b", "accounts", "other") == []
+    assert store.query_by_work_id("run-c", "accounts") == []
+
+
+def test_files_without_a_work_id_are_not_found_by_work_id(store):
+    nulls = make_file(DAY_MS, 2 * DAY_MS + 1)
+    named = make_file(DAY_MS + 1, DAY_MS + 2, work_id="nullable-run")  # a real id that starts with "null"
+    store.put(nulls + named)
+    stand_in = nulls[0]["work_id_index_key"].split(":", 1)[0]
+    assert stand_in.startswith("null") and len(stand_in) > 4
+
+    assert store.query_by_work_id(stand_in, "accounts") == []
+    assert store.query_by_work_id(stand_in, "accounts", "unit") == []
+    assert store.query_by_work_id("null", "accounts") == []
+    assert store.query_by_work_id("nullable-run", "accounts") == named
+    assert ids(store.query_by_time(*day(1), "accounts")) == ids([nulls[0], named[0]])
+
+
+def test_put_is_idempotent_and_a_later_record_replaces(store):
+    a = make_file(DAY_MS, 3 * DAY_MS, work_id="run-a", create_time=1000)
+    b = make_file(2 * DAY_MS, 2 * DAY_MS + 1, where="other", create_time=1000)
+    store.put(a + b)
+
+    def answers():
+        return (
+            store.query_by_time(0, 4 * DAY_MS, "accounts"),
+            [store.query_by_time(*day(n), "accounts") for n in range(4)],
+            store.query_by_work_id("run-a", "accounts"),
+            store.latest("accounts", "unit"),
+            store.latest("accounts", "other"),
+        )
+
+    first = answers()
+    assert ids(first[0]) == ids([a[0], b[0]])
+    store.put(a + b)
+    store.put(list(reversed(a)))
+    assert answers() == first
+
+    # same keys, a later create_time: the new records win
+    moved = [{**r, "url": "s3a://lake/moved.parquet", "create_time": 2000} for r in a]
+    store.put(moved)
+    assert store.query_by_time(0, 4 * DAY_MS, "accounts", "unit") == [moved[0]]
+    assert [r["url"] for r in store.query_by_time(*day(3), "accounts")] == ["s3a://lake/moved.parquet"]
+    assert store.query_by_work_id("run-a", "accounts") == [moved[0]]
+    # an older copy put afterwards does not bring the old one back
+    store.put(a)
+    assert store.query_by_time(0, 4 * DAY_MS, "accounts", "unit") == [moved[0]]
+    assert store.query_by_work_id("run-a", "accounts") == [moved[0]]
+
+
+def test_a_record_put_again_with_another_work_id_moves(store):
+    a = make_file(DAY_MS, DAY_MS + 1, work_id="run-a", create_time=1000)
+    store.put(a)
+    meta = {**a[0]["metadata"], "work_id": "run-b"}
+    again = [{**a[0], "work_id_index_key": "run-b:accounts", "create_time": 2000, "metadata": meta}]
+    store.put(again)
+    assert store.query_by_work_id("run-a", "accounts") == []
+    assert store.query_by_work_id("run-b", "accounts") == again
+    assert store.query_by_time(*day(1), "accounts") == again
+
+
+def test_latest(store):
+    assert store.latest("accounts", "unit") is None
+    early = make_file(DAY_MS, 3 * DAY_MS, create_time=5000)
+    late = make_file(2 * DAY_MS, 2 * DAY_MS + 10, create_time=1000)
+    elsewhere = make_file(9 * DAY_MS, 9 * DAY_MS, where="other")
+    contacts = make_file(8 * DAY_MS, 8 * DAY_MS, what="contacts")
+    store.put(early + late + elsewhere + contacts)
+
+    assert store.latest("accounts", "unit")["range_key"] == late[0]["range_key"]
+    assert store.latest("accounts", "unit") == late[0]
+    assert store.latest("accounts", "other") == elsewhere[0]
+    assert store.latest("contacts", "unit") == contacts[0]
+    assert store.latest("contacts", "other") is None
+
+    # an older file put later does not take over
+    store.put(make_file(DAY_MS + 5, DAY_MS + 6))
+    assert store.latest("accounts", "unit") == late[0]
+    # same start: the greater create_time wins, whichever comes first
+    tie_old = make_file(2 * DAY_MS, None, create_time=500)
+    tie_new = make_file(2 * DAY_MS, None, create_time=1500)
+    store.put(tie_new)
+    store.put(tie_old)
+    assert store.latest("accounts", "unit") == tie_new[0]
+    store.put(tie_new)
+    assert store.latest("accounts", "unit") == tie_new[0]
+    # a later start wins whatever its create_time
+    newest = make_file(4 * DAY_MS, 6 * DAY_MS, create_time=1)
+    store.put(newest)
+    assert store.latest("accounts", "unit") == newest[0]  # the record from its first bucket
+
+
+def test_many_records(store):
+    files = [
+        make_file(
+            10 * DAY_MS + i * 10 * 60_000,
+            10 * DAY_MS + i * 10 * 60_000 + 30 * 60_000,
+            where="unit" if i % 2 else "other",
+            work_id="bulk-run",
+        )
+        for i in range(300)
+    ]  # 300 files over about two days, some crossing midnight
+    records = [r for f in files for r in f]
+    assert len(records) > 300
+
+    calls = []
+    if isinstance(store, DynamoCatalogStore):
+        store.client.meta.events.register("after-call.dynamodb.Query", lambda **kw: calls.append(1))
+    store.put(records[:150])
+    store.put(records[150:])
+
+    everything = store.query_by_time(0, 20 * DAY_MS, "accounts")
+    assert ids(everything) == [f[0]["metadata"]["id"] for f in files]
+    assert len(store.query_by_time(0, 20 * DAY_MS, "accounts", "unit")) == 150
+    assert len(store.query_by_work_id("bulk-run", "accounts")) == 300
+    assert ids(store.query_by_work_id("bulk-run", "accounts", "other")) == [
+        f[0]["metadata"]["id"] for f in files[::2]
+    ]
+    assert store.latest("accounts", "unit") == files[299][0]
+    assert store.latest("accounts", "other") == files[298][0]
+    if isinstance(store, DynamoCatalogStore):
+        # more pages than queries: pagination was followed
+        assert len(calls) > 21 + 21 + 2
+
+
+def test_bad_input_is_refused(store):
+    good = make_file(DAY_MS, DAY_MS + 1)[0]
+    with pytest.raises(ValueError):
+        store.put([{**good, "time_index_key": "7:accounts"}])  # bucket outside the span
+    with pytest.raises(ValueError):
+        store.put([{**good, "range_key": "elsewhere:" + good["metadata"]["id"]}])
+    with pytest.raises(ValueError):
+        store.put([{**good, "work_id_index_key": "run-x:accounts"}])  # work_id is null
+    with pytest.raises(ValueError):
+        store.put([{k: v for k, v in good.items() if k != "url"}])
+    with pytest.raises(ValueError):
+        store.query_by_time(10, 5, "accounts")
+    with pytest.raises(ValueError):
+        store.query_by_time(0, 10, "../accounts")
+    with pytest.raises(ValueError):
+        store.query_by_work_id("run:a", "accounts")
+    assert store.query_by_time(0, 10 * DAY_MS, "accounts") == []
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet only
+
+
+class SpyStorage(Storage):
+    def __init__(self, s3: S3Settings | None = None):
+        super().__init__(s3)
+        self.listed: list[str] = []
+        self.read: list[str] = []
+
+    def list(self, uri):
+        self.listed.append(uri)
+        return super().list(uri)
+
+    def read_bytes(self, uri):
+        self.read.append(uri)
+        return super().read_bytes(uri)
+
+    def open_input_file(self, uri):
+        self.read.append(uri)
+        return super().open_input_file(uri)
+
+
+def test_parquet_time_query_reads_only_the_bucket_folders_it_needs(tmp_path):
+    root = f"file://{tmp_path}/catalog"
+    spy = SpyStorage()
+    store = ParquetCatalogStore(root, spy)
+    for n in range(10):
+        store.put(make_file(n * DAY_MS + HOUR_MS, n * DAY_MS + 2 * HOUR_MS, work_id="run-a"))
+        store.put(make_file(n * DAY_MS + HOUR_MS, n * DAY_MS + 2 * HOUR_MS, what="contacts"))
+    spy.listed.clear()
+    spy.read.clear()
+
+    found = store.query_by_time(3 * DAY_MS, 4 * DAY_MS + HOUR_MS + 5, "accounts")
+    assert len(found) == 2
+    wanted = (f"{root}/time_bucket=3/accounts", f"{root}/time_bucket=4/accounts")
+    assert sorted(spy.listed) == list(wanted)
+    assert spy.read and all(uri.rsplit("/", 1)[0] in wanted for uri in spy.read)
+
+    # a work-id query reads its own folder and the time folders of its hits, nothing else
+    spy.listed.clear()
+    spy.read.clear()
+    assert len(store.query_by_work_id("run-a", "accounts")) == 10
+    assert spy.listed[0] == f"{root}/work_id=run-a+3aaccounts"
+    assert sorted(spy.listed[1:]) == sorted(f"{root}/time_bucket={n}/accounts" for n in range(10))
+    assert f"{root}" not in spy.listed
+
+
+def test_parquet_files_are_plain_tables_with_flat_metadata_columns(tmp_path):
+    import pyarrow.parquet as pq
+
+    store = ParquetCatalogStore(f"file://{tmp_path}/catalog/", Storage())
+    records = make_file(DAY_MS, DAY_MS + 5, where="unit", work_id="run-a")
+    store.put(records)
+    parts = list((tmp_path / "catalog" / "time_bucket=1" / "accounts").glob("part-*.parquet"))
+    assert len(parts) == 1
+    rows = pq.read_table(parts[0]).to_pylist()
+    meta = records[0]["metadata"]
+    assert rows[0]["meta_start"] == meta["start"] and rows[0]["meta_end"] == meta["end"]
+    assert (rows[0]["meta_where"], rows[0]["meta_what"], rows[0]["meta_work_id"]) == ("unit", "accounts", "run-a")
+    assert (rows[0]["meta_id"], rows[0]["meta_hash"], rows[0]["meta_path"]) == (meta["id"], meta["hash"], meta["path"])
+    assert not list(tmp_path.rglob(".tmp-*"))
+    # the latest folder keeps one part once a newer file beats the older
+    store.put(make_file(2 * DAY_MS, 2 * DAY_MS + 5))
+    store.put(make_file(3 * DAY_MS, 3 * DAY_MS + 5))
+    latest_parts = list((tmp_path / "catalog").glob("latest=*/part-*.parquet"))
+    assert len(latest_parts) == 1
+
+
+def test_parquet_store_on_s3(moto_server, s3_bucket):
+    storage = Storage(S3Settings(endpoint_url=moto_server.url))
+    store = ParquetCatalogStore(f"s3a://{s3_bucket}/lake/catalog", storage)
+    a = make_file(int(0.5 * DAY_MS), int(1.5 * DAY_MS), work_id="run-a")
+    b = make_file(DAY_MS, DAY_MS, where="other")
+    store.put(a + b)
+    assert store.query_by_time(*day(1), "accounts") == [a[1], b[0]]
+    assert store.query_by_time(*day(0), "accounts") == [a[0]]
+    assert store.query_by_work_id("run-a", "accounts") == [a[0]]
+    assert store.latest("accounts", "other") == b[0]
+    keys = [o["Key"] for o in moto_server.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert any(k.startswith("lake/catalog/time_bucket=1/accounts/part-") for k in keys)
