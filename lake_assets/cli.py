@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import shutil
 import sys
 from pathlib import Path
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
-from lake_assets.errors import LakeAssetsError
-from lake_assets.runner import format_summary, run_feeds, summarise
+from lake_assets.errors import ConfigError, LakeAssetsError
+from lake_assets.runner import format_records, format_summary, run_feeds, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -69,6 +71,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moment_ms(text: str) -> int:
+    """A time argument: ISO date/time (UTC when naive) or epoch milliseconds."""
+    if text.isdigit():
+        return int(text)
+    moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+
+
+def cmd_catalog_query(args: argparse.Namespace) -> int:
+    from lake_assets.catalog.files import catalog_what, catalog_where
+    from lake_assets.orchestration.definitions import resources_for
+
+    config = load_config(args.config)
+    resources = resources_for(config)
+    store = resources["catalog"].get_store(resources["lake"])
+    what = catalog_what(args.what)
+    where = catalog_where(args.where) if args.where else None
+    if args.work_id:
+        records = store.query_by_work_id(args.work_id, what, where)
+    else:
+        if not (args.start and args.end):
+            raise ConfigError("give --start and --end (a time range), or --work-id")
+        records = store.query_by_time(_moment_ms(args.start), _moment_ms(args.end), what, where)
+    if args.json:
+        print(json.dumps(records, indent=1, default=str))
+        return 0
+    print(format_records(records))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lake-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
     demo.set_defaults(func=cmd_demo)
+    catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(dest="catalog_command", required=True)
+    query = catalog.add_parser("query", help="files of a table by time range or by work id (run)")
+    query.add_argument("--config", required=True, help="feed configuration YAML")
+    query.add_argument("--what", required=True, help="table, e.g. accounts or 00Dxx/account")
+    query.add_argument("--where", help="feed instance, e.g. unit")
+    query.add_argument("--start", help="ISO time or epoch ms")
+    query.add_argument("--end", help="ISO time or epoch ms")
+    query.add_argument("--work-id", help="the Dagster run id that read or wrote the files")
+    query.add_argument("--json", action="store_true", help="print the records as JSON")
+    query.set_defaults(func=cmd_catalog_query)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

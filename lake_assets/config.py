@@ -95,12 +95,23 @@ class SparkConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CatalogConfig:
+    """Where the file catalog lives: Parquet in the lake (default) or DynamoDB tables."""
+
+    store: str = "parquet"
+    table: str | None = None  # DynamoDB records table
+    latest_table: str | None = None  # DynamoDB "latest" table
+    endpoint_url: str | None = None  # DynamoDB endpoint (local or compatible services)
+
+
+@dataclasses.dataclass(frozen=True)
 class LakeConfig:
     lake: str
     feeds: tuple[FeedConfig, ...]
     s3: S3Config = S3Config()
     spark: SparkConfig = SparkConfig()
     source: str | None = None
+    catalog: CatalogConfig = CatalogConfig()
 
     def feed(self, name: str) -> FeedConfig:
         for feed in self.feeds:
@@ -205,7 +216,7 @@ def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
     where = source or "config"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a mapping at the top level")
-    unknown = set(raw) - {"lake", "feeds", "s3", "spark"}
+    unknown = set(raw) - {"lake", "feeds", "s3", "spark", "catalog"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     lake = normalise_root_uri(str(_require(raw, "lake", where)), "lake")
@@ -225,8 +236,17 @@ def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
     spark_raw = raw.get("spark") or {}
     if set(spark_raw) - {"master", "remote", "conf"}:
         raise ConfigError(f"{where}: spark takes master, remote and conf")
+    catalog_raw = raw.get("catalog") or {}
+    if not isinstance(catalog_raw, Mapping) or set(catalog_raw) - {f.name for f in dataclasses.fields(CatalogConfig)}:
+        raise ConfigError(f"{where}: catalog takes store, table, latest_table and endpoint_url")
+    catalog = CatalogConfig(**{k: str(v) for k, v in catalog_raw.items()})
+    if catalog.store not in ("parquet", "dynamodb"):
+        raise ConfigError(f"{where}: catalog store {catalog.store!r} must be 'parquet' or 'dynamodb'")
+    if catalog.store == "dynamodb" and not (catalog.table and catalog.latest_table):
+        raise ConfigError(f"{where}: a dynamodb catalog needs 'table' and 'latest_table'")
     return LakeConfig(
         lake=lake,
+        catalog=catalog,
         feeds=feeds,
         s3=S3Config(endpoint_url=s3_raw.get("endpoint_url"), region=s3_raw.get("region", "us-east-1")),
         spark=SparkConfig(

@@ -8,6 +8,7 @@ in the UI.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
 from typing import Callable
 
@@ -135,9 +136,29 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
     return rows
 
 
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]], text_columns: int) -> str:
+    """Aligned columns: the first `text_columns` left-aligned, the rest (numbers) right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    return "\n".join(
+        "  ".join(v.ljust(w) if i < text_columns else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths)))
+        for line in (header, *body)
+    )
+
+
 def format_summary(rows: list[TableSummary]) -> str:
     header = ("feed", "table", "changes", "current", "history", "quarantined")
     body = [(r.feed, r.table, str(r.changes), str(r.current), str(r.history), str(r.quarantined)) for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))) for line in (header, *body)]
-    return "\n".join(lines)
+    return _table(header, body, 2)
+
+
+def format_records(records: list[dict]) -> str:
+    """Catalog records as a table a person reads: span, where, what, run, size, file."""
+    def when(ms):
+        return "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+    body = [
+        (when(r["metadata"]["start"]), when(r["metadata"]["end"]), r["metadata"]["where"], r["metadata"]["what"],
+         r["metadata"]["work_id"] or "-", r["url"], str(r["size"]))
+        for r in records
+    ]
+    return _table(("start", "end", "where", "what", "work_id", "url", "bytes"), body, 6) + f"\n{len(records)} file(s)"

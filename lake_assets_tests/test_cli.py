@@ -1,6 +1,8 @@
 """`lake-assets run` and `lake-assets demo` as a user runs them."""
 
 import datetime as dt
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -8,6 +10,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
@@ -43,19 +46,79 @@ def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
     assert "missing.yaml does not exist" in capsys.readouterr().err
 
 
-def test_demo_summary_matches_the_tables_on_disk(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
     """The README's demo, in its own process as a user runs it (fresh JVM, ephemeral instance)."""
+    root = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     cli = Path(sys.executable).parent / "lake-assets"
-    proc = subprocess.run([str(cli), "demo", "--dir", str(tmp_path / "demo")], capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run([str(cli), "demo", "--dir", str(root / "demo")], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = re.findall(r"^(unit|grax|flow)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", proc.stdout, re.M)
-    assert sorted({feed for feed, *_ in rows}) == ["flow", "grax", "unit"], proc.stdout
-    assert len(rows) >= 8, proc.stdout
-    lake = tmp_path / "demo" / "lake"
+    return root / "demo", proc.stdout
+
+
+def test_demo_summary_matches_the_tables_on_disk(demo):
+    root, stdout = demo
+    rows = re.findall(r"^(unit|grax|flow)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", stdout, re.M)
+    assert sorted({feed for feed, *_ in rows}) == ["flow", "grax", "unit"], stdout
+    assert len(rows) >= 8, stdout
+    lake = root / "lake"
     for feed, table, changes, current, history, _ in rows:
         for layer, printed in (("changes", changes), ("current", current), ("history", history)):
             glob = f"{lake}/{layer}/{feed}/{table}/**/*.parquet"
             on_disk = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)").fetchall()[0][0]
             assert on_disk == int(printed) > 0, (table, layer)
-    assert (tmp_path / "demo" / "lake_assets.yaml").is_file()
+    assert (root / "lake_assets.yaml").is_file()
+
+
+def _catalogued(lake: Path) -> list[dict]:
+    glob = f"{lake}/catalog/time_bucket=*/*/*.parquet"
+    con = duckdb.connect()
+    cur = con.execute(f"SELECT url, range_key, meta_hash, meta_start, meta_end FROM read_parquet('{glob}', hive_partitioning = false)")
+    return [dict(zip([d[0] for d in cur.description], row)) for row in cur.fetchall()]
+
+
+def test_after_the_demo_every_file_has_one_catalog_record_with_its_hash(demo):
+    root, _ = demo
+    lake = root / "lake"
+    records = _catalogued(lake)
+    files = {p for p in (root / "landing").rglob("*") if p.is_file()}
+    for layer in ("changes", "current", "history", "_quarantine"):
+        files |= {p for p in (lake / layer).rglob("*") if p.is_file() and not p.name.startswith((".", "_"))}
+    by_url: dict = {}
+    for r in records:
+        by_url.setdefault(r["url"], set()).add(r["range_key"])
+    assert {f"file://{p}" for p in files} <= set(by_url)
+    for path in files:
+        assert len(by_url[f"file://{path}"]) == 1, path  # one file, one record (in each bucket it spans)
+        hashes = {r["meta_hash"] for r in records if r["url"] == f"file://{path}"}
+        assert hashes == {hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()}, path
+
+
+def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
+    import pyarrow.parquet as pq
+
+    from lake_assets.catalog.store import ParquetCatalogStore
+    from lake_assets.storage import Storage
+
+    root, _ = demo
+    landing = root / "landing" / "unit" / "accounts"
+    spans = {}
+    for path in landing.rglob("*.parquet"):  # the spans, from the data itself
+        stamps = pq.read_table(path, columns=["cdc_commit_timestamp"]).column(0).to_pylist()
+        spans[f"file://{path}"] = (min(stamps), max(stamps))
+    day = min(start for start, _ in spans.values()).replace(hour=0, minute=0, second=0, microsecond=0) + dt.timedelta(days=1)
+    day_end = day + dt.timedelta(days=1) - dt.timedelta(milliseconds=1)
+    expected = {url for url, (start, end) in spans.items() if start <= day_end and end >= day}
+    store = ParquetCatalogStore(f"file://{root / 'lake' / 'catalog'}", Storage())
+    found = store.query_by_time(int(day.timestamp() * 1000), int(day_end.timestamp() * 1000), "accounts", "unit")
+    assert expected and {r["url"] for r in found if "/landing/" in r["url"]} == expected
+    assert len({r["range_key"] for r in found}) == len(found)
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "lake-assets"), "catalog", "query", "--config", str(root / "lake_assets.yaml"),
+         "--what", "accounts", "--where", "unit", "--start", day.isoformat(), "--end", day_end.isoformat(), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(r["url"] for r in json.loads(proc.stdout)) == sorted(r["url"] for r in found)

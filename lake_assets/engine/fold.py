@@ -56,6 +56,8 @@ class FoldReport:
     superseded_writes: int = 0
     #: the earliest version time the fold touched (state from there on was rewritten)
     touched_since: dt.datetime | None = None
+    #: table files the fold's commit put in place (current, history; not the engine's own state)
+    files_written: list[str] = dataclasses.field(default_factory=list)
 
 
 def _persisted_columns(spec: m.TableSpec, payload: list[str]) -> list:
@@ -229,6 +231,7 @@ def fold(
                     report.days_appended.append(f"{kind}:{day}")
     report.keys_touched = touched.count()
     commit(storage, state, plan, on_step=on_commit_step)
+    report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
     for frame in (events, touched, rows, new_open):
         frame.unpersist()
     return report

@@ -9,6 +9,7 @@ import re
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, functions as F, types as T
 
+from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
 from lake_assets.storage import Entry, Storage
 
@@ -28,6 +29,8 @@ class FeedFormat(abc.ABC):
     partitioning: str = "hourly"
     #: "parquet": read by the shared Parquet reader (`ingest`); otherwise the format's `read_batch`
     file_format: str = "parquet"
+    #: the landed files' event-time column(s), for the catalog's time span of a file
+    time_columns: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
@@ -49,6 +52,10 @@ class FeedFormat(abc.ABC):
         """Hourly formats: hour key -> names of the files landed in that hour, for the hours at or
         after `since`, listing only what can hold them (the sensor's cost follows the window)."""
         raise NotImplementedError(f"{self.name} is not partitioned by hour")
+
+    def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
+        """Event-time span (ms) inside a landed file, for the catalog; None when unknown."""
+        return parquet_span(storage, uri, self.time_columns)
 
     def partition_order(self, key: str):
         """Sort key of a partition key (hour keys sort as text; batches may not)."""

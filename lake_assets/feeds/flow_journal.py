@@ -219,6 +219,15 @@ class FlowJournalFormat(FeedFormat):
                 hours.setdefault(key, []).extend(names)
         return {k: tuple(sorted(v)) for k, v in hours.items() if v}
 
+    def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
+        """A fragment's hour (of its first append) is what its path tells without inflating it."""
+        match = _HOUR_IN_PATH.search(uri)
+        if not match:
+            return None
+        start = dt.datetime.strptime(f"{match.group(1)}-{match.group(2)}", "%Y-%m-%d-%H").replace(tzinfo=dt.timezone.utc)
+        start_ms = int(start.timestamp() * 1000)
+        return start_ms, start_ms + 3_600_000 - 1
+
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         return sorted(self.landed_hours(storage, landing, table, None))
 

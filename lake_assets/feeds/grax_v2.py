@@ -98,6 +98,7 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
 class GraxV2Format(FeedFormat):
     name = "grax_v2"
     partition_column = "batch"
+    time_columns = (MODIFIED,)
     partitioning = "batch"
 
     # --- landing layout ---------------------------------------------------------------------

@@ -43,6 +43,7 @@ def _is_whole_number(t: pa.DataType) -> bool:
 class UnitCdcFormat(FeedFormat):
     name = "unit_cdc"
     partition_column = "hour"
+    time_columns = (COMMITTED_AT,)
 
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
         return sorted(

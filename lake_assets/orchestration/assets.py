@@ -10,16 +10,18 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import fold, stored_rows_since
 from lake_assets.engine.model import PURGED
-from lake_assets.engine.state import TableState
+from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
-from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
+from lake_assets.catalog.files import catalog_file, parquet_span, record as record_files
+from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
 from lake_assets.quarantine import Quarantined, quarantine_file
 
 IO_MANAGER_KEY = "lake_io_manager"
 UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
+STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,7 @@ def build_table_assets(
             )
         ],
     )
-    def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource):
+    def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource):
         storage = lake.get_storage()
         session = spark.spark_session
         listed = [(key, f) for key in context.partition_keys for f in fmt.partition_files(storage, feed.landing, table, key)]
@@ -115,11 +117,18 @@ def build_table_assets(
         for entry, reason in fmt.stray_files(storage, feed.landing, table):
             partition_of[entry.uri] = UNPARTITIONED
             batch.quarantine(Quarantined(entry.uri, reason))
+        quarantine_copies = []
         for item in batch.quarantined:
             where = quarantine_file(
                 storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run.run_id
             )
+            quarantine_copies += [where, f"{where}.reason.json"]
             context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
+        landed = [f.uri for f in files] + [q.uri for q in batch.quarantined if q.uri not in partition_of or partition_of[q.uri] == UNPARTITIONED]
+        recorded = record_files(catalog.get_store(lake), storage, [
+            *[catalog_file(feed.name, table, context.run.run_id, uri, fmt.landing_span(storage, uri)) for uri in dict.fromkeys(landed)],
+            *[catalog_file(feed.name, table, context.run.run_id, uri, None) for uri in quarantine_copies if storage.exists(uri)],
+        ])
         metadata = {
             "files_listed": batch.files_listed,
             "files_read": batch.files_read,
@@ -133,6 +142,7 @@ def build_table_assets(
             "gaps": dg.MetadataValue.json(batch.gaps),
             "reader_counts": dg.MetadataValue.json(batch.counts),
             "reconciled": batch.reconciles,
+            "files_catalogued": recorded,
         }
         if not batch.reconciles:
             raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
@@ -193,7 +203,7 @@ def build_table_assets(
         pool=state_pool(feed.name, table),
         can_subset=False,
     )
-    def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, batch):
+    def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource, batch):
         """Fold the change events of the materialised partitions into current and history."""
         storage = lake.get_storage()
         layout = lake.layout()
@@ -207,8 +217,17 @@ def build_table_assets(
                 spec.payload_columns, PURGED,
             )
             context.log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
+            rewritten = [u for h in hours for u in data_files(storage, f"{changes_uri}/{fmt.partition_column}={h}")]
+            record_files(catalog.get_store(lake), storage, [
+                catalog_file(feed.name, table, context.run.run_id, uri, parquet_span(storage, uri, (m.VERSION_AT,)))
+                for uri in rewritten
+            ])
 
         report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
+        record_files(catalog.get_store(lake), storage, [
+            catalog_file(feed.name, table, context.run.run_id, uri, parquet_span(storage, uri, STATE_TIME_COLUMNS))
+            for uri in report.files_written
+        ])
         if report.recovered_folds:
             context.log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
         fold_metadata = {

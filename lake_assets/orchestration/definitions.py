@@ -11,7 +11,7 @@ from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key
 from lake_assets.orchestration.assets import build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
-from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
+from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor
 from lake_assets.paths import is_s3
 from lake_assets.storage import S3Settings, Storage
@@ -70,10 +70,18 @@ def resources_for(config: LakeConfig) -> dict:
         s3_endpoint_url=config.s3.endpoint_url,
         s3_region=config.s3.region,
     )
+    catalog = CatalogResource(
+        store=config.catalog.store,
+        table=config.catalog.table,
+        latest_table=config.catalog.latest_table,
+        endpoint_url=config.catalog.endpoint_url,
+        region=config.s3.region,
+    )
     return {
         "lake": lake,
         "spark": spark,
-        "lake_io_manager": SparkParquetIOManager(lake=lake, spark=spark),
+        "catalog": catalog,
+        "lake_io_manager": SparkParquetIOManager(lake=lake, spark=spark, catalog=catalog),
     }
 
 

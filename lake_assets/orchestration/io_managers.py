@@ -13,7 +13,9 @@ from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import model as m
-from lake_assets.orchestration.resources import LakeResource, LakeSparkResource
+from lake_assets.catalog.files import catalog_file, parquet_span, record as record_files
+from lake_assets.engine.state import data_files
+from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
 
@@ -45,6 +47,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
 
     lake: LakeResource
     spark: LakeSparkResource
+    catalog: CatalogResource
 
     def _partition_column(self, definition_metadata) -> str:
         column = (definition_metadata or {}).get(PARTITION_COLUMN_KEY)
@@ -60,11 +63,17 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             raise dg.Failure(f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only")
         storage = self.lake.get_storage()
         written = lake_io.write_partitions(obj, storage, location, column, keys)
+        feed, *table, _ = context.asset_key.path
+        files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
+        record_files(self.catalog.get_store(self.lake), storage, [
+            catalog_file(feed, "/".join(table), context.run_id, uri, parquet_span(storage, uri, (m.VERSION_AT,))) for uri in files
+        ])
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
             "path": dg.MetadataValue.path(location),
             "partitions_written": len(written),
             "partitions_emptied": len(set(keys) - set(written)),
+            "files_catalogued": len(files),
         }
         if obj is not None:
             metadata["dagster/column_schema"] = dg.TableSchema(

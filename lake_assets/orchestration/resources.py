@@ -8,6 +8,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from lake_assets import spark as spark_settings
+from lake_assets.catalog.store import CatalogStore, DynamoCatalogStore, ParquetCatalogStore
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import S3Settings, Storage
 
@@ -28,6 +29,22 @@ class LakeResource(dg.ConfigurableResource):
 
     def layout(self) -> LakeLayout:
         return LakeLayout(self.root)
+
+
+class CatalogResource(dg.ConfigurableResource):
+    """The file catalog: Parquet under `<lake>/catalog` by default, or DynamoDB tables (the
+    datalake-common index layout). DynamoDB credentials come from the environment."""
+
+    store: str = "parquet"
+    table: str | None = None
+    latest_table: str | None = None
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+
+    def get_store(self, lake: LakeResource) -> CatalogStore:
+        if self.store == "dynamodb":
+            return DynamoCatalogStore(self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region)
+        return ParquetCatalogStore(lake.layout().catalog(), lake.get_storage())
 
 
 class LakeSparkResource(LazyPySparkResource):

@@ -1,0 +1,121 @@
+"""Cataloguing the files lake_assets reads and writes: one datalake-common record per file.
+
+`where` is the feed instance, `what` the table, `work_id` the run that read or wrote the file,
+`start`/`end` the event-time span inside the file (Parquet footer statistics of its time column,
+or what the format knows of a non-Parquet file), `hash` the blake2b-16 of its bytes. A file's id
+is derived from its URL and hash, so cataloguing the same file again replaces its record rather
+than adding one; a file rewritten in place gets a new id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import uuid
+from typing import Iterable
+
+import pyarrow.parquet as pq
+
+from lake_assets.catalog.metadata import build_records, hash_stream
+from lake_assets.catalog.store import CatalogStore
+from lake_assets.storage import Storage
+
+CHUNK = 8 * 1024 * 1024
+END_OF_TIME_MS = int(dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+
+def catalog_what(table: str) -> str:
+    """A table name as a datalake `what` ([a-z0-9_-]): `00Dxx/account` -> `00dxx-account`."""
+    return re.sub(r"[^a-z0-9_-]", "_", table.lower().replace("/", "-"))
+
+
+def catalog_where(feed: str) -> str:
+    return re.sub(r"[^a-z0-9_-]", "_", feed.lower())
+
+
+def catalog_work_id(run_id: str | None) -> str | None:
+    return re.sub(r"[^a-z0-9_-]", "_", run_id.lower()) if run_id else None
+
+
+def absolute_path(uri: str) -> str:
+    """The file's absolute path in its filesystem: `/abs/path` locally, `/bucket/key` on S3."""
+    if uri.startswith("file://"):
+        return "/" + uri[len("file://"):].lstrip("/")
+    return "/" + uri.split("://", 1)[1]
+
+
+def _to_ms(value) -> int | None:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return int(value.timestamp() * 1000)
+    if isinstance(value, dt.date):
+        return int(dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc).timestamp() * 1000)
+    return None
+
+
+def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[int, int] | None:
+    """(min, max) in ms of the first of `columns` the file has, from its footer statistics only."""
+    try:
+        with storage.open_input_file(uri) as handle:
+            meta = pq.ParquetFile(handle).metadata
+    except Exception:  # not Parquet, or damaged: the caller falls back
+        return None
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    for column in columns:
+        if column not in names:
+            continue
+        index = names.index(column)
+        lows, highs = [], []
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                continue
+            low, high = _to_ms(stats.min), _to_ms(stats.max)
+            if low is not None and high is not None:
+                lows.append(low)
+                highs.append(min(high, END_OF_TIME_MS))
+        if lows:
+            return min(lows), max(highs)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogFile:
+    url: str
+    where: str
+    what: str
+    work_id: str | None
+    span: tuple[int, int] | None  # None: use the file's modification time
+
+
+def catalog_file(feed: str, table: str, run_id: str | None, url: str, span: tuple[int, int] | None) -> CatalogFile:
+    """A file read or written for a table of a feed by a run."""
+    return CatalogFile(url=url, where=catalog_where(feed), what=catalog_what(table), work_id=catalog_work_id(run_id), span=span)
+
+
+def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> int:
+    """Hash each file and put its records; returns how many files were recorded."""
+    records = []
+    for item in files:
+        fs, path = storage.resolve(item.url)
+        info = fs.get_file_info(path)
+        with storage.open_input_file(item.url) as handle:
+            digest = hash_stream(iter(lambda: handle.read(CHUNK), b""))
+        start, end = item.span or (int(info.mtime.timestamp() * 1000), None)
+        metadata = {
+            "version": 0,
+            "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{item.url}#{digest}").hex,
+            "start": start,
+            "end": end,
+            "where": item.where,
+            "what": item.what,
+            "work_id": item.work_id,
+            "hash": digest,
+            "path": absolute_path(item.url),
+        }
+        records.extend(build_records(metadata, url=item.url, size=info.size or 0))
+    if records:
+        store.put(records)
+    return len(files)
