@@ -202,7 +202,7 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     instance = dg.DagsterInstance.ephemeral()
     result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-2]})
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(evaluations) == {"current_unique_key", "history_windows", "events_reconcile"}
+    assert set(evaluations) == {"landing_complete", "current_unique_key", "history_windows", "events_reconcile"}
     assert all(e.passed for e in evaluations.values()), evaluations
     assert evaluations["events_reconcile"].metadata["versions_stored"].value > 0
 
