@@ -95,6 +95,13 @@ def catalog_file(feed: str, table: str, run_id: str | None, url: str, span: tupl
     return CatalogFile(url=url, where=catalog_where(feed), what=catalog_what(table), work_id=catalog_work_id(run_id), span=span)
 
 
+def written_files(
+    feed: str, table: str, run_id: str | None, storage: Storage, uris: Iterable[str], time_columns: tuple[str, ...]
+) -> list[CatalogFile]:
+    """Lake files a run wrote, each spanning the range of its first present time column."""
+    return [catalog_file(feed, table, run_id, uri, parquet_span(storage, uri, time_columns)) for uri in uris]
+
+
 def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> int:
     """Hash each file and put its records; returns how many files were recorded."""
     records = []

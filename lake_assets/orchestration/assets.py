@@ -14,7 +14,7 @@ from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
-from lake_assets.catalog.files import catalog_file, parquet_span, record as record_files
+from lake_assets.catalog.files import catalog_file, record as record_files, written_files
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
 from lake_assets.quarantine import Quarantined, quarantine_file
@@ -114,7 +114,8 @@ def build_table_assets(
             batch = fmt.read_batch(session, storage, feed.landing, table, list(context.partition_keys))
         # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
         # partition's run; each run sets them aside again, so none goes unreported.
-        for entry, reason in fmt.stray_files(storage, feed.landing, table):
+        strays = fmt.stray_files(storage, feed.landing, table)
+        for entry, reason in strays:
             partition_of[entry.uri] = UNPARTITIONED
             batch.quarantine(Quarantined(entry.uri, reason))
         quarantine_copies = []
@@ -124,9 +125,9 @@ def build_table_assets(
             )
             quarantine_copies += [where, f"{where}.reason.json"]
             context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        landed = [f.uri for f in files] + [q.uri for q in batch.quarantined if q.uri not in partition_of or partition_of[q.uri] == UNPARTITIONED]
+        landed = [f.uri for f in files] + [entry.uri for entry, _ in strays]
         recorded = record_files(catalog.get_store(lake), storage, [
-            *[catalog_file(feed.name, table, context.run.run_id, uri, fmt.landing_span(storage, uri)) for uri in dict.fromkeys(landed)],
+            *[catalog_file(feed.name, table, context.run.run_id, uri, fmt.landing_span(storage, uri)) for uri in landed],
             *[catalog_file(feed.name, table, context.run.run_id, uri, None) for uri in quarantine_copies if storage.exists(uri)],
         ])
         metadata = {
@@ -218,16 +219,12 @@ def build_table_assets(
             )
             context.log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
             rewritten = [u for h in hours for u in data_files(storage, f"{changes_uri}/{fmt.partition_column}={h}")]
-            record_files(catalog.get_store(lake), storage, [
-                catalog_file(feed.name, table, context.run.run_id, uri, parquet_span(storage, uri, (m.VERSION_AT,)))
-                for uri in rewritten
-            ])
+            record_files(catalog.get_store(lake), storage,
+                         written_files(feed.name, table, context.run.run_id, storage, rewritten, (m.VERSION_AT,)))
 
         report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
-        record_files(catalog.get_store(lake), storage, [
-            catalog_file(feed.name, table, context.run.run_id, uri, parquet_span(storage, uri, STATE_TIME_COLUMNS))
-            for uri in report.files_written
-        ])
+        record_files(catalog.get_store(lake), storage,
+                     written_files(feed.name, table, context.run.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
         if report.recovered_folds:
             context.log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
         fold_metadata = {

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import model as m
-from lake_assets.catalog.files import catalog_file, parquet_span, record as record_files
+from lake_assets.catalog.files import record as record_files, written_files
 from lake_assets.engine.state import data_files
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
@@ -65,9 +65,8 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         written = lake_io.write_partitions(obj, storage, location, column, keys)
         feed, *table, _ = context.asset_key.path
         files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
-        record_files(self.catalog.get_store(self.lake), storage, [
-            catalog_file(feed, "/".join(table), context.run_id, uri, parquet_span(storage, uri, (m.VERSION_AT,))) for uri in files
-        ])
+        record_files(self.catalog.get_store(self.lake), storage,
+                     written_files(feed, "/".join(table), context.run_id, storage, files, (m.VERSION_AT,)))
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
             "path": dg.MetadataValue.path(location),
