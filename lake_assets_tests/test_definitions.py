@@ -59,7 +59,7 @@ def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_pa
     # Every deprecation warning raised while Dagster builds our definitions, from any module.
     probe = subprocess.run([sys.executable, "-c", WARNINGS_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr
-    assert "LOADED 8" in probe.stdout
+    assert "LOADED 10" in probe.stdout  # 2 tables x raw, catalog, changes, current, history
     # BackfillPolicy is marked beta by Dagster; it is what the single-run backfills need.
     deprecations = [line for line in probe.stdout.splitlines() if "Deprecation" in line or "Supersession" in line]
     assert deprecations == [], probe.stdout
@@ -70,7 +70,7 @@ def test_asset_graph_per_table(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     for table in ("accounts", "cards"):  # discovered from the landing folder
-        assert {f"unit/{table}/{layer}" for layer in ("raw", "changes", "current", "history")} <= keys
+        assert {f"unit/{table}/{layer}" for layer in ("raw", "catalog", "changes", "current", "history")} <= keys
     changes = graph.get(dg.AssetKey(["unit", "accounts", "changes"]))
     assert changes.partitions_def.get_first_partition_key() == "2024-03-01-03"
     assert changes.backfill_policy == dg.BackfillPolicy.single_run()
@@ -107,5 +107,5 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
         late = sensor(context)
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in late.run_requests] == [("2024-03-01-05", "2024-03-01-05")]
     assert set(late.run_requests[0].asset_selection) == {
-        dg.AssetKey(["unit", "accounts", layer]) for layer in ("changes", "current", "history")
+        dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes", "current", "history")
     }

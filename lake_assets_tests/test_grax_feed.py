@@ -300,7 +300,7 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in grown.run_requests] == [("00000000b", "00000000b")]
     assert grown.run_requests[0].run_key != first.run_requests[0].run_key
     assert set(grown.run_requests[0].asset_selection) == {
-        dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("changes", "current", "history")}
+        dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("catalog", "changes", "current", "history")}
 
 
 def test_timestamps_in_every_parquet_encoding(spark, tmp_path):

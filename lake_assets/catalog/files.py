@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from lake_assets.catalog.metadata import build_records, hash_stream
 from lake_assets.catalog.store import CatalogStore
-from lake_assets.storage import Storage
+from lake_assets.storage import Entry, Storage
 
 CHUNK = 8 * 1024 * 1024
 END_OF_TIME_MS = int(dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
@@ -36,6 +36,16 @@ def catalog_where(feed: str) -> str:
 
 def catalog_work_id(run_id: str | None) -> str | None:
     return re.sub(r"[^a-z0-9_-]", "_", run_id.lower()) if run_id else None
+
+
+def landing_work_id(partition: str) -> str:
+    """The work id of a landed file: the vendor's batch it arrived in (an hour or a batch key).
+
+    Derived from the partition, not from the run that catalogued the file, so cataloguing a
+    partition again finds and replaces the same records, and any run can ask for a partition's
+    files by work id.
+    """
+    return catalog_work_id(f"landing-{partition}")
 
 
 def absolute_path(uri: str) -> str:
@@ -126,3 +136,20 @@ def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> i
     if records:
         store.put(records)
     return len(files)
+
+
+def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: str) -> list[Entry]:
+    """The landed files of one partition as the catalog lists them, in name order.
+
+    A file rewritten in place has a record per content; the newest one stands for it, so a run
+    reads each file once.
+    """
+    newest: dict[str, dict] = {}
+    for found in store.query_by_work_id(landing_work_id(partition), catalog_what(table), catalog_where(feed)):
+        seen = newest.get(found["url"])
+        if seen is None or found["create_time"] >= seen["create_time"]:
+            newest[found["url"]] = found
+    return [
+        Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(found["size"]), mtime_ms=None)
+        for url, found in sorted(newest.items())
+    ]

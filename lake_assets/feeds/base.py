@@ -57,6 +57,10 @@ class FeedFormat(abc.ABC):
         """Event-time span (ms) inside a landed file, for the catalog; None when unknown."""
         return parquet_span(storage, uri, self.time_columns)
 
+    def read_partitions(self, partitions: list[str]) -> list[str]:
+        """The partitions whose files a run over `partitions` reads (a format may need context)."""
+        return list(partitions)
+
     def partition_order(self, key: str):
         """Sort key of a partition key (hour keys sort as text; batches may not)."""
         return key

@@ -238,35 +238,48 @@ class FlowJournalFormat(FeedFormat):
         ]
 
     # --- reading ------------------------------------------------------------------------------
-    def read_batch(self, spark: SparkSession, storage: Storage, landing: str, table: str, hours: list[str]) -> Batch:
-        """Committed documents of the given hours, read fragment by fragment inside Spark."""
+    def read_partitions(self, partitions: list[str]) -> list[str]:
+        """A run also reads the hour before its first: transactions may begin there."""
+        context = hour_key(parse_hour_key(min(partitions)) - dt.timedelta(hours=1))
+        return sorted({context, *partitions})
+
+    def read_batch(
+        self, spark: SparkSession, storage: Storage, landing: str, table: str,
+        files: dict[str, list[Entry]], hours: list[str],
+    ) -> Batch:
+        """Committed documents of `hours`, read fragment by fragment inside Spark.
+
+        `files` holds the fragments of every hour in `read_partitions(hours)`; those of the
+        context hour only complete transactions that began there.
+        """
         collection = self.collection(table)
         wanted = frozenset(hours)
-        context = hour_key(parse_hour_key(min(hours)) - dt.timedelta(hours=1))
+        by_journal: dict[str, list[tuple[str, Entry]]] = {}
+        for key, entries in files.items():
+            for entry in entries:
+                by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
         plan, quarantined, gaps = [], [], []
         listed = skipped = 0
-        for journal in self.journals(storage, landing, table):
+        for journal_uri, entries in sorted(by_journal.items()):
+            journal = journal_uri[len(landing.rstrip("/")) + 1:]
             fragments, hour_of = [], {}
-            for key in sorted({context, *hours}):
-                for entry in storage.list(self._hour_folder(journal, key)):
-                    if entry.is_dir:
-                        continue
-                    in_run = key in wanted
-                    listed += in_run
-                    try:
-                        fragment = ff.Fragment(entry.uri, journal.name, ff.parse_fragment_name(entry.name))
-                    except ValueError as error:
-                        if in_run:
-                            quarantined.append(Quarantined(entry.uri, f"not a journal fragment name: {error}"))
-                        continue
-                    fragments.append(fragment)
-                    hour_of[entry.uri] = key
+            for key, entry in entries:
+                in_run = key in wanted
+                listed += in_run
+                try:
+                    fragment = ff.Fragment(entry.uri, journal, ff.parse_fragment_name(entry.name))
+                except ValueError as error:
+                    if in_run:
+                        quarantined.append(Quarantined(entry.uri, f"not a journal fragment name: {error}"))
+                    continue
+                fragments.append(fragment)
+                hour_of[entry.uri] = key
             pieces, journal_gaps = ff.cover(fragments)
             gaps.extend(f"{g.journal}: bytes {g.begin}..{g.end} are in no fragment" for g in journal_gaps)
             used = {p.fragment.uri for p in pieces}
             skipped += sum(1 for f in fragments if f.uri not in used and hour_of[f.uri] in wanted)
             plan.extend(
-                (journal.name, p.fragment.uri, p.skip, order, hour_of[p.fragment.uri]) for order, p in enumerate(pieces)
+                (journal, p.fragment.uri, p.skip, order, hour_of[p.fragment.uri]) for order, p in enumerate(pieces)
             )
         if not plan:
             return Batch(None, listed, 0, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps)

@@ -14,7 +14,13 @@ from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
-from lake_assets.catalog.files import catalog_file, record as record_files, written_files
+from lake_assets.catalog.files import (
+    catalog_file,
+    catalogued_landing,
+    landing_work_id,
+    record as record_files,
+    written_files,
+)
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
 from lake_assets.quarantine import Quarantined, quarantine_file
@@ -29,6 +35,7 @@ class TableAssets:
     feed: FeedConfig
     table: str
     raw: dg.AssetSpec
+    landing_catalog: dg.AssetsDefinition
     changes: dg.AssetsDefinition
     state: dg.AssetsDefinition
 
@@ -39,7 +46,11 @@ class TableAssets:
     @property
     def processed_keys(self) -> list[dg.AssetKey]:
         """What a run materialises: everything but the vendor's files."""
-        return [*self.changes.keys, *self.state.keys]
+        return [*self.landing_catalog.keys, *self.changes.keys, *self.state.keys]
+
+    @property
+    def definitions(self) -> list:
+        return [self.raw, self.landing_catalog, self.changes, self.state]
 
 
 def asset_key(feed: str, table: str, layer: str) -> dg.AssetKey:
@@ -79,8 +90,34 @@ def build_table_assets(
     spec = fmt.table_spec(table)
 
     @dg.asset(
-        key=asset_key(feed.name, table, "changes"),
+        key=asset_key(feed.name, table, "catalog"),
         deps=[raw],
+        partitions_def=partitions_def,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        group_name=group_name(feed.name, table),
+        kinds={"catalog"},
+        description=(
+            f"The datalake catalog of the files landed for `{table}`: one record per file with its "
+            "blake2b-16 hash, size and event-time span, indexed by day and by landing batch (work "
+            "id `landing-<partition>`). Partitioned like the landing area; `changes` reads the "
+            "files this catalog lists and never lists the landing area itself."
+        ),
+    )
+    def landing_catalog(context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource):
+        storage = lake.get_storage()
+        partitions = fmt.read_partitions(list(context.partition_keys))
+        files = [
+            catalog_file(feed.name, table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri))
+            for key in partitions
+            for entry in fmt.partition_files(storage, feed.landing, table, key)
+        ]
+        recorded = record_files(catalog.get_store(lake), storage, files)
+        context.log.info(f"{feed.name}/{table}: catalogued {recorded} landed file(s) in {len(partitions)} partition(s)")
+        return dg.MaterializeResult(metadata={"files_catalogued": recorded, "partitions_catalogued": len(partitions)})
+
+    @dg.asset(
+        key=asset_key(feed.name, table, "changes"),
+        deps=[landing_catalog],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
         io_manager_key=IO_MANAGER_KEY,
@@ -90,7 +127,8 @@ def build_table_assets(
         description=(
             f"Every change event of `{table}` once, normalised (`_op`, `_version_at`, `_seq`, "
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "
-            "Unreadable files are quarantined with their reason; the rest of the batch goes on."
+            "Reads the files the landing catalog lists for its partitions. Unreadable files are "
+            "quarantined with their reason; the rest of the batch goes on."
         ),
         check_specs=[
             dg.AssetCheckSpec(
@@ -104,14 +142,17 @@ def build_table_assets(
     def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource):
         storage = lake.get_storage()
         session = spark.spark_session
-        listed = [(key, f) for key in context.partition_keys for f in fmt.partition_files(storage, feed.landing, table, key)]
-        partition_of = {f.uri: key for key, f in listed}
-        files = [f for _, f in listed]
-        context.log.info(f"{feed.name}/{table}: {len(files)} landed file(s) in {len(context.partition_keys)} partition(s)")
+        store = catalog.get_store(lake)
+        keys = list(context.partition_keys)
+        # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
+        catalogued = {key: catalogued_landing(store, feed.name, table, key) for key in fmt.read_partitions(keys)}
+        partition_of = {f.uri: key for key in keys for f in catalogued[key]}
+        files = [f for key in keys for f in catalogued[key]]
+        context.log.info(f"{feed.name}/{table}: {len(files)} catalogued file(s) in {len(keys)} partition(s)")
         if fmt.file_format == "parquet":
             batch = read_batch(session, storage, fmt, table, files)
         else:  # the format reads its own files (Flow: journals, covers and transactions)
-            batch = fmt.read_batch(session, storage, feed.landing, table, list(context.partition_keys))
+            batch = fmt.read_batch(session, storage, feed.landing, table, catalogued, keys)
         # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
         # partition's run; each run sets them aside again, so none goes unreported.
         strays = fmt.stray_files(storage, feed.landing, table)
@@ -125,9 +166,9 @@ def build_table_assets(
             )
             quarantine_copies += [where, f"{where}.reason.json"]
             context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        landed = [f.uri for f in files] + [entry.uri for entry, _ in strays]
-        recorded = record_files(catalog.get_store(lake), storage, [
-            *[catalog_file(feed.name, table, context.run.run_id, uri, fmt.landing_span(storage, uri)) for uri in landed],
+        recorded = record_files(store, storage, [
+            *[catalog_file(feed.name, table, context.run.run_id, entry.uri, fmt.landing_span(storage, entry.uri))
+              for entry, _ in strays],
             *[catalog_file(feed.name, table, context.run.run_id, uri, None) for uri in quarantine_copies if storage.exists(uri)],
         ])
         metadata = {
@@ -143,7 +184,7 @@ def build_table_assets(
             "gaps": dg.MetadataValue.json(batch.gaps),
             "reader_counts": dg.MetadataValue.json(batch.counts),
             "reconciled": batch.reconciles,
-            "files_catalogued": recorded,
+            "stray_and_quarantine_files_catalogued": recorded,
         }
         if not batch.reconciles:
             raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
@@ -247,7 +288,7 @@ def build_table_assets(
                 severity=dg.AssetCheckSeverity.ERROR,
             )
 
-    return TableAssets(feed=feed, table=table, raw=raw, changes=changes, state=state)
+    return TableAssets(feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state)
 
 
 def _table_metadata(session, storage, uri: str) -> dict:

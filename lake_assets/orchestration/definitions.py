@@ -123,7 +123,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                     )
                 )
         for table_assets in built:
-            assets.extend([table_assets.raw, table_assets.changes, table_assets.state])
+            assets.extend(table_assets.definitions)
     return dg.Definitions(
         assets=assets,
         sensors=sensors,
