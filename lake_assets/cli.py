@@ -24,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.lake:
         config = config.with_lake(args.lake)
-    run_feeds(config, say=_say)
+    run_feeds(config, say=_say, first=args.first, last=args.last)
     print(format_summary(summarise(config)))
     return 0
 
@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="process everything landed for the configured feeds")
     run.add_argument("--config", required=True, help="feed configuration YAML")
     run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    run.add_argument("--from", dest="first", help="first partition to run (hour 2024-03-01-05 or batch); default: the first landed")
+    run.add_argument("--to", dest="last", help="last partition to run; default: the last landed")
     run.set_defaults(func=cmd_run)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")

@@ -9,6 +9,7 @@ feeds:
     tables: [accounts]            # optional: discovered from the landing layout when omitted
     start: 2024-01-01-00          # optional: first hourly partition, discovered when omitted
     late_hours: 4                 # optional: how long an hour folder may still gain files
+    sensor_interval_seconds: 30   # optional: how often the daemon looks for new files
   - name: grax
     format: grax_v2
     landing: s3a://bucket          # holds parquet/v2/org=…/object=…/batch=…/ (or name parquet/v2)
@@ -74,6 +75,7 @@ class FeedConfig:
     tables: tuple[str, ...] | None = None
     start: str | None = None
     late_hours: int = 4
+    sensor_interval_seconds: int = 30
     orgs: tuple[str, ...] | None = None
     objects: tuple[str, ...] | None = None
     collections: tuple[CollectionConfig, ...] | None = None
@@ -160,9 +162,12 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     late_hours = raw.get("late_hours", 4)
     if not isinstance(late_hours, int) or late_hours < 0:
         raise ConfigError(f"{where} ({name}): late_hours must be a non-negative integer")
+    interval = raw.get("sensor_interval_seconds", 30)
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ConfigError(f"{where} ({name}): sensor_interval_seconds must be a positive integer")
     return FeedConfig(
-        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours, orgs=orgs,
-        objects=objects, collections=collections,
+        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours,
+        sensor_interval_seconds=interval, orgs=orgs, objects=objects, collections=collections,
     )
 
 
@@ -281,6 +286,8 @@ def dump_config(config: LakeConfig) -> str:
             entry["start"] = feed.start
         if feed.late_hours != 4:
             entry["late_hours"] = feed.late_hours
+        if feed.sensor_interval_seconds != 30:
+            entry["sensor_interval_seconds"] = feed.sensor_interval_seconds
         for key in ("orgs", "objects"):
             if getattr(feed, key):
                 entry[key] = list(getattr(feed, key))

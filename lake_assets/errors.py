@@ -24,3 +24,8 @@ class BadInputFile(LakeAssetsError):
 
 class SchemaClash(LakeAssetsError):
     """Two observations of a column have types that cannot be widened into one."""
+
+    def __init__(self, message: str, table: str | None = None, column: str | None = None):
+        super().__init__(message)
+        self.table = table
+        self.column = column

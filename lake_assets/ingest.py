@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.schema import union_all
+from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FeedFormat
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -110,6 +111,30 @@ def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, schema_of: dict[s
     return bad
 
 
+def _union_compatible(
+    spark: SparkSession, fmt: FeedFormat, table: str, groups: dict[str, list[str]], schemas: dict[str, pa.Schema],
+    quarantined: list[Quarantined], rows_of: dict[str, int],
+) -> DataFrame | None:
+    """The union of the schema groups whose column types can be widened into one.
+
+    Groups join largest first, so when a few files give a column a type the others' cannot
+    widen into (a struct where the rest have a number), those few are quarantined naming the
+    column and both types, and the batch goes on.
+    """
+    accepted: list[DataFrame] = []
+    for signature, uris in sorted(groups.items(), key=lambda item: -len(item[1])):
+        if not uris:
+            continue
+        frame = _read_group(spark, fmt, uris, schemas[signature])
+        try:
+            union_all(table, [*accepted, frame])
+        except SchemaClash as clash:
+            quarantined.extend(Quarantined(u, f"schema does not fit the batch: {clash}", rows_of.pop(u)) for u in uris)
+            continue
+        accepted.append(frame)
+    return union_all(table, accepted) if accepted else None
+
+
 def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: list[Entry]) -> Batch:
     spec = fmt.table_spec(table)
     quarantined: list[Quarantined] = []
@@ -127,11 +152,9 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         groups[signature].append(entry.uri)
         schemas[signature] = schema
 
-    frames = [_read_group(spark, fmt, uris, schemas[sig]) for sig, uris in groups.items()]
-    if not frames:
+    events = _union_compatible(spark, fmt, table, groups, schemas, quarantined, rows_of)
+    if events is None:
         return Batch(None, len(files), 0, 0, 0, 0, quarantined)
-
-    events = union_all(table, frames)
     try:
         events = events.persist()
         problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
@@ -145,10 +168,10 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
             raise
         quarantined.extend(Quarantined(u, r, rows_of.pop(u)) for u, r in damaged.items())
         remaining = {sig: [u for u in g if u not in damaged] for sig, g in groups.items()}
-        frames = [_read_group(spark, fmt, g, schemas[sig]) for sig, g in remaining.items() if g]
-        if not frames:
+        events = _union_compatible(spark, fmt, table, remaining, schemas, quarantined, rows_of)
+        if events is None:
             return Batch(None, len(files), 0, 0, 0, 0, quarantined)
-        events = union_all(table, frames).persist()
+        events = events.persist()
         problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
             F.first(INVALID).alias("reason"), F.count(F.lit(1)).alias("rows")
         ).collect()

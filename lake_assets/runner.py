@@ -56,10 +56,23 @@ def _failure_messages(result) -> list[str]:
     return messages or ["the run failed; see its event log"]
 
 
+def _within(fmt, keys: list[str], first: str | None, last: str | None) -> list[str]:
+    """The partition keys inside [first, last] (either end open), in the format's order."""
+    order = fmt.partition_order
+    return [
+        k for k in sorted(keys, key=order)
+        if (first is None or order(k) >= order(first)) and (last is None or order(k) <= order(last))
+    ]
+
+
 def run_feeds(
-    config: LakeConfig, instance: dg.DagsterInstance | None = None, say: Callable[[str], None] = print
+    config: LakeConfig,
+    instance: dg.DagsterInstance | None = None,
+    say: Callable[[str], None] = print,
+    first: str | None = None,
+    last: str | None = None,
 ) -> list[str]:
-    """Materialise every landed hour of every feed; returns the run ids."""
+    """Materialise every landed partition of every feed, or those in [first, last]; returns the run ids."""
     defs = build_definitions(config)
     storage = storage_for(config)
     instance = instance or instance_for_cli()
@@ -70,7 +83,7 @@ def run_feeds(
         if fmt.partitioning == "batch":
             # Each table has its own batches: register them, then one run per table.
             for table in tables:
-                batches = fmt.partition_keys(storage, feed.landing, table)
+                batches = _within(fmt, fmt.partition_keys(storage, feed.landing, table), first, last)
                 if not batches:
                     say(f"{feed.name}/{table}: no batches landed")
                     continue
@@ -80,7 +93,7 @@ def run_feeds(
                 say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
                 run_ids.append(_run(defs.resolve_job_def(table_job_name(feed.name, table)), instance, batches, f"{feed.name}/{table}", say))
             continue
-        hours = sorted({h for t in tables for h in fmt.partition_keys(storage, feed.landing, t)})
+        hours = _within(fmt, list({h for t in tables for h in fmt.partition_keys(storage, feed.landing, t)}), first, last)
         if not hours:
             say(f"{feed.name}: nothing landed under {feed.landing}")
             continue

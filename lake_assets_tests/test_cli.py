@@ -35,12 +35,15 @@ def test_run_processes_everything_and_exits_zero(tmp_path, spark, capsys):
 def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
     landing = tmp_path / "landing"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
-    write_events(landing, "accounts", 1, "part-1.parquet", [event("b", "I", 2, at(1), flag=dt.date(2024, 1, 1))])
     config = tmp_path / "c.yaml"
     config.write_text(dump_config(LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))))
-    assert main(["run", "--config", str(config)]) == 1
+    assert main(["run", "--config", str(config)]) == 0
+    # A later hour whose only file gives `flag` a type the stored table cannot widen into.
+    write_events(landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag=dt.date(2024, 1, 1))])
+    assert main(["run", "--config", str(config), "--from", "2024-03-01-02", "--to", "2024-03-01-02"]) == 1
     err = capsys.readouterr().err
-    assert "column 'flag' has type boolean" in err and "date" in err
+    assert "column 'flag' has type" in err and "boolean" in err and "date" in err
+    assert "hour=02/part-1.parquet" in err  # the failure names the landed file to look at
 
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml does not exist" in capsys.readouterr().err

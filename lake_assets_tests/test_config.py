@@ -14,7 +14,7 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
     assert config.lake == "file:///tmp/lake"
     assert config.feeds[0].landing == "s3a://bucket/unit"
     assert config.feeds[0].tables == ("accounts",)
-    assert config.feeds[0].late_hours == 4
+    assert config.feeds[0].late_hours == 4 and config.feeds[0].sensor_interval_seconds == 30
     path = tmp_path / "c.yaml"
     path.write_text(dump_config(config))
     assert load_config(path).feeds == config.feeds
@@ -27,6 +27,7 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
         ({"name": "unit", "format": "csv", "landing": "/x"}, "format"),
         ({"name": "unit", "format": "unit_cdc"}, "'landing' is required"),
         ({"name": "unit", "format": "unit_cdc", "landing": "relative/path"}, "must be a file://"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "sensor_interval_seconds": 0}, "sensor_interval_seconds"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "tables": ["../etc"]}, "table"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "colour": 1}, "unknown keys"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "start": "2024-01-01"}, "start"),

@@ -123,14 +123,15 @@ def test_bad_files_are_quarantined_and_the_rest_of_the_hour_goes_on(spark, tmp_p
     assert set(current) == {"a1"}
 
 
-def test_a_type_that_cannot_widen_is_a_clear_error(spark, tmp_path):
-    from lake_assets.errors import SchemaClash
-
+def test_a_file_whose_types_cannot_join_the_batch_is_quarantined_naming_the_column(spark, tmp_path):
     landing = tmp_path / "unit"
     write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0), flag=True)])
-    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0), flag=dt.date(2024, 1, 1))])
-    with pytest.raises(SchemaClash, match=r"table 'accounts': column 'flag' has type boolean .* date"):
-        _fold(spark, landing, hours=(0,))
+    write_events(landing, "accounts", 0, "part-1.parquet", [event("c", "I", 3, at(0, 1), flag=False)])
+    write_events(landing, "accounts", 0, "part-2.parquet", [event("b", "I", 2, at(0), flag=dt.date(2024, 1, 1))])
+    batch, current, _ = _fold(spark, landing, hours=(0,))
+    assert [q.uri.rsplit("/", 1)[-1] for q in batch.quarantined] == ["part-2.parquet"]
+    assert "column 'flag' has type boolean" in batch.quarantined[0].reason and "date" in batch.quarantined[0].reason
+    assert set(current) == {"a", "c"} and batch.reconciles and batch.files_read == 2
 
 
 def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):

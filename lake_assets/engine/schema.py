@@ -42,7 +42,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         return T.DoubleType()
     raise SchemaClash(
         f"table {table!r}: column {column!r} has type {left.simpleString()} in one place and "
-        f"{right.simpleString()} in another; these cannot be widened into one type"
+        f"{right.simpleString()} in another; these cannot be widened into one type",
+        table=table,
+        column=column,
     )
 
 

@@ -5,12 +5,15 @@ import dataclasses
 import re
 
 import dagster as dg
+from pyspark.sql import functions as F
+
 from lake_assets import lake_io
 from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import fold, stored_rows_since
 from lake_assets.engine.model import PURGED
 from lake_assets.engine.state import TableState, data_files
+from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
@@ -63,9 +66,26 @@ def identifier(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", "__".join(parts))
 
 
-def state_pool(feed: str, table: str) -> str:
-    """One writer per state table at a time: runs folding the same table queue on this pool."""
-    return identifier("lake_state", feed, table)
+def table_pool(feed: str, table: str) -> str:
+    """One writer per table at a time: runs writing the same table's change log and state
+    queue on this pool (the instance gives each pool one slot); other tables go on in parallel."""
+    return identifier("lake_table", feed, table)
+
+
+def follow_upstream() -> dg.AutomationCondition:
+    """Materialise a partition after any of its upstream partitions changed, once they are all
+    present and none is in progress.
+
+    `AutomationCondition.eager()` without its latest-time-window limit: a late file re-runs an
+    old hour, and the downstream layers must follow that hour too. No `newly_missing` either:
+    partitions nothing has landed in are not work.
+    """
+    return (
+        dg.AutomationCondition.any_deps_updated().since_last_handled()
+        & ~dg.AutomationCondition.any_deps_missing()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+        & ~dg.AutomationCondition.in_progress()
+    ).with_label("follows its upstream partitions")
 
 
 def group_name(feed: str, table: str) -> str:
@@ -123,6 +143,8 @@ def build_table_assets(
         io_manager_key=IO_MANAGER_KEY,
         group_name=group_name(feed.name, table),
         kinds={"spark", "parquet"},
+        pool=table_pool(feed.name, table),
+        automation_condition=follow_upstream(),
         metadata={PARTITION_COLUMN_KEY: fmt.partition_column, "keys": list(spec.keys)},
         description=(
             f"Every change event of `{table}` once, normalised (`_op`, `_version_at`, `_seq`, "
@@ -211,6 +233,7 @@ def build_table_assets(
                 deps=[changes.key],
                 group_name=group_name(feed.name, table),
                 kinds={"spark", "parquet"},
+                automation_condition=follow_upstream(),
                 description=(
                     f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
                     "version by (version time, sequence); deleted keys are absent. Materialising a "
@@ -222,6 +245,7 @@ def build_table_assets(
                 deps=[changes.key],
                 group_name=group_name(feed.name, table),
                 kinds={"spark", "parquet"},
+                automation_condition=follow_upstream(),
                 description=(
                     f"Every version of `{table}` (SCD type 2, Fivetran history mode): "
                     "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
@@ -242,7 +266,7 @@ def build_table_assets(
         ],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        pool=state_pool(feed.name, table),
+        pool=table_pool(feed.name, table),
         can_subset=False,
     )
     def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource, batch):
@@ -263,7 +287,10 @@ def build_table_assets(
             record_files(catalog.get_store(lake), storage,
                          written_files(feed.name, table, context.run.run_id, storage, rewritten, (m.VERSION_AT,)))
 
-        report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
+        try:
+            report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
+        except SchemaClash as clash:
+            raise _clash_failure(feed.name, table, clash, batch) from clash
         record_files(catalog.get_store(lake), storage,
                      written_files(feed.name, table, context.run.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
         if report.recovered_folds:
@@ -289,6 +316,19 @@ def build_table_assets(
             )
 
     return TableAssets(feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state)
+
+
+def _clash_failure(feed: str, table: str, clash: SchemaClash, batch) -> dg.Failure:
+    """A batch that cannot join the stored table: the failure names the landed files to look at."""
+    files: list[str] = []
+    if clash.column in batch.columns:
+        found = batch.where(F.col(f"`{clash.column}`").isNotNull()).select(m.SOURCE_FILE).distinct().limit(20)
+        files = sorted(r[0] for r in found.collect())
+    named = "; landed file(s) with this column: " + ", ".join(files) if files else ""
+    return dg.Failure(
+        description=f"{feed}/{table}: the batch cannot be folded into the stored table: {clash}{named}",
+        metadata={"column": clash.column or "", "files": dg.MetadataValue.json(files)},
+    )
 
 
 def _table_metadata(session, storage, uri: str) -> dict:

@@ -17,6 +17,9 @@ from lake_assets.paths import is_s3
 from lake_assets.storage import S3Settings, Storage
 
 
+AUTOMATION_SENSOR = "lake_automation"
+
+
 def feed_job_name(feed: str) -> str:
     """The job over every table of an hourly feed (they share one partitions definition)."""
     return f"{feed.replace('-', '_')}_all_tables"
@@ -124,6 +127,17 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                 )
         for table_assets in built:
             assets.extend(table_assets.definitions)
+    if assets:
+        sensors.append(
+            dg.AutomationConditionSensorDefinition(
+                AUTOMATION_SENSOR,
+                target=dg.AssetSelection.all(),
+                default_status=dg.DefaultSensorStatus.RUNNING,
+                minimum_interval_seconds=min(f.sensor_interval_seconds for f in config.feeds),
+                description="Evaluates the assets' automation conditions: `changes`, `current` and "
+                            "`history` follow their upstream partitions, including old hours.",
+            )
+        )
     return dg.Definitions(
         assets=assets,
         sensors=sensors,

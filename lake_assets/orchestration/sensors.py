@@ -39,7 +39,8 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
             "range of consecutive hours, keyed by the files it saw so nothing runs twice."
         ),
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=feed.sensor_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
         asset_selection=[k for t in tables for k in t.processed_keys],
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
@@ -70,7 +71,8 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
             "and requests one run per table over the new batches, and again for the open "
             "(greatest) batch when it gains files."
         ),
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=feed.sensor_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
         asset_selection=[k for t in tables for k in t.processed_keys],
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
