@@ -10,6 +10,7 @@ feeds:
     start: 2024-01-01-00          # optional: first hourly partition, discovered when omitted
     late_hours: 4                 # optional: how long an hour folder may still gain files
     sensor_interval_seconds: 30   # optional: how often the daemon looks for new files
+    watch: true                   # optional: false = the landing sensor starts stopped (backfills only)
   - name: grax
     format: grax_v2
     landing: s3a://bucket          # holds parquet/v2/org=…/object=…/batch=…/ (or name parquet/v2)
@@ -76,6 +77,7 @@ class FeedConfig:
     start: str | None = None
     late_hours: int = 4
     sensor_interval_seconds: int = 30
+    watch: bool = True
     orgs: tuple[str, ...] | None = None
     objects: tuple[str, ...] | None = None
     collections: tuple[CollectionConfig, ...] | None = None
@@ -165,9 +167,12 @@ def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
     interval = raw.get("sensor_interval_seconds", 30)
     if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
         raise ConfigError(f"{where} ({name}): sensor_interval_seconds must be a positive integer")
+    watch = raw.get("watch", True)
+    if not isinstance(watch, bool):
+        raise ConfigError(f"{where} ({name}): watch must be true or false")
     return FeedConfig(
         name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours,
-        sensor_interval_seconds=interval, orgs=orgs, objects=objects, collections=collections,
+        sensor_interval_seconds=interval, watch=watch, orgs=orgs, objects=objects, collections=collections,
     )
 
 
@@ -288,6 +293,8 @@ def dump_config(config: LakeConfig) -> str:
             entry["late_hours"] = feed.late_hours
         if feed.sensor_interval_seconds != 30:
             entry["sensor_interval_seconds"] = feed.sensor_interval_seconds
+        if not feed.watch:
+            entry["watch"] = False
         for key in ("orgs", "objects"):
             if getattr(feed, key):
                 entry[key] = list(getattr(feed, key))

@@ -28,6 +28,7 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
         ({"name": "unit", "format": "unit_cdc"}, "'landing' is required"),
         ({"name": "unit", "format": "unit_cdc", "landing": "relative/path"}, "must be a file://"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "sensor_interval_seconds": 0}, "sensor_interval_seconds"),
+        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "watch": "no"}, "watch"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "tables": ["../etc"]}, "table"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "colour": 1}, "unknown keys"),
         ({"name": "unit", "format": "unit_cdc", "landing": "/x", "start": "2024-01-01"}, "start"),

@@ -40,7 +40,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             "range of consecutive hours, keyed by the files it saw so nothing runs twice."
         ),
         minimum_interval_seconds=feed.sensor_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
         asset_selection=[k for t in tables for k in t.processed_keys],
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
@@ -72,7 +72,7 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
             "(greatest) batch when it gains files."
         ),
         minimum_interval_seconds=feed.sensor_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
         asset_selection=[k for t in tables for k in t.processed_keys],
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):

@@ -1,0 +1,247 @@
+"""A real Dagster deployment for end-to-end tests.
+
+`dagster-webserver` and `dagster-daemon` run as separate processes against a temporary
+`DAGSTER_HOME` whose `dagster.yaml` is one of the project's own (`deploy/`), both bound to
+127.0.0.1, loading the code location from `workspace.yaml` with `LAKE_ASSETS_CONFIG` pointing at
+the test's feed configuration. Tests talk to it the way users do: GraphQL (dagster-graphql's
+client) and a browser.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from dagster_graphql import DagsterGraphQLClient
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+
+RUNS_QUERY = """
+query Runs($limit: Int) {
+  runsOrError(limit: $limit) {
+    __typename
+    ... on Runs { results { runId status tags { key value } assetSelection { path } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+MATERIALIZATIONS_QUERY = """
+query Materializations($path: [String!]!) {
+  assetOrError(assetKey: {path: $path}) {
+    __typename
+    ... on Asset { assetMaterializations(limit: 1000) { partition runId timestamp } }
+  }
+}
+"""
+
+
+FAILURES_QUERY = """
+query Failures($runId: ID!) {
+  logsForRun(runId: $runId) {
+    __typename
+    ... on EventConnection {
+      events {
+        __typename
+        ... on ExecutionStepFailureEvent { stepKey error { message } }
+        ... on RunFailureEvent { message }
+      }
+    }
+  }
+}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, every: float = 2.0):
+    """Poll until `condition()` is truthy; its value is returned. Fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents before children."""
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+class Deployment:
+    """Webserver and daemon for one DAGSTER_HOME; the daemon can be stopped and started again."""
+
+    def __init__(self, home: Path, lake_config: Path, instance_yaml: Path, env: dict[str, str] | None = None):
+        self.home = home
+        self.home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(instance_yaml, home / "dagster.yaml")
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            **(env or {}),
+            "DAGSTER_HOME": str(home),
+            "LAKE_ASSETS_CONFIG": str(lake_config),
+        }
+        self._groups: list[int] = []
+        self.webserver: subprocess.Popen | None = None
+        self.daemon: subprocess.Popen | None = None
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port, timeout=120)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        with open(self.home / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._groups.append(process.pid)
+        return process
+
+    def start(self) -> "Deployment":
+        self.webserver = self._spawn("webserver", [
+            str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port), "-w", str(ROOT / "workspace.yaml"),
+        ])
+        self.start_daemon()
+        wait_for(self._webserver_ready, 240, f"the webserver on {self.url} (log: {self.home / 'webserver.log'})")
+        return self
+
+    def start_daemon(self) -> None:
+        self.daemon = self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")])
+
+    def stop_daemon(self) -> None:
+        """Stop the daemon as an operator would (SIGTERM), leaving the runs it launched alone."""
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(60)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait(10)
+        self.daemon = None
+
+    def stop(self) -> None:
+        """End everything this deployment started: webserver, daemons, their code servers and
+        run workers (each daemon started a process group of its own)."""
+        for group in self._groups:
+            try:
+                os.killpg(group, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(self._group_alive(g) for g in self._groups):
+            time.sleep(0.5)
+        for group in self._groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    @staticmethod
+    def _group_alive(group: int) -> bool:
+        try:
+            os.killpg(group, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def _webserver_ready(self) -> bool:
+        if self.webserver.poll() is not None:
+            raise AssertionError(f"the webserver exited: {(self.home / 'webserver.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    # --- GraphQL ---------------------------------------------------------------------------
+    def query(self, text: str, variables: dict | None = None) -> dict:
+        # dagster-graphql's client has typed methods for runs; queries beyond them (backfills,
+        # materialisations) go through the same client and transport.
+        return self.client._execute(text, variables or {})
+
+    def runs(self) -> list[dict]:
+        result = self.query(RUNS_QUERY, {"limit": 500})["runsOrError"]
+        assert result["__typename"] == "Runs", result
+        for run in result["results"]:
+            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+        return result["results"]
+
+    def materialised_partitions(self, key: list[str]) -> list[dict]:
+        result = self.query(MATERIALIZATIONS_QUERY, {"path": key})["assetOrError"]
+        return result.get("assetMaterializations", []) if result["__typename"] == "Asset" else []
+
+    def failure_messages(self, run_id: str) -> list[str]:
+        """What the UI shows for a failed run: its step failures' errors and the run failure."""
+        events = self.query(FAILURES_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
+        return [(e.get("error") or {}).get("message") or e.get("message") or "" for e in events
+                if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")]
+
+    def wait_until_idle(self, timeout: float, settle: float = 20.0) -> list[dict]:
+        """Wait until no run is queued or in progress, and none started for `settle` seconds
+        (sensors and automation get their ticks in). Returns every run."""
+        quiet_since = [None]
+
+        def idle():
+            runs = self.runs()
+            busy = [r for r in runs if r["status"] not in FINISHED]
+            if busy:
+                quiet_since[0] = None
+                return None
+            signature = len(runs)
+            if quiet_since[0] is None or quiet_since[0][0] != signature:
+                quiet_since[0] = (signature, time.monotonic())
+                return None
+            return runs if time.monotonic() - quiet_since[0][1] >= settle else None
+
+        return wait_for(idle, timeout, "every run to finish", every=3.0)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {name}.log\n" + (self.home / f"{name}.log").read_text(errors="replace")[-4000:]
+            for name in ("daemon", "webserver") if (self.home / f"{name}.log").exists()
+        )

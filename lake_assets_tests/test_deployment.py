@@ -1,0 +1,212 @@
+"""End to end on a real deployment: dagster-webserver and dagster-daemon on 127.0.0.1, the
+project's own `deploy/dagster.local.yaml`, files dropped into a landing folder.
+
+The tests run in order on one deployment, as a user's day would: files land and every layer
+follows; a late file re-runs exactly its hour; a backfill launched through GraphQL; the daemon
+stopped mid-run (its run worker killed) and started again; a file that cannot be folded fails its
+run naming the file. After each step the deployed lake must equal a clean `run_feeds` over
+everything landed so far.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pyarrow as pa
+import pytest
+from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
+
+from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.demo.unit_sample import write_unit_landing
+from lake_assets.runner import run_feeds
+from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, wait_for
+from lake_assets_tests.unit_files import at, event, write_events
+
+TABLES = ("accounts", "customers")
+START = "2024-03-01-00"
+LAYERS = ("catalog", "changes", "current", "history")
+VOLATILE = ("_ingested_at", "_fivetran_synced")  # when a row was written, not what it says
+RUN_TIMEOUT = 900
+
+
+def hour_key(hour: int) -> str:
+    return f"2024-03-01-{hour:02d}"
+
+
+class Landing:
+    """Sample vendor files written once, moved into the watched landing folder hour by hour."""
+
+    def __init__(self, root: Path):
+        self.staged = root / "staged" / "unit"
+        self.dir = root / "landing" / "unit"
+        self.dir.mkdir(parents=True)
+        write_unit_landing(self.staged, hours=6, tables=TABLES)
+
+    def land(self, hours: range) -> None:
+        for table in TABLES:
+            for hour in hours:
+                folder = f"{table}/year=2024/month=03/day=01/hour={hour:02d}"
+                if (self.staged / folder).is_dir():
+                    shutil.copytree(self.staged / folder, self.dir / folder, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deployment")
+    landing = Landing(root)
+    backfill_landing = root / "landing" / "unit_backfill"
+    write_unit_landing(backfill_landing, hours=4, tables=("accounts",), seed=11)
+    feeds = (
+        FeedConfig("unit", "unit_cdc", f"file://{landing.dir}", tables=TABLES, start=START, late_hours=48,
+                   sensor_interval_seconds=5),
+        FeedConfig("unit_backfill", "unit_cdc", f"file://{backfill_landing}", tables=("accounts",), start=START,
+                   sensor_interval_seconds=5, watch=False),
+    )
+    config = LakeConfig(lake=f"file://{root / 'lake'}", feeds=feeds)
+    config_file = root / "lake_assets.yaml"
+    config_file.write_text(dump_config(config))
+    deployment = Deployment(root / "dagster_home", config_file, ROOT / "deploy" / "dagster.local.yaml")
+    deployment.start()
+    try:
+        yield root, landing, config, deployment
+    finally:
+        deployment.stop()
+
+
+def lake_table(lake: Path, layer: str, feed: str, table: str) -> list[tuple]:
+    """A lake table as sorted rows of (column, value) pairs, without the write-time columns."""
+    files = [str(f) for f in (lake / layer / feed / table).rglob("*.parquet")]
+    if not files:
+        return []
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    frame = con.execute(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
+    names = [d[0] for d in frame.description]
+    return sorted(
+        tuple((n, str(v)) for n, v in sorted(zip(names, row)) if n not in VOLATILE) for row in frame.fetchall()
+    )
+
+
+def assert_lake_equals_a_clean_run(root: Path, config: LakeConfig, feed: str, tables=TABLES) -> None:
+    """The deployed lake holds what one in-process run over everything landed produces."""
+    reference = root / f"reference-{time.monotonic_ns()}"
+    subset = LakeConfig(lake=f"file://{reference}", feeds=tuple(f for f in config.feeds if f.name == feed))
+    run_feeds(subset, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    for table in tables:
+        for layer in ("changes", "current", "history"):
+            deployed = lake_table(root / "lake", layer, feed, table)
+            expected = lake_table(reference, layer, feed, table)
+            assert deployed == expected, f"{feed}/{table}/{layer}: {len(deployed)} rows deployed, {len(expected)} in a clean run"
+            assert expected, f"{feed}/{table}/{layer} is empty"
+
+
+def partitions_since(deployment: Deployment, key: list[str], since: float) -> set[str]:
+    return {m["partition"] for m in deployment.materialised_partitions(key) if float(m["timestamp"]) / 1000 > since}
+
+
+def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, spark):
+    root, landing, config, deployment = world
+    landing.land(range(0, 4))
+    runs = deployment.wait_until_idle(RUN_TIMEOUT)
+    assert runs, deployment.logs()
+    assert {r["status"] for r in runs} == {"SUCCESS"}, deployment.logs()
+    assert any(r["tags"].get("dagster/sensor_name") == "unit_landing_sensor" for r in runs)
+    for table in TABLES:
+        for layer in LAYERS:
+            done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
+            assert done == {hour_key(h) for h in range(0, 4)}, f"{table}/{layer}: {sorted(done)}"
+    assert_lake_equals_a_clean_run(root, config, "unit")
+
+
+def test_a_late_file_for_an_old_hour_rematerialises_exactly_that_hour(world, spark):
+    root, landing, config, deployment = world
+    before = time.time()
+    write_events(landing.dir, "accounts", 1, "part-late.parquet", [event("acct-late", "INSERT", 9_000_001, at(1, 59), name="late")])
+    deployment.wait_until_idle(RUN_TIMEOUT)
+    for layer in LAYERS:
+        assert partitions_since(deployment, ["unit", "accounts", layer], before) == {hour_key(1)}, layer
+        assert partitions_since(deployment, ["unit", "customers", layer], before) == set(), layer
+    assert_lake_equals_a_clean_run(root, config, "unit")
+
+
+def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(world, spark):
+    root, _, config, deployment = world
+    keys = [{"path": ["unit_backfill", "accounts", layer]} for layer in LAYERS]
+    launched = deployment.query(LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": {
+        "partitionNames": [hour_key(h) for h in range(0, 4)],
+        "assetSelection": keys,
+        "title": "end-to-end backfill",
+    }})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    backfill_id = launched["backfillId"]
+    runs = deployment.wait_until_idle(RUN_TIMEOUT)
+    backfill_runs = [r for r in runs if r["tags"].get("dagster/backfill") == backfill_id]
+    assert len(backfill_runs) == 1 and backfill_runs[0]["status"] == "SUCCESS", backfill_runs
+    assert backfill_runs[0]["tags"]["dagster/asset_partition_range_start"] == hour_key(0)
+    assert backfill_runs[0]["tags"]["dagster/asset_partition_range_end"] == hour_key(3)
+
+    # The same tables as `lake-assets run` produces from the same landing folder.
+    cli_lake = root / "cli-lake"
+    subset = root / "backfill-only.yaml"
+    subset.write_text(dump_config(LakeConfig(lake=f"file://{cli_lake}", feeds=tuple(f for f in config.feeds if f.name == "unit_backfill"))))
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "lake-assets"), "run", "--config", str(subset)],
+        cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}, capture_output=True, text=True, timeout=900,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    for layer in ("changes", "current", "history"):
+        deployed = lake_table(root / "lake", layer, "unit_backfill", "accounts")
+        assert deployed and deployed == lake_table(cli_lake, layer, "unit_backfill", "accounts"), layer
+
+
+def _run_worker(daemon_pid: int) -> int | None:
+    """The Python process below the daemon that drives a Spark JVM: a run's worker."""
+    for pid in descendants(daemon_pid):
+        if "org.apache.spark.deploy.SparkSubmit" in command_line(pid):
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            return parent
+    return None
+
+
+def test_stopping_the_daemon_mid_run_loses_nothing(world, spark):
+    root, landing, config, deployment = world
+    landing.land(range(4, 6))
+    wait_for(lambda: any(r["status"] == "STARTED" for r in deployment.runs()), 300, "a run to start")
+    daemon_pid = deployment.daemon.pid
+    worker = wait_for(lambda: _run_worker(daemon_pid), 300, "a run's Spark driver", every=0.5)
+    # The operator restarts the daemon while the run works; the machine also loses the run's
+    # process. Its code server reports the run failed; the new daemon retries it.
+    deployment.stop_daemon()
+    os.kill(worker, signal.SIGKILL)
+    time.sleep(5)
+    deployment.start_daemon()
+    runs = deployment.wait_until_idle(RUN_TIMEOUT)
+    retried = [r for r in runs if "dagster/parent_run_id" in r["tags"]]
+    assert retried and all(r["status"] == "SUCCESS" for r in retried), [(r["status"], r["tags"]) for r in runs]
+    for table in TABLES:
+        for layer in LAYERS:
+            done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
+            assert {hour_key(4), hour_key(5)} <= done, f"{table}/{layer}"
+    assert_lake_equals_a_clean_run(root, config, "unit")
+
+
+def test_a_failed_run_names_the_file_and_the_reason(world):
+    _, landing, _, deployment = world
+    before = {r["runId"] for r in deployment.runs()}
+    bad = pa.schema([("id", pa.string()), ("tier", pa.struct([("first", pa.string())])), ("cdc_operation_type", pa.string()),
+                     ("cdc_change_seq", pa.int64()), ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC"))])
+    write_events(landing.dir, "customers", 7, "part-struct.parquet",
+                 [event("cust-x", "INSERT", 9_000_002, at(7), tier={"first": "x"})], bad)
+    runs = deployment.wait_until_idle(RUN_TIMEOUT)
+    failed = [r for r in runs if r["runId"] not in before and r["status"] == "FAILURE"]
+    assert len(failed) == 1, [(r["status"], r["tags"]) for r in runs if r["runId"] not in before]
+    messages = deployment.failure_messages(failed[0]["runId"])
+    assert any("part-struct.parquet" in m and "column 'tier'" in m for m in messages), messages
