@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -60,6 +61,18 @@ query Failures($runId: ID!) {
   }
 }
 """
+
+
+BACKFILL_QUERY = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { status }
+    ... on PythonError { message }
+  }
+}
+"""
+BACKFILL_DONE = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 
 
 def free_port() -> int:
@@ -215,6 +228,15 @@ class Deployment:
         result = self.query(MATERIALIZATIONS_QUERY, {"path": key})["assetOrError"]
         return result.get("assetMaterializations", []) if result["__typename"] == "Asset" else []
 
+    def wait_for_backfill(self, backfill_id: str, timeout: float) -> str:
+        """Wait until the backfill daemon has finished a backfill; returns its final status."""
+        def status():
+            found = self.query(BACKFILL_QUERY, {"id": backfill_id})["partitionBackfillOrError"]
+            assert found["__typename"] == "PartitionBackfill", found
+            return found["status"] if found["status"] in BACKFILL_DONE else None
+
+        return wait_for(status, timeout, f"backfill {backfill_id}", every=3.0)
+
     def failure_messages(self, run_id: str) -> list[str]:
         """What the UI shows for a failed run: its step failures' errors and the run failure."""
         events = self.query(FAILURES_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
@@ -245,3 +267,72 @@ class Deployment:
             f"--- {name}.log\n" + (self.home / f"{name}.log").read_text(errors="replace")[-4000:]
             for name in ("daemon", "webserver") if (self.home / f"{name}.log").exists()
         )
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL server from the machine's binaries, on 127.0.0.1 only.
+
+    PostgreSQL refuses to run as root; when the tests run as root, the server runs as the
+    `postgres` system user (the Debian packages create it).
+    """
+
+    def __init__(self):
+        # Not under pytest's temporary folders: those are private to the user running the tests.
+        base = Path(tempfile.mkdtemp(prefix="lake-assets-pg-"))
+        self.data = base / "pgdata"
+        self.port = free_port()
+        self.user = "lake"
+        self.database = "dagster"
+        run_as = {}
+        if os.geteuid() == 0:
+            import pwd
+            pw = pwd.getpwnam("postgres")
+            os.chown(base, pw.pw_uid, pw.pw_gid)
+            run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        self._run_as = run_as
+        self.base = base
+
+    def _tool(self, name: str) -> str:
+        found = shutil.which(name) or next(
+            (str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))), None
+        )
+        if not found:
+            raise AssertionError(f"PostgreSQL's {name} is not installed (Debian: apt-get install postgresql)")
+        return found
+
+    def _call(self, *args: str) -> None:
+        result = subprocess.run(list(args), cwd=self.base, capture_output=True, text=True, timeout=120, **self._run_as)
+        if result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed: {result.stdout}{result.stderr}")
+
+    def start(self) -> "PostgresServer":
+        self._call(self._tool("initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8")
+        self._call(
+            self._tool("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "postgres.log"), "-w", "start",
+            "-o", f"-h 127.0.0.1 -p {self.port} -k {self.base}",
+        )
+        self._call(self._tool("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database)
+        return self
+
+    def env(self) -> dict[str, str]:
+        """What deploy/dagster.yaml reads."""
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USER": self.user,
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": self.database,
+        }
+
+    def scalar(self, sql: str) -> str:
+        result = subprocess.run(
+            [self._tool("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", self.database,
+             "-At", "-c", sql], capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    def stop(self) -> None:
+        subprocess.run([self._tool("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"],
+                       cwd=self.base, capture_output=True, timeout=60, **self._run_as)
+        shutil.rmtree(self.base, ignore_errors=True)

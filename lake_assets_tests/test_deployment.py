@@ -11,52 +11,31 @@ everything landed so far.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import dagster as dg
-import duckdb
 import pyarrow as pa
 import pytest
 from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets.runner import run_feeds
+from lake_assets_tests.deployed_lake import (
+    LAYERS,
+    RUN_TIMEOUT,
+    START,
+    TABLES,
+    Landing,
+    assert_lake_equals_a_clean_run,
+    hour_key,
+    lake_table,
+    partitions_since,
+)
 from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, wait_for
 from lake_assets_tests.unit_files import at, event, write_events
-
-TABLES = ("accounts", "customers")
-START = "2024-03-01-00"
-LAYERS = ("catalog", "changes", "current", "history")
-VOLATILE = ("_ingested_at", "_fivetran_synced")  # when a row was written, not what it says
-RUN_TIMEOUT = 900
-
-
-def hour_key(hour: int) -> str:
-    return f"2024-03-01-{hour:02d}"
-
-
-class Landing:
-    """Sample vendor files written once, moved into the watched landing folder hour by hour."""
-
-    def __init__(self, root: Path):
-        self.staged = root / "staged" / "unit"
-        self.dir = root / "landing" / "unit"
-        self.dir.mkdir(parents=True)
-        write_unit_landing(self.staged, hours=6, tables=TABLES)
-
-    def land(self, hours: range) -> None:
-        for table in TABLES:
-            for hour in hours:
-                folder = f"{table}/year=2024/month=03/day=01/hour={hour:02d}"
-                if (self.staged / folder).is_dir():
-                    shutil.copytree(self.staged / folder, self.dir / folder, dirs_exist_ok=True)
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -79,37 +58,6 @@ def world(tmp_path_factory):
         yield root, landing, config, deployment
     finally:
         deployment.stop()
-
-
-def lake_table(lake: Path, layer: str, feed: str, table: str) -> list[tuple]:
-    """A lake table as sorted rows of (column, value) pairs, without the write-time columns."""
-    files = [str(f) for f in (lake / layer / feed / table).rglob("*.parquet")]
-    if not files:
-        return []
-    con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
-    frame = con.execute(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
-    names = [d[0] for d in frame.description]
-    return sorted(
-        tuple((n, str(v)) for n, v in sorted(zip(names, row)) if n not in VOLATILE) for row in frame.fetchall()
-    )
-
-
-def assert_lake_equals_a_clean_run(root: Path, config: LakeConfig, feed: str, tables=TABLES) -> None:
-    """The deployed lake holds what one in-process run over everything landed produces."""
-    reference = root / f"reference-{time.monotonic_ns()}"
-    subset = LakeConfig(lake=f"file://{reference}", feeds=tuple(f for f in config.feeds if f.name == feed))
-    run_feeds(subset, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
-    for table in tables:
-        for layer in ("changes", "current", "history"):
-            deployed = lake_table(root / "lake", layer, feed, table)
-            expected = lake_table(reference, layer, feed, table)
-            assert deployed == expected, f"{feed}/{table}/{layer}: {len(deployed)} rows deployed, {len(expected)} in a clean run"
-            assert expected, f"{feed}/{table}/{layer} is empty"
-
-
-def partitions_since(deployment: Deployment, key: list[str], since: float) -> set[str]:
-    return {m["partition"] for m in deployment.materialised_partitions(key) if float(m["timestamp"]) / 1000 > since}
 
 
 def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, spark):
@@ -147,6 +95,7 @@ def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(worl
     }})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     backfill_id = launched["backfillId"]
+    assert deployment.wait_for_backfill(backfill_id, RUN_TIMEOUT) in ("COMPLETED", "COMPLETED_SUCCESS")
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     backfill_runs = [r for r in runs if r["tags"].get("dagster/backfill") == backfill_id]
     assert len(backfill_runs) == 1 and backfill_runs[0]["status"] == "SUCCESS", backfill_runs
@@ -165,6 +114,69 @@ def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(worl
     for layer in ("changes", "current", "history"):
         deployed = lake_table(root / "lake", layer, "unit_backfill", "accounts")
         assert deployed and deployed == lake_table(cli_lake, layer, "unit_backfill", "accounts"), layer
+
+
+CHROMIUM = os.environ.get("LAKE_ASSETS_CHROMIUM", "/usr/bin/chromium")
+# Headless Chromium on a machine without outside network: no background fetches, no sandbox
+# (tests may run as root), a fresh profile per launch.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# Where the UI test saves its screenshots; `LAKE_ASSETS_SCREENSHOTS=docs` refreshes the README's.
+SCREENSHOTS = os.environ.get("LAKE_ASSETS_SCREENSHOTS")
+
+
+def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_follow(world, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    _, _, _, deployment = world
+    assert Path(CHROMIUM).exists(), f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install chromium)"
+    partition = hour_key(2)
+    before_ui = time.time()
+    known = {r["runId"] for r in deployment.runs()}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{deployment.url}/assets/unit/customers/catalog")
+            materialize = page.get_by_role("button", name="Materialize…")
+            materialize.wait_for(timeout=120_000)
+            page.wait_for_timeout(2000)
+            skip = page.get_by_role("button", name="Skip")  # a first-visit newsletter prompt
+            if skip.is_visible():
+                skip.click()
+            materialize.click()
+            dialog = page.get_by_role("dialog")
+            expect(dialog).to_contain_text("Launch runs to materialize unit / customers / catalog", timeout=60_000)
+            show_all = dialog.get_by_text("Show all partitions")
+            if show_all.is_visible():  # the dialog opens on the last 90 days; the sample is older
+                show_all.click()
+            selection = dialog.locator("input").first
+            selection.fill(partition)
+            selection.press("Enter")
+            dialog.get_by_role("button", name="Launch 1 run").click()
+
+            launched = wait_for(lambda: [r for r in deployment.runs() if r["runId"] not in known], 120, "the run launched from the UI")
+            run_id = launched[0]["runId"]
+            assert launched[0]["tags"].get("dagster/partition") == partition, launched[0]["tags"]
+            page.goto(f"{deployment.url}/runs/{run_id}")
+            expect(page.get_by_text("Success").first).to_be_visible(timeout=RUN_TIMEOUT * 1000)
+            page.screenshot(path=str(tmp_path / "run.png"))
+
+            # Automation carries the new catalog partition down to the other layers.
+            deployment.wait_until_idle(RUN_TIMEOUT)
+            for layer in ("changes", "current", "history"):
+                assert partition in partitions_since(deployment, ["unit", "customers", layer], before_ui), layer
+            automated = [r for r in deployment.runs() if r["runId"] not in known and r["runId"] != run_id]
+            assert automated and all(r["status"] == "SUCCESS" for r in automated)
+
+            page.goto(f"{deployment.url}/assets/unit/customers/history")
+            expect(page.get_by_text("Latest materialization")).to_be_visible(timeout=60_000)
+            page.wait_for_timeout(3000)
+            shots = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / "ui-asset.png"))
+        finally:
+            browser.close()
 
 
 def _run_worker(daemon_pid: int) -> int | None:
