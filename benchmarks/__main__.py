@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick]: print the benchmark figures as one JSON document."""
+"""python -m benchmarks [--quick]: side-by-side figures as one JSON document, then a short table."""
 
 from __future__ import annotations
 
@@ -6,33 +6,56 @@ import argparse
 import json
 import os
 import platform
+from pathlib import Path
 
 from lake_assets import spark as spark_settings
 
-from benchmarks import incremental
+from benchmarks import side_by_side
 
 SIZES = {
-    "quick": {"keys": 20_000, "rate": 2_000, "samples": 3},
-    "full": {"keys": 200_000, "rate": 20_000, "samples": 5},
+    "quick": {"keys": 5_000, "rate": 1_000, "samples": 3},
+    "full": {"keys": 100_000, "rate": 10_000, "samples": 3},
 }
+
+
+def _machine(session) -> dict:
+    memory_gib = None
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        total_kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
+        memory_gib = round(total_kib / 1024 / 1024, 1)
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "python": platform.python_version(),
+        "spark": session.version,
+        "spark_master": session.sparkContext.master,
+        "platform": platform.platform(),
+    }
+
+
+def table(figures: dict) -> str:
+    lines = [f"{'figure':<24} {'value':>9}  {'goal':<8} met"]
+    for name, value in figures["figures"].items():
+        lines.append(f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}")
+    memory = figures["peak_driver_rss_mb"]
+    lines.append(f"{'peak driver RSS 1d/30d':<24} {memory['1d']:>5.0f} / {memory['30d']:.0f} MB")
+    lines.append(f"{'equal to DuckDB':<24} {'yes' if figures['correct'] else 'NO':>9}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
+    parser.add_argument("--workdir", type=Path, help="where the generated data goes (default: the system temp dir)")
     args = parser.parse_args()
-    size = SIZES["quick" if args.quick else "full"]
+    size = "quick" if args.quick else "full"
     session = spark_settings.build_session(spark_settings.session_conf(app_name="lake_assets_benchmarks"))
     session.sparkContext.setLogLevel("ERROR")
-    figures = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark": session.version, "platform": platform.platform()},
-        "size": "quick" if args.quick else "full",
-        "incremental": incremental.run(session, **size),
-    }
-    print(json.dumps(figures, indent=2))
-    inc = figures["incremental"]
-    print(f"\nfold one more hour: 1 day of history {inc['1d']['fold_one_hour_median']} s, "
-          f"7 days {inc['7d']['fold_one_hour_median']} s, ratio {inc['ratio_7d_over_1d']} (goal <= 1.3)")
+    figures = {"machine": _machine(session), "size": size, **side_by_side.run(session, workdir=args.workdir, **SIZES[size])}
+    print(json.dumps(figures, indent=2, default=str))
+    print()
+    print(table(figures))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets.engine import merge
-from lake_assets.engine import model as m
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FeedFormat

@@ -11,6 +11,7 @@ everything landed so far.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,10 +148,10 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
             materialize.click()
             dialog = page.get_by_role("dialog")
             expect(dialog).to_contain_text("Launch runs to materialize unit / customers / catalog", timeout=60_000)
-            show_all = dialog.get_by_text("Show all partitions")
-            if show_all.is_visible():  # the dialog opens on the last 90 days; the sample is older
-                show_all.click()
-            selection = dialog.locator("input").first
+            # The dialog opens on the last 90 days of hours; the sample is older.
+            dialog.get_by_text("Show all partitions").click(timeout=60_000)
+            selection = dialog.locator("input:not([type=checkbox])").first
+            expect(selection).to_have_attribute("placeholder", re.compile("^ex: "), timeout=60_000)
             selection.fill(partition)
             selection.press("Enter")
             dialog.get_by_role("button", name="Launch 1 run").click()

@@ -2,7 +2,6 @@
 overlapping fragments and every codec, transactions honoured, bad fragments named and
 quarantined, gaps reported, hour pruning, the sensor, and the same graph on S3."""
 
-import dataclasses
 import datetime as dt
 import gzip
 import hashlib

@@ -1,6 +1,5 @@
 """The sensor's scanning logic: new hours, late files, run keys, pruned listing."""
 
-import pyarrow as pa
 
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table

@@ -4,7 +4,6 @@ the sample data against the brute-force reference, and the same graph on S3 (mot
 import datetime as dt
 from pathlib import Path
 
-import boto3
 import dagster as dg
 import duckdb
 import pytest

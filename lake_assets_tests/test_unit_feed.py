@@ -4,7 +4,6 @@ import datetime as dt
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from lake_assets.engine import merge
 from lake_assets.feeds.base import data_files

@@ -7,30 +7,17 @@ import re
 import dagster as dg
 from pyspark.sql import functions as F
 
-from lake_assets import lake_io
+from lake_assets import lake_io, pipeline
 from lake_assets.config import FeedConfig
-from lake_assets.engine import checks, model as m
-from lake_assets.engine.fold import fold, stored_rows_since
-from lake_assets.engine.model import PURGED
-from lake_assets.engine.state import TableState, data_files
+from lake_assets.engine import model as m
+from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.ingest import read_batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
-from lake_assets.catalog.files import (
-    catalog_file,
-    catalogued_landing,
-    landing_work_id,
-    record as record_files,
-    written_files,
-)
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
-from lake_assets.quarantine import Quarantined, quarantine_file
 
 IO_MANAGER_KEY = "lake_io_manager"
-UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
-STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +96,11 @@ def build_table_assets(
     )
     spec = fmt.table_spec(table)
 
+    def table_work(context, lake: LakeResource, catalog: CatalogResource) -> pipeline.TableWork:
+        return pipeline.TableWork(
+            feed, fmt, table, lake.get_storage(), lake.layout(), catalog.get_store(lake), context.run.run_id
+        )
+
     @dg.asset(
         key=asset_key(feed.name, table, "catalog"),
         deps=[raw],
@@ -124,16 +116,10 @@ def build_table_assets(
         ),
     )
     def landing_catalog(context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource):
-        storage = lake.get_storage()
-        partitions = fmt.read_partitions(list(context.partition_keys))
-        files = [
-            catalog_file(feed.name, table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri))
-            for key in partitions
-            for entry in fmt.partition_files(storage, feed.landing, table, key)
-        ]
-        recorded = record_files(catalog.get_store(lake), storage, files)
-        context.log.info(f"{feed.name}/{table}: catalogued {recorded} landed file(s) in {len(partitions)} partition(s)")
-        return dg.MaterializeResult(metadata={"files_catalogued": recorded, "partitions_catalogued": len(partitions)})
+        partitions = list(context.partition_keys)
+        recorded = pipeline.catalogue_landing(table_work(context, lake, catalog), partitions)
+        context.log.info(f"{feed.name}/{table}: catalogued {recorded} landed file(s) for {len(partitions)} partition(s)")
+        return dg.MaterializeResult(metadata={"files_catalogued": recorded})
 
     @dg.asset(
         key=asset_key(feed.name, table, "changes"),
@@ -162,37 +148,8 @@ def build_table_assets(
         ],
     )
     def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource):
-        storage = lake.get_storage()
-        session = spark.spark_session
-        store = catalog.get_store(lake)
-        keys = list(context.partition_keys)
-        # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
-        catalogued = {key: catalogued_landing(store, feed.name, table, key) for key in fmt.read_partitions(keys)}
-        partition_of = {f.uri: key for key in keys for f in catalogued[key]}
-        files = [f for key in keys for f in catalogued[key]]
-        context.log.info(f"{feed.name}/{table}: {len(files)} catalogued file(s) in {len(keys)} partition(s)")
-        if fmt.file_format == "parquet":
-            batch = read_batch(session, storage, fmt, table, files)
-        else:  # the format reads its own files (Flow: journals, covers and transactions)
-            batch = fmt.read_batch(session, storage, feed.landing, table, catalogued, keys)
-        # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
-        # partition's run; each run sets them aside again, so none goes unreported.
-        strays = fmt.stray_files(storage, feed.landing, table)
-        for entry, reason in strays:
-            partition_of[entry.uri] = UNPARTITIONED
-            batch.quarantine(Quarantined(entry.uri, reason))
-        quarantine_copies = []
-        for item in batch.quarantined:
-            where = quarantine_file(
-                storage, lake.layout(), feed.name, table, partition_of.get(item.uri, "unknown"), item, context.run.run_id
-            )
-            quarantine_copies += [where, f"{where}.reason.json"]
-            context.log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        recorded = record_files(store, storage, [
-            *[catalog_file(feed.name, table, context.run.run_id, entry.uri, fmt.landing_span(storage, entry.uri))
-              for entry, _ in strays],
-            *[catalog_file(feed.name, table, context.run.run_id, uri, None) for uri in quarantine_copies if storage.exists(uri)],
-        ])
+        ingested = pipeline.ingest(spark.spark_session, table_work(context, lake, catalog), list(context.partition_keys), log=context.log)
+        batch = ingested.batch
         metadata = {
             "files_listed": batch.files_listed,
             "files_read": batch.files_read,
@@ -206,7 +163,7 @@ def build_table_assets(
             "gaps": dg.MetadataValue.json(batch.gaps),
             "reader_counts": dg.MetadataValue.json(batch.counts),
             "reconciled": batch.reconciles,
-            "stray_and_quarantine_files_catalogued": recorded,
+            "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
         }
         if not batch.reconciles:
             raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
@@ -271,30 +228,14 @@ def build_table_assets(
     )
     def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource, batch):
         """Fold the change events of the materialised partitions into current and history."""
-        storage = lake.get_storage()
-        layout = lake.layout()
         session = spark.spark_session
-        table_state = TableState(layout, feed.name, table)
-        changes_uri = layout.table("changes", feed.name, table)
-
-        def erase_from_log(key_values):
-            hours = lake_io.erase_keys_in_partitions(
-                session, storage, changes_uri, fmt.partition_column, list(spec.keys), key_values,
-                spec.payload_columns, PURGED,
-            )
-            context.log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
-            rewritten = [u for h in hours for u in data_files(storage, f"{changes_uri}/{fmt.partition_column}={h}")]
-            record_files(catalog.get_store(lake), storage,
-                         written_files(feed.name, table, context.run.run_id, storage, rewritten, (m.VERSION_AT,)))
-
+        work = table_work(context, lake, catalog)
         try:
-            report = fold(session, storage, table_state, batch, spec, erase_from_log=erase_from_log)
+            report = pipeline.fold_into_state(session, work, batch, log=context.log)
         except SchemaClash as clash:
             raise _clash_failure(feed.name, table, clash, batch) from clash
-        record_files(catalog.get_store(lake), storage,
-                     written_files(feed.name, table, context.run.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
-        if report.recovered_folds:
-            context.log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
+        storage = work.storage
+        table_state = TableState(work.layout, feed.name, table)
         fold_metadata = {
             "events_folded": report.events_in,
             "keys_touched": report.keys_touched,
@@ -305,7 +246,7 @@ def build_table_assets(
         }
         for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
             yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
-        for outcome, key in zip(_check_fold(session, storage, table_state, spec, batch, report), (current_key, history_key, history_key)):
+        for outcome, key in zip(pipeline.check_fold(session, work, batch, report), (current_key, history_key, history_key)):
             yield dg.AssetCheckResult(
                 asset_key=key,
                 check_name=outcome.name,
@@ -343,19 +284,3 @@ def _table_metadata(session, storage, uri: str) -> dict:
             columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(frame.schema)]
         ),
     }
-
-
-def _check_fold(session, storage, table_state: TableState, spec, batch, report) -> list:
-    """The table invariants after a fold, read back from the committed files."""
-    current = lake_io.read_table(session, storage, table_state.current)
-    rows = stored_rows_since(session, storage, table_state, spec, report.touched_since)
-    stored_versions = 0
-    if report.events_in and rows is not None:
-        start = spec.history_columns.start
-        versions = batch.select(*spec.keys, m.VERSION_AT).distinct().withColumnRenamed(m.VERSION_AT, start)
-        stored_versions = versions.join(rows.select(*spec.keys, start), [*spec.keys, start], "left_semi").count()
-    return [
-        checks.current_has_unique_keys(current, spec),
-        checks.history_windows_are_consistent(rows, spec),
-        checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions),
-    ]

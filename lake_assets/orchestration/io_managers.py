@@ -13,8 +13,7 @@ from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import model as m
-from lake_assets.catalog.files import record as record_files, written_files
-from lake_assets.engine.state import data_files
+from lake_assets.pipeline import store_partitions
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
@@ -61,12 +60,11 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
         if not keys:
             raise dg.Failure(f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only")
-        storage = self.lake.get_storage()
-        written = lake_io.write_partitions(obj, storage, location, column, keys)
         feed, *table, _ = context.asset_key.path
-        files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
-        record_files(self.catalog.get_store(self.lake), storage,
-                     written_files(feed, "/".join(table), context.run_id, storage, files, (m.VERSION_AT,)))
+        written, files = store_partitions(
+            self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
+            feed=feed, table="/".join(table), run_id=context.run_id,
+        )
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
             "path": dg.MetadataValue.path(location),

@@ -1,0 +1,243 @@
+"""Side-by-side figures on the same generated Unit landing data, in one process and one run.
+
+Every figure is a ratio of two timings taken here, interleaved where it matters, so a noisy
+machine shifts both sides alike:
+
+* `full_vs_floor`: a single-run Dagster backfill of 7 days (catalog, changes, current, history)
+  / plain Spark reading the same landing files and writing them once as Parquet.
+* `dagster_overhead`: that Dagster backfill of 168 hourly partitions / the same pipeline calls
+  (`lake_assets.pipeline`) made directly.
+* `incremental_growth`: folding one more hour into 30 days of history / into 1 day.
+* `incremental_vs_duckdb`: folding one more hour into 30 days / DuckDB recomputing current and
+  history from all 30 days (what a single-machine user writes by hand).
+* `sensor_scaling`: one landing-sensor tick over 100k landed files / over 1k.
+* peak driver memory (the Spark driver JVM's peak RSS) while folding an hour into 1 and 30 days.
+* correctness: `current` and `history` equal DuckDB's reference row for row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+from pyspark.sql import SparkSession
+
+from benchmarks import duckdb_reference
+from benchmarks.unit_landing import LandingShape, write_listing_only_landing, write_unit_landing
+from lake_assets import lake_io, pipeline
+from lake_assets.catalog.store import ParquetCatalogStore
+from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.feeds import format_for
+from lake_assets.feeds.base import hour_key
+from lake_assets.orchestration.definitions import build_definitions, feed_job_name
+from lake_assets.orchestration.resources import LakeResource
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.paths import LakeLayout
+from lake_assets.storage import Storage
+
+FEED, TABLE = "bench", "events"
+PAYLOAD = ["name", "status", "amount", "note"]
+START = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+GOALS = {
+    "full_vs_floor": 2.0,
+    "dagster_overhead": 1.15,
+    "incremental_growth": 1.3,
+    "incremental_vs_duckdb": 0.3,
+    "sensor_scaling": 2.0,
+}
+
+
+def _hours(first: int, count: int) -> list[str]:
+    return [hour_key(START + dt.timedelta(hours=h)) for h in range(first, first + count)]
+
+
+def _feed(landing: Path, **extra) -> FeedConfig:
+    return FeedConfig(FEED, "unit_cdc", f"file://{landing}", tables=(TABLE,), start=hour_key(START), **extra)
+
+
+def _work(feed: FeedConfig, lake: Path, run_id: str) -> pipeline.TableWork:
+    storage = Storage()
+    layout = LakeLayout(f"file://{lake}")
+    fmt = format_for(feed)
+    return pipeline.TableWork(feed, fmt, TABLE, storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id)
+
+
+def run_pipeline(spark: SparkSession, feed: FeedConfig, lake: Path, partitions: list[str], run_id: str) -> dict:
+    """What one run of the table's assets does, called directly: catalogue, ingest, store the
+    change log, fold, check."""
+    work = _work(feed, lake, run_id)
+    pipeline.catalogue_landing(work, partitions)
+    ingested = pipeline.ingest(spark, work, partitions)
+    changes = work.layout.table("changes", FEED, TABLE)
+    pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column, partitions,
+                              feed=FEED, table=TABLE, run_id=work.run_id)
+    # What the IO manager hands the state step: the stored change log of the run's partitions.
+    batch = lake_io.read_partitions(spark, work.storage, changes, work.fmt.partition_column, partitions)
+    report = pipeline.fold_into_state(spark, work, batch)
+    outcomes = pipeline.check_fold(spark, work, batch, report)
+    assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
+    return {"events": ingested.batch.events_out, "keys_touched": report.keys_touched}
+
+
+def _floor(spark: SparkSession, landing: Path, out: Path) -> float:
+    """Plain Spark: read every landed file once and write it once."""
+    started = time.perf_counter()
+    spark.read.option("recursiveFileLookup", "true").parquet(str(landing / TABLE)).write.mode("overwrite").parquet(str(out))
+    return time.perf_counter() - started
+
+
+def _dagster_backfill(feed: FeedConfig, lake: Path, partitions: list[str]) -> float:
+    defs = build_definitions(LakeConfig(lake=f"file://{lake}", feeds=(feed,)))
+    job = defs.resolve_job_def(feed_job_name(FEED))
+    started = time.perf_counter()
+    result = job.execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(),
+        tags={RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]},
+    )
+    elapsed = time.perf_counter() - started
+    assert result.success, "the benchmark's Dagster backfill failed"
+    return elapsed
+
+
+def _jvm_peak_rss_mb(spark: SparkSession, reset: bool = False) -> float:
+    """Peak resident memory of the driver JVM (local mode: the executors live in it too)."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    if reset:  # writing 5 to clear_refs restarts the peak (VmHWM) from the current size
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def full_backfill(spark: SparkSession, root: Path, shape: LandingShape) -> dict:
+    landing = root / "landing7"
+    stats = write_unit_landing(landing, TABLE, shape)
+    partitions = _hours(0, shape.hours)
+    feed = _feed(landing)
+    floor = _floor(spark, landing, root / "floor-out")
+    engine_started = time.perf_counter()
+    run_pipeline(spark, feed, root / "lake-engine", partitions, "bench-engine")
+    engine = time.perf_counter() - engine_started
+    dagster = _dagster_backfill(feed, root / "lake-dagster", partitions)
+    reference = root / "duckdb7"
+    duckdb_reference.recompute(landing, TABLE, reference)
+    correct = duckdb_reference.compare_with_lake(reference, root / "lake-dagster", FEED, TABLE, PAYLOAD)
+    return {
+        "landing_rows": stats.rows,
+        "landing_files": stats.files,
+        "hours": shape.hours,
+        "floor_seconds": round(floor, 2),
+        "engine_seconds": round(engine, 2),
+        "dagster_seconds": round(dagster, 2),
+        "full_vs_floor": round(dagster / floor, 3),
+        "dagster_overhead": round(dagster / engine, 3),
+        "correct_vs_duckdb": correct,
+    }
+
+
+def incremental(spark: SparkSession, root: Path, shape: LandingShape, samples: int) -> dict:
+    results, feeds = {}, {}
+    for days in (1, 30):
+        landing = root / f"landing{days}d"
+        hours = 24 * days
+        write_unit_landing(landing, TABLE, LandingShape(**{**shape.__dict__, "hours": hours}))
+        feeds[days] = _feed(landing)
+        started = time.perf_counter()
+        run_pipeline(spark, feeds[days], root / f"lake{days}d", _hours(0, hours), f"bench-build-{days}d")
+        results[days] = {"history_hours": hours, "build_seconds": round(time.perf_counter() - started, 2),
+                         "fold_one_hour_seconds": [], "peak_driver_rss_mb": 0.0}
+    # Interleaved, so JVM warm-up and machine noise fall on both sides alike.
+    for sample in range(samples):
+        for days in (1, 30):
+            hour = 24 * days + sample
+            write_unit_landing(root / f"landing{days}d", TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
+            _jvm_peak_rss_mb(spark, reset=True)
+            started = time.perf_counter()
+            run_pipeline(spark, feeds[days], root / f"lake{days}d", _hours(hour, 1), f"bench-hour-{sample}")
+            results[days]["fold_one_hour_seconds"].append(round(time.perf_counter() - started, 3))
+            results[days]["peak_driver_rss_mb"] = max(results[days]["peak_driver_rss_mb"], _jvm_peak_rss_mb(spark))
+    for entry in results.values():
+        entry["fold_one_hour_median"] = round(statistics.median(entry["fold_one_hour_seconds"]), 3)
+
+    duck_seconds = []
+    for attempt in range(samples):
+        started = time.perf_counter()
+        duckdb_reference.recompute(root / "landing30d", TABLE, root / f"duckdb30-{attempt}")
+        duck_seconds.append(time.perf_counter() - started)
+    duck = statistics.median(duck_seconds)
+    correct = duckdb_reference.compare_with_lake(root / "duckdb30-0", root / "lake30d", FEED, TABLE, PAYLOAD)
+    one_day, thirty_days = results[1]["fold_one_hour_median"], results[30]["fold_one_hour_median"]
+    return {
+        "1d": results[1],
+        "30d": results[30],
+        "duckdb_recompute_30d_seconds": round(duck, 3),
+        "incremental_growth": round(thirty_days / one_day, 3),
+        "incremental_vs_duckdb": round(thirty_days / duck, 3),
+        "correct_vs_duckdb": correct,
+    }
+
+
+def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
+    """A steady-state tick (the sensor has seen everything, one new hour lands) over a landing
+    area holding 1k files and one holding 100k: the tick should cost the window, not the area."""
+    timings = {}
+    for total in (1_000, 100_000):
+        landing = root / f"sensor{total}"
+        hours = total // files_per_hour
+        write_listing_only_landing(landing, TABLE, hours, files_per_hour, start=START)
+        feed = _feed(landing)
+        defs = build_definitions(LakeConfig(lake=f"file://{root / 'sensor-lake'}", feeds=(feed,)))
+        sensor = defs.resolve_sensor_def(f"{FEED}_landing_sensor")
+        resources = {"lake": LakeResource(root=f"file://{root / 'sensor-lake'}")}
+        started = time.perf_counter()
+        with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+            first = sensor(context)
+        first_tick = time.perf_counter() - started
+        write_listing_only_landing(landing, TABLE, 1, files_per_hour, start=START + dt.timedelta(hours=hours))
+        ticks = []
+        for _ in range(3):
+            started = time.perf_counter()
+            with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+                result = sensor(context)
+            ticks.append(time.perf_counter() - started)
+            assert len(result.run_requests) == 1, "the benchmark's sensor tick should request the new hour"
+        timings[total] = {"first_tick_seconds": round(first_tick, 3), "tick_seconds": round(statistics.median(ticks), 4)}
+    return {
+        "1k": timings[1_000],
+        "100k": timings[100_000],
+        "sensor_scaling": round(timings[100_000]["tick_seconds"] / timings[1_000]["tick_seconds"], 3),
+    }
+
+
+def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Path | None = None) -> dict:
+    shape = LandingShape(keys=keys, events_per_hour=rate, hours=168, start=START)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        root = Path(tmp)
+        full = full_backfill(spark, root, shape)
+        inc = incremental(spark, root, shape, samples)
+        sensor = sensor_scaling(root)
+    figures = {
+        "full_vs_floor": full["full_vs_floor"],
+        "dagster_overhead": full["dagster_overhead"],
+        "incremental_growth": inc["incremental_growth"],
+        "incremental_vs_duckdb": inc["incremental_vs_duckdb"],
+        "sensor_scaling": sensor["sensor_scaling"],
+    }
+    return {
+        "keys": keys,
+        "events_per_hour": rate,
+        "figures": figures,
+        "goals": {name: f"<= {goal}" for name, goal in GOALS.items()},
+        "met": {name: figures[name] <= goal for name, goal in GOALS.items()},
+        "peak_driver_rss_mb": {"1d": inc["1d"]["peak_driver_rss_mb"], "30d": inc["30d"]["peak_driver_rss_mb"]},
+        "correct": bool(full["correct_vs_duckdb"]["equal"] and inc["correct_vs_duckdb"]["equal"]),
+        "full_backfill_7d": full,
+        "incremental": inc,
+        "sensor": sensor,
+    }

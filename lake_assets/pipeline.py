@@ -1,0 +1,156 @@
+"""The work of each layer of a table, without Dagster: catalogue what landed, read it into a
+change batch, store the change log, fold it into current and history, cataloguing every file.
+
+The Dagster assets (`orchestration.assets`) and IO manager call these and add only what is
+Dagster's: partitions from the run, metadata, asset checks, logs in the UI. The benchmarks call
+them directly to measure what Dagster adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from pyspark.sql import DataFrame, SparkSession
+
+from lake_assets import lake_io
+from lake_assets.catalog.files import (
+    catalog_file,
+    catalogued_landing,
+    landing_work_id,
+    record as record_files,
+    written_files,
+)
+from lake_assets.catalog.store import CatalogStore
+from lake_assets.config import FeedConfig
+from lake_assets.engine import checks, model as m
+from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
+from lake_assets.engine.model import PURGED
+from lake_assets.engine.state import TableState, data_files
+from lake_assets.feeds.base import FeedFormat
+from lake_assets.ingest import Batch, read_batch
+from lake_assets.paths import LakeLayout
+from lake_assets.quarantine import Quarantined, quarantine_file
+from lake_assets.storage import Storage
+
+UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
+STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableWork:
+    """One table of one feed, in one lake, for one run (`run_id` is the catalog's work id)."""
+
+    feed: FeedConfig
+    fmt: FeedFormat
+    table: str
+    storage: Storage
+    layout: LakeLayout
+    store: CatalogStore
+    run_id: str | None
+
+    def catalogue(self, files) -> int:
+        return record_files(self.store, self.storage, files)
+
+
+def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
+    """List the landed files of the partitions a run over `partitions` reads, and record them
+    (work id `landing-<partition>`); returns how many files were recorded."""
+    fmt, storage = work.fmt, work.storage
+    return work.catalogue([
+        catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri))
+        for key in fmt.read_partitions(partitions)
+        for entry in fmt.partition_files(storage, work.feed.landing, work.table, key)
+    ])
+
+
+@dataclasses.dataclass
+class Ingested:
+    batch: Batch
+    files_catalogued: int  # stray landed files and quarantine copies recorded by this run
+
+
+def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_log) -> Ingested:
+    """Read the catalogued files of `partitions` into a change batch; unusable files (and stray
+    files outside every partition) are copied to quarantine with their reason and reported."""
+    fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
+    # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
+    catalogued = {key: catalogued_landing(work.store, feed.name, table, key) for key in fmt.read_partitions(partitions)}
+    partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
+    files = [f for key in partitions for f in catalogued[key]]
+    log.info(f"{feed.name}/{table}: {len(files)} catalogued file(s) in {len(partitions)} partition(s)")
+    if fmt.file_format == "parquet":
+        batch = read_batch(session, storage, fmt, table, files)
+    else:  # the format reads its own files (Flow: journals, covers and transactions)
+        batch = fmt.read_batch(session, storage, feed.landing, table, catalogued, partitions)
+    # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
+    # partition's run; each run sets them aside again, so none goes unreported.
+    strays = fmt.stray_files(storage, feed.landing, table)
+    for entry, reason in strays:
+        partition_of[entry.uri] = UNPARTITIONED
+        batch.quarantine(Quarantined(entry.uri, reason))
+    copies = []
+    for item in batch.quarantined:
+        where = quarantine_file(storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id)
+        copies += [where, f"{where}.reason.json"]
+        log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
+    recorded = work.catalogue([
+        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri)) for entry, _ in strays],
+        *[catalog_file(feed.name, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
+    ])
+    return Ingested(batch=batch, files_catalogued=recorded)
+
+
+def store_partitions(
+    storage: Storage, store: CatalogStore, location: str, frame: DataFrame | None, column: str, partitions: list[str],
+    *, feed: str, table: str, run_id: str | None,
+) -> tuple[dict[str, int], list[str]]:
+    """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`,
+    cataloguing the files written; returns (rows per written partition, files written)."""
+    written = lake_io.write_partitions(frame, storage, location, column, partitions)
+    files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
+    record_files(store, storage, written_files(feed, table, run_id, storage, files, (m.VERSION_AT,)))
+    return written, files
+
+
+def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, log=_log) -> FoldReport:
+    """Fold a change batch into the table's current and history, cataloguing the files the fold
+    wrote, and erase purged keys' field data from the change log (re-cataloguing what changed)."""
+    fmt, storage = work.fmt, work.storage
+    spec = fmt.table_spec(work.table)
+    changes_uri = work.layout.table("changes", work.feed.name, work.table)
+
+    def erase_from_log(key_values):
+        hours = lake_io.erase_keys_in_partitions(
+            session, storage, changes_uri, fmt.partition_column, list(spec.keys), key_values, spec.payload_columns, PURGED,
+        )
+        log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
+        rewritten = [u for h in hours for u in data_files(storage, f"{changes_uri}/{fmt.partition_column}={h}")]
+        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, rewritten, (m.VERSION_AT,)))
+
+    report = fold(session, storage, TableState(work.layout, work.feed.name, work.table), batch, spec, erase_from_log=erase_from_log)
+    work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
+    if report.recovered_folds:
+        log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
+    return report
+
+
+def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport) -> list[checks.Outcome]:
+    """The table's invariants after a fold, read back from the committed files: unique keys in
+    current, consistent history windows, and every folded event accounted for."""
+    spec = work.fmt.table_spec(work.table)
+    state = TableState(work.layout, work.feed.name, work.table)
+    current = lake_io.read_table(session, work.storage, state.current)
+    rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
+    stored_versions = 0
+    if report.events_in and rows is not None:
+        start = spec.history_columns.start
+        versions = batch.select(*spec.keys, m.VERSION_AT).distinct().withColumnRenamed(m.VERSION_AT, start)
+        stored_versions = versions.join(rows.select(*spec.keys, start), [*spec.keys, start], "left_semi").count()
+    return [
+        checks.current_has_unique_keys(current, spec),
+        checks.history_windows_are_consistent(rows, spec),
+        checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions),
+    ]
