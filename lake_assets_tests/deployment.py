@@ -31,7 +31,7 @@ RUNS_QUERY = """
 query Runs($limit: Int) {
   runsOrError(limit: $limit) {
     __typename
-    ... on Runs { results { runId status tags { key value } assetSelection { path } } }
+    ... on Runs { results { runId status startTime endTime allPools tags { key value } assetSelection { path } } }
     ... on PythonError { message }
   }
 }

@@ -117,6 +117,40 @@ def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(worl
         assert deployed and deployed == lake_table(cli_lake, layer, "unit_backfill", "accounts"), layer
 
 
+def _overlap(a: dict, b: dict) -> bool:
+    return a["startTime"] < b["endTime"] and b["startTime"] < a["endTime"]
+
+
+def test_one_writer_per_table_while_other_tables_run_in_parallel(world):
+    _, _, _, deployment = world
+    known = {r["runId"] for r in deployment.runs()}
+    # Two runs that write unit/accounts and one that writes unit/customers, launched together.
+    for table, hour in (("accounts", 0), ("accounts", 1), ("customers", 0)):
+        launched = deployment.query(LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": {
+            "partitionNames": [hour_key(hour)],
+            "assetSelection": [{"path": ["unit", table, layer]} for layer in LAYERS],
+        }})["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    # While one accounts run works, the other waits in the queue, and the UI can say on what:
+    # the table's pool.
+    waiting = wait_for(lambda: [
+        r for r in deployment.runs() if r["runId"] not in known and r["status"] == "QUEUED"
+        and "lake_table__unit__accounts" in (r["allPools"] or [])
+        and any(o["status"] == "STARTED" and "lake_table__unit__accounts" in (o["allPools"] or []) for o in deployment.runs())
+    ], 300, "an accounts run waiting on its table's pool", every=1.0)
+    assert waiting
+    runs = [r for r in deployment.wait_until_idle(RUN_TIMEOUT) if r["runId"] not in known]
+    by_table = {}
+    for run in runs:
+        assert run["status"] == "SUCCESS", run
+        by_table.setdefault(run["assetSelection"][0]["path"][1], []).append(run)
+    assert sorted(len(v) for v in by_table.values()) == [1, 2], by_table
+    first, second = by_table["accounts"]
+    assert not _overlap(first, second), "two runs wrote unit/accounts at the same time"
+    assert any(_overlap(a, by_table["customers"][0]) for a in by_table["accounts"]), \
+        "the customers run waited for accounts although it writes another table"
+
+
 CHROMIUM = os.environ.get("LAKE_ASSETS_CHROMIUM", "/usr/bin/chromium")
 # Headless Chromium on a machine without outside network: no background fetches, no sandbox
 # (tests may run as root), a fresh profile per launch.
@@ -160,7 +194,9 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
             run_id = launched[0]["runId"]
             assert launched[0]["tags"].get("dagster/partition") == partition, launched[0]["tags"]
             page.goto(f"{deployment.url}/runs/{run_id}")
-            expect(page.get_by_text("Success").first).to_be_visible(timeout=RUN_TIMEOUT * 1000)
+            # The run page's status tag turns from "Started" to "Success".
+            expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=RUN_TIMEOUT * 1000)
+            assert [r["status"] for r in deployment.runs() if r["runId"] == run_id] == ["SUCCESS"]
             page.screenshot(path=str(tmp_path / "run.png"))
 
             # Automation carries the new catalog partition down to the other layers.
