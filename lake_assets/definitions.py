@@ -8,18 +8,11 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
-
-import dagster as dg
 
 from lake_assets.config import load_config
 from lake_assets.errors import ConfigError
 from lake_assets.orchestration.definitions import build_definitions
-
-# Single-run backfills are a design requirement; Dagster marks `backfill_policy` beta and would
-# repeat that on every load of this module (webserver, daemon, each run), burying real warnings.
-warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / ".demo" / "lake_assets.yaml"
 

@@ -94,12 +94,13 @@ def write_partitions(
         safe_segment(f"{column}={value}", "partition")
     counts: dict[str, int] = {}
     if df is not None:
-        stray = df.where(~F.col(column).isin(values) | F.col(column).isNull()).limit(1).collect()
+        # One pass both counts the rows per partition and finds rows outside the run's partitions.
+        counts = {r[column]: r["n"] for r in df.groupBy(column).agg(F.count(F.lit(1)).alias("n")).collect()}
+        stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
         if stray:
             raise ValueError(
-                f"rows for partition {stray[0][column]!r} do not belong to the partitions being written {values[:3]}…"
+                f"rows for partition {stray[0]!r} do not belong to the partitions being written {values[:3]}…"
             )
-        counts = {r[column]: r["n"] for r in df.groupBy(column).agg(F.count(F.lit(1)).alias("n")).collect()}
         if counts:
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (

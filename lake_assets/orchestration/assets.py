@@ -3,6 +3,7 @@
 
 import dataclasses
 import re
+import warnings
 
 import dagster as dg
 from pyspark.sql import functions as F
@@ -16,6 +17,10 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
+
+# Single-run backfills are a design requirement; Dagster marks `backfill_policy` beta and would
+# repeat that for every asset on every load (webserver, daemon, each run), burying real warnings.
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 
 IO_MANAGER_KEY = "lake_io_manager"
 
