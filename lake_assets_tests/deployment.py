@@ -47,6 +47,12 @@ query Materializations($path: [String!]!) {
 """
 
 
+CHECKS_QUERY = """
+query Checks($path: [String!]!, $check: String!) {
+  assetCheckExecutions(assetKey: {path: $path}, checkName: $check, limit: 100) { status runId partition }
+}
+"""
+
 FAILURES_QUERY = """
 query Failures($runId: ID!) {
   logsForRun(runId: $runId) {
@@ -236,6 +242,10 @@ class Deployment:
             return found["status"] if found["status"] in BACKFILL_DONE else None
 
         return wait_for(status, timeout, f"backfill {backfill_id}", every=3.0)
+
+    def check_statuses(self, key: list[str], check: str) -> list[str]:
+        """The statuses of an asset check's executions, as the asset's Checks tab lists them."""
+        return [e["status"] for e in self.query(CHECKS_QUERY, {"path": key, "check": check})["assetCheckExecutions"]]
 
     def failure_messages(self, run_id: str) -> list[str]:
         """What the UI shows for a failed run: its step failures' errors and the run failure."""
