@@ -72,11 +72,13 @@ def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, 
         for layer in LAYERS:
             done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
             assert done == {hour_key(h) for h in range(0, 4)}, f"{table}/{layer}: {sorted(done)}"
-        # The asset checks ran with the folds and show in the UI as passed.
+        # The asset checks ran with the folds and show in the UI as passed. A ranged run checks
+        # the table once (its partitions' own entries show as skipped), and nothing failed.
         for layer, check in (("changes", "landing_complete"), ("current", "current_unique_key"),
                              ("history", "history_windows"), ("history", "events_reconcile")):
             statuses = deployment.check_statuses(["unit", table, layer], check)
-            assert statuses and set(statuses) == {"SUCCEEDED"}, (table, check, statuses)
+            assert "SUCCEEDED" in statuses, (table, check, statuses)
+            assert not {"FAILED", "EXECUTION_FAILED"} & set(statuses), (table, check, statuses)
     assert_lake_equals_a_clean_run(root, config, "unit")
 
 
