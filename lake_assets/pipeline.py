@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets import lake_io
 from lake_assets.catalog.files import (
@@ -154,3 +154,11 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
         checks.history_windows_are_consistent(rows, spec),
         checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions),
     ]
+
+
+def files_with_values(batch: DataFrame, column: str | None, limit: int = 20) -> list[str]:
+    """The landed files whose events carry a value in `column` (to name in an error)."""
+    if column is None or column not in batch.columns:
+        return []
+    found = batch.where(F.col(f"`{column}`").isNotNull()).select(m.SOURCE_FILE).distinct().limit(limit)
+    return sorted(r[0] for r in found.collect())

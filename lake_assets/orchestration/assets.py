@@ -6,11 +6,9 @@ import re
 import warnings
 
 import dagster as dg
-from pyspark.sql import functions as F
 
 from lake_assets import lake_io, pipeline
 from lake_assets.config import FeedConfig
-from lake_assets.engine import model as m
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
@@ -266,10 +264,7 @@ def build_table_assets(
 
 def _clash_failure(feed: str, table: str, clash: SchemaClash, batch) -> dg.Failure:
     """A batch that cannot join the stored table: the failure names the landed files to look at."""
-    files: list[str] = []
-    if clash.column in batch.columns:
-        found = batch.where(F.col(f"`{clash.column}`").isNotNull()).select(m.SOURCE_FILE).distinct().limit(20)
-        files = sorted(r[0] for r in found.collect())
+    files = pipeline.files_with_values(batch, clash.column)
     named = "; landed file(s) with this column: " + ", ".join(files) if files else ""
     return dg.Failure(
         description=f"{feed}/{table}: the batch cannot be folded into the stored table: {clash}{named}",
