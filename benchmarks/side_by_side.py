@@ -81,6 +81,7 @@ def run_pipeline(spark: SparkSession, feed: FeedConfig, lake: Path, partitions: 
     changes = work.layout.table("changes", FEED, TABLE)
     pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column, partitions,
                               feed=FEED, table=TABLE, run_id=work.run_id)
+    ingested.batch.events.unpersist()
     # What the IO manager hands the state step: the stored change log of the run's partitions.
     batch = lake_io.read_partitions(spark, work.storage, changes, work.fmt.partition_column, partitions)
     report = pipeline.fold_into_state(spark, work, batch)

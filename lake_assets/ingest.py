@@ -134,6 +134,20 @@ def _union_compatible(
     return union_all(table, accepted) if accepted else None
 
 
+def _per_file_counts(events: DataFrame) -> dict[str, dict]:
+    """file path -> its invalid rows, first reason and derived events, in one hashed pass (the
+    reasons, text, are fetched in a second pass over the invalid rows alone, when there are any)."""
+    counts = events.groupBy(FILE_PATH).agg(
+        F.count(INVALID).alias("bad_rows"), F.sum(F.col(DERIVED).cast("long")).alias("derived")
+    ).collect()
+    per_file = {row[FILE_PATH]: {"bad_rows": row["bad_rows"], "derived": row["derived"] or 0, "reason": None} for row in counts}
+    if any(f["bad_rows"] for f in per_file.values()):
+        invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(F.first(INVALID).alias("reason"))
+        for row in invalid.collect():
+            per_file[row[FILE_PATH]]["reason"] = row["reason"]
+    return per_file
+
+
 def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: list[Entry]) -> Batch:
     spec = fmt.table_spec(table)
     quarantined: list[Quarantined] = []
@@ -156,9 +170,7 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         return Batch(None, len(files), 0, 0, 0, 0, quarantined)
     try:
         events = events.persist()
-        problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
-            F.first(INVALID).alias("reason"), F.count(F.lit(1)).alias("rows")
-        ).collect()
+        per_file = _per_file_counts(events)
     except Exception:
         # A file passed its footer check but its pages are damaged: find it and set it aside.
         events.unpersist()
@@ -171,23 +183,24 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         if events is None:
             return Batch(None, len(files), 0, 0, 0, 0, quarantined)
         events = events.persist()
-        problems = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(
-            F.first(INVALID).alias("reason"), F.count(F.lit(1)).alias("rows")
-        ).collect()
+        per_file = _per_file_counts(events)
 
-    bad_paths = []
-    for row in problems:
-        uri = canonical_uri(row[FILE_PATH])
-        quarantined.append(
-            Quarantined(uri, f"{row['reason']} ({row['rows']} bad row(s), first reason shown)", rows_of.pop(uri, None))
-        )
-        bad_paths.append(row[FILE_PATH])
+    bad_paths, derived = [], 0
+    for path, counted in per_file.items():
+        if not counted["bad_rows"]:
+            derived += counted["derived"]
+            continue
+        uri = canonical_uri(path)
+        reason = f"{counted['reason']} ({counted['bad_rows']} bad row(s), first reason shown)"
+        quarantined.append(Quarantined(uri, reason, rows_of.pop(uri, None)))
+        bad_paths.append(path)
     good = events.where(~F.col(FILE_PATH).isin(bad_paths)) if bad_paths else events
-    derived = good.where(F.col(DERIVED)).count()
     good = good.drop(INVALID, FILE_PATH, DERIVED)
-    deduped = merge.collapse_identical(good, spec)
+    # Kept in memory: the caller writes it, and the collapse (a shuffle and sort) runs once.
+    deduped = merge.collapse_identical(good, spec).persist()
     rows_in = sum(rows_of.values())
     events_out = deduped.count()
+    events.unpersist()
     return Batch(
         events=deduped,
         files_listed=len(files),

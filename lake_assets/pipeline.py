@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from lake_assets import lake_io
 from lake_assets.catalog.files import (
     catalog_file,
-    catalogued_landing,
+    catalogued_partitions,
     landing_work_id,
     record as record_files,
     written_files,
@@ -26,6 +26,7 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.model import PURGED
+from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
@@ -77,7 +78,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     files outside every partition) are copied to quarantine with their reason and reported."""
     fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
     # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
-    catalogued = {key: catalogued_landing(work.store, feed.name, table, key) for key in fmt.read_partitions(partitions)}
+    catalogued = catalogued_partitions(work.store, feed.name, table, fmt.read_partitions(partitions))
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     files = [f for key in partitions for f in catalogued[key]]
     log.info(f"{feed.name}/{table}: {len(files)} catalogued file(s) in {len(partitions)} partition(s)")
@@ -147,8 +148,13 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
     stored_versions = 0
     if report.events_in and rows is not None:
         start = spec.history_columns.start
-        versions = batch.select(*spec.keys, m.VERSION_AT).distinct().withColumnRenamed(m.VERSION_AT, start)
-        stored_versions = versions.join(rows.select(*spec.keys, start), [*spec.keys, start], "left_semi").count()
+        # The batch's versions found among the stored rows, as one aggregation over both sides.
+        sides = union_all(spec.name, [
+            batch.select(*spec.keys, F.col(m.VERSION_AT).alias(start), F.lit(True).alias("__batch"), F.lit(False).alias("__stored")),
+            rows.select(*spec.keys, start, F.lit(False).alias("__batch"), F.lit(True).alias("__stored")),
+        ])
+        found = sides.groupBy(*spec.keys, start).agg(F.max("__batch").alias("b"), F.max("__stored").alias("s"))
+        stored_versions = found.where(F.col("b") & F.col("s")).count()
     return [
         checks.current_has_unique_keys(current, spec),
         checks.history_windows_are_consistent(rows, spec),

@@ -166,6 +166,26 @@ def test_query_by_work_id_with_and_without_where(store):
     assert store.query_by_work_id("run-c", "accounts") == []
 
 
+def test_several_work_ids_in_one_query_find_what_each_query_finds(store):
+    a = make_file(DAY_MS - HOUR_MS, DAY_MS + HOUR_MS, work_id="landing-1")  # two buckets
+    b = make_file(DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-2")
+    c = make_file(DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-2", where="other")
+    store.put(a + b + c)
+    # b moves to another work id: the old one must not find it, in one query or many
+    moved = make_file(DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-3", file_id=b[0]["metadata"]["id"])
+    store.put(moved)
+
+    ids = ["landing-1", "landing-2", "landing-3", "landing-4"]
+    for where in (None, "unit"):
+        together = store.query_by_work_ids(ids, "accounts", where)
+        assert together == {w: store.query_by_work_id(w, "accounts", where) for w in ids}
+    assert store.query_by_work_ids(ids, "accounts", "unit") == {
+        "landing-1": [a[0]], "landing-2": [], "landing-3": [moved[0]], "landing-4": [],
+    }
+    with pytest.raises(ValueError):
+        store.query_by_work_ids(["landing-1", "bad:id"], "accounts")
+
+
 def test_files_without_a_work_id_are_not_found_by_work_id(store):
     nulls = make_file(DAY_MS, 2 * DAY_MS + 1)
     named = make_file(DAY_MS + 1, DAY_MS + 2, work_id="nullable-run")  # a real id that starts with "null"

@@ -139,17 +139,27 @@ def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> i
 
 
 def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: str) -> list[Entry]:
-    """The landed files of one partition as the catalog lists them, in name order.
+    """The landed files of one partition as the catalog lists them, in name order."""
+    return catalogued_partitions(store, feed, table, [partition])[partition]
+
+
+def catalogued_partitions(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, list[Entry]]:
+    """partition -> its landed files as the catalog lists them, in name order (one query).
 
     A file rewritten in place has a record per content; the newest one stands for it, so a run
     reads each file once.
     """
-    newest: dict[str, dict] = {}
-    for found in store.query_by_work_id(landing_work_id(partition), catalog_what(table), catalog_where(feed)):
-        seen = newest.get(found["url"])
-        if seen is None or found["create_time"] >= seen["create_time"]:
-            newest[found["url"]] = found
-    return [
-        Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(found["size"]), mtime_ms=None)
-        for url, found in sorted(newest.items())
-    ]
+    partitions = list(partitions)
+    found = store.query_by_work_ids([landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed))
+    out = {}
+    for partition in partitions:
+        newest: dict[str, dict] = {}
+        for record in found[landing_work_id(partition)]:
+            seen = newest.get(record["url"])
+            if seen is None or record["create_time"] >= seen["create_time"]:
+                newest[record["url"]] = record
+        out[partition] = [
+            Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
+            for url, record in sorted(newest.items())
+        ]
+    return out

@@ -192,12 +192,22 @@ class CatalogStore(abc.ABC):
         return _one_per_file(found)
 
     def query_by_work_id(self, work_id: str, what: str, where: str | None = None) -> list[dict]:
-        _check_name("work_id", work_id)
+        return self.query_by_work_ids([work_id], what, where)[work_id]
+
+    def query_by_work_ids(self, work_ids: Iterable[str], what: str, where: str | None = None) -> dict[str, list[dict]]:
+        """`query_by_work_id` for several work ids at once (a run over many partitions asks
+        for each partition's files); a store may share reads between them."""
+        work_ids = list(dict.fromkeys(work_ids))
+        for work_id in work_ids:
+            _check_name("work_id", work_id)
         _check_name("what", what)
         if where is not None:
             _check_name("where", where)
-        found = [r for r in self._work_id(f"{work_id}:{what}", where) if r["metadata"].get("work_id") is not None]
-        return _one_per_file(found)
+        found = self._work_ids([f"{w}:{what}" for w in work_ids], where)
+        return {
+            work_id: _one_per_file(r for r in found[f"{work_id}:{what}"] if r["metadata"].get("work_id") is not None)
+            for work_id in work_ids
+        }
 
     @abc.abstractmethod
     def latest(self, what: str, where: str) -> dict | None:
@@ -216,6 +226,9 @@ class CatalogStore(abc.ABC):
     @abc.abstractmethod
     def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
         """The current records with this work_id_index_key (and where, if given)."""
+
+    def _work_ids(self, work_id_index_keys: list[str], where: str | None) -> dict[str, list[dict]]:
+        return {key: list(self._work_id(key, where)) for key in work_id_index_keys}
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,9 +433,18 @@ class ParquetCatalogStore(CatalogStore):
         return _winners(self._read_folder(self._time_folder(bucket, what), where)).values()
 
     def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
+        return self._work_ids([work_id_index_key], where)[work_id_index_key]
+
+    def _work_ids(self, work_id_index_keys: list[str], where: str | None) -> dict[str, list[dict]]:
+        # Time buckets are read once for all the work ids: a day bucket holds many hours' files.
+        buckets: dict[str, dict[tuple[str, str], dict]] = {}
+        return {key: self._verified_hits(key, where, buckets) for key in work_id_index_keys}
+
+    def _verified_hits(
+        self, work_id_index_key: str, where: str | None, current: dict[str, dict[tuple[str, str], dict]]
+    ) -> list[dict]:
         candidates = _winners(self._read_folder(self._work_folder(work_id_index_key), where))
         # check each hit against the time layout, which a later put may have changed
-        current: dict[str, dict[tuple[str, str], dict]] = {}
         out = []
         for key in candidates:
             time_key = key[0]

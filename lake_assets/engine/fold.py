@@ -30,6 +30,7 @@ from lake_assets.storage import Storage
 
 FROM = "__from"
 ROWS_PER_FILE = 2_000_000  # open-set files: few and large; a fold rewrites them all anyway
+LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written without a shuffle
 ORIGIN = "__origin"
 DAY = "__day"
 KIND = "__kind"
@@ -121,19 +122,27 @@ def fold(
     keys = list(spec.keys)
     synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
-    events = merge.collapse_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
-    report.events_in = events.count()
+    marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
+    # One pass over the batch gives every count the fold reports and reconciles.
+    totals = marked.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
+        F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
+        F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
+        F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),
+        F.min(m.VERSION_AT).alias("since"),
+    ).collect()[0]
+    report.batch_rows, report.events_in = totals["rows"], totals["events"]
     if report.events_in == 0:
-        events.unpersist()
+        marked.unpersist()
         return report
-    report.batch_rows = batch.count()
     report.identical_duplicates = report.batch_rows - report.events_in
+    report.superseded_writes = report.events_in - totals["versions"]
+    report.keys_touched = totals["keys"]
+    report.touched_since = totals["since"]
+    events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
 
-    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM), F.countDistinct(m.VERSION_AT).alias("__versions")).persist()
-    sums = touched.agg(F.sum("__versions").alias("versions"), F.min(FROM).alias("since")).collect()[0]
-    report.superseded_writes = report.events_in - sums["versions"]
-    report.touched_since = sums["since"]
-    touched = touched.drop("__versions")
+    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM))
     open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
 
@@ -145,7 +154,7 @@ def fold(
         report.late_keys = stats["n"]
         if stats["n"]:
             since_day = (stats["since"] - dt.timedelta(milliseconds=1)).date().isoformat()
-    newly_purged = _newly_purged(events, open_rows, keys)
+    newly_purged = _newly_purged(events, open_rows, keys) if totals["purge_markers"] else []
     report.newly_purged = newly_purged
     if newly_purged:
         since_day = "0000-00-00"  # erasing a key's fields reaches every closed day that holds it
@@ -163,17 +172,19 @@ def fold(
 
     # The window of every touched key: its anchor and later stored rows, plus the batch.
     stored = _union([open_touched, late_window], spec.name)
-    frames = []
-    if stored is not None:
+    if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
+        window_events = events.withColumn(ORIGIN, F.lit(1))
+        anchor = None
+    else:
         stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
-        frames.append(stored)
-    frames.append(events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1)))
-    window_events = union_all(spec.name, frames)
+        window_events = union_all(spec.name, [stored, events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1))])
+        # Stored rows before the batch's earliest version are anchors: their values are final.
+        anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
     payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
     # A stored row and a batch event for the same write: the batch's copy keeps its markers.
-    # Stored rows before the batch's earliest version are anchors: their values are final.
-    anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
-    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN).desc()], settled=anchor)
+    # Stored rows may carry a purge marker; a batch alone can only if it counted one.
+    purges = stored is not None or totals["purge_markers"] > 0
+    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN)], settled=anchor, purges=purges)
     rows = rows.drop(FROM, ORIGIN)
     rows = rows.withColumn(SYNCED, synced).persist()
 
@@ -209,7 +220,7 @@ def fold(
     persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active")
     merge.current_of(new_open, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/current")
     closed_payload = spec.payload_columns(closed_rows.columns)
-    _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed")
+    _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed", large=report.events_in >= LARGE_FOLD_EVENTS)
 
     plan = CommitPlan(fold_id)
     for staged, final in (
@@ -229,18 +240,21 @@ def fold(
                 plan.stage_folder(storage, entry.uri, f"{final_root}/{day}")
                 if (kind, day) not in rewrite_days:
                     report.days_appended.append(f"{kind}:{day}")
-    report.keys_touched = touched.count()
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
-    for frame in (events, touched, rows, new_open):
+    for frame in (marked, rows, new_open):
         frame.unpersist()
     return report
 
 
-def _write_closed(closed_rows: DataFrame, spec: m.TableSpec, payload: list[str], target: str) -> None:
+def _write_closed(closed_rows: DataFrame, spec: m.TableSpec, payload: list[str], target: str, large: bool) -> None:
     out = closed_rows.select(*_persisted_columns(spec, payload), F.col(KIND), F.col(DAY))
-    # One task per day keeps a closed day from splintering into a file per shuffle partition.
-    out.repartition(F.col(KIND), F.col(DAY)).write.mode("overwrite").partitionBy(KIND, DAY).parquet(target)
+    if not large:
+        # One task per day keeps a small fold's closed day from splintering into a file per
+        # shuffle partition; a large fold (a backfill) writes a file per day from each of its
+        # few partitions instead of shuffling everything once more.
+        out = out.repartition(F.col(KIND), F.col(DAY))
+    out.write.mode("overwrite").partitionBy(KIND, DAY).parquet(target)
 
 
 def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:

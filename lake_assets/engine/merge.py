@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from pyspark.sql import Column, DataFrame, Window, functions as F
+from pyspark.sql import Column, DataFrame, Window, WindowSpec, functions as F
 
 from lake_assets.engine import model as m
 
@@ -54,23 +54,61 @@ def with_optional_columns(events: DataFrame) -> DataFrame:
     return events
 
 
+def event_order(tie_break: list[Column] | None = None) -> list[Column]:
+    """The order every rule reads a key's events in: version time, sequence, then among writes
+    of one version and sequence the tie-break columns, the file name and the operation, so that
+    of equal writes the last one wins.
+
+    Every window below partitions by the key and orders by (a prefix of) this, so Spark shuffles
+    the events once and sorts them once for the whole timeline; a window partitioned by
+    (key, version) or ordered in reverse would each cost a sort of their own.
+    """
+    return [F.col(m.VERSION_AT), F.col(m.SEQ), *(tie_break or []), F.col(m.SOURCE_FILE).asc_nulls_first(), F.col(m.OP)]
+
+
+def _per_key(spec: m.TableSpec, order: list[Column]) -> WindowSpec:
+    return Window.partitionBy(*key_cols(spec)).orderBy(*order)
+
+
+def _last_of_run(window: WindowSpec, columns: list[str]) -> Column:
+    """True on the last row of each run of rows with equal `columns` in the window's order."""
+    has_next = F.lead(F.lit(1)).over(window).isNotNull()
+    same_as_next = has_next
+    for column in columns:
+        same_as_next = same_as_next & F.lead(column).over(window).eqNullSafe(F.col(column))
+    return ~same_as_next
+
+
+KEPT = "__kept"  # the event kept of identical ones
+LAST_OF_VERSION = "__last_of_version"  # the last write of its (key, version time)
+FIRST_OF_KEY = "__first_of_key"  # the key's first event
+COLLAPSE_MARKS = (KEPT, LAST_OF_VERSION, FIRST_OF_KEY)
+
+
+def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
+    """`events` with the `COLLAPSE_MARKS` columns, from one sort: what `collapse_identical`
+    keeps, and what a fold counts (versions, keys) without another pass."""
+    window = _per_key(spec, event_order())
+    return (
+        events.withColumn(KEPT, _last_of_run(window, [m.VERSION_AT, m.SEQ]))
+        .withColumn(LAST_OF_VERSION, _last_of_run(window, [m.VERSION_AT]))
+        .withColumn(FIRST_OF_KEY, F.lag(F.lit(1)).over(window).isNull())
+    )
+
+
 def collapse_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ."""
-    window = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT), F.col(m.SEQ)).orderBy(
-        F.col(m.SOURCE_FILE).desc_nulls_last(), F.col(m.OP).desc()
-    )
-    return events.withColumn("__dup", F.row_number().over(window)).where("__dup = 1").drop("__dup")
+    return mark_identical(events, spec).where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
 
 
-def latest_write_per_version(events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None) -> DataFrame:
-    """Several writes of one version: the greatest sequence wins."""
-    order = [F.col(m.SEQ).desc(), *(tie_break or []), F.col(m.SOURCE_FILE).desc_nulls_last()]
-    window = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*order)
-    return events.withColumn("__w", F.row_number().over(window)).where("__w = 1").drop("__w")
+def latest_write_per_version(events: DataFrame, spec: m.TableSpec, order: list[Column]) -> DataFrame:
+    """Several writes of one version: the greatest sequence wins (then the tie-break in `order`)."""
+    keep = _last_of_run(_per_key(spec, order), [m.VERSION_AT])
+    return events.withColumn("__keep", keep).where("__keep").drop("__keep")
 
 
 def fill_unmodified(
-    events: DataFrame, spec: m.TableSpec, payload: list[str], settled: Column | None = None
+    events: DataFrame, spec: m.TableSpec, payload: list[str], order: list[Column], settled: Column | None = None
 ) -> DataFrame:
     """Columns listed in `_unmodified` take the value of the key's previous version in its life.
 
@@ -81,34 +119,31 @@ def fill_unmodified(
     """
     if not spec.partial_updates or not payload:
         return events
-    order = [F.col(m.VERSION_AT), F.col(m.SEQ)]
+    window = _per_key(spec, order)
     is_delete = (F.col(m.OP) == m.DELETE).cast("int")
-    before = Window.partitionBy(*key_cols(spec)).orderBy(*order).rowsBetween(Window.unboundedPreceding, -1)
+    before = window.rowsBetween(Window.unboundedPreceding, -1)
     events = events.withColumn("__life", F.coalesce(F.sum(is_delete).over(before), F.lit(0)))
-    so_far = (
-        Window.partitionBy(*key_cols(spec), F.col("__life"))
-        .orderBy(*order)
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    )
+    so_far = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     filled = []
     for column in payload:
         name = f"`{column}`"
         unmodified = F.coalesce(F.array_contains(F.col(m.UNMODIFIED), column), F.lit(False))
         if settled is not None:
             unmodified = unmodified & ~F.coalesce(settled, F.lit(False))
-        # Wrapping the value in a struct keeps an explicit NULL apart from "not set here".
-        carried = F.last(F.when(~unmodified, F.struct(F.col(name).alias("v"))), ignorenulls=True).over(so_far)
-        filled.append(F.when(unmodified, carried.getField("v")).otherwise(F.col(name)).alias(column))
+        # The value travels with its life: one set before the last delete is not carried past it.
+        # The struct also keeps an explicit NULL apart from "not set here".
+        set_here = F.struct(F.col("__life").alias("life"), F.col(name).alias("v"))
+        carried = F.last(F.when(~unmodified, set_here), ignorenulls=True).over(so_far)
+        in_this_life = F.when(carried.getField("life") == F.col("__life"), carried.getField("v"))
+        filled.append(F.when(unmodified, in_this_life).otherwise(F.col(name)).alias(column))
     others = [F.col(f"`{c}`") for c in events.columns if c not in payload and c != "__life"]
     return events.select(*others, *filled).select(*events.drop("__life").columns)
 
 
-def with_windows(events: DataFrame, spec: m.TableSpec) -> DataFrame:
+def with_windows(events: DataFrame, spec: m.TableSpec, order: list[Column] | None = None) -> DataFrame:
     """Add each row's end (see rule 4) and whether it is the key's last event."""
-    order = Window.partitionBy(*key_cols(spec)).orderBy(F.col(m.VERSION_AT), F.col(m.SEQ))
-    next_at = F.lead(m.VERSION_AT).over(order)
-    next_op = F.lead(m.OP).over(order)
-    events = events.withColumn("__next_at", next_at).withColumn("__next_op", next_op)
+    window = _per_key(spec, order or event_order())
+    events = events.withColumn("__next_at", F.lead(m.VERSION_AT).over(window)).withColumn("__next_op", F.lead(m.OP).over(window))
     end = (
         F.when(F.col("__next_at").isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
         .when((F.col("__next_op") == m.DELETE) & (F.col(m.OP) != m.DELETE), F.col("__next_at"))
@@ -130,10 +165,12 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     )
 
 
-def purged_anywhere(spec: m.TableSpec) -> Column:
+def purged_anywhere(spec: m.TableSpec, order: list[Column]) -> Column:
     """True on every row of a key that has a purge marker on any of its rows."""
     flag = F.coalesce(F.col(m.PURGED), F.lit(False)).cast("int")
-    return F.max(flag).over(Window.partitionBy(*key_cols(spec))) == 1
+    # Ordered like the other windows (over the whole key), so it shares their sort.
+    whole_key = _per_key(spec, order).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    return F.max(flag).over(whole_key) == 1
 
 
 def timeline(
@@ -142,17 +179,27 @@ def timeline(
     payload: list[str],
     tie_break: list[Column] | None = None,
     settled: Column | None = None,
+    purges: bool = True,
 ) -> DataFrame:
     """Rules 2–4 and 6 over the events of whole keys (or of a key's window from its anchor).
 
+    `purges=False` says no event carries a purge marker (a fold knows it from its counts), which
+    spares a window over whole keys.
+
     A key counts as purged when any of its writes carries the marker, superseded ones included,
-    so the flag is settled before writes of one version collapse.
+    so the flag is settled before writes of one version collapse. `tie_break` orders writes of
+    one version and sequence (the greatest wins).
     """
-    events = events.withColumn(m.PURGED, purged_anywhere(spec))
-    events = latest_write_per_version(events, spec, tie_break)
-    events = fill_unmodified(events, spec, payload, settled)
-    events = erase_fields(events, payload, F.col(m.PURGED))
-    return with_windows(events, spec)
+    order = event_order(tie_break)
+    if purges:
+        events = events.withColumn(m.PURGED, purged_anywhere(spec, order))
+    else:
+        events = events.withColumn(m.PURGED, F.lit(False))
+    events = latest_write_per_version(events, spec, order)
+    events = fill_unmodified(events, spec, payload, order, settled)
+    if purges:
+        events = erase_fields(events, payload, F.col(m.PURGED))
+    return with_windows(events, spec, order)
 
 
 def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:

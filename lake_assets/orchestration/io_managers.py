@@ -65,6 +65,8 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
             feed=feed, table="/".join(table), run_id=context.run_id,
         )
+        if obj is not None:
+            obj.unpersist()  # a batch the step kept in memory for its write is stored now
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
             "path": dg.MetadataValue.path(location),
