@@ -89,11 +89,12 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     """`events` with the `COLLAPSE_MARKS` columns, from one sort: what `collapse_identical`
     keeps, and what a fold counts (versions, keys) without another pass."""
     window = _per_key(spec, event_order())
-    return (
-        events.withColumn(KEPT, _last_of_run(window, [m.VERSION_AT, m.SEQ]))
-        .withColumn(LAST_OF_VERSION, _last_of_run(window, [m.VERSION_AT]))
-        .withColumn(FIRST_OF_KEY, F.lag(F.lit(1)).over(window).isNull())
-    )
+    # One projection (withColumns), not three: each projection re-analyses the whole plan.
+    return events.withColumns({
+        KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
+        LAST_OF_VERSION: _last_of_run(window, [m.VERSION_AT]),
+        FIRST_OF_KEY: F.lag(F.lit(1)).over(window).isNull(),
+    })
 
 
 def collapse_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
@@ -143,13 +144,13 @@ def fill_unmodified(
 def with_windows(events: DataFrame, spec: m.TableSpec, order: list[Column] | None = None) -> DataFrame:
     """Add each row's end (see rule 4) and whether it is the key's last event."""
     window = _per_key(spec, order or event_order())
-    events = events.withColumn("__next_at", F.lead(m.VERSION_AT).over(window)).withColumn("__next_op", F.lead(m.OP).over(window))
+    next_at, next_op = F.lead(m.VERSION_AT).over(window), F.lead(m.OP).over(window)
     end = (
-        F.when(F.col("__next_at").isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
-        .when((F.col("__next_op") == m.DELETE) & (F.col(m.OP) != m.DELETE), F.col("__next_at"))
-        .otherwise(F.col("__next_at") - F.expr("INTERVAL 1 MILLISECOND"))
+        F.when(next_at.isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
+        .when((next_op == m.DELETE) & (F.col(m.OP) != m.DELETE), next_at)
+        .otherwise(next_at - F.expr("INTERVAL 1 MILLISECOND"))
     )
-    return events.withColumn(END, end).withColumn(ACTIVE, F.col("__next_at").isNull()).drop("__next_at", "__next_op")
+    return events.withColumns({END: end, ACTIVE: next_at.isNull()})
 
 
 def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFrame:

@@ -64,13 +64,16 @@ def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructFiel
 
 def conform(df: DataFrame, fields: list[T.StructField]) -> DataFrame:
     """Select `fields` from `df`: cast to the target type, NULL where the column is absent."""
-    present = set(df.columns)
-    return df.select(
-        *[
-            (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name)
-            for f in fields
-        ]
-    )
+    present = {f.name: f.dataType for f in df.schema.fields}
+
+    def column(field: T.StructField):
+        if field.name not in present:
+            return F.lit(None).cast(field.dataType).alias(field.name)
+        if present[field.name] == field.dataType:  # most columns: no cast to build and analyse
+            return F.col(f"`{field.name}`")
+        return F.col(f"`{field.name}`").cast(field.dataType).alias(field.name)
+
+    return df.select(*[column(f) for f in fields])
 
 
 def union_all(table: str, frames: list[DataFrame]) -> DataFrame:

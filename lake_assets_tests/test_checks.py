@@ -1,0 +1,65 @@
+"""The table invariants find each kind of broken history, and count a key once per fault."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from lake_assets.engine import checks, model as m
+
+SPEC = m.TableSpec(name="accounts", keys=("id",))
+T0 = dt.datetime(2024, 1, 1)
+OPEN = dt.datetime(9999, 12, 31, 23, 59, 59, 999000)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def ms_before(seconds: float) -> dt.datetime:
+    return at(seconds) - dt.timedelta(milliseconds=1)
+
+
+def history(spark, rows):
+    """(id, op, start, end, active) rows in the stored shape the check reads."""
+    return spark.createDataFrame(
+        rows, f"id string, {m.OP} string, _fivetran_start timestamp, _fivetran_end timestamp, _fivetran_active boolean"
+    )
+
+
+def test_a_consistent_history_passes(spark):
+    rows = [
+        ("a", m.INSERT, at(0), ms_before(10), False),
+        ("a", m.UPDATE, at(10), at(20), False),
+        ("a", m.DELETE, at(20), OPEN, True),
+        ("b", m.UPDATE, at(5), OPEN, True),
+    ]
+    outcome = checks.history_windows_are_consistent(history(spark, rows), SPEC)
+    assert outcome.passed, outcome.description
+    assert outcome.metadata["versions_checked"] == 3
+
+
+def test_each_kind_of_fault_is_counted(spark):
+    rows = [
+        # two active versions, and the first one's end overlaps the second
+        ("a", m.INSERT, at(0), OPEN, True),
+        ("a", m.UPDATE, at(10), OPEN, True),
+        # an end before its start
+        ("b", m.INSERT, at(10), at(5), False),
+        ("b", m.UPDATE, at(20), OPEN, True),
+        # a closed version whose end is not the next start − 1 ms, and an open one marked inactive
+        ("c", m.INSERT, at(0), at(3), False),
+        ("c", m.UPDATE, at(10), OPEN, False),
+        # a key with three active versions (and a delete first) still counts once
+        ("d", m.DELETE, at(0), OPEN, False),
+        ("d", m.INSERT, at(1), OPEN, True),
+        ("d", m.UPDATE, at(2), OPEN, True),
+        ("d", m.UPDATE, at(3), OPEN, True),
+    ]
+    outcome = checks.history_windows_are_consistent(history(spark, rows), SPEC)
+    assert not outcome.passed
+    assert outcome.metadata["keys_with_several_active_versions"] == 2  # a and d
+    assert outcome.metadata["inverted"] == 1  # b
+    assert outcome.metadata["overlapping"] == 3  # a's first, d's first two
+    assert outcome.metadata["inconsistent_end"] == 5  # a's first, b's first, c's first, d's first two
+    assert outcome.metadata["wrong_active_flag"] == 4  # a's first, c's last, d's first two
+    assert outcome.metadata["versions_checked"] == 9
