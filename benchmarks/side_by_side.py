@@ -17,6 +17,7 @@ machine shifts both sides alike:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import statistics
 import tempfile
@@ -72,20 +73,36 @@ def _work(feed: FeedConfig, lake: Path, run_id: str) -> pipeline.TableWork:
     return pipeline.TableWork(feed, fmt, TABLE, storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id)
 
 
-def run_pipeline(spark: SparkSession, feed: FeedConfig, lake: Path, partitions: list[str], run_id: str) -> dict:
+@contextlib.contextmanager
+def _timed(timings: dict[str, float] | None, stage: str):
+    started = time.perf_counter()
+    yield
+    if timings is not None:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - started
+
+
+def run_pipeline(
+    spark: SparkSession, feed: FeedConfig, lake: Path, partitions: list[str], run_id: str,
+    timings: dict[str, float] | None = None,
+) -> dict:
     """What one run of the table's assets does, called directly: catalogue, ingest, store the
-    change log, fold, check."""
+    change log, fold, check. `timings` (if given) gets the seconds of each step."""
     work = _work(feed, lake, run_id)
-    pipeline.catalogue_landing(work, partitions)
-    ingested = pipeline.ingest(spark, work, partitions)
+    with _timed(timings, "catalogue"):
+        pipeline.catalogue_landing(work, partitions)
+    with _timed(timings, "ingest"):
+        ingested = pipeline.ingest(spark, work, partitions)
     changes = work.layout.table("changes", FEED, TABLE)
-    pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column, partitions,
-                              feed=FEED, table=TABLE, run_id=work.run_id)
-    ingested.batch.events.unpersist()
-    # What the IO manager hands the state step: the stored change log of the run's partitions.
-    batch = lake_io.read_partitions(spark, work.storage, changes, work.fmt.partition_column, partitions)
-    report = pipeline.fold_into_state(spark, work, batch)
-    outcomes = pipeline.check_fold(spark, work, batch, report)
+    with _timed(timings, "store changes"):
+        pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column,
+                                  partitions, feed=FEED, table=TABLE, run_id=work.run_id)
+        ingested.batch.events.unpersist()
+    with _timed(timings, "fold"):
+        # What the IO manager hands the state step: the stored change log of the run's partitions.
+        batch = lake_io.read_partitions(spark, work.storage, changes, work.fmt.partition_column, partitions)
+        report = pipeline.fold_into_state(spark, work, batch)
+    with _timed(timings, "check"):
+        outcomes = pipeline.check_fold(spark, work, batch, report)
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
     return {"events": ingested.batch.events_out, "keys_touched": report.keys_touched}
 
