@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets.engine import merge
 from lake_assets.engine.schema import union_all
@@ -134,13 +134,38 @@ def _union_compatible(
     return union_all(table, accepted) if accepted else None
 
 
+@dataclasses.dataclass
+class _Collapsed:
+    events: DataFrame  # kept in memory: the caller writes it
+    events_out: int
+    invalid_rows: int
+    derived: int
+
+
+def _collapse_counted(events: DataFrame, spec) -> _Collapsed:
+    """Collapse identical events in one pass that also counts the invalid rows and derived
+    events (an observation on the way), so a clean batch is read, sorted and cached once."""
+    observation = Observation()
+    observed = events.observe(
+        observation,
+        F.count(INVALID).alias("invalid_rows"),
+        F.coalesce(F.sum(F.col(DERIVED).cast("long")), F.lit(0)).alias("derived"),
+    )
+    deduped = merge.collapse_identical(observed.drop(INVALID, FILE_PATH, DERIVED), spec).persist()
+    try:
+        events_out = deduped.count()
+    except Exception:
+        deduped.unpersist()
+        raise
+    metrics = observation.get
+    return _Collapsed(deduped, events_out, metrics["invalid_rows"], metrics["derived"])
+
+
 def _per_file_counts(events: DataFrame) -> dict[str, dict]:
-    """file path -> its invalid rows, first reason and derived events, in one hashed pass (the
-    reasons, text, are fetched in a second pass over the invalid rows alone, when there are any)."""
-    counts = events.groupBy(FILE_PATH).agg(
-        F.count(INVALID).alias("bad_rows"), F.sum(F.col(DERIVED).cast("long")).alias("derived")
-    ).collect()
-    per_file = {row[FILE_PATH]: {"bad_rows": row["bad_rows"], "derived": row["derived"] or 0, "reason": None} for row in counts}
+    """file path -> its invalid rows and the first reason (hashed counts first; the reasons,
+    text, come from a second pass over the invalid rows alone)."""
+    counts = events.groupBy(FILE_PATH).agg(F.count(INVALID).alias("bad_rows")).collect()
+    per_file = {row[FILE_PATH]: {"bad_rows": row["bad_rows"], "reason": None} for row in counts}
     if any(f["bad_rows"] for f in per_file.values()):
         invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_PATH).agg(F.first(INVALID).alias("reason"))
         for row in invalid.collect():
@@ -169,11 +194,9 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
     if events is None:
         return Batch(None, len(files), 0, 0, 0, 0, quarantined)
     try:
-        events = events.persist()
-        per_file = _per_file_counts(events)
+        collapsed = _collapse_counted(events, spec)
     except Exception:
         # A file passed its footer check but its pages are damaged: find it and set it aside.
-        events.unpersist()
         damaged = _unreadable_in_spark(spark, fmt, {u: schemas[sig] for sig, g in groups.items() for u in g})
         if not damaged:
             raise
@@ -182,25 +205,22 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         events = _union_compatible(spark, fmt, table, remaining, schemas, quarantined, rows_of)
         if events is None:
             return Batch(None, len(files), 0, 0, 0, 0, quarantined)
-        events = events.persist()
-        per_file = _per_file_counts(events)
+        collapsed = _collapse_counted(events, spec)
 
-    bad_paths, derived = [], 0
-    for path, counted in per_file.items():
-        if not counted["bad_rows"]:
-            derived += counted["derived"]
-            continue
-        uri = canonical_uri(path)
-        reason = f"{counted['reason']} ({counted['bad_rows']} bad row(s), first reason shown)"
-        quarantined.append(Quarantined(uri, reason, rows_of.pop(uri, None)))
-        bad_paths.append(path)
-    good = events.where(~F.col(FILE_PATH).isin(bad_paths)) if bad_paths else events
-    good = good.drop(INVALID, FILE_PATH, DERIVED)
-    # Kept in memory: the caller writes it, and the collapse (a shuffle and sort) runs once.
-    deduped = merge.collapse_identical(good, spec).persist()
+    if collapsed.invalid_rows:
+        # Some files hold bad rows: they are set aside whole and the rest collapsed again.
+        collapsed.events.unpersist()
+        bad_paths = []
+        for path, counted in _per_file_counts(events).items():
+            if not counted["bad_rows"]:
+                continue
+            uri = canonical_uri(path)
+            reason = f"{counted['reason']} ({counted['bad_rows']} bad row(s), first reason shown)"
+            quarantined.append(Quarantined(uri, reason, rows_of.pop(uri, None)))
+            bad_paths.append(path)
+        collapsed = _collapse_counted(events.where(~F.col(FILE_PATH).isin(bad_paths)), spec)
+    deduped, events_out, derived = collapsed.events, collapsed.events_out, collapsed.derived
     rows_in = sum(rows_of.values())
-    events_out = deduped.count()
-    events.unpersist()
     return Batch(
         events=deduped,
         files_listed=len(files),
