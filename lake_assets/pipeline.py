@@ -26,7 +26,6 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.model import PURGED
-from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
@@ -145,16 +144,7 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
     state = TableState(work.layout, work.feed.name, work.table)
     current = lake_io.read_table(session, work.storage, state.current)
     rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
-    stored_versions = 0
-    if report.events_in and rows is not None:
-        start = spec.history_columns.start
-        # The batch's versions found among the stored rows, as one aggregation over both sides.
-        sides = union_all(spec.name, [
-            batch.select(*spec.keys, F.col(m.VERSION_AT).alias(start), F.lit(True).alias("__batch"), F.lit(False).alias("__stored")),
-            rows.select(*spec.keys, start, F.lit(False).alias("__batch"), F.lit(True).alias("__stored")),
-        ])
-        found = sides.groupBy(*spec.keys, start).agg(F.max("__batch").alias("b"), F.max("__stored").alias("s"))
-        stored_versions = found.where(F.col("b") & F.col("s")).count()
+    stored_versions = checks.versions_stored(batch, rows, spec) if report.events_in and rows is not None else 0
     return [
         checks.current_has_unique_keys(current, spec),
         checks.history_windows_are_consistent(rows, spec),

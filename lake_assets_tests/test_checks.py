@@ -63,3 +63,15 @@ def test_each_kind_of_fault_is_counted(spark):
     assert outcome.metadata["inconsistent_end"] == 5  # a's first, b's first, c's first, d's first two
     assert outcome.metadata["wrong_active_flag"] == 4  # a's first, c's last, d's first two
     assert outcome.metadata["versions_checked"] == 9
+
+
+def test_versions_stored_counts_each_batch_version_found_once(spark):
+    batch = spark.createDataFrame(
+        [("a", at(1)), ("a", at(1)), ("b", at(2)), ("c", at(3))], f"id string, {m.VERSION_AT} timestamp"
+    )
+    stored = history(spark, [
+        ("a", m.INSERT, at(1), OPEN, True),  # found (twice in the batch: counted once)
+        ("b", m.INSERT, at(9), OPEN, True),  # same key, another version: not found
+        ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
+    ])
+    assert checks.versions_stored(batch, stored, SPEC) == 1

@@ -13,6 +13,7 @@ import dataclasses
 from pyspark.sql import DataFrame, Window, functions as F
 
 from lake_assets.engine import model as m
+from lake_assets.engine.schema import union_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,18 @@ def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) ->
     metadata["keys_with_several_active_versions"] = int(stats["several_active"] or 0)
     bad = sum(v for k, v in metadata.items() if k != "versions_checked")
     return Outcome("history_windows", bad == 0, f"{metadata['versions_checked']} versions checked, {bad} violations", metadata)
+
+
+def versions_stored(batch: DataFrame, rows: DataFrame, spec: m.TableSpec) -> int:
+    """How many distinct (key, version time) of the batch are among the stored rows (by start),
+    found with one aggregation over both sides."""
+    start = spec.history_columns.start
+    sides = union_all(spec.name, [
+        batch.select(*spec.keys, F.col(m.VERSION_AT).alias(start), F.lit(True).alias("__batch"), F.lit(False).alias("__stored")),
+        rows.select(*spec.keys, start, F.lit(False).alias("__batch"), F.lit(True).alias("__stored")),
+    ])
+    found = sides.groupBy(*spec.keys, start).agg(F.max("__batch").alias("b"), F.max("__stored").alias("s"))
+    return found.where(F.col("b") & F.col("s")).count()
 
 
 def batch_reconciles(batch_rows: int, identical_duplicates: int, superseded: int, stored_versions: int) -> Outcome:
