@@ -26,6 +26,7 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.model import PURGED
+from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
@@ -144,12 +145,14 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
     state = TableState(work.layout, work.feed.name, work.table)
     current = lake_io.read_table(session, work.storage, state.current)
     rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
-    stored_versions = checks.versions_stored(batch, rows, spec) if report.events_in and rows is not None else 0
-    return [
-        checks.current_has_unique_keys(current, spec),
-        checks.history_windows_are_consistent(rows, spec),
-        checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions),
-    ]
+    # Independent queries over the same files: submitted together, their jobs share the cores.
+    unique_keys, windows, stored_versions = run_together(
+        lambda: checks.current_has_unique_keys(current, spec),
+        lambda: checks.history_windows_are_consistent(rows, spec),
+        lambda: checks.versions_stored(batch, rows, spec) if report.events_in and rows is not None else 0,
+    )
+    reconciles = checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions)
+    return [unique_keys, windows, reconciles]
 
 
 def files_with_values(batch: DataFrame, column: str | None, limit: int = 20) -> list[str]:

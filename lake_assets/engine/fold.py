@@ -19,11 +19,12 @@ import dataclasses
 import datetime as dt
 from typing import Callable
 
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, Observation, Row, SparkSession, functions as F
 
 from lake_assets import lake_io
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
+from lake_assets.engine.parallel import run_together
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, new_fold_id, recover
 from lake_assets.storage import Storage
@@ -117,21 +118,20 @@ def fold(
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it."""
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
-    if batch is None or batch.isEmpty():
+    if batch is None or batch.isEmpty():  # an empty partition's frame may lack even the keys
         return report
     keys = list(spec.keys)
     synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
     marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
-    # One pass over the batch gives every count the fold reports and reconciles.
-    totals = marked.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
-        F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
-        F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
-        F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),
-        F.min(m.VERSION_AT).alias("since"),
-    ).collect()[0]
+    events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
+    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM))
+    open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
+    open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
+    # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
+    late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM) if open_touched is not None else None
+
+    totals = _totals(marked, open_rows, late_keys)
     report.batch_rows, report.events_in = totals["rows"], totals["events"]
     if report.events_in == 0:
         marked.unpersist()
@@ -140,20 +140,11 @@ def fold(
     report.superseded_writes = report.events_in - totals["versions"]
     report.keys_touched = totals["keys"]
     report.touched_since = totals["since"]
-    events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
+    report.late_keys = totals["late_keys"]
 
-    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM))
-    open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
-    open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
-
-    # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
     since_day, late_window, rewrite_days = None, None, {}
-    if open_touched is not None:
-        late = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM)
-        stats = late.agg(F.min(FROM).alias("since"), F.count(F.lit(1)).alias("n")).collect()[0]
-        report.late_keys = stats["n"]
-        if stats["n"]:
-            since_day = (stats["since"] - dt.timedelta(milliseconds=1)).date().isoformat()
+    if report.late_keys:
+        since_day = (totals["late_since"] - dt.timedelta(milliseconds=1)).date().isoformat()
     newly_purged = _newly_purged(events, open_rows, keys) if totals["purge_markers"] else []
     report.newly_purged = newly_purged
     if newly_purged:
@@ -165,7 +156,6 @@ def fold(
                     rewrite_days[(kind, day)] = uri
         closed = _read(spark, storage, list(rewrite_days.values()), spec)
         if closed is not None and report.late_keys:
-            late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM)
             late_window = closed.join(late_keys, keys, "inner").where(F.col(END) >= F.col(FROM) - _one_ms())
     else:
         closed = None
@@ -191,7 +181,6 @@ def fold(
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
     new_open = _union([carried, rows.where(F.col(ACTIVE))], spec.name)
     payload = spec.payload_columns(new_open.columns)
-    new_open = new_open.persist()
     new_closed = rows.where(~F.col(ACTIVE))
 
     closed_out = [new_closed]
@@ -212,15 +201,20 @@ def fold(
 
     fold_id = report.fold_id
     stage = state.staging(fold_id)
-    report.current_rows = new_open.where(F.col(m.OP) != m.DELETE).count()
-    files = max(1, report.current_rows // ROWS_PER_FILE)
+    # The open set has at most its stored rows plus one row per new key.
+    files = max(1, (totals["open_rows"] + report.keys_touched) // ROWS_PER_FILE)
+    current_rows = Observation("current_rows")
     live = new_open.where(F.col(m.OP) != m.DELETE)
-    persisted(live, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/history_active")
     deleted = new_open.where(F.col(m.OP) == m.DELETE)
-    persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active")
-    merge.current_of(new_open, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/current")
+    current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))
     closed_payload = spec.payload_columns(closed_rows.columns)
-    _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed", large=report.events_in >= LARGE_FOLD_EVENTS)
+    run_together(
+        lambda: persisted(live, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/history_active"),
+        lambda: persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active"),
+        lambda: current.coalesce(files).write.mode("overwrite").parquet(f"{stage}/current"),
+        lambda: _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed", large=report.events_in >= LARGE_FOLD_EVENTS),
+    )
+    report.current_rows = current_rows.get["rows"]
 
     plan = CommitPlan(fold_id)
     for staged, final in (
@@ -242,9 +236,28 @@ def fold(
                     report.days_appended.append(f"{kind}:{day}")
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
-    for frame in (marked, rows, new_open):
+    for frame in (marked, rows):
         frame.unpersist()
     return report
+
+
+def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame | None) -> Row:
+    """Every count the fold reports, reconciles and decides on, in one Spark job: the batch's
+    rows, events, versions, keys, purge markers and earliest version; the stored open rows; and
+    the keys whose batch events reach back before their open row (late data)."""
+    totals = marked.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
+        F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
+        F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
+        F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),
+        F.min(m.VERSION_AT).alias("since"),
+    )
+    if open_rows is None:
+        return totals.select("*", F.lit(0).alias("open_rows"), F.lit(0).alias("late_keys"), F.lit(None).alias("late_since")).collect()[0]
+    stored = open_rows.agg(F.count(F.lit(1)).alias("open_rows"))
+    late = late_keys.agg(F.count(F.lit(1)).alias("late_keys"), F.min(FROM).alias("late_since"))
+    return totals.crossJoin(stored).crossJoin(late).collect()[0]
 
 
 def _write_closed(closed_rows: DataFrame, spec: m.TableSpec, payload: list[str], target: str, large: bool) -> None:
