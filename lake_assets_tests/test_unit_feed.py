@@ -145,3 +145,16 @@ def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
     row = current["a"]
     assert row["old_col"] is None and row["new_col"] == "y" and row["amount"] == 2**40
     assert history[0]["old_col"] == "x" and history[0]["new_col"] is None and history[0]["amount"] == 1
+
+
+def test_hour_folders_without_leading_zeros_give_the_padded_partition_key(spark, tmp_path):
+    landing = tmp_path / "unit"
+    padded = write_events(landing, "accounts", 7, "part-0.parquet", [event("a", "I", 1, at(7))], day=4)
+    bare = landing / "accounts" / "year=2024/month=3/day=4/hour=7"
+    bare.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([event("b", "I", 2, at(7, 5))]), bare / "part-1.parquet")
+    storage = Storage()
+    files = [*data_files(storage, f"file://{padded.parent}"), *data_files(storage, f"file://{bare}")]
+    batch = read_batch(spark, storage, FMT, "accounts", files)
+    keys = {r["id"]: r[FMT.partition_column] for r in batch.events.collect()}
+    assert keys == {"a": "2024-03-04-07", "b": "2024-03-04-07"}
