@@ -203,7 +203,7 @@ def fold(
     stage = state.staging(fold_id)
     # The open set has at most its stored rows plus one row per new key.
     files = max(1, (totals["open_rows"] + report.keys_touched) // ROWS_PER_FILE)
-    current_rows = Observation("current_rows")
+    current_rows = Observation()  # unnamed: a unique name, so folds of other tables cannot collide
     live = new_open.where(F.col(m.OP) != m.DELETE)
     deleted = new_open.where(F.col(m.OP) == m.DELETE)
     current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))

@@ -18,8 +18,8 @@ T = TypeVar("T")
 
 def run_together(*actions: Callable[[], T]) -> list[T]:
     """Run each action in its own thread; return their results in order. Every action runs to
-    its end even when another fails (a half-submitted set would leave staging ambiguous), then
-    the first failure is raised."""
+    its end even when another fails, then the first failure is raised: returning early would
+    leave writes going on in the background while the caller cleans up or retries."""
     if len(actions) == 1:
         return [actions[0]()]
     with ThreadPoolExecutor(max_workers=len(actions), thread_name_prefix="spark-action") as pool:
