@@ -150,6 +150,7 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
         lambda: checks.current_has_unique_keys(current, spec),
         lambda: checks.history_windows_are_consistent(rows, spec),
         lambda: checks.versions_stored(batch, rows, spec) if report.events_in and rows is not None else 0,
+        session=session,
     )
     reconciles = checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions)
     return [unique_keys, windows, reconciles]

@@ -61,3 +61,12 @@ def test_a_cached_frame_read_by_concurrent_writes_is_computed_once(spark, tmp_pa
     assert spark.read.parquet(str(tmp_path / "evens")).count() == 1000
     assert spark.read.parquet(str(tmp_path / "odds")).count() == 1000
     assert calls.value == 2000
+
+
+def test_each_action_runs_with_the_callers_session_active(spark):
+    def active_session_is_callers():
+        active = spark._jvm.SparkSession.getActiveSession()
+        return active.isDefined() and active.get().equals(spark._jsparkSession)
+
+    # Without it, a query built in the thread is analysed with Spark's defaults, not the session's.
+    assert run_together(active_session_is_callers, active_session_is_callers, session=spark) == [True, True]

@@ -213,6 +213,7 @@ def fold(
         lambda: persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active"),
         lambda: current.coalesce(files).write.mode("overwrite").parquet(f"{stage}/current"),
         lambda: _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed", large=report.events_in >= LARGE_FOLD_EVENTS),
+        session=spark,
     )
     report.current_rows = current_rows.get["rows"]
 

@@ -13,17 +13,38 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from pyspark.sql import SparkSession
+
 T = TypeVar("T")
 
 
-def run_together(*actions: Callable[[], T]) -> list[T]:
-    """Run each action in its own thread; return their results in order. Every action runs to
-    its end even when another fails, then the first failure is raised: returning early would
-    leave writes going on in the background while the caller cleans up or retries."""
+def _in_session(session: SparkSession | None, action: Callable[[], T]) -> Callable[[], T]:
+    """The action, run with `session` active in its thread. A new thread starts with no active
+    session in the JVM, and a query built there would be analysed with Spark's default settings
+    instead of the session's (e.g. Parquet TIME columns would be refused)."""
+    jvm_session = getattr(session, "_jsparkSession", None)  # classic sessions; Connect keeps it server-side
+    if jvm_session is None:
+        return action
+
+    def run() -> T:
+        session._jvm.SparkSession.setActiveSession(jvm_session)
+        try:
+            return action()
+        finally:
+            session._jvm.SparkSession.clearActiveSession()
+
+    return run
+
+
+def run_together(*actions: Callable[[], T], session: SparkSession | None = None) -> list[T]:
+    """Run each action in its own thread, with `session` active there; return their results in
+    order. Every action runs to its end even when another fails, then the first failure is
+    raised: returning early would leave writes going on in the background while the caller
+    cleans up or retries."""
     if len(actions) == 1:
         return [actions[0]()]
     with ThreadPoolExecutor(max_workers=len(actions), thread_name_prefix="spark-action") as pool:
-        futures = [pool.submit(action) for action in actions]
+        futures = [pool.submit(_in_session(session, action)) for action in actions]
         errors = [f.exception() for f in futures]
     for error in errors:
         if error is not None:
