@@ -48,12 +48,13 @@ def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) ->
     order = Window.partitionBy(*keys).orderBy(F.col(hc.start))
     whole_key = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
     is_delete = F.col(m.OP) == m.DELETE
-    rows = (
-        rows.withColumn("__next_start", F.lead(hc.start).over(order))
-        .withColumn("__next_op", F.lead(m.OP).over(order))
-        .withColumn("__active_versions", F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_key))
-        .withColumn("__versions_before", F.sum((~is_delete).cast("int")).over(order.rowsBetween(Window.unboundedPreceding, -1)))
-    )
+    # One projection, not four: each projection analyses the whole plan again.
+    rows = rows.withColumns({
+        "__next_start": F.lead(hc.start).over(order),
+        "__next_op": F.lead(m.OP).over(order),
+        "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_key),
+        "__versions_before": F.sum((~is_delete).cast("int")).over(order.rowsBetween(Window.unboundedPreceding, -1)),
+    })
     versions = rows.where(~is_delete)
     one_ms = F.expr("INTERVAL 1 MILLISECOND")
     stats = versions.agg(

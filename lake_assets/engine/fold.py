@@ -118,9 +118,11 @@ def fold(
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it."""
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
-    if batch is None or batch.isEmpty():  # an empty partition's frame may lack even the keys
-        return report
     keys = list(spec.keys)
+    # A frame of empty partitions may lack even the keys. With the keys present, emptiness shows
+    # in the counts below, so no job of its own is spent on it.
+    if batch is None or (not set(keys) <= set(batch.columns) and batch.isEmpty()):
+        return report
     synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
     marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
@@ -193,8 +195,10 @@ def fold(
             kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
             kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
         closed_out.append(kept)
-    closed_rows = union_all(spec.name, closed_out).withColumn(DAY, F.date_format(F.col(END), "yyyy-MM-dd"))
-    closed_rows = closed_rows.withColumn(KIND, F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"))
+    closed_rows = union_all(spec.name, closed_out).withColumns({
+        DAY: F.date_format(F.col(END), "yyyy-MM-dd"),
+        KIND: F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"),
+    })
 
     if newly_purged and erase_from_log is not None:
         erase_from_log(newly_purged)  # before the commit: a crash here is redone by the next fold

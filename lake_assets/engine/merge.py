@@ -48,10 +48,8 @@ def with_optional_columns(events: DataFrame) -> DataFrame:
         m.PURGED: F.lit(False),
         m.SOURCE_FILE: F.lit(None).cast("string"),
     }
-    for column, value in defaults.items():
-        if column not in events.columns:
-            events = events.withColumn(column, value)
-    return events
+    missing = {column: value for column, value in defaults.items() if column not in events.columns}
+    return events.withColumns(missing) if missing else events
 
 
 def event_order(tie_break: list[Column] | None = None) -> list[Column]:
