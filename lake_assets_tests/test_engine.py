@@ -2,7 +2,8 @@
 
 import datetime as dt
 
-from lake_assets_tests.engine_harness import EngineLake, utc
+from lake_assets.engine.fold import fold
+from lake_assets_tests.engine_harness import SCHEMA, EngineLake, utc
 
 T = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 10)}
 MS = dt.timedelta(milliseconds=1)
@@ -106,3 +107,15 @@ def test_a_partial_update_closed_by_a_later_fold_still_fills_from_an_older_late_
     lake.fold([ev("a", "insert", T[1], 1, "old", 2)])
     assert table(lake.history()) == [("a", "old", 2, T[1], T[5] - MS, False), ("a", "new", 2, T[5], T[8], False)]
     assert lake.current() == []
+
+
+def test_an_empty_batch_leaves_the_state_as_it_was(spark, tmp_path):
+    """An empty batch, with the table's columns or without even its keys (the frame of empty
+    upstream partitions), is a fold of nothing: no rows counted, nothing committed."""
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("1", "insert", T[1], 1, "abc", 1)])
+    before = (lake.current(), lake.history())
+    for batch in (spark.createDataFrame([], SCHEMA), spark.range(0).select()):
+        report = fold(spark, lake.storage, lake.state, batch, lake.spec)
+        assert (report.batch_rows, report.events_in, report.keys_touched, report.files_written) == (0, 0, 0, [])
+        assert (lake.current(), lake.history()) == before
