@@ -33,6 +33,8 @@ FROM = "__from"
 ROWS_PER_FILE = 2_000_000  # open-set files: few and large; a fold rewrites them all anyway
 LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written without a shuffle
 ORIGIN = "__origin"
+REACHED = "__reached"
+BROADCAST_KEYS = 200_000  # late keys up to this many are sent to every task rather than shuffled
 DAY = "__day"
 KIND = "__kind"
 
@@ -156,11 +158,17 @@ def fold(
             for day, uri in closed_days(storage, folder).items():
                 if day >= since_day:
                     rewrite_days[(kind, day)] = uri
-        closed = _read(spark, storage, list(rewrite_days.values()), spec)
-        if closed is not None and report.late_keys:
-            late_window = closed.join(late_keys, keys, "inner").where(F.col(END) >= F.col(FROM) - _one_ms())
+        kept = _read(spark, storage, list(rewrite_days.values()), spec)
+        if kept is not None and report.late_keys:
+            # One pass over the closed rows splits them: those the late data reaches are redone in
+            # the window, the rest are kept as they are (no anti-join of the two, no third read).
+            late = F.broadcast(late_keys) if report.late_keys <= BROADCAST_KEYS else late_keys
+            reached = F.coalesce(F.col(END) >= F.col(FROM) - _one_ms(), F.lit(False))
+            flagged = kept.join(late, keys, "left").withColumn(REACHED, reached)
+            late_window = flagged.where(F.col(REACHED)).drop(REACHED)
+            kept = flagged.where(~F.col(REACHED)).drop(REACHED, FROM)
     else:
-        closed = None
+        kept = None
 
     # The window of every touched key: its anchor and later stored rows, plus the batch.
     stored = _union([open_touched, late_window], spec.name)
@@ -186,9 +194,7 @@ def fold(
     new_closed = rows.where(~F.col(ACTIVE))
 
     closed_out = [new_closed]
-    if closed is not None:
-        removed = late_window.select(*keys, START) if late_window is not None else None
-        kept = closed.join(removed, keys + [START], "left_anti") if removed is not None else closed
+    if kept is not None:
         if newly_purged:
             purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema).withColumn("__p", F.lit(True))
             kept = kept.join(purge_keys, keys, "left")
