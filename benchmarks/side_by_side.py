@@ -9,7 +9,8 @@ machine shifts both sides alike:
   (`lake_assets.pipeline`) made directly.
 * `incremental_growth`: folding one more hour into 30 days of history / into 1 day.
 * `incremental_vs_duckdb`: folding one more hour into 30 days / DuckDB recomputing current and
-  history from all 30 days (what a single-machine user writes by hand).
+  history from all 30 days (what a single-machine user writes by hand). Both incremental
+  figures are medians after one unmeasured warm-up run of each side.
 * `sensor_scaling`: one landing-sensor tick over 100k landed files / over 1k.
 * peak driver memory (the Spark driver JVM's peak RSS) while folding an hour into 1 and 30 days.
 * correctness: `current` and `history` equal DuckDB's reference row for row.
@@ -259,7 +260,7 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
     shape = LandingShape(keys=keys, events_per_hour=rate, hours=168, start=START)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         root = Path(tmp)
-        full = full_backfill(spark, root, shape, rounds=2)
+        full = full_backfill(spark, root, shape, rounds=3)
         inc = incremental(spark, root, shape, samples)
         sensor = sensor_scaling(root)
     figures = {
