@@ -72,3 +72,17 @@ def assert_lake_equals_a_clean_run(root: Path, config: LakeConfig, feed: str, ta
 
 def partitions_since(deployment: Deployment, key: list[str], since: float) -> set[str]:
     return {m["partition"] for m in deployment.materialised_partitions(key) if float(m["timestamp"]) / 1000 > since}
+
+
+def runs_since(deployment: Deployment, key: list[str], since: float) -> list[dict]:
+    """For a failure message: the runs that materialised `key` after `since`, with what
+    launched them (sensor, automation, backfill tags) and when."""
+    made = {}
+    for m in deployment.materialised_partitions(key):
+        if float(m["timestamp"]) / 1000 > since:
+            made.setdefault(m["runId"], []).append(m["partition"])
+    return [
+        {"run": r["runId"], "partitions": sorted(made[r["runId"]]), "status": r["status"], "start": r["startTime"],
+         "end": r["endTime"], "tags": {k: v for k, v in r["tags"].items() if k.startswith("dagster/")}}
+        for r in deployment.runs() if r["runId"] in made
+    ]
