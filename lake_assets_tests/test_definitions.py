@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -96,6 +97,7 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
         ("cards", "2024-03-01-04", "2024-03-01-04"),
     }
     assert len({r.run_key for r in result.run_requests}) == 3
+    assert all(r.tags[WHOLE_TABLE_RUN_TAG] == "true" for r in result.run_requests)
     assert {o.asset_key for o in result.asset_events} == {dg.AssetKey(["unit", "accounts", "raw"]), dg.AssetKey(["unit", "cards", "raw"])}
 
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=result.cursor) as context:
@@ -109,3 +111,47 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
     assert set(late.run_requests[0].asset_selection) == {
         dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes", "current", "history")
     }
+
+
+def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
+    """A ranged run that wrote every layer must not make the automation re-run its older hours.
+
+    The automation tick may see the upstream layer's materialisations before the downstream
+    ones of the same run; only the run tag tells them apart from an update made elsewhere.
+    """
+    hours = dg.HourlyPartitionsDefinition(start_date="2024-03-01-00:00", end_date="2024-03-01-04:00")
+
+    single_run = dg.BackfillPolicy.single_run()
+
+    @dg.asset(partitions_def=hours, backfill_policy=single_run)
+    def upstream() -> None:
+        pass
+
+    @dg.asset(partitions_def=hours, backfill_policy=single_run, deps=[upstream], automation_condition=follow_upstream())
+    def downstream() -> None:
+        pass
+
+    instance = dg.DagsterInstance.ephemeral()
+    # Dagster reads "new" updates after the previous tick's last event: give that tick one.
+    assert dg.materialize([upstream, downstream], instance=instance, partition_key="2024-03-01-03:00").success
+    cursor = dg.evaluate_automation_conditions(defs=[upstream, downstream], instance=instance).cursor
+
+    def run_upstream(first: str, last: str, tags: dict[str, str]):
+        result = dg.materialize(
+            [upstream, downstream], selection=[upstream], instance=instance,
+            tags={RANGE_START_TAG: first, RANGE_END_TAG: last, **tags},
+        )
+        assert result.success
+
+    def requested(cursor):
+        evaluation = dg.evaluate_automation_conditions(defs=[upstream, downstream], instance=instance, cursor=cursor)
+        return evaluation.get_requested_partitions(downstream.key), evaluation.cursor
+
+    run_upstream("2024-03-01-00:00", "2024-03-01-02:00", {WHOLE_TABLE_RUN_TAG: "true"})
+    after_whole_table_run, cursor = requested(cursor)
+    assert after_whole_table_run == set()
+
+    run_upstream("2024-03-01-01:00", "2024-03-01-02:00", {})
+    after_outside_update, cursor = requested(cursor)
+    assert after_outside_update == {"2024-03-01-01:00", "2024-03-01-02:00"}
+

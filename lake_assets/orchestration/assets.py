@@ -62,6 +62,11 @@ def table_pool(feed: str, table: str) -> str:
     return identifier("lake_table", feed, table)
 
 
+WHOLE_TABLE_RUN_TAG = "lake_assets/whole_table"
+"""Run tag of runs that write every layer of a table's partitions together (catalog, changes,
+current and history): the landing sensors' runs and the table and feed jobs."""
+
+
 def follow_upstream() -> dg.AutomationCondition:
     """Materialise a partition after any of its upstream partitions changed, once they are all
     present and none is in progress.
@@ -69,9 +74,22 @@ def follow_upstream() -> dg.AutomationCondition:
     `AutomationCondition.eager()` without its latest-time-window limit: a late file re-runs an
     old hour, and the downstream layers must follow that hour too. No `newly_missing` either:
     partitions nothing has landed in are not work.
+
+    Upstream updates made by a whole-table run do not count: that run wrote this layer too.
+    `any_deps_updated()` means the same but decides it with `executed_with_root_target()`, which
+    only recognises the upstream asset's latest partition; after a ranged run over hours 0..3 it
+    takes hours 0..2 for outside updates and, on a slow tick, re-folds them in a second run.
+    The run-tag test looks at each partition's own new materialisations.
     """
+    updated_elsewhere = (
+        dg.AutomationCondition.newly_updated()
+        & ~dg.AutomationCondition.all_new_updates_have_run_tags(tag_keys={WHOLE_TABLE_RUN_TAG})
+        & ~dg.AutomationCondition.executed_with_root_target()
+    ).with_label("updated by a run that did not write this layer")
     return (
-        dg.AutomationCondition.any_deps_updated().since_last_handled()
+        dg.AutomationCondition.any_deps_match(
+            updated_elsewhere | dg.AutomationCondition.will_be_requested()
+        ).since_last_handled()
         & ~dg.AutomationCondition.any_deps_missing()
         & ~dg.AutomationCondition.any_deps_in_progress()
         & ~dg.AutomationCondition.in_progress()

@@ -9,7 +9,7 @@ import dagster as dg
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key
-from lake_assets.orchestration.assets import build_table_assets, identifier
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor
@@ -106,6 +106,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                         table_job_name(feed.name, table_assets.table),
                         selection=dg.AssetSelection.assets(*table_assets.processed_keys),
                         description=f"`{table_assets.table}` of the `{feed.name}` feed: changes, current and history.",
+                        tags={WHOLE_TABLE_RUN_TAG: "true"},
                     )
                 )
             if built:
@@ -123,6 +124,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                         feed_job_name(feed.name),
                         selection=dg.AssetSelection.assets(*[k for t in built for k in t.processed_keys]),
                         description=f"Every table of the `{feed.name}` feed: changes, current and history.",
+                        tags={WHOLE_TABLE_RUN_TAG: "true"},
                     )
                 )
         for table_assets in built:

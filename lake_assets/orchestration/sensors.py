@@ -22,7 +22,7 @@ from lake_assets.landing_watch import (
     scan_batches,
     scan_table,
 )
-from lake_assets.orchestration.assets import TableAssets
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -105,7 +105,12 @@ def _range_run(feed: str, assets: TableAssets, found: list[NewFiles]) -> dg.RunR
     return dg.RunRequest(
         run_key=f"{feed}:{assets.table}:{start}..{end}:{digest}",
         asset_selection=assets.processed_keys,
-        tags={RANGE_START_TAG: start, RANGE_END_TAG: end, "lake_assets/table": assets.table},
+        tags={
+            RANGE_START_TAG: start,
+            RANGE_END_TAG: end,
+            "lake_assets/table": assets.table,
+            WHOLE_TABLE_RUN_TAG: "true",
+        },
     )
 
 
