@@ -120,7 +120,6 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     ones of the same run; only the run tag tells them apart from an update made elsewhere.
     """
     hours = dg.HourlyPartitionsDefinition(start_date="2024-03-01-00:00", end_date="2024-03-01-04:00")
-
     single_run = dg.BackfillPolicy.single_run()
 
     @dg.asset(partitions_def=hours, backfill_policy=single_run)
@@ -143,8 +142,8 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
         )
         assert result.success
 
-    def requested(cursor):
-        evaluation = dg.evaluate_automation_conditions(defs=[upstream, downstream], instance=instance, cursor=cursor)
+    def requested(previous_cursor):
+        evaluation = dg.evaluate_automation_conditions(defs=[upstream, downstream], instance=instance, cursor=previous_cursor)
         return evaluation.get_requested_partitions(downstream.key), evaluation.cursor
 
     run_upstream("2024-03-01-00:00", "2024-03-01-02:00", {WHOLE_TABLE_RUN_TAG: "true"})
@@ -154,4 +153,3 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     run_upstream("2024-03-01-01:00", "2024-03-01-02:00", {})
     after_outside_update, cursor = requested(cursor)
     assert after_outside_update == {"2024-03-01-01:00", "2024-03-01-02:00"}
-
