@@ -5,6 +5,8 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 
 from __future__ import annotations
 
+import datetime as dt
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 import pyarrow.parquet as pq
@@ -68,17 +70,46 @@ def read_drifting(
             raise
     groups: dict[str, list[str]] = {}
     for folder in folders:
-        for entry in storage.walk_files(folder):
-            if entry.name.startswith(("_", ".")) or not entry.name.endswith(".parquet"):
+        # `folders` may also name single files (the closed files a fold rewrites).
+        files = [folder] if folder.endswith(".parquet") else [e.uri for e in storage.walk_files(folder)]
+        for uri in files:
+            name = uri.rsplit("/", 1)[-1]
+            if name.startswith(("_", ".")) or not name.endswith(".parquet"):
                 continue
-            with storage.open_input_file(entry.uri) as handle:
+            with storage.open_input_file(uri) as handle:
                 signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
-            groups.setdefault(signature, []).append(entry.uri)
+            groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
         part = spark.read.option("basePath", base_path).parquet(*uris) if base_path else spark.read.parquet(*uris)
         frames.append(part)
     return union_all(table, frames)
+
+
+def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:
+    """The Parquet files in which `column` may hold a time at or after `bound`, decided from the
+    footers' row-group statistics without reading any data. A file whose statistics are missing
+    (or not a plain timestamp) counts as reaching: only provably older files are left out."""
+    bound = bound if bound.tzinfo else bound.replace(tzinfo=dt.timezone.utc)
+
+    def reaches(uri: str) -> bool:
+        with storage.open_input_file(uri) as handle:
+            meta = pq.ParquetFile(handle).metadata
+        index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
+        if index is None:
+            return True
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(index).statistics
+            latest = stats.max if stats is not None and stats.has_min_max else None
+            if not isinstance(latest, dt.datetime):
+                return True
+            if (latest if latest.tzinfo else latest.replace(tzinfo=dt.timezone.utc)) >= bound:
+                return True
+        return False
+
+    # Footer reads are small requests; on S3 their latency, not their size, is the cost.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return [uri for uri, hit in zip(files, pool.map(reaches, files)) if hit]
 
 
 def write_partitions(

@@ -1,6 +1,7 @@
 """The merge engine on hand-made cases: the Fivetran seed example and the classic edge cases."""
 
 import datetime as dt
+from pathlib import Path
 
 from lake_assets.engine.fold import fold
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, utc
@@ -83,18 +84,51 @@ def test_purge_erases_field_data_everywhere_but_keeps_keys(spark, tmp_path):
     assert [r["c1"] for r in lake.history() if r["id"] == "q"] == ["keep"]
 
 
-def test_late_data_rewrites_only_the_days_it_reaches(spark, tmp_path):
+def closed_files(lake, day):
+    return {p.name for p in (Path(lake.state.history_closed[len("file://"):]) / day).glob("*.parquet")}
+
+
+def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     days = [utc(2024, 1, d, 12) for d in range(1, 8)]
     for i, day in enumerate(days):
         report = lake.fold([ev(k, "update", day, i * 10 + n, f"{k}{i}") for n, k in enumerate("abc")])
         assert report.days_rewritten == []
-    report = lake.fold([ev("a", "update", days[5] + dt.timedelta(hours=1), 999, "late")])
+    # Two more folds on the last day: its closed rows now lie in the files of three folds.
+    files_of_fold = []
+    for n, hour in enumerate((14, 16)):
+        before = closed_files(lake, "2024-01-07")
+        lake.fold([ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}") for i, k in enumerate("abc")])
+        files_of_fold.append(closed_files(lake, "2024-01-07") - before)
+    untouched = {"2024-01-06": closed_files(lake, "2024-01-06"), "2024-01-07": closed_files(lake, "2024-01-07") - files_of_fold[1]}
+    assert len(untouched["2024-01-07"]) == 2 and len(files_of_fold[1]) == 1
+    report = lake.fold([ev("a", "update", utc(2024, 1, 7, 15), 999, "late")])
     assert report.late_keys == 1
-    # the day the late version falls in and the days after it; never the older days
-    assert sorted(report.days_rewritten) == ["history:2024-01-06", "history:2024-01-07"]
+    # Only the file of the fold at 16:00 holds a row ending after 15:00 (a's version of 14:00);
+    # the day before and the older files of the same day stay as they were.
+    assert report.days_rewritten == ["history:2024-01-07"] and report.closed_files_rewritten == 1
+    assert closed_files(lake, "2024-01-06") == untouched["2024-01-06"]
+    after = closed_files(lake, "2024-01-07")
+    assert untouched["2024-01-07"] <= after and not files_of_fold[1] & after and len(after) == 3
+    a = [h for h in table(lake.history()) if h[0] == "a"]
+    assert [h[1] for h in a] == ["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a@14", "late", "a@16"]
+    assert [h[4] for h in a][-3:] == [utc(2024, 1, 7, 15) - MS, utc(2024, 1, 7, 16) - MS, TMAX]
+
+
+def test_late_data_reaching_back_days_rewrites_the_files_of_each_day_it_reaches(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    days = [utc(2024, 1, d, 12) for d in range(1, 8)]
+    for i, day in enumerate(days):
+        lake.fold([ev(k, "update", day, i * 10 + n, f"{k}{i}") for n, k in enumerate("abc")])
+    report = lake.fold([ev("a", "update", days[5] + dt.timedelta(hours=1), 999, "late")])
+    # a's version of 6 Jan ends on 7 Jan; the file of 6 Jan ends before the late version
+    assert report.days_rewritten == ["history:2024-01-07"]
+    report = lake.fold([ev("b", "update", days[2] - dt.timedelta(hours=1), 998, "later")])
+    assert sorted(report.days_rewritten) == [f"history:2024-01-0{d}" for d in range(3, 8)]
     a = [h for h in table(lake.history()) if h[0] == "a"]
     assert [h[1] for h in a] == ["a0", "a1", "a2", "a3", "a4", "a5", "late", "a6"]
+    b = [h for h in table(lake.history()) if h[0] == "b"]
+    assert [h[1] for h in b] == ["b0", "b1", "later", "b2", "b3", "b4", "b5", "b6"]
 
 
 def test_a_partial_update_closed_by_a_later_fold_still_fills_from_an_older_late_version(spark, tmp_path):

@@ -1,5 +1,9 @@
 """Replacing partitions of a lake table: exactly the run's partitions, nothing else."""
 
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lake_assets import lake_io
@@ -26,3 +30,27 @@ def test_rows_outside_the_run_partitions_are_refused(spark, tmp_path):
     nulls = spark.createDataFrame([("a", None)], "id string, hour string")
     with pytest.raises(ValueError, match="'None' do not belong"):
         lake_io.write_partitions(nulls, Storage(), table, "hour", ["h1"])
+
+
+def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
+    """Only files whose statistics prove every value older than the bound are left out; a file
+    without the column or without statistics may reach it."""
+    at = [dt.datetime(2024, 1, 1, h, tzinfo=dt.timezone.utc) for h in range(24)]
+
+    def write(name, ends, **options):
+        pq.write_table(pa.table({"id": [str(i) for i in range(len(ends))], "_end": pa.array(ends, pa.timestamp("us", tz="UTC"))}),
+                       tmp_path / name, **options)
+        return f"file://{tmp_path / name}"
+
+    older = write("older.parquet", [at[1], at[3]])
+    touching = write("touching.parquet", [at[2], at[5]])  # max equals the bound
+    newer = write("newer.parquet", [at[8]])
+    groups = write("groups.parquet", [at[1], at[2], at[9]], row_group_size=1)  # only its last group reaches
+    unknown = write("unknown.parquet", [at[1]], write_statistics=False)
+    other = f"file://{tmp_path / 'other.parquet'}"
+    pq.write_table(pa.table({"id": ["x"]}), tmp_path / "other.parquet")
+    files = [older, touching, newer, groups, unknown, other]
+    assert lake_io.files_reaching(Storage(), files, "_end", at[5]) == [touching, newer, groups, unknown, other]
+    assert lake_io.files_reaching(Storage(), files, "_end", at[10]) == [unknown, other]
+    naive = at[5].replace(tzinfo=None)  # a naive bound is read as UTC
+    assert lake_io.files_reaching(Storage(), files, "_end", naive) == [touching, newer, groups, unknown, other]

@@ -205,10 +205,10 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     assert all(e.passed for e in evaluations.values()), evaluations
     assert evaluations["events_reconcile"].metadata["versions_stored"].value > 0
 
-    # A stray copy of the newest closed day (as a botched manual repair would leave) doubles rows.
-    closed = sorted((tmp_path / "lake/history/unit/accounts/closed").iterdir())[-1]
-    original = next(closed.glob("*.parquet"))
-    shutil.copy(original, closed / "part-stray-copy.parquet")
+    # A stray copy of an open-set file (as a botched manual repair would leave) doubles rows
+    # where the next fold's checks look: the open set and the closed files it could change.
+    active = tmp_path / "lake/history/unit/accounts/active"
+    shutil.copy(next(active.glob("*.parquet")), active / "part-stray-copy.parquet")
     result = job.execute_in_process(instance=instance, partition_key=hours[-1], raise_on_error=False)
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["history_windows"].passed is False

@@ -1,8 +1,8 @@
 """Invariants of the folded tables, computed from the files a reader sees (not from the fold's
 own intermediate results), so a fault in the fold or in the commit shows up here.
 
-Each check reads only what the last fold could have changed: the open set, and closed days
-from the earliest version the fold touched. Results are plain data; the Dagster layer turns
+Each check reads only what the last fold could have changed: the open set, and the closed files
+that may hold rows ending at or after the earliest version the fold touched. Results are plain data; the Dagster layer turns
 them into asset check results.
 """
 
@@ -40,7 +40,7 @@ def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) ->
     """Over history versions and delete events (`_op`), per key in start order:
     at most one active version, no inverted window, no overlap, and each end equal to the next
     version's start − 1 ms or to the time of the delete that follows it.
-    `rows` is the open set and the closed days the last fold could have changed."""
+    `rows` is the open set and the closed files the last fold could have changed."""
     hc = spec.history_columns
     if rows is None:
         return Outcome("history_windows", True, "history is empty", {})

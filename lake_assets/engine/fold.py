@@ -3,9 +3,9 @@
 For the keys in the batch, the fold recomputes each key's timeline from its earliest touched
 version on. The rows it needs are the key's open row (its last event: `history/active` or the
 open deletes) and, only when the batch holds events older than that open row (late data), the
-closed rows ending at or after the earliest late version, found in the closed days from that
-date on. Everything else stays where it is: untouched keys' open rows are carried over, closed
-days before the late data are only ever appended to.
+closed rows ending at or after the earliest late version, found in the closed files whose
+footers say they may hold such rows. Everything else stays where it is: untouched keys' open
+rows are carried over, closed files older than the late data are never rewritten.
 
 Folding the same batch twice, folding batches in any order, or folding the whole log at once
 gives the same tables: the window of a key always starts at an anchor row (its last event
@@ -26,7 +26,7 @@ from lake_assets.engine import merge, model as m
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, new_fold_id, recover
+from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, data_files, new_fold_id, recover
 from lake_assets.storage import Storage
 
 FROM = "__from"
@@ -52,6 +52,7 @@ class FoldReport:
     newly_purged: list = dataclasses.field(default_factory=list)
     days_rewritten: list[str] = dataclasses.field(default_factory=list)
     days_appended: list[str] = dataclasses.field(default_factory=list)
+    closed_files_rewritten: int = 0
     current_rows: int = 0
     recovered_folds: list[str] = dataclasses.field(default_factory=list)
     #: batch bookkeeping for reconciliation: rows in = versions + duplicates + superseded writes
@@ -95,11 +96,11 @@ def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
     )
 
 
-def _read(spark: SparkSession, storage: Storage, folders: list[str], spec: m.TableSpec) -> DataFrame | None:
-    folders = [f for f in folders if storage.exists(f)]
-    if not folders:
+def _read(spark: SparkSession, storage: Storage, paths: list[str], spec: m.TableSpec) -> DataFrame | None:
+    """Stored rows of the given folders or files, with the engine's column names."""
+    if not paths:
         return None
-    return from_persisted(lake_io.read_drifting(spark, storage, folders, table=spec.name), spec)
+    return from_persisted(lake_io.read_drifting(spark, storage, paths, table=spec.name), spec)
 
 
 def _union(frames: list[DataFrame | None], table: str) -> DataFrame | None:
@@ -130,7 +131,7 @@ def fold(
     marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
     events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
     touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM))
-    open_rows = _read(spark, storage, [state.history_active, state.deletes_active], spec)
+    open_rows = _read(spark, storage, [f for f in (state.history_active, state.deletes_active) if storage.exists(f)], spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
     # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
     late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM) if open_touched is not None else None
@@ -146,19 +147,16 @@ def fold(
     report.touched_since = totals["since"]
     report.late_keys = totals["late_keys"]
 
-    since_day, late_window, rewrite_days = None, None, {}
-    if report.late_keys:
-        since_day = (totals["late_since"] - dt.timedelta(milliseconds=1)).date().isoformat()
+    late_window, rewrite = None, {}
     newly_purged = _newly_purged(events, open_rows, keys) if totals["purge_markers"] else []
     report.newly_purged = newly_purged
-    if newly_purged:
-        since_day = "0000-00-00"  # erasing a key's fields reaches every closed day that holds it
-    if since_day is not None:
-        for kind, folder in (("history", state.history_closed), ("delete", state.deletes_closed)):
-            for day, uri in closed_days(storage, folder).items():
-                if day >= since_day:
-                    rewrite_days[(kind, day)] = uri
-        kept = _read(spark, storage, list(rewrite_days.values()), spec)
+    if report.late_keys or newly_purged:
+        # Late data reaches the closed rows ending at or after its earliest version (less the
+        # millisecond between a version's end and the next start); older files stay as they
+        # are. Erasing a key's fields reaches every closed file that may hold it.
+        ending_from = None if newly_purged else totals["late_since"] - dt.timedelta(milliseconds=1)
+        rewrite = closed_files_ending_from(storage, state, spec, ending_from)
+        kept = _read(spark, storage, [uri for files in rewrite.values() for uri in files], spec)
         if kept is not None and report.late_keys:
             # One pass over the closed rows splits them: those the late data reaches are redone in
             # the window, the rest are kept as they are (no anti-join of the two, no third read).
@@ -235,15 +233,16 @@ def fold(
     ):
         plan.replace_folder(storage, final)
         plan.stage_folder(storage, staged, final)
-    for (kind, day), uri in rewrite_days.items():
-        plan.replace_folder(storage, uri)
+    for (kind, day), files in rewrite.items():
+        plan.deletes.extend(files)
         report.days_rewritten.append(f"{kind}:{day}")
+        report.closed_files_rewritten += len(files)
     for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
         for entry in storage.list(f"{stage}/closed/{KIND}={kind}"):
             if entry.is_dir and entry.name.startswith(f"{DAY}="):
                 day = entry.name.split("=", 1)[1]
                 plan.stage_folder(storage, entry.uri, f"{final_root}/{day}")
-                if (kind, day) not in rewrite_days:
+                if (kind, day) not in rewrite:
                     report.days_appended.append(f"{kind}:{day}")
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
@@ -290,16 +289,36 @@ def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str
     return [tuple(r) for r in purged.collect()]
 
 
+def closed_files_ending_from(
+    storage: Storage, state: TableState, spec: m.TableSpec, ending_from: dt.datetime | None
+) -> dict[tuple[str, str], list[str]]:
+    """(kind, end date) -> the closed history and delete files that may hold rows ending at or
+    after `ending_from` (every closed file when None). A fold adds new files to the days it
+    closes rows in, so late data reaches the last few files of a day, not the whole day; the
+    footers' statistics of the days from that date on say which."""
+    floor = ending_from.date().isoformat() if ending_from else ""
+    candidates = {
+        (kind, day): data_files(storage, uri)
+        for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed))
+        for day, uri in closed_days(storage, root).items()
+        if day >= floor
+    }
+    if ending_from is not None:
+        every = [uri for files in candidates.values() for uri in files]
+        reaching = set(lake_io.files_reaching(storage, every, spec.history_columns.end, ending_from))
+        candidates = {where: [uri for uri in files if uri in reaching] for where, files in candidates.items()}
+    return {where: files for where, files in candidates.items() if files}
+
+
 def stored_rows_since(
     spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, since: dt.datetime | None
 ) -> DataFrame | None:
     """Stored history and delete rows (in their stored shape) that may end at or after `since`:
-    the open set plus the closed days from `since` on. What the last fold could have changed."""
-    folders = [state.history_active, state.deletes_active]
-    floor = (since - dt.timedelta(milliseconds=1)).date().isoformat() if since else ""
-    for root in (state.history_closed, state.deletes_closed):
-        folders += [uri for day, uri in closed_days(storage, root).items() if day >= floor]
-    folders = [f for f in folders if storage.exists(f)]
-    if not folders:
+    the open set plus the closed files from `since` on. What the last fold could have changed."""
+    ending_from = since - dt.timedelta(milliseconds=1) if since else None
+    closed = closed_files_ending_from(storage, state, spec, ending_from)
+    paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
+    paths += [uri for files in closed.values() for uri in files]
+    if not paths:
         return None
-    return lake_io.read_drifting(spark, storage, folders, table=spec.name)
+    return lake_io.read_drifting(spark, storage, paths, table=spec.name)

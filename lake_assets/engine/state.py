@@ -4,17 +4,17 @@ half-written files.
 ```
 current/<feed>/<table>/part-*.parquet                  live rows; rewritten by every fold
 history/<feed>/<table>/active/part-*.parquet           open versions; rewritten by every fold
-history/<feed>/<table>/closed/<end date>/part-*.parquet closed versions; new files appended,
-                                                       a day rewritten only for late data
+history/<feed>/<table>/closed/<end date>/part-*.parquet closed versions; each fold appends
+                                                       files, late data rewrites those it reaches
 _state/<feed>/<table>/deletes/{active,closed/<date>}/  delete events, same shape, not published
 _state/<feed>/<table>/commits/<fold>.json              commit record of a fold being applied
 _staging/<feed>/<table>/<fold>/                        files of a fold before they are committed
 ```
 
 Closed versions never change unless late data lands before their end, so keeping them apart from
-the open set, grouped by end date, lets a fold read and rewrite only the open set and the days
-that late data reaches: the cost of a fold follows the batch and the number of keys, not the
-length of history.
+the open set, grouped by end date with each fold's rows in files of their own, lets a fold read
+and rewrite only the open set and the closed files that late data reaches: the cost of a fold
+follows the batch and the number of keys, not the length of history.
 
 A fold writes everything to staging first (invisible to readers: `_staging` is outside every
 table folder), then writes a commit record listing which staged files become which table files

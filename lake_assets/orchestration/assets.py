@@ -262,6 +262,7 @@ def build_table_assets(
             "keys_touched": report.keys_touched,
             "late_keys": report.late_keys,
             "closed_days_rewritten": len(report.days_rewritten),
+            "closed_files_rewritten": report.closed_files_rewritten,
             "closed_days_appended": len(report.days_appended),
             "keys_newly_purged": len(report.newly_purged),
         }
