@@ -44,12 +44,12 @@ def read_partitions(
 def read_drifting(
     spark: SparkSession,
     storage: Storage,
-    folders: list[str],
+    paths: list[str],
     base_path: str | None = None,
     table: str = "",
     recursive: bool = False,
 ) -> DataFrame:
-    """Read Parquet folders whose files may disagree on column types.
+    """Read Parquet folders (or single `.parquet` files) whose files may disagree on column types.
 
     Spark's mergeSchema handles added and dropped columns but refuses a column that is int in
     one file and bigint in another; then the files are read in groups of equal schema and
@@ -62,16 +62,15 @@ def read_drifting(
     if base_path:
         reader = reader.option("basePath", base_path)
     try:
-        df = reader.parquet(*folders)
+        df = reader.parquet(*paths)
         df.schema  # schema merging happens here, eagerly
         return df
     except Exception as exc:  # py4j surfaces Spark's CANNOT_MERGE_SCHEMAS as a generic error
         if "CANNOT_MERGE_SCHEMAS" not in str(exc):
             raise
     groups: dict[str, list[str]] = {}
-    for folder in folders:
-        # `folders` may also name single files (the closed files a fold rewrites).
-        files = [folder] if folder.endswith(".parquet") else [e.uri for e in storage.walk_files(folder)]
+    for path in paths:
+        files = [path] if path.endswith(".parquet") else [e.uri for e in storage.walk_files(path)]
         for uri in files:
             name = uri.rsplit("/", 1)[-1]
             if name.startswith(("_", ".")) or not name.endswith(".parquet"):

@@ -54,3 +54,14 @@ def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     assert lake_io.files_reaching(Storage(), files, "_end", at[10]) == [unknown, other]
     naive = at[5].replace(tzinfo=None)  # a naive bound is read as UTC
     assert lake_io.files_reaching(Storage(), files, "_end", naive) == [touching, newer, groups, unknown, other]
+
+
+def test_single_files_whose_types_disagree_are_read_together_widened(spark, tmp_path):
+    """The closed files a fold rewrites are named one by one; an int and a bigint copy of a
+    column (schema drift between folds) still read as one frame."""
+    pq.write_table(pa.table({"id": ["a"], "n": pa.array([1], pa.int32())}), tmp_path / "narrow.parquet")
+    pq.write_table(pa.table({"id": ["b"], "n": pa.array([2**40], pa.int64())}), tmp_path / "wide.parquet")
+    files = [f"file://{tmp_path / name}" for name in ("narrow.parquet", "wide.parquet")]
+    frame = lake_io.read_drifting(spark, Storage(), files, table="t")
+    assert dict(frame.dtypes)["n"] == "bigint"
+    assert sorted((r["id"], r["n"]) for r in frame.collect()) == [("a", 1), ("b", 2**40)]

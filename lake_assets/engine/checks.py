@@ -2,8 +2,8 @@
 own intermediate results), so a fault in the fold or in the commit shows up here.
 
 Each check reads only what the last fold could have changed: the open set, and the closed files
-that may hold rows ending at or after the earliest version the fold touched. Results are plain data; the Dagster layer turns
-them into asset check results.
+that may hold rows ending at or after the earliest version the fold touched. Results are plain
+data; the Dagster layer turns them into asset check results.
 """
 
 from __future__ import annotations
