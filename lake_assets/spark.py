@@ -24,6 +24,9 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.driver.memory": "4g",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    # Partition folder values are the lake's keys (hours, GRAX batch ids) and always text; typed
+    # by inference, a GRAX batch of digits alone ("000000123") would read back as the number 123.
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.adaptive.enabled": "true",
     # A fold runs ~160 generated-code classes; with Spark's default cache of 100 every hourly
@@ -93,9 +96,13 @@ def session_conf(
     if remote:
         # A Connect server owns its cluster settings; only session SQL settings apply.
         conf["spark.remote"] = remote
-        conf["spark.sql.session.timeZone"] = "UTC"
-        conf["spark.sql.sources.partitionOverwriteMode"] = "dynamic"
-        conf["spark.sql.shuffle.partitions"] = EMBEDDED_DEFAULTS["spark.sql.shuffle.partitions"]
+        for setting in (
+            "spark.sql.session.timeZone",
+            "spark.sql.sources.partitionOverwriteMode",
+            "spark.sql.sources.partitionColumnTypeInference.enabled",
+            "spark.sql.shuffle.partitions",
+        ):
+            conf[setting] = EMBEDDED_DEFAULTS[setting]
     else:
         conf["spark.master"] = master or "local[2]"
         conf.update(EMBEDDED_DEFAULTS)

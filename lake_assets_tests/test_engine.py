@@ -3,8 +3,11 @@
 import datetime as dt
 from pathlib import Path
 
+from pyspark.sql import functions as F
+
+from lake_assets.engine import merge
 from lake_assets.engine.fold import fold
-from lake_assets_tests.engine_harness import SCHEMA, EngineLake, utc
+from lake_assets_tests.engine_harness import PAYLOAD, SCHEMA, SPEC, EngineLake, as_row, utc
 
 T = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 10)}
 MS = dt.timedelta(milliseconds=1)
@@ -153,3 +156,29 @@ def test_an_empty_batch_leaves_the_state_as_it_was(spark, tmp_path):
         report = fold(spark, lake.storage, lake.state, batch, lake.spec)
         assert (report.batch_rows, report.events_in, report.keys_touched, report.files_written) == (0, 0, 0, [])
         assert (lake.current(), lake.history()) == before
+
+
+def test_a_cached_marked_batch_feeds_the_timeline_without_another_sort(spark):
+    """A fold into an empty table (a first backfill) marks the batch, caches it, and builds the
+    timeline from it. The marks and the rules read events in one order, so Spark plans no
+    shuffle or sort between the cache and the timeline: the batch is sorted once, not twice."""
+    events = [
+        ev("a", "insert", T[1], 1, "x", 1),
+        ev("a", "update", T[2], 2, "y", unmodified=["c2"]),
+        ev("b", "insert", T[1], 3, "z", 2),
+        ev("b", "insert", T[1], 3, "z", 2),
+    ]
+    batch = spark.createDataFrame([as_row(e) for e in events], SCHEMA)
+    marked = merge.mark_identical(batch, SPEC).persist()
+    try:
+        marked.count()  # as the fold's totals do: the cached frame's order is known from here on
+        kept = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
+        rows = merge.timeline(kept, SPEC, list(PAYLOAD), purges=True)
+        plan = rows._jdf.queryExecution().executedPlan().toString().splitlines()
+        above_cache = plan[:next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
+        assert not [line for line in above_cache if "Sort [" in line or "Exchange " in line], "\n".join(above_cache)
+        assert [(r["id"], r["c1"], r["c2"]) for r in rows.orderBy("id", merge.START).collect()] == [
+            ("a", "x", 1), ("a", "y", 1), ("b", "z", 2),
+        ]
+    finally:
+        marked.unpersist()

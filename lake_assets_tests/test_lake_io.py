@@ -32,6 +32,23 @@ def test_rows_outside_the_run_partitions_are_refused(spark, tmp_path):
         lake_io.write_partitions(nulls, Storage(), table, "hour", ["h1"])
 
 
+def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
+    """GRAX batch ids are hex: a batch of digits alone, read by itself, keeps its leading zeros
+    (typed by inference it would come back as a number), and a purge finds it to erase."""
+    table = f"file://{tmp_path / 't'}"
+    storage = Storage()
+    frame = spark.createDataFrame([("a", "000000123"), ("b", "00000000e")], "id string, batch string")
+    lake_io.write_partitions(frame, storage, table, "batch", ["000000123", "00000000e"])
+    alone = lake_io.read_partitions(spark, storage, table, "batch", ["000000123"])
+    assert [(r["id"], r["batch"]) for r in alone.collect()] == [("a", "000000123")]
+    only_digits = f"file://{tmp_path / 'digits'}"
+    lake_io.write_partitions(frame.where("id = 'a'"), storage, only_digits, "batch", ["000000123"])
+    erased = lake_io.erase_keys_in_partitions(
+        spark, storage, only_digits, "batch", ["id"], [("a",)], lambda columns: [], "purged",
+    )
+    assert erased == ["000000123"]
+
+
 def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     """Only files whose statistics prove every value older than the bound are left out; a file
     without the column or without statistics may reach it."""

@@ -171,18 +171,21 @@ def fold(
     # The window of every touched key: its anchor and later stored rows, plus the batch.
     stored = _union([open_touched, late_window], spec.name)
     if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
-        window_events = events.withColumn(ORIGIN, F.lit(1))
-        anchor = None
+        # The cached batch is already partitioned by key and sorted in the rules' event order
+        # (`mark_identical` did it), and Spark keeps that order for a cached frame: with no
+        # tie-break to add, the timeline's windows read it as it is, without another sort.
+        window_events, anchor, tie_break = events, None, None
     else:
         stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
         window_events = union_all(spec.name, [stored, events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1))])
         # Stored rows before the batch's earliest version are anchors: their values are final.
         anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
+        # A stored row and a batch event for the same write: the batch's copy keeps its markers.
+        tie_break = [F.col(ORIGIN)]
     payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
-    # A stored row and a batch event for the same write: the batch's copy keeps its markers.
     # Stored rows may carry a purge marker; a batch alone can only if it counted one.
     purges = stored is not None or totals["purge_markers"] > 0
-    rows = merge.timeline(window_events, spec, payload, tie_break=[F.col(ORIGIN)], settled=anchor, purges=purges)
+    rows = merge.timeline(window_events, spec, payload, tie_break=tie_break, settled=anchor, purges=purges)
     rows = rows.drop(FROM, ORIGIN)
     rows = rows.withColumn(SYNCED, synced).persist()
 
