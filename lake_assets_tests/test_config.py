@@ -3,6 +3,7 @@ import pytest
 from lake_assets.config import dump_config, load_config, parse_config
 from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
+from lake_assets.spark import session_conf
 
 
 def test_minimal_config_parses_and_round_trips(tmp_path):
@@ -79,3 +80,15 @@ def test_flow_collections_need_keys_and_may_select_logical_partitions():
         parse_config({"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]})
     with pytest.raises(ConfigError, match="'collections' is required"):
         parse_config({"lake": "/lake", "feeds": [{k: v for k, v in feed.items() if k != "collections"}]})
+
+
+def test_embedded_and_connect_sessions_get_the_lake_sql_settings():
+    """A Spark Connect server keeps its own cluster settings, but the SQL settings the lake's
+    reads and writes rely on (UTC, dynamic partition overwrite, partition values as text) are
+    set for its session as for the embedded one."""
+    local, connect = session_conf(), session_conf(remote="sc://127.0.0.1:15002")
+    assert "spark.master" not in connect and connect["spark.remote"] == "sc://127.0.0.1:15002"
+    for conf in (local, connect):
+        assert conf["spark.sql.session.timeZone"] == "UTC"
+        assert conf["spark.sql.sources.partitionOverwriteMode"] == "dynamic"
+        assert conf["spark.sql.sources.partitionColumnTypeInference.enabled"] == "false"
