@@ -13,9 +13,13 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine.schema import union_all
+from lake_assets.errors import ConfigError
 
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
+
+
+TYPE_INFERENCE = "spark.sql.sources.partitionColumnTypeInference.enabled"
 
 
 def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[str, str]:
@@ -34,6 +38,10 @@ def read_partitions(
     Only the requested partition folders are handed to Spark, so reading an hour of a long
     log costs the hour, not a listing of the whole log. None when no requested partition exists.
     """
+    if spark.conf.get(TYPE_INFERENCE, "true").lower() != "false":
+        # Typed by inference, a GRAX batch folder of digits alone (`batch=000000123`) reads back
+        # as 123 and matches no partition again: refuse rather than lose the zeros silently.
+        raise ConfigError(f"reading {table_uri}: the Spark session must set {TYPE_INFERENCE}=false (partition values are text)")
     present = existing_partitions(storage, table_uri, column)
     wanted = sorted(present) if values is None else sorted(set(values) & set(present))
     if not wanted:

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lake_assets import lake_io
+from lake_assets.errors import ConfigError
 from lake_assets.storage import Storage
 
 
@@ -34,7 +35,8 @@ def test_rows_outside_the_run_partitions_are_refused(spark, tmp_path):
 
 def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
     """GRAX batch ids are hex: a batch of digits alone, read by itself, keeps its leading zeros
-    (typed by inference it would come back as a number), and a purge finds it to erase."""
+    (typed by inference it would come back as a number), and a purge finds it to erase; a
+    session that infers partition types is refused, not trusted."""
     table = f"file://{tmp_path / 't'}"
     storage = Storage()
     frame = spark.createDataFrame([("a", "000000123"), ("b", "00000000e")], "id string, batch string")
@@ -47,6 +49,12 @@ def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
         spark, storage, only_digits, "batch", ["id"], [("a",)], lambda columns: [], "purged",
     )
     assert erased == ["000000123"]
+    spark.conf.set(lake_io.TYPE_INFERENCE, "true")  # a session someone else configured
+    try:
+        with pytest.raises(ConfigError, match="partitionColumnTypeInference.enabled=false"):
+            lake_io.read_partitions(spark, storage, table, "batch", ["000000123"])
+    finally:
+        spark.conf.set(lake_io.TYPE_INFERENCE, "false")
 
 
 def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
