@@ -1,8 +1,10 @@
 """The merge engine on hand-made cases: the Fivetran seed example and the classic edge cases."""
 
 import datetime as dt
+import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from lake_assets.engine import merge
@@ -91,6 +93,12 @@ def closed_files(lake, day):
     return {p.name for p in (Path(lake.state.history_closed[len("file://"):]) / day).glob("*.parquet")}
 
 
+def end_hours(lake, day, names):
+    """The distinct end hours of the closed history rows in each of the named files of a day."""
+    folder = Path(lake.state.history_closed[len("file://"):]) / day
+    return [sorted({t.hour for t in pq.read_table(folder / name).column("_fivetran_end").to_pylist()}) for name in names]
+
+
 def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     days = [utc(2024, 1, d, 12) for d in range(1, 8)]
@@ -112,10 +120,59 @@ def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
     assert report.days_rewritten == ["history:2024-01-07"] and report.closed_files_rewritten == 1
     assert closed_files(lake, "2024-01-06") == untouched["2024-01-06"]
     after = closed_files(lake, "2024-01-07")
-    assert untouched["2024-01-07"] <= after and not files_of_fold[1] & after and len(after) == 3
+    # The rewritten rows and the late fold's own are filed by end hour: a's version of 14:00 now
+    # ends in the 14:00 hour, the late version and b's and c's versions of 14:00 in the 15:00 hour.
+    assert untouched["2024-01-07"] <= after and not files_of_fold[1] & after and len(after) == 4
+    assert sorted(end_hours(lake, "2024-01-07", after - untouched["2024-01-07"])) == [[14], [15]]
     a = [h for h in table(lake.history()) if h[0] == "a"]
     assert [h[1] for h in a] == ["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a@14", "late", "a@16"]
     assert [h[4] for h in a][-3:] == [utc(2024, 1, 7, 15) - MS, utc(2024, 1, 7, 16) - MS, TMAX]
+
+
+def _fold_late_into_two_hours_of_one_day(lake):
+    """a, b and c at 14:00 and 16:00 on 7 Jan, then a late version of a at 15:00."""
+    for n, hour in enumerate((14, 16)):
+        lake.fold([ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}") for i, k in enumerate("abc")])
+    return lake.fold([ev("a", "update", utc(2024, 1, 7, 15), 999, "late")])
+
+
+def test_late_data_is_placed_in_utc_whatever_the_python_time_zone(spark, tmp_path, monkeypatch):
+    """PySpark hands timestamps to Python in the process's local zone; east of UTC, a late
+    version's time read that way lies hours after the closed rows it must split."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        report = _fold_late_into_two_hours_of_one_day(EngineLake(spark, tmp_path))
+        lake = EngineLake(spark, tmp_path)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert report.touched_since == utc(2024, 1, 7, 15) and report.closed_files_rewritten == 1
+    a = [h for h in table(lake.history()) if h[0] == "a"]
+    assert [(h[1], h[4]) for h in a] == [
+        ("a@14", utc(2024, 1, 7, 15) - MS), ("late", utc(2024, 1, 7, 16) - MS), ("a@16", TMAX),
+    ]
+
+
+def test_a_settled_day_of_hour_files_is_merged_into_one_file(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    # Hourly folds on 2 Jan: each closes the versions of the hour before, in a file of that hour.
+    for hour in range(12):
+        report = lake.fold([ev(k, "update", utc(2024, 1, 2, hour), hour * 10 + i, f"{k}{hour}") for i, k in enumerate("ab")])
+        assert report.days_compacted == []
+    hour_files = closed_files(lake, "2024-01-02")
+    assert len(hour_files) == 11 and sorted(end_hours(lake, "2024-01-02", hour_files)) == [[h] for h in range(11)]
+    closed_on_2nd = [h for h in table(lake.history()) if h[4].date() == dt.date(2024, 1, 2)]
+
+    # The first fold of 3 Jan does not reach 2 Jan: the day has settled, and its files merge.
+    report = lake.fold([ev(k, "update", utc(2024, 1, 3, 1), 500 + i, f"{k}+") for i, k in enumerate("ab")])
+    assert report.days_compacted == ["history:2024-01-02"] and report.days_appended == ["history:2024-01-03"]
+    merged = closed_files(lake, "2024-01-02")
+    assert len(merged) == 1 and not merged & hour_files
+    assert [h for h in table(lake.history()) if h[4].date() == dt.date(2024, 1, 2)] == closed_on_2nd
+    assert len(closed_on_2nd) == 22
+    # A merged day stays merged: the next fold finds nothing to do there.
+    assert lake.fold([ev("a", "update", utc(2024, 1, 3, 2), 600, "a++")]).days_compacted == []
 
 
 def test_late_data_reaching_back_days_rewrites_the_files_of_each_day_it_reaches(spark, tmp_path):

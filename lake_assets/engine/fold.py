@@ -19,7 +19,7 @@ import dataclasses
 import datetime as dt
 from typing import Callable
 
-from pyspark.sql import DataFrame, Observation, Row, SparkSession, functions as F
+from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets import lake_io
 from lake_assets.engine import merge, model as m
@@ -35,8 +35,11 @@ LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written wi
 ORIGIN = "__origin"
 REACHED = "__reached"
 BROADCAST_KEYS = 200_000  # late keys up to this many are sent to every task rather than shuffled
-DAY = "__day"
 KIND = "__kind"
+SLICE = "__slice"  # where a stored row is staged: the open set, or its end date (and hour)
+OPEN = "open"
+COMPACT_AFTER_FILES = 8  # a settled closed day with more files than this is merged into one
+COMPACT_LOOKBACK_DAYS = 2  # how many days before the fold's earliest version are looked at
 
 
 def _one_ms():
@@ -61,6 +64,8 @@ class FoldReport:
     superseded_writes: int = 0
     #: the earliest version time the fold touched (state from there on was rewritten)
     touched_since: dt.datetime | None = None
+    #: closed days whose hour slices the fold merged (they had settled: the fold does not reach them)
+    days_compacted: list[str] = dataclasses.field(default_factory=list)
     #: table files the fold's commit put in place (current, history; not the engine's own state)
     files_written: list[str] = dataclasses.field(default_factory=list)
 
@@ -168,6 +173,12 @@ def fold(
     else:
         kept = None
 
+    large = report.events_in >= LARGE_FOLD_EVENTS
+    # A small fold writes its closed rows by end hour, so a day gathers a file per hour; once the
+    # folds have moved past a day, its files are merged in the same write and commit.
+    compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
+    settled = _read(spark, storage, [uri for files in compact.values() for uri in files], spec)
+
     # The window of every touched key: its anchor and later stored rows, plus the batch.
     stored = _union([open_touched, late_window], spec.name)
     if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
@@ -192,20 +203,19 @@ def fold(
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
     new_open = _union([carried, rows.where(F.col(ACTIVE))], spec.name)
     payload = spec.payload_columns(new_open.columns)
-    new_closed = rows.where(~F.col(ACTIVE))
 
-    closed_out = [new_closed]
-    if kept is not None:
-        if newly_purged:
-            purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema).withColumn("__p", F.lit(True))
-            kept = kept.join(purge_keys, keys, "left")
-            kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
-            kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
-        closed_out.append(kept)
-    closed_rows = union_all(spec.name, closed_out).withColumns({
-        DAY: F.date_format(F.col(END), "yyyy-MM-dd"),
-        KIND: F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"),
-    })
+    # Every stored row of the new state, open and closed, in one frame: they share a shape, so
+    # one write (one job, one read of the carried open set) lays them all out by kind and slice.
+    if kept is not None and newly_purged:
+        purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema).withColumn("__p", F.lit(True))
+        kept = kept.join(purge_keys, keys, "left")
+        kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
+        kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
+    closed_slice = F.date_format(F.col(END), "yyyy-MM-dd" if large else "yyyy-MM-dd'T'HH")
+    state_rows = _union([
+        *[f.withColumn(SLICE, F.when(F.col(ACTIVE), F.lit(OPEN)).otherwise(closed_slice)) for f in (carried, rows, kept) if f is not None],
+        settled.withColumn(SLICE, F.date_format(F.col(END), "yyyy-MM-dd")) if settled is not None else None,
+    ], spec.name).withColumn(KIND, F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"))
 
     if newly_purged and erase_from_log is not None:
         erase_from_log(newly_purged)  # before the commit: a crash here is redone by the next fold
@@ -215,23 +225,18 @@ def fold(
     # The open set has at most its stored rows plus one row per new key.
     files = max(1, (totals["open_rows"] + report.keys_touched) // ROWS_PER_FILE)
     current_rows = Observation()  # unnamed: a unique name, so folds of other tables cannot collide
-    live = new_open.where(F.col(m.OP) != m.DELETE)
-    deleted = new_open.where(F.col(m.OP) == m.DELETE)
     current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))
-    closed_payload = spec.payload_columns(closed_rows.columns)
     run_together(
-        lambda: persisted(live, spec, payload).coalesce(files).write.mode("overwrite").parquet(f"{stage}/history_active"),
-        lambda: persisted(deleted, spec, payload).coalesce(1).write.mode("overwrite").parquet(f"{stage}/deletes_active"),
         lambda: current.coalesce(files).write.mode("overwrite").parquet(f"{stage}/current"),
-        lambda: _write_closed(closed_rows, spec, closed_payload, f"{stage}/closed", large=report.events_in >= LARGE_FOLD_EVENTS),
+        lambda: _write_state_rows(state_rows, spec, f"{stage}/rows", files, large=large),
         session=spark,
     )
     report.current_rows = current_rows.get["rows"]
 
     plan = CommitPlan(fold_id)
     for staged, final in (
-        (f"{stage}/history_active", state.history_active),
-        (f"{stage}/deletes_active", state.deletes_active),
+        (f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}", state.history_active),
+        (f"{stage}/rows/{KIND}=delete/{SLICE}={OPEN}", state.deletes_active),
         (f"{stage}/current", state.current),
     ):
         plan.replace_folder(storage, final)
@@ -240,13 +245,19 @@ def fold(
         plan.deletes.extend(files)
         report.days_rewritten.append(f"{kind}:{day}")
         report.closed_files_rewritten += len(files)
+    for (kind, day), files in compact.items():
+        plan.deletes.extend(files)
+        report.days_compacted.append(f"{kind}:{day}")
     for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
-        for entry in storage.list(f"{stage}/closed/{KIND}={kind}"):
-            if entry.is_dir and entry.name.startswith(f"{DAY}="):
-                day = entry.name.split("=", 1)[1]
-                plan.stage_folder(storage, entry.uri, f"{final_root}/{day}")
-                if (kind, day) not in rewrite:
-                    report.days_appended.append(f"{kind}:{day}")
+        staged_by_day: dict[str, list[str]] = {}
+        for entry in storage.list(f"{stage}/rows/{KIND}={kind}"):
+            if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}":
+                day = entry.name.split("=", 1)[1][:10]
+                staged_by_day.setdefault(day, []).extend(data_files(storage, entry.uri))
+        for day, staged in sorted(staged_by_day.items()):
+            plan.stage_files(staged, f"{final_root}/{day}")
+            if (kind, day) not in rewrite and (kind, day) not in compact:
+                report.days_appended.append(f"{kind}:{day}")
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
     for frame in (marked, rows):
@@ -254,7 +265,7 @@ def fold(
     return report
 
 
-def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame | None) -> Row:
+def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame | None) -> dict:
     """Every count the fold reports, reconciles and decides on, in one Spark job: the batch's
     rows, events, versions, keys, purge markers and earliest version; the stored open rows; and
     the keys whose batch events reach back before their open row (late data)."""
@@ -264,23 +275,40 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame
         F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
         F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
         F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),
-        F.min(m.VERSION_AT).alias("since"),
+        F.unix_micros(F.min(m.VERSION_AT)).alias("since"),
     )
     if open_rows is None:
-        return totals.select("*", F.lit(0).alias("open_rows"), F.lit(0).alias("late_keys"), F.lit(None).alias("late_since")).collect()[0]
-    stored = open_rows.agg(F.count(F.lit(1)).alias("open_rows"))
-    late = late_keys.agg(F.count(F.lit(1)).alias("late_keys"), F.min(FROM).alias("late_since"))
-    return totals.crossJoin(stored).crossJoin(late).collect()[0]
+        row = totals.select("*", F.lit(0).alias("open_rows"), F.lit(0).alias("late_keys"), F.lit(None).alias("late_since")).collect()[0]
+    else:
+        stored = open_rows.agg(F.count(F.lit(1)).alias("open_rows"))
+        late = late_keys.agg(F.count(F.lit(1)).alias("late_keys"), F.unix_micros(F.min(FROM)).alias("late_since"))
+        row = totals.crossJoin(stored).crossJoin(late).collect()[0]
+    # Times come back as UTC microseconds: PySpark would hand a timestamp over as a naive
+    # datetime in the Python process's local zone, which is not the lake's (UTC).
+    return {**row.asDict(), "since": _utc(row["since"]), "late_since": _utc(row["late_since"])}
 
 
-def _write_closed(closed_rows: DataFrame, spec: m.TableSpec, payload: list[str], target: str, large: bool) -> None:
-    out = closed_rows.select(*_persisted_columns(spec, payload), F.col(KIND), F.col(DAY))
+def _utc(micros: int | None) -> dt.datetime | None:
+    return None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+
+
+def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, open_files: int, large: bool) -> None:
+    """Stage the open set and the closed rows in one write, a folder per kind and slice.
+
+    A small fold slices its closed rows by end hour, so that the next fold's late data, which
+    reaches back an hour or two, rewrites those hours' files and not the whole day's rows. It
+    writes from one task (one file per slice) unless the open set needs several files. A large
+    fold (a backfill) slices by day and writes from each of its few partitions instead of
+    shuffling everything once more."""
+    payload = spec.payload_columns(state_rows.columns)
+    out = state_rows.select(*_persisted_columns(spec, payload), F.col(KIND), F.col(SLICE))
     if not large:
-        # One task per day keeps a small fold's closed day from splintering into a file per
-        # shuffle partition; a large fold (a backfill) writes a file per day from each of its
-        # few partitions instead of shuffling everything once more.
-        out = out.repartition(F.col(KIND), F.col(DAY))
-    out.write.mode("overwrite").partitionBy(KIND, DAY).parquet(target)
+        if open_files == 1:
+            out = out.coalesce(1)
+        else:
+            spread = F.when(F.col(SLICE) == OPEN, F.pmod(F.xxhash64(*merge.key_cols(spec)), F.lit(open_files))).otherwise(0)
+            out = out.repartition(F.col(KIND), F.col(SLICE), spread)
+    out.write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
 
 
 def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:
@@ -311,6 +339,24 @@ def closed_files_ending_from(
         reaching = set(lake_io.files_reaching(storage, every, spec.history_columns.end, ending_from))
         candidates = {where: [uri for uri in files if uri in reaching] for where, files in candidates.items()}
     return {where: files for where, files in candidates.items() if files}
+
+
+def settled_days_to_compact(
+    storage: Storage, state: TableState, since: dt.datetime, skip: dict[tuple[str, str], list[str]]
+) -> dict[tuple[str, str], list[str]]:
+    """(kind, end date) -> the files of closed days that ended before `since`'s date (within
+    `COMPACT_LOOKBACK_DAYS`) and hold more than `COMPACT_AFTER_FILES` files; days in `skip`
+    (rewritten by the fold anyway) are left out."""
+    last = since.date()
+    first = (last - dt.timedelta(days=COMPACT_LOOKBACK_DAYS)).isoformat()
+    found = {}
+    for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed)):
+        for day, uri in closed_days(storage, root).items():
+            if first <= day < last.isoformat() and (kind, day) not in skip:
+                files = data_files(storage, uri)
+                if len(files) > COMPACT_AFTER_FILES:
+                    found[(kind, day)] = files
+    return found
 
 
 def stored_rows_since(

@@ -106,7 +106,11 @@ class CommitPlan:
 
     def stage_folder(self, storage: Storage, staged_folder: str, final_folder: str) -> None:
         """Every data file Spark wrote to `staged_folder` goes to `final_folder`, named by fold."""
-        for index, uri in enumerate(sorted(data_files(storage, staged_folder))):
+        self.stage_files(data_files(storage, staged_folder), final_folder)
+
+    def stage_files(self, staged_files: list[str], final_folder: str) -> None:
+        """The staged files go to `final_folder`, named by fold."""
+        for index, uri in enumerate(sorted(staged_files)):
             self.adds.append((uri, f"{final_folder}/part-{self.fold_id}-{index:05d}.parquet"))
 
     def replace_folder(self, storage: Storage, final_folder: str) -> None:

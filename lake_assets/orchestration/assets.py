@@ -264,6 +264,7 @@ def build_table_assets(
             "closed_days_rewritten": len(report.days_rewritten),
             "closed_files_rewritten": report.closed_files_rewritten,
             "closed_days_appended": len(report.days_appended),
+            "closed_days_compacted": len(report.days_compacted),
             "keys_newly_purged": len(report.newly_purged),
         }
         for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
