@@ -239,3 +239,22 @@ def test_a_cached_marked_batch_feeds_the_timeline_without_another_sort(spark):
         ]
     finally:
         marked.unpersist()
+
+
+def test_a_fold_leaves_no_cached_or_checkpointed_blocks_behind(spark, tmp_path):
+    """The marked batch is cached and the timeline rows locally checkpointed; in a long-lived
+    driver (a Spark Connect server, a sensor's process) they must not outlive the fold."""
+    storage = spark.sparkContext._jsc.sc()
+
+    def blocks():
+        return sorted((info.id(), info.numCachedPartitions()) for info in storage.getRDDStorageInfo())
+
+    before = blocks()
+    lake = EngineLake(spark, tmp_path)
+    lake.fold([ev("a", "insert", T[1], 1, "x", 1), ev("b", "insert", T[1], 2, "y", 2)])
+    lake.fold([ev("a", "update", T[2], 3, "x2"), ev("b", "update", T[1] - MS, 4, "late")])
+    # unpersist(blocking=False) returns before the blocks are gone
+    deadline = time.monotonic() + 10
+    while blocks() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert blocks() == before

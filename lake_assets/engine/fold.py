@@ -198,7 +198,10 @@ def fold(
     purges = stored is not None or totals["purge_markers"] > 0
     rows = merge.timeline(window_events, spec, payload, tie_break=tie_break, settled=anchor, purges=purges)
     rows = rows.drop(FROM, ORIGIN)
-    rows = rows.withColumn(SYNCED, synced).persist()
+    # Computed once, and cut from its plan: the writes below each analyse and plan what they
+    # read, and the timeline's plan is the deep part (a local checkpoint, unlike the cache,
+    # spares them that; ~0.3 s of an hourly fold).
+    rows = rows.withColumn(SYNCED, synced).localCheckpoint(eager=True)
 
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
     new_open = _union([carried, rows.where(F.col(ACTIVE))], spec.name)
@@ -260,9 +263,18 @@ def fold(
                 report.days_appended.append(f"{kind}:{day}")
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
-    for frame in (marked, rows):
-        frame.unpersist()
+    marked.unpersist()
+    _release_checkpoint(rows)
     return report
+
+
+def _release_checkpoint(frame: DataFrame) -> None:
+    """Free a local checkpoint's blocks now, not whenever the JVM collects its RDD (Spark
+    Connect frees them when the DataFrame is dropped; it has no JVM handle here)."""
+    jdf = getattr(frame, "_jdf", None)
+    plan = jdf.queryExecution().analyzed() if jdf is not None else None
+    if plan is not None and plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
 
 
 def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame | None) -> dict:
