@@ -5,7 +5,8 @@ version on. The rows it needs are the key's open row (its last event: `history/a
 open deletes) and, only when the batch holds events older than that open row (late data), the
 closed rows ending at or after the earliest late version, found in the closed files whose
 footers say they may hold such rows. Everything else stays where it is: untouched keys' open
-rows are carried over, closed files older than the late data are never rewritten.
+rows are carried over, closed files older than the late data are never rewritten (a settled
+day's hour files are merged once, rows unchanged: see `settled_days_to_compact`).
 
 Folding the same batch twice, folding batches in any order, or folding the whole log at once
 gives the same tables: the window of a key always starts at an anchor row (its last event
@@ -84,11 +85,6 @@ def _persisted_columns(spec: m.TableSpec, payload: list[str]) -> list:
         F.col(m.PURGED),
         F.col(m.SOURCE_FILE),
     ]
-
-
-def persisted(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Timeline rows in their stored shape (history columns plus the fold's bookkeeping)."""
-    return rows.select(*_persisted_columns(spec, payload))
 
 
 def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:

@@ -5,7 +5,9 @@ half-written files.
 current/<feed>/<table>/part-*.parquet                  live rows; rewritten by every fold
 history/<feed>/<table>/active/part-*.parquet           open versions; rewritten by every fold
 history/<feed>/<table>/closed/<end date>/part-*.parquet closed versions; each fold appends
-                                                       files, late data rewrites those it reaches
+                                                       files (a small fold: one per end hour),
+                                                       late data rewrites those it reaches, a
+                                                       settled day's files are merged once
 _state/<feed>/<table>/deletes/{active,closed/<date>}/  delete events, same shape, not published
 _state/<feed>/<table>/commits/<fold>.json              commit record of a fold being applied
 _staging/<feed>/<table>/<fold>/                        files of a fold before they are committed
