@@ -14,7 +14,6 @@ from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import ConfigError
-
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
 
