@@ -92,15 +92,23 @@ def read_drifting(
     return union_all(table, frames)
 
 
+def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
+    def footer(uri: str) -> pq.FileMetaData:
+        with storage.open_input_file(uri) as handle:
+            return pq.ParquetFile(handle).metadata
+
+    # Footer reads are small requests; on S3 their latency, not their size, is the cost.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(footer, files))
+
+
 def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:
     """The Parquet files in which `column` may hold a time at or after `bound`, decided from the
     footers' row-group statistics without reading any data. A file whose statistics are missing
     (or not a plain timestamp) counts as reaching: only provably older files are left out."""
     bound = bound if bound.tzinfo else bound.replace(tzinfo=dt.timezone.utc)
 
-    def reaches(uri: str) -> bool:
-        with storage.open_input_file(uri) as handle:
-            meta = pq.ParquetFile(handle).metadata
+    def reaches(meta: pq.FileMetaData) -> bool:
         index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
         if index is None:
             return True
@@ -113,9 +121,12 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
                 return True
         return False
 
-    # Footer reads are small requests; on S3 their latency, not their size, is the cost.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return [uri for uri, hit in zip(files, pool.map(reaches, files)) if hit]
+    return [uri for uri, meta in zip(files, _footers(storage, files)) if reaches(meta)]
+
+
+def rows_in(storage: Storage, files: list[str]) -> int:
+    """How many rows the Parquet files hold, from their footers (no data is read)."""
+    return sum(meta.num_rows for meta in _footers(storage, files))
 
 
 def write_partitions(

@@ -81,6 +81,17 @@ def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     assert lake_io.files_reaching(Storage(), files, "_end", naive) == [touching, newer, groups, unknown, other]
 
 
+def test_rows_in_files_are_counted_from_their_footers(tmp_path):
+    """The counts come from each file's footer, across row groups, and add up over files."""
+    pq.write_table(pa.table({"id": [str(i) for i in range(7)]}), tmp_path / "a.parquet", row_group_size=3)
+    pq.write_table(pa.table({"id": ["x", "y"]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"id": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    files = [f"file://{tmp_path / name}" for name in ("a.parquet", "b.parquet", "empty.parquet")]
+    assert lake_io.rows_in(Storage(), files) == 9
+    assert lake_io.rows_in(Storage(), files[1:]) == 2
+    assert lake_io.rows_in(Storage(), []) == 0
+
+
 def test_single_files_whose_types_disagree_are_read_together_widened(spark, tmp_path):
     """The closed files a fold rewrites are named one by one; an int and a bigint copy of a
     column (schema drift between folds) still read as one frame."""

@@ -31,6 +31,7 @@ from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit
 from lake_assets.storage import Storage
 
 FROM = "__from"
+OPEN_FROM = "__open_from"
 ROWS_PER_FILE = 2_000_000  # open-set files: few and large; a fold rewrites them all anyway
 LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written without a shuffle
 ORIGIN = "__origin"
@@ -131,13 +132,16 @@ def fold(
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
     marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec).persist()
     events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
-    touched = events.groupBy(*keys).agg(F.min(m.VERSION_AT).alias(FROM))
-    open_rows = _read(spark, storage, [f for f in (state.history_active, state.deletes_active) if storage.exists(f)], spec)
+    # Each touched key with its earliest version: its first event in the marked order (an
+    # identical copy dropped from `events` has the same version as the one kept).
+    touched = marked.where(F.col(merge.FIRST_OF_KEY)).select(*keys, F.col(m.VERSION_AT).alias(FROM))
+    open_paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
+    open_rows = _read(spark, storage, open_paths, spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
     # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
     late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM) if open_touched is not None else None
 
-    totals = _totals(marked, open_rows, late_keys)
+    totals = _totals(marked, open_rows, keys)
     report.batch_rows, report.events_in = totals["rows"], totals["events"]
     if report.events_in == 0:
         marked.unpersist()
@@ -222,7 +226,8 @@ def fold(
     fold_id = report.fold_id
     stage = state.staging(fold_id)
     # The open set has at most its stored rows plus one row per new key.
-    files = max(1, (totals["open_rows"] + report.keys_touched) // ROWS_PER_FILE)
+    stored_open_rows = lake_io.rows_in(storage, [uri for folder in open_paths for uri in data_files(storage, folder)])
+    files = max(1, (stored_open_rows + report.keys_touched) // ROWS_PER_FILE)
     current_rows = Observation()  # unnamed: a unique name, so folds of other tables cannot collide
     current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))
     run_together(
@@ -273,24 +278,27 @@ def _release_checkpoint(frame: DataFrame) -> None:
         plan.rdd().unpersist(False)
 
 
-def _totals(marked: DataFrame, open_rows: DataFrame | None, late_keys: DataFrame | None) -> dict:
-    """Every count the fold reports, reconciles and decides on, in one Spark job: the batch's
-    rows, events, versions, keys, purge markers and earliest version; the stored open rows; and
-    the keys whose batch events reach back before their open row (late data)."""
-    totals = marked.agg(
+def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> dict:
+    """Every count the fold reports, reconciles and decides on, from one aggregate over the
+    marked batch joined with the stored open rows' starts: the batch's rows, events, versions,
+    keys, purge markers and earliest version, and the keys whose batch events reach back before
+    their open row (late data) with the earliest such version."""
+    late = F.lit(False)
+    if open_rows is not None:
+        # A key has one open row; should an interrupted fold have left two, the later one counts.
+        open_starts = open_rows.groupBy(*keys).agg(F.max(START).alias(OPEN_FROM))
+        marked = marked.join(open_starts, keys, "left")
+        late = F.col(merge.FIRST_OF_KEY) & F.coalesce(F.col(OPEN_FROM) >= F.col(m.VERSION_AT), F.lit(False))
+    row = marked.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
         F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
         F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
         F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),
         F.unix_micros(F.min(m.VERSION_AT)).alias("since"),
-    )
-    if open_rows is None:
-        row = totals.select("*", F.lit(0).alias("open_rows"), F.lit(0).alias("late_keys"), F.lit(None).alias("late_since")).collect()[0]
-    else:
-        stored = open_rows.agg(F.count(F.lit(1)).alias("open_rows"))
-        late = late_keys.agg(F.count(F.lit(1)).alias("late_keys"), F.unix_micros(F.min(FROM)).alias("late_since"))
-        row = totals.crossJoin(stored).crossJoin(late).collect()[0]
+        F.count(F.when(late, 1)).alias("late_keys"),
+        F.unix_micros(F.min(F.when(late, F.col(m.VERSION_AT)))).alias("late_since"),
+    ).collect()[0]
     # Times come back as UTC microseconds: PySpark would hand a timestamp over as a naive
     # datetime in the Python process's local zone, which is not the lake's (UTC).
     return {**row.asDict(), "since": _utc(row["since"]), "late_since": _utc(row["late_since"])}
