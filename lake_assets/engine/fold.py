@@ -20,7 +20,7 @@ import dataclasses
 import datetime as dt
 from typing import Callable
 
-from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets import lake_io
 from lake_assets.engine import merge, model as m
@@ -138,8 +138,7 @@ def fold(
     open_paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
     open_rows = _read(spark, storage, open_paths, spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
-    # Late data: the batch reaches back before a key's open row, so closed rows must be redone.
-    late_keys = open_touched.where(F.col(START) >= F.col(FROM)).select(*keys, FROM) if open_touched is not None else None
+    late_keys = open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*keys, FROM) if open_touched is not None else None
 
     totals = _totals(marked, open_rows, keys)
     report.batch_rows, report.events_in = totals["rows"], totals["events"]
@@ -269,6 +268,13 @@ def fold(
     return report
 
 
+def _reaches_back(open_start: Column, earliest: Column) -> Column:
+    """Late data: the batch holds a version at or before the key's open row's start, so the
+    key's closed rows from there on must be redone (the totals count these keys, the fold
+    redoes their rows: one rule for both)."""
+    return open_start >= earliest
+
+
 def _release_checkpoint(frame: DataFrame) -> None:
     """Free a local checkpoint's blocks now, not whenever the JVM collects its RDD (Spark
     Connect frees them when the DataFrame is dropped; it has no JVM handle here)."""
@@ -285,10 +291,10 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
     their open row (late data) with the earliest such version."""
     late = F.lit(False)
     if open_rows is not None:
-        # A key has one open row; should an interrupted fold have left two, the later one counts.
+        # One start per key, so that the join cannot multiply the batch's rows in the counts.
         open_starts = open_rows.groupBy(*keys).agg(F.max(START).alias(OPEN_FROM))
         marked = marked.join(open_starts, keys, "left")
-        late = F.col(merge.FIRST_OF_KEY) & F.coalesce(F.col(OPEN_FROM) >= F.col(m.VERSION_AT), F.lit(False))
+        late = F.col(merge.FIRST_OF_KEY) & F.coalesce(_reaches_back(F.col(OPEN_FROM), F.col(m.VERSION_AT)), F.lit(False))
     row = marked.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
