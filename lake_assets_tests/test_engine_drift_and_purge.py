@@ -7,6 +7,7 @@ from pyspark.sql import functions as F, types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import model as m
+from lake_assets.engine.schema import union_all
 from lake_assets.engine.fold import fold
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage
@@ -36,6 +37,25 @@ def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark
 
     with pytest.raises(SchemaClash, match=r"table 'ledger': column 'amount' has type double .* boolean"):
         fold(spark, storage, lake.state, _frame(spark, [("c", True, "insert", utc(2024, 1, 4), 4)], T.BooleanType()), lake.spec)
+
+
+def test_union_all_projects_only_frames_out_of_shape(spark):
+    """Frames already in the union's shape are unioned as they are (no projection of every
+    column to build and analyse); a frame that lacks a column or has a narrower type is
+    conformed: NULL for the missing column, the type widened."""
+    wide = spark.createDataFrame([("a", 1, "x")], "id string, n bigint, note string")
+    same = spark.createDataFrame([("b", 2, "y")], "id string, n bigint, note string")
+    narrow = spark.createDataFrame([("c", 3)], "id string, n int")
+
+    def projections(frame):
+        return str(frame._jdf.queryExecution().analyzed()).count("Project [")
+
+    plain = projections(wide.unionByName(same))  # what Spark's by-name union itself plans
+    assert projections(union_all("t", [wide, same])) == plain
+    mixed = union_all("t", [wide, narrow])
+    assert projections(mixed) == plain + 1
+    assert mixed.schema.simpleString() == "struct<id:string,n:bigint,note:string>"
+    assert sorted(tuple(r) for r in mixed.collect()) == [("a", 1, "x"), ("c", 3, None)]
 
 
 def test_columns_added_and_dropped_across_folds(spark, tmp_path):

@@ -62,9 +62,13 @@ def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructFiel
     return [T.StructField(name, types[name], True) for name in order]
 
 
-def conform(df: DataFrame, fields: list[T.StructField]) -> DataFrame:
-    """Select `fields` from `df`: cast to the target type, NULL where the column is absent."""
-    present = {f.name: f.dataType for f in df.schema.fields}
+def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | None = None) -> DataFrame:
+    """Select `fields` from `df`: cast to the target type, NULL where the column is absent.
+    `schema` is `df`'s, when the caller has it (asking a deep plan for it costs an analysis)."""
+    schema = schema or df.schema
+    present = {f.name: f.dataType for f in schema.fields}
+    if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in fields]:
+        return df  # already in shape: no projection of every column to build and analyse
 
     def column(field: T.StructField):
         if field.name not in present:
@@ -80,8 +84,9 @@ def union_all(table: str, frames: list[DataFrame]) -> DataFrame:
     """Union frames whose schemas drifted, widening types where that is lossless."""
     if len(frames) == 1:
         return frames[0]
-    fields = unified_fields(table, [f.schema for f in frames])
-    result = conform(frames[0], fields)
-    for frame in frames[1:]:
-        result = result.unionByName(conform(frame, fields))
+    schemas = [f.schema for f in frames]
+    fields = unified_fields(table, schemas)
+    result = conform(frames[0], fields, schemas[0])
+    for frame, schema in zip(frames[1:], schemas[1:]):
+        result = result.unionByName(conform(frame, fields, schema))
     return result
