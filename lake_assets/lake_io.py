@@ -6,6 +6,7 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 from __future__ import annotations
 
 import datetime as dt
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -19,6 +20,8 @@ from lake_assets.storage import Storage
 
 
 TYPE_INFERENCE = "spark.sql.sources.partitionColumnTypeInference.enabled"
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"  # the footer entry Spark writes its schema to
+SCHEMA_FROM_FOOTERS_MAX_FILES = 64
 
 
 def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[str, str]:
@@ -62,7 +65,9 @@ def read_drifting(
     one file and bigint in another; then the files are read in groups of equal schema and
     unioned with lossless widening (or a clear SchemaClash).
     """
-    reader = spark.read.option("mergeSchema", "true")
+    written = _written_schema(storage, paths, recursive)
+    # Spark's own schema from the footers needs no schema-merging job (one per read otherwise).
+    reader = spark.read.schema(written) if written is not None else spark.read.option("mergeSchema", "true")
     if recursive:
         # Folders like history/<t>/closed/<date>/ are not Hive partitions: no columns inferred.
         reader = reader.option("recursiveFileLookup", "true")
@@ -76,20 +81,45 @@ def read_drifting(
         if "CANNOT_MERGE_SCHEMAS" not in str(exc):
             raise
     groups: dict[str, list[str]] = {}
-    for path in paths:
-        files = [path] if path.endswith(".parquet") else [e.uri for e in storage.walk_files(path)]
-        for uri in files:
-            name = uri.rsplit("/", 1)[-1]
-            if name.startswith(("_", ".")) or not name.endswith(".parquet"):
-                continue
-            with storage.open_input_file(uri) as handle:
-                signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
-            groups.setdefault(signature, []).append(uri)
+    for uri in _data_files(storage, paths, recursive=True):
+        with storage.open_input_file(uri) as handle:
+            signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
+        groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
         part = spark.read.option("basePath", base_path).parquet(*uris) if base_path else spark.read.parquet(*uris)
         frames.append(part)
     return union_all(table, frames)
+
+
+def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:
+    """The Parquet data files given, or in the given folders (Spark's markers and checksums
+    left out); subfolders only when `recursive`."""
+    found = []
+    for path in paths:
+        if path.endswith(".parquet"):
+            found.append(path)
+            continue
+        entries = storage.walk_files(path) if recursive else (e for e in storage.list(path) if not e.is_dir)
+        found += [e.uri for e in entries if e.name.endswith(".parquet") and not e.name.startswith(("_", "."))]
+    return found
+
+
+def _written_schema(storage: Storage, paths: list[str], recursive: bool) -> T.StructType | None:
+    """The schema Spark wrote into the footer of every data file under `paths`, when they all
+    carry one and it is the same (files the engine wrote, before any drift); None otherwise, and
+    for reads of more than `SCHEMA_FROM_FOOTERS_MAX_FILES` files, where Spark's parallel footer
+    reading is the better tool. Partition folders' columns are not in it: Spark adds them."""
+    files = _data_files(storage, paths, recursive)
+    if not files or len(files) > SCHEMA_FROM_FOOTERS_MAX_FILES:
+        return None
+    written = {(meta.metadata or {}).get(SPARK_SCHEMA_KEY) for meta in _footers(storage, files)}
+    if len(written) != 1 or None in written:
+        return None
+    try:
+        return T.StructType.fromJson(json.loads(written.pop()))
+    except (ValueError, KeyError, TypeError):  # a type this PySpark cannot parse: let Spark infer it
+        return None
 
 
 def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:

@@ -101,3 +101,31 @@ def test_single_files_whose_types_disagree_are_read_together_widened(spark, tmp_
     frame = lake_io.read_drifting(spark, Storage(), files, table="t")
     assert dict(frame.dtypes)["n"] == "bigint"
     assert sorted((r["id"], r["n"]) for r in frame.collect()) == [("a", 1), ("b", 2**40)]
+
+
+def _jobs_during(spark, action):
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    result = action()
+    return result, len(set(tracker.getJobIdsForGroup()) - before)
+
+
+def test_spark_written_files_of_one_schema_are_read_without_a_schema_job(spark, tmp_path):
+    """Files Spark wrote carry its schema in their footers: when every file read carries the
+    same one, it is handed to the reader, and no job merges schemas; partition columns still
+    come from the folders. Files that drifted apart are merged by Spark as before."""
+    storage = Storage()
+    table = f"file://{tmp_path / 'log'}"
+    frame = spark.createDataFrame([("a", 1, "h1"), ("b", 2, "h2")], "id string, n bigint, hour string")
+    lake_io.write_partitions(frame, storage, table, "hour", ["h1", "h2"])
+    read, jobs = _jobs_during(spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h2"]))
+    assert jobs == 0
+    assert read.dtypes == [("id", "string"), ("n", "bigint"), ("hour", "string")]
+    assert sorted(tuple(r) for r in read.collect()) == [("a", 1, "h1"), ("b", 2, "h2")]
+
+    # A later write added a column: the footers disagree, Spark merges (one job), nothing is lost.
+    grown = spark.createDataFrame([("c", 3, "x", "h3")], "id string, n bigint, note string, hour string")
+    lake_io.write_partitions(grown, storage, table, "hour", ["h3"])
+    read, jobs = _jobs_during(spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h3"]))
+    assert jobs >= 1
+    assert sorted(tuple(r) for r in read.select("id", "n", "note", "hour").collect()) == [("a", 1, None, "h1"), ("c", 3, "x", "h3")]
