@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine.schema import union_all
+from lake_assets.engine.state import data_files, is_data_file
 from lake_assets.errors import ConfigError
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
@@ -100,8 +101,7 @@ def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str
         if path.endswith(".parquet"):
             found.append(path)
             continue
-        entries = storage.walk_files(path) if recursive else (e for e in storage.list(path) if not e.is_dir)
-        found += [e.uri for e in entries if e.name.endswith(".parquet") and not e.name.startswith(("_", "."))]
+        found += [e.uri for e in storage.walk_files(path) if is_data_file(e.name)] if recursive else data_files(storage, path)
     return found
 
 

@@ -88,9 +88,14 @@ def new_fold_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def is_data_file(name: str) -> bool:
+    """A Parquet data file's name, not one of Spark's markers or checksums."""
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
+
+
 def data_files(storage: Storage, folder: str) -> list[str]:
     """Parquet data files directly in a folder (Spark's markers and checksums excluded)."""
-    return [e.uri for e in storage.list(folder) if not e.is_dir and e.name.endswith(".parquet") and not e.name.startswith(("_", "."))]
+    return [e.uri for e in storage.list(folder) if not e.is_dir and is_data_file(e.name)]
 
 
 def closed_days(storage: Storage, folder: str) -> dict[str, str]:
