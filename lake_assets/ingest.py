@@ -10,6 +10,7 @@ either read or quarantined with a reason, and the counts reconcile
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections import defaultdict
 from urllib.parse import unquote
 
@@ -17,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
-from lake_assets.engine import merge
+from lake_assets.engine import merge, model as m
+from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FeedFormat
@@ -151,7 +153,7 @@ def _collapse_counted(events: DataFrame, spec) -> _Collapsed:
         F.count(INVALID).alias("invalid_rows"),
         F.coalesce(F.sum(F.col(DERIVED).cast("long")), F.lit(0)).alias("derived"),
     )
-    deduped = merge.collapse_identical(observed.drop(INVALID, FILE_PATH, DERIVED), spec).persist()
+    deduped = merge.collapse_identical(stamped(observed.drop(INVALID, FILE_PATH, DERIVED)), spec).persist()
     try:
         events_out = deduped.count()
     except Exception:
@@ -159,6 +161,11 @@ def _collapse_counted(events: DataFrame, spec) -> _Collapsed:
         raise
     metrics = observation.get
     return _Collapsed(deduped, events_out, metrics["invalid_rows"], metrics["derived"])
+
+
+def stamped(events: DataFrame) -> DataFrame:
+    """The events with `_ingested_at`: when this read took place, one instant for the batch."""
+    return with_run_values(events, {m.INGESTED_AT: dt.datetime.now(dt.timezone.utc)})
 
 
 def _per_file_counts(events: DataFrame) -> dict[str, dict]:

@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 from lake_assets.engine import merge
 from lake_assets.engine.fold import fold
 from lake_assets_tests.engine_harness import PAYLOAD, SCHEMA, SPEC, EngineLake, as_row, utc
+from lake_assets_tests.test_run_values import classes_compiled
 
 T = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 10)}
 MS = dt.timedelta(milliseconds=1)
@@ -258,3 +259,18 @@ def test_a_fold_leaves_no_cached_or_checkpointed_blocks_behind(spark, tmp_path):
     while blocks() != before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert blocks() == before
+
+
+def test_a_fold_at_another_time_compiles_no_new_code(spark, tmp_path):
+    """Every fold stamps its rows with its own `_fivetran_synced`; the same fold at another time
+    must reuse Spark's compiled stages, not generate new ones around the new time."""
+    events = [ev("a", "insert", T[1], 1, "x", 1), ev("a", "update", T[2], 2, "y", 2), ev("b", "insert", T[3], 3, "z", 3)]
+    compiled = []
+    for name, synced in (("first", T[8]), ("second", T[9])):
+        lake = EngineLake(spark, tmp_path / name)
+        before = classes_compiled(spark)
+        lake.fold(events, synced_at=synced)
+        compiled.append(classes_compiled(spark) - before)
+        stamped = [r["_fivetran_synced"] for r in (*lake.current(), *lake.history())]
+        assert len(stamped) == 5 and set(stamped) == {synced}
+    assert compiled[1] == 0, f"the second fold compiled {compiled[1]} new class(es)"

@@ -4,12 +4,14 @@ import datetime as dt
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import functions as F
 
-from lake_assets.engine import merge
+from lake_assets.engine import merge, model as m
 from lake_assets.feeds.base import data_files
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.storage import Storage
+from lake_assets_tests.test_run_values import classes_compiled
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()
@@ -158,3 +160,26 @@ def test_hour_folders_without_leading_zeros_give_the_padded_partition_key(spark,
     batch = read_batch(spark, storage, FMT, "accounts", files)
     keys = {r["id"]: r[FMT.partition_column] for r in batch.events.collect()}
     assert keys == {"a": "2024-03-04-07", "b": "2024-03-04-07"}
+
+
+def test_reading_the_same_files_again_compiles_no_new_code(spark, tmp_path):
+    """Each read stamps its events with its own `_ingested_at`; reading again must reuse Spark's
+    compiled stages, not generate new ones around the new time."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [
+        event("a1", "INSERT", 1, at(0, 1), name="a", balance=1),
+        event("b1", "UPDATE", 2, at(0, 2), name="b", balance=2),
+    ], ACCOUNT_SCHEMA)
+    storage = Storage()
+    files = data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")
+    compiled, stamps = [], []
+    for _ in range(2):
+        before = classes_compiled(spark)
+        started = dt.datetime.now(dt.timezone.utc)
+        batch = read_batch(spark, storage, FMT, "accounts", files)
+        compiled.append(classes_compiled(spark) - before)
+        stamps.append({r[0] for r in batch.events.select(F.unix_micros(m.INGESTED_AT)).collect()})
+        batch.events.unpersist()
+        assert len(stamps[-1]) == 1 and next(iter(stamps[-1])) >= int(started.timestamp() * 1_000_000) - 1
+    assert stamps[0] != stamps[1]
+    assert compiled[1] == 0, f"the second read compiled {compiled[1]} new class(es)"

@@ -23,6 +23,7 @@ import datetime as dt
 from pyspark.sql import Column, DataFrame, Window, WindowSpec, functions as F
 
 from lake_assets.engine import model as m
+from lake_assets.engine.run_values import with_run_values
 
 START = "_version_at"  # in a timeline, a row starts at its version time
 END = "__end"
@@ -232,6 +233,6 @@ def fold_full(changes: DataFrame, spec: m.TableSpec, synced_at: dt.datetime | No
     """Recompute current and history from the complete change log of one table."""
     payload = spec.payload_columns(changes.columns)
     # One instant for the whole fold, so current and history agree on when they were written.
-    synced = F.lit(synced_at or dt.datetime.now(dt.timezone.utc)).cast("timestamp")
-    rows = timeline(collapse_identical(changes, spec), spec, payload).withColumn(SYNCED, synced)
+    synced = {SYNCED: synced_at or dt.datetime.now(dt.timezone.utc)}
+    rows = with_run_values(timeline(collapse_identical(changes, spec), spec, payload), synced)
     return FoldResult(current=current_of(rows, spec, payload), history=history_of(rows, spec, payload))

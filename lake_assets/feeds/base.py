@@ -82,8 +82,9 @@ class FeedFormat(abc.ABC):
         """Map the vendor's rows onto the change model.
 
         `raw` holds files of one Parquet schema (`arrow_schema`, as the files declare it).
-        Returns the change-model columns, the partition column and `__invalid`: NULL for a good
-        row, else the reason the row (and so its file) cannot be used. A feed that turns one
+        Returns the change-model columns (all but `_ingested_at`, which the reader adds: see
+        `ingest.stamped`), the partition column and `__invalid`: NULL for a good row, else the
+        reason the row (and so its file) cannot be used. A feed that turns one
         landed row into several events marks the extra ones with `__derived` = true, so the
         batch still reconciles.
         """

@@ -36,7 +36,7 @@ from lake_assets.config import CollectionConfig
 from lake_assets.engine import merge, model as m
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column
+from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, stamped
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -312,7 +312,7 @@ class FlowJournalFormat(FeedFormat):
         parsed = spark.read.json(documents.rdd.map(lambda r: r[0]))
         events = self._events(parsed, collection).localCheckpoint(eager=True)
         outcome.unpersist()
-        deduped = merge.collapse_identical(events, self.table_spec(table))
+        deduped = merge.collapse_identical(stamped(events), self.table_spec(table))
         events_out = deduped.count()
         return Batch(deduped, listed, read, rows_in, events_out, rows_in - events_out, quarantined,
                      files_skipped=skipped, gaps=gaps, counts=counts)
@@ -330,6 +330,5 @@ class FlowJournalFormat(FeedFormat):
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
             F.lit(False).alias(m.PURGED),
             F.col("__uri").alias(m.SOURCE_FILE),
-            F.current_timestamp().alias(m.INGESTED_AT),
             F.col("__hour").alias(self.partition_column),
         )

@@ -233,7 +233,6 @@ class GraxV2Format(FeedFormat):
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
             stamp(PURGED).isNotNull().alias(m.PURGED),
             file_path.alias(m.SOURCE_FILE),
-            F.current_timestamp().alias(m.INGESTED_AT),
             F.regexp_extract(file_path, r"/batch=([0-9A-Fa-f]+)/", 1).alias(self.partition_column),
             invalid.alias("__invalid"),
             F.col("__file_path"),

@@ -113,7 +113,6 @@ class UnitCdcFormat(FeedFormat):
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
             F.lit(False).alias(m.PURGED),
             file_path.alias(m.SOURCE_FILE),
-            F.current_timestamp().alias(m.INGESTED_AT),
             F.when(year != "", partition).alias(self.partition_column),
             invalid.alias("__invalid"),
             F.col("__file_path"),

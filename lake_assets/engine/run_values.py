@@ -1,0 +1,31 @@
+"""Values that change every run (when the batch was read, when a fold synced) as columns.
+
+The obvious `withColumn(name, F.lit(now))` costs more than it seems. Spark writes a timestamp
+literal into the Java source it generates for a stage (as a number, where a string would be
+passed by reference), and caches compiled stages by their source text. A value that differs
+every run therefore makes every run generate and compile those stages again, and the JVM runs
+the new classes in its interpreter until it has JIT-compiled them once more: about 4 classes and
+~0.8 s of CPU in a warm hourly run (README, Profiling). Joined in from a one-row table, the value
+is data: the stage's code is the same every run and stays compiled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+
+def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFrame:
+    """`frame` with a column per entry of `values`, the same value on every row.
+
+    A column of that name already in `frame` is replaced. Rows, partitioning and order are the
+    frame's own: the one-row side is broadcast, so nothing is shuffled.
+    """
+    spark: SparkSession = frame.sparkSession
+    names = list(values)
+    params = {f"v{index}": values[name] for index, name in enumerate(names)}
+    columns = ", ".join(f"`{name}`" for name in names)
+    # An inline table becomes a local relation: its rows are data, never folded into a literal.
+    one_row = spark.sql(f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params)
+    return frame.drop(*names).crossJoin(F.broadcast(one_row))
