@@ -9,6 +9,7 @@ from pyspark.sql import types as T
 
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
+from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
@@ -20,12 +21,7 @@ SCHEMA = T.StructType(
         T.StructField("id", T.StringType()),
         T.StructField("c1", T.StringType()),
         T.StructField("c2", T.LongType()),
-        T.StructField(m.OP, T.StringType()),
-        T.StructField(m.VERSION_AT, T.TimestampType()),
-        T.StructField(m.SEQ, T.LongType()),
-        T.StructField(m.UNMODIFIED, T.ArrayType(T.StringType())),
-        T.StructField(m.PURGED, T.BooleanType()),
-        T.StructField(m.SOURCE_FILE, T.StringType()),
+        *system_fields(ingested_at=False),
     ]
 )
 

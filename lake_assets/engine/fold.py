@@ -73,22 +73,6 @@ class FoldReport:
     files_written: list[str] = dataclasses.field(default_factory=list)
 
 
-def _persisted_columns(spec: m.TableSpec, payload: list[str]) -> list:
-    hc = spec.history_columns
-    return [
-        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
-        F.col(START).alias(hc.start),
-        F.col(END).alias(hc.end),
-        F.col(ACTIVE).alias(hc.active),
-        F.col(SYNCED).alias(hc.synced),
-        F.col(m.OP),
-        F.col(m.SEQ),
-        F.col(m.UNMODIFIED),
-        F.col(m.PURGED),
-        F.col(m.SOURCE_FILE),
-    ]
-
-
 def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
     hc = spec.history_columns
     return (
@@ -323,7 +307,7 @@ def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, ope
     fold (a backfill) slices by day and writes from each of its few partitions instead of
     shuffling everything once more."""
     payload = spec.payload_columns(state_rows.columns)
-    out = state_rows.select(*_persisted_columns(spec, payload), F.col(KIND), F.col(SLICE))
+    out = state_rows.select(*merge.history_projection(spec, payload, start=START, purged=True), F.col(KIND), F.col(SLICE))
     if not large:
         if open_files == 1:
             out = out.coalesce(1)

@@ -202,20 +202,28 @@ def timeline(
     return with_windows(events, spec, order)
 
 
-def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Published history columns from timeline rows (deletes excluded)."""
+def history_projection(spec: m.TableSpec, payload: list[str], *, start: str, purged: bool) -> list[Column]:
+    """History rows' columns under the table's history-mode names: keys, payload, the window
+    (opening at column `start`) and the system columns; `_purged` only where it is kept (the
+    fold's own stored rows, which must remember it for later late data)."""
     hc = spec.history_columns
-    return rows.where(F.col(m.OP) != m.DELETE).select(
+    return [
         *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
-        F.col(m.VERSION_AT).alias(hc.start),
+        F.col(start).alias(hc.start),
         F.col(END).alias(hc.end),
         F.col(ACTIVE).alias(hc.active),
         F.col(SYNCED).alias(hc.synced),
         F.col(m.OP),
         F.col(m.SEQ),
         F.col(m.UNMODIFIED),
+        *([F.col(m.PURGED)] if purged else []),
         F.col(m.SOURCE_FILE),
-    )
+    ]
+
+
+def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
+    """Published history columns from timeline rows (deletes excluded)."""
+    return rows.where(F.col(m.OP) != m.DELETE).select(*history_projection(spec, payload, start=m.VERSION_AT, purged=False))
 
 
 def current_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:

@@ -5,7 +5,23 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, functions as F, types as T
 
+from lake_assets.engine import model as m
 from lake_assets.errors import SchemaClash
+
+def system_fields(*, ingested_at: bool) -> list[T.StructField]:
+    """The change model's system columns as Spark fields (`_seq` as a long: what an empty or
+    generated change log uses; a feed's own `_seq` type widens with it). `_ingested_at` is
+    stamped at ingest, so frames from before that leave it out."""
+    fields = [
+        T.StructField(m.OP, T.StringType()),
+        T.StructField(m.VERSION_AT, T.TimestampType()),
+        T.StructField(m.SEQ, T.LongType()),
+        T.StructField(m.UNMODIFIED, T.ArrayType(T.StringType())),
+        T.StructField(m.PURGED, T.BooleanType()),
+        T.StructField(m.SOURCE_FILE, T.StringType()),
+    ]
+    return fields + [T.StructField(m.INGESTED_AT, T.TimestampType())] if ingested_at else fields
+
 
 # Each type can widen to any type later in its chain.
 _NUMERIC_CHAIN = (T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType(), T.DoubleType())

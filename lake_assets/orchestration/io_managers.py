@@ -12,7 +12,7 @@ import dagster as dg
 from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
-from lake_assets.engine import model as m
+from lake_assets.engine.schema import system_fields
 from lake_assets.pipeline import store_partitions
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
@@ -28,16 +28,7 @@ def _table_location(lake: LakeResource, key: dg.AssetKey) -> str:
 
 def empty_changes(spark, partition_column: str) -> DataFrame:
     """A change log with no rows: system columns only, so downstream code can still select them."""
-    fields = [
-        T.StructField(m.OP, T.StringType()),
-        T.StructField(m.VERSION_AT, T.TimestampType()),
-        T.StructField(m.SEQ, T.LongType()),
-        T.StructField(m.UNMODIFIED, T.ArrayType(T.StringType())),
-        T.StructField(m.PURGED, T.BooleanType()),
-        T.StructField(m.SOURCE_FILE, T.StringType()),
-        T.StructField(m.INGESTED_AT, T.TimestampType()),
-        T.StructField(partition_column, T.StringType()),
-    ]
+    fields = [*system_fields(ingested_at=True), T.StructField(partition_column, T.StringType())]
     return spark.createDataFrame([], T.StructType(fields))
 
 
