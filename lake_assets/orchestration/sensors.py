@@ -29,20 +29,27 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
-def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
-    by_name = {t.table: t for t in tables}
-
-    @dg.sensor(
-        name=f"{feed.name.replace('-', '_')}_landing_sensor",
-        description=(
-            f"Watches {feed.landing} for new hour folders and for files arriving up to "
-            f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
-            "range of consecutive hours, keyed by the files it saw so nothing runs twice."
-        ),
+def _watching(feed: FeedConfig, tables: list[TableAssets], kind: str, description: str) -> dict:
+    """What every feed's sensor is declared with: its name, how often it ticks, whether it runs
+    from the start (`watch`), and the assets its runs may materialise."""
+    return dict(
+        name=f"{feed.name.replace('-', '_')}_{kind}_sensor",
+        description=description,
         minimum_interval_seconds=feed.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
         asset_selection=[k for t in tables for k in t.processed_keys],
     )
+
+
+def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
+    by_name = {t.table: t for t in tables}
+
+    @dg.sensor(**_watching(
+        feed, tables, "landing",
+        f"Watches {feed.landing} for new hour folders and for files arriving up to "
+        f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
+        "range of consecutive hours, keyed by the files it saw so nothing runs twice.",
+    ))
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         storage = lake.get_storage()
         cursors = decode_cursor(context.cursor)
@@ -64,17 +71,12 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
 def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
     by_name = {t.table: t for t in tables}
 
-    @dg.sensor(
-        name=f"{feed.name.replace('-', '_')}_batch_sensor",
-        description=(
-            f"Watches {feed.landing} for new batches of every object: registers them as partitions "
-            "and requests one run per table over the new batches, and again for the open "
-            "(greatest) batch when it gains files."
-        ),
-        minimum_interval_seconds=feed.sensor_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
-        asset_selection=[k for t in tables for k in t.processed_keys],
-    )
+    @dg.sensor(**_watching(
+        feed, tables, "batch",
+        f"Watches {feed.landing} for new batches of every object: registers them as partitions "
+        "and requests one run per table over the new batches, and again for the open "
+        "(greatest) batch when it gains files.",
+    ))
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         storage = lake.get_storage()
         cursors = decode_cursor(context.cursor, BatchCursor)
