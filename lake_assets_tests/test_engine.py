@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from lake_assets.engine import merge
 from lake_assets.engine.fold import fold
 from lake_assets_tests.engine_harness import PAYLOAD, SCHEMA, SPEC, EngineLake, as_row, utc
-from lake_assets_tests.test_run_values import classes_compiled
+from lake_assets_tests.run_value_probes import classes_compiled
 
 T = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 10)}
 MS = dt.timedelta(milliseconds=1)

@@ -17,6 +17,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
+from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
 UTC = dt.timezone.utc
@@ -243,3 +244,9 @@ def test_only_selected_logical_partitions_are_listed(tmp_path):
     assert [j.name for j in journals] == ["acmeCo/orders/category=Anvils/pivot=00"]
     assert not any("category=Rockets" in folder for folder in storage.listed)
     assert sorted(fmt.landed_hours(storage, f"file://{landing}", "acmeco_orders", None)) == ["2024-06-01-10"]
+
+
+@pytest.mark.parametrize("table", ["acmeco_orders", "acmeco_customers"])
+def test_every_change_carries_the_instant_its_run_read_it(sample_lake, table):
+    _, lake, instance = sample_lake
+    assert_read_during_the_runs({r["_ingested_at"] for r in rows(lake, "changes", table)}, instance)

@@ -19,6 +19,7 @@ from lake_assets.feeds.grax_v2 import GraxV2Format, batch_order, is_batch_key, t
 from lake_assets.landing_watch import BatchCursor, scan_batches
 from lake_assets.orchestration.definitions import batch_partitions_name
 from lake_assets.runner import run_feeds
+from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
 UTC = dt.timezone.utc
@@ -325,3 +326,8 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
     rows = layer_rows(lake, "current", f"{ORG}/account")
     assert len(rows) == 4
     assert {(r["_version_at"], r["LastReviewed__c"]) for r in rows} == {(moment, moment)}
+
+
+def test_every_change_carries_the_instant_its_run_read_it(sample_lake):
+    sample, lake, instance = sample_lake
+    assert_read_during_the_runs({r["_ingested_at"] for r in layer_rows(lake, "changes", f"{sample.org}/account")}, instance)

@@ -7,11 +7,7 @@ import datetime as dt
 from pyspark.sql import functions as F
 
 from lake_assets.engine.run_values import with_run_values
-
-
-def classes_compiled(spark) -> int:
-    """Stages Spark has generated and compiled so far (its code cache's misses)."""
-    return spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+from lake_assets_tests.run_value_probes import classes_compiled
 
 
 def test_a_new_value_each_run_compiles_no_new_code(spark):

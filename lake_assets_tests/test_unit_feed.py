@@ -11,7 +11,7 @@ from lake_assets.feeds.base import data_files
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.storage import Storage
-from lake_assets_tests.test_run_values import classes_compiled
+from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()

@@ -8,6 +8,7 @@ from pyspark.sql import DataFrame, functions as F, types as T
 from lake_assets.engine import model as m
 from lake_assets.errors import SchemaClash
 
+
 def system_fields(*, ingested_at: bool) -> list[T.StructField]:
     """The change model's system columns as Spark fields (`_seq` as a long: what an empty or
     generated change log uses; a feed's own `_seq` type widens with it). `_ingested_at` is
