@@ -48,6 +48,13 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
 }
 
+# The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
+# its work in threads of its own beside the application; with two cores those threads take
+# them from Spark's tasks. The parallel collector stops the tasks briefly instead and does its
+# work on both cores at once. Warm hourly runs, interleaved processes: ~0.3-0.5 s and ~0.8 s of
+# CPU less an hour (README "Profiling"). A cluster's JVM options are its operator's to set.
+EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
+
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes
 # ("60s") that the 3.3 connector rejects, so they are restated as milliseconds / seconds.
 S3A_DURATIONS: dict[str, str] = {
@@ -115,6 +122,7 @@ def session_conf(
             # its readers), not whatever `python3` is first on PATH.
             conf["spark.pyspark.python"] = sys.executable
             conf["spark.pyspark.driver.python"] = sys.executable
+            conf["spark.driver.extraJavaOptions"] = EMBEDDED_JVM_OPTIONS
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())

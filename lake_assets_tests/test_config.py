@@ -92,3 +92,15 @@ def test_embedded_and_connect_sessions_get_the_lake_sql_settings():
         assert conf["spark.sql.session.timeZone"] == "UTC"
         assert conf["spark.sql.sources.partitionOverwriteMode"] == "dynamic"
         assert conf["spark.sql.sources.partitionColumnTypeInference.enabled"] == "false"
+
+
+def test_only_the_embedded_driver_gets_the_lake_jvm_options():
+    """The embedded driver (which runs the tasks too) gets the parallel collector; a cluster's
+    driver and a Connect server keep their operator's JVM options, and a caller's own setting
+    wins over the lake's."""
+    assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert session_conf(master="local[4]")["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")
+    assert "spark.driver.extraJavaOptions" not in session_conf(remote="sc://127.0.0.1:15002")
+    mine = session_conf(extra={"spark.driver.extraJavaOptions": "-XX:+UseZGC"})
+    assert mine["spark.driver.extraJavaOptions"] == "-XX:+UseZGC"
