@@ -202,35 +202,27 @@ def build_table_assets(
     current_key = asset_key(feed.name, table, "current")
     history_key = asset_key(feed.name, table, "history")
 
+    def state_layer(key: dg.AssetKey, description: str) -> dg.AssetSpec:
+        return dg.AssetSpec(
+            key, deps=[changes.key], group_name=group_name(feed.name, table), kinds={"spark", "parquet"},
+            automation_condition=follow_upstream(), description=description,
+        )
+
     @dg.multi_asset(
         name=identifier(feed.name, table, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
-            dg.AssetSpec(
-                current_key,
-                deps=[changes.key],
-                group_name=group_name(feed.name, table),
-                kinds={"spark", "parquet"},
-                automation_condition=follow_upstream(),
-                description=(
-                    f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
-                    "version by (version time, sequence); deleted keys are absent. Materialising a "
-                    "partition folds that partition's change events in."
-                ),
-            ),
-            dg.AssetSpec(
-                history_key,
-                deps=[changes.key],
-                group_name=group_name(feed.name, table),
-                kinds={"spark", "parquet"},
-                automation_condition=follow_upstream(),
-                description=(
-                    f"Every version of `{table}` (SCD type 2, Fivetran history mode): "
-                    "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
-                    "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
-                    "under `active/`, closed ones under `closed/<end date>/`."
-                ),
-            ),
+            state_layer(current_key, (
+                f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
+                "version by (version time, sequence); deleted keys are absent. Materialising a "
+                "partition folds that partition's change events in."
+            )),
+            state_layer(history_key, (
+                f"Every version of `{table}` (SCD type 2, Fivetran history mode): "
+                "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
+                "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
+                "under `active/`, closed ones under `closed/<end date>/`."
+            )),
         ],
         check_specs=[
             dg.AssetCheckSpec("current_unique_key", asset=current_key, blocking=True,
