@@ -41,6 +41,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"writing sample Unit CDC exports to {unit_landing}")
     unit = write_unit_landing(unit_landing)
     _say(f"wrote {len(unit.files)} files for tables {', '.join(unit.tables)} ({len(unit.late_files)} late)")
+    damaged = add_truncated_copy(unit.files[0])
+    _say(f"added {damaged}, cut off halfway like a broken upload: the run quarantines it and reads the rest")
     grax_landing = root / "landing" / "grax"
     _say(f"writing a sample GRAX Data Lake v2 landing to {grax_landing}")
     grax = write_grax_landing(grax_landing)
@@ -69,6 +71,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_summary(summarise(config)))
     _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml")
     return 0
+
+
+DAMAGED_DEMO_FILE = "part-99999-truncated-upload.snappy.parquet"
+
+
+def add_truncated_copy(landed: Path) -> Path:
+    """The first half of a landed file, saved next to it: no footer, so no reader can open it."""
+    damaged = landed.with_name(DAMAGED_DEMO_FILE)
+    data = landed.read_bytes()
+    damaged.write_bytes(data[: len(data) // 2])
+    return damaged
 
 
 def _moment_ms(text: str) -> int:

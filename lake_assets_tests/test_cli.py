@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lake_assets.cli import main
+from lake_assets.cli import DAMAGED_DEMO_FILE, main
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -74,6 +74,29 @@ def test_demo_summary_matches_the_tables_on_disk(demo):
     assert (root / "lake_assets.yaml").is_file()
 
 
+def test_the_demo_quarantines_its_truncated_file_and_reads_the_rest_of_the_hour(demo):
+    root, stdout = demo
+    landing = root / "landing" / "unit"
+    damaged = next(landing.rglob(DAMAGED_DEMO_FILE))
+    table = damaged.relative_to(landing).parts[0]
+    quarantined = {(feed, name): int(q) for feed, name, *_, q in re.findall(
+        r"^(unit|grax|flow)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", stdout, re.M)}
+    assert quarantined.pop(("unit", table)) == 1, stdout
+    assert set(quarantined.values()) == {0}, stdout
+
+    notes = list((root / "lake" / "_quarantine" / "unit" / table).rglob("*.reason.json"))
+    assert len(notes) == 1
+    note = json.loads(notes[0].read_text())
+    assert note["file"] == f"file://{damaged}" and note["reason"].startswith("not a readable Parquet file"), note
+    copy = Path(str(notes[0])[: -len(".reason.json")])
+    assert copy.read_bytes() == damaged.read_bytes()
+
+    siblings = {f"file://{p}" for p in damaged.parent.glob("*.parquet") if p != damaged}
+    changes = f"{root}/lake/changes/unit/{table}/**/*.parquet"
+    sources = {r[0] for r in duckdb.sql(f"SELECT DISTINCT _source_file FROM read_parquet('{changes}', union_by_name = true)").fetchall()}
+    assert siblings and siblings <= sources and f"file://{damaged}" not in sources
+
+
 def _catalogued(lake: Path) -> list[dict]:
     glob = f"{lake}/catalog/time_bucket=*/*/*.parquet"
     con = duckdb.connect()
@@ -107,7 +130,9 @@ def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
     root, _ = demo
     landing = root / "landing" / "unit" / "accounts"
     spans = {}
-    for path in landing.rglob("*.parquet"):  # the spans, from the data itself
+    for path in landing.rglob("*.parquet"):  # the spans, from the data itself (the damaged file has none)
+        if path.name == DAMAGED_DEMO_FILE:
+            continue
         stamps = pq.read_table(path, columns=["cdc_commit_timestamp"]).column(0).to_pylist()
         spans[f"file://{path}"] = (min(stamps), max(stamps))
     day = min(start for start, _ in spans.values()).replace(hour=0, minute=0, second=0, microsecond=0) + dt.timedelta(days=1)
