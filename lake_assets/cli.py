@@ -69,7 +69,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"config written to {config_file}")
     run_feeds(config, say=_say)
     print(format_summary(summarise(config)))
-    _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml")
+    _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1")
     return 0
 
 
