@@ -94,6 +94,16 @@ def test_embedded_and_connect_sessions_get_the_lake_sql_settings():
         assert conf["spark.sql.sources.partitionColumnTypeInference.enabled"] == "false"
 
 
+def test_every_session_builds_columns_without_recording_python_call_sites():
+    """PySpark's per-expression call-site capture is off for the embedded driver, a cluster's
+    driver and a Connect client alike (it costs the Python side, whichever runs the tasks);
+    a caller may turn it back on."""
+    for conf in (session_conf(), session_conf(master="spark://10.0.0.5:7077"), session_conf(remote="sc://127.0.0.1:15002")):
+        assert conf["spark.python.sql.dataFrameDebugging.enabled"] == "false"
+    mine = session_conf(extra={"spark.python.sql.dataFrameDebugging.enabled": "true"})
+    assert mine["spark.python.sql.dataFrameDebugging.enabled"] == "true"
+
+
 def test_only_the_embedded_driver_gets_the_lake_jvm_options():
     """The embedded driver (which runs the tasks too) gets the parallel collector; a cluster's
     driver and a Connect server keep their operator's JVM options, and a caller's own setting

@@ -7,3 +7,14 @@ def test_the_embedded_driver_collects_garbage_with_the_parallel_collector(spark)
     beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     names = sorted(bean.getName() for bean in beans)
     assert names == ["PS MarkSweep", "PS Scavenge"], names
+
+
+def test_column_functions_make_no_call_site_round_trips(spark):
+    """PySpark decides once per process, from the live session, whether every Column function
+    records its Python call site in the JVM; the lake's session says no."""
+    from pyspark.errors.utils import is_debugging_enabled
+    from pyspark.sql import functions as F
+
+    F.col("any")  # the first Column function reads the setting
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert is_debugging_enabled() is False
