@@ -30,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from lake_assets.demo.damaged import add_truncated_copy
     from lake_assets.demo.flow_sample import write_flow_landing
     from lake_assets.demo.grax_sample import write_grax_landing
     from lake_assets.demo.unit_sample import write_unit_landing
@@ -71,17 +72,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_summary(summarise(config)))
     _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1")
     return 0
-
-
-DAMAGED_DEMO_FILE = "part-99999-truncated-upload.snappy.parquet"
-
-
-def add_truncated_copy(landed: Path) -> Path:
-    """The first half of a landed file, saved next to it: no footer, so no reader can open it."""
-    damaged = landed.with_name(DAMAGED_DEMO_FILE)
-    data = landed.read_bytes()
-    damaged.write_bytes(data[: len(data) // 2])
-    return damaged
 
 
 def _moment_ms(text: str) -> int:

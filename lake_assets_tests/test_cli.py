@@ -12,8 +12,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from lake_assets.cli import DAMAGED_DEMO_FILE, main
+from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.demo.damaged import TRUNCATED_FILE
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def test_demo_summary_matches_the_tables_on_disk(demo):
 def test_the_demo_quarantines_its_truncated_file_and_reads_the_rest_of_the_hour(demo):
     root, stdout = demo
     landing = root / "landing" / "unit"
-    damaged = next(landing.rglob(DAMAGED_DEMO_FILE))
+    damaged = next(landing.rglob(TRUNCATED_FILE))
     table = damaged.relative_to(landing).parts[0]
     quarantined = {(feed, name): int(q) for feed, name, *_, q in re.findall(
         r"^(unit|grax|flow)\s+([\w/]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", stdout, re.M)}
@@ -131,7 +132,7 @@ def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
     landing = root / "landing" / "unit" / "accounts"
     spans = {}
     for path in landing.rglob("*.parquet"):  # the spans, from the data itself (the damaged file has none)
-        if path.name == DAMAGED_DEMO_FILE:
+        if path.name == TRUNCATED_FILE:
             continue
         stamps = pq.read_table(path, columns=["cdc_commit_timestamp"]).column(0).to_pylist()
         spans[f"file://{path}"] = (min(stamps), max(stamps))
