@@ -29,6 +29,8 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     # by inference, a GRAX batch of digits alone ("000000123") would read back as the number 123.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # On for a cluster's driver (its executors gain from merged and split shuffle partitions);
+    # a local driver turns it off (`LOCAL_DRIVER_SQL_SETTINGS`).
     "spark.sql.adaptive.enabled": "true",
     # A fold runs ~160 generated-code classes; with Spark's default cache of 100 every hourly
     # run compiled them all again (~2.5 s a run). Cached, an hour's run compiles almost none.
@@ -61,6 +63,14 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 # work on both cores at once. Warm hourly runs, interleaved processes: ~0.3-0.5 s and ~0.8 s of
 # CPU less an hour (README "Profiling"). A cluster's JVM options are its operator's to set.
 EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
+
+# Adaptive execution runs a query as one job per exchange and plans the rest again after each.
+# An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take
+# tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
+# improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
+# for a skewed partition to be spread over. Off, a warm hourly run went 3.38 -> 2.97 s (12
+# interleaved a side); a 7-day backfill was no slower (31.7 s against 32.7 s; README "Profiling").
+LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes
 # ("60s") that the 3.3 connector rejects, so they are restated as milliseconds / seconds.
@@ -131,6 +141,7 @@ def session_conf(
             conf["spark.pyspark.python"] = sys.executable
             conf["spark.pyspark.driver.python"] = sys.executable
             conf["spark.driver.extraJavaOptions"] = EMBEDDED_JVM_OPTIONS
+            conf.update(LOCAL_DRIVER_SQL_SETTINGS)
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())

@@ -114,3 +114,13 @@ def test_only_the_embedded_driver_gets_the_lake_jvm_options():
     assert "spark.driver.extraJavaOptions" not in session_conf(remote="sc://127.0.0.1:15002")
     mine = session_conf(extra={"spark.driver.extraJavaOptions": "-XX:+UseZGC"})
     assert mine["spark.driver.extraJavaOptions"] == "-XX:+UseZGC"
+
+
+def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execution():
+    """Adaptive execution is off where the driver runs the tasks itself (its hourly folds are
+    many small queries) and left on for a cluster; a caller may turn it back on."""
+    assert session_conf()["spark.sql.adaptive.enabled"] == "false"
+    assert session_conf(master="local[4]")["spark.sql.adaptive.enabled"] == "false"
+    assert session_conf(master="spark://10.0.0.5:7077")["spark.sql.adaptive.enabled"] == "true"
+    assert "spark.sql.adaptive.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
+    assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
