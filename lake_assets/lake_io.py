@@ -113,7 +113,29 @@ def _written_schema(storage: Storage, paths: list[str], recursive: bool) -> T.St
     files = _data_files(storage, paths, recursive)
     if not files or len(files) > SCHEMA_FROM_FOOTERS_MAX_FILES:
         return None
-    written = {(meta.metadata or {}).get(SPARK_SCHEMA_KEY) for meta in _footers(storage, files)}
+    return _spark_schema(_footers(storage, files))
+
+
+def _nullable(schema_json: bytes | None) -> bytes | None:
+    """A written schema with every field nullable: how Spark reads any Parquet file, so files
+    that differ only there (a fold's open set and its closed rows) read alike."""
+    if schema_json is None:
+        return None
+
+    def relax(node):
+        if isinstance(node, dict):
+            return {k: True if k in ("nullable", "containsNull", "valueContainsNull") else relax(v) for k, v in node.items()}
+        return [relax(item) for item in node] if isinstance(node, list) else node
+
+    return json.dumps(relax(json.loads(schema_json))).encode()
+
+
+def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False) -> T.StructType | None:
+    """The schema Spark wrote into every one of these footers, when they all carry the same
+    (with `any_nullability`, the same but for which fields may be null)."""
+    written = {(meta.metadata or {}).get(SPARK_SCHEMA_KEY) for meta in footers}
+    if any_nullability:
+        written = {_nullable(w) for w in written}
     if len(written) != 1 or None in written:
         return None
     try:
@@ -157,6 +179,20 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
 def rows_in(storage: Storage, files: list[str]) -> int:
     """How many rows the Parquet files hold, from their footers (no data is read)."""
     return sum(meta.num_rows for meta in _footers(storage, files))
+
+
+def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tuple[int, T.StructType | None] | None:
+    """Rows and schema of a whole lake table (every data file under it) from its Parquet
+    footers: no Spark job unless the files disagree on their schema. None for no table."""
+    if not storage.exists(table_uri):
+        return None
+    footers = _footers(storage, _data_files(storage, [table_uri], recursive=True))
+    if not footers:
+        return 0, None
+    schema = _spark_schema(footers, any_nullability=True)
+    if schema is None:  # drifted files: the schema a reader gets is Spark's merge of them
+        schema = read_table(spark, storage, table_uri).schema
+    return sum(meta.num_rows for meta in footers), schema
 
 
 def write_partitions(

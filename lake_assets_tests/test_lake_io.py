@@ -129,3 +129,25 @@ def test_spark_written_files_of_one_schema_are_read_without_a_schema_job(spark, 
     read, jobs = _jobs_during(spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h3"]))
     assert jobs >= 1
     assert sorted(tuple(r) for r in read.select("id", "n", "note", "hour").collect()) == [("a", 1, None, "h1"), ("c", 3, "x", "h3")]
+
+
+def test_a_table_summary_comes_from_the_footers_and_falls_back_to_spark_for_drift(spark, tmp_path):
+    """Rows and schema of a whole table (files in subfolders too) without a Spark job, also when
+    its files differ only in which fields may be null (a fold's open set against its closed
+    rows); files that drifted apart get Spark's merged schema. No table: None."""
+    storage = Storage()
+    table = f"file://{tmp_path / 'history'}"
+    strict = spark.createDataFrame([("a", True)], "id string not null, active boolean not null")
+    loose = spark.createDataFrame([("b", None), ("c", False)], "id string, active boolean")
+    strict.write.parquet(f"{table}/active")
+    loose.write.parquet(f"{table}/closed/2024-01-01")
+    summary, jobs = _jobs_during(spark, lambda: lake_io.table_summary(spark, storage, table))
+    assert jobs == 0
+    rows, schema = summary
+    assert rows == 3 and [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields] == [
+        ("id", "string", True), ("active", "boolean", True)]
+
+    spark.createDataFrame([("d", 1)], "id string, n bigint").write.parquet(f"{table}/closed/2024-01-02")
+    rows, schema = lake_io.table_summary(spark, storage, table)
+    assert rows == 4 and schema.fieldNames() == ["id", "active", "n"]
+    assert lake_io.table_summary(spark, storage, f"file://{tmp_path / 'absent'}") is None

@@ -95,6 +95,10 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
     assert metadata["reconciled"].value is True
     assert metadata["dagster/row_count"].value == metadata["events_out"].value
     assert "path" in metadata and "dagster/column_schema" in metadata
+    for layer in ("current", "history"):  # counted from the footers: the rows a reader gets
+        state = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", layer])).asset_materialization
+        assert state.metadata["dagster/row_count"].value == len(lake_rows(str(lake), layer, "accounts", "id")) > 0
+        assert "dagster/column_schema" in state.metadata
 
 
 def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):

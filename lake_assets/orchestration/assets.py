@@ -285,14 +285,12 @@ def _clash_failure(feed: str, table: str, clash: SchemaClash, batch) -> dg.Failu
 
 
 def _table_metadata(session, storage, uri: str) -> dict:
-    """Row count, path and schema of a lake table as a reader sees it (footers only)."""
-    frame = lake_io.read_table(session, storage, uri)
-    if frame is None:
-        return {"dagster/row_count": 0, "path": dg.MetadataValue.path(uri)}
-    return {
-        "dagster/row_count": frame.count(),
-        "path": dg.MetadataValue.path(uri),
-        "dagster/column_schema": dg.TableSchema(
-            columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(frame.schema)]
-        ),
-    }
+    """Row count, path and schema of a lake table as a reader sees it, from the Parquet footers
+    (a Spark count and schema merge of current and history took ~0.3-0.5 s of every state run)."""
+    summary = lake_io.table_summary(session, storage, uri)
+    metadata = {"dagster/row_count": summary[0] if summary else 0, "path": dg.MetadataValue.path(uri)}
+    if summary and summary[1] is not None:
+        metadata["dagster/column_schema"] = dg.TableSchema(
+            columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(summary[1])]
+        )
+    return metadata
