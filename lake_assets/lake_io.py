@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
+from lake_assets.engine import model as m
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import data_files, is_data_file
 from lake_assets.errors import ConfigError
@@ -195,6 +196,20 @@ def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tupl
     return sum(meta.num_rows for meta in footers), schema
 
 
+def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
+    """Parquet writer options that store `columns` plainly, for columns whose values differ on
+    (nearly) every row of a file: event times, sequences, the keys of a current-state table.
+
+    parquet-mr starts every column with a dictionary and, at the end of the first page, gives it
+    up if it does not pay and encodes the values again. A change-log hour or a fold's file fits
+    in that first page, so for such columns every file built a dictionary only to throw it away:
+    about a quarter of the CPU samples of writing a 7-day change log (169 files), whose store
+    step went from ~5.9 to ~5.5 s (README "Profiling"). For such columns the files come out the
+    same size.
+    """
+    return {f"parquet.enable.dictionary#{c}": "false" for c in columns}
+
+
 def write_partitions(
     df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str]
 ) -> dict[str, int]:
@@ -219,7 +234,8 @@ def write_partitions(
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))
-                .write.mode("overwrite")
+                .write.options(**without_dictionary(c for c in m.PER_EVENT_COLUMNS if c in df.columns))
+                .mode("overwrite")
                 .option("partitionOverwriteMode", "dynamic")
                 .partitionBy(column)
                 .parquet(table_uri)

@@ -274,3 +274,28 @@ def test_a_fold_at_another_time_compiles_no_new_code(spark, tmp_path):
         stamped = [r["_fivetran_synced"] for r in (*lake.current(), *lake.history())]
         assert len(stamped) == 5 and set(stamped) == {synced}
     assert compiled[1] == 0, f"the second fold compiled {compiled[1]} new class(es)"
+
+
+def dictionary_columns(folder: Path) -> dict[str, bool]:
+    """Per column of the Parquet files under `folder`: whether any file stores it with a dictionary."""
+    found: dict[str, bool] = {}
+    for path in folder.rglob("*.parquet"):
+        group = pq.ParquetFile(path).metadata.row_group(0)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            uses = any("DICTIONARY" in encoding for encoding in column.encodings)
+            found[column.path_in_schema] = found.get(column.path_in_schema, False) or uses
+    return found
+
+
+def test_columns_unique_in_every_file_are_written_without_a_dictionary(spark, tmp_path):
+    lake = EngineLake(spark, tmp_path)
+    keys = [f"k{i:03d}" for i in range(200)]
+    lake.fold([ev(k, "insert", T[1], i, "same", 7) for i, k in enumerate(keys)])
+    lake.fold([ev(k, "update", T[2], 1000 + i, "same", 7) for i, k in enumerate(keys)])
+
+    current = dictionary_columns(Path(lake.state.current[len("file://"):]))
+    assert current["c1"] and not any(current[c] for c in ("id", "_version_at", "_seq"))
+    history = dictionary_columns(Path(lake.state.history[len("file://"):]))
+    assert history["c1"] and history["_fivetran_end"]  # the open rows all end at the end of time
+    assert not any(history[c] for c in ("_fivetran_start", "_seq"))

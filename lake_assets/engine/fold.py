@@ -214,7 +214,8 @@ def fold(
     current_rows = Observation()  # unnamed: a unique name, so folds of other tables cannot collide
     current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))
     run_together(
-        lambda: current.coalesce(files).write.mode("overwrite").parquet(f"{stage}/current"),
+        lambda: current.coalesce(files).write.options(**lake_io.without_dictionary([*keys, *m.PER_EVENT_COLUMNS]))
+        .mode("overwrite").parquet(f"{stage}/current"),
         lambda: _write_state_rows(state_rows, spec, f"{stage}/rows", files, large=large),
         session=spark,
     )
@@ -314,7 +315,10 @@ def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, ope
         else:
             spread = F.when(F.col(SLICE) == OPEN, F.pmod(F.xxhash64(*merge.key_cols(spec)), F.lit(open_files))).otherwise(0)
             out = out.repartition(F.col(KIND), F.col(SLICE), spread)
-    out.write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
+    # Starts and sequences differ on every row. Keys repeat across a key's versions and the open
+    # set's ends are all the end of time: a dictionary may pay for those, Parquet decides.
+    per_row = lake_io.without_dictionary([spec.history_columns.start, m.SEQ])
+    out.write.options(**per_row).mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
 
 
 def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:

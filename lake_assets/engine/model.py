@@ -27,6 +27,8 @@ SOURCE_FILE = "_source_file"
 INGESTED_AT = "_ingested_at"
 
 SYSTEM_COLUMNS = (OP, VERSION_AT, SEQ, UNMODIFIED, PURGED, SOURCE_FILE, INGESTED_AT)
+#: system columns whose value differs on (nearly) every event: no Parquet dictionary pays for them
+PER_EVENT_COLUMNS = (VERSION_AT, SEQ)
 
 # Hive partition columns of change logs (hourly feeds, batch feeds); never payload.
 PARTITION_COLUMNS = ("hour", "batch")
