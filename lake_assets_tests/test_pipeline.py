@@ -11,6 +11,7 @@ import pytest
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.orchestration.definitions import build_definitions, feed_job_name
+from lake_assets.orchestration.io_managers import InMemoryHandover
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
 from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
@@ -99,6 +100,36 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
         state = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", layer])).asset_materialization
         assert state.metadata["dagster/row_count"].value == len(lake_rows(str(lake), layer, "accounts", "id")) > 0
         assert "dagster/column_schema" in state.metadata
+    # Each table's state step folded the batch its changes step had stored, from memory.
+    handed_over = [e.message for e in instance.all_logs(run_ids[0]) if "the batch this run stored, from memory" in e.message]
+    assert sorted(m.split(":")[0] for m in handed_over) == sorted(f"unit/{t}/changes" for t in TABLES)
+
+
+def test_a_stored_batch_is_handed_over_once_to_its_own_run_and_released_otherwise(spark):
+    handover = InMemoryHandover()
+    key, other = dg.AssetKey(["unit", "accounts", "changes"]), dg.AssetKey(["unit", "cards", "changes"])
+
+    def cached():
+        frame = spark.range(3).persist()
+        frame.count()
+        return frame
+
+    batch = cached()
+    handover.keep("run-1", key, ["h1", "h2"], batch)
+    assert handover.take("run-1", other, ["h1", "h2"]) is None
+    assert handover.take("run-1", key, ["h1", "h2"]) is batch and batch.is_cached
+    assert handover.take("run-1", key, ["h1", "h2"]) is None  # once
+
+    for run_id, partitions in (("run-2", ["h1", "h2"]), ("run-1", ["h1"]), ("run-1", None)):
+        batch = cached()
+        handover.keep("run-1", key, ["h1", "h2"], batch)
+        assert handover.take(run_id, key, partitions) is None and not batch.is_cached
+
+    older, newer = cached(), cached()
+    handover.keep("run-1", key, ["h1"], older)
+    handover.keep("run-1", key, ["h1"], newer)
+    assert not older.is_cached and handover.take("run-1", key, ["h1"]) is newer
+    newer.unpersist()
 
 
 def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):

@@ -208,6 +208,35 @@ def build_table_assets(
             automation_condition=follow_upstream(), description=description,
         )
 
+    def fold_and_check(context: dg.AssetExecutionContext, session, work: pipeline.TableWork, batch):
+        try:
+            report = pipeline.fold_into_state(session, work, batch, log=context.log)
+        except SchemaClash as clash:
+            raise _clash_failure(feed.name, table, clash, batch) from clash
+        storage = work.storage
+        table_state = TableState(work.layout, feed.name, table)
+        fold_metadata = {
+            "events_folded": report.events_in,
+            "keys_touched": report.keys_touched,
+            "late_keys": report.late_keys,
+            "closed_days_rewritten": len(report.days_rewritten),
+            "closed_files_rewritten": report.closed_files_rewritten,
+            "closed_days_appended": len(report.days_appended),
+            "closed_days_compacted": len(report.days_compacted),
+            "keys_newly_purged": len(report.newly_purged),
+        }
+        for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
+            yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
+        for outcome, key in zip(pipeline.check_fold(session, work, batch, report), (current_key, history_key, history_key)):
+            yield dg.AssetCheckResult(
+                asset_key=key,
+                check_name=outcome.name,
+                passed=outcome.passed,
+                description=outcome.description,
+                metadata=outcome.metadata,
+                severity=dg.AssetCheckSeverity.ERROR,
+            )
+
     @dg.multi_asset(
         name=identifier(feed.name, table, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
@@ -241,35 +270,10 @@ def build_table_assets(
     )
     def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource, batch):
         """Fold the change events of the materialised partitions into current and history."""
-        session = spark.spark_session
-        work = table_work(context, lake, catalog)
         try:
-            report = pipeline.fold_into_state(session, work, batch, log=context.log)
-        except SchemaClash as clash:
-            raise _clash_failure(feed.name, table, clash, batch) from clash
-        storage = work.storage
-        table_state = TableState(work.layout, feed.name, table)
-        fold_metadata = {
-            "events_folded": report.events_in,
-            "keys_touched": report.keys_touched,
-            "late_keys": report.late_keys,
-            "closed_days_rewritten": len(report.days_rewritten),
-            "closed_files_rewritten": report.closed_files_rewritten,
-            "closed_days_appended": len(report.days_appended),
-            "closed_days_compacted": len(report.days_compacted),
-            "keys_newly_purged": len(report.newly_purged),
-        }
-        for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
-            yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
-        for outcome, key in zip(pipeline.check_fold(session, work, batch, report), (current_key, history_key, history_key)):
-            yield dg.AssetCheckResult(
-                asset_key=key,
-                check_name=outcome.name,
-                passed=outcome.passed,
-                description=outcome.description,
-                metadata=outcome.metadata,
-                severity=dg.AssetCheckSeverity.ERROR,
-            )
+            yield from fold_and_check(context, spark.spark_session, table_work(context, lake, catalog), batch)
+        finally:
+            batch.unpersist()  # a batch handed over in memory (`io_managers.InMemoryHandover`)
 
     return TableAssets(feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state)
 

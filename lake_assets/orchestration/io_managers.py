@@ -8,6 +8,8 @@ return one DataFrame filtered to those partitions.
 
 from __future__ import annotations
 
+import threading
+
 import dagster as dg
 from pyspark.sql import DataFrame, types as T
 
@@ -30,6 +32,54 @@ def empty_changes(spark, partition_column: str) -> DataFrame:
     """A change log with no rows: system columns only, so downstream code can still select them."""
     fields = [*system_fields(ingested_at=True), T.StructField(partition_column, T.StringType())]
     return spark.createDataFrame([], T.StructType(fields))
+
+
+class InMemoryHandover:
+    """A batch a run's step stored, kept in memory for the same run's next step to read.
+
+    Within one run (the in-process executor shares one Spark session) the state step would
+    otherwise read the change log it folds back from the files the changes step has just written,
+    and sort it again by key, although the stored batch is still cached, collapsed and in that
+    order. Handed over, the fold plans no exchange and no sort for it: in a 7-day backfill
+    ~1.9 s less (of ~28 s; README "Profiling"). The stored files hold exactly these rows: the
+    write replaced exactly the run's partitions with them.
+
+    One batch is kept per asset; it is handed over once, for the same partitions, to a step
+    loading the output of the run that stored it. Whatever is not taken that way (asked for by
+    another run or for other partitions, or followed by a newer batch of the asset) is released
+    from memory; the step that takes it releases it when it is done.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[str, ...], tuple[str, tuple[str, ...], DataFrame]] = {}
+
+    def keep(self, run_id: str, key: dg.AssetKey, partitions: list[str], frame: DataFrame) -> None:
+        with self._lock:
+            previous = self._kept.pop(tuple(key.path), None)
+            self._kept[tuple(key.path)] = (run_id, tuple(partitions), frame)
+        if previous is not None and previous[2] is not frame:
+            previous[2].unpersist()
+
+    def take(self, run_id: str, key: dg.AssetKey, partitions: list[str] | None) -> DataFrame | None:
+        with self._lock:
+            kept = self._kept.pop(tuple(key.path), None)
+        if kept is None:
+            return None
+        kept_run, kept_partitions, frame = kept
+        if kept_run == run_id and partitions is not None and kept_partitions == tuple(partitions):
+            return frame
+        frame.unpersist()
+        return None
+
+
+#: process-wide: IO manager instances are built per run, the kept batches outlive them
+HANDOVER = InMemoryHandover()
+
+
+def _is_cached(frame: DataFrame) -> bool:
+    level = frame.storageLevel
+    return level.useMemory or level.useDisk
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
@@ -56,8 +106,8 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
             feed=feed, table="/".join(table), run_id=context.run_id,
         )
-        if obj is not None:
-            obj.unpersist()  # a batch the step kept in memory for its write is stored now
+        if obj is not None and _is_cached(obj):
+            HANDOVER.keep(context.run_id, context.asset_key, keys, obj)
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
             "path": dg.MetadataValue.path(location),
@@ -77,6 +127,12 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         location = _table_location(self.lake, key)
         column = self._partition_column(upstream.definition_metadata if upstream else None)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
+        # The run that stored the batch (this run, or the parent of a re-execution that skipped it).
+        producer = upstream.run_id if upstream is not None else None
+        handed_over = HANDOVER.take(producer, key, keys) if producer else None
+        if handed_over is not None:
+            context.log.info(f"{key.to_user_string()}: the batch this run stored, from memory")
+            return handed_over
         spark = self.spark.spark_session
         df = lake_io.read_partitions(spark, self.lake.get_storage(), location, column, keys)
         if df is None:
