@@ -214,7 +214,7 @@ def fold(
     current_rows = Observation()  # unnamed: a unique name, so folds of other tables cannot collide
     current = merge.current_of(new_open, spec, payload).observe(current_rows, F.count(F.lit(1)).alias("rows"))
     run_together(
-        lambda: current.coalesce(files).write.options(**lake_io.without_dictionary([*keys, *m.PER_EVENT_COLUMNS]))
+        lambda: current.coalesce(files).write.options(**_plain_columns(spec))
         .mode("overwrite").parquet(f"{stage}/current"),
         lambda: _write_state_rows(state_rows, spec, f"{stage}/rows", files, large=large),
         session=spark,
@@ -299,6 +299,15 @@ def _utc(micros: int | None) -> dt.datetime | None:
     return None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
 
 
+def _plain_columns(spec: m.TableSpec) -> dict[str, str]:
+    """Writer options for both of a fold's writes: columns stored without a Parquet dictionary
+    (keys, version times, starts, sequences: they differ on nearly every row of current and of
+    history's files). The two writes run at once, and in one session concurrent writes were seen
+    to pick up each other's Parquet options (1 in 2 folds in a test), so they share one set. The
+    history ends are left to Parquet: the open set's are all the end of time."""
+    return lake_io.without_dictionary([*spec.keys, *m.PER_EVENT_COLUMNS, spec.history_columns.start])
+
+
 def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, open_files: int, large: bool) -> None:
     """Stage the open set and the closed rows in one write, a folder per kind and slice.
 
@@ -315,10 +324,7 @@ def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, ope
         else:
             spread = F.when(F.col(SLICE) == OPEN, F.pmod(F.xxhash64(*merge.key_cols(spec)), F.lit(open_files))).otherwise(0)
             out = out.repartition(F.col(KIND), F.col(SLICE), spread)
-    # Starts and sequences differ on every row. Keys repeat across a key's versions and the open
-    # set's ends are all the end of time: a dictionary may pay for those, Parquet decides.
-    per_row = lake_io.without_dictionary([spec.history_columns.start, m.SEQ])
-    out.write.options(**per_row).mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
+    out.write.options(**_plain_columns(spec)).mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
 
 
 def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:
