@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 from lake_assets.errors import ConfigError
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.feeds.flow_journal import FlowJournalFormat
-from lake_assets.feeds.grax_v2 import GraxV2Format
-from lake_assets.feeds.unit_cdc import UnitCdcFormat
 
-_FORMATS: dict[str, FeedFormat] = {f.name: f for f in (UnitCdcFormat(), GraxV2Format(), FlowJournalFormat())}
+
+@functools.cache
+def _formats() -> dict[str, FeedFormat]:
+    # Imported on first use, not with the package: the formats build on the shared reader
+    # (`lake_assets.ingest`), which imports `feeds.base`, so an eager import here made
+    # `import lake_assets.ingest` fail when it came first.
+    from lake_assets.feeds.flow_journal import FlowJournalFormat
+    from lake_assets.feeds.grax_v2 import GraxV2Format
+    from lake_assets.feeds.unit_cdc import UnitCdcFormat
+
+    return {f.name: f for f in (UnitCdcFormat(), GraxV2Format(), FlowJournalFormat())}
 
 
 def format_for(feed) -> FeedFormat:
@@ -17,7 +26,8 @@ def format_for(feed) -> FeedFormat:
 
 
 def get_format(name: str) -> FeedFormat:
+    formats = _formats()
     try:
-        return _FORMATS[name]
+        return formats[name]
     except KeyError:
-        raise ConfigError(f"unknown feed format {name!r}; known: {sorted(_FORMATS)}") from None
+        raise ConfigError(f"unknown feed format {name!r}; known: {sorted(formats)}") from None
