@@ -26,6 +26,12 @@ SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"  # the footer en
 SCHEMA_FROM_FOOTERS_MAX_FILES = 64
 
 
+def is_cached(frame: DataFrame) -> bool:
+    """Whether Spark keeps the frame's rows (persisted in memory or on disk)."""
+    level = frame.storageLevel
+    return level.useMemory or level.useDisk
+
+
 def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[str, str]:
     """partition value -> folder URI for the Hive partition folders under a table."""
     prefix = f"{column}="

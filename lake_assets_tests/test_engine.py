@@ -5,8 +5,10 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from pyspark.sql import functions as F
 
+from lake_assets import lake_io
 from lake_assets.engine import merge
 from lake_assets.engine.fold import fold
 from lake_assets_tests.engine_harness import PAYLOAD, SCHEMA, SPEC, EngineLake, as_row, utc
@@ -216,10 +218,19 @@ def test_an_empty_batch_leaves_the_state_as_it_was(spark, tmp_path):
         assert (lake.current(), lake.history()) == before
 
 
-def test_a_cached_marked_batch_feeds_the_timeline_without_another_sort(spark):
-    """A fold into an empty table (a first backfill) marks the batch, caches it, and builds the
-    timeline from it. The marks and the rules read events in one order, so Spark plans no
-    shuffle or sort between the cache and the timeline: the batch is sorted once, not twice."""
+def _sorts_or_shuffles_above_the_cache(frame) -> list[str]:
+    plan = frame._jdf.queryExecution().executedPlan().toString().splitlines()
+    above_cache = plan[:next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
+    return [line for line in above_cache if "Sort [" in line or "Exchange " in line]
+
+
+@pytest.mark.parametrize("cached", ["marked batch", "handed-over batch"])
+def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
+    """A fold into an empty table (a first backfill) builds the timeline from a cached batch:
+    either the marked batch it cached itself, or (handed over from the run's change-log write)
+    the collapsed batch cached by the reader, with the marks computed on top of it. The marks
+    and the rules read events in one order, so Spark plans no shuffle or sort between the cache
+    and the timeline: the batch is sorted once, not twice."""
     events = [
         ev("a", "insert", T[1], 1, "x", 1),
         ev("a", "update", T[2], 2, "y", unmodified=["c2"]),
@@ -227,19 +238,44 @@ def test_a_cached_marked_batch_feeds_the_timeline_without_another_sort(spark):
         ev("b", "insert", T[1], 3, "z", 2),
     ]
     batch = spark.createDataFrame([as_row(e) for e in events], SCHEMA)
-    marked = merge.mark_identical(batch, SPEC).persist()
+    if cached == "marked batch":
+        cache = marked = merge.mark_identical(batch, SPEC).persist()
+    else:
+        cache = merge.collapse_identical(batch, SPEC).persist()
+        marked = merge.mark_identical(cache, SPEC)
     try:
-        marked.count()  # as the fold's totals do: the cached frame's order is known from here on
+        cache.count()  # as the fold's totals or the reader's count do: the cached order is known from here on
         kept = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
         rows = merge.timeline(kept, SPEC, list(PAYLOAD), purges=True)
-        plan = rows._jdf.queryExecution().executedPlan().toString().splitlines()
-        above_cache = plan[:next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
-        assert not [line for line in above_cache if "Sort [" in line or "Exchange " in line], "\n".join(above_cache)
+        assert not _sorts_or_shuffles_above_the_cache(rows)
         assert [(r["id"], r["c1"], r["c2"]) for r in rows.orderBy("id", merge.START).collect()] == [
             ("a", "x", 1), ("a", "y", 1), ("b", "z", 2),
         ]
     finally:
-        marked.unpersist()
+        cache.unpersist()
+
+
+def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_path, monkeypatch):
+    """A batch the caller keeps in memory (the run's stored change batch, handed over) is not
+    cached a second time as the marked batch; a batch read from files is, once."""
+    marked_frames = []
+    mark = merge.mark_identical
+    monkeypatch.setattr(merge, "mark_identical", lambda *args: marked_frames.append(mark(*args)) or marked_frames[-1])
+    rows = [as_row(ev(k, "insert", T[1], i, "x", 1)) for i, k in enumerate("abc")]
+    marks_cached = {}
+    for name in ("read", "kept in memory"):
+        given = spark.createDataFrame(rows, SCHEMA)
+        if name == "kept in memory":
+            given = given.persist()
+        lake = EngineLake(spark, tmp_path / name.replace(" ", "_"))
+        marked_frames.clear()
+        seen = []
+        # Looked at while the fold commits: whatever it cached is still held then.
+        fold(spark, lake.storage, lake.state, given, lake.spec,
+             on_commit_step=lambda step: seen.append(lake_io.is_cached(marked_frames[0])))
+        marks_cached[name] = seen[0]
+        given.unpersist()
+    assert marks_cached == {"read": True, "kept in memory": False}
 
 
 def test_a_fold_leaves_no_cached_or_checkpointed_blocks_behind(spark, tmp_path):

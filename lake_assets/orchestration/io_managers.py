@@ -77,11 +77,6 @@ class InMemoryHandover:
 HANDOVER = InMemoryHandover()
 
 
-def _is_cached(frame: DataFrame) -> bool:
-    level = frame.storageLevel
-    return level.useMemory or level.useDisk
-
-
 class SparkParquetIOManager(dg.ConfigurableIOManager):
     """Stores Spark DataFrames as Hive-partitioned Parquet under the lake root."""
 
@@ -106,7 +101,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
             feed=feed, table="/".join(table), run_id=context.run_id,
         )
-        if obj is not None and _is_cached(obj):
+        if obj is not None and lake_io.is_cached(obj):
             HANDOVER.keep(context.run_id, context.asset_key, keys, obj)
         metadata: dict = {
             "dagster/row_count": sum(written.values()),
