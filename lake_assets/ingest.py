@@ -83,8 +83,17 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
 
 
 def canonical_uri_column(path: str) -> F.Column:
-    """`canonical_uri` as a Spark expression."""
-    return F.regexp_replace(F.url_decode(F.col(path)), r"^file:/+", "file:///")
+    """`canonical_uri` as a Spark expression.
+
+    It runs on every row of a read, for a value that is the same for the whole file, so the
+    common case is kept to cheap tests: no decoding without a `%`, and the `file:` prefix
+    rewritten only when it is not already `file:///`. Decoding first protects `+`, which
+    Spark's `url_decode` (form decoding) would turn into a space and `unquote` keeps.
+    """
+    spark_path = F.col(path)
+    decoded = F.when(spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))).otherwise(spark_path)
+    canonical_prefix = decoded.startswith("file:///") & ~decoded.startswith("file:////")
+    return F.when(decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")).otherwise(decoded)
 
 
 def _read_group(spark: SparkSession, fmt: FeedFormat, uris: list[str], schema: pa.Schema | None = None) -> DataFrame:

@@ -183,3 +183,19 @@ def test_reading_the_same_files_again_compiles_no_new_code(spark, tmp_path):
         assert len(stamps[-1]) == 1 and next(iter(stamps[-1])) >= int(started.timestamp() * 1_000_000) - 1
     assert stamps[0] != stamps[1]
     assert compiled[1] == 0, f"the second read compiled {compiled[1]} new class(es)"
+
+
+def test_source_files_with_odd_names_are_named_as_the_catalog_names_them(spark, tmp_path):
+    """`_source_file` is the file's URI as listed (and catalogued), whatever Spark's own spelling:
+    spaces, `%`, `+` and `=` in names survive the read."""
+    landing = tmp_path / "unit lake"
+    names = ["part 0.parquet", "a+b.parquet", "100%=c d+e.parquet"]
+    for seq, name in enumerate(names):
+        write_events(landing, "accounts", 0, name, [event(f"k{seq}", "INSERT", seq, at(0, seq), name="n", balance=1)], ACCOUNT_SCHEMA)
+    storage = Storage()
+    files = data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")
+    batch = read_batch(spark, storage, FMT, "accounts", files)
+    rows = batch.events.select(m.SOURCE_FILE, "hour").collect()
+    assert sorted(r[m.SOURCE_FILE] for r in rows) == sorted(f.uri for f in files)
+    assert {r["hour"] for r in rows} == {"2024-03-01-00"}
+    batch.events.unpersist()
