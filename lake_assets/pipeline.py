@@ -80,10 +80,9 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
     catalogued = catalogued_partitions(work.store, feed.name, table, fmt.read_partitions(partitions))
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
-    files = [f for key in partitions for f in catalogued[key]]
-    log.info(f"{feed.name}/{table}: {len(files)} catalogued file(s) in {len(partitions)} partition(s)")
+    log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
     if fmt.file_format == "parquet":
-        batch = read_batch(session, storage, fmt, table, files)
+        batch = read_batch(session, storage, fmt, table, {key: catalogued[key] for key in partitions})
     else:  # the format reads its own files (Flow: journals, covers and transactions)
         batch = fmt.read_batch(session, storage, feed.landing, table, catalogued, partitions)
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
@@ -106,11 +105,12 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
 
 def store_partitions(
     storage: Storage, store: CatalogStore, location: str, frame: DataFrame | None, column: str, partitions: list[str],
-    *, feed: str, table: str, run_id: str | None,
+    *, feed: str, table: str, run_id: str | None, keys: tuple[str, ...] = (),
 ) -> tuple[dict[str, int], list[str]]:
-    """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`,
-    cataloguing the files written; returns (rows per written partition, files written)."""
-    written = lake_io.write_partitions(frame, storage, location, column, partitions)
+    """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`
+    (a table keyed by `keys`), cataloguing the files written; returns (rows per written
+    partition, files written)."""
+    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys)
     files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, (m.VERSION_AT,)))
     return written, files

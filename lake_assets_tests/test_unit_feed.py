@@ -19,7 +19,7 @@ FMT = UnitCdcFormat()
 
 def _fold(spark, landing, hours=(0, 1, 2)):
     storage = Storage()
-    files = [f for h in hours for f in data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}")]
+    files = {f"2024-03-01-{h:02d}": data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}") for h in hours}
     batch = read_batch(spark, storage, FMT, "accounts", files)
     result = merge.fold_full(batch.events, FMT.table_spec("accounts"))
     current = {r["id"]: r.asDict() for r in result.current.collect()}
@@ -149,14 +149,16 @@ def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
     assert history[0]["old_col"] == "x" and history[0]["new_col"] is None and history[0]["amount"] == 1
 
 
-def test_hour_folders_without_leading_zeros_give_the_padded_partition_key(spark, tmp_path):
+def test_every_file_carries_the_partition_that_lists_it_whatever_its_folder_spelling(spark, tmp_path):
+    """The reader takes a file's partition from the listing it came in, once per file, not from
+    its path: files of an hour folder spelled without leading zeros carry the padded key."""
     landing = tmp_path / "unit"
     padded = write_events(landing, "accounts", 7, "part-0.parquet", [event("a", "I", 1, at(7))], day=4)
     bare = landing / "accounts" / "year=2024/month=3/day=4/hour=7"
     bare.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([event("b", "I", 2, at(7, 5))]), bare / "part-1.parquet")
     storage = Storage()
-    files = [*data_files(storage, f"file://{padded.parent}"), *data_files(storage, f"file://{bare}")]
+    files = {"2024-03-04-07": [*data_files(storage, f"file://{padded.parent}"), *data_files(storage, f"file://{bare}")]}
     batch = read_batch(spark, storage, FMT, "accounts", files)
     keys = {r["id"]: r[FMT.partition_column] for r in batch.events.collect()}
     assert keys == {"a": "2024-03-04-07", "b": "2024-03-04-07"}
@@ -171,7 +173,7 @@ def test_reading_the_same_files_again_compiles_no_new_code(spark, tmp_path):
         event("b1", "UPDATE", 2, at(0, 2), name="b", balance=2),
     ], ACCOUNT_SCHEMA)
     storage = Storage()
-    files = data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")
+    files = {"2024-03-01-00": data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")}
     compiled, stamps = [], []
     for _ in range(2):
         before = classes_compiled(spark)
@@ -194,7 +196,7 @@ def test_source_files_with_odd_names_are_named_as_the_catalog_names_them(spark, 
         write_events(landing, "accounts", 0, name, [event(f"k{seq}", "INSERT", seq, at(0, seq), name="n", balance=1)], ACCOUNT_SCHEMA)
     storage = Storage()
     files = data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")
-    batch = read_batch(spark, storage, FMT, "accounts", files)
+    batch = read_batch(spark, storage, FMT, "accounts", {"2024-03-01-00": files})
     rows = batch.events.select(m.SOURCE_FILE, "hour").collect()
     assert sorted(r[m.SOURCE_FILE] for r in rows) == sorted(f.uri for f in files)
     assert {r["hour"] for r in rows} == {"2024-03-01-00"}

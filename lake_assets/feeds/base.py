@@ -16,6 +16,10 @@ from lake_assets.storage import Entry, Storage
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
 DERIVED = "__derived"
+#: given to `normalise` on every row: the landed file's URI as listed (and catalogued)
+FILE_URI = "__file_uri"
+#: given to `normalise` on every row: the partition whose listing holds the file (hour or batch)
+FILE_PARTITION = "__file_partition"
 
 
 class FeedFormat(abc.ABC):
@@ -78,13 +82,15 @@ class FeedFormat(abc.ABC):
         """Why a file with this Parquet schema cannot be used, or None when it can."""
 
     @abc.abstractmethod
-    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
         """Map the vendor's rows onto the change model.
 
-        `raw` holds files of one Parquet schema (`arrow_schema`, as the files declare it).
+        `raw` holds files of one Parquet schema (`arrow_schema`, as the files declare it), and
+        on every row its file's URI (`FILE_URI`) and partition (`FILE_PARTITION`), which the
+        reader looks up once per file rather than parsing the path on every row.
         Returns the change-model columns (all but `_ingested_at`, which the reader adds: see
-        `ingest.stamped`), the partition column and `__invalid`: NULL for a good row, else the
-        reason the row (and so its file) cannot be used. A feed that turns one
+        `ingest.stamped`), the partition column, `FILE_URI` and `__invalid`: NULL for a good
+        row, else the reason the row (and so its file) cannot be used. A feed that turns one
         landed row into several events marks the extra ones with `__derived` = true, so the
         batch still reconciles.
         """

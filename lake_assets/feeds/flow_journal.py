@@ -168,7 +168,7 @@ class FlowJournalFormat(FeedFormat):
     def vet_schema(self, schema: pa.Schema) -> str | None:  # fragments are not Parquet
         return None
 
-    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
         raise NotImplementedError("Flow fragments are read by read_batch, not as Parquet")
 
     # --- listing --------------------------------------------------------------------------------

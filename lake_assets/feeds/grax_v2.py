@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
-from lake_assets.feeds.base import DERIVED, FeedFormat, data_files, timestamp_column
+from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, data_files, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
 
@@ -184,7 +184,7 @@ class GraxV2Format(FeedFormat):
                     return f"column '{column}' has type {kind}, expected a timestamp"
         return None
 
-    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
         columns = [c for c in raw.columns if not c.startswith("__")]
         copies = typed_copies(columns)
         typed_columns = {c for group in copies.values() for c in group.values()}
@@ -232,10 +232,10 @@ class GraxV2Format(FeedFormat):
             seq.alias(m.SEQ),
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
             stamp(PURGED).isNotNull().alias(m.PURGED),
-            file_path.alias(m.SOURCE_FILE),
-            F.regexp_extract(file_path, r"/batch=([0-9A-Fa-f]+)/", 1).alias(self.partition_column),
+            F.col(FILE_URI).alias(m.SOURCE_FILE),
+            F.col(FILE_PARTITION).alias(self.partition_column),
             invalid.alias("__invalid"),
-            F.col("__file_path"),
+            F.col(FILE_URI),
             F.lit(False).alias(DERIVED),
             F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
         )

@@ -13,10 +13,10 @@ import datetime as dt
 import re
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
-from lake_assets.feeds.base import FeedFormat, data_files, hour_folder, list_hour_folders, timestamp_column
+from lake_assets.feeds.base import FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folder, list_hour_folders, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
 
@@ -27,7 +27,6 @@ COMMITTED_AT = "cdc_commit_timestamp"
 SPECIAL = (OPERATION, SEQUENCE, COMMITTED_AT)
 
 _OPS = {"INSERT": m.INSERT, "I": m.INSERT, "UPDATE": m.UPDATE, "U": m.UPDATE, "DELETE": m.DELETE, "D": m.DELETE}
-_HOUR_IN_PATH = r"year=(\d{4})/month=(\d{1,2})/day=(\d{1,2})/hour=(\d{1,2})/"
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -84,7 +83,7 @@ class UnitCdcFormat(FeedFormat):
             return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
         return None
 
-    def normalise(self, raw: DataFrame, file_path: Column, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
         op_text = F.upper(F.trim(F.col(OPERATION)))
         op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
         seq_col = F.col(SEQUENCE)
@@ -99,10 +98,6 @@ class UnitCdcFormat(FeedFormat):
             .when(seq.isNull(), F.concat(F.lit(f"{SEQUENCE} is not a whole number: "), F.coalesce(seq_col.cast("string"), F.lit("NULL"))))
             .when(version_at.isNull(), F.concat(F.lit(f"{COMMITTED_AT} is not a time: "), F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL"))))
         )
-        # The year doubles as the test for an hour folder in the path (empty when there is none).
-        year = F.regexp_extract(file_path, _HOUR_IN_PATH, 1)
-        # lpad, not format_string: Java's String.format per row cost ~2 s of CPU in a 1.7M-row backfill.
-        partition = F.concat_ws("-", year, *[F.lpad(F.regexp_extract(file_path, _HOUR_IN_PATH, g), 2, "0") for g in (2, 3, 4)])
         payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
         return raw.select(
             F.col(KEY),
@@ -112,8 +107,8 @@ class UnitCdcFormat(FeedFormat):
             seq.alias(m.SEQ),
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
             F.lit(False).alias(m.PURGED),
-            file_path.alias(m.SOURCE_FILE),
-            F.when(year != "", partition).alias(self.partition_column),
+            F.col(FILE_URI).alias(m.SOURCE_FILE),
+            F.col(FILE_PARTITION).alias(self.partition_column),
             invalid.alias("__invalid"),
-            F.col("__file_path"),
+            F.col(FILE_URI),
         )
