@@ -217,12 +217,15 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 
 def write_partitions(
-    df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str]
+    df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
+    keys: Iterable[str] = (),
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
     Partitions in `values` that `df` has no rows for are removed, so re-running a partition
     whose input shrank leaves nothing stale behind. Returns rows written per partition.
+    `keys` (the table's key columns), event times and sequences are stored without a Parquet
+    dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
     """
     values = sorted(set(values))
     for value in values:
@@ -240,7 +243,7 @@ def write_partitions(
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))
-                .write.options(**without_dictionary(c for c in m.PER_EVENT_COLUMNS if c in df.columns))
+                .write.options(**without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in df.columns))
                 .mode("overwrite")
                 .option("partitionOverwriteMode", "dynamic")
                 .partitionBy(column)
@@ -294,5 +297,5 @@ def erase_keys_in_partitions(
         ]
     )
     # Materialised first: Spark refuses to overwrite folders the same plan still reads.
-    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit)
+    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit, keys)
     return sorted(hit)

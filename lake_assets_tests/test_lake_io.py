@@ -153,15 +153,15 @@ def test_a_table_summary_comes_from_the_footers_and_falls_back_to_spark_for_drif
     assert lake_io.table_summary(spark, storage, f"file://{tmp_path / 'absent'}") is None
 
 
-def test_a_change_log_stores_event_times_and_sequences_without_a_dictionary(spark, tmp_path):
+def test_a_change_log_stores_keys_event_times_and_sequences_without_a_dictionary(spark, tmp_path):
     table = tmp_path / "t"
     # Values repeated so that a dictionary would pay: only the columns named keep one.
-    rows = [(f"k{i % 10}", "same", dt.datetime(2024, 1, 1, 0, 0, i % 5), i % 5, "h1") for i in range(500)]
-    frame = spark.createDataFrame(rows, "id string, status string, _version_at timestamp, _seq long, hour string")
-    lake_io.write_partitions(frame, Storage(), f"file://{table}", "hour", ["h1"])
+    rows = [(f"k{i % 10}", f"r{i % 10}", "same", dt.datetime(2024, 1, 1, 0, 0, i % 5), i % 5, "h1") for i in range(500)]
+    frame = spark.createDataFrame(rows, "id string, ref string, status string, _version_at timestamp, _seq long, hour string")
+    lake_io.write_partitions(frame, Storage(), f"file://{table}", "hour", ["h1"], keys=("id",))
     (path,) = (table / "hour=h1").glob("*.parquet")
     group = pq.ParquetFile(path).metadata.row_group(0)
     with_dictionary = {
         group.column(i).path_in_schema: any("DICTIONARY" in e for e in group.column(i).encodings) for i in range(group.num_columns)
     }
-    assert with_dictionary == {"id": True, "status": True, "_version_at": False, "_seq": False}
+    assert with_dictionary == {"id": False, "ref": True, "status": True, "_version_at": False, "_seq": False}

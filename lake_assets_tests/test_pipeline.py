@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from lake_assets.config import FeedConfig, LakeConfig
@@ -103,6 +104,15 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
     # Each table's state step folded the batch its changes step had stored, from memory.
     handed_over = [e.message for e in instance.all_logs(run_ids[0]) if "the batch this run stored, from memory" in e.message]
     assert sorted(m.split(":")[0] for m in handed_over) == sorted(f"unit/{t}/changes" for t in TABLES)
+    # The IO manager tells the change-log write the table's key: stored without a dictionary.
+    change_files = sorted((lake / "changes" / "unit" / "accounts").rglob("*.parquet"))
+    assert change_files and not any(
+        "DICTIONARY" in encoding
+        for path in change_files
+        for group in [pq.ParquetFile(path).metadata.row_group(0)]
+        for i in range(group.num_columns) if group.column(i).path_in_schema == "id"
+        for encoding in group.column(i).encodings
+    )
 
 
 def test_a_stored_batch_is_handed_over_once_to_its_own_run_and_released_otherwise(spark):

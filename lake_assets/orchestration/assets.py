@@ -12,7 +12,7 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY
+from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
 
@@ -152,7 +152,7 @@ def build_table_assets(
         kinds={"spark", "parquet"},
         pool=table_pool(feed.name, table),
         automation_condition=follow_upstream(),
-        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, "keys": list(spec.keys)},
+        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, TABLE_KEYS_KEY: list(spec.keys)},
         description=(
             f"Every change event of `{table}` once, normalised (`_op`, `_version_at`, `_seq`, "
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "

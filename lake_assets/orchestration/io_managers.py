@@ -19,6 +19,7 @@ from lake_assets.pipeline import store_partitions
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
+TABLE_KEYS_KEY = "keys"  # the table's key columns, in the asset's metadata
 
 
 def _table_location(lake: LakeResource, key: dg.AssetKey) -> str:
@@ -97,9 +98,10 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         if not keys:
             raise dg.Failure(f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only")
         feed, *table, _ = context.asset_key.path
+        table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
         written, files = store_partitions(
             self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
-            feed=feed, table="/".join(table), run_id=context.run_id,
+            feed=feed, table="/".join(table), run_id=context.run_id, keys=tuple(getattr(table_keys, "value", table_keys) or ()),
         )
         if obj is not None and lake_io.is_cached(obj):
             HANDOVER.keep(context.run_id, context.asset_key, keys, obj)
