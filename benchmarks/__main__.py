@@ -40,9 +40,12 @@ def table(figures: dict) -> str:
     lines = [f"{'figure':<24} {'value':>9}  {'goal':<8} met"]
     for name, value in figures["figures"].items():
         lines.append(f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}")
+    for name, value in figures["context"].items():
+        lines.append(f"{name:<24} {value:>9}  (no goal)")
     memory = figures["peak_driver_rss_mb"]
     lines.append(f"{'peak driver RSS 1d/30d':<24} {memory['1d']:>5.0f} / {memory['30d']:.0f} MB")
     lines.append(f"{'equal to DuckDB':<24} {'yes' if figures['correct'] else 'NO':>9}")
+    lines.append(f"{'hand-written equal':<24} {'yes' if figures['handwritten_correct'] else 'NO':>9}")
     return "\n".join(lines)
 
 
