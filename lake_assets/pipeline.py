@@ -145,11 +145,11 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
     state = TableState(work.layout, work.feed.name, work.table)
     current = lake_io.read_table(session, work.storage, state.current)
     rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
-    # Independent queries over the same files: submitted together, their jobs share the cores.
-    unique_keys, windows, stored_versions = run_together(
+    folded = batch if report.events_in else None
+    # Independent queries: submitted together, their jobs share the cores.
+    unique_keys, (windows, stored_versions) = run_together(
         lambda: checks.current_has_unique_keys(current, spec),
-        lambda: checks.history_windows_are_consistent(rows, spec),
-        lambda: checks.versions_stored(batch, rows, spec) if report.events_in and rows is not None else 0,
+        lambda: checks.windows_and_versions_stored(rows, folded, spec),
         session=session,
     )
     reconciles = checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions)

@@ -75,3 +75,26 @@ def test_versions_stored_counts_each_batch_version_found_once(spark):
         ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
     ])
     assert checks.versions_stored(batch, stored, SPEC) == 1
+
+
+def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
+    """One pass gives both: the window faults of the stored rows are those found without a
+    batch beside them, a batch version counts once when stored, and Spark shuffles once."""
+    stored_rows = [
+        ("a", m.INSERT, at(1), ms_before(5), False),
+        ("a", m.UPDATE, at(5), OPEN, True),
+        ("b", m.INSERT, at(10), at(5), False),  # inverted
+        ("b", m.DELETE, at(20), OPEN, True),
+    ]
+    batch = spark.createDataFrame(
+        [("a", at(1)), ("a", at(1)), ("a", at(5)), ("a", at(7)), ("b", at(20)), ("c", at(5))],
+        f"id string, {m.VERSION_AT} timestamp",
+    )
+    alone = checks.history_windows_are_consistent(history(spark, stored_rows), SPEC)
+    outcome, found = checks.windows_and_versions_stored(history(spark, stored_rows), batch, SPEC)
+    assert (outcome.passed, outcome.metadata) == (alone.passed, alone.metadata)
+    assert alone.metadata["inverted"] == 1 and alone.metadata["versions_checked"] == 3
+    assert found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@7 nor c@5
+
+    plan = checks._marked_rows(history(spark, stored_rows), batch, SPEC)._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange hashpartitioning") == 1, plan

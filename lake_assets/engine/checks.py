@@ -36,59 +36,93 @@ def current_has_unique_keys(current: DataFrame | None, spec: m.TableSpec) -> Out
     )
 
 
+SIDE = "__side"  # in the one pass over stored rows and batch versions: which of the two a row is
+STORED, BATCH = 0, 1
+
+
 def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) -> Outcome:
-    """Over history versions and delete events (`_op`), per key in start order:
-    at most one active version, no inverted window, no overlap, and each end equal to the next
-    version's start − 1 ms or to the time of the delete that follows it.
-    `rows` is the open set and the closed files the last fold could have changed."""
-    hc = spec.history_columns
-    if rows is None:
-        return Outcome("history_windows", True, "history is empty", {})
-    keys = [F.col(f"`{k}`") for k in spec.keys]
-    order = Window.partitionBy(*keys).orderBy(F.col(hc.start))
-    whole_key = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
-    is_delete = F.col(m.OP) == m.DELETE
-    # One projection, not four: each projection analyses the whole plan again.
-    rows = rows.withColumns({
-        "__next_start": F.lead(hc.start).over(order),
-        "__next_op": F.lead(m.OP).over(order),
-        "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_key),
-        "__versions_before": F.sum((~is_delete).cast("int")).over(order.rowsBetween(Window.unboundedPreceding, -1)),
-    })
-    versions = rows.where(~is_delete)
-    one_ms = F.expr("INTERVAL 1 MILLISECOND")
-    stats = versions.agg(
-        F.sum(F.when(F.col(hc.end) < F.col(hc.start), 1).otherwise(0)).alias("inverted"),
-        F.sum(F.when(F.col("__next_start").isNotNull() & (F.col(hc.end) >= F.col("__next_start")) & (F.col("__next_op") != m.DELETE), 1).otherwise(0)).alias("overlapping"),
-        F.sum(
-            F.when(
-                F.col("__next_start").isNotNull()
-                & ~(((F.col("__next_op") != m.DELETE) & (F.col(hc.end) == F.col("__next_start") - one_ms))
-                    | ((F.col("__next_op") == m.DELETE) & (F.col(hc.end) == F.col("__next_start")))),
-                1,
-            ).otherwise(0)
-        ).alias("inconsistent_end"),
-        F.sum(F.when(F.col("__next_start").isNull() != F.col(hc.active), 1).otherwise(0)).alias("wrong_active_flag"),
-        F.count(F.lit(1)).alias("versions_checked"),
-        # counted on each key's first version only, so a key counts once
-        F.sum(F.when((F.col("__active_versions") > 1) & F.coalesce(F.col("__versions_before") == 0, F.lit(True)), 1).otherwise(0)).alias("several_active"),
-    ).collect()[0]
-    metadata = {k: int(stats[k] or 0) for k in ("inverted", "overlapping", "inconsistent_end", "wrong_active_flag", "versions_checked")}
-    metadata["keys_with_several_active_versions"] = int(stats["several_active"] or 0)
-    bad = sum(v for k, v in metadata.items() if k != "versions_checked")
-    return Outcome("history_windows", bad == 0, f"{metadata['versions_checked']} versions checked, {bad} violations", metadata)
+    """The `history_windows` check alone (see `windows_and_versions_stored`)."""
+    return windows_and_versions_stored(rows, None, spec)[0]
 
 
 def versions_stored(batch: DataFrame, rows: DataFrame, spec: m.TableSpec) -> int:
-    """How many distinct (key, version time) of the batch are among the stored rows (by start),
-    found with one aggregation over both sides."""
-    start = spec.history_columns.start
-    sides = union_all(spec.name, [
-        batch.select(*spec.keys, F.col(m.VERSION_AT).alias(start), F.lit(True).alias("__batch"), F.lit(False).alias("__stored")),
-        rows.select(*spec.keys, start, F.lit(False).alias("__batch"), F.lit(True).alias("__stored")),
-    ])
-    found = sides.groupBy(*spec.keys, start).agg(F.max("__batch").alias("b"), F.max("__stored").alias("s"))
-    return found.where(F.col("b") & F.col("s")).count()
+    """How many distinct (key, version time) of the batch are among the stored rows (by start)."""
+    return windows_and_versions_stored(rows, batch, spec)[1]
+
+
+def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec) -> tuple[Outcome, int]:
+    """The `history_windows` check, and how many distinct (key, version time) of `batch` are
+    among the stored rows (for `events_reconcile`), from one shuffle of both by key.
+
+    The windows check, over history versions and delete events (`_op`), per key in start
+    order: at most one active version, no inverted window, no overlap, and each end equal to
+    the next version's start − 1 ms or to the time of the delete that follows it. `rows` is the
+    open set and the closed files the last fold could have changed.
+
+    As two queries each read and shuffled the stored rows, one by key and one by key and time:
+    in a 7-day backfill ~1.7M rows twice, ~3.6 s for the checks (README "Profiling"). Here the
+    batch's versions travel with the stored rows, marked by `SIDE`: the windows run per key and
+    side, a batch version is found when the row before it in (start, side) order is a stored
+    row with its start. Both windows share the key's shuffle (Spark plans them one above the
+    other, the per-side one sorting again within the partitions).
+    """
+    if rows is None:
+        return Outcome("history_windows", True, "history is empty", {}), 0
+    hc = spec.history_columns
+    marked = _marked_rows(rows, batch, spec)
+    is_version = (F.col(SIDE) == STORED) & ~(F.col(m.OP) == m.DELETE)
+    one_ms = F.expr("INTERVAL 1 MILLISECOND")
+
+    def versions_where(condition) -> F.Column:
+        return F.count(F.when(is_version & condition, 1))
+
+    stats = marked.agg(
+        versions_where(F.col(hc.end) < F.col(hc.start)).alias("inverted"),
+        versions_where(F.col("__next_start").isNotNull() & (F.col(hc.end) >= F.col("__next_start")) & (F.col("__next_op") != m.DELETE)).alias("overlapping"),
+        versions_where(
+            F.col("__next_start").isNotNull()
+            & ~(((F.col("__next_op") != m.DELETE) & (F.col(hc.end) == F.col("__next_start") - one_ms))
+                | ((F.col("__next_op") == m.DELETE) & (F.col(hc.end) == F.col("__next_start"))))
+        ).alias("inconsistent_end"),
+        versions_where(F.col("__next_start").isNull() != F.col(hc.active)).alias("wrong_active_flag"),
+        versions_where(F.lit(True)).alias("versions_checked"),
+        # counted on each key's first version only, so a key counts once
+        versions_where((F.col("__active_versions") > 1) & F.coalesce(F.col("__versions_before") == 0, F.lit(True))).alias("several_active"),
+        # each distinct batch version once: the first of equal ones
+        F.count(F.when((F.col(SIDE) == BATCH) & ~F.col("__repeated") & F.col("__found"), 1)).alias("batch_versions_stored"),
+    ).collect()[0]
+    metadata = {k: int(stats[k]) for k in ("inverted", "overlapping", "inconsistent_end", "wrong_active_flag", "versions_checked")}
+    metadata["keys_with_several_active_versions"] = int(stats["several_active"])
+    bad = sum(v for k, v in metadata.items() if k != "versions_checked")
+    outcome = Outcome("history_windows", bad == 0, f"{metadata['versions_checked']} versions checked, {bad} violations", metadata)
+    return outcome, int(stats["batch_versions_stored"])
+
+
+def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
+    """Stored rows and batch versions (`SIDE`), each with what the checks read of its neighbours."""
+    hc = spec.history_columns
+    stored = rows.select(*[F.col(f"`{k}`") for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE))
+    if batch is not None:
+        versions = batch.select(
+            *[F.col(f"`{k}`") for k in spec.keys], F.col(m.VERSION_AT).alias(hc.start),
+            *[F.lit(None).cast(stored.schema[c].dataType).alias(c) for c in (hc.end, hc.active, m.OP)],
+            F.lit(BATCH).alias(SIDE),
+        )
+        stored = union_all(spec.name, [stored, versions])
+    keys = [F.col(f"`{k}`") for k in spec.keys]
+    side = Window.partitionBy(*keys, F.col(SIDE)).orderBy(F.col(hc.start))
+    whole_side = side.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
+    both = Window.partitionBy(*keys).orderBy(F.col(hc.start), F.col(SIDE))
+    is_delete = F.col(m.OP) == m.DELETE
+    # One projection, not seven: each projection analyses the whole plan again.
+    return stored.withColumns({
+        "__next_start": F.lead(hc.start).over(side),
+        "__next_op": F.lead(m.OP).over(side),
+        "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_side),
+        "__versions_before": F.sum((~is_delete).cast("int")).over(side.rowsBetween(Window.unboundedPreceding, -1)),
+        "__repeated": F.coalesce(F.lag(hc.start).over(side) == F.col(hc.start), F.lit(False)),
+        "__found": F.coalesce((F.lag(SIDE).over(both) == STORED) & (F.lag(hc.start).over(both) == F.col(hc.start)), F.lit(False)),
+    })
 
 
 def batch_reconciles(batch_rows: int, identical_duplicates: int, superseded: int, stored_versions: int) -> Outcome:
