@@ -60,10 +60,11 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
     """List the landed files of the partitions a run over `partitions` reads, and record them
     (work id `landing-<partition>`); returns how many files were recorded."""
     fmt, storage = work.fmt, work.storage
+    listed = fmt.partitions_files(storage, work.feed.landing, work.table, fmt.read_partitions(partitions))
     return work.catalogue([
         catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri))
-        for key in fmt.read_partitions(partitions)
-        for entry in fmt.partition_files(storage, work.feed.landing, work.table, key)
+        for key, entries in listed.items()
+        for entry in entries
     ])
 
 

@@ -12,6 +12,7 @@ from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.storage import Storage
 from lake_assets_tests.run_value_probes import classes_compiled
+from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()
@@ -201,3 +202,25 @@ def test_source_files_with_odd_names_are_named_as_the_catalog_names_them(spark, 
     assert sorted(r[m.SOURCE_FILE] for r in rows) == sorted(f.uri for f in files)
     assert {r["hour"] for r in rows} == {"2024-03-01-00"}
     batch.events.unpersist()
+
+
+def test_an_hour_spelled_without_leading_zeros_is_one_partition_with_all_its_files(tmp_path):
+    """`month=3/day=4/hour=7` and `month=03/day=04/hour=07` are the same hour: one partition
+    key, and the run, the catalog and the sensor see the files of both folders. Listing a range
+    of hours lists only the branches that can hold them."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 7, "part-0.parquet", [event("a", "I", 1, at(7))], day=4)
+    bare = landing / "accounts" / "year=2024/month=3/day=4/hour=7"
+    bare.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([event("b", "I", 2, at(7, 5))]), bare / "part-1.parquet")
+    write_events(landing, "accounts", 9, "part-0.parquet", [event("c", "I", 3, at(9))], day=4)
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("d", "I", 4, at(1))], day=20)
+    uri = f"file://{landing}"
+    assert FMT.partition_keys(Storage(), uri, "accounts") == ["2024-03-04-07", "2024-03-04-09", "2024-03-20-01"]
+    storage = CountingStorage()
+    files = FMT.partitions_files(storage, uri, "accounts", ["2024-03-04-07"])
+    assert sorted(e.name for e in files["2024-03-04-07"]) == ["part-0.parquet", "part-1.parquet"]
+    assert not [u for u in storage.listed if "day=20" in u or "hour=09" in u]
+    assert FMT.partition_files(Storage(), uri, "accounts", "2024-03-04-08") == []
+    since = dt.datetime(2024, 3, 4, 7)
+    assert FMT.landed_hours(Storage(), uri, "accounts", since)["2024-03-04-07"] == ("part-0.parquet", "part-1.parquet")

@@ -77,6 +77,10 @@ class FeedFormat(abc.ABC):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         """The landed data files of one partition of one table."""
 
+    def partitions_files(self, storage: Storage, landing: str, table: str, partitions: list[str]) -> dict[str, list[Entry]]:
+        """`partition_files` of several partitions (a format may list them together)."""
+        return {key: self.partition_files(storage, landing, table, key) for key in partitions}
+
     @abc.abstractmethod
     def vet_schema(self, schema: pa.Schema) -> str | None:
         """Why a file with this Parquet schema cannot be used, or None when it can."""
@@ -134,26 +138,24 @@ def parse_hour_key(key: str) -> dt.datetime:
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 
-def hour_folder(table_uri: str, key: str) -> str:
-    moment = parse_hour_key(key)
-    return (
-        f"{table_uri}/year={moment.year:04d}/month={moment.month:02d}/"
-        f"day={moment.day:02d}/hour={moment.hour:02d}"
-    )
-
-
 def _level_value(entry: Entry, level: str, width: int) -> int | None:
     match = re.fullmatch(rf"{level}=(\d{{1,{width}}})", entry.name)
     return int(match.group(1)) if entry.is_dir and match else None
 
 
-def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:
-    """Hour keys with a folder under `table_uri`, pruning whole years/months/days before `since`.
+def hour_folders(
+    storage: Storage, table_uri: str, since: dt.datetime | None = None, until: dt.datetime | None = None
+) -> dict[str, list[str]]:
+    """Hour key -> the folder(s) under `table_uri` that hold that hour, pruning whole
+    years/months/days outside [`since`, `until`].
 
-    The pruning is what keeps a sensor tick cheap: it lists only the branches that can hold
-    hours at or after `since`, never the whole history.
+    A level may be written without its leading zero (`month=3`): both spellings of an hour are
+    the same partition, so a key can have two folders. The pruning is what keeps a sensor tick
+    and a run's listing cheap: only branches that can hold the wanted hours are listed, never
+    the whole history.
     """
-    found: list[str] = []
+    found: dict[str, list[str]] = {}
+    bounds = [tuple(getattr(b, level) for level, _ in _HOURLY_LEVELS) if b else None for b in (since, until)]
 
     def descend(uri: str, depth: int, prefix: tuple[int, ...]) -> None:
         level, width = _HOURLY_LEVELS[depth]
@@ -162,20 +164,25 @@ def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | Non
             if value is None:
                 continue
             parts = prefix + (value,)
-            if since is not None:
-                floor = (since.year, since.month, since.day, since.hour)[: depth + 1]
-                if parts < floor:
-                    continue
-            if depth == len(_HOURLY_LEVELS) - 1:
-                try:
-                    found.append(hour_key(dt.datetime(*parts)))
-                except ValueError:
-                    continue  # e.g. day=31 in a 30-day month: not an hour folder
-            else:
+            floor, ceiling = (b[: depth + 1] if b else None for b in bounds)
+            if (floor and parts < floor) or (ceiling and parts > ceiling):
+                continue
+            if depth < len(_HOURLY_LEVELS) - 1:
                 descend(entry.uri, depth + 1, parts)
+                continue
+            try:
+                key = hour_key(dt.datetime(*parts))
+            except ValueError:
+                continue  # e.g. day=31 in a 30-day month: not an hour folder
+            found.setdefault(key, []).append(entry.uri)
 
     descend(table_uri, 0, ())
-    return sorted(found)
+    return found
+
+
+def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:
+    """Hour keys with a folder under `table_uri`, at or after `since` (see `hour_folders`)."""
+    return sorted(hour_folders(storage, table_uri, since))
 
 
 def data_files(storage: Storage, folder_uri: str) -> list[Entry]:

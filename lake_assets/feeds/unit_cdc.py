@@ -16,7 +16,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
-from lake_assets.feeds.base import FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folder, list_hour_folders, timestamp_column
+from lake_assets.feeds.base import (
+    FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folders, list_hour_folders, parse_hour_key, timestamp_column,
+)
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
 
@@ -53,17 +55,29 @@ class UnitCdcFormat(FeedFormat):
         return m.TableSpec(name=table, keys=(KEY,))
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
-        return list_hour_folders(storage, f"{landing}/{safe_segment(table, 'table')}")
+        return list_hour_folders(storage, self._table_uri(landing, table))
 
     def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
-        table_uri = f"{landing}/{safe_segment(table, 'table')}"
         return {
-            key: tuple(sorted(e.name for e in data_files(storage, hour_folder(table_uri, key))))
-            for key in list_hour_folders(storage, table_uri, since)
+            key: tuple(sorted(e.name for folder in folders for e in data_files(storage, folder)))
+            for key, folders in hour_folders(storage, self._table_uri(landing, table), since).items()
         }
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
-        return data_files(storage, hour_folder(f"{landing}/{safe_segment(table, 'table')}", partition))
+        return self.partitions_files(storage, landing, table, [partition])[partition]
+
+    def partitions_files(self, storage: Storage, landing: str, table: str, partitions: list[str]) -> dict[str, list[Entry]]:
+        """The files of each hour, in every folder spelling of it (`hour=05`, `hour=5`), from
+        one listing pruned to the hours' range."""
+        if not partitions:
+            return {}
+        moments = [parse_hour_key(key) for key in partitions]
+        folders = hour_folders(storage, self._table_uri(landing, table), min(moments), max(moments))
+        return {key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)] for key in partitions}
+
+    @staticmethod
+    def _table_uri(landing: str, table: str) -> str:
+        return f"{landing}/{safe_segment(table, 'table')}"
 
     def vet_schema(self, schema: pa.Schema) -> str | None:
         names = set(schema.names)
