@@ -278,9 +278,9 @@ def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_pat
     assert marks_cached == {"read": True, "kept in memory": False}
 
 
-def test_a_fold_leaves_no_cached_or_checkpointed_blocks_behind(spark, tmp_path):
-    """The marked batch is cached and the timeline rows locally checkpointed; in a long-lived
-    driver (a Spark Connect server, a sensor's process) they must not outlive the fold."""
+def test_a_fold_leaves_no_cached_blocks_behind(spark, tmp_path):
+    """The marked batch is cached; in a long-lived driver (a Spark Connect server, a sensor's
+    process) it must not outlive the fold."""
     storage = spark.sparkContext._jsc.sc()
 
     def blocks():
@@ -335,3 +335,17 @@ def test_columns_unique_in_every_file_are_written_without_a_dictionary(spark, tm
     history = dictionary_columns(Path(lake.state.history[len("file://"):]))
     assert history["c1"] and history["_fivetran_end"]  # the open rows all end at the end of time
     assert not any(history[c] for c in ("_fivetran_start", "_seq"))
+
+
+def test_current_follows_the_open_set_even_when_every_key_is_deleted(spark, tmp_path):
+    """Current is staged from the fold's open set; with every key deleted it is an empty table
+    of its own columns, and a later insert brings the key back."""
+    lake = EngineLake(spark, tmp_path)
+    report = lake.fold([ev("a", "insert", T[1], 1, "x", 1), ev("b", "insert", T[1], 2, "y", 2)])
+    assert report.current_rows == 2 and [r["id"] for r in lake.current()] == ["a", "b"]
+    report = lake.fold([ev("a", "delete", T[2], 3), ev("b", "delete", T[2], 4)])
+    assert report.current_rows == 0 and lake.current() == []
+    columns = spark.read.parquet(lake.state.current).columns
+    assert columns == ["id", "c1", "c2", "_version_at", "_seq", "_source_file", "_fivetran_synced"]
+    report = lake.fold([ev("a", "insert", T[3], 5, "z", 3)])
+    assert report.current_rows == 1 and [(r["id"], r["c1"], r["_version_at"]) for r in lake.current()] == [("a", "z", T[3])]

@@ -30,7 +30,7 @@ import json
 import re
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets.config import CollectionConfig
 from lake_assets.engine import merge, model as m
