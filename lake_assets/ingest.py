@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets.engine import merge, model as m
-from lake_assets.engine.run_values import with_run_values
+from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
@@ -107,7 +107,7 @@ def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, st
     )
     # A file's partition is what listed it, looked up once per file: worked out from the path
     # on every row, it cost ~0.8 s of a 1.7M-row read (README "Profiling").
-    files = spark.createDataFrame(list(partition_of.items()), f"{FILE_URI} string, {FILE_PARTITION} string")
+    files = text_table(spark, [FILE_URI, FILE_PARTITION], list(partition_of.items()))
     raw = raw.join(F.broadcast(files), FILE_URI, "left")
     events = fmt.normalise(raw, schema)
     return events if DERIVED in events.columns else events.withColumn(DERIVED, F.lit(False))

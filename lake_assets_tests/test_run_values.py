@@ -6,7 +6,7 @@ import datetime as dt
 
 from pyspark.sql import functions as F
 
-from lake_assets.engine.run_values import with_run_values
+from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets_tests.run_value_probes import classes_compiled
 
 
@@ -31,3 +31,14 @@ def test_a_new_value_each_run_compiles_no_new_code(spark):
         )
     # The first run may compile (the cache may not hold this plan yet); the second must not.
     assert seen[1][0] == 0, f"the second run compiled {seen[1][0]} new class(es)"
+
+
+def test_a_text_table_is_held_in_the_plan_and_keeps_every_character(spark):
+    rows = [("file:///a/it's \\ 'q' \"d\"\n ä %20+.parquet", "2024-01-01-00"), ("s3a://b/k", None)]
+    table = text_table(spark, ["uri", "partition"], rows)
+    assert [tuple(r) for r in table.collect()] == rows
+    assert table._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LocalRelation"
+    # What it replaces: a list handed to createDataFrame is an RDD, which a broadcast must collect with a job.
+    listed = spark.createDataFrame(rows, "uri string, partition string")
+    assert listed._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LogicalRDD"
+    assert text_table(spark, ["uri"], []).columns == ["uri"]

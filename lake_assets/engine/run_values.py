@@ -7,6 +7,9 @@ every run therefore makes every run generate and compile those stages again, and
 the new classes in its interpreter until it has JIT-compiled them once more: about 4 classes and
 ~0.8 s of CPU in a warm hourly run (README, Profiling). Joined in from a one-row table, the value
 is data: the stage's code is the same every run and stays compiled.
+
+Small tables of text built on the driver (`text_table`) are inline tables for the same family of
+reasons: `createDataFrame` of a Python list makes an RDD, and broadcasting it costs a Spark job.
 """
 
 from __future__ import annotations
@@ -29,3 +32,21 @@ def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFra
     # An inline table becomes a local relation: its rows are data, never folded into a literal.
     one_row = spark.sql(f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params)
     return frame.drop(*names).crossJoin(F.broadcast(one_row))
+
+
+def text_table(spark: SparkSession, columns: list[str], rows: list[tuple[str | None, ...]]) -> DataFrame:
+    """A small table of text values held in the query plan (a local relation).
+
+    `spark.createDataFrame` of a list is an RDD: a join with it runs a job to broadcast it,
+    ~0.2 s of an hourly read (README "Profiling"). An inline table needs none. Each value is
+    written as the hex of its UTF-8 bytes, so no character and no parser setting can break it.
+    """
+
+    def literal(value: str | None) -> str:
+        return "CAST(NULL AS STRING)" if value is None else f"CAST(X'{value.encode().hex()}' AS STRING)"
+
+    if not rows:
+        schema = ", ".join(f"`{name}` string" for name in columns)
+        return spark.createDataFrame([], schema)
+    values = ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
+    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(f'`{c}`' for c in columns)})")
