@@ -106,12 +106,16 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         if obj is not None and lake_io.is_cached(obj):
             HANDOVER.keep(context.run_id, context.asset_key, keys, obj)
         metadata: dict = {
-            "dagster/row_count": sum(written.values()),
+            "rows_written": sum(written.values()),
             "path": dg.MetadataValue.path(location),
             "partitions_written": len(written),
             "partitions_emptied": len(set(keys) - set(written)),
             "files_catalogued": len(files),
         }
+        if len(keys) == 1:
+            # Dagster copies a range run's output metadata onto every partition in the range:
+            # there, the run's total would read as each hour's row count in the UI.
+            metadata["dagster/row_count"] = metadata["rows_written"]
         if obj is not None:
             metadata["dagster/column_schema"] = dg.TableSchema(
                 columns=[dg.TableColumn(name, dtype) for name, dtype in lake_io.schema_metadata(obj.schema)]
