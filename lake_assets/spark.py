@@ -70,14 +70,7 @@ EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
 # improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
 # for a skewed partition to be spread over. Off, a warm hourly run went 3.38 -> 2.97 s (12
 # interleaved a side); a 7-day backfill was no slower (31.7 s against 32.7 s; README "Profiling").
-LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {
-    "spark.sql.adaptive.enabled": "false",
-    # A run's cached batch is read back a few times on the same two cores, then dropped:
-    # compressing its columns costs more CPU than the reads save. Uncompressed (spilled to disk
-    # like any cache when memory runs short), a 7-day backfill's ingest went 6.7 -> 5.5 s (3
-    # interleaved a side), warm hours unchanged. A cluster's executors keep the compression.
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
-}
+LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes
 # ("60s") that the 3.3 connector rejects, so they are restated as milliseconds / seconds.

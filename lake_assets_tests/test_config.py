@@ -124,13 +124,3 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(master="spark://10.0.0.5:7077")["spark.sql.adaptive.enabled"] == "true"
     assert "spark.sql.adaptive.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
-
-
-def test_a_local_driver_caches_batches_uncompressed_and_a_cluster_keeps_compression():
-    """The cached batch's compression costs a local driver's two cores more than it saves; a
-    cluster's executors (their memory shared by many tasks) keep Spark's default."""
-    compressed = "spark.sql.inMemoryColumnarStorage.compressed"
-    assert session_conf()[compressed] == "false"
-    assert compressed not in session_conf(master="spark://10.0.0.5:7077")
-    assert compressed not in session_conf(remote="sc://127.0.0.1:15002")
-    assert session_conf(extra={compressed: "true"})[compressed] == "true"
