@@ -52,8 +52,8 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     # On, PySpark wraps every Column function in five extra JVM round trips (look up the active
     # session, read this setting's depth, walk the Python stack, set and clear the call site) so
     # that Spark's errors can name the Python line. A fold builds hundreds of expressions: off,
-    # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s; README
-    # "Profiling"). Errors keep Spark's message and the lake's file and step names.
+    # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s;
+    # docs/profiling.md). Errors keep Spark's message and the lake's file and step names.
     PYSPARK_CALL_SITES: "false",
 }
 
@@ -61,7 +61,7 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 # its work in threads of its own beside the application; with two cores those threads take
 # them from Spark's tasks. The parallel collector stops the tasks briefly instead and does its
 # work on both cores at once. Warm hourly runs, interleaved processes: ~0.3-0.5 s and ~0.8 s of
-# CPU less an hour (README "Profiling"). A cluster's JVM options are its operator's to set.
+# CPU less an hour (docs/profiling.md). A cluster's JVM options are its operator's to set.
 EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
 
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.
@@ -69,7 +69,7 @@ EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
 # tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
 # improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
 # for a skewed partition to be spread over. Off, a warm hourly run went 3.38 -> 2.97 s (12
-# interleaved a side); a 7-day backfill was no slower (31.7 s against 32.7 s; README "Profiling").
+# interleaved a side); a 7-day backfill was no slower (31.7 s against 32.7 s; docs/profiling.md).
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes

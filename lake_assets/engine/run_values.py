@@ -5,7 +5,7 @@ literal into the Java source it generates for a stage (as a number, where a stri
 passed by reference), and caches compiled stages by their source text. A value that differs
 every run therefore makes every run generate and compile those stages again, and the JVM runs
 the new classes in its interpreter until it has JIT-compiled them once more: about 4 classes and
-~0.8 s of CPU in a warm hourly run (README, Profiling). Joined in from a one-row table, the value
+~0.8 s of CPU in a warm hourly run (docs/profiling.md). Joined in from a one-row table, the value
 is data: the stage's code is the same every run and stays compiled.
 
 Small tables of text built on the driver (`text_table`) are inline tables for the same family of
@@ -38,7 +38,7 @@ def text_table(spark: SparkSession, columns: list[str], rows: list[tuple[str | N
     """A small table of text values held in the query plan (a local relation).
 
     `spark.createDataFrame` of a list is an RDD: a join with it runs a job to broadcast it,
-    ~0.2 s of an hourly read (README "Profiling"). An inline table needs none. Each value is
+    ~0.2 s of an hourly read (docs/profiling.md). An inline table needs none. Each value is
     written as the hex of its UTF-8 bytes, so no character and no parser setting can break it.
     """
 

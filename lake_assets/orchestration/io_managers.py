@@ -42,7 +42,7 @@ class InMemoryHandover:
     otherwise read the change log it folds back from the files the changes step has just written,
     and sort it again by key, although the stored batch is still cached, collapsed and in that
     order. Handed over, the fold plans no exchange and no sort for it: in a 7-day backfill
-    ~1.9 s less (of ~28 s; README "Profiling"). The stored files hold exactly these rows: the
+    ~1.9 s less (of ~28 s; docs/profiling.md). The stored files hold exactly these rows: the
     write replaced exactly the run's partitions with them.
 
     One batch is kept per asset; it is handed over once, for the same partitions, to a step
