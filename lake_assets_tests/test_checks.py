@@ -74,7 +74,7 @@ def test_versions_stored_counts_each_batch_version_found_once(spark):
         ("b", m.INSERT, at(9), OPEN, True),  # same key, another version: not found
         ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
     ])
-    assert checks.versions_stored(batch, stored, SPEC) == 1
+    assert checks.windows_and_versions_stored(stored, batch, SPEC)[1] == 1
 
 
 def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):

@@ -45,11 +45,6 @@ def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) ->
     return windows_and_versions_stored(rows, None, spec)[0]
 
 
-def versions_stored(batch: DataFrame, rows: DataFrame, spec: m.TableSpec) -> int:
-    """How many distinct (key, version time) of the batch are among the stored rows (by start)."""
-    return windows_and_versions_stored(rows, batch, spec)[1]
-
-
 def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec) -> tuple[Outcome, int]:
     """The `history_windows` check, and how many distinct (key, version time) of `batch` are
     among the stored rows (for `events_reconcile`), from one shuffle of both by key.
