@@ -331,3 +331,52 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake):
     sample, lake, instance = sample_lake
     assert_read_during_the_runs({r["_ingested_at"] for r in layer_rows(lake, "changes", f"{sample.org}/account")}, instance)
+
+
+def changes_metadata(instance, table_object: str = "account") -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(["grax", ORG, table_object, "changes"]))
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def test_object_folders_differing_only_in_case_are_one_table(spark, tmp_path):
+    """`object=Account` and `object=ACCOUNT` name one Salesforce object (API names ignore case):
+    both folders are read as the table `<org>/account`, and a batch found in both holds the
+    files of both."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_file(landing, "Account", "000000001", "data-00000000001.parquet",
+               [{"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A"}])
+    write_file(landing, "ACCOUNT", "000000001", "data-00000000001.parquet",  # same batch, same file name
+               [{"Id": "b", "source__modified": t(1), "grax__idseq": "01", "Name": "B"}])
+    write_file(landing, "ACCOUNT", "000000002", "data-00000000002.parquet",
+               [{"Id": "a", "source__modified": t(2), "grax__idseq": "02", "Name": "A2"},
+                {"Id": "c", "source__modified": t(2), "grax__idseq": "01", "Name": "C"}])
+    write_file(landing, "Account", "000000003", "data-00000000003.parquet",
+               [{"Id": "d", "source__modified": t(3), "grax__idseq": "01", "Name": "D"}])
+    instance = process(landing, lake)
+
+    table = f"{ORG}/account"
+    assert GraxV2Format().discover_tables(CountingStorage(), f"file://{landing}") == [table]
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [
+        ("a", "A2"), ("b", "B"), ("c", "C"), ("d", "D")]
+    changes = layer_rows(lake, "changes", table, "Id, _version_at")
+    assert [(r["Id"], r["batch"]) for r in changes] == [
+        ("a", "000000001"), ("a", "000000002"), ("b", "000000001"), ("c", "000000002"), ("d", "000000003")]
+    assert instance.get_dynamic_partitions(batch_partitions_name("grax", table)) == ["000000001", "000000002", "000000003"]
+    metadata = changes_metadata(instance)
+    assert metadata["files_listed"] == 4 and metadata["files_read"] == 4 and metadata["files_quarantined"] == 0
+    assert metadata["rows_in"] == 5 and metadata["events_out"] == 5 and metadata["reconciled"] is True
+
+
+def test_the_batch_scan_sees_a_late_file_named_like_one_in_the_other_case_folder(tmp_path):
+    landing = tmp_path / "landing"
+    row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
+    write_file(landing, "Account", "00000000a", "data-00000000001.parquet", row)
+    fmt, uri, table = GraxV2Format(), f"file://{landing}", f"{ORG}/account"
+    found, cursor = scan_batches(CountingStorage(), fmt, uri, table, BatchCursor())
+    assert [f.partition for f in found] == ["00000000a"]
+    write_file(landing, "ACCOUNT", "00000000a", "data-00000000001.parquet", row)  # the open batch grows
+    found, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names) for f in found] == [("00000000a", ("data-00000000001.parquet",))]
+    found, _ = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert found == []
+
