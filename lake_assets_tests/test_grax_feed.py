@@ -4,6 +4,7 @@ input, batch discovery, and the same graph on S3."""
 
 import dataclasses
 import datetime as dt
+import json
 from pathlib import Path
 
 import boto3
@@ -380,3 +381,39 @@ def test_the_batch_scan_sees_a_late_file_named_like_one_in_the_other_case_folder
     found, _ = scan_batches(CountingStorage(), fmt, uri, table, cursor)
     assert found == []
 
+
+def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark, tmp_path):
+    """`grax__deleted` / `grax__purged` are timestamps; a file may carry them as text (ISO). Empty
+    text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its
+    file is set aside naming the column and the value, and the batch goes on."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    text = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
+                      ("grax__deleted", pa.string()), ("grax__purged", pa.string()), ("Name", pa.string())])
+    write_file(landing, "Account", "000000001", "data-00000000001.parquet", [
+        {"Id": "live", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "", "grax__purged": " ", "Name": "L"},
+        {"Id": "gone", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "2024-01-01T03:00:00Z", "Name": "G"},
+        {"Id": "erased", "source__modified": t(1), "grax__idseq": "01", "grax__purged": "2024-01-01 04:00:00", "Name": "E"},
+        {"Id": "plain", "source__modified": t(1), "grax__idseq": "01", "Name": "P"},
+    ], text)
+    deleted = write_file(landing, "Account", "000000001", "data-00000000002.parquet", [
+        {"Id": "d", "source__modified": t(2), "grax__idseq": "02", "Name": "D"},
+        {"Id": "d", "source__modified": t(3), "grax__idseq": "03", "grax__deleted": "yes", "Name": "D"},
+    ], text)
+    purged = write_file(landing, "Account", "000000001", "data-00000000003.parquet", [
+        {"Id": "p", "source__modified": t(2), "grax__idseq": "02", "grax__purged": "not-a-date"},
+    ], text)
+    instance = process(landing, lake)
+
+    table = f"{ORG}/account"
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [("erased", None), ("live", "L"), ("plain", "P")]
+    history = {r["Id"]: r for r in layer_rows(lake, "history", table)}
+    assert history["gone"]["_fivetran_end"] == t(3) and history["erased"]["_purged"] is True
+    notes = {p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")}
+    assert set(notes) == {"data-00000000002.parquet.reason.json", "data-00000000003.parquet.reason.json"}
+    deleted_note, purged_note = notes["data-00000000002.parquet.reason.json"], notes["data-00000000003.parquet.reason.json"]
+    assert deleted_note["file"] == f"file://{deleted}" and "grax__deleted is not a time: yes" in deleted_note["reason"]
+    assert purged_note["file"] == f"file://{purged}" and "grax__purged is not a time: not-a-date" in purged_note["reason"]
+    metadata = changes_metadata(instance)
+    assert metadata["files_listed"] == 3 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 2
+    assert metadata["rows_in"] == 4 and metadata["events_derived"] == 1 and metadata["events_out"] == 5
+    assert metadata["reconciled"] is True

@@ -219,14 +219,23 @@ class GraxV2Format(FeedFormat):
             else:
                 payload.append(F.col(f"`{column}`").alias(column))
 
+        def not_a_time(column: str) -> Column:
+            return F.concat(F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL")))
+
         version_at = F.date_trunc("millisecond", stamp(MODIFIED))
         seq = F.col(IDSEQ).cast("string")
         invalid = (
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
-            .when(version_at.isNull(), F.concat(F.lit(f"{MODIFIED} is not a time: "),
-                                                F.coalesce(F.col(MODIFIED).cast("string"), F.lit("NULL"))))
+            .when(version_at.isNull(), not_a_time(MODIFIED))
         )
+        for column in (DELETED, PURGED):
+            # A marker given as text must be a time, or empty for 'not deleted/purged': other
+            # text ("yes") cannot say whether the record is gone, and read as no marker it
+            # would keep a deleted record live or a purged one's field data.
+            if column in columns and isinstance(raw.schema[column].dataType, T.StringType):
+                unparsed = (F.trim(F.col(column)) != "") & stamp(column).isNull()
+                invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
         for column in sorted(typed_columns):
             target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
             if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
