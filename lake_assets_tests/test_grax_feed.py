@@ -402,6 +402,10 @@ def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark
     purged = write_file(landing, "Account", "000000001", "data-00000000003.parquet", [
         {"Id": "p", "source__modified": t(2), "grax__idseq": "02", "grax__purged": "not-a-date"},
     ], text)
+    # Spark reads a time of day alone as that time today: a delete time that would move with the run
+    time_only = write_file(landing, "Account", "000000001", "data-00000000004.parquet", [
+        {"Id": "t", "source__modified": t(2), "grax__idseq": "02", "grax__deleted": "03:00:00", "Name": "T"},
+    ], text)
     instance = process(landing, lake)
 
     table = f"{ORG}/account"
@@ -409,11 +413,13 @@ def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark
     history = {r["Id"]: r for r in layer_rows(lake, "history", table)}
     assert history["gone"]["_fivetran_end"] == t(3) and history["erased"]["_purged"] is True
     notes = {p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")}
-    assert set(notes) == {"data-00000000002.parquet.reason.json", "data-00000000003.parquet.reason.json"}
+    assert set(notes) == {f"data-0000000000{n}.parquet.reason.json" for n in (2, 3, 4)}
+    assert notes["data-00000000004.parquet.reason.json"]["file"] == f"file://{time_only}"
+    assert "grax__deleted is not a time: 03:00:00" in notes["data-00000000004.parquet.reason.json"]["reason"]
     deleted_note, purged_note = notes["data-00000000002.parquet.reason.json"], notes["data-00000000003.parquet.reason.json"]
     assert deleted_note["file"] == f"file://{deleted}" and "grax__deleted is not a time: yes" in deleted_note["reason"]
     assert purged_note["file"] == f"file://{purged}" and "grax__purged is not a time: not-a-date" in purged_note["reason"]
     metadata = changes_metadata(instance)
-    assert metadata["files_listed"] == 3 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 2
+    assert metadata["files_listed"] == 4 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 3
     assert metadata["rows_in"] == 4 and metadata["events_derived"] == 1 and metadata["events_out"] == 5
     assert metadata["reconciled"] is True
