@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+from collections import Counter
 
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage
@@ -108,8 +109,10 @@ def scan_batches(storage: Storage, fmt: FeedFormat, landing: str, table: str, cu
         if floor is not None and order < floor:
             continue
         names = tuple(sorted(e.name for e in fmt.partition_files(storage, landing, table, key)))
-        seen = set(cursor.open_files) if key == cursor.last else set()
-        fresh = tuple(n for n in names if n not in seen)
+        # Counted, not a set: a batch may hold one name twice (GRAX `object=Account` and
+        # `object=ACCOUNT` folders), and the second copy landing late is still new.
+        seen = Counter(cursor.open_files) if key == cursor.last else Counter()
+        fresh = tuple(sorted((Counter(names) - seen).elements()))
         if fresh:
             found.append(NewFiles(table, key, fresh, names))
         last, open_files = key, list(names)

@@ -4,6 +4,7 @@ input, batch discovery, and the same graph on S3."""
 
 import dataclasses
 import datetime as dt
+import json
 from pathlib import Path
 
 import boto3
@@ -331,3 +332,94 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake):
     sample, lake, instance = sample_lake
     assert_read_during_the_runs({r["_ingested_at"] for r in layer_rows(lake, "changes", f"{sample.org}/account")}, instance)
+
+
+def changes_metadata(instance, table_object: str = "account") -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(["grax", ORG, table_object, "changes"]))
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def test_object_folders_differing_only_in_case_are_one_table(spark, tmp_path):
+    """`object=Account` and `object=ACCOUNT` name one Salesforce object (API names ignore case):
+    both folders are read as the table `<org>/account`, and a batch found in both holds the
+    files of both."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_file(landing, "Account", "000000001", "data-00000000001.parquet",
+               [{"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A"}])
+    write_file(landing, "ACCOUNT", "000000001", "data-00000000001.parquet",  # same batch, same file name
+               [{"Id": "b", "source__modified": t(1), "grax__idseq": "01", "Name": "B"}])
+    write_file(landing, "ACCOUNT", "000000002", "data-00000000002.parquet",
+               [{"Id": "a", "source__modified": t(2), "grax__idseq": "02", "Name": "A2"},
+                {"Id": "c", "source__modified": t(2), "grax__idseq": "01", "Name": "C"}])
+    write_file(landing, "Account", "000000003", "data-00000000003.parquet",
+               [{"Id": "d", "source__modified": t(3), "grax__idseq": "01", "Name": "D"}])
+    instance = process(landing, lake)
+
+    table = f"{ORG}/account"
+    assert GraxV2Format().discover_tables(CountingStorage(), f"file://{landing}") == [table]
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [
+        ("a", "A2"), ("b", "B"), ("c", "C"), ("d", "D")]
+    changes = layer_rows(lake, "changes", table, "Id, _version_at")
+    assert [(r["Id"], r["batch"]) for r in changes] == [
+        ("a", "000000001"), ("a", "000000002"), ("b", "000000001"), ("c", "000000002"), ("d", "000000003")]
+    assert instance.get_dynamic_partitions(batch_partitions_name("grax", table)) == ["000000001", "000000002", "000000003"]
+    metadata = changes_metadata(instance)
+    assert metadata["files_listed"] == 4 and metadata["files_read"] == 4 and metadata["files_quarantined"] == 0
+    assert metadata["rows_in"] == 5 and metadata["events_out"] == 5 and metadata["reconciled"] is True
+
+
+def test_the_batch_scan_sees_a_late_file_named_like_one_in_the_other_case_folder(tmp_path):
+    landing = tmp_path / "landing"
+    row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
+    write_file(landing, "Account", "00000000a", "data-00000000001.parquet", row)
+    fmt, uri, table = GraxV2Format(), f"file://{landing}", f"{ORG}/account"
+    found, cursor = scan_batches(CountingStorage(), fmt, uri, table, BatchCursor())
+    assert [f.partition for f in found] == ["00000000a"]
+    write_file(landing, "ACCOUNT", "00000000a", "data-00000000001.parquet", row)  # the open batch grows
+    found, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names) for f in found] == [("00000000a", ("data-00000000001.parquet",))]
+    found, _ = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert found == []
+
+
+def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark, tmp_path):
+    """`grax__deleted` / `grax__purged` are timestamps; a file may carry them as text (ISO). Empty
+    text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its
+    file is set aside naming the column and the value, and the batch goes on."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    text = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
+                      ("grax__deleted", pa.string()), ("grax__purged", pa.string()), ("Name", pa.string())])
+    write_file(landing, "Account", "000000001", "data-00000000001.parquet", [
+        {"Id": "live", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "", "grax__purged": " ", "Name": "L"},
+        {"Id": "gone", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "2024-01-01T03:00:00Z", "Name": "G"},
+        {"Id": "erased", "source__modified": t(1), "grax__idseq": "01", "grax__purged": "2024-01-01 04:00:00", "Name": "E"},
+        {"Id": "plain", "source__modified": t(1), "grax__idseq": "01", "Name": "P"},
+    ], text)
+    deleted = write_file(landing, "Account", "000000001", "data-00000000002.parquet", [
+        {"Id": "d", "source__modified": t(2), "grax__idseq": "02", "Name": "D"},
+        {"Id": "d", "source__modified": t(3), "grax__idseq": "03", "grax__deleted": "yes", "Name": "D"},
+    ], text)
+    purged = write_file(landing, "Account", "000000001", "data-00000000003.parquet", [
+        {"Id": "p", "source__modified": t(2), "grax__idseq": "02", "grax__purged": "not-a-date"},
+    ], text)
+    # Spark reads a time of day alone as that time today: a delete time that would move with the run
+    time_only = write_file(landing, "Account", "000000001", "data-00000000004.parquet", [
+        {"Id": "t", "source__modified": t(2), "grax__idseq": "02", "grax__deleted": "03:00:00", "Name": "T"},
+    ], text)
+    instance = process(landing, lake)
+
+    table = f"{ORG}/account"
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [("erased", None), ("live", "L"), ("plain", "P")]
+    history = {r["Id"]: r for r in layer_rows(lake, "history", table)}
+    assert history["gone"]["_fivetran_end"] == t(3) and history["erased"]["_purged"] is True
+    notes = {p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")}
+    assert set(notes) == {f"data-0000000000{n}.parquet.reason.json" for n in (2, 3, 4)}
+    assert notes["data-00000000004.parquet.reason.json"]["file"] == f"file://{time_only}"
+    assert "grax__deleted is not a time: 03:00:00" in notes["data-00000000004.parquet.reason.json"]["reason"]
+    deleted_note, purged_note = notes["data-00000000002.parquet.reason.json"], notes["data-00000000003.parquet.reason.json"]
+    assert deleted_note["file"] == f"file://{deleted}" and "grax__deleted is not a time: yes" in deleted_note["reason"]
+    assert purged_note["file"] == f"file://{purged}" and "grax__purged is not a time: not-a-date" in purged_note["reason"]
+    metadata = changes_metadata(instance)
+    assert metadata["files_listed"] == 4 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 3
+    assert metadata["rows_in"] == 4 and metadata["events_derived"] == 1 and metadata["events_out"] == 5
+    assert metadata["reconciled"] is True

@@ -110,7 +110,10 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
     (nanoseconds reach Spark as a long, see spark.py), INT96, ISO text, or epoch seconds/millis."""
     value = F.col(f"`{column}`")
     if isinstance(spark_type, T.StringType):
-        return F.try_to_timestamp(F.trim(value))
+        text = F.trim(value)
+        # Spark reads a time of day alone ("03:00") as that time today, a moment that moves with
+        # the run's date: text is a time only when it starts with its year.
+        return F.when(text.rlike(r"^[+-]?[0-9]{4}"), F.try_to_timestamp(text))
     if isinstance(spark_type, T.IntegralType):
         as_long = value.cast("long")
         if arrow_type is not None and pa.types.is_timestamp(arrow_type):

@@ -10,7 +10,9 @@ record came from (a restored record is a new key). Batch and file names are incr
 numbers, compared as numbers and never read as clocks.
 
 One table per org and object: its name is `<org>/<object in lower case>`, so the lake holds it at
-`<layer>/<feed>/<org>/<object>/` and the assets are keyed `[feed, org, object, layer]`.
+`<layer>/<feed>/<org>/<object>/` and the assets are keyed `[feed, org, object, layer]`. Object
+folders whose names differ only in case (`object=Account`, `object=ACCOUNT`) are one object, as
+Salesforce API names ignore case, and so one table: all are read (see `object_folders`).
 
 Mapping onto the change model, one landed row at a time:
 - the row is the version `source__modified` of `Id`, sequenced by `grax__idseq`;
@@ -121,27 +123,36 @@ class GraxV2Format(FeedFormat):
                     tables.append(f"{org}/{obj.lower()}")
         return sorted(set(tables))
 
-    def object_folder(self, storage: Storage, landing: str, table: str) -> str | None:
-        """The landed `object=<Object>` folder of a table (object names keep their case there)."""
+    def object_folders(self, storage: Storage, landing: str, table: str) -> list[str]:
+        """Every landed `object=<Object>` folder of a table, in listing order.
+
+        Salesforce object API names ignore case, and the table is named by the object in lower
+        case, so `object=Account` and `object=ACCOUNT` are one table: the folders are read
+        together and a batch found in several of them holds the files of all (rows from both
+        fold by `Id` and `grax__idseq` as any other rows do). Reading only one would drop the
+        other's rows without a word.
+        """
         org, obj = split_table(table)
         org_uri = f"{self.v2_root(storage, landing)}/org={safe_segment(org, 'org')}"
-        for entry in storage.list(org_uri):
-            if entry.is_dir and entry.name.startswith("object=") and entry.name[len("object="):].lower() == obj:
-                return entry.uri
-        return None
+        return [
+            entry.uri for entry in storage.list(org_uri)
+            if entry.is_dir and entry.name.startswith("object=") and entry.name[len("object="):].lower() == obj
+        ]
 
-    def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, str], list[Entry]]:
-        """({batch key: folder} for valid batches, [folders whose batch is not a hex number])."""
-        folder = self.object_folder(storage, landing, table)
-        valid, invalid = {}, []
-        for entry in storage.list(folder) if folder else []:
-            if not entry.is_dir or not entry.name.startswith("batch="):
-                continue
-            key = entry.name[len("batch="):]
-            if is_batch_key(key):
-                valid[key] = entry.uri
-            else:
-                invalid.append(entry)
+    def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, list[str]], list[Entry]]:
+        """({batch key: its folders, one per object folder holding it} for valid batches,
+        [folders whose batch is not a hex number])."""
+        valid: dict[str, list[str]] = {}
+        invalid = []
+        for folder in self.object_folders(storage, landing, table):
+            for entry in storage.list(folder):
+                if not entry.is_dir or not entry.name.startswith("batch="):
+                    continue
+                key = entry.name[len("batch="):]
+                if is_batch_key(key):
+                    valid.setdefault(key, []).append(entry.uri)
+                else:
+                    invalid.append(entry)
         return valid, invalid
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
@@ -161,8 +172,8 @@ class GraxV2Format(FeedFormat):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
             raise ValueError(f"batch partition {partition!r} is not a hex number")
-        folder = self.object_folder(storage, landing, table)
-        return data_files(storage, f"{folder}/batch={partition}") if folder else []
+        return [entry for folder in self.object_folders(storage, landing, table)
+                for entry in data_files(storage, f"{folder}/batch={partition}")]
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))
@@ -208,14 +219,23 @@ class GraxV2Format(FeedFormat):
             else:
                 payload.append(F.col(f"`{column}`").alias(column))
 
+        def not_a_time(column: str) -> Column:
+            return F.concat(F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL")))
+
         version_at = F.date_trunc("millisecond", stamp(MODIFIED))
         seq = F.col(IDSEQ).cast("string")
         invalid = (
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
-            .when(version_at.isNull(), F.concat(F.lit(f"{MODIFIED} is not a time: "),
-                                                F.coalesce(F.col(MODIFIED).cast("string"), F.lit("NULL"))))
+            .when(version_at.isNull(), not_a_time(MODIFIED))
         )
+        for column in (DELETED, PURGED):
+            # A marker given as text must be a time, or empty for 'not deleted/purged': other
+            # text ("yes") cannot say whether the record is gone, and read as no marker it
+            # would keep a deleted record live or a purged one's field data.
+            if column in columns and isinstance(raw.schema[column].dataType, T.StringType):
+                unparsed = (F.trim(F.col(column)) != "") & stamp(column).isNull()
+                invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
         for column in sorted(typed_columns):
             target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
             if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
