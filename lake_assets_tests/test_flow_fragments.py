@@ -299,7 +299,9 @@ def test_cover_with_failed_fragments_randomised():
             read.extend(range(p.start, p.fragment.name.end))
         assert len(read) == len(set(read)) and set(read) == good
         for g in gaps:
-            held_by = {f.uri for f in fragments if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)}
+            held_by = {
+                f.uri for f in fragments if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
+            }
             assert set(g.failed) == held_by
             assert all(f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed)
         holes = {b for g in gaps for b in range(g.begin, g.end)}
@@ -355,7 +357,9 @@ def bomb(codec: str, size: int = 128 << 20) -> bytes:
     return bytes(packer.finish())
 
 
-@pytest.mark.parametrize("codec, ext", [("gzip", ".gz"), ("zstd", ".zst"), ("snappy", ".sz"), ("gzip_offload", ".gzod")])
+@pytest.mark.parametrize(
+    "codec, ext", [("gzip", ".gz"), ("zstd", ".zst"), ("snappy", ".sz"), ("gzip_offload", ".gzod")]
+)
 def test_a_compression_bomb_stops_at_the_length_its_name_declares(codec, ext):
     content = line(P, 16, OUTSIDE_TXN, id=1)
     uri = "s3://b/j/" + name_of(0, len(content), content, ext)

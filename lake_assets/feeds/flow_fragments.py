@@ -273,9 +273,8 @@ def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str
         return []
     journal = held[0].journal
     lost = [f for f in held if f.uri in failed]
-    cuts = sorted(
-        {f.name.begin for f in held} | {f.name.end for f in held} | {p.start for p in pieces} | {p.end for p in pieces}
-    )
+    cuts = sorted({f.name.begin for f in held} | {f.name.end for f in held} | {p.start for p in pieces}
+                  | {p.end for p in pieces})
     gaps: list[Gap] = []
     read = iter(pieces)
     piece = next(read, None)
