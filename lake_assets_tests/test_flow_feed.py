@@ -318,6 +318,82 @@ def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeyp
     assert metadata["reconciled"] is True and len(metadata["gaps"]) == 2  # the bytes only the two held
 
 
+def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_path):
+    from lake_assets.orchestration.definitions import build_definitions
+    from lake_assets.orchestration.resources import LakeResource
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs, at = journal_lines(range(1, 9))
+    write_fragment(journal, 0, docs[0])
+    strays = {}  # file -> what its quarantine reason must say
+    for n, (folder, cause) in enumerate(
+        [
+            ("utc_date=2024-06-01/utc_hour=25", "folder 'utc_date=2024-06-01/utc_hour=25' is not an hour folder"),
+            ("utc_date=2024-02-30/utc_hour=01", "folder 'utc_date=2024-02-30' is not a valid utc_date"),
+            ("utc_date=2024-06-01/utc_hour=7", "folder 'utc_date=2024-06-01/utc_hour=7' is not an hour folder"),
+            ("utc_date=2024-13-01/utc_hour=10", "folder 'utc_date=2024-13-01' is not a valid utc_date"),
+            ("utc_date=June-1/utc_hour=10", "folder 'utc_date=June-1' is not a valid utc_date"),
+            ("utc_date=2024-06-01", "directly in 'utc_date=2024-06-01', not inside one of its utc_hour=HH folders"),
+            ("", "directly in journal folder 'acmeCo/customers/pivot=00'"),
+        ],
+        start=1,
+    ):
+        name = f"{at[n]:016x}-{at[n + 1]:016x}-{hashlib.sha1(docs[n]).hexdigest()}.gz"
+        path = journal / folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(docs[n]))
+        strays[uri(path)] = cause
+    nested = journal / "utc_date=2024-06-01" / "utc_hour=10" / "retry" / "copy.gz"  # a folder inside an hour folder
+    nested.parent.mkdir()
+    nested.write_bytes(b"x")
+    strays[uri(nested)] = "inside 'retry', a folder within hour folder 'utc_date=2024-06-01/utc_hour=10'"
+    notes_file = landing / "acmeCo" / "customers" / "README"
+    notes_file.write_text("not a journal")
+    strays[uri(notes_file)] = "'acmeCo/customers/README' is neither a logical partition"
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+
+    defs = build_definitions(config)  # one bad folder name must not stop every feed of the config
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    assert [r["id"] for r in rows(lake, "changes", "acmeco_customers")] == [1]
+    notes = quarantine_notes(lake)
+    assert set(notes) == set(strays)
+    for file, cause in strays.items():
+        assert cause in notes[file], notes[file]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["files_quarantined"] == len(strays) and metadata["reconciled"] is True
+    assert landing_complete_passed(instance, "acmeco_customers") is False
+
+    sensor = defs.resolve_sensor_def("flow_landing_sensor")
+    with dg.build_sensor_context(resources={"lake": LakeResource(root=config.lake)}, definitions=defs) as context:
+        tick = sensor(context)
+    requested = [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests]
+    assert requested == [("2024-06-01-10", "2024-06-01-10")]
+
+
+def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
+    from lake_assets.storage import Storage
+
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    good = write_fragment(journal, 0, doc_line(1))
+    bad = []
+    for folder in ("utc_date=2024-02-30/utc_hour=01", "utc_date=2024-06-01/utc_hour=25"):
+        path = journal / folder / good.name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(good.read_bytes())
+        bad.append(path)
+    fmt, storage = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),)), Storage()
+    assert fmt.partition_keys(storage, f"file://{landing}", "acmeco_customers") == ["2024-06-01-10"]
+    assert [fmt.landing_span(storage, uri(p)) for p in bad] == [None, None]
+    assert fmt.landing_span(storage, uri(good)) == (1717236000000, 1717239599999)
+    strays = fmt.stray_files(storage, f"file://{landing}", "acmeco_customers")
+    assert sorted(entry.uri for entry, _ in strays) == sorted(uri(p) for p in bad)
+
+
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

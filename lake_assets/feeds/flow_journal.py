@@ -20,7 +20,8 @@ A fragment that cannot be used (it does not inflate, its checksum is wrong, a do
 not data: no key, a key that is an object or array, an unknown op) is quarantined whole, and its
 journal is read again without it: other fragments holding the same bytes take over (see
 `flow_fragments.cover`), and bytes that no good fragment holds are reported as gaps, which fail
-`landing_complete`.
+`landing_complete`. Files outside valid `utc_date=`/`utc_hour=` folders belong to no hour: they
+are strays, quarantined with their reason.
 
 Documents map onto the change model: `_meta.op` c/u/d is insert/update/delete, the UUID clock
 is both the version time and the sequence, delete documents carry only the key. Top-level fields
@@ -49,9 +50,8 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
-_DATE = re.compile(r"^utc_date=(\d{4}-\d{2}-\d{2})$")
-_HOUR = re.compile(r"^utc_hour=(\d{2})$")
-_HOUR_IN_PATH = re.compile(r"/utc_date=(\d{4}-\d{2}-\d{2})/utc_hour=(\d{2})/")
+_DATE = re.compile(r"utc_date=(\d{4}-\d{2}-\d{2})")
+_HOUR = re.compile(r"utc_hour=(\d{2})")
 
 # What each journal's task returns: documents, fragments set aside, and the task's counts.
 _OUT = pa.schema([
@@ -66,6 +66,41 @@ _PLAN_DDL = "journal string, uri string, skip long, order long, hour string"
 class Journal:
     uri: str
     name: str  # relative to the landing prefix, e.g. acmeCo/orders/category=Anvils/pivot=00
+
+
+def folder_date(name: str) -> dt.date | None:
+    """The date a `utc_date=YYYY-MM-DD` folder names, or None when none (`utc_date=2026-02-30`)."""
+    match = _DATE.fullmatch(name)
+    try:
+        return dt.date.fromisoformat(match.group(1)) if match else None
+    except ValueError:
+        return None
+
+
+def folder_hour(date: dt.date, name: str) -> dt.datetime | None:
+    """The hour a `utc_hour=HH` folder names in the folder of `date`, or None (`utc_hour=25`, `utc_hour=7`)."""
+    match = _HOUR.fullmatch(name)
+    if not match or int(match.group(1)) > 23:
+        return None
+    return dt.datetime(date.year, date.month, date.day, int(match.group(1)))
+
+
+def stray_reason(journal: str, folders: list[str]) -> str | None:
+    """Why a file in `folders` (its path below the folder of `journal`) belongs to no hour, or None
+    when it is directly in a valid `utc_date=`/`utc_hour=` folder, where a run reads it."""
+    if not folders:
+        return f"the file is directly in journal folder '{journal}', not inside a utc_date=/utc_hour= folder"
+    date = folder_date(folders[0])
+    if date is None:
+        return f"folder '{folders[0]}' is not a valid utc_date=YYYY-MM-DD folder: the file is in no hour"
+    if len(folders) == 1:
+        return f"the file is directly in '{folders[0]}', not inside one of its utc_hour=HH folders"
+    if folder_hour(date, folders[1]) is None:
+        return f"folder '{folders[0]}/{folders[1]}' is not an hour folder (utc_hour=00..23): the file is in no hour"
+    if len(folders) > 2:
+        return (f"the file is inside '{'/'.join(folders[2:])}', a folder within hour folder "
+                f"'{folders[0]}/{folders[1]}'; only files directly in an hour folder are read")
+    return None
 
 
 def key_column(pointer: str) -> str:
@@ -227,37 +262,61 @@ class FlowJournalFormat(FeedFormat):
     # --- listing --------------------------------------------------------------------------------
     def journals(self, storage: Storage, landing: str, table: str) -> list[Journal]:
         """Every `pivot=` folder under the collection, through the selected logical partitions."""
+        return self._collection_folders(storage, landing, table)[0]
+
+    def _collection_folders(
+        self, storage: Storage, landing: str, table: str
+    ) -> tuple[list[Journal], list[tuple[Entry, str]]]:
+        """The journals (see `journals`) and the entries met on the way that are neither a logical
+        partition folder nor a journal folder, each with its path below the landing."""
         collection = self.collection(table)
         name = collection.name
         root = "/".join([landing.rstrip("/"), *[safe_segment(p, "collection") for p in name.split("/")]])
         found: list[Journal] = []
+        misfits: list[tuple[Entry, str]] = []
 
         def descend(uri: str, relative: str) -> None:
             for entry in storage.list(uri):
-                if not entry.is_dir or "=" not in entry.name or entry.name.startswith(("utc_date=", "utc_hour=")):
-                    continue
                 child = f"{relative}/{entry.name}"
-                if entry.name.startswith("pivot="):
+                if not entry.is_dir or "=" not in entry.name or entry.name.startswith(("utc_date=", "utc_hour=")):
+                    misfits.append((entry, child))
+                elif entry.name.startswith("pivot="):
                     found.append(Journal(uri=entry.uri, name=child))
                 elif collection.wants(*entry.name.split("=", 1)):  # unselected partitions: never listed
                     descend(entry.uri, child)
 
         descend(root, name)
-        return found
+        return found, misfits
+
+    def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
+        """Every file under the collection's selected partitions that no hour reads, with the reason.
+        One walk of every journal: a run's cost, not a sensor tick's."""
+        journals, misfits = self._collection_folders(storage, landing, table)
+        strays = []
+        for entry, where in misfits:
+            reason = (f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
+                      "so the file is in no journal")
+            strays += [(file, reason) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])]
+        for journal in journals:
+            for entry in storage.walk_files(journal.uri):
+                reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1:].split("/")[:-1])
+                if reason is not None:
+                    strays.append((entry, reason))
+        return strays
 
     def _hour_folders(self, storage: Storage, journal: Journal, since: dt.datetime | None) -> dict[str, str]:
+        """Hour key -> folder of the valid hour folders of a journal at or after `since`; the rest are
+        strays (`stray_files`), never partitions."""
         floor = hour_key(since) if since else ""
         hours = {}
         for day in storage.list(journal.uri):
-            match = _DATE.match(day.name)
-            if not day.is_dir or not match or (since and match.group(1) < since.date().isoformat()):
+            date = folder_date(day.name) if day.is_dir else None
+            if date is None or date.isoformat() < floor[:10]:
                 continue
-            for hour in storage.list(day.uri):
-                hour_match = _HOUR.match(hour.name)
-                if hour.is_dir and hour_match:
-                    key = f"{match.group(1)}-{hour_match.group(1)}"
-                    if key >= floor:
-                        hours[key] = hour.uri
+            for folder in storage.list(day.uri):
+                hour = folder_hour(date, folder.name) if folder.is_dir else None
+                if hour is not None and hour_key(hour) >= floor:
+                    hours[hour_key(hour)] = folder.uri
         return hours
 
     def _hour_folder(self, journal: Journal, key: str) -> str:
@@ -273,12 +332,14 @@ class FlowJournalFormat(FeedFormat):
         return {k: tuple(sorted(v)) for k, v in hours.items() if v}
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
-        """A fragment's hour (of its first append) is what its path tells without inflating it."""
-        match = _HOUR_IN_PATH.search(uri)
-        if not match:
+        """A fragment's hour (of its first append) is what its path tells without inflating it;
+        unknown (None) for a file outside a valid hour folder."""
+        date_folder, hour_folder = (uri.rsplit("/", 3)[-3:-1] + ["", ""])[:2]
+        date = folder_date(date_folder)
+        start = folder_hour(date, hour_folder) if date else None
+        if start is None:
             return None
-        start = dt.datetime.strptime(f"{match.group(1)}-{match.group(2)}", "%Y-%m-%d-%H").replace(tzinfo=dt.timezone.utc)
-        start_ms = int(start.timestamp() * 1000)
+        start_ms = int(start.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
         return start_ms, start_ms + 3_600_000 - 1
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
