@@ -308,23 +308,25 @@ def _over(uri: str, limit: int, begin: int | None) -> FragmentError:
     return FragmentError(uri, f"content inflates to more than {limit} bytes (inflating stopped there)", begin)
 
 
-def _gunzip(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytearray:
+def _gunzip(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytes:
     """Every member of a gzip stream (trailing zero padding allowed, as `gzip` allows), inflating at
     most `limit` + 1 bytes."""
-    out = bytearray()
+    members: list[bytes] = []
+    size = 0
     rest = data
     try:
         while rest:
             member = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            out += member.decompress(rest, limit + 1 - len(out))
-            if len(out) > limit:
+            members.append(member.decompress(rest, limit + 1 - size))
+            size += len(members[-1])
+            if size > limit:
                 raise _over(uri, limit, begin)
             if not member.eof:
                 raise EOFError("compressed data ended before the end-of-stream marker was reached")
             rest = member.unused_data.lstrip(b"\0")
     except (EOFError, zlib.error) as e:
         raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
-    return out
+    return members[0] if len(members) == 1 else b"".join(members)  # one member: no copy
 
 
 def _unpack_framed(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytearray:
