@@ -72,6 +72,8 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
 class Ingested:
     batch: Batch
     files_catalogued: int  # stray landed files and quarantine copies recorded by this run
+    #: landed files outside every valid partition (also in the batch's quarantined files)
+    strays: list[Quarantined] = dataclasses.field(default_factory=list)
 
 
 def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_log) -> Ingested:
@@ -101,7 +103,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri)) for entry, _ in strays],
         *[catalog_file(feed.name, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
     ])
-    return Ingested(batch=batch, files_catalogued=recorded)
+    return Ingested(batch=batch, files_catalogued=recorded, strays=[Quarantined(e.uri, r) for e, r in strays])
 
 
 def store_partitions(

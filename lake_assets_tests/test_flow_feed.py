@@ -6,6 +6,7 @@ import datetime as dt
 import gzip
 import hashlib
 import json
+import zlib
 from pathlib import Path
 
 import boto3
@@ -131,6 +132,29 @@ def write_fragment(journal: Path, begin: int, content: bytes, *, stored: bytes |
     return path
 
 
+def uri(path: Path) -> str:
+    return f"file://{path}"
+
+
+def quarantine_notes(lake: Path) -> dict[str, str]:
+    """Quarantined file uri -> reason, from the reason files next to the quarantined copies."""
+    notes = [json.loads(p.read_text()) for p in (lake / "_quarantine").rglob("*.reason.json")]
+    return {note["file"]: note["reason"] for note in notes}
+
+
+def landing_complete_passed(instance, table: str) -> bool:
+    check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(dg.AssetKey(["flow", table, "changes"]), "landing_complete")]
+    )
+    return next(iter(check.values())).event.dagster_event.event_specific_data.passed
+
+
+def journal_lines(numbers) -> tuple[list[bytes], list[int]]:
+    """Document lines of the given ids and the journal offset where each begins (and one past the end)."""
+    docs = [doc_line(n) for n in numbers]
+    return docs, [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
+
+
 def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"
@@ -157,9 +181,7 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
     run_feeds(config, instance=instance, say=lambda _: None)
 
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 5]
-    notes = {json.loads(p.read_text())["file"]: json.loads(p.read_text())["reason"]
-             for p in (lake / "_quarantine").rglob("*.reason.json")}
-    uri = lambda p: f"file://{p}"  # noqa: E731
+    notes = quarantine_notes(lake)
     assert "SHA-1 mismatch" in notes[uri(bad_sum)]
     assert "gzip" in notes[uri(truncated)]
     assert "not JSON" in notes[uri(bad_json)] and "offset" in notes[uri(bad_json)]
@@ -168,12 +190,208 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
 
     metadata = metadata_of(instance, "acmeco_customers")
     assert metadata["files_quarantined"] == 4 and metadata["reconciled"] is True
-    assert len(metadata["gaps"]) == 1 and "in no fragment" in metadata["gaps"][0]
-    check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-        [dg.AssetCheckKey(dg.AssetKey(["flow", "acmeco_customers", "changes"]), "landing_complete")]
-    )
-    evaluation = next(iter(check.values())).event.dagster_event.event_specific_data
-    assert evaluation.passed is False
+    in_no_fragment = [g for g in metadata["gaps"] if "in no fragment" in g]
+    assert len(in_no_fragment) == 1
+    # no other fragment holds the quarantined fragments' bytes: each is lost, so each is a gap
+    for path in (bad_sum, truncated, bad_json, keyless):
+        assert [g for g in metadata["gaps"] if path.name in g and "only in fragment(s) that cannot be used" in g]
+    assert len(metadata["gaps"]) == 5
+    assert landing_complete_passed(instance, "acmeco_customers") is False
+
+
+def test_a_failed_fragment_gives_way_to_the_fragments_holding_the_same_bytes(spark, tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs, at = journal_lines(range(1, 9))
+
+    def fragment(first: int, last: int, **how) -> Path:
+        return write_fragment(journal, at[first], b"".join(docs[first:last]), **how)
+
+    fragment(0, 2)
+    corrupt = fragment(2, 5, sum_of=b"other bytes")  # reaches furthest from doc 3: the cover picks it
+    fragment(2, 4)
+    fragment(3, 5)  # overlaps the one before by a document
+    not_gzip = fragment(5, 8, stored=b"not gzip at all")
+    truncated = fragment(5, 7, stored=gzip.compress(b"".join(docs[5:7]))[:-9])  # the first stand-in fails too
+    fragment(5, 6)
+    fragment(6, 8, hour=11)  # a later hour's fragment holds the rest
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == list(range(1, 9))
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(corrupt), uri(not_gzip), uri(truncated)}
+    assert "SHA-1 mismatch" in notes[uri(corrupt)] and corrupt.name in notes[uri(corrupt)]
+    assert "(gzip: " in notes[uri(not_gzip)] and "(gzip: " in notes[uri(truncated)]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["gaps"] == [] and metadata["reconciled"] is True
+    assert (metadata["files_listed"], metadata["files_read"], metadata["files_quarantined"]) == (8, 5, 3)
+    assert metadata["rows_in"] == 8 and metadata["reader_counts"]["committed"] == 8
+    assert landing_complete_passed(instance, "acmeco_customers") is True
+
+
+def test_bytes_only_failed_fragments_hold_are_gaps_and_the_landing_is_incomplete(spark, tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    docs, at = journal_lines(range(1, 7))
+    hidden = landing / "acmeCo" / "customers" / "pivot=00"
+    write_fragment(hidden, 0, b"".join(docs[0:3]))
+    write_fragment(hidden, at[3], b"".join(docs[3:6]))
+    claim = hidden / "utc_date=2024-06-01" / "utc_hour=10" / f"{0:016x}-{1_000_000:016x}-{'ab' * 20}.gz"
+    claim.write_bytes(bytes(range(256)) * 4)  # garbage whose name claims the whole journal and more
+    damaged = landing / "acmeCo" / "customers" / "pivot=01"
+    write_fragment(damaged, 0, doc_line(11))
+    lost = write_fragment(damaged, len(doc_line(11)), doc_line(12), sum_of=b"other bytes")  # no other copy
+    write_fragment(damaged, len(doc_line(11)) + len(doc_line(12)), doc_line(13))
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 2, 3, 4, 5, 6, 11, 13]
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(claim), uri(lost)}
+    assert claim.name in notes[uri(claim)] and "(gzip: " in notes[uri(claim)]
+    metadata = metadata_of(instance, "acmeco_customers")
+    gaps = metadata["gaps"]
+    assert len(gaps) == 2 and metadata["reconciled"] is True
+    assert f"pivot=00: bytes {at[6]}..1000000 are only in fragment(s) that cannot be used" in gaps[0]
+    assert claim.name in gaps[0]
+    assert f"pivot=01: bytes {len(doc_line(11))}..{len(doc_line(11)) + len(doc_line(12))}" in gaps[1]
+    assert lost.name in gaps[1]
+    assert landing_complete_passed(instance, "acmeco_customers") is False
+
+
+def test_a_document_whose_key_is_not_a_scalar_is_quarantined_with_its_offset(spark, tmp_path):
+    """The feed's rule for a bad document is to set its fragment aside (as for a missing key or an
+    unknown op); the fragment's good documents are then read from other fragments holding them, and
+    what no other fragment holds is a gap, so nothing is dropped unseen."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs = [doc_line(1), doc_line(2, id={"a": 2}), doc_line(3), doc_line(4, id=[4, 5]), doc_line(5)]
+    at = [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
+    object_key = write_fragment(journal, 0, b"".join(docs[0:3]))
+    write_fragment(journal, 0, docs[0])  # documents 1 and 3 have other copies; document 2 has none
+    write_fragment(journal, at[2], docs[2])
+    array_key = write_fragment(journal, at[3], docs[3])
+    write_fragment(journal, at[4], docs[4])
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    changes = rows(lake, "changes", "acmeco_customers")
+    assert sorted(r["id"] for r in changes) == [1, 3, 5]  # and the key column stays a number
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(object_key), uri(array_key)}
+    assert f"offset {at[1]}" in notes[uri(object_key)] and "key /id is a JSON object" in notes[uri(object_key)]
+    assert f"offset {at[3]}" in notes[uri(array_key)] and "key /id is a JSON array" in notes[uri(array_key)]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["reconciled"] is True
+    assert [g.split(": ", 1)[1].split(" are")[0] for g in metadata["gaps"]] == [
+        f"bytes {at[1]}..{at[2]}", f"bytes {at[3]}..{at[4]}"
+    ]
+    assert landing_complete_passed(instance, "acmeco_customers") is False
+
+
+def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeypatch):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs, at = journal_lines(range(1, 5))
+    write_fragment(journal, 0, docs[0])
+    packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+    bomb = b"".join(packer.compress(bytes(1 << 20)) for _ in range(256)) + packer.flush()  # 256 MiB of zeros
+    bombed = write_fragment(journal, at[1], docs[1], stored=bomb)
+    oversized = journal / "utc_date=2024-06-01" / "utc_hour=10" / f"{at[2]:016x}-{at[2] + 5000:016x}-{'cd' * 20}.gz"
+    oversized.write_bytes(gzip.compress(b"x" * 10))
+    write_fragment(journal, at[2] + 5000, docs[3])
+    monkeypatch.setattr(FlowJournalFormat, "max_fragment_bytes", 4096)  # a feed may lower the limit
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 4]
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(bombed), uri(oversized)}
+    assert f"content inflates to more than {len(docs[1])} bytes" in notes[uri(bombed)]
+    assert bombed.name in notes[uri(bombed)]
+    assert "declares 5000 bytes, more than the limit of 4096" in notes[uri(oversized)]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["reconciled"] is True and len(metadata["gaps"]) == 2  # the bytes only the two held
+
+
+def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_path):
+    from lake_assets.orchestration.definitions import build_definitions
+    from lake_assets.orchestration.resources import LakeResource
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs, at = journal_lines(range(1, 9))
+    write_fragment(journal, 0, docs[0])
+    strays = {}  # file -> what its quarantine reason must say
+    for n, (folder, cause) in enumerate(
+        [
+            ("utc_date=2024-06-01/utc_hour=25", "folder 'utc_date=2024-06-01/utc_hour=25' is not an hour folder"),
+            ("utc_date=2024-02-30/utc_hour=01", "folder 'utc_date=2024-02-30' is not a valid utc_date"),
+            ("utc_date=2024-06-01/utc_hour=7", "folder 'utc_date=2024-06-01/utc_hour=7' is not an hour folder"),
+            ("utc_date=2024-13-01/utc_hour=10", "folder 'utc_date=2024-13-01' is not a valid utc_date"),
+            ("utc_date=June-1/utc_hour=10", "folder 'utc_date=June-1' is not a valid utc_date"),
+            ("utc_date=2024-06-01", "directly in 'utc_date=2024-06-01', not inside one of its utc_hour=HH folders"),
+            ("", "directly in journal folder 'acmeCo/customers/pivot=00'"),
+        ],
+        start=1,
+    ):
+        name = f"{at[n]:016x}-{at[n + 1]:016x}-{hashlib.sha1(docs[n]).hexdigest()}.gz"
+        path = journal / folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(docs[n]))
+        strays[uri(path)] = cause
+    nested = journal / "utc_date=2024-06-01" / "utc_hour=10" / "retry" / "copy.gz"  # a folder inside an hour folder
+    nested.parent.mkdir()
+    nested.write_bytes(b"x")
+    strays[uri(nested)] = "inside 'retry', a folder within hour folder 'utc_date=2024-06-01/utc_hour=10'"
+    notes_file = landing / "acmeCo" / "customers" / "README"
+    notes_file.write_text("not a journal")
+    strays[uri(notes_file)] = "'acmeCo/customers/README' is neither a logical partition"
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+
+    defs = build_definitions(config)  # one bad folder name must not stop every feed of the config
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    assert [r["id"] for r in rows(lake, "changes", "acmeco_customers")] == [1]
+    notes = quarantine_notes(lake)
+    assert set(notes) == set(strays)
+    for file, cause in strays.items():
+        assert cause in notes[file], notes[file]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["files_quarantined"] == len(strays) and metadata["reconciled"] is True
+    assert landing_complete_passed(instance, "acmeco_customers") is False
+
+    sensor = defs.resolve_sensor_def("flow_landing_sensor")
+    with dg.build_sensor_context(resources={"lake": LakeResource(root=config.lake)}, definitions=defs) as context:
+        tick = sensor(context)
+    requested = [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests]
+    assert requested == [("2024-06-01-10", "2024-06-01-10")]
+
+
+def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
+    from lake_assets.storage import Storage
+
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    good = write_fragment(journal, 0, doc_line(1))
+    bad = []
+    for folder in ("utc_date=2024-02-30/utc_hour=01", "utc_date=2024-06-01/utc_hour=25"):
+        path = journal / folder / good.name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(good.read_bytes())
+        bad.append(path)
+    fmt, storage = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),)), Storage()
+    assert fmt.partition_keys(storage, f"file://{landing}", "acmeco_customers") == ["2024-06-01-10"]
+    assert [fmt.landing_span(storage, uri(p)) for p in bad] == [None, None]
+    assert fmt.landing_span(storage, uri(good)) == (1717236000000, 1717239599999)
+    strays = fmt.stray_files(storage, f"file://{landing}", "acmeco_customers")
+    assert sorted(entry.uri for entry, _ in strays) == sorted(uri(p) for p in bad)
 
 
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):

@@ -8,7 +8,9 @@ import hashlib
 import json
 import pickle
 import random
+import tracemalloc
 import uuid as uuidlib
+import zlib
 
 import cramjam
 import pytest
@@ -210,13 +212,19 @@ def test_cover_mixed_shapes():
     assert gaps == [Gap("j", 90, 95)]
 
 
+def random_fragments(rng: random.Random) -> list[Fragment]:
+    """1 to 12 fragments of up to 60 bytes (some empty) beginning anywhere in the first 200."""
+    fragments = []
+    for i in range(rng.randint(1, 12)):
+        begin = rng.randint(0, 200)
+        fragments.append(frag(begin, begin + rng.randint(0, 60), f"f{i:02d}"))
+    return fragments
+
+
 def test_cover_every_byte_once_randomised():
     rng = random.Random(20240501)
     for _ in range(300):
-        fragments = []
-        for i in range(rng.randint(1, 12)):
-            begin = rng.randint(0, 200)
-            fragments.append(frag(begin, begin + rng.randint(0, 60), f"f{i:02d}"))
+        fragments = random_fragments(rng)
         pieces, gaps = cover(fragments)
         wanted = set()
         for f in fragments:
@@ -249,6 +257,60 @@ def test_cover_of_nothing_and_of_two_journals():
         cover([frag(0, 1, journal="x"), frag(0, 1, journal="y")])
 
 
+def test_cover_falls_back_past_failed_fragments():
+    whole, first, second = frag(0, 100, "whole"), frag(0, 60, "first"), frag(40, 100, "second")
+    pieces, gaps = cover([whole, first, second], failed={"whole"})
+    assert spans(pieces) == [(0, 60, "first", 0), (60, 100, "second", 20)] and gaps == []
+    pieces, gaps = cover([whole, first, second], failed={"whole", "first"})
+    assert spans(pieces) == [(40, 100, "second", 0)]
+    assert gaps == [Gap("j", 0, 40, failed=("first", "whole"))]
+
+
+def test_cover_reports_what_only_failed_fragments_hold_as_gaps():
+    garbage = frag(0, 1_000_000, "garbage")  # a name claiming far more than the journal holds
+    fragments = [garbage, frag(0, 50, "a"), frag(50, 80, "b"), frag(90, 95, "c"), frag(120, 130, "bad-d")]
+    pieces, gaps = cover(fragments, failed={"garbage", "bad-d"})
+    assert spans(pieces) == [(0, 50, "a", 0), (50, 80, "b", 0), (90, 95, "c", 0)]
+    assert gaps == [
+        Gap("j", 80, 90, failed=("garbage",)),
+        Gap("j", 95, 120, failed=("garbage",)),
+        Gap("j", 120, 130, failed=("bad-d", "garbage")),
+        Gap("j", 130, 1_000_000, failed=("garbage",)),
+    ]
+    assert "garbage" in gaps[0].description and "80..90" in gaps[0].description
+    nothing_holds = cover([frag(0, 10, "x"), frag(20, 30, "y")], failed={"x"})[1]
+    assert nothing_holds == [Gap("j", 0, 10, failed=("x",)), Gap("j", 10, 20)]
+    assert "in no fragment" in nothing_holds[1].description
+    assert cover([frag(0, 10, "x")], failed={"x"}) == ([], [Gap("j", 0, 10, failed=("x",))])
+
+
+def test_cover_with_failed_fragments_randomised():
+    rng = random.Random(20260511)
+    for _ in range(300):
+        fragments = random_fragments(rng)
+        failed = {f.uri for f in fragments if rng.random() < 0.3}
+        pieces, gaps = cover(fragments, failed=failed)
+        good, lost = set(), set()
+        for f in fragments:
+            (lost if f.uri in failed else good).update(range(f.name.begin, f.name.end))
+        read: list[int] = []
+        for p in pieces:
+            assert p.fragment.uri not in failed
+            read.extend(range(p.start, p.fragment.name.end))
+        assert len(read) == len(set(read)) and set(read) == good
+        for g in gaps:
+            held_by = {
+                f.uri for f in fragments if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
+            }
+            assert set(g.failed) == held_by
+            assert all(f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed)
+        holes = {b for g in gaps for b in range(g.begin, g.end)}
+        assert not holes & good and lost - good <= holes
+        everything = good | lost
+        if everything:
+            assert holes | good == set(range(min(everything), max(everything) + 1))
+
+
 # ---------------------------------------------------------------------------------------------
 # codecs, checksums, lines
 
@@ -270,7 +332,7 @@ def encodings(content: bytes) -> dict[str, list[bytes]]:
 def test_codecs_round_trip(codec):
     name = parse_fragment_name(name_of(1000, 1000 + len(CONTENT), CONTENT))
     for stored in encodings(CONTENT)[codec]:
-        inflated = inflate(stored, codec, "u")
+        inflated = inflate(stored, codec, "u", limit=len(CONTENT))
         assert inflated == CONTENT
         verify(inflated, name, "u")
         got = list(lines(inflated, 0, name.begin, "u"))
@@ -280,19 +342,73 @@ def test_codecs_round_trip(codec):
 
 def test_gzip_multi_member_reads_every_member():
     stored = gzip.compress(b"a\n") + gzip.compress(b"b\n") + gzip.compress(b"c\n")
-    assert inflate(stored, "gzip", "u") == b"a\nb\nc\n"
+    assert inflate(stored, "gzip", "u", limit=6) == b"a\nb\nc\n"
+
+
+def bomb(codec: str, size: int = 128 << 20) -> bytes:
+    """`size` zero bytes compressed with `codec`, a chunk at a time (never whole in memory)."""
+    chunk = bytes(1 << 20)
+    if codec in ("gzip", "gzip_offload"):
+        packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+        return b"".join(packer.compress(chunk) for _ in range(size // len(chunk))) + packer.flush()
+    packer = (cramjam.zstd if codec == "zstd" else cramjam.snappy).Compressor()
+    for _ in range(size // len(chunk)):
+        packer.compress(chunk)
+    return bytes(packer.finish())
+
+
+@pytest.mark.parametrize(
+    "codec, ext", [("gzip", ".gz"), ("zstd", ".zst"), ("snappy", ".sz"), ("gzip_offload", ".gzod")]
+)
+def test_a_compression_bomb_stops_at_the_length_its_name_declares(codec, ext):
+    content = line(P, 16, OUTSIDE_TXN, id=1)
+    uri = "s3://b/j/" + name_of(0, len(content), content, ext)
+    stored = {uri: bomb(codec)}
+    tracemalloc.start()
+    try:
+        with pytest.raises(FragmentError) as info:
+            ff.read_piece(CoverPiece(ff.fragment_from_uri(uri), 0), stored.__getitem__)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.uri == uri and info.value.offset == 0
+    assert f"content inflates to more than {len(content)} bytes" in str(info.value)
+    assert peak < 4 << 20, f"inflating used {peak} bytes"
+
+
+def test_inflate_is_bounded_across_gzip_members():
+    stored = gzip.compress(b"a" * 60 + b"\n") + gzip.compress(b"b" * 60 + b"\n")
+    assert inflate(stored, "gzip", "u", limit=122) == b"a" * 60 + b"\n" + b"b" * 60 + b"\n"
+    with pytest.raises(FragmentError, match="inflates to more than 121 bytes"):
+        inflate(stored, "gzip", "u", limit=121)
+    padded = stored + bytes(7)  # zero padding after the last member, as gzip allows
+    assert inflate(padded, "gzip", "u", limit=122) == inflate(stored, "gzip", "u", limit=122)
+
+
+def test_a_name_declaring_more_than_the_inflate_limit_is_refused_unread():
+    huge = "s3://b/j/" + name_of(0, ff.MAX_FRAGMENT_BYTES + 1, ext=".gz")
+    fetched: list[str] = []
+    with pytest.raises(FragmentError, match=f"declares {ff.MAX_FRAGMENT_BYTES + 1} bytes, more than the limit"):
+        ff.read_piece(CoverPiece(ff.fragment_from_uri(huge), 0), lambda u: fetched.append(u) or b"")
+    assert fetched == []
+    content = line(P, 16, OUTSIDE_TXN, id=1)
+    uri = "s3://b/j/" + name_of(0, len(content), content, ".gz")
+    piece, stored = CoverPiece(ff.fragment_from_uri(uri), 0), {uri: gzip.compress(content)}
+    assert ids(ff.read_piece(piece, stored.__getitem__, max_bytes=len(content))) == [1]
+    with pytest.raises(FragmentError, match="more than the limit"):
+        ff.read_piece(piece, stored.__getitem__, max_bytes=len(content) - 1)
 
 
 def test_snappy_is_the_framing_format():
     with pytest.raises(FragmentError, match=r"snappy: "):
-        inflate(bytes(cramjam.snappy.compress_raw(CONTENT)), "snappy", "s3://b/x.sz")
+        inflate(bytes(cramjam.snappy.compress_raw(CONTENT)), "snappy", "s3://b/x.sz", limit=len(CONTENT))
 
 
 @pytest.mark.parametrize("codec", ["gzip", "zstd", "snappy", "gzip_offload"])
 def test_truncated_content_refused(codec):
     stored = encodings(CONTENT)[codec][0]
     with pytest.raises(FragmentError) as info:
-        inflate(stored[: len(stored) - 7], codec, "s3://b/j/f", begin=4096)
+        inflate(stored[: len(stored) - 7], codec, "s3://b/j/f", begin=4096, limit=len(CONTENT))
     err = info.value
     assert (err.uri, err.offset) == ("s3://b/j/f", 4096)
     assert f"({codec}: " in str(err) and "s3://b/j/f" in str(err) and "4096" in str(err)
@@ -487,8 +603,8 @@ def test_read_journal_end_to_end():
     ]
     assert pieces[1].skip == offsets[4] - offsets[2]
 
-    result = read_journal(pieces, fetch)
-    assert len(fetched) == 5
+    result = read_journal(fragments, fetch)
+    assert len(fetched) == 5  # the damaged fragments have no stand-in: nothing else is fetched
     assert ids(result.committed) == [1, 2, 3, 4, 7]
     assert [d.offset for d in result.committed] == [offsets[i] for i in (0, 1, 2, 4, 10)]
     assert ids(result.pending) == [8]
@@ -500,6 +616,11 @@ def test_read_journal_end_to_end():
     assert "SHA-1 mismatch" in str(checksum) and checksum.uri in str(checksum)
     assert not_json.uri == pieces[4].fragment.uri and not_json.offset == offsets[14]
     assert "not JSON" in str(not_json) and str(offsets[14]) in str(not_json)
+    journal_uri = "s3://bkt/acme/orders/pivot=00"
+    assert result.gaps == [
+        Gap(journal_uri, offsets[8], offsets[10], failed=(checksum.uri,)),
+        Gap(journal_uri, offsets[13], offsets[15], failed=(not_json.uri,)),
+    ]
 
 
 def test_read_journal_sets_aside_truncated_and_uuid_less_fragments():
@@ -513,10 +634,39 @@ def test_read_journal_sets_aside_truncated_and_uuid_less_fragments():
         "s3://b/j/" + name_of(o1, o2, b, ".raw"): b,
         "s3://b/j/" + name_of(o2, o3, c, ".raw"): c,
     }
-    pieces, _ = cover([ff.fragment_from_uri(u) for u in stored])
-    result = read_journal(pieces, stored.__getitem__)
+    result = read_journal([ff.fragment_from_uri(u) for u in stored], stored.__getitem__)
     assert result.committed == [] and result.pending == []
     truncated, missing, invalid = result.bad
     assert truncated.offset == 0 and "(gzip: " in truncated.reason
     assert missing.offset == o1 and "_meta.uuid" in missing.reason
     assert invalid.offset == o2 and "not a version-1 UUID" in invalid.reason
+
+
+def test_read_journal_falls_back_to_fragments_holding_the_same_bytes():
+    journal = [line(P, 16 * i, OUTSIDE_TXN, id=i) for i in range(1, 7)]
+    at = [sum(len(t) for t in journal[:i]) for i in range(len(journal) + 1)]
+    stored: dict[str, bytes] = {}
+
+    def put(first: int, last: int, ext: str, encode, sum_of: bytes | None = None) -> str:
+        content = b"".join(journal[first:last])
+        uri = "s3://b/j/" + name_of(at[first], at[last], sum_of or content, ext)
+        stored[uri] = encode(content)
+        return uri
+
+    whole = put(0, 6, ".raw", bytes, sum_of=b"other bytes")  # picked first: it reaches furthest
+    put(0, 3, ".raw", bytes)
+    second_half = put(3, 6, ".gz", lambda c: gzip.compress(c)[:-9])  # the stand-in fails too
+    put(3, 5, ".zst", lambda c: bytes(cramjam.zstd.compress(c)))
+    put(4, 6, ".raw", bytes)
+    fetched: list[str] = []
+
+    def fetch(uri: str) -> bytes:
+        fetched.append(uri)
+        return stored[uri]
+
+    result = read_journal([ff.fragment_from_uri(u) for u in stored], fetch)
+    assert ids(result.committed) == [1, 2, 3, 4, 5, 6] and result.gaps == []
+    assert [e.uri for e in result.bad] == [whole, second_half]
+    assert "SHA-1 mismatch" in result.bad[0].reason and "(gzip: " in result.bad[1].reason
+    assert sorted(fetched) == sorted(stored)  # each fragment fetched once
+    assert result.counts["bad_fragments"] == 2 and result.counts["pieces"] == 3

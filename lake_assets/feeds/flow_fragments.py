@@ -8,6 +8,11 @@ Pure Python: no Spark, no Dagster. Facts (seeds/estuary-flow-journals.txt, FORMA
 - Fragments of one journal may overlap; a reader picks a cover (lowest offset first, then always
   the covering fragment reaching furthest) and skips the bytes it has already read. A gap in the
   offsets is a real gap: it is reported, never papered over.
+- A fragment that cannot be used (corrupt, wrong checksum, a bad document) is set aside and the
+  journal is covered again without it, so other fragments holding the same bytes take over; bytes
+  that only failed fragments hold are gaps too (a name is a claim, and a claim is not data).
+- Content is inflated only up to the length its name declares (`MAX_FRAGMENT_BYTES` at most), so
+  a compression bomb is refused, never inflated.
 - Content is newline-delimited JSON; fragments hold whole documents.
 - `_meta.uuid` is a v1 UUID carrying the producer's clock, the transaction flags and the producer
   id. Continued transactions count only once acknowledged; see `Sequencer`.
@@ -30,7 +35,7 @@ import re
 import uuid as uuidlib
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator
 
 import cramjam
 
@@ -48,6 +53,7 @@ __all__ = [
     "FragmentName",
     "Gap",
     "JournalRead",
+    "MAX_FRAGMENT_BYTES",
     "Sequencer",
     "by_journal",
     "cover",
@@ -58,6 +64,7 @@ __all__ = [
     "parse_fragment_name",
     "parse_uuid",
     "read_journal",
+    "read_piece",
     "verify",
 ]
 
@@ -202,30 +209,45 @@ class CoverPiece:
 
 @dataclass(frozen=True)
 class Gap:
+    """Journal bytes `[begin, end)` that no usable fragment holds: in no fragment at all, or only in
+    the `failed` fragments (uris), which were set aside."""
+
     journal: str
     begin: int
     end: int
+    failed: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        where = f"{self.journal}: bytes {self.begin}..{self.end}"
+        if not self.failed:
+            return f"{where} are in no fragment"
+        names = ", ".join(uri.rsplit("/", 1)[-1] for uri in self.failed)
+        return f"{where} are only in fragment(s) that cannot be used (quarantined): {names}"
 
 
-def cover(fragments: list[Fragment]) -> tuple[list[CoverPiece], list[Gap]]:
+def cover(fragments: list[Fragment], failed: Collection[str] = ()) -> tuple[list[CoverPiece], list[Gap]]:
     """The pieces that read every byte of one journal exactly once, and the gaps between them.
 
     From the lowest begin, repeatedly take the fragment covering the current offset with the greatest
-    end (ties: smallest uri), skip what was already read, and continue from its end. Where nothing
-    covers the offset but a later fragment begins, the range up to that begin is a `Gap`.
+    end (ties: smallest uri), skip what was already read, and continue from its end. Fragments whose
+    uri is in `failed` are not used: the others holding their bytes take over. Bytes that no usable
+    fragment holds, between fragments or claimed only by failed ones, are `Gap`s.
     Empty fragments are ignored; identical ranges give one piece."""
     journals = {f.journal for f in fragments}
     if len(journals) > 1:
         raise ValueError(f"cover takes the fragments of one journal; got {sorted(journals)}")
-    usable = sorted(
-        (f for f in fragments if f.name.end > f.name.begin),
-        key=lambda f: (f.name.begin, f.name.end, f.uri),
-    )
+    held = [f for f in fragments if f.name.end > f.name.begin]
+    usable = sorted((f for f in held if f.uri not in failed), key=lambda f: (f.name.begin, f.name.end, f.uri))
+    pieces = _greedy_cover(usable)
+    return pieces, _gaps(pieces, held, failed)
+
+
+def _greedy_cover(usable: list[Fragment]) -> list[CoverPiece]:
+    """`cover`'s pieces over fragments sorted by (begin, end, uri)."""
     pieces: list[CoverPiece] = []
-    gaps: list[Gap] = []
     if not usable:
-        return pieces, gaps
-    journal = usable[0].journal
+        return pieces
     offset = usable[0].name.begin
     best: Fragment | None = None  # of the fragments beginning at or before offset: greatest end, smallest uri
     i = 0
@@ -239,44 +261,106 @@ def cover(fragments: list[Fragment]) -> tuple[list[CoverPiece], list[Gap]]:
             pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin))
             offset = best.name.end
         elif i < len(usable):
-            gaps.append(Gap(journal=journal, begin=offset, end=usable[i].name.begin))
-            offset = usable[i].name.begin
+            offset = usable[i].name.begin  # nothing holds the bytes up to there: a gap
         else:
-            return pieces, gaps
+            return pieces
+
+
+def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str]) -> list[Gap]:
+    """Every stretch from the first to the last byte any fragment claims that `pieces` do not read,
+    labelled with the failed fragments claiming it; adjacent stretches with one label are one gap."""
+    if not held:
+        return []
+    journal = held[0].journal
+    lost = [f for f in held if f.uri in failed]
+    cuts = sorted({f.name.begin for f in held} | {f.name.end for f in held} | {p.start for p in pieces}
+                  | {p.end for p in pieces})
+    gaps: list[Gap] = []
+    read = iter(pieces)
+    piece = next(read, None)
+    for begin, end in zip(cuts, cuts[1:]):
+        while piece is not None and piece.end <= begin:
+            piece = next(read, None)
+        if piece is not None and piece.start <= begin:
+            continue  # the cut points include every piece's ends: a stretch is read whole or not at all
+        claimed = tuple(sorted(f.uri for f in lost if f.name.begin <= begin and end <= f.name.end))
+        if gaps and gaps[-1].end == begin and gaps[-1].failed == claimed:
+            gaps[-1] = Gap(journal, gaps[-1].begin, end, claimed)
+        else:
+            gaps.append(Gap(journal, begin, end, claimed))
+    return gaps
 
 
 # --------------------------------------------------------------------------------------------
 # Content: codecs, checksums, lines
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: The most bytes a fragment's content may hold: a fragment whose name declares more is refused
+#: unread. Inflating stops one byte past the declared length, so a compression bomb (a small file
+#: inflating to gigabytes) costs no more memory than its name's claim, and never more than this.
+#: Far above the lengths journals are configured to roll fragments at; a caller may pass another.
+MAX_FRAGMENT_BYTES = 1 << 30
+#: the error cramjam reports when the output buffer cannot take the rest of the content
+_BUFFER_FULL = "failed to write whole buffer"
 
 
-def _gunzip(data: bytes, uri: str, codec: str, begin: int | None) -> bytes:
+def _over(uri: str, limit: int, begin: int | None) -> FragmentError:
+    return FragmentError(uri, f"content inflates to more than {limit} bytes (inflating stopped there)", begin)
+
+
+def _gunzip(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytes:
+    """Every member of a gzip stream (trailing zero padding allowed, as `gzip` allows), inflating at
+    most `limit` + 1 bytes."""
+    members: list[bytes] = []
+    size = 0
+    rest = data
     try:
-        return gzip.decompress(data)  # reads every member of a multi-member stream
-    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        while rest:
+            member = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            members.append(member.decompress(rest, limit + 1 - size))
+            size += len(members[-1])
+            if size > limit:
+                raise _over(uri, limit, begin)
+            if not member.eof:
+                raise EOFError("compressed data ended before the end-of-stream marker was reached")
+            rest = member.unused_data.lstrip(b"\0")
+    except (EOFError, zlib.error) as e:
         raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
+    return members[0] if len(members) == 1 else b"".join(members)  # one member: no copy
 
 
-def inflate(data: bytes, codec: str, uri: str, *, begin: int | None = None) -> bytes:
-    """The uncompressed content of a fragment's stored bytes. `begin` (optional, the fragment's begin
-    offset) is only used to place errors in the journal."""
-    data = bytes(data)
+def _unpack_framed(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytearray:
+    """zstd or framed snappy into a buffer of `limit` + 1 bytes: cramjam refuses to write past it."""
+    if not data:
+        return bytearray()
+    module = cramjam.zstd if codec == "zstd" else cramjam.snappy  # snappy: the framing format
+    out = bytearray(limit + 1)
+    try:
+        size = module.decompress_into(data, out)
+    except Exception as e:  # cramjam.DecompressionError, and anything else the codec reports
+        if _BUFFER_FULL in str(e):
+            raise _over(uri, limit, begin) from e
+        raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
+    if size > limit:
+        raise _over(uri, limit, begin)
+    del out[size:]
+    return out
+
+
+def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None = None) -> bytes | bytearray:
+    """The uncompressed content of a fragment's stored bytes, refused (FragmentError) when it would
+    exceed `limit` bytes (zstd and snappy inflate into a buffer of that size: give the length
+    expected, not a generous bound). `begin` (optional, the fragment's begin offset) is only used to
+    place errors in the journal."""
     if codec == "raw":
-        return data
+        return bytes(data)
     if codec == "gzip":
-        return _gunzip(data, uri, codec, begin)
+        return _gunzip(data, uri, codec, begin, limit)
     if codec == "gzip_offload":
         # Stored with Content-Encoding: gzip; an HTTP client may already have inflated it.
-        return _gunzip(data, uri, codec, begin) if data[:2] == _GZIP_MAGIC else data
+        return _gunzip(data, uri, codec, begin, limit) if data[:2] == _GZIP_MAGIC else bytes(data)
     if codec in ("zstd", "snappy"):
-        if not data:
-            return b""
-        module = cramjam.zstd if codec == "zstd" else cramjam.snappy  # snappy: the framing format
-        try:
-            return bytes(module.decompress(data))
-        except Exception as e:  # cramjam.DecompressionError, and anything else the codec reports
-            raise FragmentError(uri, f"cannot inflate content ({codec}: {e})", begin) from e
+        return _unpack_framed(data, uri, codec, begin, limit)
     raise FragmentError(uri, f"unknown codec {codec!r}; known: {list(CODECS)}", begin)
 
 
@@ -478,13 +562,19 @@ class JournalRead:
     pending: list[Doc]
     bad: list[FragmentError]
     counts: dict[str, int]
+    gaps: list[Gap] = field(default_factory=list)
 
 
-def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes]) -> list[Doc]:
-    """The documents of one cover piece: inflated, verified, split and parsed (FragmentError if not)."""
+def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES) -> list[Doc]:
+    """The documents of one cover piece: inflated (at most its declared length, which may not exceed
+    `max_bytes`), verified, split and parsed (FragmentError if not)."""
     fragment = piece.fragment
     name = fragment.name
-    content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin)
+    if name.length > max_bytes:
+        raise FragmentError(
+            fragment.uri, f"its name declares {name.length} bytes, more than the limit of {max_bytes}", name.begin
+        )
+    content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
     return [
         parse_document(line, offset, fragment.uri)
@@ -492,27 +582,35 @@ def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes]) -> list[Doc]:
     ]
 
 
-def read_journal(pieces: list[CoverPiece], fetch: Callable[[str], bytes]) -> JournalRead:
-    """Read a journal's cover in order and sequence its transactions.
+def read_journal(fragments: list[Fragment], fetch: Callable[[str], bytes]) -> JournalRead:
+    """Read one journal's fragments: cover them, read the cover in order and sequence its transactions.
 
     `fetch(uri)` returns a fragment's stored bytes; its own errors (missing object, network) are not
     fragment errors and propagate. A fragment that fails inflate, verify, line splitting or document
-    parsing is set aside whole (none of its documents are used) and listed in `bad`."""
+    parsing is set aside whole (listed in `bad`) and the journal is covered again without it, until
+    every piece of the cover reads; bytes no good fragment holds are `gaps`."""
+    failed: dict[str, FragmentError] = {}
+    read: dict[CoverPiece, list[Doc]] = {}
+    while True:
+        pieces, gaps = cover(fragments, failed)
+        for piece in pieces:
+            if piece not in read and piece.fragment.uri not in failed:
+                try:
+                    read[piece] = read_piece(piece, fetch)
+                except FragmentError as e:
+                    failed[piece.fragment.uri] = e
+        if all(piece in read for piece in pieces):
+            break
     sequencer = Sequencer()
     committed: list[Doc] = []
-    bad: list[FragmentError] = []
-    counts = {"pieces": 0, "bad_fragments": 0, "bytes": 0}
     for piece in pieces:
-        counts["pieces"] += 1
-        try:
-            docs = read_piece(piece, fetch)
-        except FragmentError as e:
-            bad.append(e)
-            counts["bad_fragments"] += 1
-            continue
-        counts["bytes"] += piece.end - piece.start
-        for doc in docs:
+        for doc in read[piece]:
             committed.extend(sequencer.feed(doc))
     pending = sequencer.finish()
-    counts.update(sequencer.counts)
-    return JournalRead(committed=committed, pending=pending, bad=bad, counts=counts)
+    counts = {
+        "pieces": len(pieces),
+        "bad_fragments": len(failed),
+        "bytes": sum(piece.end - piece.start for piece in pieces),
+        **sequencer.counts,
+    }
+    return JournalRead(committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps)

@@ -16,6 +16,13 @@ committed in that hour belong to its own run. Should a late fragment make a docu
 two hours' runs, the copies are the same event (same key, clock and content) and the merge
 engine keeps one.
 
+A fragment that cannot be used (it does not inflate, its checksum is wrong, a document in it is
+not data: no key, a key that is an object or array, an unknown op) is quarantined whole, and its
+journal is read again without it: other fragments holding the same bytes take over (see
+`flow_fragments.cover`), and bytes that no good fragment holds are reported as gaps, which fail
+`landing_complete`. Files outside valid `utc_date=`/`utc_hour=` folders belong to no hour: they
+are strays, quarantined with their reason.
+
 Documents map onto the change model: `_meta.op` c/u/d is insert/update/delete, the UUID clock
 is both the version time and the sequence, delete documents carry only the key. Top-level fields
 become columns; objects and arrays are kept as JSON text, so a nested field that drifts never
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import re
 
@@ -42,22 +50,57 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
-_DATE = re.compile(r"^utc_date=(\d{4}-\d{2}-\d{2})$")
-_HOUR = re.compile(r"^utc_hour=(\d{2})$")
-_HOUR_IN_PATH = re.compile(r"/utc_date=(\d{4}-\d{2}-\d{2})/utc_hour=(\d{2})/")
+_DATE = re.compile(r"utc_date=(\d{4}-\d{2}-\d{2})")
+_HOUR = re.compile(r"utc_hour=(\d{2})")
 
 # What each journal's task returns: documents, fragments set aside, and the task's counts.
 _OUT = pa.schema([
-    ("kind", pa.string()), ("hour", pa.string()), ("uri", pa.string()), ("offset", pa.int64()),
-    ("body", pa.string()), ("reason", pa.string()),
+    ("journal", pa.string()), ("kind", pa.string()), ("hour", pa.string()), ("uri", pa.string()),
+    ("offset", pa.int64()), ("body", pa.string()), ("reason", pa.string()),
 ])
-_OUT_DDL = "kind string, hour string, uri string, offset long, body string, reason string"
+_OUT_DDL = "journal string, kind string, hour string, uri string, offset long, body string, reason string"
+_PLAN_DDL = "journal string, uri string, skip long, order long, hour string"
 
 
 @dataclasses.dataclass(frozen=True)
 class Journal:
     uri: str
     name: str  # relative to the landing prefix, e.g. acmeCo/orders/category=Anvils/pivot=00
+
+
+def folder_date(name: str) -> dt.date | None:
+    """The date a `utc_date=YYYY-MM-DD` folder names, or None when none (`utc_date=2026-02-30`)."""
+    match = _DATE.fullmatch(name)
+    try:
+        return dt.date.fromisoformat(match.group(1)) if match else None
+    except ValueError:
+        return None
+
+
+def folder_hour(date: dt.date, name: str) -> dt.datetime | None:
+    """The hour a `utc_hour=HH` folder names in the folder of `date`, or None (`utc_hour=25`, `utc_hour=7`)."""
+    match = _HOUR.fullmatch(name)
+    if not match or int(match.group(1)) > 23:
+        return None
+    return dt.datetime(date.year, date.month, date.day, int(match.group(1)))
+
+
+def stray_reason(journal: str, folders: list[str]) -> str | None:
+    """Why a file in `folders` (its path below the folder of `journal`) belongs to no hour, or None
+    when it is directly in a valid `utc_date=`/`utc_hour=` folder, where a run reads it."""
+    if not folders:
+        return f"the file is directly in journal folder '{journal}', not inside a utc_date=/utc_hour= folder"
+    date = folder_date(folders[0])
+    if date is None:
+        return f"folder '{folders[0]}' is not a valid utc_date=YYYY-MM-DD folder: the file is in no hour"
+    if len(folders) == 1:
+        return f"the file is directly in '{folders[0]}', not inside one of its utc_hour=HH folders"
+    if folder_hour(date, folders[1]) is None:
+        return f"folder '{folders[0]}/{folders[1]}' is not an hour folder (utc_hour=00..23): the file is in no hour"
+    if len(folders) > 2:
+        return (f"the file is inside '{'/'.join(folders[2:])}', a folder within hour folder "
+                f"'{folders[0]}/{folders[1]}'; only files directly in an hour folder are read")
+    return None
 
 
 def key_column(pointer: str) -> str:
@@ -98,47 +141,89 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     return json.dumps(row, separators=(",", ":"))
 
 
-def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str]):
+def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
+    """FragmentError (naming the document's offset) unless the document is data the change model
+    can take: a known op and every key pointer resolving to a scalar (string, number, boolean)."""
+    op = doc.doc["_meta"].get("op")
+    if op is not None and op not in _OPS:
+        raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {op!r}", doc.offset)
+    values = {pointer: _resolve(doc.doc, pointer) for pointer in key}
+    missing = [pointer for pointer, value in values.items() if value is None]
+    if missing:
+        raise ff.FragmentError(doc.uri, f"document has no key {missing}", doc.offset)
+    for pointer, value in values.items():
+        if isinstance(value, (dict, list)):
+            kind = "object" if isinstance(value, dict) else "array"
+            raise ff.FragmentError(
+                doc.uri, f"document key {pointer} is a JSON {kind}, not a string, number or boolean", doc.offset
+            )
+
+
+def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES):
     """The per-journal function Spark runs (`applyInArrow`): the cover pieces of one journal,
-    with their bytes, in; committed documents, bad fragments and counts out."""
+    with their bytes, in; committed documents, bad fragments and counts out.
+
+    Once a piece fails, the journal's documents are not emitted (the driver reads the journal
+    again on a new cover), but the remaining pieces are still checked, so that one pass finds
+    every bad fragment of the cover."""
 
     def run(table: pa.Table) -> pa.Table:
         rows = table.sort_by("order").to_pylist()
         content = {r["uri"]: r["content"] for r in rows}
+        journal = rows[0]["journal"] if rows else None
         sequencer = ff.Sequencer()
         out = {name: [] for name in _OUT.names}
+        broken = False
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
-            for name, value in zip(_OUT.names, (kind, hour, uri, offset, body, reason)):
+            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason)):
                 out[name].append(value)
 
         for r in rows:
             fragment = ff.Fragment(uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1]))
             piece = ff.CoverPiece(fragment=fragment, skip=r["skip"])
             try:
-                docs = ff.read_piece(piece, content.__getitem__)
+                docs = ff.read_piece(piece, content.__getitem__, max_bytes)
                 for doc in docs:
-                    if doc.is_ack:
-                        continue
-                    op = doc.doc["_meta"].get("op")
-                    if op is not None and op not in _OPS:
-                        raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {op!r}", doc.offset)
-                    missing = [p for p in key if _resolve(doc.doc, p) is None]
-                    if missing:
-                        raise ff.FragmentError(doc.uri, f"document has no key {missing}", doc.offset)
+                    if not doc.is_ack:
+                        vet_document(doc, key)
             except ff.FragmentError as error:
                 emit("bad", r["hour"], error.uri, error.offset, None, str(error))
+                broken = True
+                continue
+            if broken:
                 continue
             for doc in docs:
                 for committed in sequencer.feed(doc):
                     # a document belongs to the hour of the record that committed it
                     if r["hour"] in wanted_hours:
                         emit("doc", r["hour"], committed.uri, committed.offset, document_row(committed, key, r["hour"]))
-        sequencer.finish()
-        emit("counts", None, rows[0]["journal"] if rows else None, None, json.dumps(sequencer.counts))
+        if not broken:
+            sequencer.finish()
+            emit("counts", None, body=json.dumps(sequencer.counts))
         return pa.table(out, schema=_OUT)
 
     return run
+
+
+@dataclasses.dataclass
+class _JournalFragments:
+    """The fragments of one journal that a run lists, and what reading them has found so far."""
+
+    name: str
+    fragments: list[ff.Fragment]
+    hour_of: dict[str, str]  # fragment uri -> the hour folder it was listed in
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # fragment uri -> why it cannot be used
+
+    def cover(self) -> tuple[list[ff.CoverPiece], list[ff.Gap]]:
+        return ff.cover(self.fragments, self.failed)
+
+    def plan(self) -> list[tuple]:
+        """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order."""
+        return [
+            (self.name, p.fragment.uri, p.skip, order, self.hour_of[p.fragment.uri])
+            for order, p in enumerate(self.cover()[0])
+        ]
 
 
 class FlowJournalFormat(FeedFormat):
@@ -146,6 +231,9 @@ class FlowJournalFormat(FeedFormat):
     partition_column = "hour"
     partitioning = "hourly"
     file_format = "flow"
+
+    #: the most bytes one fragment's content may hold (see `flow_fragments.MAX_FRAGMENT_BYTES`)
+    max_fragment_bytes: int = ff.MAX_FRAGMENT_BYTES
 
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
@@ -174,37 +262,61 @@ class FlowJournalFormat(FeedFormat):
     # --- listing --------------------------------------------------------------------------------
     def journals(self, storage: Storage, landing: str, table: str) -> list[Journal]:
         """Every `pivot=` folder under the collection, through the selected logical partitions."""
+        return self._collection_folders(storage, landing, table)[0]
+
+    def _collection_folders(
+        self, storage: Storage, landing: str, table: str
+    ) -> tuple[list[Journal], list[tuple[Entry, str]]]:
+        """The journals (see `journals`) and the entries met on the way that are neither a logical
+        partition folder nor a journal folder, each with its path below the landing."""
         collection = self.collection(table)
         name = collection.name
         root = "/".join([landing.rstrip("/"), *[safe_segment(p, "collection") for p in name.split("/")]])
         found: list[Journal] = []
+        misfits: list[tuple[Entry, str]] = []
 
         def descend(uri: str, relative: str) -> None:
             for entry in storage.list(uri):
-                if not entry.is_dir or "=" not in entry.name or entry.name.startswith(("utc_date=", "utc_hour=")):
-                    continue
                 child = f"{relative}/{entry.name}"
-                if entry.name.startswith("pivot="):
+                if not entry.is_dir or "=" not in entry.name or entry.name.startswith(("utc_date=", "utc_hour=")):
+                    misfits.append((entry, child))
+                elif entry.name.startswith("pivot="):
                     found.append(Journal(uri=entry.uri, name=child))
                 elif collection.wants(*entry.name.split("=", 1)):  # unselected partitions: never listed
                     descend(entry.uri, child)
 
         descend(root, name)
-        return found
+        return found, misfits
+
+    def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
+        """Every file under the collection's selected partitions that no hour reads, with the reason.
+        One walk of every journal: a run's cost, not a sensor tick's."""
+        journals, misfits = self._collection_folders(storage, landing, table)
+        strays = []
+        for entry, where in misfits:
+            reason = (f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
+                      "so the file is in no journal")
+            strays += [(file, reason) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])]
+        for journal in journals:
+            for entry in storage.walk_files(journal.uri):
+                reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1:].split("/")[:-1])
+                if reason is not None:
+                    strays.append((entry, reason))
+        return strays
 
     def _hour_folders(self, storage: Storage, journal: Journal, since: dt.datetime | None) -> dict[str, str]:
+        """Hour key -> folder of the valid hour folders of a journal at or after `since`; the rest are
+        strays (`stray_files`), never partitions."""
         floor = hour_key(since) if since else ""
         hours = {}
         for day in storage.list(journal.uri):
-            match = _DATE.match(day.name)
-            if not day.is_dir or not match or (since and match.group(1) < since.date().isoformat()):
+            date = folder_date(day.name) if day.is_dir else None
+            if date is None or date.isoformat() < floor[:10]:
                 continue
-            for hour in storage.list(day.uri):
-                hour_match = _HOUR.match(hour.name)
-                if hour.is_dir and hour_match:
-                    key = f"{match.group(1)}-{hour_match.group(1)}"
-                    if key >= floor:
-                        hours[key] = hour.uri
+            for folder in storage.list(day.uri):
+                hour = folder_hour(date, folder.name) if folder.is_dir else None
+                if hour is not None and hour_key(hour) >= floor:
+                    hours[hour_key(hour)] = folder.uri
         return hours
 
     def _hour_folder(self, journal: Journal, key: str) -> str:
@@ -220,12 +332,14 @@ class FlowJournalFormat(FeedFormat):
         return {k: tuple(sorted(v)) for k, v in hours.items() if v}
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
-        """A fragment's hour (of its first append) is what its path tells without inflating it."""
-        match = _HOUR_IN_PATH.search(uri)
-        if not match:
+        """A fragment's hour (of its first append) is what its path tells without inflating it;
+        unknown (None) for a file outside a valid hour folder."""
+        date_folder, hour_folder = (uri.rsplit("/", 3)[-3:-1] + ["", ""])[:2]
+        date = folder_date(date_folder)
+        start = folder_hour(date, hour_folder) if date else None
+        if start is None:
             return None
-        start = dt.datetime.strptime(f"{match.group(1)}-{match.group(2)}", "%Y-%m-%d-%H").replace(tzinfo=dt.timezone.utc)
-        start_ms = int(start.timestamp() * 1000)
+        start_ms = int(start.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
         return start_ms, start_ms + 3_600_000 - 1
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
@@ -250,72 +364,128 @@ class FlowJournalFormat(FeedFormat):
         """Committed documents of `hours`, read fragment by fragment inside Spark.
 
         `files` holds the fragments of every hour in `read_partitions(hours)`; those of the
-        context hour only complete transactions that began there.
+        context hour only complete transactions that began there. A journal whose cover has a
+        fragment that fails is read again, on a cover without it, until every piece reads (each
+        pass sets at least one more fragment aside, so this ends); only journals with a failure
+        are read again.
         """
         collection = self.collection(table)
         wanted = frozenset(hours)
-        by_journal: dict[str, list[tuple[str, Entry]]] = {}
-        for key, entries in files.items():
-            for entry in entries:
-                by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
-        plan, quarantined, gaps = [], [], []
-        listed = skipped = 0
-        for journal_uri, entries in sorted(by_journal.items()):
-            journal = journal_uri[len(landing.rstrip("/")) + 1:]
-            fragments, hour_of = [], {}
-            for key, entry in entries:
-                in_run = key in wanted
-                listed += in_run
-                try:
-                    fragment = ff.Fragment(entry.uri, journal, ff.parse_fragment_name(entry.name))
-                except ValueError as error:
-                    if in_run:
-                        quarantined.append(Quarantined(entry.uri, f"not a journal fragment name: {error}"))
-                    continue
-                fragments.append(fragment)
-                hour_of[entry.uri] = key
-            pieces, journal_gaps = ff.cover(fragments)
-            gaps.extend(f"{g.journal}: bytes {g.begin}..{g.end} are in no fragment" for g in journal_gaps)
-            used = {p.fragment.uri for p in pieces}
-            skipped += sum(1 for f in fragments if f.uri not in used and hour_of[f.uri] in wanted)
-            plan.extend(
-                (journal, p.fragment.uri, p.skip, order, hour_of[p.fragment.uri]) for order, p in enumerate(pieces)
-            )
-        if not plan:
-            return Batch(None, listed, 0, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps)
-
-        pieces = spark.createDataFrame(plan, "journal string, uri string, skip long, order long, hour string")
-        content = spark.read.format("binaryFile").load(sorted({p[1] for p in plan})).select(
-            canonical_uri_column("path").alias("uri"), "content"
-        )
-        outcome = (
-            pieces.join(content, "uri")
-            .groupBy("journal")
-            .applyInArrow(read_journal_task(collection.key, wanted), _OUT_DDL)
-            .persist()
-        )
-        notes = outcome.where(F.col("kind") != "doc").collect()
-        counts: dict[str, int] = {}
-        for note in notes:
-            if note["kind"] == "bad" and note["hour"] in wanted:
-                quarantined.append(Quarantined(canonical_uri(note["uri"]), note["reason"]))
-            elif note["kind"] == "counts":
-                for name, value in json.loads(note["body"]).items():
-                    counts[name] = counts.get(name, 0) + value
-        bad_uris = {q.uri for q in quarantined}
-        read = len({p[1] for p in plan if p[4] in wanted} - bad_uris)
-        documents = outcome.where(F.col("kind") == "doc").select("body")
-        rows_in = documents.count()
-        if rows_in == 0:
+        journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
+        task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
+        outcomes, counts = self._read_until_every_piece_reads(spark, journals, task)
+        read, skipped, gaps = self._tally(journals, wanted, quarantined)
+        documents = [outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
+                     if retried else outcome.where(F.col("kind") == "doc") for outcome, retried in outcomes]
+        bodies = functools.reduce(DataFrame.unionByName, documents).select("body") if documents else None
+        rows_in = bodies.count() if bodies is not None else 0
+        events = None
+        if rows_in:
+            parsed = spark.read.json(bodies.rdd.map(lambda r: r[0]))
+            events = self._events(parsed, collection).localCheckpoint(eager=True)
+        for outcome, _ in outcomes:
             outcome.unpersist()
+        if events is None:
             return Batch(None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts)
-        parsed = spark.read.json(documents.rdd.map(lambda r: r[0]))
-        events = self._events(parsed, collection).localCheckpoint(eager=True)
-        outcome.unpersist()
         deduped = merge.collapse_identical(stamped(events), self.table_spec(table))
         events_out = deduped.count()
         return Batch(deduped, listed, read, rows_in, events_out, rows_in - events_out, quarantined,
                      files_skipped=skipped, gaps=gaps, counts=counts)
+
+    def _read_until_every_piece_reads(
+        self, spark: SparkSession, journals: list[_JournalFragments], task
+    ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int]]:
+        """Read the journals' covers, then again those where a fragment failed, on covers without
+        the fragments that failed, until a pass has no failure (each pass sets at least one more
+        fragment aside, so this ends). Returns each pass's output with the journals it must not be
+        taken from (read again later), and the sequencers' counts of the passes that count."""
+        outcomes: list[tuple[DataFrame, set[str]]] = []
+        counts: dict[str, int] = {}
+        todo = journals
+        while todo:
+            plan = [row for journal in todo for row in journal.plan()]
+            if not plan:
+                break
+            outcome = self._read_journals(spark, plan, task)
+            retried = self._take_notes(outcome.where(F.col("kind") != "doc").collect(), journals, counts)
+            outcomes.append((outcome, retried))
+            todo = [journal for journal in journals if journal.name in retried]
+        return outcomes, counts
+
+    @staticmethod
+    def _tally(
+        journals: list[_JournalFragments], wanted: frozenset[str], quarantined: list[Quarantined]
+    ) -> tuple[int, int, list[str]]:
+        """Files of the run's hours read and superseded, and the gaps, on the final covers; the
+        fragments that failed are added to `quarantined`."""
+        gaps: list[str] = []
+        read = skipped = 0
+        for journal in journals:
+            pieces, journal_gaps = journal.cover()
+            gaps.extend(gap.description for gap in journal_gaps)
+            used = {piece.fragment.uri for piece in pieces}
+            for fragment in journal.fragments:
+                if journal.hour_of[fragment.uri] not in wanted:
+                    continue
+                if fragment.uri in journal.failed:
+                    quarantined.append(Quarantined(canonical_uri(fragment.uri), journal.failed[fragment.uri]))
+                elif fragment.uri in used:
+                    read += 1
+                else:
+                    skipped += 1
+        return read, skipped, gaps
+
+    @staticmethod
+    def _journal_fragments(
+        landing: str, files: dict[str, list[Entry]], wanted: frozenset[str]
+    ) -> tuple[list[_JournalFragments], int, list[Quarantined]]:
+        """The listed files grouped by journal as fragments, how many belong to the run's own
+        hours, and those of them that are not fragments at all (by name)."""
+        by_journal: dict[str, list[tuple[str, Entry]]] = {}
+        for key, entries in files.items():
+            for entry in entries:
+                by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
+        journals, quarantined, listed = [], [], 0
+        for journal_uri, entries in sorted(by_journal.items()):
+            name = journal_uri[len(landing.rstrip("/")) + 1:]
+            fragments, hour_of = [], {}
+            for key, entry in entries:
+                listed += key in wanted
+                try:
+                    fragment = ff.Fragment(entry.uri, name, ff.parse_fragment_name(entry.name))
+                except ValueError as error:
+                    if key in wanted:
+                        quarantined.append(Quarantined(entry.uri, f"not a journal fragment name: {error}"))
+                    continue
+                fragments.append(fragment)
+                hour_of[entry.uri] = key
+            journals.append(_JournalFragments(name, fragments, hour_of))
+        return journals, listed, quarantined
+
+    @staticmethod
+    def _read_journals(spark: SparkSession, plan: list[tuple], task) -> DataFrame:
+        """The task's output over the cover pieces in `plan` (rows of `_PLAN_DDL`), one task per
+        journal, persisted: its notes are collected before its documents are read."""
+        pieces = spark.createDataFrame(plan, _PLAN_DDL)
+        content = spark.read.format("binaryFile").load(sorted({p[1] for p in plan})).select(
+            canonical_uri_column("path").alias("uri"), "content"
+        )
+        return pieces.join(content, "uri").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
+
+    @staticmethod
+    def _take_notes(notes: list, journals: list[_JournalFragments], counts: dict[str, int]) -> set[str]:
+        """Record what a pass's notes say: fragments that failed (on their journal) and the
+        sequencers' counts (added to `counts`); returns the journals to read again."""
+        by_name = {journal.name: journal for journal in journals}
+        retry = set()
+        for note in notes:
+            if note["kind"] == "bad":
+                by_name[note["journal"]].failed[note["uri"]] = note["reason"]
+                retry.add(note["journal"])
+            elif note["kind"] == "counts":
+                for name, value in json.loads(note["body"]).items():
+                    counts[name] = counts.get(name, 0) + value
+        return retry
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         keys = [key_column(p) for p in collection.key]
