@@ -261,3 +261,42 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     assert evaluations["history_windows"].passed is False
     assert evaluations["history_windows"].metadata["overlapping"].value > 0
     assert not result.success  # the check is blocking
+
+
+def test_every_file_no_hour_reads_is_quarantined_as_a_stray_and_fails_landing_complete(tmp_path, spark):
+    """Files in folders that are not valid times, at the wrong depth, in a folder within an
+    hour, or links that loop or lead nowhere: the run reads the good hour, sets each stray aside
+    with its reason, and the `landing_complete` check fails until the landing is put right."""
+    import json
+
+    from lake_assets_tests.unit_files import landing_with_strays
+
+    landing = tmp_path / "landing"
+    _, expected = landing_with_strays(landing)
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    instance = dg.DagsterInstance.ephemeral()
+    (run_id,) = run_feeds(config, instance=instance, say=lambda _: None)
+
+    notes = {p.name[: -len(".reason.json")]: json.loads(p.read_text())
+             for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.reason.json")}
+    assert set(notes) == set(expected)
+    for name, words in expected.items():
+        note = notes[name]
+        assert note["file"].startswith(f"file://{landing}/accounts/") and note["file"].endswith(f"/{name}")
+        assert all(w in note["reason"] for w in words), note
+    copies = {p.name for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.parquet")}
+    assert {n for n in expected if n.endswith(".parquet")} - {"self.parquet", "gone.parquet"} <= copies
+    errors = [e.message for e in instance.all_logs(run_id) if e.level == 40 and e.message]
+    assert all(any(notes[n]["file"] in m for m in errors) for n in expected)
+
+    changes = dg.AssetKey(["unit", "accounts", "changes"])
+    metadata = instance.get_latest_materialization_event(changes).asset_materialization.metadata
+    assert metadata["files_read"].value == 1 and metadata["files_quarantined"].value == len(expected)
+    assert metadata["files_stray"].value == len(expected) and metadata["reconciled"].value is True
+    assert metadata["rows_in"].value == metadata["events_out"].value == 1
+    check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(changes, "landing_complete")]
+    )[dg.AssetCheckKey(changes, "landing_complete")]
+    evaluation = check.event.dagster_event.event_specific_data
+    assert evaluation.passed is False and f"{len(expected)} stray file(s)" in evaluation.description
+    assert [r["id"] for r in lake_rows(str(tmp_path / "lake"), "current", "accounts", "id")] == ["a"]

@@ -163,8 +163,9 @@ def build_table_assets(
             dg.AssetCheckSpec(
                 "landing_complete",
                 asset=asset_key(feed.name, table, "changes"),
-                description="Every landed file was read, quarantined or superseded, and the landed data "
-                            "has no holes (e.g. journal byte ranges that no fragment covers).",
+                description="Every landed file was read, quarantined or superseded, none lies outside "
+                            "the partitions (a stray: quarantined, and the check fails until it is moved), "
+                            "and the landed data has no holes (e.g. journal byte ranges that no fragment covers).",
             )
         ],
     )
@@ -185,6 +186,7 @@ def build_table_assets(
             "reader_counts": dg.MetadataValue.json(batch.counts),
             "reconciled": batch.reconciles,
             "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
+            "files_stray": len(ingested.strays),
         }
         if not batch.reconciles:
             raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
@@ -193,10 +195,12 @@ def build_table_assets(
         yield dg.Output(batch.events, metadata=metadata)
         yield dg.AssetCheckResult(
             check_name="landing_complete",
-            passed=not batch.gaps,
+            passed=not batch.gaps and not ingested.strays,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=f"{len(batch.gaps)} gap(s); {len(batch.quarantined)} file(s) quarantined",
-            metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined)},
+            description=f"{len(batch.gaps)} gap(s); {len(ingested.strays)} stray file(s) that no partition reads; "
+                        f"{len(batch.quarantined)} file(s) quarantined",
+            metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined),
+                      "files_stray": len(ingested.strays)},
         )
 
     current_key = asset_key(feed.name, table, "current")
