@@ -57,6 +57,8 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
         "in-month-13.parquet": ("year=2024/month=13/day=01/hour=01", "month=13"),
         "in-feb-30.parquet": ("year=2024/month=02/day=30/hour=01", "day=30"),
         "in-year-abc.parquet": ("year=abc/month=03/day=01/hour=01", "year=abc"),
+        "in-year-0001.parquet": ("year=0001/month=03/day=01/hour=01", "year=0001"),  # no four-digit hour key
+        "in-year-24.parquet": ("year=24/month=03/day=01/hour=01", "year=24"),  # 2024, or the year 24?
         "in-a-stray-folder.parquet": ("misc", "misc"),
     }
     expected = {}

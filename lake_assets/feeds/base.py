@@ -125,7 +125,12 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
 
 # --- the year=/month=/day=/hour= landing layout (Unit; Hive-style hourly folders) ---------------
 
-_HOURLY_LEVELS = (("year", 4), ("month", 2), ("day", 2), ("hour", 2))
+#: (level, digits): a month, day or hour may drop its leading zero (`month=3`); a year has four
+#: digits, from 1000 on, as hour keys (`2024-03-01-05`) and Dagster's hourly partitions write it
+_HOURLY_LEVELS = (("year", "4"), ("month", "1,2"), ("day", "1,2"), ("hour", "1,2"))
+_FIRST_YEAR = 1000
+_LEVEL_HINTS = {"year": "year=<four digits, 1000 or later>", "month": "month=1..12",
+                "day": "day=1..the month's last day", "hour": "hour=0..23"}
 
 
 def hour_key(moment: dt.datetime) -> str:
@@ -141,12 +146,14 @@ def parse_hour_key(key: str) -> dt.datetime:
 def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     """The value of folder `name` at `depth` of the hourly layout below the values `prefix`, or
     None when it is not a valid one: a name of another level or not a number (`year=abc`,
-    `hour=-1`), or no such time (`hour=25`, `month=13`, `day=30` in February)."""
-    level, width = _HOURLY_LEVELS[depth]
-    match = re.fullmatch(rf"{level}=(\d{{1,{width}}})", name)
+    `hour=-1`, `year=24`), or no such time (`hour=25`, `month=13`, `day=30` in February)."""
+    level, digits = _HOURLY_LEVELS[depth]
+    match = re.fullmatch(rf"{level}=(\d{{{digits}}})", name)
     if not match:
         return None
     parts = (*prefix, int(match.group(1)))
+    if parts[0] < _FIRST_YEAR:
+        return None
     try:
         dt.datetime(*parts, *(1,) * (3 - len(parts)))  # a year, month or day stands for its first hour
     except ValueError:
@@ -210,7 +217,7 @@ def _why_no_hour_reads(folders: list[str]) -> str | None:
         if value is None:
             level = _HOURLY_LEVELS[depth][0]
             where = "/".join(folders[: depth + 1])
-            return f"folder '{where}' is not a valid {level} folder ({level}=<number> naming a real time), so the file belongs to no hour"
+            return f"folder '{where}' is not a valid {level} folder ({_LEVEL_HINTS[level]}), so the file belongs to no hour"
         prefix += (value,)
     if len(folders) < len(_HOURLY_LEVELS):
         return "the file is not inside an hour folder (year=/month=/day=/hour=)"
