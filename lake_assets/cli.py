@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
 from lake_assets.errors import ConfigError, LakeAssetsError
-from lake_assets.runner import format_records, format_summary, run_feeds, summarise
+from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -24,9 +24,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.lake:
         config = config.with_lake(args.lake)
-    run_feeds(config, say=_say, first=args.first, last=args.last)
+    failures = []
+    try:
+        run_feeds(config, say=_say, first=args.first, last=args.last)
+    except RunFailed as failed:  # the other feeds and tables ran: summarise them, then the failures
+        failures = failed.failures
     print(format_summary(summarise(config)))
-    return 0
+    for line in failures:
+        print(f"lake-assets: failed: {line}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

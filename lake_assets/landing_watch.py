@@ -60,11 +60,12 @@ def scan_table(
     return found, TableCursor(high_water=high_water, seen=seen)
 
 
-def contiguous_ranges(keys: list[str]) -> list[tuple[str, str]]:
-    """Group sorted hour keys into runs of consecutive hours: one backfill run per range."""
+def contiguous_ranges(keys: list[str], max_gap_hours: int = 0) -> list[tuple[str, str]]:
+    """Group sorted hour keys into runs of consecutive hours: one backfill run per range. With
+    `max_gap_hours`, a range also spans up to that many hours without a key in a row."""
     ranges: list[tuple[str, str]] = []
     for key in sorted(keys):
-        if ranges and parse_hour_key(key) - parse_hour_key(ranges[-1][1]) == dt.timedelta(hours=1):
+        if ranges and parse_hour_key(key) - parse_hour_key(ranges[-1][1]) <= dt.timedelta(hours=1 + max_gap_hours):
             ranges[-1] = (ranges[-1][0], key)
         else:
             ranges.append((key, key))

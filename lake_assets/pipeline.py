@@ -94,13 +94,14 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     for entry, reason in strays:
         partition_of[entry.uri] = UNPARTITIONED
         batch.quarantine(Quarantined(entry.uri, reason))
+    readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
     copies = []
     for item in batch.quarantined:
         where = quarantine_file(storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id)
         copies += [where, f"{where}.reason.json"]
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
     recorded = work.catalogue([
-        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri)) for entry, _ in strays],
+        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri)) for entry in readable_strays],
         *[catalog_file(feed.name, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
     ])
     return Ingested(batch=batch, files_catalogued=recorded, strays=[Quarantined(e.uri, r) for e, r in strays])

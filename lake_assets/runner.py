@@ -1,8 +1,8 @@
 """Processing everything landed, in-process: what `lake-assets run` and `lake-assets demo` do.
 
-Each feed is one Dagster run over the range of hours that have landing folders (a single-run
-backfill), on the ephemeral instance or on `$DAGSTER_HOME`'s when it is set, so the runs show up
-in the UI.
+An hourly feed runs as one Dagster run (a single-run backfill) per stretch of hours with landed
+files, a batch feed as one run per table over its batches; on the ephemeral instance or on
+`$DAGSTER_HOME`'s when it is set, so the runs show up in the UI.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pyarrow.dataset as pads
 from lake_assets.config import LakeConfig
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
+from lake_assets.landing_watch import contiguous_ranges
 from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
@@ -31,7 +32,20 @@ from lake_assets.storage import S3Settings, Storage
 
 
 class RunFailed(LakeAssetsError):
-    pass
+    """Feeds or tables that failed, after every other one ran: a line per failure naming the
+    feed/table, the step and the reason."""
+
+    def __init__(self, failures: list[str], run_ids: list[str]):
+        super().__init__(f"{len(failures)} failure(s):\n" + "\n".join(failures))
+        self.failures = failures
+        self.run_ids = run_ids
+
+
+#: Hours without files that one run of an hourly feed may span. A run per stretch of landed
+#: hours keeps one stray old hour from making a run of every hour since (one hour from 1990:
+#: 300,000 empty partitions); bridging short gaps keeps a sparse landing (a file every few
+#: hours, a quiet night) to one run, where a run costs far more than an empty hour in it.
+MAX_EMPTY_HOURS_IN_A_RUN = 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,14 +62,6 @@ def instance_for_cli() -> dg.DagsterInstance:
     return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
 
 
-def _failure_messages(result) -> list[str]:
-    messages = []
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
-            messages.append(f"{event.step_key}: {event.step_failure_data.error.message.strip()}")
-    return messages or ["the run failed; see its event log"]
-
-
 def _within(fmt, keys: list[str], first: str | None, last: str | None) -> list[str]:
     """The partition keys inside [first, last] (either end open), in the format's order."""
     order = fmt.partition_order
@@ -65,6 +71,16 @@ def _within(fmt, keys: list[str], first: str | None, last: str | None) -> list[s
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One single-run backfill: `job` over the partitions `first` .. `last`."""
+
+    what: str  # the feed, or feed/table for a table of a batch feed
+    job: str
+    first: str
+    last: str
+
+
 def run_feeds(
     config: LakeConfig,
     instance: dg.DagsterInstance | None = None,
@@ -72,46 +88,115 @@ def run_feeds(
     first: str | None = None,
     last: str | None = None,
 ) -> list[str]:
-    """Materialise every landed partition of every feed, or those in [first, last]; returns the run ids."""
+    """Materialise every landed partition of every feed, or those in [first, last]; returns the
+    run ids. A failing table or feed stops no other: each runs, and RunFailed at the end names
+    every failure."""
     defs = build_definitions(config)
     storage = storage_for(config)
     instance = instance or instance_for_cli()
-    run_ids = []
+    steps = _what_each_step_writes(defs)
+    run_ids, failures = [], []
     for feed in config.feeds:
-        fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, storage)
-        if fmt.partitioning == "batch":
-            # Each table has its own batches: register them, then one run per table.
-            for table in tables:
-                batches = _within(fmt, fmt.partition_keys(storage, feed.landing, table), first, last)
-                if not batches:
-                    say(f"{feed.name}/{table}: no batches landed")
-                    continue
-                name = batch_partitions_name(feed.name, table)
-                known = set(instance.get_dynamic_partitions(name))
-                instance.add_dynamic_partitions(name, [b for b in batches if b not in known])
-                say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
-                run_ids.append(_run(defs.resolve_job_def(table_job_name(feed.name, table)), instance, batches, f"{feed.name}/{table}", say))
-            continue
-        hours = _within(fmt, list({h for t in tables for h in fmt.partition_keys(storage, feed.landing, t)}), first, last)
-        if not hours:
-            say(f"{feed.name}: nothing landed under {feed.landing}")
-            continue
-        say(f"{feed.name}: {len(tables)} table(s) {', '.join(tables)}; hours {hours[0]} .. {hours[-1]} in one run")
-        run_ids.append(_run(defs.resolve_job_def(feed_job_name(feed.name)), instance, hours, feed.name, say))
+        for run in _plan_feed(feed, storage, instance, first, last, say, failures):
+            run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say)
+            run_ids += [run_id] if run_id else []
+            failures += failed
+    if failures:
+        raise RunFailed(failures, run_ids)
     return run_ids
 
 
-def _run(job, instance: dg.DagsterInstance, partitions: list[str], what: str, say: Callable[[str], None]) -> str:
-    """One single-run backfill over a range of partitions; RunFailed names the failing step."""
-    result = job.execute_in_process(
-        instance=instance, tags={RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]}, raise_on_error=False
-    )
-    if not result.success:
-        raise RunFailed(f"{what}: run {result.run_id} failed: " + "; ".join(_failure_messages(result)))
-    say(f"{what}: run {result.run_id} succeeded")
-    return result.run_id
+def _plan_feed(feed, storage: Storage, instance: dg.DagsterInstance, first: str | None, last: str | None,
+               say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
+    """The runs that process a feed's landed partitions in [first, last]. A table whose landing
+    cannot be listed is a failure (added to `failures`); the feed's other tables still run."""
+    try:
+        fmt = format_for(feed)
+        tables = feed_tables(feed, fmt, storage)
+    except Exception as exc:  # reported at the end; the other feeds go on
+        failures.append(f"{feed.name}: listing its tables: {_first_line(str(exc))}")
+        return []
+    landed = {}
+    for table in tables:
+        try:
+            landed[table] = _within(fmt, fmt.partition_keys(storage, feed.landing, table), first, last)
+        except Exception as exc:  # reported at the end; the other tables go on
+            failures.append(f"{feed.name}/{table}: listing its partitions: {_first_line(str(exc))}")
+    if fmt.partitioning == "batch":
+        # Each table has its own batches: register them, then one run per table.
+        planned = []
+        for table, batches in landed.items():
+            if not batches:
+                say(f"{feed.name}/{table}: no batches landed")
+                continue
+            name = batch_partitions_name(feed.name, table)
+            known = set(instance.get_dynamic_partitions(name))
+            instance.add_dynamic_partitions(name, [b for b in batches if b not in known])
+            say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
+            planned.append(PlannedRun(f"{feed.name}/{table}", table_job_name(feed.name, table), batches[0], batches[-1]))
+        return planned
+    hours = sorted({hour for keys in landed.values() for hour in keys})
+    if not hours:
+        say(f"{feed.name}: nothing landed under {feed.landing}")
+        return []
+    say(f"{feed.name}: {len(landed)} table(s) {', '.join(landed)}; {len(hours)} hour(s) with files")
+    stretches = contiguous_ranges(hours, max_gap_hours=MAX_EMPTY_HOURS_IN_A_RUN)
+    for start, end in stretches:
+        say(f"{feed.name}: hours {start} .. {end} in one run")
+    return [PlannedRun(feed.name, feed_job_name(feed.name), start, end) for start, end in stretches]
 
+
+def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, str],
+         say: Callable[[str], None]) -> tuple[str | None, list[str]]:
+    """Execute one planned run; returns its id (None if Dagster refused it) and a line per failure."""
+    try:
+        result = job.execute_in_process(
+            instance=instance, tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last}, raise_on_error=False
+        )
+    except Exception as exc:  # Dagster refused the run (e.g. partitions the job lacks): reported at the end
+        return None, [f"{run.what}: partitions {run.first} .. {run.last}: {_first_line(str(exc))}"]
+    for evaluation in result.get_asset_check_evaluations():
+        if not evaluation.passed:
+            say(f"{_table_of(evaluation.asset_key)}: check {evaluation.check_name} failed: {evaluation.description}")
+    if result.success:
+        say(f"{run.what}: run {result.run_id} succeeded")
+        return result.run_id, []
+    say(f"{run.what}: run {result.run_id} failed")
+    failed = [
+        f"{steps.get(event.step_key, f'{run.what}: {event.step_key}')} (run {result.run_id}): {_reason(event.step_failure_data)}"
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data
+    ]
+    return result.run_id, failed or [f"{run.what}: run {result.run_id} failed; see its event log"]
+
+
+def _table_of(key: dg.AssetKey) -> str:
+    """`feed/table` of an asset keyed `[feed, (group,) table, layer]`."""
+    return "/".join(key.path[:-1])
+
+
+def _what_each_step_writes(defs: dg.Definitions) -> dict[str, str]:
+    """Step (op) name -> `feed/table: layers` it writes, to name a failed step in words."""
+    named = {}
+    for assets_def in defs.resolve_asset_graph().assets_defs:
+        if assets_def.is_executable:
+            keys = sorted(assets_def.keys, key=lambda k: k.path)
+            named[assets_def.op.name] = f"{_table_of(keys[0])}: {'+'.join(k.path[-1] for k in keys)}"
+    return named
+
+
+def _reason(failure) -> str:
+    """A step's failure in one line: its Failure's own description, else the innermost error's."""
+    if failure.user_failure_data is not None and failure.user_failure_data.description:
+        return _first_line(failure.user_failure_data.description)
+    error = failure.error
+    while error is not None and error.cause is not None:
+        error = error.cause
+    return _first_line(error.message) if error is not None else "no error recorded; see the run's event log"
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
 
 
 def storage_for(config: LakeConfig) -> Storage:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator
+import stat
+from typing import Callable, Iterator
 
 import pyarrow.fs as pafs
 
@@ -23,6 +24,9 @@ class Entry:
     is_dir: bool
     size: int
     mtime_ms: int | None
+    #: why the entry cannot be read or entered (a symbolic link that leads nowhere or back into
+    #: its own folders, a folder that cannot be listed), else None
+    unreadable: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,31 +70,84 @@ class Storage:
         return prefix_uri.rstrip("/") + "/" + name
 
     def list(self, uri: str) -> list[Entry]:
-        """Immediate children of a folder; an absent folder lists as empty."""
+        """Immediate children of a folder, in name order; an absent folder lists as empty."""
         fs, path = self.resolve(uri)
+        if fs is self._local:
+            return self._list_local(uri, path)
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
+        found = (self._entry(self._uri(uri, i.base_name), i) for i in infos if i.type != pafs.FileType.NotFound)
+        return sorted(found, key=lambda e: e.name)
+
+    @staticmethod
+    def _entry(uri: str, info: pafs.FileInfo) -> Entry:
+        mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
+        return Entry(uri=uri, name=uri.rsplit("/", 1)[-1], is_dir=info.type == pafs.FileType.Directory,
+                     size=info.size or 0, mtime_ms=mtime)
+
+    def _list_local(self, uri: str, path: str) -> list[Entry]:
+        """A local folder's children, symbolic links followed. pyarrow leaves out a link that
+        leads nowhere (to a missing target, or round a loop); listed here, it can be reported."""
+        try:
+            children = list(os.scandir(path))
+        except FileNotFoundError:
+            return []
         out = []
-        for info in infos:
-            if info.type == pafs.FileType.NotFound:
+        for child in children:
+            child_uri = self._uri(uri, child.name)
+            try:
+                info = child.stat()
+            except OSError as exc:
+                out.append(Entry(child_uri, child.name, False, 0, None, f"a symbolic link that leads nowhere ({exc.strerror})"))
                 continue
-            mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
-            out.append(
-                Entry(
-                    uri=self._uri(uri, info.base_name),
-                    name=info.base_name,
-                    is_dir=info.type == pafs.FileType.Directory,
-                    size=info.size or 0,
-                    mtime_ms=mtime,
-                )
-            )
+            is_dir = stat.S_ISDIR(info.st_mode)
+            odd = None if is_dir or stat.S_ISREG(info.st_mode) else "not a regular file"
+            out.append(Entry(child_uri, child.name, is_dir, 0 if is_dir else info.st_size, info.st_mtime_ns // 1_000_000, odd))
         return sorted(out, key=lambda e: e.name)
 
-    def walk_files(self, uri: str) -> Iterator[Entry]:
-        for entry in self.list(uri):
-            if entry.is_dir:
-                yield from self.walk_files(entry.uri)
-            else:
+    def walk_files(self, uri: str, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Entry]:
+        """Every file under a folder, depth first, leaving out entries (and what they hold)
+        whose name `skip` accepts.
+
+        The walk neither loops nor stops on one bad entry: a folder that a symbolic link leads
+        back into one of its own ancestors is not entered again, nor is a folder that cannot be
+        listed; each comes out as an entry with `unreadable` set, as does a link to nothing.
+        On S3 (no links) it is one listing of every key under the prefix.
+        """
+        fs, path = self.resolve(uri)
+        if fs is not self._local:
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+            for info in sorted(infos, key=lambda i: i.path):
+                relative = info.path[len(path.rstrip("/")) + 1:]
+                if info.type == pafs.FileType.File and not any(skip(part) for part in relative.split("/")):
+                    yield self._entry(self._uri(uri, relative), info)
+            return
+        try:
+            top = os.stat(path)
+        except FileNotFoundError:
+            return
+        yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip)
+
+    def _walk_local(self, entries: list[Entry], ancestors: set, skip: Callable[[str], bool]) -> Iterator[Entry]:
+        for entry in entries:
+            if skip(entry.name):
+                continue
+            if not entry.is_dir or entry.unreadable:
                 yield entry
+                continue
+            _, path = self.resolve(entry.uri)
+            try:
+                info = os.stat(path)
+                loop = (info.st_dev, info.st_ino) in ancestors
+                children = [] if loop else self._list_local(entry.uri, path)
+            except OSError as exc:
+                yield dataclasses.replace(entry, unreadable=f"a folder that cannot be listed ({exc.strerror})")
+                continue
+            if loop:
+                yield dataclasses.replace(
+                    entry, unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)"
+                )
+                continue
+            yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip)
 
     def exists(self, uri: str) -> bool:
         fs, path = self.resolve(uri)

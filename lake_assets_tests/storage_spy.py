@@ -4,8 +4,8 @@ from lake_assets.storage import Storage
 
 
 class CountingStorage(Storage):
-    def __init__(self):
-        super().__init__()
+    def __init__(self, s3=None):
+        super().__init__(s3)
         self.listed: list[str] = []
 
     def list(self, uri):

@@ -50,6 +50,43 @@ def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
     assert "missing.yaml does not exist" in capsys.readouterr().err
 
 
+def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_reported(tmp_path, spark, capsys):
+    """Feed `a` (tables accounts, customers) then feed `b` (accounts, orders): `a/accounts` and
+    `b/orders` fail; `a/customers` and `b/accounts` still take their new rows, and the command
+    names both failures at the end, one line each, and exits non-zero."""
+    landings = {feed: tmp_path / f"landing-{feed}" for feed in ("a", "b")}
+    failing = {("a", "accounts"), ("b", "orders")}
+    tables = {"a": ("accounts", "customers"), "b": ("accounts", "orders")}
+    for feed, names in tables.items():
+        for table in names:
+            write_events(landings[feed], table, 1, "part-0.parquet", [event(f"{table}-1", "I", 1, at(1), flag=True)])
+    config = tmp_path / "c.yaml"
+    feeds = tuple(FeedConfig(feed, "unit_cdc", f"file://{landings[feed]}") for feed in tables)
+    config.write_text(dump_config(LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=feeds)))
+    assert main(["run", "--config", str(config)]) == 0
+    capsys.readouterr()
+    for feed, names in tables.items():
+        for table in names:
+            # A later hour: its file gives `flag` a type the stored table cannot widen into, or is fine.
+            flag = dt.date(2024, 1, 1) if (feed, table) in failing else False
+            write_events(landings[feed], table, 2, "part-1.parquet", [event(f"{table}-2", "I", 2, at(2), flag=flag)])
+
+    assert main(["run", "--config", str(config), "--from", "2024-03-01-02", "--to", "2024-03-01-02"]) == 1
+
+    out, err = capsys.readouterr()
+    failures = [line for line in err.splitlines() if line.startswith("lake-assets: failed: ")]
+    assert len(failures) == 2, err
+    for line, (feed, table) in zip(failures, sorted(failing)):
+        assert line.startswith(f"lake-assets: failed: {feed}/{table}: current+history"), line
+        assert "column 'flag' has type" in line and "hour=02/part-1.parquet" in line, line
+    for feed, names in tables.items():
+        for table in names:
+            current = duckdb.sql(f"SELECT id FROM read_parquet('{tmp_path}/lake/current/{feed}/{table}/*.parquet') ORDER BY id")
+            ids = [r[0] for r in current.fetchall()]
+            assert ids == ([f"{table}-1"] if (feed, table) in failing else [f"{table}-1", f"{table}-2"]), (feed, table)
+    assert re.search(r"^b\s+orders\s+", out, re.M), out  # the summary is printed all the same
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The README's demo, in its own process as a user runs it (fresh JVM, ephemeral instance)."""

@@ -58,3 +58,7 @@ def test_contiguous_ranges_group_consecutive_hours():
         ("2024-03-01-05", "2024-03-01-05"),
         ("2024-03-01-23", "2024-03-02-00"),
     ]
+    # Allowed gaps of hours without a key: up to 2 empty hours in a row stay in one range.
+    assert contiguous_ranges(keys, max_gap_hours=2) == [("2024-03-01-00", "2024-03-01-05"), ("2024-03-01-23", "2024-03-02-00")]
+    assert contiguous_ranges(["1990-06-01-03", "2024-03-01-01"], max_gap_hours=24) == [
+        ("1990-06-01-03", "1990-06-01-03"), ("2024-03-01-01", "2024-03-01-01")]

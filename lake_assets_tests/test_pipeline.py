@@ -261,3 +261,74 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     assert evaluations["history_windows"].passed is False
     assert evaluations["history_windows"].metadata["overlapping"].value > 0
     assert not result.success  # the check is blocking
+
+
+def test_every_file_no_hour_reads_is_quarantined_as_a_stray_and_fails_landing_complete(tmp_path, spark):
+    """Files in folders that are not valid times, at the wrong depth, in a folder within an
+    hour, or links that loop or lead nowhere: the run reads the good hour, sets each stray aside
+    with its reason, and the `landing_complete` check fails until the landing is put right."""
+    import json
+
+    from lake_assets_tests.unit_files import landing_with_strays
+
+    landing = tmp_path / "landing"
+    _, expected = landing_with_strays(landing)
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    instance = dg.DagsterInstance.ephemeral()
+    (run_id,) = run_feeds(config, instance=instance, say=lambda _: None)
+
+    notes = {p.name[: -len(".reason.json")]: json.loads(p.read_text())
+             for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.reason.json")}
+    assert set(notes) == set(expected)
+    for name, words in expected.items():
+        note = notes[name]
+        assert note["file"].startswith(f"file://{landing}/accounts/") and note["file"].endswith(f"/{name}")
+        assert all(w in note["reason"] for w in words), note
+    copies = {p.name for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.parquet")}
+    assert {n for n in expected if n.endswith(".parquet")} - {"self.parquet", "gone.parquet"} <= copies
+    errors = [e.message for e in instance.all_logs(run_id) if e.level == 40 and e.message]
+    assert all(any(notes[n]["file"] in m for m in errors) for n in expected)
+
+    changes = dg.AssetKey(["unit", "accounts", "changes"])
+    metadata = instance.get_latest_materialization_event(changes).asset_materialization.metadata
+    assert metadata["files_read"].value == 1 and metadata["files_quarantined"].value == len(expected)
+    assert metadata["files_stray"].value == len(expected) and metadata["reconciled"].value is True
+    assert metadata["rows_in"].value == metadata["events_out"].value == 1
+    check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(changes, "landing_complete")]
+    )[dg.AssetCheckKey(changes, "landing_complete")]
+    evaluation = check.event.dagster_event.event_specific_data
+    assert evaluation.passed is False and f"{len(expected)} stray file(s)" in evaluation.description
+    assert [r["id"] for r in lake_rows(str(tmp_path / "lake"), "current", "accounts", "id")] == ["a"]
+
+
+def test_runs_follow_the_hours_that_hold_files_not_the_years_between_them(tmp_path, spark):
+    """One hour from 1990 among hours of 2024: `run_feeds` runs each stretch of landed hours on
+    its own; the 1990 hour is processed (it is real data) and the 34 years between hold no
+    materialised partition. (The old hour is another table's, so no file spans the years.)"""
+    import pyarrow as pa
+
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+    landing = tmp_path / "landing"
+    old = dt.datetime(1990, 6, 1, 3, 15, tzinfo=dt.timezone.utc)
+    old_hour = landing / f"legacy/year={old:%Y}/month={old:%m}/day={old:%d}/hour={old:%H}"
+    old_hour.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([event("old", "I", 1, old, name="1990", balance=0)], schema=ACCOUNT_SCHEMA),
+                   old_hour / "part-0.parquet")
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 2, at(1), name="x", balance=1)], ACCOUNT_SCHEMA)
+    write_events(landing, "accounts", 3, "part-0.parquet", [event("b", "I", 3, at(3), name="y", balance=2)], ACCOUNT_SCHEMA)
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    instance = dg.DagsterInstance.ephemeral()
+
+    run_ids = run_feeds(config, instance=instance, say=lambda _: None)
+
+    tags = [instance.get_run_by_id(r).tags for r in run_ids]
+    old_key = f"{old:%Y-%m-%d-%H}"
+    # A short stretch without files (hour 02) stays inside its run; 34 years do not.
+    assert sorted((t[RANGE_START_TAG], t[RANGE_END_TAG]) for t in tags) == [(old_key, old_key), ("2024-03-01-01", "2024-03-01-03")]
+    materialised = {t: instance.get_materialized_partitions(dg.AssetKey(["unit", t, "changes"])) for t in ("accounts", "legacy")}
+    assert materialised["legacy"] == materialised["accounts"] == {old_key, "2024-03-01-01", "2024-03-01-02", "2024-03-01-03"}
+    lake = str(tmp_path / "lake")
+    assert [(r["id"], r["name"]) for r in lake_rows(lake, "current", "accounts", "id")] == [("a", "x"), ("b", "y")]
+    assert [(r["id"], r["name"], r["hour"]) for r in lake_rows(lake, "changes", "legacy", "id")] == [("old", "1990", old_key)]

@@ -10,10 +10,10 @@ from lake_assets.engine import merge, model as m
 from lake_assets.feeds.base import data_files
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
-from lake_assets.storage import Storage
+from lake_assets.storage import S3Settings, Storage
 from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.storage_spy import CountingStorage
-from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, landing_with_strays, write_events
 
 FMT = UnitCdcFormat()
 
@@ -224,3 +224,40 @@ def test_an_hour_spelled_without_leading_zeros_is_one_partition_with_all_its_fil
     assert FMT.partition_files(Storage(), uri, "accounts", "2024-03-04-08") == []
     since = dt.datetime(2024, 3, 4, 7)
     assert FMT.landed_hours(Storage(), uri, "accounts", since)["2024-03-04-07"] == ("part-0.parquet", "part-1.parquet")
+
+
+def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
+    landing = tmp_path / "unit"
+    good, expected = landing_with_strays(landing)
+    uri = f"file://{landing}"
+
+    strays = FMT.stray_files(Storage(), uri, "accounts")
+
+    reasons = {entry.name: reason for entry, reason in strays}
+    assert set(reasons) == set(expected), reasons
+    for name, words in expected.items():
+        assert all(w in reasons[name] for w in words), (name, reasons[name])
+    assert all(entry.uri.startswith(f"{uri}/accounts/") for entry, _ in strays)
+    # What the hours read is unchanged: the one good file, never a link that leads nowhere.
+    assert FMT.partition_keys(Storage(), uri, "accounts") == ["2024-03-01-01"]
+    assert [e.name for e in FMT.partition_files(Storage(), uri, "accounts", "2024-03-01-01")] == ["part-good.parquet"]
+    assert FMT.landed_hours(Storage(), uri, "accounts", None) == {"2024-03-01-01": ("part-good.parquet",)}
+
+
+def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, s3_bucket):
+    """On S3 the stray scan is one listing of every key under the table (no folders to walk)."""
+    landing = tmp_path / "unit"
+    good, expected = landing_with_strays(landing)
+    s3 = moto_server.client("s3")
+    for path in sorted(landing.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "up" not in path.relative_to(landing).parts:
+            s3.upload_file(str(path), s3_bucket, f"unit/{path.relative_to(landing).as_posix()}")
+    storage = CountingStorage(S3Settings(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/unit"
+
+    strays = FMT.stray_files(storage, uri, "accounts")
+
+    links = {"up", "self.parquet", "gone.parquet"}  # S3 has no links
+    assert {e.name: r for e, r in strays}.keys() == set(expected) - links
+    assert storage.listed == []  # one recursive listing, not a walk folder by folder
+    assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]

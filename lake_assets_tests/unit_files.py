@@ -41,3 +41,49 @@ ACCOUNT_SCHEMA = pa.schema(
         ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+
+def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]]:
+    """A valid hour beside every kind of file that no hour reads: folders that are not valid
+    times, files at the wrong depth, a folder named like a data file, symbolic link loops and
+    a link that leads nowhere. Returns (the good file, {stray file name: words its reason holds})."""
+    good = write_events(landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1), name="ok", balance=1)], ACCOUNT_SCHEMA)
+    table = landing / "accounts"
+    hour = good.parent
+    bad_folders = {
+        "in-hour-25.parquet": ("year=2024/month=03/day=01/hour=25", "hour=25"),
+        "in-hour-minus-1.parquet": ("year=2024/month=03/day=01/hour=-1", "hour=-1"),
+        "in-day-32.parquet": ("year=2024/month=03/day=32/hour=01", "day=32"),
+        "in-month-13.parquet": ("year=2024/month=13/day=01/hour=01", "month=13"),
+        "in-feb-30.parquet": ("year=2024/month=02/day=30/hour=01", "day=30"),
+        "in-year-abc.parquet": ("year=abc/month=03/day=01/hour=01", "year=abc"),
+        "in-year-0001.parquet": ("year=0001/month=03/day=01/hour=01", "year=0001"),  # no four-digit hour key
+        "in-year-24.parquet": ("year=24/month=03/day=01/hour=01", "year=24"),  # 2024, or the year 24?
+        "in-a-stray-folder.parquet": ("misc", "misc"),
+    }
+    expected = {}
+    for name, (folder, words) in bad_folders.items():
+        (table / folder).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([event(name, "I", 2, at(1))], schema=ACCOUNT_SCHEMA), table / folder / name)
+        expected[name] = (words, "not a valid")
+    for name, folder in (("under-the-table.parquet", table), ("under-a-year.parquet", table / "year=2024"),
+                         ("under-a-day.parquet", table / "year=2024/month=03/day=01")):
+        (folder / name).write_bytes(good.read_bytes())
+        expected[name] = ("not inside an hour folder",)
+    nested = hour / "nested.parquet"  # a folder named like a data file, as a Spark writer leaves one
+    nested.mkdir()
+    (nested / "part-in-a-folder.parquet").write_bytes(good.read_bytes())
+    expected["part-in-a-folder.parquet"] = ("nested.parquet", "only files directly in an hour folder are read")
+    (hour / "up").symlink_to("..")  # a folder loop: up/hour=01/up/hour=01/…
+    expected["up"] = ("symbolic link", "loop")
+    (hour / "self.parquet").symlink_to("self.parquet")  # a link to itself
+    expected["self.parquet"] = ("symbolic link",)
+    (hour / "gone.parquet").symlink_to(table / "removed.parquet")  # a link to nothing
+    expected["gone.parquet"] = ("symbolic link",)
+    # Hidden and marker files are not data by the Hadoop convention, wherever they are.
+    (hour / "_SUCCESS").write_bytes(b"")
+    (hour / ".part-good.parquet.swp").write_bytes(good.read_bytes())
+    (table / "_temporary/0").mkdir(parents=True)
+    (table / "_temporary/0/part-being-written.parquet").write_bytes(good.read_bytes())
+    return good, expected
+

@@ -128,7 +128,12 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
 
 # --- the year=/month=/day=/hour= landing layout (Unit; Hive-style hourly folders) ---------------
 
-_HOURLY_LEVELS = (("year", 4), ("month", 2), ("day", 2), ("hour", 2))
+#: (level, digits): a month, day or hour may drop its leading zero (`month=3`); a year has four
+#: digits, from 1000 on, as hour keys (`2024-03-01-05`) and Dagster's hourly partitions write it
+_HOURLY_LEVELS = (("year", "4"), ("month", "1,2"), ("day", "1,2"), ("hour", "1,2"))
+_FIRST_YEAR = 1000
+_LEVEL_HINTS = {"year": "year=<four digits, 1000 or later>", "month": "month=1..12",
+                "day": "day=1..the month's last day", "hour": "hour=0..23"}
 
 
 def hour_key(moment: dt.datetime) -> str:
@@ -141,9 +146,22 @@ def parse_hour_key(key: str) -> dt.datetime:
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 
-def _level_value(entry: Entry, level: str, width: int) -> int | None:
-    match = re.fullmatch(rf"{level}=(\d{{1,{width}}})", entry.name)
-    return int(match.group(1)) if entry.is_dir and match else None
+def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
+    """The value of folder `name` at `depth` of the hourly layout below the values `prefix`, or
+    None when it is not a valid one: a name of another level or not a number (`year=abc`,
+    `hour=-1`, `year=24`), or no such time (`hour=25`, `month=13`, `day=30` in February)."""
+    level, digits = _HOURLY_LEVELS[depth]
+    match = re.fullmatch(rf"{level}=(\d{{{digits}}})", name)
+    if not match:
+        return None
+    parts = (*prefix, int(match.group(1)))
+    if parts[0] < _FIRST_YEAR:
+        return None
+    try:
+        dt.datetime(*parts, *(1,) * (3 - len(parts)))  # a year, month or day stands for its first hour
+    except ValueError:
+        return None
+    return parts[-1]
 
 
 def hour_folders(
@@ -155,15 +173,14 @@ def hour_folders(
     A level may be written without its leading zero (`month=3`): both spellings of an hour are
     the same partition, so a key can have two folders. The pruning is what keeps a sensor tick
     and a run's listing cheap: only branches that can hold the wanted hours are listed, never
-    the whole history.
+    the whole history. Folders that are not valid times hold no hour (see `hourly_strays`).
     """
     found: dict[str, list[str]] = {}
     bounds = [tuple(getattr(b, level) for level, _ in _HOURLY_LEVELS) if b else None for b in (since, until)]
 
     def descend(uri: str, depth: int, prefix: tuple[int, ...]) -> None:
-        level, width = _HOURLY_LEVELS[depth]
         for entry in storage.list(uri):
-            value = _level_value(entry, level, width)
+            value = _level_value(entry.name, depth, prefix) if entry.is_dir else None
             if value is None:
                 continue
             parts = prefix + (value,)
@@ -173,14 +190,44 @@ def hour_folders(
             if depth < len(_HOURLY_LEVELS) - 1:
                 descend(entry.uri, depth + 1, parts)
                 continue
-            try:
-                key = hour_key(dt.datetime(*parts))
-            except ValueError:
-                continue  # e.g. day=31 in a 30-day month: not an hour folder
-            found.setdefault(key, []).append(entry.uri)
+            found.setdefault(hour_key(dt.datetime(*parts)), []).append(entry.uri)
 
     descend(table_uri, 0, ())
     return found
+
+
+def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
+    """Every file under `table_uri` that no hour reads, with the reason: in a folder that is
+    not a valid time, not inside an hour folder, inside a folder within an hour folder, or a
+    link that cannot be read. Hidden and marker files are not data (`is_hidden`).
+
+    One walk of the whole table: a run's cost, not a sensor tick's.
+    """
+    strays = []
+    for entry in storage.walk_files(table_uri, skip=is_hidden):
+        folders = entry.uri[len(table_uri.rstrip("/")) + 1:].split("/")[:-1]
+        reason = entry.unreadable or _why_no_hour_reads(folders)
+        if reason is not None:
+            strays.append((entry, reason))
+    return strays
+
+
+def _why_no_hour_reads(folders: list[str]) -> str | None:
+    """Why a file in `folders` (the path below the table folder) is in no hour, or None."""
+    prefix: tuple[int, ...] = ()
+    for depth, name in enumerate(folders[: len(_HOURLY_LEVELS)]):
+        value = _level_value(name, depth, prefix)
+        if value is None:
+            level = _HOURLY_LEVELS[depth][0]
+            where = "/".join(folders[: depth + 1])
+            return f"folder '{where}' is not a valid {level} folder ({_LEVEL_HINTS[level]}), so the file belongs to no hour"
+        prefix += (value,)
+    if len(folders) < len(_HOURLY_LEVELS):
+        return "the file is not inside an hour folder (year=/month=/day=/hour=)"
+    if len(folders) > len(_HOURLY_LEVELS):
+        return (f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS):])}', a folder within hour folder "
+                f"'{'/'.join(folders[:len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read")
+    return None
 
 
 def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:
@@ -188,6 +235,13 @@ def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | Non
     return sorted(hour_folders(storage, table_uri, since))
 
 
+def is_hidden(name: str) -> bool:
+    """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not landed
+    data: the Hadoop convention Spark, Hive and Athena follow too."""
+    return name.startswith(("_", "."))
+
+
 def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
-    """Data files of a folder: hidden and marker files (`_SUCCESS`, `.crc`) are not data."""
-    return [e for e in storage.list(folder_uri) if not e.is_dir and not e.name.startswith(("_", "."))]
+    """Data files of a folder: not hidden (`is_hidden`), and readable (a link that leads
+    nowhere is a stray, see `hourly_strays`)."""
+    return [e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None]

@@ -17,7 +17,8 @@ from pyspark.sql import DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
 from lake_assets.feeds.base import (
-    FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folders, list_hour_folders, parse_hour_key, timestamp_column,
+    FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folders, hourly_strays, list_hour_folders, parse_hour_key,
+    timestamp_column,
 )
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
@@ -62,6 +63,9 @@ class UnitCdcFormat(FeedFormat):
             key: tuple(sorted(e.name for folder in folders for e in data_files(storage, folder)))
             for key, folders in hour_folders(storage, self._table_uri(landing, table), since).items()
         }
+
+    def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
+        return hourly_strays(storage, self._table_uri(landing, table))
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         return self.partitions_files(storage, landing, table, [partition])[partition]
