@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets.engine import merge, model as m
+from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
@@ -77,11 +78,11 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
             schema, rows = meta.schema_arrow, meta.metadata.num_rows
     except Exception as exc:  # pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-    reason = fmt.vet_schema(schema)
+    reason = schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows), None) if reason is None else (None, reason)
 
 
-def canonical_uri_column(path: str) -> F.Column:
+def canonical_uri_column(path: str | F.Column) -> F.Column:
     """`canonical_uri` as a Spark expression.
 
     It runs on every row of a read, for a value that is the same for the whole file, so the
@@ -89,27 +90,35 @@ def canonical_uri_column(path: str) -> F.Column:
     rewritten only when it is not already `file:///`. Decoding first protects `+`, which
     Spark's `url_decode` (form decoding) would turn into a space and `unquote` keeps.
     """
-    spark_path = F.col(path)
+    spark_path = F.col(path) if isinstance(path, str) else path
     decoded = F.when(spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))).otherwise(spark_path)
     canonical_prefix = decoded.startswith("file:///") & ~decoded.startswith("file:////")
     return F.when(decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")).otherwise(decoded)
 
 
 def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, str], schema: pa.Schema | None = None) -> DataFrame:
-    """Files of one schema (URI -> the partition that lists it), normalised by the feed."""
+    """Files of one schema (URI -> the partition that lists it), normalised by the feed, which
+    sees every column under its lake name (`names.lake_name`)."""
     raw = spark.read.parquet(*partition_of)
     null_columns = tuple(f.name for f in schema if pa.types.is_null(f.type)) if schema is not None else ()
-    # A column Parquet stores with the null type (present but empty) reaches Spark as some
-    # arbitrary type; as NullType it widens into whatever type the column has elsewhere.
+
+    def as_lake_column(name: str) -> F.Column:
+        # A column Parquet stores with the null type (present but empty) reaches Spark as some
+        # arbitrary type; as NullType it widens into whatever type the column has elsewhere.
+        if name in null_columns:
+            return F.lit(None).alias(lake_name(name))
+        return col(name) if lake_name(name) == name else col(name).alias(lake_name(name))
+
     raw = raw.select(
-        *[F.lit(None).alias(c) if c in null_columns else F.col(f"`{c}`") for c in raw.columns],
-        canonical_uri_column("_metadata.file_path").alias(FILE_URI),
+        *[as_lake_column(c) for c in raw.columns],
+        # Asked for by its role: a vendor column named `_metadata` hides it from `F.col`.
+        canonical_uri_column(raw.metadataColumn("_metadata").getField("file_path")).alias(FILE_URI),
     )
     # A file's partition is what listed it, looked up once per file: worked out from the path
     # on every row, it cost ~0.8 s of a 1.7M-row read (docs/profiling.md).
     files = text_table(spark, [FILE_URI, FILE_PARTITION], list(partition_of.items()))
     raw = raw.join(F.broadcast(files), FILE_URI, "left")
-    events = fmt.normalise(raw, schema)
+    events = fmt.normalise(raw, lake_schema(schema) if schema is not None else None)
     return events if DERIVED in events.columns else events.withColumn(DERIVED, F.lit(False))
 
 

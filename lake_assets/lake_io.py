@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import data_files, is_data_file
 from lake_assets.errors import ConfigError
@@ -282,7 +283,7 @@ def erase_keys_in_partitions(
     log = read_partitions(spark, storage, table_uri, column, None)
     if log is None or not key_values:
         return []
-    wanted = spark.createDataFrame(key_values, schema=log.select(*keys).schema).withColumn("__erase", F.lit(True))
+    wanted = spark.createDataFrame(key_values, schema=log.select(*[col(k) for k in keys]).schema).withColumn("__erase", F.lit(True))
     hit = [r[column] for r in log.join(wanted, keys, "inner").select(column).distinct().collect()]
     if not hit:
         return []
@@ -291,8 +292,8 @@ def erase_keys_in_partitions(
     payload = payload_of(part.columns)
     rewritten = part.select(
         *[
-            (F.when(erase, F.lit(None).cast(part.schema[c].dataType)).otherwise(F.col(f"`{c}`")).alias(c) if c in payload
-             else (F.col(c) | erase).alias(c) if c == purged_column else F.col(f"`{c}`"))
+            (F.when(erase, F.lit(None).cast(part.schema[c].dataType)).otherwise(col(c)).alias(c) if c in payload
+             else (F.col(c) | erase).alias(c) if c == purged_column else col(c))
             for c in part.columns if c != "__erase"
         ]
     )

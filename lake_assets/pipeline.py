@@ -26,6 +26,7 @@ from lake_assets.config import FeedConfig
 from lake_assets.engine import checks, model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.model import PURGED
+from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
@@ -164,5 +165,5 @@ def files_with_values(batch: DataFrame, column: str | None, limit: int = 20) -> 
     """The landed files whose events carry a value in `column` (to name in an error)."""
     if column is None or column not in batch.columns:
         return []
-    found = batch.where(F.col(f"`{column}`").isNotNull()).select(m.SOURCE_FILE).distinct().limit(limit)
+    found = batch.where(col(column).isNotNull()).select(m.SOURCE_FILE).distinct().limit(limit)
     return sorted(r[0] for r in found.collect())

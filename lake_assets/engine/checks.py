@@ -13,6 +13,7 @@ import dataclasses
 from pyspark.sql import DataFrame, Window, functions as F
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 
 
@@ -27,7 +28,7 @@ class Outcome:
 def current_has_unique_keys(current: DataFrame | None, spec: m.TableSpec) -> Outcome:
     if current is None:
         return Outcome("current_unique_key", True, "current is empty", {"rows": 0})
-    row = current.agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(*[F.col(f"`{k}`") for k in spec.keys]).alias("keys")).collect()[0]
+    row = current.agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(*[col(k) for k in spec.keys]).alias("keys")).collect()[0]
     return Outcome(
         "current_unique_key",
         row["rows"] == row["keys"],
@@ -96,15 +97,15 @@ def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None,
 def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
     """Stored rows and batch versions (`SIDE`), each with what the checks read of its neighbours."""
     hc = spec.history_columns
-    stored = rows.select(*[F.col(f"`{k}`") for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE))
+    stored = rows.select(*[col(k) for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE))
     if batch is not None:
         versions = batch.select(
-            *[F.col(f"`{k}`") for k in spec.keys], F.col(m.VERSION_AT).alias(hc.start),
+            *[col(k) for k in spec.keys], F.col(m.VERSION_AT).alias(hc.start),
             *[F.lit(None).cast(stored.schema[c].dataType).alias(c) for c in (hc.end, hc.active, m.OP)],
             F.lit(BATCH).alias(SIDE),
         )
         stored = union_all(spec.name, [stored, versions])
-    keys = [F.col(f"`{k}`") for k in spec.keys]
+    keys = [col(k) for k in spec.keys]
     side = Window.partitionBy(*keys, F.col(SIDE)).orderBy(F.col(hc.start))
     whole_side = side.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
     both = Window.partitionBy(*keys).orderBy(F.col(hc.start), F.col(SIDE))

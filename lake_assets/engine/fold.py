@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, functions as F
 from lake_assets import lake_io
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
+from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, data_files, new_fold_id, recover
@@ -124,11 +125,11 @@ def fold(
     events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
     # Each touched key with its earliest version: its first event in the marked order (an
     # identical copy dropped from `events` has the same version as the one kept).
-    touched = marked.where(F.col(merge.FIRST_OF_KEY)).select(*keys, F.col(m.VERSION_AT).alias(FROM))
+    touched = marked.where(F.col(merge.FIRST_OF_KEY)).select(*merge.key_cols(spec), F.col(m.VERSION_AT).alias(FROM))
     open_paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
     open_rows = _read(spark, storage, open_paths, spec)
     open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
-    late_keys = open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*keys, FROM) if open_touched is not None else None
+    late_keys = open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*merge.key_cols(spec), FROM) if open_touched is not None else None
 
     totals = _totals(marked, open_rows, keys)
     report.batch_rows, report.events_in = totals["rows"], totals["events"]
@@ -195,7 +196,7 @@ def fold(
     # Every stored row of the new state, open and closed, in one frame: they share a shape, so
     # one write (one job, one read of the carried open set) lays them all out by kind and slice.
     if kept is not None and newly_purged:
-        purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema).withColumn("__p", F.lit(True))
+        purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*merge.key_cols(spec)).schema).withColumn("__p", F.lit(True))
         kept = kept.join(purge_keys, keys, "left")
         kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
         kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
@@ -264,7 +265,7 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
     late = F.lit(False)
     if open_rows is not None:
         # One start per key, so that the join cannot multiply the batch's rows in the counts.
-        open_starts = open_rows.groupBy(*keys).agg(F.max(START).alias(OPEN_FROM))
+        open_starts = open_rows.groupBy(*[col(k) for k in keys]).agg(F.max(START).alias(OPEN_FROM))
         marked = marked.join(open_starts, keys, "left")
         late = F.col(merge.FIRST_OF_KEY) & F.coalesce(_reaches_back(F.col(OPEN_FROM), F.col(m.VERSION_AT)), F.lit(False))
     row = marked.agg(
@@ -336,9 +337,9 @@ def _write_current(
 
 def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:
     """Keys with a purge marker in the batch that the state does not know as purged yet."""
-    purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys).distinct()
+    purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*[col(k) for k in keys]).distinct()
     if open_rows is not None:
-        known = open_rows.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys)
+        known = open_rows.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*[col(k) for k in keys])
         purged = purged.join(known, keys, "left_anti")
     return [tuple(r) for r in purged.collect()]
 

@@ -23,6 +23,7 @@ import datetime as dt
 from pyspark.sql import Column, DataFrame, Window, WindowSpec, functions as F
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
 
 START = "_version_at"  # in a timeline, a row starts at its version time
@@ -38,7 +39,7 @@ class FoldResult:
 
 
 def key_cols(spec: m.TableSpec) -> list[Column]:
-    return [F.col(f"`{k}`") for k in spec.keys]
+    return [col(k) for k in spec.keys]
 
 
 def with_optional_columns(events: DataFrame) -> DataFrame:
@@ -126,18 +127,18 @@ def fill_unmodified(
     so_far = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     filled = []
     for column in payload:
-        name = f"`{column}`"
+        value = col(column)
         unmodified = F.coalesce(F.array_contains(F.col(m.UNMODIFIED), column), F.lit(False))
         if settled is not None:
             unmodified = unmodified & ~F.coalesce(settled, F.lit(False))
         # The value travels with its life: one set before the last delete is not carried past it.
         # The struct also keeps an explicit NULL apart from "not set here".
-        set_here = F.struct(F.col("__life").alias("life"), F.col(name).alias("v"))
+        set_here = F.struct(F.col("__life").alias("life"), value.alias("v"))
         carried = F.last(F.when(~unmodified, set_here), ignorenulls=True).over(so_far)
         in_this_life = F.when(carried.getField("life") == F.col("__life"), carried.getField("v"))
-        filled.append(F.when(unmodified, in_this_life).otherwise(F.col(name)).alias(column))
-    others = [F.col(f"`{c}`") for c in events.columns if c not in payload and c != "__life"]
-    return events.select(*others, *filled).select(*events.drop("__life").columns)
+        filled.append(F.when(unmodified, in_this_life).otherwise(value).alias(column))
+    others = [col(c) for c in events.columns if c not in payload and c != "__life"]
+    return events.select(*others, *filled).select(*[col(c) for c in events.drop("__life").columns])
 
 
 def with_windows(events: DataFrame, spec: m.TableSpec, order: list[Column] | None = None) -> DataFrame:
@@ -159,7 +160,7 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     types = dict((f.name, f.dataType) for f in frame.schema.fields)
     return frame.select(
         *[
-            F.when(erase, F.lit(None).cast(types[c])).otherwise(F.col(f"`{c}`")).alias(c) if c in payload else F.col(f"`{c}`")
+            F.when(erase, F.lit(None).cast(types[c])).otherwise(col(c)).alias(c) if c in payload else col(c)
             for c in frame.columns
         ]
     )
@@ -208,7 +209,7 @@ def history_projection(spec: m.TableSpec, payload: list[str], *, start: str, pur
     fold's own stored rows, which must remember it for later late data)."""
     hc = spec.history_columns
     return [
-        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
+        *[col(c) for c in (*spec.keys, *payload)],
         F.col(start).alias(hc.start),
         F.col(END).alias(hc.end),
         F.col(ACTIVE).alias(hc.active),
@@ -229,7 +230,7 @@ def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFr
 def current_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
     """Published current columns from timeline rows: last rows that are not deletes."""
     return rows.where(F.col(ACTIVE) & (F.col(m.OP) != m.DELETE)).select(
-        *[F.col(f"`{c}`") for c in (*spec.keys, *payload)],
+        *[col(c) for c in (*spec.keys, *payload)],
         F.col(m.VERSION_AT),
         F.col(m.SEQ),
         F.col(m.SOURCE_FILE),

@@ -12,6 +12,11 @@ and these system columns:
 | `_purged`       | boolean         | the key was purged: its field data must be erased everywhere  |
 | `_source_file`  | string          | URI of the landed file the event came from                    |
 | `_ingested_at`  | timestamp       | when lake_assets read it                                      |
+
+These names, the history-mode columns (`_fivetran_*`), the partition columns and every name
+starting with `__` (the engine's working columns) are the lake's own, compared ignoring case as
+Spark compares names: a vendor column named like one of them is kept under another name
+(`engine.names.lake_name`), never dropped and never mistaken for the lake's.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ PER_EVENT_COLUMNS = (VERSION_AT, SEQ)
 
 # Hive partition columns of change logs (hourly feeds, batch feeds); never payload.
 PARTITION_COLUMNS = ("hour", "batch")
+#: the engine's working columns all start with this
+INTERNAL_PREFIX = "__"
 
 
 def is_reserved(column: str) -> bool:
-    """System, partition and internal (`__`) columns: everything that is not payload."""
-    return column in SYSTEM_COLUMNS or column in PARTITION_COLUMNS or column.startswith("__")
+    """System, history, partition and internal (`__`) columns: everything that is not payload.
+    Ignoring case, as Spark resolves names: a payload `Hour` would be the partition column `hour`."""
+    folded = column.lower()
+    return folded in _RESERVED or folded.startswith(INTERNAL_PREFIX)
 
 INSERT, UPDATE, DELETE = "insert", "update", "delete"
 OPERATIONS = (INSERT, UPDATE, DELETE)
@@ -65,4 +74,10 @@ class TableSpec:
     history_columns: HistoryColumns = HistoryColumns()
 
     def payload_columns(self, columns: list[str]) -> list[str]:
+        """The payload among `columns`: not a key, not the lake's own."""
         return [c for c in columns if c not in self.keys and not is_reserved(c)]
+
+
+_RESERVED = frozenset(name.lower() for name in (
+    *SYSTEM_COLUMNS, *PARTITION_COLUMNS, *dataclasses.astuple(HistoryColumns()),
+))

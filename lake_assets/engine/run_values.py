@@ -18,6 +18,8 @@ import datetime as dt
 
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
+from lake_assets.engine.names import quoted
+
 
 def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFrame:
     """`frame` with a column per entry of `values`, the same value on every row.
@@ -28,7 +30,7 @@ def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFra
     spark: SparkSession = frame.sparkSession
     names = list(values)
     params = {f"v{index}": values[name] for index, name in enumerate(names)}
-    columns = ", ".join(f"`{name}`" for name in names)
+    columns = ", ".join(quoted(name) for name in names)
     # An inline table becomes a local relation: its rows are data, never folded into a literal.
     one_row = spark.sql(f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params)
     return frame.drop(*names).crossJoin(F.broadcast(one_row))
@@ -46,7 +48,7 @@ def text_table(spark: SparkSession, columns: list[str], rows: list[tuple[str | N
         return "CAST(NULL AS STRING)" if value is None else f"CAST(X'{value.encode().hex()}' AS STRING)"
 
     if not rows:
-        schema = ", ".join(f"`{name}` string" for name in columns)
+        schema = ", ".join(f"{quoted(name)} string" for name in columns)
         return spark.createDataFrame([], schema)
     values = ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
-    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(f'`{c}`' for c in columns)})")
+    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(quoted(c) for c in columns)})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col, same_name
 from lake_assets.errors import SchemaClash
 
 
@@ -66,35 +67,72 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
 
 
 def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructField]:
-    """Union of columns in first-seen order, each with its widened type."""
-    order: list[str] = []
+    """Union of columns in first-seen order, each with its widened type. Names equal ignoring
+    case are one column (Spark could not tell them apart), spelled as first seen."""
+    spelling: dict[str, str] = {}
     types: dict[str, T.DataType] = {}
     for schema in schemas:
         for field in schema.fields:
-            if field.name not in types:
-                order.append(field.name)
-                types[field.name] = field.dataType
+            name = same_name(field.name)
+            if name not in types:
+                spelling[name] = field.name
+                types[name] = field.dataType
             else:
-                types[field.name] = widen(table, field.name, types[field.name], field.dataType)
-    return [T.StructField(name, types[name], True) for name in order]
+                types[name] = widen(table, spelling[name], types[name], field.dataType)
+    return [T.StructField(spelling[name], types[name], True) for name in spelling]
 
 
 def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | None = None) -> DataFrame:
-    """Select `fields` from `df`: cast to the target type, NULL where the column is absent.
-    `schema` is `df`'s, when the caller has it (asking a deep plan for it costs an analysis)."""
+    """Select `fields` from `df`: cast to the target type, spelled as the field is, NULL where
+    the column is absent. `schema` is `df`'s, when the caller has it (asking a deep plan for it
+    costs an analysis)."""
     schema = schema or df.schema
-    present = {f.name: f.dataType for f in schema.fields}
+    present = {same_name(f.name): f for f in schema.fields}
     if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in fields]:
         return df  # already in shape: no projection of every column to build and analyse
 
-    def column(field: T.StructField):
-        if field.name not in present:
+    def select(field: T.StructField):
+        found = present.get(same_name(field.name))
+        if found is None:
             return F.lit(None).cast(field.dataType).alias(field.name)
-        if present[field.name] == field.dataType:  # most columns: no cast to build and analyse
-            return F.col(f"`{field.name}`")
-        return F.col(f"`{field.name}`").cast(field.dataType).alias(field.name)
+        if (found.name, found.dataType) == (field.name, field.dataType):  # most columns: nothing to build and analyse
+            return col(field.name)
+        if found.dataType == field.dataType:
+            return col(found.name).alias(field.name)
+        return col(found.name).cast(field.dataType).alias(field.name)
 
-    return df.select(*[column(f) for f in fields])
+    return df.select(*[select(f) for f in fields])
+
+
+def one_column_per_name(frame: DataFrame, table: str) -> DataFrame:
+    """`frame` with each set of columns whose names are equal ignoring case made one column.
+
+    Spark's JSON reader keeps a field spelled `Status` in some documents and `status` in others
+    apart, as two columns no name can select. They become one, spelled as first listed, holding
+    each row's value (a document holds at most one of the spellings: one with both is refused
+    before) in their widened type, or as text where they cannot widen, as that reader does with
+    a field whose type clashes between documents.
+    """
+    groups: dict[str, list[int]] = {}
+    for index, name in enumerate(frame.columns):
+        groups.setdefault(same_name(name), []).append(index)
+    if all(len(indexes) == 1 for indexes in groups.values()):
+        return frame
+    fields = frame.schema.fields
+    # Positional names: the only way to tell the spellings apart in a query.
+    by_position = frame.toDF(*[f"{m.INTERNAL_PREFIX}column_{index}" for index in range(len(fields))])
+
+    def merged(indexes: list[int]):
+        dtype = fields[indexes[0]].dataType
+        try:
+            for index in indexes[1:]:
+                dtype = widen(table, fields[indexes[0]].name, dtype, fields[index].dataType)
+        except SchemaClash:
+            dtype = T.StringType()
+        values = [by_position[f"{m.INTERNAL_PREFIX}column_{index}"].cast(dtype) for index in indexes]
+        return (F.coalesce(*values) if len(values) > 1 else values[0]).alias(fields[indexes[0]].name)
+
+    return by_position.select(*[merged(indexes) for indexes in groups.values()])
 
 
 def union_all(table: str, frames: list[DataFrame]) -> DataFrame:

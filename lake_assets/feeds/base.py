@@ -11,6 +11,7 @@ from pyspark.sql import Column, DataFrame, functions as F, types as T
 
 from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
+from lake_assets.engine.names import col
 from lake_assets.storage import Entry, Storage
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
@@ -108,7 +109,7 @@ EPOCH_MS_THRESHOLD = 100_000_000_000  # epoch numbers above this are millisecond
 def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
     (nanoseconds reach Spark as a long, see spark.py), INT96, ISO text, or epoch seconds/millis."""
-    value = F.col(f"`{column}`")
+    value = col(column)
     if isinstance(spark_type, T.StringType):
         text = F.trim(value)
         # Spark reads a time of day alone ("03:00") as that time today, a moment that moves with

@@ -42,6 +42,8 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets.config import CollectionConfig
 from lake_assets.engine import merge, model as m
+from lake_assets.engine.names import case_clash, col, lake_name
+from lake_assets.engine.schema import one_column_per_name
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, stamped
@@ -104,8 +106,8 @@ def stray_reason(journal: str, folders: list[str]) -> str | None:
 
 
 def key_column(pointer: str) -> str:
-    """The column a key pointer becomes: `/id` -> `id`, `/a/b` -> `a_b`."""
-    return pointer.strip("/").replace("/", "_")
+    """The column a key pointer becomes: `/id` -> `id`, `/a/b` -> `a_b` (by its lake name)."""
+    return lake_name(pointer.strip("/").replace("/", "_"))
 
 
 def _resolve(document: dict, pointer: str):
@@ -118,13 +120,18 @@ def _resolve(document: dict, pointer: str):
     return value
 
 
+def _columns_of(document: dict, key: tuple[str, ...]) -> list[str]:
+    """The columns a document becomes (`document_row`), each once."""
+    return list(dict.fromkeys([*(lake_name(name) for name in document if name != "_meta"), *map(key_column, key)]))
+
+
 def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     """One committed document as a flat JSON object: key columns, top-level fields (objects and
     arrays as JSON text) and the change-model fields the feed derives."""
     body = doc.doc
     meta = body.get("_meta") or {}
     row = {
-        name: json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else value
+        lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else value
         for name, value in body.items()
         if name != "_meta"
     }
@@ -157,6 +164,9 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
             raise ff.FragmentError(
                 doc.uri, f"document key {pointer} is a JSON {kind}, not a string, number or boolean", doc.offset
             )
+    clash = case_clash(_columns_of(doc.doc, key))
+    if clash:
+        raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
 
 
 def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES):
@@ -488,11 +498,12 @@ class FlowJournalFormat(FeedFormat):
         return retry
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
+        parsed = one_column_per_name(parsed, collection.table)
         keys = [key_column(p) for p in collection.key]
         payload = [c for c in parsed.columns if not c.startswith("__") and c not in keys and not m.is_reserved(c)]
         return parsed.select(
-            *[F.col(f"`{k}`") for k in keys],
-            *[F.when(F.col("__op") == m.DELETE, F.lit(None).cast(parsed.schema[c].dataType)).otherwise(F.col(f"`{c}`")).alias(c)
+            *[col(k) for k in keys],
+            *[F.when(F.col("__op") == m.DELETE, F.lit(None).cast(parsed.schema[c].dataType)).otherwise(col(c)).alias(c)
               for c in payload],
             F.col("__op").alias(m.OP),
             F.date_trunc("millisecond", F.to_timestamp("__at")).alias(m.VERSION_AT),

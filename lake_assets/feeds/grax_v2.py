@@ -34,6 +34,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col, lake_name, vendor_name
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, data_files, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage
@@ -87,13 +88,16 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
 
     A column like `Is_b` counts as a typed copy only when `Is` is in the same file: GRAX writes
     the string value of every field that has data, so a lone `Is_b` is a field of its own.
+    Columns go by their lake names, pairs are found by the vendor's: a field `hour` (in the lake
+    `_src_hour`, a reserved name) has its copy `hour_i`.
     """
     present = set(columns)
     copies: dict[str, dict[str, str]] = {}
     for column in columns:
-        match = _TYPED.match(column)
-        if match and match.group("field") in present and match.group("field") not in GRAX_COLUMNS:
-            copies.setdefault(match.group("field"), {})[match.group("suffix")] = column
+        match = _TYPED.match(vendor_name(column))
+        field = lake_name(match.group("field")) if match else None
+        if field in present and field not in GRAX_COLUMNS:
+            copies.setdefault(field, {})[match.group("suffix")] = column
     return copies
 
 
@@ -217,7 +221,7 @@ class GraxV2Format(FeedFormat):
             elif column in (DELETED, PURGED):
                 payload.append(stamp(column).alias(column))  # the markers stay readable (lineage)
             else:
-                payload.append(F.col(f"`{column}`").alias(column))
+                payload.append(col(column).alias(column))
 
         def not_a_time(column: str) -> Column:
             return F.concat(F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL")))
@@ -239,7 +243,7 @@ class GraxV2Format(FeedFormat):
         for column in sorted(typed_columns):
             target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
             if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
-                value = F.col(f"`{column}`")
+                value = col(column)
                 invalid = F.when(
                     value.isNotNull() & value.try_cast(target).isNull(),
                     F.concat(F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "), value),
@@ -262,7 +266,7 @@ class GraxV2Format(FeedFormat):
         payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)]
         # A delete carries the key only; stamped before its version by the vendor, it still follows it.
         deletes = versions.where(F.col("__deleted_at").isNotNull()).select(
-            *[F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else F.col(f"`{c}`")
+            *[F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
               for c in versions.columns]
         ).withColumn(m.OP, F.lit(m.DELETE)).withColumn(
             m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT))
@@ -280,12 +284,12 @@ class GraxV2Format(FeedFormat):
             if suffix == "ts":
                 kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
             elif TYPED_SUFFIXES[suffix] is None or isinstance(dtype, T.StringType) and suffix == "t":
-                kinds[column] = (F.col(f"`{column}`"), dtype)  # time of day: as Spark reads it
+                kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
             else:
                 target = TYPED_SUFFIXES[suffix]
-                value = F.col(f"`{column}`")
+                value = col(column)
                 kinds[column] = (value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target), target)
-        string_copy = F.col(f"`{field}`").cast("string")
+        string_copy = col(field).cast("string")
         targets = {t.simpleString() for _, t in kinds.values()}
         if not kinds:
             value = string_copy

@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F, types as T
 
 from lake_assets.engine import model as m
+from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
     FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folders, hourly_strays, list_hour_folders, parse_hour_key,
     timestamp_column,
@@ -119,7 +120,7 @@ class UnitCdcFormat(FeedFormat):
         payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
         return raw.select(
             F.col(KEY),
-            *[F.col(f"`{c}`") for c in payload],
+            *[col(c) for c in payload],
             op.alias(m.OP),
             version_at.alias(m.VERSION_AT),
             seq.alias(m.SEQ),
