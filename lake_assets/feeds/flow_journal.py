@@ -150,7 +150,8 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
 
 def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
     """FragmentError (naming the document's offset) unless the document is data the change model
-    can take: a known op and every key pointer resolving to a scalar (string, number, boolean)."""
+    can take: a known op, every key pointer resolving to a scalar (string, number, boolean), and
+    no two fields whose names are equal ignoring case (Spark would take them for one column)."""
     op = doc.doc["_meta"].get("op")
     if op is not None and op not in _OPS:
         raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {op!r}", doc.offset)
