@@ -165,6 +165,19 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     )
 
 
+def erase_keys(frame: DataFrame, keys: list[str], purged: DataFrame) -> DataFrame:
+    """`frame` with every row of the keys in `purged` (a frame of the key columns, small: it is
+    broadcast) erased: payload NULL, `_purged` set. Columns keep their order; other rows are
+    left as they are."""
+    hit = "__erase"
+    wanted = F.broadcast(purged.select(*keys).distinct().withColumn(hit, F.lit(True)))
+    erase = F.coalesce(F.col(hit), F.lit(False))
+    joined = erase_fields(frame.join(wanted, keys, "left"), m.payload_columns(frame.columns, keys), erase)
+    marked = F.coalesce(F.col(m.PURGED), F.lit(False)) | erase if m.PURGED in frame.columns else erase
+    columns = [*frame.columns, *([] if m.PURGED in frame.columns else [m.PURGED])]
+    return joined.withColumn(m.PURGED, marked).select(*[F.col(f"`{c}`") for c in columns])
+
+
 def purged_anywhere(spec: m.TableSpec, order: list[Column]) -> Column:
     """True on every row of a key that has a purge marker on any of its rows."""
     flag = F.coalesce(F.col(m.PURGED), F.lit(False)).cast("int")

@@ -65,4 +65,9 @@ class TableSpec:
     history_columns: HistoryColumns = HistoryColumns()
 
     def payload_columns(self, columns: list[str]) -> list[str]:
-        return [c for c in columns if c not in self.keys and not is_reserved(c)]
+        return payload_columns(columns, self.keys)
+
+
+def payload_columns(columns: list[str], keys: tuple[str, ...] | list[str]) -> list[str]:
+    """The field data among `columns` of a table keyed by `keys`: what a purge erases."""
+    return [c for c in columns if c not in keys and not is_reserved(c)]
