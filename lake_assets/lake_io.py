@@ -289,7 +289,7 @@ def erase_keys_in_partitions(
     not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
     for name in payload:
         not_erased = not_erased | F.col(f"`{name}`").isNotNull()
-    held = log.join(F.broadcast(purged.select(*keys).distinct()), keys, "left_semi").where(not_erased)
+    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(not_erased)
     hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []

@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql import functions as F, types as T
 
 from lake_assets import lake_io
-from lake_assets.engine import model as m, purges
+from lake_assets.engine import merge, model as m, purges
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.fold import fold
 from lake_assets.errors import SchemaClash
@@ -142,3 +142,16 @@ def test_a_purge_is_recorded_and_erased_from_state_and_change_log_in_one_commit(
         assert outcome == ((False, True, True) if crash_at == "record" else (True, False, False)), crash_at
         lake.fold(purge, log_column="hour")
         assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False), crash_at
+
+
+def test_a_purged_key_is_erased_after_the_key_column_changed_type(spark):
+    """The ledger keeps a key in the type it had when purged; a later batch whose key column
+    drifted (number to text, or back) is still erased, and a recorded value the batch's type
+    cannot hold matches nothing instead of failing the write."""
+    numbers = spark.createDataFrame([(7, "secret", False), (8, "keep", False)], "id bigint, c1 string, _purged boolean")
+    texts = spark.createDataFrame([("7", "secret", False), ("x", "keep", False)], "id string, c1 string, _purged boolean")
+    recorded_as_text = spark.createDataFrame([("7",), ("abc",)], "id string")
+    recorded_as_number = spark.createDataFrame([(7,)], "id bigint")
+    for batch, recorded in ((numbers, recorded_as_text), (texts, recorded_as_number)):
+        rows = sorted((str(r["id"]), r["c1"], r["_purged"]) for r in merge.erase_keys(batch, ["id"], recorded).collect())
+        assert rows == sorted([("7", None, True), (str(batch.collect()[1]["id"]), "keep", False)])

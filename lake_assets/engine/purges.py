@@ -77,7 +77,7 @@ def newly_purged(events: DataFrame, recorded: DataFrame | None, keys: list[str])
     """Keys with a purge marker in `events` that the ledger does not hold yet."""
     purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys).distinct()
     if recorded is not None:
-        purged = purged.join(recorded, keys, "left_anti")
+        purged = purged.join(merge.keys_typed_as(recorded, events, keys), keys, "left_anti")
     return [tuple(r) for r in purged.collect()]
 
 
