@@ -35,6 +35,7 @@ from benchmarks.unit_landing import LandingShape, write_listing_only_landing, wr
 from lake_assets import pipeline
 from lake_assets.catalog.store import ParquetCatalogStore
 from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.engine.state import TableState
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import hour_key
 from lake_assets.orchestration.definitions import build_definitions, feed_job_name
@@ -98,7 +99,8 @@ def run_pipeline(
     changes = work.layout.table("changes", FEED, TABLE)
     with _timed(timings, "store changes"):
         pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column,
-                                  partitions, feed=FEED, table=TABLE, run_id=work.run_id, keys=work.fmt.table_spec(TABLE).keys)
+                                  partitions, feed=FEED, table=TABLE, run_id=work.run_id, keys=work.fmt.table_spec(TABLE).keys,
+                                  state=TableState(work.layout, FEED, TABLE))
     with _timed(timings, "fold"):
         # What the IO manager hands the state step of the same run: the stored batch, in memory.
         batch = ingested.batch.events

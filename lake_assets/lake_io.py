@@ -8,18 +8,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
-from lake_assets.engine import model as m
+from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import data_files, is_data_file
 from lake_assets.errors import ConfigError
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
+
+if TYPE_CHECKING:
+    from lake_assets.engine.purges import Erasure
 
 
 TYPE_INFERENCE = "spark.sql.sources.partitionColumnTypeInference.enabled"
@@ -219,7 +222,7 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 def write_partitions(
     df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
-    keys: Iterable[str] = (),
+    keys: Iterable[str] = (), erase: Erasure | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -227,19 +230,25 @@ def write_partitions(
     whose input shrank leaves nothing stale behind. Returns rows written per partition.
     `keys` (the table's key columns), event times and sequences are stored without a Parquet
     dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
+    With `erase` (a change log's purges), purged keys' field data is erased from the rows first.
     """
     values = sorted(set(values))
     for value in values:
         safe_segment(f"{column}={value}", "partition")
     counts: dict[str, int] = {}
     if df is not None:
-        # One pass both counts the rows per partition and finds rows outside the run's partitions.
-        counts = {r[column]: r["n"] for r in df.groupBy(column).agg(F.count(F.lit(1)).alias("n")).collect()}
+        # One pass both counts the rows per partition and finds rows outside the run's partitions
+        # (and counts the rows marking a purge, for `erase`).
+        tallies = [F.count(F.lit(1)).alias("n"), (erase.marked_rows(df) if erase is not None else F.lit(0)).alias("marked")]
+        counted = df.groupBy(column).agg(*tallies).collect()
+        counts = {r[column]: r["n"] for r in counted}
         stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
         if stray:
             raise ValueError(
                 f"rows for partition {stray[0]!r} do not belong to the partitions being written {values[:3]}…"
             )
+        if erase is not None:
+            df = erase.apply(df, sum(r["marked"] for r in counted))
         if counts:
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
@@ -267,36 +276,25 @@ def schema_metadata(schema: T.StructType) -> list[tuple[str, str]]:
 
 
 def erase_keys_in_partitions(
-    spark: SparkSession,
-    storage: Storage,
-    table_uri: str,
-    column: str,
-    keys: list[str],
-    key_values: list[tuple],
-    payload_of: Callable[[list[str]], list[str]],
-    purged_column: str,
+    spark: SparkSession, storage: Storage, table_uri: str, column: str, keys: list[str], purged: DataFrame, staging: str,
 ) -> list[str]:
-    """NULL the payload of the given keys in every partition of a log that holds them.
-
-    Returns the partitions rewritten. Used for purges, which must leave no field data behind.
-    """
+    """Write to `staging` (as `<column>=<value>/` folders) every partition of a log holding rows of
+    the `purged` keys (a frame of key columns) that still carry field data or lack the purge
+    marker, with those keys erased (`merge.erase_keys`); returns those partitions. The caller
+    puts them in place of the originals in its commit. Used for purges, which must leave no field
+    data behind."""
     log = read_partitions(spark, storage, table_uri, column, None)
-    if log is None or not key_values:
+    if log is None:
         return []
-    wanted = spark.createDataFrame(key_values, schema=log.select(*[col(k) for k in keys]).schema).withColumn("__erase", F.lit(True))
-    hit = [r[column] for r in log.join(wanted, keys, "inner").select(column).distinct().collect()]
+    payload = m.payload_columns(log.columns, keys)
+    not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
+    for name in payload:
+        not_erased = not_erased | col(name).isNotNull()
+    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(not_erased)
+    hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []
-    part = read_partitions(spark, storage, table_uri, column, hit).join(wanted, keys, "left")
-    erase = F.coalesce(F.col("__erase"), F.lit(False))
-    payload = payload_of(part.columns)
-    rewritten = part.select(
-        *[
-            (F.when(erase, F.lit(None).cast(part.schema[c].dataType)).otherwise(col(c)).alias(c) if c in payload
-             else (F.col(c) | erase).alias(c) if c == purged_column else col(c))
-            for c in part.columns if c != "__erase"
-        ]
-    )
-    # Materialised first: Spark refuses to overwrite folders the same plan still reads.
-    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit, keys)
-    return sorted(hit)
+    erased = merge.erase_keys(read_partitions(spark, storage, table_uri, column, hit), keys, purged)
+    options = without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
+    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(staging)
+    return hit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from lake_assets import lake_io
 from lake_assets.catalog.files import (
@@ -23,9 +23,8 @@ from lake_assets.catalog.files import (
 )
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config import FeedConfig
-from lake_assets.engine import checks, model as m
+from lake_assets.engine import checks, model as m, purges
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
-from lake_assets.engine.model import PURGED
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, data_files
@@ -110,34 +109,31 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
 
 def store_partitions(
     storage: Storage, store: CatalogStore, location: str, frame: DataFrame | None, column: str, partitions: list[str],
-    *, feed: str, table: str, run_id: str | None, keys: tuple[str, ...] = (),
+    *, feed: str, table: str, run_id: str | None, keys: tuple[str, ...] = (), state: TableState | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`
     (a table keyed by `keys`), cataloguing the files written; returns (rows per written
-    partition, files written)."""
-    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys)
+    partition, files written). With the table's `state` (a change log), the keys it recorded as
+    purged, and those `frame` purges, are written without their field data."""
+    erase = purges.Erasure.of_table(frame.sparkSession, storage, state, keys) if state is not None and frame is not None else None
+    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase)
     files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, (m.VERSION_AT,)))
     return written, files
 
 
 def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, log=_log) -> FoldReport:
-    """Fold a change batch into the table's current and history, cataloguing the files the fold
-    wrote, and erase purged keys' field data from the change log (re-cataloguing what changed)."""
+    """Fold a change batch into the table's current and history, erasing keys it purges for the
+    first time from the change log too, and catalogue the files the fold wrote."""
     fmt, storage = work.fmt, work.storage
     spec = fmt.table_spec(work.table)
-    changes_uri = work.layout.table("changes", work.feed.name, work.table)
-
-    def erase_from_log(key_values):
-        hours = lake_io.erase_keys_in_partitions(
-            session, storage, changes_uri, fmt.partition_column, list(spec.keys), key_values, spec.payload_columns, PURGED,
-        )
-        log.info(f"purge: erased field data of {len(key_values)} key(s) from {len(hours)} change partition(s)")
-        rewritten = [u for h in hours for u in data_files(storage, f"{changes_uri}/{fmt.partition_column}={h}")]
-        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, rewritten, (m.VERSION_AT,)))
-
-    report = fold(session, storage, TableState(work.layout, work.feed.name, work.table), batch, spec, erase_from_log=erase_from_log)
+    state = TableState(work.layout, work.feed.name, work.table)
+    report = fold(session, storage, state, batch, spec, log_column=fmt.partition_column)
     work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
+    if report.newly_purged:
+        log.info(f"purge: recorded {len(report.newly_purged)} key(s) as purged and erased their field data from the "
+                 f"state and from {len(report.log_partitions_erased)} change partition(s)")
+        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.log_files_written, (m.VERSION_AT,)))
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     return report

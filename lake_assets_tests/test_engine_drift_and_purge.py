@@ -6,12 +6,12 @@ import pytest
 from pyspark.sql import functions as F, types as T
 
 from lake_assets import lake_io
-from lake_assets.engine import model as m
+from lake_assets.engine import merge, model as m, purges
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.fold import fold
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage
-from lake_assets_tests.engine_harness import EngineLake, utc
+from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
 
 
 def _frame(spark, rows, amount_type):
@@ -69,16 +69,89 @@ def test_columns_added_and_dropped_across_folds(spark, tmp_path):
     assert [(r["c1"], r["c2"], r["c3"]) for r in rows] == [("old", 1, None), (None, None, "new")]
 
 
-def test_purge_erases_the_key_from_every_change_log_partition(spark, tmp_path):
+def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key(spark, tmp_path):
+    """Partitions holding the key's field data (or its rows without the marker) are staged with
+    the key erased; a partition where the key is erased already, or absent, is left alone."""
     storage = Storage()
     table = f"file://{tmp_path}/changes/test/things"
     log = spark.createDataFrame(
-        [("p", "secret", "h1", False), ("q", "keep", "h1", False), ("p", "secret2", "h2", False), ("q", "keep2", "h3", False)],
+        [("p", "secret", "h1", False), ("q", "keep", "h1", False), ("p", "secret2", "h2", False), ("q", "keep2", "h3", False),
+         ("p", None, "h4", True)],
         "id string, c1 string, hour string, _purged boolean",
     )
-    lake_io.write_partitions(log, storage, table, "hour", ["h1", "h2", "h3"])
-    spec = m.TableSpec(name="things", keys=("id",))
-    hit = lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], [("p",)], spec.payload_columns, m.PURGED)
-    assert hit == ["h1", "h2"]
-    rows = sorted(tuple(r) for r in lake_io.read_partitions(spark, storage, table, "hour", None).select("id", "c1", "hour", "_purged").collect())
-    assert rows == [("p", None, "h1", True), ("p", None, "h2", True), ("q", "keep", "h1", False), ("q", "keep2", "h3", False)]
+    lake_io.write_partitions(log, storage, table, "hour", ["h1", "h2", "h3", "h4"])
+    staging = f"file://{tmp_path}/staging"
+    purged = spark.createDataFrame([("p",)], "id string")
+    assert lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], purged, staging) == ["h1", "h2"]
+    rows = sorted(tuple(r) for r in lake_io.read_partitions(spark, storage, staging, "hour", None).select("id", "c1", "hour", "_purged").collect())
+    assert rows == [("p", None, "h1", True), ("p", None, "h2", True), ("q", "keep", "h1", False)]
+    unchanged = lake_io.read_partitions(spark, storage, table, "hour", None).where("id = 'p' AND c1 IS NOT NULL").count()
+    assert unchanged == 2  # staged only: the caller's commit puts them in place
+
+
+class Crash(Exception):
+    pass
+
+
+def _purge_commit_outcome(lake, changes):
+    """(purge recorded, field data left in the change log, field data left in history) of key p."""
+    ledger = purges.ledger(lake.spark, lake.storage, lake.state)
+    recorded = ledger is not None and ledger.where("id = 'p'").count() > 0
+    in_log = lake_io.read_partitions(lake.spark, lake.storage, changes, "hour", None).where("id = 'p' AND c1 IS NOT NULL").count() > 0
+    in_history = any(r["c1"] is not None for r in lake.history() if r["id"] == "p")
+    return recorded, in_log, in_history
+
+
+def test_a_purge_is_recorded_and_erased_from_state_and_change_log_in_one_commit(spark, tmp_path):
+    """Killed at any step of the commit of the fold that first meets a purge, the next fold's
+    recovery leaves all of it (recorded, erased from history and from the change log) or none of
+    it (and folding the batch again does it all): never a recorded purge with field data left."""
+    created = [{"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
+               {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep"}]
+    purge = [{"id": "p", "op": "update", "version_at": utc(2024, 1, 3), "seq": 3, "purged": True}]
+
+    def lake_before_the_purge(root):
+        lake = EngineLake(spark, root)
+        log = spark.createDataFrame([as_row(e) for e in created + purge], SCHEMA).withColumn(
+            "hour", F.when(F.col(m.PURGED), "h2").otherwise("h1"))
+        lake_io.write_partitions(log, lake.storage, lake.state.changes, "hour", ["h1", "h2"])
+        lake.fold(created, log_column="hour")
+        return lake
+
+    steps = []
+    lake = lake_before_the_purge(tmp_path / "uninterrupted")
+    lake.fold(purge, log_column="hour", on_commit_step=steps.append)
+    assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False)
+    assert "add 0" in steps and "delete 0" in steps
+
+    adds = [s for s in steps if s.startswith("add")]
+    deletes = [s for s in steps if s.startswith("delete")]
+    for crash_at in ("record", adds[0], adds[-1], deletes[0], deletes[-1], "forget"):
+        lake = lake_before_the_purge(tmp_path / crash_at.replace(" ", "-"))
+
+        def crash(step, at=crash_at):
+            if step == at:
+                raise Crash(step)
+
+        with pytest.raises(Crash):
+            lake.fold(purge, log_column="hour", on_commit_step=crash)
+        recovered = lake.fold([]).recovered_folds  # what the next fold does first
+        assert len(recovered) == (0 if crash_at == "record" else 1), crash_at
+        outcome = _purge_commit_outcome(lake, lake.state.changes)
+        assert outcome in ((False, True, True), (True, False, False)), crash_at
+        assert outcome == ((False, True, True) if crash_at == "record" else (True, False, False)), crash_at
+        lake.fold(purge, log_column="hour")
+        assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False), crash_at
+
+
+def test_a_purged_key_is_erased_after_the_key_column_changed_type(spark):
+    """The ledger keeps a key in the type it had when purged; a later batch whose key column
+    drifted (number to text, or back) is still erased, and a recorded value the batch's type
+    cannot hold matches nothing instead of failing the write."""
+    numbers = spark.createDataFrame([(7, "secret", False), (8, "keep", False)], "id bigint, c1 string, _purged boolean")
+    texts = spark.createDataFrame([("7", "secret", False), ("x", "keep", False)], "id string, c1 string, _purged boolean")
+    recorded_as_text = spark.createDataFrame([("7",), ("abc",)], "id string")
+    recorded_as_number = spark.createDataFrame([(7,)], "id bigint")
+    for batch, recorded in ((numbers, recorded_as_text), (texts, recorded_as_number)):
+        rows = sorted((str(r["id"]), r["c1"], r["_purged"]) for r in merge.erase_keys(batch, ["id"], recorded).collect())
+        assert rows == sorted([("7", None, True), (str(batch.collect()[1]["id"]), "keep", False)])

@@ -46,7 +46,7 @@ def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
     only_digits = f"file://{tmp_path / 'digits'}"
     lake_io.write_partitions(frame.where("id = 'a'"), storage, only_digits, "batch", ["000000123"])
     erased = lake_io.erase_keys_in_partitions(
-        spark, storage, only_digits, "batch", ["id"], [("a",)], lambda columns: [], "purged",
+        spark, storage, only_digits, "batch", ["id"], spark.createDataFrame([("a",)], "id string"), f"file://{tmp_path / 'staged'}",
     )
     assert erased == ["000000123"]
     spark.conf.set(lake_io.TYPE_INFERENCE, "true")  # a session someone else configured

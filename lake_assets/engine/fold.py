@@ -23,7 +23,7 @@ from typing import Callable
 from pyspark.sql import Column, DataFrame, SparkSession, functions as F
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge, model as m, purges
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
@@ -71,6 +71,9 @@ class FoldReport:
     days_compacted: list[str] = dataclasses.field(default_factory=list)
     #: table files the fold's commit put in place (current, history; not the engine's own state)
     files_written: list[str] = dataclasses.field(default_factory=list)
+    #: change-log partitions the fold's commit replaced to erase newly purged keys, and their files
+    log_partitions_erased: list[str] = dataclasses.field(default_factory=list)
+    log_files_written: list[str] = dataclasses.field(default_factory=list)
 
 
 def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
@@ -104,22 +107,33 @@ def fold(
     *,
     synced_at: dt.datetime | None = None,
     on_commit_step: Callable[[str], None] | None = None,
-    erase_from_log: Callable[[list[tuple]], None] | None = None,
+    log_column: str | None = None,
 ) -> FoldReport:
-    """Fold `batch` (change-model events) into the state of one table and commit it."""
+    """Fold `batch` (change-model events) into the state of one table and commit it.
+
+    With `log_column` (the change log's partition column), keys the batch purges for the first
+    time are also erased from the change log and recorded as purged (`purges`), in the same commit.
+    """
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
     keys = list(spec.keys)
     # A frame of empty partitions may lack even the keys. With the keys present, emptiness shows
     # in the counts below, so no job of its own is spent on it.
     if batch is None or (not set(keys) <= set(batch.columns) and batch.isEmpty()):
         return report
+    synced_at = synced_at or dt.datetime.now(dt.timezone.utc)
     drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
-    marked = merge.mark_identical(merge.with_optional_columns(batch.drop(*drop)), spec)
+    incoming = merge.with_optional_columns(batch.drop(*drop))
+    ledger = purges.ledger(spark, storage, state)
+    recorded = ledger.select(*keys) if ledger is not None else None
+    if recorded is not None:  # a key purged before stays purged, whatever the batch says
+        incoming = merge.erase_keys(incoming, keys, recorded)
+    marked = merge.mark_identical(incoming, spec)
     # The marks are read by the totals, the touched keys and the timeline. A batch handed over
     # in memory (the run's stored change batch) is already cached, collapsed and in the marks'
     # order, so they are recomputed from it without a sort: caching them as a second copy of
-    # the batch cost more (7-day backfill: fold 8.5 -> 6.7 s; docs/profiling.md).
-    owns_cache = not lake_io.is_cached(batch)
+    # the batch cost more (7-day backfill: fold 8.5 -> 6.7 s; docs/profiling.md). Joined with
+    # the purged keys (a table that has purges), they are computed once and kept.
+    owns_cache = not lake_io.is_cached(batch) or recorded is not None
     if owns_cache:
         marked = marked.persist()
     events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
@@ -144,7 +158,7 @@ def fold(
     report.late_keys = totals["late_keys"]
 
     late_window, rewrite = None, {}
-    newly_purged = _newly_purged(events, open_rows, keys) if totals["purge_markers"] else []
+    newly_purged = purges.newly_purged(events, recorded, keys) if totals["purge_markers"] else []
     report.newly_purged = newly_purged
     if report.late_keys or newly_purged:
         # Late data reaches the closed rows ending at or after its earliest version (less the
@@ -186,28 +200,23 @@ def fold(
         tie_break = [F.col(ORIGIN)]
     payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
     # Stored rows may carry a purge marker; a batch alone can only if it counted one.
-    purges = stored is not None or totals["purge_markers"] > 0
-    rows = merge.timeline(window_events, spec, payload, tie_break=tie_break, settled=anchor, purges=purges)
+    may_purge = stored is not None or totals["purge_markers"] > 0
+    rows = merge.timeline(window_events, spec, payload, tie_break=tie_break, settled=anchor, purges=may_purge)
     # The timeline is read by one write only (current follows from the staged open set), so it
     # is computed once without being kept.
-    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at or dt.datetime.now(dt.timezone.utc)})
+    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
     carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
 
     # Every stored row of the new state, open and closed, in one frame: they share a shape, so
     # one write (one job, one read of the carried open set) lays them all out by kind and slice.
-    if kept is not None and newly_purged:
-        purge_keys = spark.createDataFrame(newly_purged, schema=events.select(*merge.key_cols(spec)).schema).withColumn("__p", F.lit(True))
-        kept = kept.join(purge_keys, keys, "left")
-        kept = merge.erase_fields(kept, spec.payload_columns(kept.columns), F.coalesce(F.col("__p"), F.lit(False)))
-        kept = kept.withColumn(m.PURGED, F.col(m.PURGED) | F.coalesce(F.col("__p"), F.lit(False))).drop("__p")
+    purged_now = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema) if newly_purged else None
+    if kept is not None and purged_now is not None:
+        kept = merge.erase_keys(kept, keys, purged_now)
     closed_slice = F.date_format(F.col(END), "yyyy-MM-dd" if large else "yyyy-MM-dd'T'HH")
     state_rows = _union([
         *[f.withColumn(SLICE, F.when(F.col(ACTIVE), F.lit(OPEN)).otherwise(closed_slice)) for f in (carried, rows, kept) if f is not None],
         settled.withColumn(SLICE, F.date_format(F.col(END), "yyyy-MM-dd")) if settled is not None else None,
     ], spec.name).withColumn(KIND, F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"))
-
-    if newly_purged and erase_from_log is not None:
-        erase_from_log(newly_purged)  # before the commit: a crash here is redone by the next fold
 
     fold_id = report.fold_id
     stage = state.staging(fold_id)
@@ -219,6 +228,12 @@ def fold(
                                          f"{stage}/current", files)
 
     plan = CommitPlan(fold_id)
+    if purged_now is not None:
+        # Recorded and erased from the change log in this fold's commit: all of it, or none.
+        purges.stage_ledger(storage, state, plan, stage, ledger, purged_now, synced_at)
+        if log_column is not None:
+            report.log_partitions_erased = purges.stage_log_erasure(
+                spark, storage, state, plan, stage, log_column, keys, purged_now)
     for staged, final in (
         (f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}", state.history_active),
         (f"{stage}/rows/{KIND}=delete/{SLICE}={OPEN}", state.deletes_active),
@@ -245,6 +260,7 @@ def fold(
                 report.days_appended.append(f"{kind}:{day}")
     commit(storage, state, plan, on_step=on_commit_step)
     report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
+    report.log_files_written = [final for _, final in plan.adds if final.startswith(f"{state.changes}/")]
     if owns_cache:
         marked.unpersist()
     return report
@@ -333,15 +349,6 @@ def _write_current(
     current = merge.current_of(open_versions, spec, spec.payload_columns(open_versions.columns))
     current.coalesce(files).write.options(**_plain_columns(spec)).mode("overwrite").parquet(target)
     return lake_io.rows_in(storage, data_files(storage, target))
-
-
-def _newly_purged(events: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> list[tuple]:
-    """Keys with a purge marker in the batch that the state does not know as purged yet."""
-    purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*[col(k) for k in keys]).distinct()
-    if open_rows is not None:
-        known = open_rows.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*[col(k) for k in keys])
-        purged = purged.join(known, keys, "left_anti")
-    return [tuple(r) for r in purged.collect()]
 
 
 def closed_files_ending_from(

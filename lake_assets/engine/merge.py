@@ -166,6 +166,27 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     )
 
 
+def keys_typed_as(purged: DataFrame, frame: DataFrame, keys: list[str]) -> DataFrame:
+    """The key columns of `purged` with the types they have in `frame`, to join the two: a key
+    whose type drifted since it was purged still matches, and a value that cannot have the
+    frame's type matches nothing (rather than failing a cast inside the join)."""
+    types = {f.name: f.dataType for f in frame.schema.fields}
+    return purged.select(*[col(k).try_cast(types[k]).alias(k) for k in keys])
+
+
+def erase_keys(frame: DataFrame, keys: list[str], purged: DataFrame) -> DataFrame:
+    """`frame` with every row of the keys in `purged` (a frame of the key columns, small: it is
+    broadcast) erased: payload NULL, `_purged` set. Columns keep their order; other rows are
+    left as they are."""
+    hit = "__erase"
+    wanted = F.broadcast(keys_typed_as(purged, frame, keys).distinct().withColumn(hit, F.lit(True)))
+    erase = F.coalesce(F.col(hit), F.lit(False))
+    joined = erase_fields(frame.join(wanted, keys, "left"), m.payload_columns(frame.columns, keys), erase)
+    marked = F.coalesce(F.col(m.PURGED), F.lit(False)) | erase if m.PURGED in frame.columns else erase
+    columns = [*frame.columns, *([] if m.PURGED in frame.columns else [m.PURGED])]
+    return joined.withColumn(m.PURGED, marked).select(*[col(c) for c in columns])
+
+
 def purged_anywhere(spec: m.TableSpec, order: list[Column]) -> Column:
     """True on every row of a key that has a purge marker on any of its rows."""
     flag = F.coalesce(F.col(m.PURGED), F.lit(False)).cast("int")

@@ -75,7 +75,12 @@ class TableSpec:
 
     def payload_columns(self, columns: list[str]) -> list[str]:
         """The payload among `columns`: not a key, not the lake's own."""
-        return [c for c in columns if c not in self.keys and not is_reserved(c)]
+        return payload_columns(columns, self.keys)
+
+
+def payload_columns(columns: list[str], keys: tuple[str, ...] | list[str]) -> list[str]:
+    """The field data among `columns` of a table keyed by `keys`: what a purge erases."""
+    return [c for c in columns if c not in keys and not is_reserved(c)]
 
 
 _RESERVED = frozenset(name.lower() for name in (

@@ -9,6 +9,7 @@ history/<feed>/<table>/closed/<end date>/part-*.parquet closed versions; each fo
                                                        late data rewrites those it reaches, a
                                                        settled day's files are merged once
 _state/<feed>/<table>/deletes/{active,closed/<date>}/  delete events, same shape, not published
+_state/<feed>/<table>/purged/part-*.parquet            the purged keys, for good (engine/purges.py)
 _state/<feed>/<table>/commits/<fold>.json              commit record of a fold being applied
 _staging/<feed>/<table>/<fold>/                        files of a fold before they are committed
 ```
@@ -46,6 +47,10 @@ class TableState:
     table: str
 
     @property
+    def changes(self) -> str:
+        return self.layout.table("changes", self.feed, self.table)
+
+    @property
     def current(self) -> str:
         return self.layout.table("current", self.feed, self.table)
 
@@ -72,6 +77,10 @@ class TableState:
     @property
     def deletes_closed(self) -> str:
         return f"{self.state_root}/deletes/closed"
+
+    @property
+    def purged(self) -> str:
+        return f"{self.state_root}/purged"
 
     @property
     def commits(self) -> str:

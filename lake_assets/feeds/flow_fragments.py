@@ -28,7 +28,6 @@ that transactions are sequenced by.
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import hashlib
 import json
 import re

@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
 from lake_assets.engine.schema import system_fields
+from lake_assets.engine.state import TableState
 from lake_assets.pipeline import store_partitions
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 
@@ -42,8 +43,9 @@ class InMemoryHandover:
     otherwise read the change log it folds back from the files the changes step has just written,
     and sort it again by key, although the stored batch is still cached, collapsed and in that
     order. Handed over, the fold plans no exchange and no sort for it: in a 7-day backfill
-    ~1.9 s less (of ~28 s; docs/profiling.md). The stored files hold exactly these rows: the
-    write replaced exactly the run's partitions with them.
+    ~1.9 s less (of ~28 s; docs/profiling.md). The stored files hold exactly these rows (less
+    the field data of purged keys, which the fold erases just the same): the write replaced
+    exactly the run's partitions with them.
 
     One batch is kept per asset; it is handed over once, for the same partitions, to a step
     loading the output of the run that stored it. Whatever is not taken that way (asked for by
@@ -99,9 +101,11 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             raise dg.Failure(f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only")
         feed, *table, _ = context.asset_key.path
         table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
+        state = TableState(self.lake.layout(), feed, "/".join(table))  # its purges hold for every write
         written, files = store_partitions(
             self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
-            feed=feed, table="/".join(table), run_id=context.run_id, keys=tuple(getattr(table_keys, "value", table_keys) or ()),
+            feed=feed, table=state.table, run_id=context.run_id, keys=tuple(getattr(table_keys, "value", table_keys) or ()),
+            state=state,
         )
         if obj is not None and lake_io.is_cached(obj):
             HANDOVER.keep(context.run_id, context.asset_key, keys, obj)

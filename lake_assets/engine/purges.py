@@ -1,0 +1,109 @@
+"""A purge is forever: the keys a purge erased are kept in the table's state, and every later
+write of the change log erases them again.
+
+`_state/<feed>/<table>/purged/` (the ledger) holds one row per purged key: its key columns and
+`__purged_at`, when the lake erased it (the time of the fold that did). The fold that first meets
+a key's purge marker erases the key from the state and from every change partition that holds
+it, and records it in the ledger, all in one commit (`state.commit`): a crash leaves all of it or
+none, and the next fold finishes or redoes it.
+
+From then on, every write of change partitions (a re-run of an old partition or of the purge's
+own, a range backfill, a sensor run, a late file) erases the rows of the ledger's keys, and of
+keys the rows being written mark purged themselves, before anything is written; the fold treats
+the ledger's keys as purged whatever its batch says. A write after a purge (a late file, the key
+written again) keeps its version but no field data: as in GRAX, a purge erases the record, and
+a restored record is a new key (`grax__restoredfrom`).
+
+The ledger is small (purges are rare), so a write reads it with a listing and, when it holds
+keys, one small file, and applies it as a broadcast join; a table never purged pays one listing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from pyspark.sql import Column, DataFrame, SparkSession, functions as F
+
+from lake_assets import lake_io
+from lake_assets.engine import merge, model as m
+from lake_assets.engine.run_values import with_run_values
+from lake_assets.engine.schema import union_all
+from lake_assets.engine.state import CommitPlan, TableState, data_files
+from lake_assets.storage import Storage
+
+PURGED_AT = "__purged_at"
+
+
+def ledger(spark: SparkSession, storage: Storage, state: TableState) -> DataFrame | None:
+    """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are."""
+    files = data_files(storage, state.purged)
+    if not files:
+        return None
+    return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
+
+
+@dataclasses.dataclass(frozen=True)
+class Erasure:
+    """What a write of change partitions erases: the rows of keys the ledger holds, and of keys
+    that a row being written marks purged (the batch that carries the purge)."""
+
+    keys: tuple[str, ...]
+    recorded: DataFrame | None
+
+    @classmethod
+    def of_table(cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]) -> "Erasure":
+        recorded = ledger(spark, storage, state) if keys else None
+        return cls(keys, recorded.select(*keys) if recorded is not None else None)
+
+    def marked_rows(self, frame: DataFrame) -> Column:
+        """An aggregate counting the rows that mark their key purged, for the write's own count
+        of its rows to compute on the way (no pass of its own)."""
+        return F.count(F.when(F.col(m.PURGED), 1)) if m.PURGED in frame.columns else F.lit(0)
+
+    def apply(self, frame: DataFrame, marked_rows: int) -> DataFrame:
+        """`frame` with the purged keys' rows erased; `frame` itself when no key is purged."""
+        if not self.keys or not set(self.keys) <= set(frame.columns):
+            return frame
+        purged = [] if self.recorded is None else [self.recorded]
+        if marked_rows:
+            purged.append(frame.where(F.col(m.PURGED)).select(*self.keys))
+        if not purged:
+            return frame
+        return merge.erase_keys(frame, list(self.keys), union_all("purged keys", purged))
+
+
+def newly_purged(events: DataFrame, recorded: DataFrame | None, keys: list[str]) -> list[tuple]:
+    """Keys with a purge marker in `events` that the ledger does not hold yet."""
+    purged = events.where(F.coalesce(F.col(m.PURGED), F.lit(False))).select(*keys).distinct()
+    if recorded is not None:
+        purged = purged.join(merge.keys_typed_as(recorded, events, keys), keys, "left_anti")
+    return [tuple(r) for r in purged.collect()]
+
+
+def stage_ledger(
+    storage: Storage, state: TableState, plan: CommitPlan, stage: str, recorded: DataFrame | None, added: DataFrame,
+    purged_at: dt.datetime,
+) -> None:
+    """Stage the ledger with the keys `added` (erased at `purged_at`) in `plan`, the commit of
+    the fold that erases them: the ledger file is replaced whole."""
+    new = with_run_values(added, {PURGED_AT: purged_at})
+    every = union_all("purged keys", [new] if recorded is None else [recorded, new]).dropDuplicates(list(added.columns))
+    every.coalesce(1).write.mode("overwrite").parquet(f"{stage}/purged")
+    plan.replace_folder(storage, state.purged)
+    plan.stage_folder(storage, f"{stage}/purged", state.purged)
+
+
+def stage_log_erasure(
+    spark: SparkSession, storage: Storage, state: TableState, plan: CommitPlan, stage: str, column: str,
+    keys: list[str], purged: DataFrame,
+) -> list[str]:
+    """Stage in `plan` the change partitions that hold field data of the `purged` keys, those
+    keys erased; returns the partitions."""
+    staged = f"{stage}/changes"
+    partitions = lake_io.erase_keys_in_partitions(spark, storage, state.changes, column, keys, purged, staged)
+    for value in partitions:
+        final = f"{state.changes}/{column}={value}"
+        plan.replace_folder(storage, final)
+        plan.stage_folder(storage, f"{staged}/{column}={value}", final)
+    return partitions

@@ -1,0 +1,126 @@
+"""A purge is forever (issue #28, item 9): once a GRAX record's purge has been processed, no
+re-run, range backfill, sensor run, late file or restore puts its field data back into
+`changes`, `current` or `history`, and every layer equals a clean run over the same landed data."""
+
+import dagster as dg
+import pytest
+
+from lake_assets_tests.grax_lake import (
+    FEED,
+    TABLE,
+    backfill,
+    clean_run,
+    cli,
+    config_for,
+    field_data,
+    land,
+    leaks,
+    purge,
+    rows,
+    sensor_tick,
+    tables,
+    version,
+)
+
+B1, B2, B3, B4 = "00000000a", "00000000b", "00000000c", "00000000d"
+
+
+def landed_with_a_purge(landing):
+    """X and Y created in B1; B2 holds a later write of X with field data, then X's purge; Y
+    changes in B3."""
+    land(landing, B1, "data-00000000001.parquet", [version("X", 1, "01", "Xavier", "555-0101"), version("Y", 1, "02", "Yvonne")])
+    land(landing, B2, "data-00000000002.parquet", [version("X", 2, "03", "Xavier II", "555-0303"), purge("X", 3, "04")])
+    land(landing, B3, "data-00000000003.parquet", [version("Y", 4, "05", "Yves", "555-0505")])
+    return landing
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, spark):
+    root = tmp_path_factory.mktemp("clean")
+    return clean_run(landed_with_a_purge(root / "landing"), root / "lake")
+
+
+@pytest.fixture
+def lake(tmp_path):
+    landing = landed_with_a_purge(tmp_path / "landing")
+    return config_for(landing, tmp_path / "lake"), tmp_path / "lake", dg.DagsterInstance.ephemeral()
+
+
+def test_a_clean_run_erases_the_purged_record_and_records_the_purge(clean, lake):
+    config, root, instance = lake
+    cli(config, instance)
+    assert leaks(root, {"X"}) == []
+    assert tables(root) == clean
+    assert {r["Id"] for r in rows(root, "changes")} == {"X", "Y"}  # the key and its versions stay
+    # The purge is in the table's state: the key, when the lake recorded it, nothing else.
+    ledger = rows_of_ledger(root)
+    assert [r["Id"] for r in ledger] == ["X"] and ledger[0]["__purged_at"] is not None
+    assert set(ledger[0]) == {"Id", "__purged_at"}
+
+
+def rows_of_ledger(root):
+    import duckdb
+
+    folder = root / "_state" / FEED / TABLE / "purged"
+    return [dict(zip(("Id", "__purged_at"), r)) for r in duckdb.connect().execute(
+        f"SELECT Id, __purged_at FROM read_parquet('{folder}/*.parquet') ORDER BY Id").fetchall()] if folder.exists() else []
+
+
+def test_rerunning_every_batch_keeps_the_purge(clean, lake):
+    """`lake-assets run` processes every landed batch again: the purge batch's re-run used to find
+    the key already purged in the state and leave the re-written change log as landed."""
+    config, root, instance = lake
+    cli(config, instance)
+    cli(config, instance)
+    assert leaks(root, {"X"}) == []
+    assert tables(root) == clean
+
+
+def test_rerunning_an_old_batch_or_the_purge_batch_alone_keeps_the_purge(clean, lake):
+    config, root, instance = lake
+    cli(config, instance)
+    for first, last in ((B1, B1), (B2, B2)):
+        cli(config, instance, first, last)
+        assert leaks(root, {"X"}) == [], (first, last)
+    backfill(config, instance, B1, B2)  # the same from the UI: one run over a range of batches
+    assert leaks(root, {"X"}) == []
+    assert tables(root) == clean
+
+
+def test_a_change_log_written_before_its_fold_holds_no_purged_fields(clean, lake):
+    """Materialising only `changes` (the state follows later, by automation): the purge marked in
+    the batch itself erases the key's fields in the write, not only once the fold has run."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B3, layers=("catalog", "changes"))
+    assert [leak for leak in leaks(root, {"X"}) if leak[0] == "changes"] == []
+    backfill(config, instance, B1, B3, layers=("current", "history"))
+    assert leaks(root, {"X"}) == []
+    assert tables(root) == clean
+
+
+def test_late_files_sensor_runs_and_restores_never_bring_a_purge_back(lake, tmp_path):
+    """Decided: a purge erases the record's data for good. A write of the same Id after the
+    purge (a late file, the key written again) keeps its version in history but no field data; a
+    record GRAX restores from it is a new key (`grax__restoredfrom`) and keeps its own."""
+    config, root, instance = lake
+    landing = tmp_path / "landing"
+    cursor, runs = sensor_tick(config, instance, None)  # the sensor's first run: every batch
+    assert runs == 1 and leaks(root, {"X"}) == []
+
+    land(landing, B3, "data-00000000004.parquet", [version("X", 6, "06", "Xavier is back", "555-0606")])
+    cursor, runs = sensor_tick(config, instance, cursor)  # the open batch grew: the sensor re-runs it
+    assert runs == 1 and leaks(root, {"X"}) == []
+
+    land(landing, B1, "data-00000000005.parquet", [version("X", 1, "07", "Xavier (late)", "555-0707")])
+    cli(config, instance, B1, B1)  # an old batch's late file: an operator re-runs that batch
+    assert leaks(root, {"X"}) == []
+
+    land(landing, B4, "data-00000000006.parquet", [version("Z", 7, "08", "Xavier", "555-0101", grax__restoredfrom="X")])
+    cursor, runs = sensor_tick(config, instance, cursor)
+    assert runs == 1 and leaks(root, {"X"}) == []
+    restored = [r for r in rows(root, "current") if r["Id"] == "Z"]
+    assert [field_data(r) for r in restored] == [{"Name": "Xavier", "Phone": "555-0101", "grax__restoredfrom": "X"}]
+    history_of_x = [r for r in rows(root, "history") if r["Id"] == "X"]
+    assert [r["_fivetran_start"].hour for r in history_of_x] == [1, 2, 3, 6]  # every version, no data
+
+    assert tables(root) == clean_run(landing, tmp_path / "clean")
