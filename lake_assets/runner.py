@@ -136,6 +136,11 @@ def _plan_feed(feed, storage: Storage, instance: dg.DagsterInstance, first: str 
             planned.append(PlannedRun(f"{feed.name}/{table}", table_job_name(feed.name, table), batches[0], batches[-1]))
         return planned
     hours = sorted({hour for keys in landed.values() for hour in keys})
+    early = [hour for hour in hours if feed.start and hour < feed.start]
+    if early:
+        failures.append(f"{feed.name}: {len(early)} hour(s) with files lie before the configured start {feed.start} "
+                        f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed")
+        hours = hours[len(early):]
     if not hours:
         say(f"{feed.name}: nothing landed under {feed.landing}")
         return []

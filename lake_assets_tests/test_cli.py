@@ -87,6 +87,27 @@ def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_repor
     assert re.search(r"^b\s+orders\s+", out, re.M), out  # the summary is printed all the same
 
 
+def test_hours_before_the_configured_start_are_named_and_the_rest_still_runs(tmp_path, spark, capsys):
+    """Hours landed before the feed's pinned `start` are not in its partitions: the command names
+    them and exits non-zero (their files are neither read nor quarantined), and the hours from
+    `start` on are processed all the same, even those within a day of the early ones."""
+    landing = tmp_path / "landing"
+    write_events(landing, "accounts", 22, "part-0.parquet", [event("early", "I", 1, at(22))], day=1)
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 2, at(1, day=2))], day=2)
+    config = tmp_path / "c.yaml"
+    feed = FeedConfig("unit", "unit_cdc", f"file://{landing}", start="2024-03-02-00")
+    config.write_text(dump_config(LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(feed,))))
+
+    assert main(["run", "--config", str(config)]) == 1
+
+    err = capsys.readouterr().err
+    failures = [line for line in err.splitlines() if line.startswith("lake-assets: failed: ")]
+    assert failures == ["lake-assets: failed: unit: 1 hour(s) with files lie before the configured start 2024-03-02-00 "
+                        "(2024-03-01-22 .. 2024-03-01-22), outside the feed's partitions: not processed"], err
+    current = duckdb.sql(f"SELECT id FROM read_parquet('{tmp_path}/lake/current/unit/accounts/*.parquet')").fetchall()
+    assert current == [("a",)]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The README's demo, in its own process as a user runs it (fresh JVM, ephemeral instance)."""
