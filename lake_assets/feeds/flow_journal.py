@@ -33,10 +33,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets.config import CollectionConfig
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import model as m
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, stamped
+from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -312,9 +312,8 @@ class FlowJournalFormat(FeedFormat):
         parsed = spark.read.json(documents.rdd.map(lambda r: r[0]))
         events = self._events(parsed, collection).localCheckpoint(eager=True)
         outcome.unpersist()
-        deduped = merge.collapse_identical(stamped(events), self.table_spec(table))
-        events_out = deduped.count()
-        return Batch(deduped, listed, read, rows_in, events_out, rows_in - events_out, quarantined,
+        collapsed = collapse_counted(events, self.table_spec(table), keep=False)
+        return Batch(collapsed.events, listed, read, rows_in, collapsed.events_out, collapsed.duplicates, quarantined,
                      files_skipped=skipped, gaps=gaps, counts=counts)
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
