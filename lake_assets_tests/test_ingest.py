@@ -1,16 +1,20 @@
 """The shared batch reader (`ingest.read_batch`) against hostile landed files: files damaged in
-several ways in one batch, rows lost on the way."""
+several ways in one batch, rows lost on the way, file names quarantine would confuse."""
 
+import json
 from pathlib import Path
 
+import dagster as dg
+import duckdb
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from lake_assets.config import CollectionConfig
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
 from lake_assets.feeds.base import data_files
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
+from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 from lake_assets_tests.test_flow_feed import doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
@@ -40,6 +44,29 @@ def damage_data_pages(path: Path, column: int = 1) -> None:
     data = bytearray(path.read_bytes())
     data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
     path.write_bytes(bytes(data))
+
+
+def _run(landing: Path, lake: Path, instance=None, **feed):
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", **feed),))
+    instance = instance or dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+    return instance
+
+
+def _changes_metadata(instance, feed: str = "unit", table: str = "accounts") -> dict:
+    event_ = instance.get_latest_materialization_event(dg.AssetKey([feed, table, "changes"]))
+    return {k: getattr(v, "value", v) for k, v in event_.asset_materialization.metadata.items()}
+
+
+def _notes(lake: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((lake / "_quarantine").rglob("*.reason.json"))]
+
+
+def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
+    con = duckdb.connect()
+    cur = con.execute(f"SELECT * FROM read_parquet('{lake}/{layer}/{feed}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 # --- a file set aside once is never read again ----------------------------------------------------
@@ -138,3 +165,29 @@ def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark
     assert (lossy.rows_in, lossy.events_out, lossy.duplicates) == (3, 2, 0)
     assert not lossy.reconciles
 
+
+# --- every quarantined file keeps its own copy and reason ------------------------------------------
+
+def test_files_whose_names_look_alike_are_each_quarantined_with_their_own_copy_and_reason(spark, tmp_path):
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    write_events(landing, "accounts", 2, "part-good.parquet", [event("a", "I", 1, at(2), name="ok", balance=1)], ACCOUNT_SCHEMA)
+    folder = hour_dir(landing, "accounts", 2)
+    bare = landing / "accounts" / "year=2024/month=3/day=1/hour=2"  # the same hour, spelled without zeros
+    bare.mkdir(parents=True)
+    bad = [folder / "bad x", folder / "bad_x", folder / "bad\nx", folder / "part-corrupt.parquet", bare / "part-corrupt.parquet"]
+    for n, path in enumerate(bad):
+        path.write_bytes(b"not parquet %d" % n)
+
+    instance = _run(landing, lake)
+    _run(landing, lake, instance)  # the same partition again: the same entries, none added
+
+    notes = _notes(lake)
+    assert sorted(n["file"] for n in notes) == sorted(f"file://{p}" for p in bad)
+    assert all(n["reason"].startswith("not a readable Parquet file") for n in notes)
+    for note_path in (lake / "_quarantine").rglob("*.reason.json"):
+        note = json.loads(note_path.read_text())
+        copy = Path(str(note_path)[: -len(".reason.json")])
+        assert copy.read_bytes() == Path(note["file"][len("file://"):]).read_bytes()
+    metadata = _changes_metadata(instance)
+    assert metadata["files_quarantined"] == 5 and metadata["files_read"] == 1 and metadata["reconciled"] is True
+    assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
