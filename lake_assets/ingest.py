@@ -3,8 +3,9 @@
 For every file: vet its Parquet footer (readable? the columns the format needs, with usable
 types?), read the good files with Spark grouped by schema so drifting schemas union cleanly,
 validate rows, and set aside any file with a bad row. Nothing is dropped silently: every file is
-either read or quarantined with a reason, and the counts reconcile
-(rows in good files + events a feed derives from them = events out + duplicates collapsed).
+either read or quarantined with a reason, once, and the counts reconcile
+(rows in good files + events a feed derives from them = events out + duplicates collapsed),
+each side counted on its own: rows in from the footers, duplicates where the collapse drops them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import defaultdict
+from typing import Iterable
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
 
 from lake_assets.engine import merge, model as m
@@ -28,6 +32,8 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
 INVALID = "__invalid"
+#: what Spark raises when it cannot read a file (the JVM's errors arrive through py4j)
+SPARK_ERRORS = (Py4JJavaError, PySparkException)
 
 
 @dataclasses.dataclass
@@ -122,67 +128,166 @@ def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, st
     return events if DERIVED in events.columns else events.withColumn(DERIVED, F.lit(False))
 
 
-def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, files: dict[str, tuple[str, pa.Schema]]) -> dict[str, str]:
-    """Find files (URI -> partition, schema) whose data pages Spark cannot decode, one at a time."""
-    bad = {}
-    for uri, (partition, schema) in files.items():
+# --- the files of a batch, each read or set aside once ---------------------------------------------
+
+@dataclasses.dataclass
+class _BatchFiles:
+    """The listed files of a batch: each is live (to be read) or set aside, once, with its reason.
+
+    A file set aside leaves the live groups, so no later step (a read again after damage is
+    found, the search for bad rows) reads it or counts it again.
+    """
+
+    partition_of: dict[str, str]
+    #: live file -> rows its footer declares
+    rows_of: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: live file -> the signature of its schema (files of one signature are read together)
+    signature_of: dict[str, str] = dataclasses.field(default_factory=dict)
+    schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
+    quarantined: list[Quarantined] = dataclasses.field(default_factory=list)
+
+    def accept(self, uri: str, schema: pa.Schema, rows: int) -> None:
+        signature = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        self.schemas[signature] = schema
+        self.signature_of[uri] = signature
+        self.rows_of[uri] = rows
+
+    def set_aside(self, uri: str, reason: str) -> None:
+        if any(q.uri == uri for q in self.quarantined):
+            return  # the first reason stands
+        self.signature_of.pop(uri, None)
+        self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
+
+    def groups(self) -> dict[str, list[str]]:
+        """Schema signature -> its live files."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for uri, signature in self.signature_of.items():
+            groups[signature].append(uri)
+        return groups
+
+    def partitions(self, uris: Iterable[str]) -> dict[str, str]:
+        return {uri: self.partition_of[uri] for uri in uris}
+
+
+def _vetted(storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]]) -> _BatchFiles:
+    """The files of `files` (partition -> its files), those whose footers are unusable set aside."""
+    batch_files = _BatchFiles({entry.uri: partition for partition, entries in files.items() for entry in entries})
+    for entry in (entry for entries in files.values() for entry in entries):
+        vetted, reason = _vet(storage, fmt, entry)
+        if vetted is None:
+            batch_files.set_aside(entry.uri, reason)
+        else:
+            batch_files.accept(entry.uri, *vetted)
+    return batch_files
+
+
+def _spark_error(exc: Exception) -> str:
+    """The first line of a Spark error (py4j wraps the JVM's; its first line names the cause)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _readable_group(spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, signature: str, uris: list[str]) -> DataFrame | None:
+    """The live files of one schema read together. Spark reads a footer as it plans the read;
+    a file it cannot open there (gone since it was listed, a footer only pyarrow could read) is
+    set aside, found by trying each file alone, and the others are read."""
+    schema = files.schemas[signature]
+    try:
+        return _read_group(spark, fmt, files.partitions(uris), schema)
+    except SPARK_ERRORS as exc:
+        failure = exc
+    unopened = {}
+    for uri in uris:
         try:
-            _read_group(spark, fmt, {uri: partition}, schema).write.format("noop").mode("overwrite").save()
-        except Exception as exc:  # py4j wraps the JVM error; its first line names the cause
-            first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            bad[uri] = f"Spark could not read the file's data ({first_line})"
-    return bad
+            _read_group(spark, fmt, files.partitions([uri]), schema)
+        except SPARK_ERRORS as exc:
+            unopened[uri] = f"Spark could not open the file ({_spark_error(exc)})"
+    if not unopened:
+        raise failure
+    for uri, reason in unopened.items():
+        files.set_aside(uri, reason)
+    rest = [uri for uri in uris if uri not in unopened]
+    return _readable_group(spark, fmt, files, signature, rest) if rest else None
 
 
-def _union_compatible(
-    spark: SparkSession, fmt: FeedFormat, table: str, groups: dict[str, list[str]], schemas: dict[str, pa.Schema],
-    quarantined: list[Quarantined], rows_of: dict[str, int], partition_of: dict[str, str],
-) -> DataFrame | None:
-    """The union of the schema groups whose column types can be widened into one.
+def _union_compatible(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> DataFrame | None:
+    """The union of the live schema groups whose column types can be widened into one.
 
     Groups join largest first, so when a few files give a column a type the others' cannot
     widen into (a struct where the rest have a number), those few are quarantined naming the
     column and both types, and the batch goes on.
     """
     accepted: list[DataFrame] = []
-    for signature, uris in sorted(groups.items(), key=lambda item: -len(item[1])):
-        if not uris:
+    for signature, uris in sorted(files.groups().items(), key=lambda item: -len(item[1])):
+        frame = _readable_group(spark, fmt, files, signature, uris)
+        if frame is None:
             continue
-        frame = _read_group(spark, fmt, {u: partition_of[u] for u in uris}, schemas[signature])
         try:
             union_all(table, [*accepted, frame])
         except SchemaClash as clash:
-            quarantined.extend(Quarantined(u, f"schema does not fit the batch: {clash}", rows_of.pop(u)) for u in uris)
+            for uri in uris:
+                files.set_aside(uri, f"schema does not fit the batch: {clash}")
             continue
         accepted.append(frame)
     return union_all(table, accepted) if accepted else None
 
 
+def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> dict[str, str]:
+    """Find the live files whose data pages Spark cannot decode, reading each alone."""
+    bad = {}
+    for uri, signature in list(files.signature_of.items()):
+        try:
+            _read_group(spark, fmt, files.partitions([uri]), files.schemas[signature]).write.format("noop").mode("overwrite").save()
+        except SPARK_ERRORS as exc:
+            bad[uri] = f"Spark could not read the file's data ({_spark_error(exc)})"
+    return bad
+
+
+# --- collapsing, with every count of the row equation taken on its own ------------------------------
+
+#: bookkeeping columns a reader carries up to the collapse, and how the batch counts each
+_CARRIED_COUNTS = {
+    INVALID: lambda c: F.count(c),
+    DERIVED: lambda c: F.sum(c.cast("long")),
+}
+
+
 @dataclasses.dataclass
-class _Collapsed:
-    events: DataFrame  # kept in memory: the caller writes it
+class Collapsed:
+    events: DataFrame
     events_out: int
+    #: events the collapse dropped as identical to one it kept, counted as it dropped them
+    duplicates: int
     invalid_rows: int
     derived: int
 
 
-def _collapse_counted(events: DataFrame, spec) -> _Collapsed:
-    """Collapse identical events in one pass that also counts the invalid rows and derived
-    events (an observation on the way), so a clean batch is read, sorted and cached once."""
-    observation = Observation()
-    observed = events.observe(
-        observation,
-        F.count(INVALID).alias("invalid_rows"),
-        F.coalesce(F.sum(F.col(DERIVED).cast("long")), F.lit(0)).alias("derived"),
-    )
-    deduped = merge.collapse_identical(stamped(observed.drop(INVALID, FILE_URI, DERIVED)), spec).persist()
+def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed:
+    """Collapse identical events and count, in that one pass (observations), what a batch
+    reconciles: the events dropped as duplicates, and the bookkeeping columns carried up to here
+    (invalid rows, derived events), which are then dropped.
+
+    With `keep`, the collapsed events stay cached (the caller writes them and hands them on), so
+    a clean batch is read, sorted and cached once.
+    """
+    carried = [c for c in _CARRIED_COUNTS if c in events.columns]
+    before = Observation()
+    if carried:
+        events = events.observe(before, *[F.coalesce(_CARRIED_COUNTS[c](F.col(c)), F.lit(0)).alias(c) for c in carried])
+    dropped = Observation()
+    deduped = merge.collapse_identical(stamped(events.drop(*carried, FILE_URI)), spec, count_dropped=dropped)
+    if keep:
+        deduped = deduped.persist()
     try:
         events_out = deduped.count()
     except Exception:
         deduped.unpersist()
         raise
-    metrics = observation.get
-    return _Collapsed(deduped, events_out, metrics["invalid_rows"], metrics["derived"])
+    counted = {c: before.get[c] for c in carried}
+    return Collapsed(
+        deduped, events_out, dropped.get[merge.DROPPED_IDENTICAL],
+        counted.get(INVALID, 0), counted.get(DERIVED, 0),
+    )
 
 
 def stamped(events: DataFrame) -> DataFrame:
@@ -190,75 +295,62 @@ def stamped(events: DataFrame) -> DataFrame:
     return with_run_values(events, {m.INGESTED_AT: dt.datetime.now(dt.timezone.utc)})
 
 
-def _per_file_counts(events: DataFrame) -> dict[str, dict]:
-    """file URI -> its invalid rows and the first reason (hashed counts first; the reasons,
-    text, come from a second pass over the invalid rows alone)."""
-    counts = events.groupBy(FILE_URI).agg(F.count(INVALID).alias("bad_rows")).collect()
-    per_file = {row[FILE_URI]: {"bad_rows": row["bad_rows"], "reason": None} for row in counts}
-    if any(f["bad_rows"] for f in per_file.values()):
-        invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_URI).agg(F.first(INVALID).alias("reason"))
-        for row in invalid.collect():
-            per_file[row[FILE_URI]]["reason"] = row["reason"]
-    return per_file
+def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
+    """file URI -> why its rows cannot be used, for the files with invalid rows (hashed counts
+    first; the reasons, text, come from a second pass over the invalid rows alone)."""
+    counts = events.groupBy(FILE_URI).agg(F.count(INVALID).alias("bad_rows")).where("bad_rows > 0").collect()
+    if not counts:
+        return {}
+    invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_URI).agg(F.first(INVALID).alias("reason"))
+    first_reason = {row[FILE_URI]: row["reason"] for row in invalid.collect()}
+    return {
+        row[FILE_URI]: f"{first_reason[row[FILE_URI]]} ({row['bad_rows']} bad row(s), first reason shown)"
+        for row in counts
+    }
+
+
+def _read_collapsed(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> tuple[DataFrame, Collapsed] | None:
+    """The live files read and collapsed: (the events before the collapse, the collapse), or
+    None when no file is left. A file whose data pages turn out damaged is set aside and the
+    rest read again."""
+    events = _union_compatible(spark, fmt, table, files)
+    if events is None:
+        return None
+    try:
+        return events, collapse_counted(events, fmt.table_spec(table))
+    except SPARK_ERRORS:
+        # A file passed its footer check but its pages are damaged: find it and set it aside.
+        damaged = _unreadable_in_spark(spark, fmt, table, files)
+        if not damaged:
+            raise
+        for uri, reason in damaged.items():
+            files.set_aside(uri, reason)
+        return _read_collapsed(spark, fmt, table, files)
 
 
 def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: dict[str, list[Entry]]) -> Batch:
     """The change batch of the landed Parquet files of `files` (partition -> its files)."""
-    spec = fmt.table_spec(table)
-    partition_of = {entry.uri: partition for partition, entries in files.items() for entry in entries}
-    listed = len(partition_of)
-    quarantined: list[Quarantined] = []
-    groups: dict[str, list[str]] = defaultdict(list)
-    schemas: dict[str, pa.Schema] = {}
-    rows_of: dict[str, int] = {}
-    for entry in (entry for entries in files.values() for entry in entries):
-        vetted, reason = _vet(storage, fmt, entry)
-        if vetted is None:
-            quarantined.append(Quarantined(entry.uri, reason))
-            continue
-        schema, rows = vetted
-        rows_of[entry.uri] = rows
-        signature = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
-        groups[signature].append(entry.uri)
-        schemas[signature] = schema
-
-    events = _union_compatible(spark, fmt, table, groups, schemas, quarantined, rows_of, partition_of)
-    if events is None:
-        return Batch(None, listed, 0, 0, 0, 0, quarantined)
-    try:
-        collapsed = _collapse_counted(events, spec)
-    except Exception:
-        # A file passed its footer check but its pages are damaged: find it and set it aside.
-        damaged = _unreadable_in_spark(spark, fmt, {u: (partition_of[u], schemas[sig]) for sig, g in groups.items() for u in g})
-        if not damaged:
-            raise
-        quarantined.extend(Quarantined(u, r, rows_of.pop(u)) for u, r in damaged.items())
-        remaining = {sig: [u for u in g if u not in damaged] for sig, g in groups.items()}
-        events = _union_compatible(spark, fmt, table, remaining, schemas, quarantined, rows_of, partition_of)
-        if events is None:
-            return Batch(None, listed, 0, 0, 0, 0, quarantined)
-        collapsed = _collapse_counted(events, spec)
-
+    batch_files = _vetted(storage, fmt, files)
+    listed = len(batch_files.partition_of)
+    read = _read_collapsed(spark, fmt, table, batch_files)
+    if read is None:
+        return Batch(None, listed, 0, 0, 0, 0, batch_files.quarantined)
+    events, collapsed = read
     if collapsed.invalid_rows:
         # Some files hold bad rows: they are set aside whole and the rest collapsed again.
         collapsed.events.unpersist()
-        bad_files = []
-        for uri, counted in _per_file_counts(events).items():
-            if not counted["bad_rows"]:
-                continue
-            reason = f"{counted['reason']} ({counted['bad_rows']} bad row(s), first reason shown)"
-            quarantined.append(Quarantined(uri, reason, rows_of.pop(uri, None)))
-            bad_files.append(uri)
-        collapsed = _collapse_counted(events.where(~F.col(FILE_URI).isin(bad_files)), spec)
-    deduped, events_out, derived = collapsed.events, collapsed.events_out, collapsed.derived
-    rows_in = sum(rows_of.values())
+        bad = _bad_row_reasons(events)
+        for uri, reason in bad.items():
+            batch_files.set_aside(uri, reason)
+        events = events.where(~F.col(FILE_URI).isin(list(bad)))
+        collapsed = collapse_counted(events, fmt.table_spec(table))
     return Batch(
-        events=deduped,
+        events=collapsed.events,
         files_listed=listed,
-        files_read=len(rows_of),
-        rows_in=rows_in,
-        events_out=events_out,
-        duplicates=rows_in + derived - events_out,
-        quarantined=quarantined,
-        derived=derived,
+        files_read=len(batch_files.rows_of),
+        rows_in=sum(batch_files.rows_of.values()),
+        events_out=collapsed.events_out,
+        duplicates=collapsed.duplicates,
+        quarantined=batch_files.quarantined,
+        derived=collapsed.derived,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import re
 
@@ -28,11 +29,22 @@ def _safe_name(name: str) -> str:
     return cleaned.replace("..", "_")
 
 
+def _file_id(uri: str) -> str:
+    """A short id of a landed file's full URI: the same file always gets the same one."""
+    return hashlib.blake2b(uri.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
 def quarantine_file(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, item: Quarantined, run_id: str | None
 ) -> str:
-    """Copy the file into `<lake>/_quarantine/<feed>/<table>/<partition>/` with `<name>.reason.json`."""
-    folder = layout.quarantine(feed, table, partition)
+    """Copy the file to `<lake>/_quarantine/<feed>/<table>/<partition>/<file id>/<name>`, beside
+    `<name>.reason.json`.
+
+    Names made safe can coincide (`bad x`, `bad_x`), and one partition can list two files of one
+    name (`hour=05/part-0` and `hour=5/part-0`); the folder named by the file's id keeps each
+    file's copy and reason apart, and the copy keeps its name.
+    """
+    folder = f"{layout.quarantine(feed, table, partition)}/{_file_id(item.uri)}"
     name = _safe_name(item.uri.rsplit("/", 1)[-1])
     target = f"{folder}/{name}"
     try:

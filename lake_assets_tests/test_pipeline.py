@@ -226,7 +226,7 @@ def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
     instance = dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
 
-    note = tmp_path / "lake/_quarantine/unit/accounts/2024-03-01-02/part-corrupt.parquet.reason.json"
+    [note] = (tmp_path / "lake/_quarantine/unit/accounts/2024-03-01-02").glob("*/part-corrupt.parquet.reason.json")
     assert json.loads(note.read_text())["reason"].startswith("not a readable Parquet file")
     assert (note.parent / "part-corrupt.parquet").read_bytes() == b"not parquet"
     run_id = instance.get_run_records()[0].dagster_run.run_id

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from pyspark.sql import Column, DataFrame, Window, WindowSpec, functions as F
+from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec, functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
@@ -97,9 +97,21 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     })
 
 
-def collapse_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
-    """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ."""
-    return mark_identical(events, spec).where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
+#: the metric under which `collapse_identical` reports the events it dropped
+DROPPED_IDENTICAL = "identical_dropped"
+
+
+def collapse_identical(events: DataFrame, spec: m.TableSpec, count_dropped: Observation | None = None) -> DataFrame:
+    """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ.
+
+    With `count_dropped`, the events the collapse drops are counted as it drops them
+    (`DROPPED_IDENTICAL`, in the same pass), so a reader can check its row equation rather than
+    infer the duplicates from it.
+    """
+    marked = mark_identical(events, spec)
+    if count_dropped is not None:
+        marked = marked.observe(count_dropped, F.count(F.when(~F.col(KEPT), F.lit(1))).alias(DROPPED_IDENTICAL))
+    return marked.where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
 
 
 def latest_write_per_version(events: DataFrame, spec: m.TableSpec, order: list[Column]) -> DataFrame:

@@ -41,12 +41,12 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from lake_assets.config import CollectionConfig
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, stamped
+from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -398,9 +398,8 @@ class FlowJournalFormat(FeedFormat):
             outcome.unpersist()
         if events is None:
             return Batch(None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts)
-        deduped = merge.collapse_identical(stamped(events), self.table_spec(table))
-        events_out = deduped.count()
-        return Batch(deduped, listed, read, rows_in, events_out, rows_in - events_out, quarantined,
+        collapsed = collapse_counted(events, self.table_spec(table), keep=False)
+        return Batch(collapsed.events, listed, read, rows_in, collapsed.events_out, collapsed.duplicates, quarantined,
                      files_skipped=skipped, gaps=gaps, counts=counts)
 
     def _read_until_every_piece_reads(

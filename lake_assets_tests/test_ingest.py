@@ -1,0 +1,193 @@
+"""The shared batch reader (`ingest.read_batch`) against hostile landed files: files damaged in
+several ways in one batch, rows lost on the way, file names quarantine would confuse."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
+from lake_assets.feeds.base import data_files
+from lake_assets.feeds.flow_journal import FlowJournalFormat
+from lake_assets.feeds.unit_cdc import UnitCdcFormat
+from lake_assets.ingest import read_batch
+from lake_assets.runner import run_feeds
+from lake_assets.storage import Storage
+from lake_assets_tests.test_flow_feed import doc_line, write_fragment
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
+
+FMT = UnitCdcFormat()
+UNIT_HOUR = "2024-03-01-00"
+
+
+def _read(spark, landing: Path, fmt=FMT):
+    storage = Storage()
+    return read_batch(spark, storage, fmt, "accounts", {UNIT_HOUR: data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")})
+
+
+def _ids(batch) -> list:
+    return sorted(r["id"] for r in batch.events.select("id").collect())
+
+
+def _names(batch) -> dict[str, str]:
+    return {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
+
+
+def damage_data_pages(path: Path, column: int = 1) -> None:
+    """Overwrite one column chunk's pages with garbage, leaving the footer intact: the file vets
+    (schema, row count) but no reader can decode its data."""
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(column)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    path.write_bytes(bytes(data))
+
+
+def _run(landing: Path, lake: Path, instance=None, **feed):
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", **feed),))
+    instance = instance or dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+    return instance
+
+
+def _changes_metadata(instance, feed: str = "unit", table: str = "accounts") -> dict:
+    event_ = instance.get_latest_materialization_event(dg.AssetKey([feed, table, "changes"]))
+    return {k: getattr(v, "value", v) for k, v in event_.asset_materialization.metadata.items()}
+
+
+def _notes(lake: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((lake / "_quarantine").rglob("*.reason.json"))]
+
+
+def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
+    con = duckdb.connect()
+    cur = con.execute(f"SELECT * FROM read_parquet('{lake}/{layer}/{feed}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+# --- a file set aside once is never read again ----------------------------------------------------
+
+def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once(spark, tmp_path):
+    """The clash is found when the groups are unioned, the damage only when the data is read;
+    the batch is read again without the damaged file, and the clashing file stays set aside."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0, 1), name="a", balance=1)], ACCOUNT_SCHEMA)
+    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0, 2), name="b", balance=2)] * 2, ACCOUNT_SCHEMA)
+    damaged = write_events(landing, "accounts", 0, "part-damaged.parquet",
+                           [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)], ACCOUNT_SCHEMA)
+    damage_data_pages(damaged)
+    write_events(landing, "accounts", 0, "part-clash.parquet", [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})])
+
+    batch = _read(spark, landing)
+
+    reasons = _names(batch)
+    assert len(batch.quarantined) == 2 and set(reasons) == {"part-damaged.parquet", "part-clash.parquet"}
+    assert "Spark could not read the file's data" in reasons["part-damaged.parquet"]
+    assert "schema does not fit the batch" in reasons["part-clash.parquet"] and "balance" in reasons["part-clash.parquet"]
+    assert {q.rows for q in batch.quarantined} == {40, 1}
+    assert _ids(batch) == ["a", "b"]
+    assert (batch.files_listed, batch.files_read, batch.rows_in, batch.events_out, batch.duplicates) == (4, 2, 3, 2, 1)
+    assert batch.reconciles
+
+
+def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_path):
+    """Damage, a schema clash and a bad row in three files of one batch: three reasons, one each."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0, 1), name="a", balance=1)], ACCOUNT_SCHEMA)
+    write_events(landing, "accounts", 0, "part-bad-op.parquet", [event("z", "UPSERT", 2, at(0, 2), name="z", balance=2)], ACCOUNT_SCHEMA)
+    damaged = write_events(landing, "accounts", 0, "part-damaged.parquet",
+                           [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)], ACCOUNT_SCHEMA)
+    damage_data_pages(damaged)
+    write_events(landing, "accounts", 0, "part-clash.parquet", [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})])
+
+    batch = _read(spark, landing)
+
+    assert sorted(_names(batch)) == ["part-bad-op.parquet", "part-clash.parquet", "part-damaged.parquet"]
+    assert len(batch.quarantined) == 3 and "unknown cdc_operation_type UPSERT" in _names(batch)["part-bad-op.parquet"]
+    assert _ids(batch) == ["a"] and batch.files_read == 1 and batch.rows_in == 1 and batch.reconciles
+
+
+# --- the row equation is checked, not assumed -----------------------------------------------------
+
+class _LosesARow(UnitCdcFormat):
+    """A feed with a bug: its normalisation drops the rows of one key."""
+
+    def normalise(self, raw, arrow_schema=None):
+        return super().normalise(raw, arrow_schema).where(F.col("id") != "lost")
+
+
+def test_a_row_lost_before_the_collapse_fails_the_reconciliation(spark, tmp_path):
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-0.parquet", [
+        event("a", "I", 1, at(0, 1), name="a", balance=1),
+        event("a", "I", 1, at(0, 1), name="a", balance=1),  # a true duplicate
+        event("lost", "I", 2, at(0, 2), name="lost", balance=2),
+        event("b", "I", 3, at(0, 3), name="b", balance=3),
+    ], ACCOUNT_SCHEMA)
+
+    honest = _read(spark, landing)
+    assert (honest.rows_in, honest.events_out, honest.duplicates) == (4, 3, 1) and honest.reconciles
+
+    lossy = _read(spark, landing, _LosesARow())
+    assert (lossy.rows_in, lossy.events_out) == (4, 2)
+    assert lossy.duplicates == 1  # counted where the collapse drops rows, not inferred from the others
+    assert not lossy.reconciles
+
+
+class _FlowLosesARow(FlowJournalFormat):
+    def configured(self, feed):
+        return _FlowLosesARow(tuple(feed.collections or ()))
+
+    def _events(self, parsed, collection):
+        return super()._events(parsed, collection).where(F.col("id") != 2)
+
+
+def _flow_batch(spark, fmt: FlowJournalFormat, landing: Path, table: str, hours: list[str]):
+    storage = Storage()
+    files = fmt.partitions_files(storage, f"file://{landing}", table, fmt.read_partitions(hours))
+    return fmt.read_batch(spark, storage, f"file://{landing}", table, files, hours)
+
+
+def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark, tmp_path):
+    landing = tmp_path / "landing"
+    content = doc_line(1) + doc_line(2) + doc_line(3)
+    write_fragment(landing / "acmeCo" / "customers" / "pivot=00", 0, content)
+    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+
+    honest = _flow_batch(spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"])
+    assert (honest.rows_in, honest.events_out, honest.duplicates) == (3, 3, 0) and honest.reconciles
+
+    lossy = _flow_batch(spark, _FlowLosesARow(collections), landing, "acmeco_customers", ["2024-06-01-10"])
+    assert (lossy.rows_in, lossy.events_out, lossy.duplicates) == (3, 2, 0)
+    assert not lossy.reconciles
+
+
+# --- every quarantined file keeps its own copy and reason ------------------------------------------
+
+def test_files_whose_names_look_alike_are_each_quarantined_with_their_own_copy_and_reason(spark, tmp_path):
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    write_events(landing, "accounts", 2, "part-good.parquet", [event("a", "I", 1, at(2), name="ok", balance=1)], ACCOUNT_SCHEMA)
+    folder = hour_dir(landing, "accounts", 2)
+    bare = landing / "accounts" / "year=2024/month=3/day=1/hour=2"  # the same hour, spelled without zeros
+    bare.mkdir(parents=True)
+    bad = [folder / "bad x", folder / "bad_x", folder / "bad\nx", folder / "part-corrupt.parquet", bare / "part-corrupt.parquet"]
+    for n, path in enumerate(bad):
+        path.write_bytes(b"not parquet %d" % n)
+
+    instance = _run(landing, lake)
+    _run(landing, lake, instance)  # the same partition again: the same entries, none added
+
+    notes = _notes(lake)
+    assert sorted(n["file"] for n in notes) == sorted(f"file://{p}" for p in bad)
+    assert all(n["reason"].startswith("not a readable Parquet file") for n in notes)
+    for note_path in (lake / "_quarantine").rglob("*.reason.json"):
+        note = json.loads(note_path.read_text())
+        copy = Path(str(note_path)[: -len(".reason.json")])
+        assert copy.read_bytes() == Path(note["file"][len("file://"):]).read_bytes()
+    metadata = _changes_metadata(instance)
+    assert metadata["files_quarantined"] == 5 and metadata["files_read"] == 1 and metadata["reconciled"] is True
+    assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
