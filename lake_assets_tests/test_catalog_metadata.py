@@ -113,8 +113,12 @@ def test_version_other_than_int_zero_refused(version):
     refused(good(version=version), "version")
 
 
-def test_missing_version_refused():
-    refused(without("version"), "version")
+def test_missing_version_is_version_zero_as_upstream():
+    # datalake-common's Metadata sets a missing version to 0 before validating it
+    source = without("version")
+    result = validate(source)
+    assert result["version"] == 0 and "version" not in source
+    assert to_json(source) == to_json(good())
 
 
 # --- 3. required fields -----------------------------------------------------------------------
@@ -260,9 +264,17 @@ def test_unreadable_end_refused():
 # --- 8. end -----------------------------------------------------------------------------------
 
 
-def test_end_missing_accepted():
-    result = validate(without("end"))
-    assert "end" not in result
+def test_end_missing_is_kept_as_null():
+    # as upstream: the normalised document always has `end`, null when the file gave none
+    source = without("end")
+    result = validate(source)
+    assert "end" in result and result["end"] is None and "end" not in source
+    assert json.loads(to_json(source))["end"] is None
+
+
+def test_records_of_a_document_without_end_carry_end_null():
+    for record in build_records(without("end"), url="s3://b/k", size=1, create_time=1):
+        assert "end" in record["metadata"] and record["metadata"]["end"] is None
 
 
 def test_end_null_accepted():

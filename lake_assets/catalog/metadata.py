@@ -90,13 +90,15 @@ def validate(metadata: Mapping) -> dict:
 
     Checks run in this order and the first failure raises MetadataError:
     1. `id` is assigned (uuid4 hex) when the key is missing;
-    2. `version` is the integer 0;
+    2. `version` is the integer 0; a document without the key is version 0, as upstream
+       (datalake-common's `Metadata` sets a missing version before validating);
     3. `version, start, where, what, id, hash, path` are present and non-null;
     4. `where` and `what` match ^[a-z0-9_-]+$;
     5. the `work_id` key is present; its value is null or a name like `where`, never "null";
     6. `path` is absolute (POSIX, or a Windows drive path);
     7. `start` and `end` become integer milliseconds since the epoch;
-    8. `end` may be missing or null, and is never before `start`.
+    8. `end` may be missing or null, and is never before `start`; a missing `end` is kept as
+       null, so the normalised document (and every record) always has the key, as upstream.
     Keys the format does not know are kept unchanged.
     """
     if not isinstance(metadata, Mapping):
@@ -108,9 +110,7 @@ def validate(metadata: Mapping) -> dict:
         doc["id"] = uuid.uuid4().hex
 
     # 2. version
-    if "version" not in doc:
-        raise MetadataError("version", "is required")
-    version = doc["version"]
+    version = doc.setdefault("version", METADATA_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):
         raise MetadataError(
             "version", f"must be the integer {METADATA_VERSION}, got {type(version).__name__} {version!r}"
@@ -144,7 +144,7 @@ def validate(metadata: Mapping) -> dict:
 
     # 7. dates
     doc["start"] = _to_ms("start", doc["start"])
-    if doc.get("end") is not None:
+    if doc.setdefault("end", None) is not None:
         doc["end"] = _to_ms("end", doc["end"])
 
     # 8. end after start
