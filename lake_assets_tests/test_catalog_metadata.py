@@ -7,18 +7,24 @@ import hashlib
 import json
 import re
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lake_assets.catalog.metadata import (
     BUCKET_MS,
+    FIRST_INDEXED_MS,
+    LAST_INDEXED_MS,
     MAX_BUCKETS,
     MetadataError,
     buckets,
     build_records,
     content_hash,
+    document_time,
     from_json,
     hash_stream,
+    query_buckets,
     time_bucket,
     to_json,
     validate,
@@ -113,8 +119,12 @@ def test_version_other_than_int_zero_refused(version):
     refused(good(version=version), "version")
 
 
-def test_missing_version_refused():
-    refused(without("version"), "version")
+def test_missing_version_is_version_zero_as_upstream():
+    # datalake-common's Metadata sets a missing version to 0 before validating it
+    source = without("version")
+    result = validate(source)
+    assert result["version"] == 0 and "version" not in source
+    assert to_json(source) == to_json(good())
 
 
 # --- 3. required fields -----------------------------------------------------------------------
@@ -228,6 +238,22 @@ def test_seconds_and_ms_agree():
     assert isinstance(seconds, int) and isinstance(millis, int)
 
 
+def test_a_number_is_read_as_ms_by_its_magnitude_before_the_epoch_too():
+    # as upstream, beyond 1e11 a number is ms; below -1e11 too (as seconds it would be before the year 1)
+    first_year = -62_135_596_800_000
+    assert validate(good(start=first_year, end=None))["start"] == first_year
+    assert validate(good(start=str(-(10**12)), end=None))["start"] == -(10**12)
+    assert validate(good(start=-86_400, end=None))["start"] == -86_400_000  # small: seconds, as upstream
+
+
+@settings(max_examples=300, deadline=None)
+@given(ms=st.one_of(st.integers(FIRST_INDEXED_MS, LAST_INDEXED_MS), st.integers(-(2**63), 2**63 - 1),
+                    st.integers(-200_000_000_000, 200_000_000_000)))
+def test_a_time_given_as_document_time_is_read_back_exactly(ms):
+    # a file's span read from its statistics may be any ms, 1970-01-01T00:00:05 (5000) included
+    assert validate(good(start=document_time(ms), end=document_time(ms)))["start"] == ms
+
+
 def test_numeric_string_ms_and_seconds():
     assert validate(good(start="1426809600000", end=None))["start"] == MARCH_20_2015_MS
     assert validate(good(start="1426809600", end=None))["start"] == MARCH_20_2015_MS
@@ -260,9 +286,17 @@ def test_unreadable_end_refused():
 # --- 8. end -----------------------------------------------------------------------------------
 
 
-def test_end_missing_accepted():
-    result = validate(without("end"))
-    assert "end" not in result
+def test_end_missing_is_kept_as_null():
+    # as upstream: the normalised document always has `end`, null when the file gave none
+    source = without("end")
+    result = validate(source)
+    assert "end" in result and result["end"] is None and "end" not in source
+    assert json.loads(to_json(source))["end"] is None
+
+
+def test_records_of_a_document_without_end_carry_end_null():
+    for record in build_records(without("end"), url="s3://b/k", size=1, create_time=1):
+        assert "end" in record["metadata"] and record["metadata"]["end"] is None
 
 
 def test_end_null_accepted():
@@ -369,30 +403,30 @@ def test_time_bucket_is_floor_of_days():
 
 def test_file_spanning_point_eight_to_two_point_two_days():
     doc = good(start=int(0.8 * DAY), end=int(2.2 * DAY))
-    assert buckets(doc) == [0, 1, 2]
+    assert buckets(doc) == ["0", "1", "2"]
 
 
 def test_file_without_end_has_one_bucket():
-    assert buckets(without("end")) == [time_bucket(1426809920345)]
-    assert buckets(good(end=None)) == [time_bucket(1426809920345)]
+    assert buckets(without("end")) == [str(time_bucket(1426809920345))]
+    assert buckets(good(end=None)) == [str(time_bucket(1426809920345))]
 
 
 def test_buckets_of_a_validated_document():
     doc = validate(good(start=T0 + int(0.8 * DAY), end=T0 + int(2.2 * DAY)))
-    assert buckets(doc) == [B0, B0 + 1, B0 + 2]
+    assert buckets(doc) == [str(B0), str(B0 + 1), str(B0 + 2)]
 
 
 def test_exactly_max_buckets_accepted():
     start = 100 * DAY
     doc = good(start=start, end=start + (MAX_BUCKETS - 1) * DAY + DAY - 1)
-    assert buckets(doc) == list(range(100, 100 + MAX_BUCKETS))
+    assert buckets(doc) == [str(n) for n in range(100, 100 + MAX_BUCKETS)]
     assert MAX_BUCKETS == 30
 
 
 def test_buckets_read_validated_ms_as_they_stand():
     # buckets() does not re-validate: 69_120_000 is ms here, although validate() would read it as seconds
-    assert buckets({"start": 69_120_000}) == [0]
-    assert buckets({"start": 69_120_000, "end": None}) == [0]
+    assert buckets({"start": 69_120_000}) == ["0"]
+    assert buckets({"start": 69_120_000, "end": None}) == ["0"]
 
 
 @pytest.mark.parametrize("doc, field", [({"start": "2015-03-20"}, "start"), ({"start": 1, "end": "x"}, "end"),
@@ -409,11 +443,57 @@ def test_buckets_refuse_end_before_start():
     assert info.value.field == "end"
 
 
-def test_thirty_one_buckets_refused():
+def test_a_span_of_thirty_one_days_is_indexed_in_thirty_day_buckets():
+    # upstream refuses such a file; here it goes in the buckets of the next width (30 days),
+    # each named by its first day and its width
     start = 100 * DAY
-    with pytest.raises(MetadataError) as info:
-        buckets(good(start=start, end=start + MAX_BUCKETS * DAY))
-    assert info.value.field == "end"
+    assert buckets(good(start=start, end=start + MAX_BUCKETS * DAY)) == ["90+30", "120+30"]
+    assert buckets(good(start=start, end=start + 800 * DAY)) == [f"{n}+30" for n in range(90, 901, 30)]  # 28
+    assert buckets(good(start=start, end=start + 1000 * DAY)) == ["0+900", "900+900"]  # 34 of 30 days: too many
+
+
+@pytest.mark.parametrize("start, end", [
+    (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc)),
+    (datetime(2024, 3, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, tzinfo=timezone.utc)),
+    (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(2024, 3, 1, tzinfo=timezone.utc)),
+    (datetime(1969, 7, 20, tzinfo=timezone.utc), datetime(1970, 1, 2, tzinfo=timezone.utc)),  # negative epochs
+])
+def test_the_first_and_last_years_and_negative_epochs_are_indexed(start, end):
+    doc = validate(good(start=start.isoformat(), end=end.isoformat()))
+    labels = buckets(doc)
+    assert 1 <= len(labels) <= MAX_BUCKETS
+    for moment in (start, end, start + (end - start) / 2):
+        ms = doc["start"] + (moment - start) // timedelta(milliseconds=1)
+        assert set(labels) & set(query_buckets(ms, ms)), moment
+
+
+def test_times_beyond_the_calendar_are_indexed_at_its_edges():
+    # 10**15 ms is in the year 33658; -10**15 before year 1: the record keeps them, the index clamps
+    assert buckets({"start": 10**15}) == [str(time_bucket(LAST_INDEXED_MS))]
+    assert buckets({"start": -(10**15)}) == [str(time_bucket(FIRST_INDEXED_MS))]
+    assert len(buckets({"start": -(2**63), "end": 2**63 - 1})) <= MAX_BUCKETS
+    assert set(buckets({"start": 10**15})) <= set(query_buckets(10**15, 10**15 + 1))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    start=st.integers(FIRST_INDEXED_MS - 10 * DAY, LAST_INDEXED_MS + 10 * DAY),
+    length=st.one_of(st.integers(0, 40 * DAY), st.integers(0, 5000 * DAY), st.integers(0, 4_000_000 * DAY)),
+    probe=st.floats(0, 1),
+)
+def test_a_file_is_in_at_most_thirty_buckets_and_found_from_every_instant_it_spans(start, length, probe):
+    end = start + length
+    labels = buckets({"start": start, "end": end})
+    assert 1 <= len(labels) <= MAX_BUCKETS and len(set(labels)) == len(labels)
+    inside = start + int(length * probe)
+    assert set(labels) & set(query_buckets(inside, inside))
+    days = range(time_bucket(start), time_bucket(end) + 1)
+    if len(days) <= MAX_BUCKETS and FIRST_INDEXED_MS <= start and end <= LAST_INDEXED_MS:
+        assert labels == [str(n) for n in days]  # a span of up to 30 days keeps the upstream day buckets
+
+
+def test_a_query_reads_each_day_and_one_bucket_per_wider_width():
+    assert query_buckets(100 * DAY, 101 * DAY) == ["100", "101", "90+30", "0+900", "0+27000", "0+810000"]
 
 
 # --- records ----------------------------------------------------------------------------------
@@ -484,10 +564,12 @@ def test_build_records_validates_first():
     assert info.value.field == "version"
 
 
-def test_build_records_refuses_too_many_buckets():
-    with pytest.raises(MetadataError) as info:
-        build_records(good(start=T0, end=T0 + MAX_BUCKETS * DAY), url="s3://b/k", size=1)
-    assert info.value.field == "end"
+def test_build_records_of_a_long_span_keep_its_true_start_and_end():
+    doc = good(start="0001-01-01", end="9999-12-31T23:59:59.999Z")
+    records = build_records(doc, url="s3://b/k", size=1, create_time=1)
+    assert 1 <= len(records) <= MAX_BUCKETS
+    assert {(r["metadata"]["start"], r["metadata"]["end"]) for r in records} == {(FIRST_INDEXED_MS, LAST_INDEXED_MS)}
+    assert [r["time_index_key"] for r in records] == [f"{label}:syslog" for label in buckets(validate(doc))]
 
 
 def test_build_records_metadata_copies_are_independent():

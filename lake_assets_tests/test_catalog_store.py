@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from lake_assets.catalog.store import DAY_MS, DynamoCatalogStore, ParquetCatalogStore
+from lake_assets.catalog.metadata import BUCKET_MS as DAY_MS, build_records
+from lake_assets.catalog.store import DynamoCatalogStore, ParquetCatalogStore
 from lake_assets.storage import S3Settings, Storage
 
 HOUR_MS = 3_600_000
@@ -274,6 +275,43 @@ def test_latest(store):
     assert store.latest("accounts", "unit") == newest[0]  # the record from its first bucket
 
 
+def built_file(start: int, end: int | None, *, what: str = "accounts", where: str = "unit", work_id: str | None = None) -> list[dict]:
+    """The records of one file as `build_records` makes them (long spans in wider buckets)."""
+    file_id = uuid.uuid4().hex
+    metadata = {
+        "version": 0, "start": start, "end": end, "path": f"/data/{what}/{file_id}.parquet", "work_id": work_id,
+        "where": where, "what": what, "id": file_id, "hash": hashlib.blake2b(file_id.encode(), digest_size=16).hexdigest(),
+    }
+    return build_records(metadata, url=f"file:///lake/{what}/{file_id}.parquet", size=1, create_time=next(_clock))
+
+
+def test_files_spanning_more_than_thirty_days_are_found_from_every_day_they_span(store):
+    first_year, last_year = -62_135_596_799_000, 253_402_300_799_999  # 0001-01-01T00:00:01, 9999-12-31T23:59:59.999
+    d = 19_783  # 2024-03-01
+    whole_calendar = built_file(first_year, last_year, work_id="run-a")
+    to_the_end = built_file(d * DAY_MS, last_year)
+    from_the_start = built_file(first_year, d * DAY_MS + HOUR_MS)
+    six_weeks = built_file(d * DAY_MS + HOUR_MS, (d + 45) * DAY_MS, work_id="run-a")
+    an_hour = make_file(d * DAY_MS + 2 * HOUR_MS, d * DAY_MS + 3 * HOUR_MS)
+    beyond = built_file(10**15, 10**15 + DAY_MS)  # the year 33658: kept as given, indexed at the calendar's end
+    before_the_epoch = built_file(-10 * DAY_MS, -DAY_MS + 5)
+    files = [whole_calendar, to_the_end, from_the_start, six_weeks, an_hour, beyond, before_the_epoch]
+    assert all(len(f) <= 30 for f in files) and len(six_weeks) == 2  # 19770+30, 19800+30
+    store.put([r for f in files for r in f])
+
+    def spans(f, n):
+        meta = f[0]["metadata"]
+        return meta["start"] <= day(n)[1] and day(n)[0] <= (meta["end"] if meta["end"] is not None else meta["start"])
+
+    for n in (first_year // DAY_MS, -5, -1, 0, 5_000, d - 1, d, d + 1, d + 30, d + 45, d + 46, 1_000_000, last_year // DAY_MS):
+        expected = sorted((f[0] for f in files if spans(f, n)), key=lambda r: (r["metadata"]["start"], r["range_key"]))
+        assert ids(store.query_by_time(*day(n), "accounts")) == ids(expected), n
+    assert ids(store.query_by_time(*day(10**15 // DAY_MS), "accounts")) == ids(beyond)
+    assert ids(store.query_by_time(10**15 + DAY_MS + 1, 10**15 + 2 * DAY_MS, "accounts")) == []
+    assert ids(store.query_by_work_id("run-a", "accounts")) == ids([whole_calendar[0], six_weeks[0]])
+    assert store.latest("accounts", "unit") == beyond[0]
+
+
 def test_many_records(store):
     files = [
         make_file(
@@ -361,8 +399,10 @@ def test_parquet_time_query_reads_only_the_bucket_folders_it_needs(tmp_path):
 
     found = store.query_by_time(3 * DAY_MS, 4 * DAY_MS + HOUR_MS + 5, "accounts")
     assert len(found) == 2
-    wanted = (f"{root}/time_bucket=3/accounts", f"{root}/time_bucket=4/accounts")
-    assert sorted(spy.listed) == list(wanted)
+    days = (f"{root}/time_bucket=3/accounts", f"{root}/time_bucket=4/accounts")
+    wider = tuple(f"{root}/time_bucket=0+{width}/accounts" for width in (30, 900, 27000, 810000))  # files over 30 days
+    wanted = days + wider
+    assert sorted(spy.listed) == sorted(wanted)
     assert spy.read and all(uri.rsplit("/", 1)[0] in wanted for uri in spy.read)
 
     # a work-id query reads its own folder and the time folders of its hits, nothing else

@@ -10,19 +10,18 @@ than adding one; a file rewritten in place gets a new id.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
+import json
 import re
 import uuid
 from typing import Iterable
 
 import pyarrow.parquet as pq
 
-from lake_assets.catalog.metadata import build_records, hash_stream
+from lake_assets.catalog.metadata import BUCKET_MS, build_records, datetime_to_ms, document_time, hash_stream
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.storage import Entry, Storage
 
 CHUNK = 8 * 1024 * 1024
-END_OF_TIME_MS = int(dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
 
 
 def catalog_what(table: str) -> str:
@@ -55,18 +54,26 @@ def absolute_path(uri: str) -> str:
     return "/" + uri.split("://", 1)[1]
 
 
-def _to_ms(value) -> int | None:
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        return int(value.timestamp() * 1000)
-    if isinstance(value, dt.date):
-        return int(dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc).timestamp() * 1000)
+#: Parquet TIMESTAMP units per millisecond
+_PER_MS = {"milliseconds": 1, "microseconds": 1_000, "nanoseconds": 1_000_000}
+
+
+def _statistic_ms(stats, raw: int) -> int | None:
+    """A min or max statistic of a time column as ms since the epoch, read from its stored
+    integer: exact, and defined for any value (pyarrow's own conversion to a datetime fails
+    beyond the years 1 to 9999). None for a column that is not a date or timestamp."""
+    logical = stats.logical_type
+    if logical.type == "TIMESTAMP":
+        return raw // _PER_MS[json.loads(logical.to_json())["timeUnit"]]
+    if logical.type == "DATE":
+        return raw * BUCKET_MS
     return None
 
 
 def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[int, int] | None:
-    """(min, max) in ms of the first of `columns` the file has, from its footer statistics only."""
+    """(min, max) in ms of the first of `columns` the file has, from its footer statistics only.
+
+    Any span is kept as it is (a row dated 9999 included): the catalog indexes any span."""
     try:
         with storage.open_input_file(uri) as handle:
             meta = pq.ParquetFile(handle).metadata
@@ -82,10 +89,10 @@ def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[in
             stats = meta.row_group(group).column(index).statistics
             if stats is None or not stats.has_min_max:
                 continue
-            low, high = _to_ms(stats.min), _to_ms(stats.max)
+            low, high = _statistic_ms(stats, stats.min_raw), _statistic_ms(stats, stats.max_raw)
             if low is not None and high is not None:
                 lows.append(low)
-                highs.append(min(high, END_OF_TIME_MS))
+                highs.append(high)
         if lows:
             return min(lows), max(highs)
     return None
@@ -120,12 +127,12 @@ def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> i
         info = fs.get_file_info(path)
         with storage.open_input_file(item.url) as handle:
             digest = hash_stream(iter(lambda: handle.read(CHUNK), b""))
-        start, end = item.span or (int(info.mtime.timestamp() * 1000), None)
+        start, end = item.span or (datetime_to_ms(info.mtime), None)
         metadata = {
             "version": 0,
             "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{item.url}#{digest}").hex,
-            "start": start,
-            "end": end,
+            "start": document_time(start),
+            "end": None if end is None else document_time(end),
             "where": item.where,
             "what": item.what,
             "work_id": item.work_id,

@@ -3,7 +3,22 @@
 A file shipped to the datalake travels with a small JSON document (version, start, end, path,
 where, what, work_id, id, hash). `validate` checks it in a fixed order and returns a normalised
 copy whose dates are integer milliseconds since the epoch. `build_records` turns a validated
-document into the per-day index records the catalog stores (one per UTC day the file spans).
+document into the index records the catalog stores, one per time bucket the file is indexed in.
+
+Time buckets. As upstream, a file is recorded once in each UTC day its span touches, as long as
+that is at most MAX_BUCKETS (30) days: its records are exactly datalake-common's. Upstream
+refuses a longer span; here such a file is never refused (a vendor row dated 9999, or a history
+file holding versions that started months ago, must not stop a run). It is indexed instead in
+the buckets of the finest wider width at which it touches at most MAX_BUCKETS of them: widths
+of 30, 900, 27,000 and 810,000 days (each 30 times the last), so at most 30 records per file,
+whatever its span. A wider bucket is named by its first day and its width (`19770+30` holds days
+19770..19799; a day bucket keeps its upstream name, `19783`). A time query reads, besides the
+days it covers, the one or few buckets of each wider width that overlap it (four more reads for
+a day), and keeps the files whose true span touches it: a file is found from every day it spans.
+The record keeps its true `start` and `end`; only its index is bounded: instants before
+0001-01-01 or after 9999-12-31 (the calendar every engine's timestamps cover) are indexed in
+the calendar's first or last day. A reader that knows only day buckets (upstream's datalake-api)
+sees every file of up to 30 days, and none of the longer ones.
 
 Pure Python: no Spark, no Dagster, no I/O.
 """
@@ -17,7 +32,7 @@ import operator
 import re
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
@@ -30,11 +45,19 @@ __all__ = [
     "RECORD_VERSION",
     "REQUIRED_FIELDS",
     "MetadataError",
+    "BUCKET_WIDTHS",
+    "FIRST_INDEXED_MS",
+    "LAST_INDEXED_MS",
+    "bucket_days",
     "buckets",
     "build_records",
     "content_hash",
+    "datetime_to_ms",
+    "document_time",
     "from_json",
     "hash_stream",
+    "query_buckets",
+    "span_buckets",
     "time_bucket",
     "to_json",
     "validate",
@@ -48,10 +71,13 @@ REQUIRED_FIELDS = ("version", "start", "where", "what", "id", "hash", "path")
 
 BUCKET_MS = 86_400_000  # one UTC day
 MAX_BUCKETS = 30
+#: the widths, in days, of the buckets a file may be indexed in, finest first (see the module)
+BUCKET_WIDTHS = tuple(MAX_BUCKETS**level for level in range(5))
 
 HASH_DIGEST_SIZE = 16
 
-# Numbers above this are milliseconds since the epoch; at or below it, seconds.
+# Numbers beyond this (in magnitude) are milliseconds since the epoch; others, seconds. Upstream
+# compares without the magnitude, reading every number below -1e11 as seconds before the year 1.
 _MS_THRESHOLD = 100_000_000_000  # 1e11
 
 _NAME = re.compile(r"[a-z0-9_-]+")
@@ -62,6 +88,29 @@ _NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _THOUSAND = Decimal(1000)
 _ONE = Decimal(1)
+_MS = timedelta(milliseconds=1)
+
+
+def datetime_to_ms(moment: datetime) -> int:
+    """Exact integer milliseconds since the epoch (floored); a naive datetime is UTC. Exact for
+    every year a datetime holds, where `timestamp()` goes through a float."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return (moment - _EPOCH) // _MS
+
+
+#: the instants the index distinguishes: the years 1 to 9999, as a datetime (and every engine's timestamp)
+FIRST_INDEXED_MS = datetime_to_ms(datetime.min)
+LAST_INDEXED_MS = datetime_to_ms(datetime.max)
+
+
+def document_time(ms: int) -> str | int:
+    """A time in ms as a document gives it so that `validate` reads back exactly `ms`: ISO 8601
+    in the years 1 to 9999 (a bare number there may read as seconds: 5000 would be 5000 s), the
+    number itself beyond them (where its magnitude makes it ms)."""
+    if not FIRST_INDEXED_MS <= ms <= LAST_INDEXED_MS:
+        return ms
+    return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds")
 
 
 class MetadataError(LakeAssetsError, ValueError):
@@ -90,13 +139,15 @@ def validate(metadata: Mapping) -> dict:
 
     Checks run in this order and the first failure raises MetadataError:
     1. `id` is assigned (uuid4 hex) when the key is missing;
-    2. `version` is the integer 0;
+    2. `version` is the integer 0; a document without the key is version 0, as upstream
+       (datalake-common's `Metadata` sets a missing version before validating);
     3. `version, start, where, what, id, hash, path` are present and non-null;
     4. `where` and `what` match ^[a-z0-9_-]+$;
     5. the `work_id` key is present; its value is null or a name like `where`, never "null";
     6. `path` is absolute (POSIX, or a Windows drive path);
     7. `start` and `end` become integer milliseconds since the epoch;
-    8. `end` may be missing or null, and is never before `start`.
+    8. `end` may be missing or null, and is never before `start`; a missing `end` is kept as
+       null, so the normalised document (and every record) always has the key, as upstream.
     Keys the format does not know are kept unchanged.
     """
     if not isinstance(metadata, Mapping):
@@ -108,9 +159,7 @@ def validate(metadata: Mapping) -> dict:
         doc["id"] = uuid.uuid4().hex
 
     # 2. version
-    if "version" not in doc:
-        raise MetadataError("version", "is required")
-    version = doc["version"]
+    version = doc.setdefault("version", METADATA_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):
         raise MetadataError(
             "version", f"must be the integer {METADATA_VERSION}, got {type(version).__name__} {version!r}"
@@ -144,7 +193,7 @@ def validate(metadata: Mapping) -> dict:
 
     # 7. dates
     doc["start"] = _to_ms("start", doc["start"])
-    if doc.get("end") is not None:
+    if doc.setdefault("end", None) is not None:
         doc["end"] = _to_ms("end", doc["end"])
 
     # 8. end after start
@@ -202,7 +251,7 @@ def _to_ms(field: str, value: Any) -> int:
 def _number_to_ms(field: str, number: Decimal) -> int:
     if not number.is_finite():
         raise MetadataError(field, f"must be a finite time, got {number}")
-    ms = number if number > _MS_THRESHOLD else number * _THOUSAND
+    ms = number if abs(number) > _MS_THRESHOLD else number * _THOUSAND
     return int(ms.quantize(_ONE, rounding=ROUND_HALF_EVEN))
 
 
@@ -214,10 +263,7 @@ def _date_string_to_ms(field: str, original: str, text: str) -> int:
         raise MetadataError(
             field, f"cannot read {original!r} as a time (ms, seconds, ISO 8601 date or 'now')"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    delta = moment - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    return datetime_to_ms(moment)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,8 +321,8 @@ def time_bucket(ms: int) -> int:
     return operator.index(ms) // BUCKET_MS
 
 
-def buckets(metadata: Mapping) -> list[int]:
-    """The buckets from start's to (end or start)'s, inclusive; more than MAX_BUCKETS is refused.
+def buckets(metadata: Mapping) -> list[str]:
+    """The buckets a file is indexed in (`span_buckets` of start .. end or start).
 
     `metadata` must already be validated: `start` and `end` are read as integer milliseconds
     as they stand. (Validating again would read a small ms value such as 69_120_000 as seconds.)
@@ -285,14 +331,40 @@ def buckets(metadata: Mapping) -> list[int]:
     end = _ms_field(metadata, "end") if metadata.get("end") is not None else start
     if end < start:
         raise MetadataError("end", f"{end} is before start {start}")
-    first = time_bucket(start)
-    last = time_bucket(end)
-    count = last - first + 1
-    if count > MAX_BUCKETS:
-        raise MetadataError(
-            "end", f"the file spans {count} day buckets; at most {MAX_BUCKETS} are allowed"
-        )
-    return list(range(first, last + 1))
+    return span_buckets(start, end)
+
+
+def span_buckets(start: int, end: int) -> list[str]:
+    """The buckets of a file spanning [start, end] (ms): its days when they are at most
+    MAX_BUCKETS, else the buckets of the finest wider width that it touches at most
+    MAX_BUCKETS of (see the module's docstring)."""
+    first, last = _indexed_day(start), _indexed_day(end)
+    for width in BUCKET_WIDTHS:
+        if last // width - first // width < MAX_BUCKETS:
+            return _labels(first, last, width)
+    raise AssertionError(f"the widest bucket ({BUCKET_WIDTHS[-1]} days) must hold the calendar in {MAX_BUCKETS}")
+
+
+def query_buckets(start: int, end: int) -> list[str]:
+    """Every bucket a time query for [start, end] (ms) must read: each day, and the buckets of
+    each wider width that overlap the range."""
+    first, last = _indexed_day(start), _indexed_day(end)
+    return [label for width in BUCKET_WIDTHS for label in _labels(first, last, width)]
+
+
+def bucket_days(label: str) -> tuple[int, int]:
+    """(first day, width in days) of a bucket named by `span_buckets` or `query_buckets`."""
+    first, _, width = label.partition("+")
+    return int(first), int(width or 1)
+
+
+def _indexed_day(ms: int) -> int:
+    return time_bucket(min(max(ms, FIRST_INDEXED_MS), LAST_INDEXED_MS))
+
+
+def _labels(first_day: int, last_day: int, width: int) -> list[str]:
+    starts = range(first_day // width * width, last_day + 1, width)
+    return [str(day) if width == 1 else f"{day}+{width}" for day in starts]
 
 
 def _ms_field(metadata: Mapping, field: str) -> int:
@@ -312,7 +384,7 @@ def build_records(
     create_time: int | None = None,
     null_work_id: Callable[[], str] | None = None,
 ) -> list[dict]:
-    """One catalog record per time bucket the file spans, for a validated copy of `metadata`.
+    """One catalog record per time bucket the file is indexed in, for a validated copy of `metadata`.
 
     A null work_id is replaced in the index key by "null" plus one random value shared by all
     of this file's records (`null_work_id()` when given, else a uuid4 hex).

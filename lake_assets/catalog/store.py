@@ -1,8 +1,8 @@
 """Where datalake records are kept and how they are found again.
 
-A record (see FORMATS.md, "datalake-common") describes one file in one one-day time bucket; a
-file whose data spans three days has three records with the same `range_key`. Two stores keep
-them:
+A record (`lake_assets.catalog.metadata`) describes one file in one time bucket: a file whose
+data spans three days has three records with the same `range_key`, one per day; a file spanning
+more than 30 days has at most 30, in wider buckets (see `metadata`). Two stores keep them:
 
 * `ParquetCatalogStore`: Parquet files in the lake itself, readable by any engine;
 * `DynamoCatalogStore`: the original datalake index in DynamoDB.
@@ -12,7 +12,8 @@ Both answer the same queries the same way. The shared rules live in `CatalogStor
 * `put` replaces a record with the same `(time_index_key, range_key)` when the new one has a
   `create_time` at least as great (ties: the last written wins). Putting the same records again
   changes nothing.
-* A time query looks in the buckets `start // DAY .. end // DAY`, keeps records whose file span
+* A time query looks in the buckets `metadata.query_buckets(start, end)` (each day, and the
+  wider buckets overlapping the range), keeps records whose file span
   `[metadata.start, metadata.end or metadata.start]` touches `[start, end]` (inclusive), and
   returns each file once: the record from the earliest bucket looked in. Results are sorted by
   `(metadata.start, range_key)`.
@@ -40,10 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lake_assets.catalog.metadata import bucket_days, query_buckets, span_buckets
 from lake_assets.paths import is_s3, safe_segment
 from lake_assets.storage import Storage
-
-DAY_MS = 86_400_000
 
 _NAME = re.compile(r"^[a-z0-9_-]+$")
 _RECORD_FIELDS = (
@@ -75,7 +75,8 @@ def _check_ms(field: str, value: Any) -> int:
 
 
 def _bucket_of(record: dict) -> int:
-    return int(record["time_index_key"].split(":", 1)[0])
+    """The first day of the record's bucket: buckets in time order."""
+    return bucket_days(record["time_index_key"].split(":", 1)[0])[0]
 
 
 def _span(record: dict) -> tuple[int, int]:
@@ -109,12 +110,12 @@ def check_record(record: Any) -> dict:
     _check_ms("size", record["size"])
 
     key = record["time_index_key"]
-    bucket_text, _, key_what = key.partition(":") if isinstance(key, str) else ("", "", "")
-    if not re.fullmatch(r"-?[0-9]+", bucket_text) or key_what != what:
+    bucket, _, key_what = key.partition(":") if isinstance(key, str) else ("", "", "")
+    if key_what != what:
         raise ValueError(f"time_index_key {key!r} must be '<bucket>:{what}'")
-    first, last = start // DAY_MS, (end if end is not None else start) // DAY_MS
-    if not first <= int(bucket_text) <= last:
-        raise ValueError(f"time_index_key {key!r}: bucket outside the file's span {first}..{last}")
+    indexed = span_buckets(start, end if end is not None else start)
+    if bucket not in indexed:
+        raise ValueError(f"time_index_key {key!r}: not one of the file's buckets {indexed[0]}..{indexed[-1]}")
 
     if record["range_key"] != f"{where}:{meta['id']}":
         raise ValueError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
@@ -184,7 +185,7 @@ class CatalogStore(abc.ABC):
         if where is not None:
             _check_name("where", where)
         found = []
-        for bucket in range(start // DAY_MS, end // DAY_MS + 1):
+        for bucket in query_buckets(start, end):
             for record in self._time_bucket(bucket, what, where):
                 first, last = _span(record)
                 if first <= end and last >= start:
@@ -220,7 +221,7 @@ class CatalogStore(abc.ABC):
         """Store checked records (one per key) and offer each (what, where)'s best as latest."""
 
     @abc.abstractmethod
-    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+    def _time_bucket(self, bucket: str, what: str, where: str | None) -> Iterable[dict]:
         """The current records whose time_index_key is f"{bucket}:{what}" (and where, if given)."""
 
     @abc.abstractmethod
@@ -322,7 +323,8 @@ class ParquetCatalogStore(CatalogStore):
     Layout under `root` (every part file is written once and never changed):
 
     * `time_bucket=<bucket>/<what>/part-<token>.parquet`: one file per put call per
-      (bucket, what); a time query for a bucket and a what reads only that folder.
+      (bucket, what); a time query for a bucket and a what reads only that folder. A bucket is
+      named as in its records' time_index_key: `19783` (a day), `19770+30` (a wider bucket).
     * `work_id=<encoded work_id_index_key>/part-<token>.parquet`: the same records again, by
       work id (records with a null work_id are not written here).
     * `latest=<encoded what:where>/part-<token>.parquet`: one record per put call per
@@ -347,8 +349,8 @@ class ParquetCatalogStore(CatalogStore):
 
     # paths ------------------------------------------------------------------------------------
 
-    def _time_folder(self, bucket: int, what: str) -> str:
-        return f"{self.root}/{safe_segment(f'time_bucket={int(bucket)}')}/{safe_segment(what, 'what')}"
+    def _time_folder(self, bucket: str, what: str) -> str:
+        return f"{self.root}/{safe_segment(f'time_bucket={bucket}')}/{safe_segment(what, 'what')}"
 
     def _work_folder(self, work_id_index_key: str) -> str:
         return f"{self.root}/{safe_segment('work_id=' + encode_segment(work_id_index_key))}"
@@ -412,7 +414,7 @@ class ParquetCatalogStore(CatalogStore):
         # the time layout first: it is the truth the others are checked against
         for key, group in sorted(by_time.items()):
             bucket, what = key.split(":", 1)
-            self._write_part(self._time_folder(int(bucket), what), group, token)
+            self._write_part(self._time_folder(bucket, what), group, token)
         for key, group in sorted(by_work.items()):
             self._write_part(self._work_folder(key), group, token)
         for (what, where), record in sorted(latest.items()):
@@ -429,7 +431,7 @@ class ParquetCatalogStore(CatalogStore):
             if all((_latest_key(r), uri.rsplit("/", 1)[1]) < mine_rank for r in rows):
                 self.storage.delete_file(uri)  # beaten by the part just written, which stays
 
-    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+    def _time_bucket(self, bucket: str, what: str, where: str | None) -> Iterable[dict]:
         return _winners(self._read_folder(self._time_folder(bucket, what), where)).values()
 
     def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
@@ -450,7 +452,7 @@ class ParquetCatalogStore(CatalogStore):
             time_key = key[0]
             if time_key not in current:
                 bucket, what = time_key.split(":", 1)
-                current[time_key] = _winners(self._read_folder(self._time_folder(int(bucket), what), where))
+                current[time_key] = _winners(self._read_folder(self._time_folder(bucket, what), where))
             record = current[time_key].get(key)
             if record is not None and record["work_id_index_key"] == work_id_index_key:
                 out.append(record)
@@ -649,7 +651,7 @@ class DynamoCatalogStore(CatalogStore):
             for item in page.get("Items", []):
                 yield self._record(item)
 
-    def _time_bucket(self, bucket: int, what: str, where: str | None) -> Iterable[dict]:
+    def _time_bucket(self, bucket: str, what: str, where: str | None) -> Iterable[dict]:
         return self._query("time_index_key", f"{bucket}:{what}", where, ConsistentRead=True)
 
     def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:

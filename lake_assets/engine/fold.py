@@ -164,7 +164,7 @@ def fold(
         # Late data reaches the closed rows ending at or after its earliest version (less the
         # millisecond between a version's end and the next start); older files stay as they
         # are. Erasing a key's fields reaches every closed file that may hold it.
-        ending_from = None if newly_purged else totals["late_since"] - dt.timedelta(milliseconds=1)
+        ending_from = None if newly_purged else _earlier(totals["late_since"], dt.timedelta(milliseconds=1))
         rewrite = closed_files_ending_from(storage, state, spec, ending_from)
         kept = _read(spark, storage, [uri for files in rewrite.values() for uri in files], spec)
         if kept is not None and report.late_keys:
@@ -299,6 +299,15 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
     return {**row.asDict(), "since": _utc(row["since"]), "late_since": _utc(row["late_since"])}
 
 
+def _earlier(moment, delta: dt.timedelta):
+    """`moment - delta` (a date or an aware datetime), or the first instant of the year 1 when
+    that is before it: a vendor's row may be dated 0001-01-01."""
+    try:
+        return moment - delta
+    except OverflowError:
+        return moment.min.replace(tzinfo=moment.tzinfo) if isinstance(moment, dt.datetime) else moment.min
+
+
 def _utc(micros: int | None) -> dt.datetime | None:
     return None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
 
@@ -379,7 +388,7 @@ def settled_days_to_compact(
     `COMPACT_LOOKBACK_DAYS`) and hold more than `COMPACT_AFTER_FILES` files; days in `skip`
     (rewritten by the fold anyway) are left out."""
     last = since.date()
-    first = (last - dt.timedelta(days=COMPACT_LOOKBACK_DAYS)).isoformat()
+    first = _earlier(last, dt.timedelta(days=COMPACT_LOOKBACK_DAYS)).isoformat()
     found = {}
     for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed)):
         for day, uri in closed_days(storage, root).items():
@@ -395,7 +404,7 @@ def stored_rows_since(
 ) -> DataFrame | None:
     """Stored history and delete rows (in their stored shape) that may end at or after `since`:
     the open set plus the closed files from `since` on. What the last fold could have changed."""
-    ending_from = since - dt.timedelta(milliseconds=1) if since else None
+    ending_from = _earlier(since, dt.timedelta(milliseconds=1)) if since else None
     closed = closed_files_ending_from(storage, state, spec, ending_from)
     paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
     paths += [uri for files in closed.values() for uri in files]
