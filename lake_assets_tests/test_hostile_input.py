@@ -1,0 +1,330 @@
+"""Hostile input on top of a valid landing, for every feed: nothing landed is lost.
+
+Each case writes a small valid landing, adds one kind of bad (or merely odd) input on top, runs
+`lake-assets run` as a user does and checks the promise of docs/bad-input.md:
+- the command exits 0;
+- every file the case added is either read (its rows are in `changes`) or set aside: copied to
+  `_quarantine` with a note naming the file and the cause; files that cannot be used must be set
+  aside, and nothing but the added files is;
+- every event of the valid landing is in `changes`, and every layer is readable by DuckDB;
+- the change log's counts reconcile, and `landing_complete` fails where data was lost upstream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+from pathlib import Path
+from typing import Callable
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lake_assets.cli import main
+from lake_assets_tests.hostile_landings import (
+    ACCOUNT_SCHEMA,
+    FEEDS,
+    FLOW_VALID_DOCS,
+    GRAX_SCHEMA,
+    at,
+    event,
+    events,
+    flow_doc,
+    flow_journal,
+    flow_valid_content,
+    grax_batch,
+    grax_time,
+    landing_complete_passed,
+    layer_rows,
+    materialisation_metadata,
+    quarantine_notes,
+    unit_hour,
+    write_config,
+    write_flow_fragment,
+    write_parquet,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hostile:
+    feed: str
+    name: str
+    #: writes the hostile input on top of the valid landing; returns the files it added
+    add: Callable[[Path], list[Path]]
+    #: the added files cannot be used: each must be set aside with a reason
+    unusable: bool = True
+    #: what `landing_complete` must say (None: either, e.g. a file that is read in one rule)
+    complete: bool | None = None
+
+
+def uri(path: Path) -> str:
+    return f"file://{path}"
+
+
+# --- Unit CDC ----------------------------------------------------------------------------------
+
+
+def unit_rows(id_: str, seq: int, **payload) -> list[dict]:
+    return [event(id_, "I", seq, at(2, 30), name=f"n{id_}", balance=seq, **payload)]
+
+
+def good_unit_file(path: Path, id_: str = "z", seq: int = 90) -> Path:
+    return write_parquet(path, unit_rows(id_, seq), ACCOUNT_SCHEMA)
+
+
+def zero_byte(landing: Path) -> list[Path]:
+    path = unit_hour(landing) / "part-9.parquet"
+    path.write_bytes(b"")
+    return [path]
+
+
+def random_bytes(landing: Path) -> list[Path]:
+    path = unit_hour(landing) / "part-9.parquet"
+    path.write_bytes(os.urandom(4096))
+    return [path]
+
+
+def corrupt_pages_and_clashing_schema(landing: Path) -> list[Path]:
+    """A file whose footer is fine but whose data pages are garbage, and in the same batch a file
+    giving `balance` a type no other file's can widen into."""
+    corrupt = write_parquet(unit_hour(landing) / "part-7.parquet",
+                            [event(f"k{i}", "I", 100 + i, at(2, 7), name="x" * 50, balance=i) for i in range(200)],
+                            ACCOUNT_SCHEMA)
+    footer = pq.ParquetFile(corrupt).metadata
+    data = bytearray(corrupt.read_bytes())
+    for group in range(footer.num_row_groups):
+        for column in range(footer.num_columns):
+            chunk = footer.row_group(group).column(column)
+            start = chunk.data_page_offset
+            data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    corrupt.write_bytes(bytes(data))
+    clash_schema = pa.schema([*(f for f in ACCOUNT_SCHEMA if f.name != "balance"),
+                              ("balance", pa.struct([("amount", pa.int64())]))])
+    clash = write_parquet(unit_hour(landing) / "part-8.parquet",
+                          [event("q", "I", 300, at(2, 8), name="q", balance={"amount": 1})], clash_schema)
+    return [corrupt, clash]
+
+
+def invalid_time_folders(landing: Path) -> list[Path]:
+    table = landing / "accounts"
+    folders = ["year=2024/month=03/day=01/hour=25", "year=2024/month=03/day=32/hour=01",
+               "year=2024/month=13/day=01/hour=01", "year=2024/month=02/day=30/hour=01",
+               "year=2024/month=03/day=01/hour=-1", "year=abcd/month=03/day=01/hour=01"]
+    return [good_unit_file(table / folder / "part-0.parquet", f"s{i}", 200 + i) for i, folder in enumerate(folders)]
+
+
+def symlink_loops(landing: Path) -> list[Path]:
+    (unit_hour(landing) / "loop").symlink_to(unit_hour(landing), target_is_directory=True)
+    (landing / "accounts" / "year=2024" / "again").symlink_to(landing / "accounts", target_is_directory=True)
+    return []
+
+
+def folder_named_like_a_file(landing: Path) -> list[Path]:
+    return [good_unit_file(unit_hour(landing) / "part-5.parquet" / "inner.parquet")]
+
+
+def hour_from_1990(landing: Path) -> list[Path]:
+    folder = landing / "accounts" / "year=1990" / "month=01" / "day=01" / "hour=00"
+    return [write_parquet(folder / "part-0.parquet",
+                          [event("old", "I", 1, at(0).replace(year=1990, month=1), name="old", balance=1)], ACCOUNT_SCHEMA)]
+
+
+def reserved_column_names(landing: Path) -> list[Path]:
+    rows = [{**unit_rows("r", 91)[0], "_op": "mine", "hour": 7, "__secret": "x", "_source_file": "vendor's",
+             "_fivetran_start": "v", "batch": "b"}]
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", rows)]
+
+
+def id_twice_in_one_file(landing: Path) -> list[Path]:
+    rows = [{**unit_rows("d", 92)[0], "Id": "D-upper"}]
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", rows)]
+
+
+def column_case_differs_between_files(landing: Path) -> list[Path]:
+    upper = [{("Balance" if k == "balance" else k): v for k, v in unit_rows("u", 93)[0].items()}]
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", upper),
+            good_unit_file(unit_hour(landing, 3) / "part-6.parquet", "l", 94)]
+
+
+def odd_column_names(landing: Path) -> list[Path]:
+    rows = [{**unit_rows("o", 95)[0], "we`ird": "tick", "with space": "s", "dot.ted": "d", "é": "u"}]
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", rows)]
+
+
+def odd_file_names(landing: Path) -> list[Path]:
+    names = ["part:1.parquet", "part #2.parquet", "part%3.parquet", "part?4.parquet", "part[5].parquet", "part{6}.parquet"]
+    return [good_unit_file(unit_hour(landing) / name, f"f{i}", 400 + i) for i, name in enumerate(names)]
+
+
+def colliding_quarantine_names(landing: Path) -> list[Path]:
+    paths = [unit_hour(landing) / name for name in ("bad x.parquet", "bad_x.parquet", "bad\nx.parquet", "bad?x.parquet")]
+    for path in paths:
+        path.write_bytes(b"not parquet at all")
+    return paths
+
+
+def invalid_utf8_text(landing: Path) -> list[Path]:
+    names = pa.array([b"ok", b"caf\xe9 \xff\xfe", b"\xc3\x28"], pa.binary()).view(pa.string())
+    table = pa.table({
+        "id": ["v1", "v2", "v3"], "name": names, "balance": pa.array([1, 2, 3], pa.int64()),
+        "cdc_operation_type": ["I", "I", "I"], "cdc_change_seq": pa.array([501, 502, 503], pa.int64()),
+        "cdc_commit_timestamp": pa.array([at(2, 40)] * 3, pa.timestamp("us", tz="UTC")),
+    })
+    path = unit_hour(landing) / "part-6.parquet"
+    pq.write_table(table, path)
+    return [path]
+
+
+def extreme_event_times(landing: Path) -> list[Path]:
+    far = [event("y9999", "I", 601, at(2).replace(year=9999, month=12, day=31), name="far", balance=1),
+           event("y0001", "I", 602, at(2).replace(year=1, month=1, day=1), name="near", balance=1)]
+    long_span = [event("long1", "I", 603, at(2).replace(month=1), name="a", balance=1),
+                 event("long2", "I", 604, at(2).replace(month=6), name="b", balance=1)]
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", far, ACCOUNT_SCHEMA),
+            write_parquet(unit_hour(landing) / "part-7.parquet", long_span, ACCOUNT_SCHEMA)]
+
+
+# --- GRAX --------------------------------------------------------------------------------------
+
+
+def object_folders_differing_in_case(landing: Path) -> list[Path]:
+    return [write_parquet(grax_batch(landing, "000000003", "ACCOUNT") / "data-00000000003.parquet",
+                          [{"Id": "9", "source__modified": grax_time(5), "grax__idseq": "e", "Name": "Upper"}], GRAX_SCHEMA)]
+
+
+def grax_marker_that_is_not_a_time(column: str) -> Callable[[Path], list[Path]]:
+    def add(landing: Path) -> list[Path]:
+        rows = [{"Id": "2", "source__modified": grax_time(6), "grax__idseq": "f", "Name": "Bob", column: "yes"}]
+        return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", rows)]
+    add.__name__ = f"{column}_not_a_time"
+    return add
+
+
+def grax_reserved_column_names(landing: Path) -> list[Path]:
+    rows = [{"Id": "7", "source__modified": grax_time(6), "grax__idseq": "g", "Name": "R", "_op": "x", "batch": "b",
+             "__derived": True}]
+    return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", rows)]
+
+
+# --- Flow --------------------------------------------------------------------------------------
+
+
+def valid_length() -> int:
+    return len(flow_valid_content())
+
+
+def garbage_fragment_over_the_good_one(landing: Path) -> list[Path]:
+    """A fragment named for the same range as the good one (and more), whose bytes are garbage:
+    the cover may pick it first, and must then fall back to the good fragment."""
+    content = flow_valid_content()
+    return [write_flow_fragment(flow_journal(landing), 0, content, stored=os.urandom(200)),
+            write_flow_fragment(flow_journal(landing), 0, content + b"x" * 10, stored=os.urandom(300))]
+
+
+def key_that_is_not_a_scalar(key) -> Callable[[Path], list[Path]]:
+    def add(landing: Path) -> list[Path]:
+        content = flow_doc(10).replace(b'"id": 10', b'"id": ' + key)
+        return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
+    add.__name__ = f"key_{key.decode()[:1]}"
+    return add
+
+
+def gzip_bomb(landing: Path) -> list[Path]:
+    """Concatenated gzip members of zeros: 48 KB on disk, 3 GiB inflated."""
+    member = gzip.compress(b"\0" * (64 << 20), compresslevel=9)
+    content = flow_doc(11)
+    return [write_flow_fragment(flow_journal(landing), valid_length(), content, stored=member * 48)]
+
+
+def invalid_hour_folders(landing: Path) -> list[Path]:
+    content = flow_doc(12)
+    return [write_flow_fragment(flow_journal(landing), valid_length(), content, folder=folder)
+            for folder in ("utc_date=2024-06-01/utc_hour=25", "utc_date=2026-02-30/utc_hour=01")]
+
+
+def field_case_differs_between_documents(landing: Path) -> list[Path]:
+    content = flow_doc(13, Status="open") + flow_doc(14, status="closed")
+    return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
+
+
+CASES = [
+    Hostile("unit", "zero_byte", zero_byte),
+    Hostile("unit", "random_bytes", random_bytes),
+    Hostile("unit", "corrupt_pages_and_clashing_schema", corrupt_pages_and_clashing_schema),
+    Hostile("unit", "invalid_time_folders", invalid_time_folders, complete=False),
+    Hostile("unit", "symlink_loops", symlink_loops),
+    Hostile("unit", "folder_named_like_a_file", folder_named_like_a_file, unusable=False),
+    Hostile("unit", "hour_from_1990", hour_from_1990, unusable=False, complete=True),
+    Hostile("unit", "reserved_column_names", reserved_column_names, unusable=False),
+    Hostile("unit", "id_twice_in_one_file", id_twice_in_one_file, unusable=False),
+    Hostile("unit", "column_case_differs_between_files", column_case_differs_between_files, unusable=False),
+    Hostile("unit", "odd_column_names", odd_column_names, unusable=False),
+    Hostile("unit", "odd_file_names", odd_file_names, unusable=False),
+    Hostile("unit", "colliding_quarantine_names", colliding_quarantine_names),
+    Hostile("unit", "invalid_utf8_text", invalid_utf8_text, unusable=False),
+    Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False),
+    Hostile("grax", "object_folders_differing_in_case", object_folders_differing_in_case, unusable=False, complete=True),
+    Hostile("grax", "deleted_not_a_time", grax_marker_that_is_not_a_time("grax__deleted")),
+    Hostile("grax", "purged_not_a_time", grax_marker_that_is_not_a_time("grax__purged")),
+    Hostile("grax", "reserved_column_names", grax_reserved_column_names, unusable=False),
+    Hostile("flow", "garbage_fragment_over_the_good_one", garbage_fragment_over_the_good_one),
+    Hostile("flow", "key_is_an_object", key_that_is_not_a_scalar(b'{"a": 1}')),
+    Hostile("flow", "key_is_an_array", key_that_is_not_a_scalar(b"[1, 2]")),
+    Hostile("flow", "gzip_bomb", gzip_bomb),
+    Hostile("flow", "invalid_hour_folders", invalid_hour_folders, complete=False),
+    Hostile("flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False),
+]
+
+
+def run_cli(tmp_path: Path, feed_name: str, add: Callable[[Path], list[Path]] | None, monkeypatch):
+    """Write the valid landing (plus `add`'s input), run `lake-assets run`; (exit code, lake,
+    instance, added files)."""
+    feed = FEEDS[feed_name]
+    landing, lake, home = tmp_path / "landing", tmp_path / "lake", tmp_path / "dagster_home"
+    feed.write_valid(landing)
+    added = add(landing) if add else []
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    code = main(["run", "--config", str(write_config(tmp_path, feed, landing, lake))])
+    return code, lake, dg.DagsterInstance.get(), added
+
+
+@pytest.fixture(scope="module")
+def valid_events(spark, tmp_path_factory):
+    """feed -> the events a clean run over the valid landing puts in `changes`."""
+    found = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, feed in FEEDS.items():
+            code, lake, _, _ = run_cli(tmp_path_factory.mktemp(f"valid-{name}"), name, None, monkeypatch)
+            assert code == 0
+            found[name] = events(lake, feed)
+            assert found[name], f"the valid {name} landing produced no events"
+    assert len(found["flow"]) == len(FLOW_VALID_DOCS)
+    return found
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.feed}-{c.name}")
+def test_nothing_landed_is_lost(case: Hostile, valid_events, spark, tmp_path, monkeypatch):
+    feed = FEEDS[case.feed]
+    code, lake, instance, added = run_cli(tmp_path, case.feed, case.add, monkeypatch)
+    assert code == 0
+
+    notes = quarantine_notes(lake)
+    read_files = {row.get("_source_file") for row in layer_rows(lake, "changes", feed)}
+    for path in added:
+        if case.unusable:
+            assert uri(path) in notes, f"{path.name} was not set aside: {sorted(notes)}"
+        assert uri(path) in notes or uri(path) in read_files, f"{path.name} was neither read nor set aside"
+    for file, note in notes.items():
+        assert file in {uri(p) for p in added}, f"a valid file was set aside: {file}: {note['reason']}"
+        assert note["reason"].strip(), file
+
+    assert valid_events[case.feed] <= events(lake, feed), "events of the valid landing are missing"
+    for layer in ("current", "history"):
+        assert layer_rows(lake, layer, feed), f"{layer} is empty"
+    assert materialisation_metadata(instance, feed)["reconciled"] is True
+    if case.complete is not None:
+        assert landing_complete_passed(instance, feed) is case.complete
