@@ -166,18 +166,6 @@ def colliding_quarantine_names(landing: Path) -> list[Path]:
     return paths
 
 
-def invalid_utf8_text(landing: Path) -> list[Path]:
-    names = pa.array([b"ok", b"caf\xe9 \xff\xfe", b"\xc3\x28"], pa.binary()).view(pa.string())
-    table = pa.table({
-        "id": ["v1", "v2", "v3"], "name": names, "balance": pa.array([1, 2, 3], pa.int64()),
-        "cdc_operation_type": ["I", "I", "I"], "cdc_change_seq": pa.array([501, 502, 503], pa.int64()),
-        "cdc_commit_timestamp": pa.array([at(2, 40)] * 3, pa.timestamp("us", tz="UTC")),
-    })
-    path = unit_hour(landing) / "part-6.parquet"
-    pq.write_table(table, path)
-    return [path]
-
-
 def extreme_event_times(landing: Path) -> list[Path]:
     far = [event("y9999", "I", 601, at(2).replace(year=9999, month=12, day=31), name="far", balance=1),
            event("y0001", "I", 602, at(2).replace(year=1, month=1, day=1), name="near", balance=1)]
@@ -264,7 +252,6 @@ CASES = [
     Hostile("unit", "odd_column_names", odd_column_names, unusable=False),
     Hostile("unit", "odd_file_names", odd_file_names, unusable=False),
     Hostile("unit", "colliding_quarantine_names", colliding_quarantine_names),
-    Hostile("unit", "invalid_utf8_text", invalid_utf8_text, unusable=False),
     Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False),
     Hostile("grax", "object_folders_differing_in_case", object_folders_differing_in_case, unusable=False, complete=True),
     Hostile("grax", "deleted_not_a_time", grax_marker_that_is_not_a_time("grax__deleted")),
