@@ -117,9 +117,11 @@ def invalid_time_folders(landing: Path) -> list[Path]:
 
 
 def symlink_loops(landing: Path) -> list[Path]:
-    (unit_hour(landing) / "loop").symlink_to(unit_hour(landing), target_is_directory=True)
-    (landing / "accounts" / "year=2024" / "again").symlink_to(landing / "accounts", target_is_directory=True)
-    return []
+    """Links back into their own folders: never followed, each reported as a stray."""
+    links = [unit_hour(landing) / "loop", landing / "accounts" / "year=2024" / "again"]
+    for link, target in zip(links, (unit_hour(landing), landing / "accounts")):
+        link.symlink_to(target, target_is_directory=True)
+    return links
 
 
 def folder_named_like_a_file(landing: Path) -> list[Path]:
