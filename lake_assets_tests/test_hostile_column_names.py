@@ -55,7 +55,9 @@ RESERVED = ["_op", "_version_at", "_seq", "_unmodified", "_purged", "_source_fil
 #: Flow's reader passes its own fields along in each document
 FLOW_INTERNAL = ["__op", "__clock", "__at", "__uri", "__offset", "__hour"]
 ODD = ["a`b", "a``b`", "a.b", "a b", " lead", "x=y", "semi;colon", "comma,here", "{braces}", "(parens)",
-       "new\nline", "tab\there", "ünïcødé", "日本語", "`"]
+       "new\nline", "tab\there", "ünïcødé", "日本語", "`",
+       # Spark's name for a file's metadata (the reader asks for that by its role)
+       "_metadata"]
 
 
 @dataclasses.dataclass
@@ -80,7 +82,7 @@ class Landed:
         hive = ", hive_partitioning = true" if layer == "changes" else ""
         # DuckDB: a reader independent of Spark
         query = f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true{hive})"
-        return duckdb.connect().execute(query).fetch_arrow_table().to_pylist()
+        return duckdb.connect().sql(query).to_arrow_table().to_pylist()
 
     def changes_metadata(self) -> dict:
         event = self.instance.get_latest_materialization_event(dg.AssetKey([*self.asset_prefix, "changes"]))
