@@ -82,7 +82,9 @@ class Landed:
         hive = ", hive_partitioning = true" if layer == "changes" else ""
         # DuckDB: a reader independent of Spark
         query = f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true{hive})"
-        return duckdb.connect().sql(query).to_arrow_table().to_pylist()
+        cursor = duckdb.connect().execute(query)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
 
     def changes_metadata(self) -> dict:
         event = self.instance.get_latest_materialization_event(dg.AssetKey([*self.asset_prefix, "changes"]))

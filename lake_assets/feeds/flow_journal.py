@@ -135,7 +135,7 @@ def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str]):
                         raise ff.FragmentError(doc.uri, f"document has no key {missing}", doc.offset)
                     clash = case_clash(_columns_of(doc.doc, key))
                     if clash:
-                        raise ff.FragmentError(doc.uri, f"in a document, {clash}", doc.offset)
+                        raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
             except ff.FragmentError as error:
                 emit("bad", r["hour"], error.uri, error.offset, None, str(error))
                 continue
