@@ -55,7 +55,9 @@ RESERVED = ["_op", "_version_at", "_seq", "_unmodified", "_purged", "_source_fil
 #: Flow's reader passes its own fields along in each document
 FLOW_INTERNAL = ["__op", "__clock", "__at", "__uri", "__offset", "__hour"]
 ODD = ["a`b", "a``b`", "a.b", "a b", " lead", "x=y", "semi;colon", "comma,here", "{braces}", "(parens)",
-       "new\nline", "tab\there", "ünïcødé", "日本語", "`"]
+       "new\nline", "tab\there", "ünïcødé", "日本語", "`",
+       # Spark's name for a file's metadata (the reader asks for that by its role)
+       "_metadata"]
 
 
 @dataclasses.dataclass

@@ -62,12 +62,13 @@ def same_name(name: str) -> str:
 
 
 def case_clash(names: Iterable[str]) -> str | None:
-    """Why columns with these names cannot be read together (two equal ignoring case), or None."""
+    """Why columns with these names cannot be read together (two equal ignoring case), or None;
+    a phrase naming both (a file "has" it)."""
     seen: dict[str, str] = {}
     for name in names:
         if same_name(name) in seen:
-            return (f"columns {seen[same_name(name)]!r} and {name!r} have the same name ignoring case, "
-                    "which Spark cannot tell apart")
+            return (f"columns {seen[same_name(name)]!r} and {name!r}, whose names are equal ignoring case: "
+                    "Spark cannot tell them apart")
         seen[same_name(name)] = name
     return None
 
