@@ -207,11 +207,11 @@ def valid_length() -> int:
 
 
 def garbage_fragment_over_the_good_one(landing: Path) -> list[Path]:
-    """A fragment named for the same range as the good one (and more), whose bytes are garbage:
-    the cover may pick it first, and must then fall back to the good fragment."""
-    content = flow_valid_content()
-    return [write_flow_fragment(flow_journal(landing), 0, content, stored=os.urandom(200)),
-            write_flow_fragment(flow_journal(landing), 0, content + b"x" * 10, stored=os.urandom(300))]
+    """A fragment claiming the good one's range and ten bytes more, whose bytes are garbage: the
+    cover picks it first (it is the longest) and must fall back to the good fragment; the ten
+    bytes only it claims are a gap."""
+    # Its name carries the checksum of other bytes, so it does not replace the good file.
+    return [write_flow_fragment(flow_journal(landing), 0, b"garbage", end=valid_length() + 10, stored=os.urandom(300))]
 
 
 def key_that_is_not_a_scalar(key) -> Callable[[Path], list[Path]]:
@@ -259,7 +259,7 @@ CASES = [
     Hostile("grax", "deleted_not_a_time", grax_marker_that_is_not_a_time("grax__deleted")),
     Hostile("grax", "purged_not_a_time", grax_marker_that_is_not_a_time("grax__purged")),
     Hostile("grax", "reserved_column_names", grax_reserved_column_names, unusable=False),
-    Hostile("flow", "garbage_fragment_over_the_good_one", garbage_fragment_over_the_good_one),
+    Hostile("flow", "garbage_fragment_over_the_good_one", garbage_fragment_over_the_good_one, complete=False),
     Hostile("flow", "key_is_an_object", key_that_is_not_a_scalar(b'{"a": 1}')),
     Hostile("flow", "key_is_an_array", key_that_is_not_a_scalar(b"[1, 2]")),
     Hostile("flow", "gzip_bomb", gzip_bomb),
