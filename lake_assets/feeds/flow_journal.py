@@ -36,7 +36,7 @@ from lake_assets.config import CollectionConfig
 from lake_assets.engine import model as m
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted
+from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -285,7 +285,7 @@ class FlowJournalFormat(FeedFormat):
             return Batch(None, listed, 0, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps)
 
         pieces = spark.createDataFrame(plan, "journal string, uri string, skip long, order long, hour string")
-        content = spark.read.format("binaryFile").load(sorted({p[1] for p in plan})).select(
+        content = read_landed(spark, "binaryFile", sorted({p[1] for p in plan})).select(
             canonical_uri_column("path").alias("uri"), "content"
         )
         outcome = (
