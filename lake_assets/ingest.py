@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections import defaultdict
 from typing import Iterable
 from urllib.parse import unquote
@@ -102,10 +103,43 @@ def canonical_uri_column(path: str | F.Column) -> F.Column:
     return F.when(decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")).otherwise(decoded)
 
 
+#: Characters Spark and Hadoop read as a glob pattern in a path.
+_GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")
+#: Hadoop's default local file system keeps a checksum file `.<name>.crc` beside each file and
+#: fails on a name holding `:`, which its checksum file's path cannot parse. Landed files have no
+#: checksum files, so they are read through the raw local file system: set for the read only,
+#: hence no cached instance.
+_RAW_LOCAL_FILES = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem", "fs.file.impl.disable.cache": "true"}
+
+
+def _literal_path(uri: str) -> str:
+    """`uri` as the glob pattern that matches that one file.
+
+    Spark globs every path it reads: `b[1].parquet` would read `b1.parquet`, and `c{2}.parquet`
+    would not be found; escaped, the glob characters match themselves. (Hadoop's globbing parses
+    each literal name of such a path as a URI, so a path with a glob character and a `:` still
+    fails: the reader then sets the file aside with Spark's reason.)
+    """
+    scheme, _, rest = uri.partition("://")
+    authority, _, path = rest.partition("/")
+    if not _GLOB_CHARACTERS.search(path):
+        return uri
+    return f"{scheme}://{authority}/" + _GLOB_CHARACTERS.sub(r"\\\g<0>", path)
+
+
+def read_landed(spark: SparkSession, file_format: str, uris: Iterable[str]) -> DataFrame:
+    """Spark's read of exactly these landed files, whatever characters their names hold."""
+    uris = list(uris)
+    reader = spark.read.format(file_format)
+    if any(uri.startswith("file:") for uri in uris):
+        reader = reader.options(**_RAW_LOCAL_FILES)
+    return reader.load([_literal_path(uri) for uri in uris])
+
+
 def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, str], schema: pa.Schema | None = None) -> DataFrame:
     """Files of one schema (URI -> the partition that lists it), normalised by the feed, which
     sees every column under its lake name (`names.lake_name`)."""
-    raw = spark.read.parquet(*partition_of)
+    raw = read_landed(spark, "parquet", partition_of)
     null_columns = tuple(f.name for f in schema if pa.types.is_null(f.type)) if schema is not None else ()
 
     def as_lake_column(name: str) -> F.Column:

@@ -1,11 +1,14 @@
 """The shared batch reader (`ingest.read_batch`) against hostile landed files: files damaged in
-several ways in one batch, rows lost on the way, file names quarantine would confuse."""
+several ways in one batch, rows lost on the way, file names quarantine would confuse and names
+Hadoop paths dislike."""
 
+import io
 import json
 from pathlib import Path
 
 import dagster as dg
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
@@ -15,7 +18,7 @@ from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
-from lake_assets.storage import Storage
+from lake_assets.storage import S3Settings, Storage
 from lake_assets_tests.test_flow_feed import doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
@@ -191,3 +194,64 @@ def test_files_whose_names_look_alike_are_each_quarantined_with_their_own_copy_a
     metadata = _changes_metadata(instance)
     assert metadata["files_quarantined"] == 5 and metadata["files_read"] == 1 and metadata["reconciled"] is True
     assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
+
+
+# --- names Hadoop paths dislike --------------------------------------------------------------------
+
+ODD_NAMES = ["part:1.parquet", "part[1].parquet", "part1.parquet", "part{2}.parquet", "part?3.parquet", "part*4.parquet",
+             "part%41.parquet", "part#5.parquet", "part 6.parquet", "part\\7.parquet", "a:b:c"]
+
+
+def test_files_whose_names_hold_path_characters_are_read(spark, tmp_path):
+    """`:` trips Hadoop's local file system, `[]{}?*\\` are glob patterns to Spark (`part[1]`
+    would read `part1`), `%#` and spaces are escaped in URIs: each file is read as itself."""
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    for seq, name in enumerate(ODD_NAMES):
+        write_events(landing, "accounts", 3, name, [event(name, "I", seq, at(3, seq), name="n", balance=seq)], ACCOUNT_SCHEMA)
+    # Hadoop cannot glob a path holding `:` at all: the file is set aside, naming the cause.
+    unreadable = write_events(landing, "accounts", 3, "x[1]:y.parquet", [event("x", "I", 99, at(3, 50))], ACCOUNT_SCHEMA)
+
+    instance = _run(landing, lake)
+
+    [note] = _notes(lake)
+    assert note["file"] == f"file://{unreadable}" and note["reason"].startswith("Spark could not open the file (")
+    assert "Relative path in absolute URI" in note["reason"] and note["rows"] == 1
+    changes = _lake_rows(lake, "changes", "unit", "accounts")
+    folder = hour_dir(landing, "accounts", 3)
+    assert sorted((r["id"], r["_source_file"]) for r in changes) == sorted((n, f"file://{folder}/{n}") for n in ODD_NAMES)
+    assert sorted(r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")) == sorted(ODD_NAMES)
+    metadata = _changes_metadata(instance)
+    assert metadata["files_read"] == len(ODD_NAMES) and metadata["rows_in"] == len(ODD_NAMES) and metadata["reconciled"] is True
+    assert metadata["files_quarantined"] == 1
+
+
+def test_files_whose_names_hold_path_characters_are_read_from_s3(spark, moto_server, s3_bucket):
+    client = moto_server.client("s3")
+    names = ["a:b.parquet", "b[1].parquet", "b1.parquet", "c{2}.parquet", "d?.parquet", "e #%.parquet"]
+    prefix = "unit/accounts/year=2024/month=03/day=01/hour=00"
+    for seq, name in enumerate(names):
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist([event(name, "I", seq, at(0, seq), name="n", balance=seq)], schema=ACCOUNT_SCHEMA), buffer)
+        client.put_object(Bucket=s3_bucket, Key=f"{prefix}/{name}", Body=buffer.getvalue())
+    storage = Storage(S3Settings(endpoint_url=moto_server.url))
+    files = data_files(storage, f"s3a://{s3_bucket}/{prefix}")
+    assert sorted(f.name for f in files) == sorted(names)
+
+    batch = read_batch(spark, storage, FMT, "accounts", {UNIT_HOUR: files})
+
+    assert batch.quarantined == [] and batch.reconciles
+    assert sorted((r["id"], r["_source_file"]) for r in batch.events.select("id", "_source_file").collect()) == sorted(
+        (f.name, f.uri) for f in files)
+    batch.events.unpersist()
+
+
+def test_flow_fragments_under_folders_whose_names_hold_path_characters_are_read(spark, tmp_path):
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "region=eu[1] {west}" / "pivot=00"
+    write_fragment(journal, 0, doc_line(1) + doc_line(2))
+    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+
+    batch = _flow_batch(spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"])
+
+    assert batch.quarantined == [] and batch.reconciles and batch.files_read == 1
+    assert sorted(r["id"] for r in batch.events.select("id").collect()) == [1, 2]

@@ -46,7 +46,7 @@ from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted
+from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -477,7 +477,7 @@ class FlowJournalFormat(FeedFormat):
         """The task's output over the cover pieces in `plan` (rows of `_PLAN_DDL`), one task per
         journal, persisted: its notes are collected before its documents are read."""
         pieces = spark.createDataFrame(plan, _PLAN_DDL)
-        content = spark.read.format("binaryFile").load(sorted({p[1] for p in plan})).select(
+        content = read_landed(spark, "binaryFile", sorted({p[1] for p in plan})).select(
             canonical_uri_column("path").alias("uri"), "content"
         )
         return pieces.join(content, "uri").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
