@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine import model as m
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import data_files, is_data_file
+from lake_assets.engine.state import Removing, data_files, is_data_file
 from lake_assets.errors import ConfigError
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
@@ -218,7 +218,7 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 def write_partitions(
     df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
-    keys: Iterable[str] = (),
+    keys: Iterable[str] = (), removing: Removing | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -226,10 +226,14 @@ def write_partitions(
     whose input shrank leaves nothing stale behind. Returns rows written per partition.
     `keys` (the table's key columns), event times and sequences are stored without a Parquet
     dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
+    `removing` is told the files the write replaces, before it writes.
     """
     values = sorted(set(values))
     for value in values:
         safe_segment(f"{column}={value}", "partition")
+    if removing is not None:
+        present = existing_partitions(storage, table_uri, column)
+        removing([uri for value in values if value in present for uri in data_files(storage, present[value])])
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions.
@@ -274,10 +278,12 @@ def erase_keys_in_partitions(
     key_values: list[tuple],
     payload_of: Callable[[list[str]], list[str]],
     purged_column: str,
+    removing: Removing | None = None,
 ) -> list[str]:
     """NULL the payload of the given keys in every partition of a log that holds them.
 
     Returns the partitions rewritten. Used for purges, which must leave no field data behind.
+    `removing` is told the files the rewrite replaces, before it writes.
     """
     log = read_partitions(spark, storage, table_uri, column, None)
     if log is None or not key_values:
@@ -297,5 +303,5 @@ def erase_keys_in_partitions(
         ]
     )
     # Materialised first: Spark refuses to overwrite folders the same plan still reads.
-    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit, keys)
+    write_partitions(rewritten.localCheckpoint(eager=True), storage, table_uri, column, hit, keys, removing)
     return sorted(hit)

@@ -27,7 +27,7 @@ from lake_assets.engine import merge, model as m
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, data_files, new_fold_id, recover
+from lake_assets.engine.state import CommitPlan, Removing, TableState, closed_days, commit, data_files, new_fold_id, recover
 from lake_assets.storage import Storage
 
 FROM = "__from"
@@ -104,9 +104,11 @@ def fold(
     synced_at: dt.datetime | None = None,
     on_commit_step: Callable[[str], None] | None = None,
     erase_from_log: Callable[[list[tuple]], None] | None = None,
+    removing: Removing | None = None,
 ) -> FoldReport:
-    """Fold `batch` (change-model events) into the state of one table and commit it."""
-    report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
+    """Fold `batch` (change-model events) into the state of one table and commit it; `removing`
+    is told the files a commit (this fold's, or an interrupted one's) deletes."""
+    report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state, removing))
     keys = list(spec.keys)
     # A frame of empty partitions may lack even the keys. With the keys present, emptiness shows
     # in the counts below, so no job of its own is spent on it.
@@ -242,8 +244,8 @@ def fold(
             plan.stage_files(staged, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
                 report.days_appended.append(f"{kind}:{day}")
-    commit(storage, state, plan, on_step=on_commit_step)
-    report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
+    commit(storage, state, plan, on_step=on_commit_step, removing=removing)
+    report.files_written = [final for _, final in plan.adds if state.publishes(final)]
     if owns_cache:
         marked.unpersist()
     return report
