@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import data_files, is_data_file
+from lake_assets.engine.state import Removing, data_files, is_data_file
 from lake_assets.errors import ConfigError
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
@@ -222,7 +222,7 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 def write_partitions(
     df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
-    keys: Iterable[str] = (), erase: Erasure | None = None,
+    keys: Iterable[str] = (), erase: Erasure | None = None, removing: Removing | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -231,10 +231,14 @@ def write_partitions(
     `keys` (the table's key columns), event times and sequences are stored without a Parquet
     dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
     With `erase` (a change log's purges), purged keys' field data is erased from the rows first.
+    `removing` is told the files the write replaces, before it writes.
     """
     values = sorted(set(values))
     for value in values:
         safe_segment(f"{column}={value}", "partition")
+    if removing is not None:
+        present = existing_partitions(storage, table_uri, column)
+        removing([uri for value in values if value in present for uri in data_files(storage, present[value])])
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions

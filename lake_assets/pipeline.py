@@ -1,6 +1,10 @@
 """The work of each layer of a table, without Dagster: catalogue what landed, read it into a
 change batch, store the change log, fold it into current and history, cataloguing every file.
 
+Every place that writes lake files records them in the catalog and retires the records of the
+files it removed (`RemovedFiles`): a write of change partitions and a purge rewrite once they
+have succeeded, a fold's commit as soon as its commit record makes the deletes certain.
+
 The Dagster assets (`orchestration.assets`) and IO manager call these and add only what is
 Dagster's: partitions from the run, metadata, asset checks, logs in the UI. The benchmarks call
 them directly to measure what Dagster adds.
@@ -19,6 +23,7 @@ from lake_assets.catalog.files import (
     catalogued_partitions,
     landing_work_id,
     record as record_files,
+    retirements,
     written_files,
 )
 from lake_assets.catalog.store import CatalogStore
@@ -35,6 +40,7 @@ from lake_assets.quarantine import Quarantined, quarantine_file
 from lake_assets.storage import Storage
 
 UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
+CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
 
 _log = logging.getLogger(__name__)
@@ -55,6 +61,31 @@ class TableWork:
     def catalogue(self, files) -> int:
         return record_files(self.store, self.storage, files)
 
+    def removed_files(self, time_columns: tuple[str, ...]) -> "RemovedFiles":
+        return RemovedFiles(self.storage, self.store, self.feed.name, self.table, time_columns)
+
+
+@dataclasses.dataclass
+class RemovedFiles:
+    """A `Removing` hook of the lake's writes: told the lake files a write is about to remove,
+    it reads their retirements while they can still be read (their span places their records),
+    and `retire` takes them out of the catalog."""
+
+    storage: Storage
+    store: CatalogStore
+    feed: str
+    table: str
+    time_columns: tuple[str, ...]
+    pending: list[dict] = dataclasses.field(default_factory=list)
+
+    def __call__(self, uris: list[str]) -> None:
+        files = written_files(self.feed, self.table, None, self.storage, uris, self.time_columns)
+        self.pending += retirements(self.storage, files)
+
+    def retire(self) -> None:
+        self.store.retire(self.pending)
+        self.pending = []
+
 
 def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
     """List the landed files of the partitions a run over `partitions` reads, and record them
@@ -62,7 +93,7 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
     fmt, storage = work.fmt, work.storage
     listed = fmt.partitions_files(storage, work.feed.landing, work.table, fmt.read_partitions(partitions))
     return work.catalogue([
-        catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri))
+        catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri), landed=True)
         for key, entries in listed.items()
         for entry in entries
     ])
@@ -101,7 +132,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         copies += [where, f"{where}.reason.json"]
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
     recorded = work.catalogue([
-        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri)) for entry in readable_strays],
+        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri), landed=True) for entry in readable_strays],
         *[catalog_file(feed.name, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
     ])
     return Ingested(batch=batch, files_catalogued=recorded, strays=[Quarantined(e.uri, r) for e, r in strays])
@@ -112,28 +143,41 @@ def store_partitions(
     *, feed: str, table: str, run_id: str | None, keys: tuple[str, ...] = (), state: TableState | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`
-    (a table keyed by `keys`), cataloguing the files written; returns (rows per written
-    partition, files written). With the table's `state` (a change log), the keys it recorded as
-    purged, and those `frame` purges, are written without their field data."""
+    (a table keyed by `keys`), cataloguing the files written and retiring those replaced;
+    returns (rows per written partition, files written). With the table's `state` (a change log),
+    the keys it recorded as purged, and those `frame` purges, are written without their field data."""
     erase = purges.Erasure.of_table(frame.sparkSession, storage, state, keys) if state is not None and frame is not None else None
-    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase)
+    removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
+    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase, removed)
     files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
-    record_files(store, storage, written_files(feed, table, run_id, storage, files, (m.VERSION_AT,)))
+    record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
+    removed.retire()
     return written, files
 
 
 def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, log=_log) -> FoldReport:
     """Fold a change batch into the table's current and history, erasing keys it purges for the
-    first time from the change log too, and catalogue the files the fold wrote."""
+    first time from the change log too, cataloguing the files the fold wrote and retiring those
+    it replaced."""
     fmt, storage = work.fmt, work.storage
     spec = fmt.table_spec(work.table)
     state = TableState(work.layout, work.feed.name, work.table)
-    report = fold(session, storage, state, batch, spec, log_column=fmt.partition_column)
+
+    def retire_replaced(uris: list[str]) -> None:
+        # Called once a commit record is written: its deletes will happen, by this run or the
+        # next one's recovery, which tells again any file still there.
+        for time_columns, replaced in ((STATE_TIME_COLUMNS, [u for u in uris if state.publishes(u)]),
+                                       (CHANGE_TIME_COLUMNS, [u for u in uris if u.startswith(f"{state.changes}/")])):
+            removed = work.removed_files(time_columns)
+            removed(replaced)
+            removed.retire()
+
+    report = fold(session, storage, state, batch, spec, log_column=fmt.partition_column, removing=retire_replaced)
     work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
     if report.newly_purged:
         log.info(f"purge: recorded {len(report.newly_purged)} key(s) as purged and erased their field data from the "
                  f"state and from {len(report.log_partitions_erased)} change partition(s)")
-        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.log_files_written, (m.VERSION_AT,)))
+        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.log_files_written, CHANGE_TIME_COLUMNS))
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     return report

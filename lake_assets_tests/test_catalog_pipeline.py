@@ -7,10 +7,12 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_landing
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.orchestration.definitions import build_definitions, resources_for
+from lake_assets.orchestration.definitions import build_definitions, feed_job_name, resources_for
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -161,3 +163,163 @@ def test_a_files_span_is_read_exactly_from_its_footer_whatever_its_times(tmp_pat
     assert span_of("far.parquet", [-(2**62), 2**62], pa.timestamp("us", tz="UTC")) == (-(2**62) // 1000, 2**62 // 1000)
     assert span_of("nanos.parquet", [-1, 1_500_000], pa.timestamp("ns")) == (-1, 1)  # floor: -1 ns is in ms -1
     assert span_of("text.parquet", ["2024-01-01"], pa.string()) is None
+
+
+# --------------------------------------------------------------------------------------------
+# files the lake replaced or deleted leave the catalog: a day query lists exactly what exists
+
+LAKE_LAYERS = ("changes", "current", "history")
+
+
+def _lake_files(lake) -> set[str]:
+    """The data files of the published layers, as they are on disk."""
+    return {f"file://{p}" for layer in LAKE_LAYERS for p in (lake / layer).rglob("*.parquet") if not p.name.startswith((".", "_"))}
+
+
+def _catalogued_lake_files(store, table: str, feed: str, first: dt.datetime, last: dt.datetime) -> set[str]:
+    found = store.query_by_time(_ms(first), _ms(last), catalog_what(table), catalog_where(feed))
+    return {r["url"] for r in found if any(f"/{layer}/" in r["url"] for layer in LAKE_LAYERS)}
+
+
+def _assert_the_catalog_lists_exactly_the_lake(store, lake, table: str, feed: str, first: dt.datetime, last: dt.datetime):
+    on_disk = _lake_files(lake)
+    assert on_disk  # the lake was written
+    for day in range((last.date() - first.date()).days + 1):
+        start = max(first, dt.datetime.combine(first.date() + dt.timedelta(days=day), dt.time(), dt.timezone.utc))
+        # every file holds data of these days only, so each day's query may list any of them, but no other
+        assert _catalogued_lake_files(store, table, feed, start, start + dt.timedelta(days=1) - dt.timedelta(milliseconds=1)) <= on_disk
+    assert _catalogued_lake_files(store, table, feed, first, last) == on_disk
+
+
+def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_they_replaced(tmp_path, spark):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5), name="a", balance=1),
+                                                           event("b", "I", 2, at(1, 6), name="b", balance=2)], ACCOUNT_SCHEMA)
+    second = write_events(landing, "accounts", 2, "part-0.parquet", [event("a", "U", 3, at(2, 5), name="a2", balance=3)], ACCOUNT_SCHEMA)
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    instance = dg.DagsterInstance.ephemeral()
+    assert job.execute_in_process(instance=instance, tags={RANGE_START_TAG: HOUR_1, RANGE_END_TAG: HOUR_2}).success
+    resources = resources_for(config)
+    store = resources["catalog"].get_store(resources["lake"])
+    first, last = at(0), at(23, 59, 59)
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+    before = _lake_files(lake)
+
+    # A late file in hour 1, and the hour run again: its change partition, current and the open
+    # history are written anew; the records of the files they replaced go.
+    write_events(landing, "accounts", 1, "part-1.parquet", [event("c", "I", 4, at(1, 9), name="c", balance=4)], ACCOUNT_SCHEMA)
+    assert job.execute_in_process(instance=instance, partition_key=HOUR_1).success
+    replaced = before - _lake_files(lake)
+    assert any("/changes/" in u for u in replaced) and any("/current/" in u for u in replaced), replaced
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+
+    # Hour 2's file rewritten in place with garbage: the hour is quarantined and its partition
+    # emptied; its change file leaves the catalog with it.
+    second.write_bytes(b"not parquet any more")
+    assert job.execute_in_process(instance=instance, partition_key=HOUR_2).success
+    assert not (lake / "changes" / "unit" / "accounts" / f"hour={HOUR_2}").exists()
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+
+
+def test_a_purge_rewriting_the_change_log_retires_the_records_of_the_files_it_replaced(tmp_path, spark):
+    org, landing, lake = "00Dpurge", tmp_path / "landing", tmp_path / "lake"
+    schema = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
+                        ("grax__purged", pa.timestamp("ms", tz="UTC")), ("Name", pa.string())])
+    batches = {
+        "000000001": [{"Id": "1", "source__modified": at(1), "grax__idseq": "a", "Name": "Alice"},
+                      {"Id": "2", "source__modified": at(2), "grax__idseq": "a", "Name": "Bob"}],
+        "000000002": [{"Id": "1", "source__modified": at(5), "grax__idseq": "b", "grax__purged": at(4)}],
+    }
+    for batch, rows in batches.items():
+        folder = landing / "parquet" / "v2" / f"org={org}" / "object=Account" / f"batch={batch}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / f"data-{batch}.parquet")
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
+    instance = dg.DagsterInstance.ephemeral()
+    assert run_feeds(config, instance=instance, say=lambda _: None)
+    table = f"{org}/account"
+    log = duckdb.sql(f"SELECT Id, Name FROM read_parquet('{lake}/changes/grax/{table}/**/*.parquet') ORDER BY Id").fetchall()
+    assert ("1", "Alice") not in log  # the purge rewrote batch 1's change file
+    resources = resources_for(config)
+    store = resources["catalog"].get_store(resources["lake"])
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, table, "grax", at(0), at(23, 59, 59))
+
+
+def _run_hours(spark, feed: FeedConfig, lake, hours: list[str], run_id: str):
+    """One run's work for these hours, without Dagster: catalogue, ingest, store, fold."""
+    from lake_assets import pipeline
+    from lake_assets.catalog.store import ParquetCatalogStore
+    from lake_assets.feeds import format_for
+    from lake_assets.paths import LakeLayout
+    from lake_assets.storage import Storage
+
+    storage, layout, fmt = Storage(), LakeLayout(f"file://{lake}"), format_for(feed)
+    work = pipeline.TableWork(feed, fmt, "accounts", storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id)
+    pipeline.catalogue_landing(work, hours)
+    batch = pipeline.ingest(spark, work, hours).batch.events
+    pipeline.store_partitions(storage, work.store, layout.table("changes", feed.name, "accounts"), batch, fmt.partition_column,
+                              hours, feed=feed.name, table="accounts", run_id=run_id, keys=fmt.table_spec("accounts").keys)
+    report = pipeline.fold_into_state(spark, work, batch)
+    if batch is not None:
+        batch.unpersist()
+    return work.store, report
+
+
+def test_compaction_and_late_rewrites_of_closed_history_retire_the_records_of_the_files_they_merged(tmp_path, spark, monkeypatch):
+    from lake_assets.engine import fold
+
+    monkeypatch.setattr(fold, "COMPACT_AFTER_FILES", 2)  # a settled day of 3 hour files is merged: 4 folds, not 10
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
+    # Hourly folds on 2 March: each closes the versions of the hour before, in a file of that hour.
+    for hour in range(4):
+        rows = [event(k, "U", hour * 10 + i, at(hour, 5, day=2), name=f"{k}{hour}", balance=hour) for i, k in enumerate("ab")]
+        write_events(landing, "accounts", hour, "part-0.parquet", rows, ACCOUNT_SCHEMA, day=2)
+        store, report = _run_hours(spark, feed, lake, [f"2024-03-02-{hour:02d}"], f"run-{hour}")
+        assert report.days_compacted == []
+    first, last = at(0, day=2), at(23, 59, 59, day=3)
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+
+    # The first fold of 3 March merges the settled day's hour files into one.
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "U", 500, at(1, day=3), name="a+", balance=9)], ACCOUNT_SCHEMA, day=3)
+    store, report = _run_hours(spark, feed, lake, ["2024-03-03-01"], "run-merge")
+    assert report.days_compacted == ["history:2024-03-02"]
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+
+    # Late data (before a's open version, of 3 March 01:00) rewrites the closed file it reaches.
+    write_events(landing, "accounts", 2, "part-0.parquet", [event("a", "U", 600, at(22, day=2), name="late", balance=7)], ACCOUNT_SCHEMA, day=3)
+    store, report = _run_hours(spark, feed, lake, ["2024-03-03-02"], "run-late")
+    assert report.closed_files_rewritten >= 1
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
+
+
+def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishes_it(tmp_path, spark, monkeypatch):
+    from lake_assets.engine import fold, state
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
+    write_events(landing, "accounts", 0, "part-0.parquet", [event(k, "I", i, at(0, 5), name=k, balance=0) for i, k in enumerate("ab")], ACCOUNT_SCHEMA)
+    _run_hours(spark, feed, lake, ["2024-03-01-00"], "run-0")
+
+    # The next fold dies once its commit record is written, before a file has moved.
+    class Killed(Exception):
+        pass
+
+    def dies_after_the_record(storage, table_state, plan, on_step=None, removing=None):
+        def step(name):
+            if name == "add 0":
+                raise Killed()
+        state.commit(storage, table_state, plan, on_step=step, removing=removing)
+
+    write_events(landing, "accounts", 1, "part-0.parquet", [event(k, "U", 10 + i, at(1, 5), name=f"{k}1", balance=1) for i, k in enumerate("ab")], ACCOUNT_SCHEMA)
+    with monkeypatch.context() as patch:
+        patch.setattr(fold, "commit", dies_after_the_record)
+        with pytest.raises(Killed):
+            _run_hours(spark, feed, lake, ["2024-03-01-01"], "run-1")
+
+    # The next run finishes it (closing a and b's first versions) before folding its own hour.
+    write_events(landing, "accounts", 2, "part-0.parquet", [event("c", "I", 20, at(2, 5), name="c", balance=2)], ACCOUNT_SCHEMA)
+    store, report = _run_hours(spark, feed, lake, ["2024-03-01-02"], "run-2")
+    assert report.recovered_folds and list((lake / "history" / "unit" / "accounts" / "closed").rglob("*.parquet"))
+    _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", at(0), at(23, 59, 59))

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from lake_assets.catalog.metadata import BUCKET_MS as DAY_MS, build_records
+from lake_assets.catalog.metadata import BUCKET_MS as DAY_MS, build_records, build_retirements
 from lake_assets.catalog.store import DynamoCatalogStore, ParquetCatalogStore
 from lake_assets.storage import S3Settings, Storage
 
@@ -312,6 +312,72 @@ def test_files_spanning_more_than_thirty_days_are_found_from_every_day_they_span
     assert store.latest("accounts", "unit") == beyond[0]
 
 
+def gone(records: list[dict], create_time: int | None = None) -> list[dict]:
+    """The retirements of a file, built from one of its records as the pipeline builds them."""
+    meta = records[0]["metadata"]
+    return build_retirements(url=records[0]["url"], where=meta["where"], what=meta["what"], file_id=meta["id"],
+                             start=meta["start"], end=meta["end"], create_time=create_time or next(_clock))
+
+
+def test_retired_files_are_left_out_of_the_four_queries(store):
+    two_days = make_file(DAY_MS - HOUR_MS, DAY_MS + HOUR_MS, work_id="run-a")
+    kept = make_file(DAY_MS + 2 * HOUR_MS, DAY_MS + 3 * HOUR_MS, work_id="run-a")
+    newest = make_file(DAY_MS + 4 * HOUR_MS, None, work_id="run-b")
+    six_weeks = built_file(0, 42 * DAY_MS, work_id="run-a")
+    elsewhere = make_file(DAY_MS + 5 * HOUR_MS, None, where="other", work_id="run-b")
+    store.put(two_days + kept + newest + six_weeks + elsewhere)
+    assert store.latest("accounts", "unit") == newest[0]
+
+    store.retire(gone(two_days) + gone(newest) + gone(six_weeks))
+    assert store.query_by_time(*day(0), "accounts") == []
+    assert store.query_by_time(*day(1), "accounts") == [kept[0], elsewhere[0]]
+    assert store.query_by_time(*day(30), "accounts") == []
+    assert store.query_by_time(0, 50 * DAY_MS, "accounts", "unit") == [kept[0]]
+    assert store.query_by_work_id("run-a", "accounts") == [kept[0]]
+    assert store.query_by_work_ids(["run-a", "run-b"], "accounts") == {"run-a": [kept[0]], "run-b": [elsewhere[0]]}
+    assert store.latest("accounts", "unit") == kept[0]  # the latest went: the next one takes its place
+    assert store.latest("accounts", "other") == elsewhere[0]
+
+    # retiring again, or a file never catalogued, changes nothing
+    store.retire(gone(two_days) + gone(make_file(DAY_MS, DAY_MS + 1)))
+    assert store.query_by_time(0, 50 * DAY_MS, "accounts", "unit") == [kept[0]]
+    # a file catalogued again after it was retired is back
+    again = [{**r, "create_time": next(_clock)} for r in newest]
+    store.put(again)
+    assert store.query_by_time(*day(1), "accounts", "unit") == [kept[0], again[0]]
+    assert store.latest("accounts", "unit") == again[0]
+    # and a retirement older than a record leaves the record alone
+    store.retire(gone(kept, create_time=1))
+    assert store.query_by_work_id("run-a", "accounts") == [kept[0]]
+
+    store.retire(gone(kept) + gone(again))
+    assert store.query_by_time(0, 50 * DAY_MS, "accounts", "unit") == []
+    assert store.latest("accounts", "unit") is None
+    assert store.latest("accounts", "other") == elsewhere[0]
+
+
+def test_when_the_latest_file_is_retired_the_latest_remaining_one_is_found_however_far_back(store):
+    old = make_file(100 * DAY_MS, 100 * DAY_MS + HOUR_MS)
+    long_ago = built_file(-1000 * DAY_MS, 50 * DAY_MS)  # indexed in wider buckets
+    latest = make_file(900 * DAY_MS, 900 * DAY_MS + HOUR_MS)
+    store.put(long_ago + old + latest)
+    store.retire(gone(latest))
+    assert store.latest("accounts", "unit") == old[0]
+    store.retire(gone(old))
+    assert store.latest("accounts", "unit") == long_ago[0]
+
+
+def test_a_retired_file_never_comes_back_as_latest(store):
+    first, second, third = (make_file(n * DAY_MS, None) for n in (1, 2, 3))
+    store.put(first)
+    store.put(third)
+    store.put(second)  # offered after a better one
+    store.retire(gone(second))
+    assert store.latest("accounts", "unit") == third[0]
+    store.retire(gone(third))
+    assert store.latest("accounts", "unit") == first[0]
+
+
 def test_many_records(store):
     files = [
         make_file(
@@ -447,3 +513,19 @@ def test_parquet_store_on_s3(moto_server, s3_bucket):
     assert store.latest("accounts", "other") == b[0]
     keys = [o["Key"] for o in moto_server.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
     assert any(k.startswith("lake/catalog/time_bucket=1/accounts/part-") for k in keys)
+
+
+def test_parquet_retirements_are_rows_an_engine_can_leave_out(tmp_path):
+    import duckdb
+
+    store = ParquetCatalogStore(f"file://{tmp_path}/catalog", Storage())
+    kept, retired = make_file(DAY_MS, DAY_MS + 5), make_file(DAY_MS + 10, DAY_MS + 20)
+    store.put(kept + retired)
+    store.retire(gone(retired))
+    live = duckdb.sql(f"""
+        SELECT meta_id FROM read_parquet('{tmp_path}/catalog/time_bucket=*/accounts/*.parquet', union_by_name = true)
+        QUALIFY row_number() OVER (PARTITION BY time_index_key, range_key ORDER BY create_time DESC) = 1
+            AND deleted IS NOT TRUE
+    """).fetchall()
+    assert live == [(kept[0]["metadata"]["id"],)]
+    assert store.latest("accounts", "unit") == kept[0]

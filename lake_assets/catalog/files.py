@@ -2,9 +2,15 @@
 
 `where` is the feed instance, `what` the table, `work_id` the run that read or wrote the file,
 `start`/`end` the event-time span inside the file (Parquet footer statistics of its time column,
-or what the format knows of a non-Parquet file), `hash` the blake2b-16 of its bytes. A file's id
-is derived from its URL and hash, so cataloguing the same file again replaces its record rather
-than adding one; a file rewritten in place gets a new id.
+or what the format knows of a non-Parquet file), `hash` the blake2b-16 of its bytes.
+
+A file's id is derived from its URL, so cataloguing the same file again replaces its records
+rather than adding some. A landed file's id is derived from its content too: its vendor may
+rewrite it in place, and each content keeps a record. A lake file is written once under a name
+of its own (Spark's and the fold's file names are unique per write), so its URL alone is its
+id: when the lake removes it (a partition written again, a purge rewrite, a fold replacing
+current or merging closed files), its records are found from its URL and its span, read while
+it still exists, and retired (`retirements`): the catalog never lists a file that is gone.
 """
 
 from __future__ import annotations
@@ -16,8 +22,16 @@ import uuid
 from typing import Iterable
 
 import pyarrow.parquet as pq
+from pyarrow.fs import FileType
 
-from lake_assets.catalog.metadata import BUCKET_MS, build_records, datetime_to_ms, document_time, hash_stream
+from lake_assets.catalog.metadata import (
+    BUCKET_MS,
+    build_records,
+    build_retirements,
+    datetime_to_ms,
+    document_time,
+    hash_stream,
+)
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.storage import Entry, Storage
 
@@ -105,11 +119,23 @@ class CatalogFile:
     what: str
     work_id: str | None
     span: tuple[int, int] | None  # None: use the file's modification time
+    landed: bool = False  # a vendor's file (its id follows its content), not one the lake wrote
+
+    def file_id(self, digest: str | None) -> str:
+        """The file's catalog id: from its URL, and for a landed file its content's `digest`."""
+        if not self.landed:
+            return uuid.uuid5(uuid.NAMESPACE_URL, self.url).hex
+        if digest is None:
+            raise ValueError(f"{self.url}: a landed file's id needs the hash of its content")
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"{self.url}#{digest}").hex
 
 
-def catalog_file(feed: str, table: str, run_id: str | None, url: str, span: tuple[int, int] | None) -> CatalogFile:
-    """A file read or written for a table of a feed by a run."""
-    return CatalogFile(url=url, where=catalog_where(feed), what=catalog_what(table), work_id=catalog_work_id(run_id), span=span)
+def catalog_file(
+    feed: str, table: str, run_id: str | None, url: str, span: tuple[int, int] | None, *, landed: bool = False
+) -> CatalogFile:
+    """A file read (`landed`) or written for a table of a feed by a run."""
+    return CatalogFile(url=url, where=catalog_where(feed), what=catalog_what(table), work_id=catalog_work_id(run_id),
+                       span=span, landed=landed)
 
 
 def written_files(
@@ -130,7 +156,7 @@ def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> i
         start, end = item.span or (datetime_to_ms(info.mtime), None)
         metadata = {
             "version": 0,
-            "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{item.url}#{digest}").hex,
+            "id": item.file_id(digest),
             "start": document_time(start),
             "end": None if end is None else document_time(end),
             "where": item.where,
@@ -143,6 +169,23 @@ def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> i
     if records:
         store.put(records)
     return len(files)
+
+
+def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
+    """The retirements (`CatalogStore.retire`) of lake files about to be removed: read now,
+    while the files exist, for their span (which places their records); files already gone are
+    left out (their retirement was read before they went)."""
+    out = []
+    for item in files:
+        if item.landed:
+            raise ValueError(f"{item.url}: the lake retires only files it wrote")
+        fs, path = storage.resolve(item.url)
+        info = fs.get_file_info(path)
+        if info.type == FileType.NotFound:
+            continue
+        start, end = item.span or (datetime_to_ms(info.mtime), None)
+        out += build_retirements(url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end)
+    return out
 
 
 def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: str) -> list[Entry]:

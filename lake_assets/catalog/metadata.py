@@ -51,6 +51,7 @@ __all__ = [
     "bucket_days",
     "buckets",
     "build_records",
+    "build_retirements",
     "content_hash",
     "datetime_to_ms",
     "document_time",
@@ -420,6 +421,32 @@ def build_records(
             "metadata": dict(doc),
         }
         for bucket in spans
+    ]
+
+
+def build_retirements(
+    *, url: str, where: str, what: str, file_id: str, start: int, end: int | None, create_time: int | None = None
+) -> list[dict]:
+    """Records saying that a file is gone: one per bucket it is indexed in, with the keys of its
+    records (`time_index_key`, `range_key`) and `deleted: True`. A store takes them with
+    `retire` and leaves the file out of every query from then on, unless a record of it is put
+    again later. `start` and `end` are the file's, in ms, as its records hold them."""
+    _check_name("where", where)
+    _check_name("what", what)
+    created = _now_ms() if create_time is None else create_time
+    return [
+        {
+            "version": RECORD_VERSION,
+            "url": url,
+            "time_index_key": f"{bucket}:{what}",
+            "work_id_index_key": None,
+            "range_key": f"{where}:{file_id}",
+            "create_time": created,
+            "size": 0,
+            "metadata": {"version": METADATA_VERSION, "id": file_id, "start": start, "end": end, "where": where, "what": what},
+            "deleted": True,
+        }
+        for bucket in buckets({"start": start, "end": end})
     ]
 
 

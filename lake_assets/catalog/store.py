@@ -22,6 +22,13 @@ Both answer the same queries the same way. The shared rules live in `CatalogStor
 * `latest` returns a record of the file with the greatest `metadata.start` for `what:where`
   (ties: greatest `create_time`, then the last written); of a file's records, `put` offers the
   one from its first bucket.
+* `retire` takes a file that is gone out of the catalog: a retirement names each of its
+  records' keys with a `create_time`; the records put no later are left out of all four
+  queries (DynamoDB deletes them, Parquet keeps the retirement as a row marked `deleted`), and
+  when the latest file goes, the latest remaining one is searched for (Parquet: the bucket
+  folders from the latest down; DynamoDB: a scan of the records table). The path is rare: a
+  change-log write records its new files before it retires the old ones, and the files a fold
+  replaces (current, history) start at their oldest version, so they are seldom the latest.
 """
 
 from __future__ import annotations
@@ -35,13 +42,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lake_assets.catalog.metadata import bucket_days, query_buckets, span_buckets
+from lake_assets.catalog.metadata import BUCKET_MS, LAST_INDEXED_MS, bucket_days, query_buckets, span_buckets
 from lake_assets.paths import is_s3, safe_segment
 from lake_assets.storage import Storage
 
@@ -56,6 +63,7 @@ _RECORD_FIELDS = (
     "size",
     "metadata",
 )
+_RETIREMENT_FIELDS = ("url", "time_index_key", "range_key", "create_time", "metadata", "deleted")
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,9 +96,37 @@ def _span(record: dict) -> tuple[int, int]:
 
 def check_record(record: Any) -> dict:
     """Refuse a record whose index keys disagree with its metadata; return it unchanged."""
+    what = _check_keys(record, _RECORD_FIELDS)
+    if record.get("deleted"):
+        raise ValueError("a record marked deleted is a retirement: give it to retire(), not put()")
+    _check_ms("size", record["size"])
+    work_key = record["work_id_index_key"]
+    work_id = record["metadata"].get("work_id")
+    if not isinstance(work_key, str):
+        raise ValueError("work_id_index_key must be a string")
+    if work_id is None:
+        if not (work_key.startswith("null") and work_key.endswith(f":{what}") and ":" not in work_key[: -len(what) - 1]):
+            raise ValueError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
+    elif work_key != f"{_check_name('metadata.work_id', work_id)}:{what}":
+        raise ValueError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
+    return record
+
+
+def check_retirement(record: Any) -> dict:
+    """Refuse a retirement (`metadata.build_retirements`) whose keys are not those of its file's
+    records; return it unchanged."""
+    _check_keys(record, _RETIREMENT_FIELDS)
+    if record["deleted"] is not True:
+        raise ValueError("a retirement is marked deleted: True")
+    return record
+
+
+def _check_keys(record: Any, fields: tuple[str, ...]) -> str:
+    """Check the fields a record and a retirement share (the index keys against the metadata's
+    what, where, id, start and end, and create_time); return the record's what."""
     if not isinstance(record, dict):
         raise ValueError(f"a record must be a dict, not {type(record).__name__}")
-    missing = [f for f in _RECORD_FIELDS if f not in record]
+    missing = [f for f in fields if f not in record]
     if missing:
         raise ValueError(f"record is missing {', '.join(missing)}")
     meta = record["metadata"]
@@ -107,7 +143,6 @@ def check_record(record: Any) -> dict:
     if not isinstance(meta.get("id"), str) or not meta["id"]:
         raise ValueError("metadata.id must be a non-empty string")
     _check_ms("create_time", record["create_time"])
-    _check_ms("size", record["size"])
 
     key = record["time_index_key"]
     bucket, _, key_what = key.partition(":") if isinstance(key, str) else ("", "", "")
@@ -119,17 +154,7 @@ def check_record(record: Any) -> dict:
 
     if record["range_key"] != f"{where}:{meta['id']}":
         raise ValueError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
-
-    work_key = record["work_id_index_key"]
-    work_id = meta.get("work_id")
-    if not isinstance(work_key, str):
-        raise ValueError("work_id_index_key must be a string")
-    if work_id is None:
-        if not (work_key.startswith("null") and work_key.endswith(f":{what}") and ":" not in work_key[: -len(what) - 1]):
-            raise ValueError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
-    elif work_key != f"{_check_name('metadata.work_id', work_id)}:{what}":
-        raise ValueError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
-    return record
+    return what
 
 
 def _winners(records: Iterable[dict]) -> dict[tuple[str, str], dict]:
@@ -157,6 +182,29 @@ def _latest_key(record: dict) -> tuple[int, int]:
     return record["metadata"]["start"], record["create_time"]
 
 
+def _latest_rank(record: dict) -> tuple:
+    """How a record ranks as the latest: its file's start, create_time, then (of one file's
+    records) the one from its first bucket, so that every way of offering it offers the same."""
+    return _latest_key(record), -_bucket_of(record)
+
+
+def _latest_start_in(bucket: str) -> float:
+    """The greatest start a record in this bucket may have: the bucket's last ms, but no bound
+    for a bucket holding the calendar's last day (files starting after it are indexed there)."""
+    first, width = bucket_days(bucket)
+    last_ms = (first + width) * BUCKET_MS - 1
+    return float("inf") if last_ms >= LAST_INDEXED_MS else last_ms
+
+
+def _retired(record: dict, files: dict[str, int]) -> bool:
+    """Whether `files` (range_key -> when retired) retire this record (put no later)."""
+    return record["create_time"] <= files.get(record["range_key"], -1)
+
+
+def _live(records: Iterable[dict]) -> Iterator[dict]:
+    return (r for r in records if not r.get("deleted"))
+
+
 class CatalogStore(abc.ABC):
     """Datalake records, found by time bucket, by work id, or as the latest file of what:where."""
 
@@ -170,11 +218,32 @@ class CatalogStore(abc.ABC):
             meta = record["metadata"]
             key = (meta["what"], meta["where"])
             held = latest.get(key)
-            # of one file's records, the one from its first bucket, so a re-put offers the same
-            rank = (_latest_key(record), -_bucket_of(record))
-            if held is None or rank >= (_latest_key(held), -_bucket_of(held)):
+            if held is None or _latest_rank(record) >= _latest_rank(held):
                 latest[key] = record
         self._put(batch, latest)
+
+    def retire(self, retirements: list[dict]) -> None:
+        """Take files that are gone out of the catalog (`metadata.build_retirements`).
+
+        Each retirement holds the keys of one of a file's records; a record put with a
+        create_time up to the retirement's is left out of the four queries from then on (a
+        record put later, of a file written again, is not). When the latest file of a what:where
+        goes, the latest remaining one takes its place."""
+        retirements = [check_retirement(r) for r in retirements]
+        if not retirements:
+            return
+        batch = list(_winners(retirements).values())
+        self._retire(batch)
+        gone: dict[tuple[str, str], dict[str, int]] = {}
+        for retirement in batch:
+            meta = retirement["metadata"]
+            files = gone.setdefault((meta["what"], meta["where"]), {})
+            files[retirement["range_key"]] = max(files.get(retirement["range_key"], 0), retirement["create_time"])
+        for (what, where), files in gone.items():
+            held = self.latest(what, where)
+            self._forget_latest(what, where, files)
+            if held is not None and _retired(held, files):
+                self._replace_latest(what, where, held, self._latest_remaining(what, where))
 
     def query_by_time(self, start: int, end: int, what: str, where: str | None = None) -> list[dict]:
         _check_ms("start", start)
@@ -186,7 +255,7 @@ class CatalogStore(abc.ABC):
             _check_name("where", where)
         found = []
         for bucket in query_buckets(start, end):
-            for record in self._time_bucket(bucket, what, where):
+            for record in _live(self._time_bucket(bucket, what, where)):
                 first, last = _span(record)
                 if first <= end and last >= start:
                     found.append(record)
@@ -206,7 +275,7 @@ class CatalogStore(abc.ABC):
             _check_name("where", where)
         found = self._work_ids([f"{w}:{what}" for w in work_ids], where)
         return {
-            work_id: _one_per_file(r for r in found[f"{work_id}:{what}"] if r["metadata"].get("work_id") is not None)
+            work_id: _one_per_file(r for r in _live(found[f"{work_id}:{what}"]) if r["metadata"].get("work_id") is not None)
             for work_id in work_ids
         }
 
@@ -221,8 +290,27 @@ class CatalogStore(abc.ABC):
         """Store checked records (one per key) and offer each (what, where)'s best as latest."""
 
     @abc.abstractmethod
+    def _retire(self, retirements: list[dict]) -> None:
+        """Take out the records these checked retirements (one per key) name, unless put later."""
+
+    @abc.abstractmethod
+    def _latest_remaining(self, what: str, where: str) -> dict | None:
+        """The best record for latest among the files of what:where still catalogued (a search
+        of the store: called only when the latest file goes)."""
+
+    @abc.abstractmethod
+    def _replace_latest(self, what: str, where: str, retired: dict, best: dict | None) -> None:
+        """Put `best` (or nothing) in place of the latest record `retired`, unless another has
+        taken its place meanwhile."""
+
+    def _forget_latest(self, what: str, where: str, files: dict[str, int]) -> None:
+        """Drop what the store keeps of these retired files (range_key -> retired at) as
+        candidates for latest; a store that keeps only the latest itself has nothing to drop."""
+
+    @abc.abstractmethod
     def _time_bucket(self, bucket: str, what: str, where: str | None) -> Iterable[dict]:
-        """The current records whose time_index_key is f"{bucket}:{what}" (and where, if given)."""
+        """The current records whose time_index_key is f"{bucket}:{what}" (and where, if given);
+        with a store that keeps retirements, those too (marked deleted)."""
 
     @abc.abstractmethod
     def _work_id(self, work_id_index_key: str, where: str | None) -> Iterable[dict]:
@@ -264,6 +352,8 @@ _SCHEMA = pa.schema(
         ("metadata_json", pa.string()),
         # top-level record fields beyond the format's own, as JSON (null when there are none)
         ("extra_json", pa.string()),
+        # true in a retirement: the file of these keys is gone (null in a record)
+        ("deleted", pa.bool_()),
     ]
 )
 
@@ -278,7 +368,7 @@ def _str_or_none(value: Any) -> str | None:
 
 def _to_row(record: dict) -> dict:
     meta = record["metadata"]
-    extra = {k: v for k, v in record.items() if k not in _RECORD_FIELDS}
+    extra = {k: v for k, v in record.items() if k not in _RECORD_FIELDS and k != "deleted"}
     return {
         "version": record["version"],
         "url": record["url"],
@@ -298,6 +388,7 @@ def _to_row(record: dict) -> dict:
         "meta_path": _str_or_none(meta.get("path")),
         "metadata_json": json.dumps(meta, sort_keys=True, separators=(",", ":")),
         "extra_json": json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None,
+        "deleted": True if record.get("deleted") else None,
     }
 
 
@@ -314,6 +405,8 @@ def _from_row(row: dict) -> dict:
     }
     if row.get("extra_json"):
         record.update(json.loads(row["extra_json"]))
+    if row.get("deleted"):
+        record["deleted"] = True
     return record
 
 
@@ -328,7 +421,13 @@ class ParquetCatalogStore(CatalogStore):
     * `work_id=<encoded work_id_index_key>/part-<token>.parquet`: the same records again, by
       work id (records with a null work_id are not written here).
     * `latest=<encoded what:where>/part-<token>.parquet`: one record per put call per
-      (what, where), the best of the call; parts beaten by a newer one are removed.
+      (what, where), the best of the call; parts beaten by a newer one are removed, and so are
+      parts of a file that is gone.
+
+    A file that is gone is retired by a part in each of its time folders whose rows hold its
+    keys, `deleted` true and a later create_time: the rows of a time folder, winners taken per
+    key, are what is catalogued there (an engine reading the folders keeps, per key, the row of
+    the greatest create_time and leaves out those marked deleted).
 
     Columns: the record's fields, the metadata flattened into `meta_*` columns for other
     engines, and the whole metadata as JSON (`metadata_json`), which is what is read back.
@@ -419,6 +518,41 @@ class ParquetCatalogStore(CatalogStore):
             self._write_part(self._work_folder(key), group, token)
         for (what, where), record in sorted(latest.items()):
             self._offer_latest(what, where, record, token)
+
+    def _retire(self, retirements: list[dict]) -> None:
+        token = self._token()
+        by_time: dict[str, list[dict]] = {}
+        for retirement in retirements:
+            by_time.setdefault(retirement["time_index_key"], []).append(retirement)
+        for key, group in sorted(by_time.items()):
+            bucket, what = key.split(":", 1)
+            self._write_part(self._time_folder(bucket, what), group, token)
+
+    def _latest_remaining(self, what: str, where: str) -> dict | None:
+        # The buckets from the latest down: a record's start is at most its bucket's end, so
+        # once the best found starts after the next bucket ends, nothing below can beat it.
+        buckets = sorted(
+            (e.name.split("=", 1)[1] for e in self.storage.list(self.root) if e.is_dir and e.name.startswith("time_bucket=")),
+            key=_latest_start_in, reverse=True,
+        )
+        best = None
+        for bucket in buckets:
+            if best is not None and best["metadata"]["start"] > _latest_start_in(bucket):
+                break
+            for record in _live(self._time_bucket(bucket, what, where)):
+                if best is None or _latest_rank(record) > _latest_rank(best):
+                    best = record
+        return best
+
+    def _forget_latest(self, what: str, where: str, files: dict[str, int]) -> None:
+        # A part offered after a better one stays until beaten: it must not outlive its file.
+        for uri in self._parts(self._latest_folder(what, where)):
+            if all(_retired(r, files) for r in self._read_part(uri)):
+                self.storage.delete_file(uri)
+
+    def _replace_latest(self, what: str, where: str, retired: dict, best: dict | None) -> None:
+        if best is not None:  # the retired record's part is gone already (_forget_latest)
+            self._offer_latest(what, where, best, self._token())
 
     def _offer_latest(self, what: str, where: str, record: dict, token: str) -> None:
         folder = self._latest_folder(what, where)
@@ -586,6 +720,16 @@ class DynamoCatalogStore(CatalogStore):
         if self.WORK_ID_INDEX not in indexes:
             raise RuntimeError(f"table {self.table!r} exists without the {self.WORK_ID_INDEX!r} index")
 
+    def _each(self, write: Callable[[dict], None], records: list[dict]) -> None:
+        """`write` each record, on `write_threads` threads: the keys are distinct after
+        CatalogStore's rules, so the writes are independent."""
+        if len(records) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.write_threads, len(records))) as pool:
+                list(pool.map(write, records))  # list(): re-raise the first error
+        else:
+            for record in records:
+                write(record)
+
     def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
         failed = self.client.exceptions.ConditionalCheckFailedException
 
@@ -601,13 +745,7 @@ class DynamoCatalogStore(CatalogStore):
             except failed:
                 pass  # a record with a later create_time holds the key
 
-        # keys are distinct after CatalogStore.put, so the writes are independent
-        if len(records) > 1:
-            with ThreadPoolExecutor(max_workers=min(self.write_threads, len(records))) as pool:
-                list(pool.map(put_record, records))  # list(): re-raise the first error
-        else:
-            for record in records:
-                put_record(record)
+        self._each(put_record, records)
         for (what, where), record in latest.items():
             item = self._item({**record, "what_where_key": f"{what}:{where}"})
             try:
@@ -630,6 +768,54 @@ class DynamoCatalogStore(CatalogStore):
                 )
             except failed:
                 pass  # a later file is already the latest
+
+    def _retire(self, retirements: list[dict]) -> None:
+        failed = self.client.exceptions.ConditionalCheckFailedException
+
+        def delete(retirement: dict) -> None:
+            try:
+                self.client.delete_item(
+                    TableName=self.table,
+                    Key={k: {"S": retirement[k]} for k in ("time_index_key", "range_key")},
+                    ConditionExpression="#ct <= :ct",
+                    ExpressionAttributeNames={"#ct": "create_time"},
+                    ExpressionAttributeValues={":ct": {"N": str(retirement["create_time"])}},
+                )
+            except failed:
+                pass  # absent, or put again after the retirement
+
+        self._each(delete, retirements)
+
+    def _latest_remaining(self, what: str, where: str) -> dict | None:
+        # The records table has no index by what:where alone: a scan, on this rare path only.
+        pages = self.client.get_paginator("scan").paginate(
+            TableName=self.table,
+            FilterExpression="#m.#w = :what AND begins_with(#r, :where)",
+            ExpressionAttributeNames={"#m": "metadata", "#w": "what", "#r": "range_key"},
+            ExpressionAttributeValues={":what": {"S": what}, ":where": {"S": f"{where}:"}},
+            ConsistentRead=True,
+        )
+        records = (self._record(item) for page in pages for item in page.get("Items", []))
+        return max(records, key=_latest_rank, default=None)
+
+    def _replace_latest(self, what: str, where: str, retired: dict, best: dict | None) -> None:
+        still_retired = {
+            "ConditionExpression": "#m.#id = :id AND #ct = :ct",
+            "ExpressionAttributeNames": {"#m": "metadata", "#id": "id", "#ct": "create_time"},
+            "ExpressionAttributeValues": {
+                ":id": {"S": retired["metadata"]["id"]}, ":ct": {"N": str(retired["create_time"])},
+            },
+        }
+        try:
+            if best is None:
+                self.client.delete_item(
+                    TableName=self.latest_table, Key={"what_where_key": {"S": f"{what}:{where}"}}, **still_retired
+                )
+            else:
+                item = self._item({**best, "what_where_key": f"{what}:{where}"})
+                self.client.put_item(TableName=self.latest_table, Item=item, **still_retired)
+        except self.client.exceptions.ConditionalCheckFailedException:
+            pass  # a file put meanwhile is the latest now
 
     def _query(self, hash_name: str, hash_value: str, where: str | None, **extra) -> Iterator[dict]:
         condition = "#h = :h"

@@ -28,7 +28,7 @@ from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, TableState, closed_days, commit, data_files, new_fold_id, recover
+from lake_assets.engine.state import CommitPlan, Removing, TableState, closed_days, commit, data_files, new_fold_id, recover
 from lake_assets.storage import Storage
 
 FROM = "__from"
@@ -76,6 +76,17 @@ class FoldReport:
     log_files_written: list[str] = dataclasses.field(default_factory=list)
 
 
+def _report_files_put_in_place(
+    report: FoldReport, state: TableState, plans: list[CommitPlan], replaced: list[str] = (),
+) -> None:
+    """The table files and change-log files the commits of `plans` put in place and that are
+    still there (a later plan's `replaced` files are gone again)."""
+    gone = set(replaced)
+    finals = [final for plan in plans for _, final in plan.adds if final not in gone]
+    report.files_written = [final for final in finals if state.publishes(final)]
+    report.log_files_written = [final for final in finals if final.startswith(f"{state.changes}/")]
+
+
 def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
     hc = spec.history_columns
     return (
@@ -108,13 +119,18 @@ def fold(
     synced_at: dt.datetime | None = None,
     on_commit_step: Callable[[str], None] | None = None,
     log_column: str | None = None,
+    removing: Removing | None = None,
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it.
 
     With `log_column` (the change log's partition column), keys the batch purges for the first
     time are also erased from the change log and recorded as purged (`purges`), in the same commit.
+    `removing` is told the files a commit (this fold's, or an interrupted one's) deletes.
     """
-    report = FoldReport(fold_id=new_fold_id(), recovered_folds=recover(storage, state))
+    recovered = recover(storage, state, removing)
+    report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
+    # The files an interrupted fold put in place are this run's to report (and catalogue).
+    _report_files_put_in_place(report, state, recovered)
     keys = list(spec.keys)
     # A frame of empty partitions may lack even the keys. With the keys present, emptiness shows
     # in the counts below, so no job of its own is spent on it.
@@ -258,9 +274,8 @@ def fold(
             plan.stage_files(staged, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
                 report.days_appended.append(f"{kind}:{day}")
-    commit(storage, state, plan, on_step=on_commit_step)
-    report.files_written = [final for _, final in plan.adds if final.startswith((f"{state.current}/", f"{state.history}/"))]
-    report.log_files_written = [final for _, final in plan.adds if final.startswith(f"{state.changes}/")]
+    commit(storage, state, plan, on_step=on_commit_step, removing=removing)
+    _report_files_put_in_place(report, state, [*recovered, plan], replaced=plan.deletes)
     if owns_cache:
         marked.unpersist()
     return report

@@ -39,6 +39,10 @@ from lake_assets.storage import Storage
 
 _DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
+#: Told the lake files a write is about to remove, while they can still be read (the file
+#: catalog retires their records: `pipeline`). A write that fails may have told it.
+Removing = Callable[[list[str]], None]
+
 
 @dataclasses.dataclass(frozen=True)
 class TableState:
@@ -91,6 +95,11 @@ class TableState:
 
     def staging_root(self) -> str:
         return self.layout.staging(self.feed, self.table)
+
+    def publishes(self, uri: str) -> bool:
+        """Whether a file is one of the table's published ones (current, history), not the
+        engine's own bookkeeping."""
+        return uri.startswith((f"{self.current}/", f"{self.history}/"))
 
 
 def new_fold_id() -> str:
@@ -153,26 +162,31 @@ def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -
 
 
 def commit(
-    storage: Storage, state: TableState, plan: CommitPlan, on_step: Callable[[str], None] | None = None
+    storage: Storage, state: TableState, plan: CommitPlan, on_step: Callable[[str], None] | None = None,
+    removing: Removing | None = None,
 ) -> None:
     """Record the plan, apply it, then forget it.
 
     `on_step` is called before every file operation; the crash tests use it to kill the
-    process at an exact point."""
+    process at an exact point. `removing` is told the files the plan deletes once the record
+    is written (from then on they go, by this commit or by the next run's `recover`)."""
     step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
     step("record")
     # Written aside then renamed, so a record is either whole or absent (an S3 put is atomic).
     storage.write_bytes(f"{record}.tmp", plan.to_json().encode())
     storage.move_file(f"{record}.tmp", record)
+    if removing is not None:
+        removing(plan.deletes)
     _apply(storage, plan, step)
     step("forget")
     storage.delete_file(record)
     storage.delete_tree(state.staging(plan.fold_id))
 
 
-def recover(storage: Storage, state: TableState) -> list[str]:
-    """Finish folds whose commit record exists; discard staging that never got one."""
+def recover(storage: Storage, state: TableState, removing: Removing | None = None) -> list[CommitPlan]:
+    """Finish folds whose commit record exists (returns their plans); discard staging that never
+    got one. `removing` is told each plan's deletes again (some may be gone already)."""
     finished = []
     for entry in storage.list(state.commits):
         if entry.name.endswith(".json.tmp"):
@@ -181,8 +195,10 @@ def recover(storage: Storage, state: TableState) -> list[str]:
         if entry.is_dir or not entry.name.endswith(".json"):
             continue
         plan = CommitPlan.from_json(storage.read_bytes(entry.uri).decode())
+        if removing is not None:
+            removing(plan.deletes)
         _apply(storage, plan, lambda _: None)
         storage.delete_file(entry.uri)
-        finished.append(plan.fold_id)
+        finished.append(plan)
     storage.delete_tree(state.staging_root())
     return finished
