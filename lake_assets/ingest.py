@@ -6,6 +6,8 @@ validate rows, and set aside any file with a bad row. Nothing is dropped silentl
 either read or quarantined with a reason, once, and the counts reconcile
 (rows in good files + events a feed derives from them = events out + duplicates collapsed),
 each side counted on its own: rows in from the footers, duplicates where the collapse drops them.
+Text that is not valid UTF-8 is repaired (see `_with_valid_text`), because other engines refuse
+a whole table over one such value.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, Observation, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, functions as F, types as T
 
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
@@ -33,6 +35,8 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
 INVALID = "__invalid"
+#: per event: how many of its values held text that was not valid UTF-8 and were repaired
+TEXT_REPAIRED = "__text_repaired"
 #: what Spark raises when it cannot read a file (the JVM's errors arrive through py4j)
 SPARK_ERRORS = (Py4JJavaError, PySparkException)
 
@@ -56,6 +60,8 @@ class Batch:
     gaps: list[str] = dataclasses.field(default_factory=list)
     #: what the reader counted on the way (a Flow journal's ACKs, rollbacks, duplicates)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: file URI -> values of its rows whose text was not valid UTF-8 and was repaired
+    text_repaired: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def quarantine(self, item: Quarantined) -> None:
         """Set aside a file that was listed for the batch but not handed to the reader."""
@@ -245,7 +251,8 @@ def _readable_group(spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, si
 
 
 def _union_compatible(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> DataFrame | None:
-    """The union of the live schema groups whose column types can be widened into one.
+    """The union of the live schema groups whose column types can be widened into one, its text
+    made valid.
 
     Groups join largest first, so when a few files give a column a type the others' cannot
     widen into (a struct where the rest have a number), those few are quarantined naming the
@@ -263,18 +270,95 @@ def _union_compatible(spark: SparkSession, fmt: FeedFormat, table: str, files: _
                 files.set_aside(uri, f"schema does not fit the batch: {clash}")
             continue
         accepted.append(frame)
-    return union_all(table, accepted) if accepted else None
+    return _with_valid_text(union_all(table, accepted), fmt.table_spec(table)) if accepted else None
 
 
 def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> dict[str, str]:
-    """Find the live files whose data pages Spark cannot decode, reading each alone."""
+    """Find the live files whose data pages Spark cannot decode (or whose text, repaired, Spark
+    refuses: a map whose keys become equal), reading each alone."""
+    spec = fmt.table_spec(table)
     bad = {}
     for uri, signature in list(files.signature_of.items()):
         try:
-            _read_group(spark, fmt, files.partitions([uri]), files.schemas[signature]).write.format("noop").mode("overwrite").save()
+            alone = _read_group(spark, fmt, files.partitions([uri]), files.schemas[signature])
+            _with_valid_text(alone, spec).write.format("noop").mode("overwrite").save()
         except SPARK_ERRORS as exc:
             bad[uri] = f"Spark could not read the file's data ({_spark_error(exc)})"
     return bad
+
+
+# --- text that other engines can read -----------------------------------------------------------
+
+def _holds_text(kind: T.DataType) -> bool:
+    if isinstance(kind, T.StringType):
+        return True
+    if isinstance(kind, T.StructType):
+        return any(_holds_text(f.dataType) for f in kind.fields)
+    if isinstance(kind, T.ArrayType):
+        return _holds_text(kind.elementType)
+    if isinstance(kind, T.MapType):
+        return _holds_text(kind.keyType) or _holds_text(kind.valueType)
+    return False
+
+
+def _any(flags: list[Column]) -> Column:
+    found = F.lit(False)
+    for flag in flags:
+        found = found | F.coalesce(flag, F.lit(False))
+    return found
+
+
+def _valid_text(value: Column, kind: T.DataType) -> tuple[Column, Column]:
+    """`value` (of type `kind`) with all text in it valid UTF-8, each invalid sequence replaced by
+    U+FFFD; and whether anything in it had to be."""
+    if isinstance(kind, T.StringType):
+        return F.make_valid_utf8(value), F.coalesce(~F.is_valid_utf8(value), F.lit(False))
+    if isinstance(kind, T.StructType):
+        fields = {f.name: _valid_text(value.getField(f.name), f.dataType) if _holds_text(f.dataType) else (value.getField(f.name), None)
+                  for f in kind.fields}
+        rebuilt = F.struct(*[repaired.alias(name) for name, (repaired, _) in fields.items()])
+        return F.when(value.isNotNull(), rebuilt), _any([flag for _, flag in fields.values() if flag is not None])
+    if isinstance(kind, T.ArrayType):
+        return (F.transform(value, lambda item: _valid_text(item, kind.elementType)[0]),
+                F.coalesce(F.exists(value, lambda item: _valid_text(item, kind.elementType)[1]), F.lit(False)))
+    if isinstance(kind, T.MapType):
+        # A repaired key may equal another key of the map: Spark then fails the read of that
+        # file, and the file is quarantined with Spark's reason.
+        keys, values = kind.keyType, kind.valueType
+        repaired, flags = value, []
+        if _holds_text(keys):
+            repaired = F.transform_keys(repaired, lambda k, _: _valid_text(k, keys)[0])
+            flags.append(F.exists(F.map_keys(value), lambda k: _valid_text(k, keys)[1]))
+        if _holds_text(values):
+            repaired = F.transform_values(repaired, lambda _, v: _valid_text(v, values)[0])
+            flags.append(F.exists(F.map_values(value), lambda v: _valid_text(v, values)[1]))
+        return repaired, _any(flags)
+    return value, F.lit(False)
+
+
+def _with_valid_text(events: DataFrame, spec) -> DataFrame:
+    """Events whose text every engine can read, with `TEXT_REPAIRED` counting the values repaired.
+
+    A Parquet string column may hold bytes that are not UTF-8; Spark passes them through, and
+    DuckDB and pyarrow then refuse the whole table. Payload text is repaired (each invalid
+    sequence becomes U+FFFD) and the row kept. A key is an identity, not a value: repaired, two
+    different keys could become one, so an event whose key text is not UTF-8 is invalid, and its
+    file is quarantined.
+    """
+    schema = events.schema
+    payload = [c for c in spec.payload_columns(events.columns) if _holds_text(schema[c].dataType)]
+    keys = [k for k in spec.keys if k in events.columns and isinstance(schema[k].dataType, T.StringType)]
+    if not payload and not keys:
+        return events
+    repairs = {c: _valid_text(col(c), schema[c].dataType) for c in payload}
+    bad_key = F.coalesce(*[F.when(~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8"))
+                           for k in keys]) if keys else F.lit(None).cast("string")
+    repaired_values = sum((flag.cast("int") for _, flag in repairs.values()), F.lit(0))
+    return events.withColumns({
+        **{c: repaired.alias(c) for c, (repaired, _) in repairs.items()},
+        INVALID: F.coalesce(F.col(INVALID), bad_key),
+        TEXT_REPAIRED: repaired_values,
+    })
 
 
 # --- collapsing, with every count of the row equation taken on its own ------------------------------
@@ -283,6 +367,7 @@ def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, table: str, files
 _CARRIED_COUNTS = {
     INVALID: lambda c: F.count(c),
     DERIVED: lambda c: F.sum(c.cast("long")),
+    TEXT_REPAIRED: lambda c: F.sum(c),
 }
 
 
@@ -294,12 +379,13 @@ class Collapsed:
     duplicates: int
     invalid_rows: int
     derived: int
+    text_repaired: int
 
 
 def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed:
     """Collapse identical events and count, in that one pass (observations), what a batch
     reconciles: the events dropped as duplicates, and the bookkeeping columns carried up to here
-    (invalid rows, derived events), which are then dropped.
+    (invalid rows, derived events, repaired text), which are then dropped.
 
     With `keep`, the collapsed events stay cached (the caller writes them and hands them on), so
     a clean batch is read, sorted and cached once.
@@ -320,7 +406,7 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
     counted = {c: before.get[c] for c in carried}
     return Collapsed(
         deduped, events_out, dropped.get[merge.DROPPED_IDENTICAL],
-        counted.get(INVALID, 0), counted.get(DERIVED, 0),
+        counted.get(INVALID, 0), counted.get(DERIVED, 0), counted.get(TEXT_REPAIRED, 0),
     )
 
 
@@ -341,6 +427,12 @@ def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
         row[FILE_URI]: f"{first_reason[row[FILE_URI]]} ({row['bad_rows']} bad row(s), first reason shown)"
         for row in counts
     }
+
+
+def text_repaired_per_file(events: DataFrame, file_column: str = FILE_URI) -> dict[str, int]:
+    """file -> values repaired in it (a pass of its own: only for a batch that had any)."""
+    repaired = events.where(F.col(TEXT_REPAIRED) > 0).groupBy(file_column).agg(F.sum(TEXT_REPAIRED).alias("values"))
+    return {row[file_column]: row["values"] for row in repaired.collect()}
 
 
 def _read_collapsed(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> tuple[DataFrame, Collapsed] | None:
@@ -387,4 +479,5 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         duplicates=collapsed.duplicates,
         quarantined=batch_files.quarantined,
         derived=collapsed.derived,
+        text_repaired=text_repaired_per_file(events) if collapsed.text_repaired else {},
     )

@@ -125,6 +125,8 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     for entry, reason in strays:
         partition_of[entry.uri] = UNPARTITIONED
         batch.quarantine(Quarantined(entry.uri, reason))
+    for uri, values in sorted(batch.text_repaired.items()):
+        log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
     readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
     copies = []
     for item in batch.quarantined:

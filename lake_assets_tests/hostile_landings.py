@@ -66,9 +66,9 @@ def unit_hour(landing: Path, hour: int = 2) -> Path:
     return hour_dir(landing, "accounts", hour)
 
 
-def write_parquet(path: Path, rows: list[dict], schema: pa.Schema | None = None) -> Path:
+def write_parquet(path: Path, rows: list[dict] | pa.Table, schema: pa.Schema | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    pq.write_table(rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema), path)
     return path
 
 

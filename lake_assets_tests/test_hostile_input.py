@@ -56,6 +56,8 @@ class Hostile:
     add: Callable[[Path], list[Path]]
     #: the added files cannot be used: each must be set aside with a reason
     unusable: bool = True
+    #: the added files hold good data: each must be read (its rows in `changes`), none set aside
+    read: bool = False
     #: what `landing_complete` must say (None: either, e.g. a file that is read in one rule)
     complete: bool | None = None
 
@@ -168,6 +170,19 @@ def colliding_quarantine_names(landing: Path) -> list[Path]:
     return paths
 
 
+def parquet_text(*values: bytes) -> pa.Array:
+    """A Parquet STRING column holding exactly these bytes, valid UTF-8 or not."""
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+def text_that_is_not_utf8(landing: Path) -> list[Path]:
+    """Payload text with bytes that are not UTF-8 is kept, repaired; DuckDB must still read the lake."""
+    row = unit_rows("t", 96)[0]
+    columns = {name: pa.array([value], ACCOUNT_SCHEMA.field(name).type) for name, value in row.items()}
+    table = pa.table({**columns, "name": parquet_text(b"caf\xc3 \xff")})
+    return [write_parquet(unit_hour(landing) / "part-6.parquet", table)]
+
+
 def extreme_event_times(landing: Path) -> list[Path]:
     far = [event("y9999", "I", 601, at(2).replace(year=9999, month=12, day=31), name="far", balance=1),
            event("y0001", "I", 602, at(2).replace(year=1, month=1, day=1), name="near", balance=1)]
@@ -191,6 +206,12 @@ def grax_marker_that_is_not_a_time(column: str) -> Callable[[Path], list[Path]]:
         return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", rows)]
     add.__name__ = f"{column}_not_a_time"
     return add
+
+
+def grax_text_that_is_not_utf8(landing: Path) -> list[Path]:
+    table = pa.table({"Id": ["8"], "source__modified": [grax_time(6)], "grax__idseq": ["h"], "Name": parquet_text(b"M\xfcller")},
+                     schema=GRAX_SCHEMA)
+    return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", table)]
 
 
 def grax_reserved_column_names(landing: Path) -> list[Path]:
@@ -235,6 +256,11 @@ def invalid_hour_folders(landing: Path) -> list[Path]:
             for folder in ("utc_date=2024-06-01/utc_hour=25", "utc_date=2026-02-30/utc_hour=01")]
 
 
+def flow_text_that_is_not_utf8(landing: Path) -> list[Path]:
+    content = flow_doc(15, name="NAME").replace(b'"NAME"', b'"caf\xc3 \\ud800"')
+    return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
+
+
 def field_case_differs_between_documents(landing: Path) -> list[Path]:
     content = flow_doc(13, Status="open") + flow_doc(14, status="closed")
     return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
@@ -247,23 +273,26 @@ CASES = [
     Hostile("unit", "invalid_time_folders", invalid_time_folders, complete=False),
     Hostile("unit", "symlink_loops", symlink_loops),
     Hostile("unit", "folder_named_like_a_file", folder_named_like_a_file, unusable=False),
-    Hostile("unit", "hour_from_1990", hour_from_1990, unusable=False, complete=True),
-    Hostile("unit", "reserved_column_names", reserved_column_names, unusable=False),
+    Hostile("unit", "hour_from_1990", hour_from_1990, unusable=False, read=True, complete=True),
+    Hostile("unit", "reserved_column_names", reserved_column_names, unusable=False, read=True),
     Hostile("unit", "id_twice_in_one_file", id_twice_in_one_file, unusable=False),
-    Hostile("unit", "column_case_differs_between_files", column_case_differs_between_files, unusable=False),
-    Hostile("unit", "odd_column_names", odd_column_names, unusable=False),
+    Hostile("unit", "column_case_differs_between_files", column_case_differs_between_files, unusable=False, read=True),
+    Hostile("unit", "odd_column_names", odd_column_names, unusable=False, read=True),
     Hostile("unit", "odd_file_names", odd_file_names, unusable=False),
     Hostile("unit", "colliding_quarantine_names", colliding_quarantine_names),
-    Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False),
-    Hostile("grax", "object_folders_differing_in_case", object_folders_differing_in_case, unusable=False, complete=True),
+    Hostile("unit", "text_that_is_not_utf8", text_that_is_not_utf8, unusable=False, read=True),
+    Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False, read=True),
+    Hostile("grax", "object_folders_differing_in_case", object_folders_differing_in_case, unusable=False, read=True, complete=True),
     Hostile("grax", "deleted_not_a_time", grax_marker_that_is_not_a_time("grax__deleted")),
     Hostile("grax", "purged_not_a_time", grax_marker_that_is_not_a_time("grax__purged")),
-    Hostile("grax", "reserved_column_names", grax_reserved_column_names, unusable=False),
+    Hostile("grax", "text_that_is_not_utf8", grax_text_that_is_not_utf8, unusable=False, read=True),
+    Hostile("grax", "reserved_column_names", grax_reserved_column_names, unusable=False, read=True),
     Hostile("flow", "garbage_fragment_over_the_good_one", garbage_fragment_over_the_good_one, complete=False),
     Hostile("flow", "key_is_an_object", key_that_is_not_a_scalar(b'{"a": 1}')),
     Hostile("flow", "key_is_an_array", key_that_is_not_a_scalar(b"[1, 2]")),
     Hostile("flow", "gzip_bomb", gzip_bomb),
     Hostile("flow", "invalid_hour_folders", invalid_hour_folders, complete=False),
+    Hostile("flow", "text_that_is_not_utf8", flow_text_that_is_not_utf8, unusable=False, read=True),
     Hostile("flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False),
 ]
 
@@ -307,6 +336,8 @@ def test_nothing_landed_is_lost(case: Hostile, valid_events, spark, tmp_path, mo
         if case.unusable:
             assert uri(path) in notes, f"{path.name} was not set aside: {sorted(notes)}"
         assert uri(path) in notes or uri(path) in read_files, f"{path.name} was neither read nor set aside"
+        if case.read:
+            assert uri(path) in read_files and uri(path) not in notes, f"{path.name} holds good data but was not read"
     for file, note in notes.items():
         assert file in {uri(p) for p in added}, f"a valid file was set aside: {file}: {note['reason']}"
         assert note["reason"].strip(), file

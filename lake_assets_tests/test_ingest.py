@@ -1,6 +1,6 @@
 """The shared batch reader (`ingest.read_batch`) against hostile landed files: files damaged in
-several ways in one batch, rows lost on the way, file names quarantine would confuse and names
-Hadoop paths dislike."""
+several ways in one batch, rows lost on the way, text that is not UTF-8, file names quarantine
+would confuse and names Hadoop paths dislike."""
 
 import io
 import json
@@ -13,13 +13,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
+from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets.feeds.base import data_files
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
 from lake_assets.storage import S3Settings, Storage
-from lake_assets_tests.test_flow_feed import doc_line, write_fragment
+from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR, PRODUCER, doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()
@@ -167,6 +168,102 @@ def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark
     lossy = _flow_batch(spark, _FlowLosesARow(collections), landing, "acmeco_customers", ["2024-06-01-10"])
     assert (lossy.rows_in, lossy.events_out, lossy.duplicates) == (3, 2, 0)
     assert not lossy.reconciles
+
+
+# --- text that is not UTF-8 ------------------------------------------------------------------------
+
+def _text(*values) -> pa.Array:
+    """A Parquet STRING column holding exactly these bytes, valid UTF-8 or not."""
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+def _assert_every_engine_reads(lake: Path, feed: str, table: str) -> dict[str, list[dict]]:
+    """Each layer as DuckDB and pyarrow read it (both refuse a table with invalid text)."""
+    import pyarrow.dataset as pads
+
+    layers = {}
+    for layer in ("changes", "current", "history"):
+        layers[layer] = _lake_rows(lake, layer, feed, table)
+        dataset = pads.dataset(str(lake / layer / feed / table), format="parquet", partitioning="hive")
+        arrow = dataset.to_table()
+        arrow.validate(full=True)
+        assert arrow.num_rows == len(layers[layer]) > 0
+    return layers
+
+
+def test_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark, tmp_path):
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    schema = pa.schema([
+        ("id", pa.string()), ("name", pa.string()), ("tags", pa.list_(pa.string())),
+        ("address", pa.struct([("city", pa.string()), ("zip", pa.int32())])), ("attrs", pa.map_(pa.string(), pa.string())),
+        ("cdc_operation_type", pa.string()), ("cdc_change_seq", pa.int64()), ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+    ])
+    tags = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), _text(b"ok", b"\xff", b"fine"))
+    address = pa.StructArray.from_arrays([_text(b"Z\xfcrich", b"Bern"), pa.array([8000, 3000], pa.int32())], names=["city", "zip"])
+    attrs = pa.MapArray.from_arrays(pa.array([0, 1, 2], pa.int32()), _text(b"k", b"k\xfe"), _text(b"v\xfe", b"v"))
+    folder = hour_dir(landing, "accounts", 0)
+    text_file = folder / "part-text.parquet"
+    pq.write_table(pa.table({
+        "id": _text(b"a", b"b"), "name": _text(b"caf\xc3", b"plain"), "tags": tags, "address": address, "attrs": attrs,
+        "cdc_operation_type": ["I", "I"], "cdc_change_seq": [1, 2],
+        "cdc_commit_timestamp": pa.array([at(0, 1), at(0, 2)], pa.timestamp("us", tz="UTC")),
+    }, schema=schema), text_file)
+    bad_key = folder / "part-bad-key.parquet"
+    pq.write_table(pa.table({
+        "id": _text(b"k\xff"), "name": ["x"], "cdc_operation_type": ["I"], "cdc_change_seq": [3],
+        "cdc_commit_timestamp": pa.array([at(0, 3)], pa.timestamp("us", tz="UTC")),
+    }), bad_key)
+    write_events(landing, "accounts", 0, "part-good.parquet", [event("c", "I", 4, at(0, 4), name="ç")])
+
+    instance = _run(landing, lake)
+
+    layers = _assert_every_engine_reads(lake, "unit", "accounts")
+    current = {r["id"]: r for r in layers["current"]}
+    assert set(current) == {"a", "b", "c"} and len(layers["changes"]) == 3
+    assert current["a"]["name"] == "caf\ufffd" and current["a"]["tags"] == ["ok", "\ufffd"]
+    assert current["a"]["address"] == {"city": "Z\ufffdrich", "zip": 8000} and current["a"]["attrs"] == {"k": "v\ufffd"}
+    assert current["b"]["attrs"] == {"k\ufffd": "v"}
+    assert current["b"]["name"] == "plain" and current["b"]["tags"] == ["fine"] and current["c"]["name"] == "ç"
+    [note] = _notes(lake)
+    assert note["file"] == f"file://{bad_key}" and "key column 'id' holds text that is not valid UTF-8" in note["reason"]
+    metadata = _changes_metadata(instance)
+    assert metadata["text_values_repaired"] == 5
+    assert metadata["text_repaired"] == [{"file": f"file://{text_file}", "values": 5}]
+    assert metadata["reconciled"] is True and metadata["rows_in"] == 3 and metadata["files_quarantined"] == 1
+
+
+def _flow_line(n, raw_fields: bytes) -> bytes:
+    """A document line whose fields are given as raw JSON bytes (which may not be UTF-8)."""
+    meta = json.dumps({"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, PRODUCER), "op": "c"}).encode()
+    return b'{' + raw_fields + b', "_meta": ' + meta + b'}\n'
+
+
+def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark, tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    content = (
+        _flow_line(1, b'"id": 1, "name": "caf\xc3"')
+        + _flow_line(2, b'"id": 2, "name": "fine", "notes": {"t": "\\ud800x", "ok": "\\ud83d\\ude00"}')
+        + doc_line(3)
+    )
+    first = write_fragment(journal, 0, content)
+    garbled_key = write_fragment(journal, len(content), _flow_line(4, b'"id": "k\xff", "name": "x"'))
+    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig(
+        "flow", "flow_journal", f"file://{landing}", collections=(CollectionConfig("acmeCo/customers", ("/id",)),)),))
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    layers = _assert_every_engine_reads(lake, "flow", "acmeco_customers")
+    current = {r["id"]: r for r in layers["current"]}
+    assert set(current) == {1, 2, 3}
+    assert current[1]["name"] == "caf\ufffd" and current[3]["name"] == "c3"
+    assert json.loads(current[2]["notes"]) == {"t": "\ufffdx", "ok": "\U0001f600"}
+    [note] = _notes(lake)
+    assert note["file"] == f"file://{garbled_key}" and "key ['/id'] holds text that is not valid UTF-8" in note["reason"]
+    assert "offset" in note["reason"]
+    metadata = _changes_metadata(instance, "flow", "acmeco_customers")
+    assert metadata["text_values_repaired"] == 2 and metadata["reconciled"] is True
+    assert metadata["text_repaired"] == [{"file": f"file://{first}", "values": 2}]
 
 
 # --- every quarantined file keeps its own copy and reason ------------------------------------------

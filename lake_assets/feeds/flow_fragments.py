@@ -14,6 +14,9 @@ Pure Python: no Spark, no Dagster. Facts (seeds/estuary-flow-journals.txt, FORMA
 - Content is inflated only up to the length its name declares (`MAX_FRAGMENT_BYTES` at most), so
   a compression bomb is refused, never inflated.
 - Content is newline-delimited JSON; fragments hold whole documents.
+- Text that is not valid UTF-8 (raw bytes, or a JSON escape of half a surrogate pair) does not
+  make a document unreadable: it is read as lone surrogates (`Doc.garbled`), which
+  `valid_text_fields` turns into U+FFFD, as the Parquet reader does with such text.
 - `_meta.uuid` is a v1 UUID carrying the producer's clock, the transaction flags and the producer
   id. Continued transactions count only once acknowledged; see `Sequencer`.
 
@@ -57,6 +60,7 @@ __all__ = [
     "by_journal",
     "cover",
     "fragment_from_uri",
+    "holds_invalid_text",
     "inflate",
     "lines",
     "parse_document",
@@ -64,6 +68,7 @@ __all__ = [
     "parse_uuid",
     "read_journal",
     "read_piece",
+    "valid_text_fields",
     "verify",
 ]
 
@@ -457,6 +462,8 @@ class Doc:
     uri: str
     uuid: FlowUuid
     doc: dict
+    #: some of its text was not valid UTF-8 (held as lone surrogates until `valid_text_fields`)
+    garbled: bool = False
 
     @property
     def is_ack(self) -> bool:
@@ -464,11 +471,57 @@ class Doc:
         return self.uuid.is_ack or (isinstance(meta, dict) and meta.get("ack") is True)
 
 
+#: a character standing for text that was not UTF-8: a byte decoded with "surrogateescape", or a
+#: JSON escape of half a surrogate pair (a whole pair decodes to one character)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _json_value(line: bytes):
+    """(the JSON value of a line, whether some of its text was not valid UTF-8)."""
+    try:
+        text, garbled = line.decode("utf-8-sig"), False
+    except UnicodeDecodeError:
+        text, garbled = line.decode("utf-8-sig", "surrogateescape"), True
+    value = json.loads(text, parse_constant=_refuse_constant)
+    if not garbled and b"\\u" in line and _ESCAPED_SURROGATE.search(line):
+        garbled = holds_invalid_text(value)
+    return value, garbled
+
+
+def holds_invalid_text(value) -> bool:
+    """Whether a JSON value (of a `Doc.garbled` document) holds text that was not UTF-8."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(holds_invalid_text(k) or holds_invalid_text(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_invalid_text(v) for v in value)
+    return False
+
+
+def _valid_text(value):
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
+
+
+def valid_text_fields(document: dict) -> tuple[dict, int]:
+    """A `Doc.garbled` document with its text made valid UTF-8 (what was not becomes U+FFFD),
+    and how many of its fields other than `_meta` had text to repair."""
+    repaired = [name for name, value in document.items() if name != "_meta" and (holds_invalid_text(name) or holds_invalid_text(value))]
+    return _valid_text(document), len(repaired)
+
+
 def parse_document(line: bytes, offset: int, uri: str) -> Doc:
     """One JSON document line; FragmentError (with the line's offset) when it is not usable."""
     try:
-        value = json.loads(line, parse_constant=_refuse_constant)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        value, garbled = _json_value(line)
+    except ValueError as e:  # JSONDecodeError is a ValueError
         raise FragmentError(uri, f"line is not JSON ({e})", offset) from None
     if not isinstance(value, dict):
         raise FragmentError(uri, f"line is JSON {type(value).__name__}, not an object", offset)
@@ -479,7 +532,7 @@ def parse_document(line: bytes, offset: int, uri: str) -> Doc:
         flow_uuid = parse_uuid(meta["uuid"])
     except ValueError as e:
         raise FragmentError(uri, f"document has an invalid _meta.uuid ({e})", offset) from None
-    return Doc(offset=offset, uri=uri, uuid=flow_uuid, doc=value)
+    return Doc(offset=offset, uri=uri, uuid=flow_uuid, doc=value, garbled=garbled)
 
 
 def _refuse_constant(name: str):

@@ -46,7 +46,9 @@ from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
-from lake_assets.ingest import Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed
+from lake_assets.ingest import (
+    TEXT_REPAIRED, Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed, text_repaired_per_file,
+)
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -128,7 +130,7 @@ def _columns_of(document: dict, key: tuple[str, ...]) -> list[str]:
 def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     """One committed document as a flat JSON object: key columns, top-level fields (objects and
     arrays as JSON text) and the change-model fields the feed derives."""
-    body = doc.doc
+    body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
     meta = body.get("_meta") or {}
     row = {
         lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else value
@@ -144,14 +146,15 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
         "__uri": doc.uri,
         "__offset": doc.offset,
         "__hour": hour,
+        **({TEXT_REPAIRED: repaired} if repaired else {}),
     })
     return json.dumps(row, separators=(",", ":"))
 
 
 def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
     """FragmentError (naming the document's offset) unless the document is data the change model
-    can take: a known op, every key pointer resolving to a scalar (string, number, boolean), and
-    no two fields whose names are equal ignoring case (Spark would take them for one column)."""
+    can take: a known op, every key pointer resolving to a scalar (string, number, boolean) whose
+    text is valid UTF-8, and no two fields whose names are equal ignoring case (Spark would take them for one column)."""
     op = doc.doc["_meta"].get("op")
     if op is not None and op not in _OPS:
         raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {op!r}", doc.offset)
@@ -165,6 +168,9 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
             raise ff.FragmentError(
                 doc.uri, f"document key {pointer} is a JSON {kind}, not a string, number or boolean", doc.offset
             )
+    garbled = [pointer for pointer, value in values.items() if doc.garbled and ff.holds_invalid_text(value)]
+    if garbled:  # a key is an identity: repaired, two keys could become one
+        raise ff.FragmentError(doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset)
     clash = case_clash(_columns_of(doc.doc, key))
     if clash:
         raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
@@ -399,8 +405,9 @@ class FlowJournalFormat(FeedFormat):
         if events is None:
             return Batch(None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts)
         collapsed = collapse_counted(events, self.table_spec(table), keep=False)
+        repaired = text_repaired_per_file(events, m.SOURCE_FILE) if collapsed.text_repaired else {}
         return Batch(collapsed.events, listed, read, rows_in, collapsed.events_out, collapsed.duplicates, quarantined,
-                     files_skipped=skipped, gaps=gaps, counts=counts)
+                     files_skipped=skipped, gaps=gaps, counts=counts, text_repaired=repaired)
 
     def _read_until_every_piece_reads(
         self, spark: SparkSession, journals: list[_JournalFragments], task
@@ -512,4 +519,5 @@ class FlowJournalFormat(FeedFormat):
             F.lit(False).alias(m.PURGED),
             F.col("__uri").alias(m.SOURCE_FILE),
             F.col("__hour").alias(self.partition_column),
+            *([F.col(TEXT_REPAIRED)] if TEXT_REPAIRED in parsed.columns else []),
         )

@@ -184,6 +184,8 @@ def build_table_assets(
             "files_superseded": batch.files_skipped,
             "gaps": dg.MetadataValue.json(batch.gaps),
             "reader_counts": dg.MetadataValue.json(batch.counts),
+            "text_values_repaired": sum(batch.text_repaired.values()),
+            "text_repaired": dg.MetadataValue.json([{"file": f, "values": n} for f, n in sorted(batch.text_repaired.items())]),
             "reconciled": batch.reconciles,
             "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
             "files_stray": len(ingested.strays),
