@@ -14,6 +14,11 @@ machine shifts both sides alike:
   history from all 30 days (what a single-machine user writes by hand). Both incremental
   figures are medians after one unmeasured warm-up run of each side.
 * `sensor_scaling`: one landing-sensor tick over 100k landed files / over 1k.
+* `cli_noop`: seconds of a whole `lake-assets run` command (a new process) on the 30-day lake
+  with nothing new: it must start no Spark session and no Dagster run.
+* `cli_one_hour`: `lake-assets run` (in this process, so on the warm Spark session) after one
+  new hour landed on the 30-day lake / the same size of hour folded by the pipeline calls
+  directly (interleaved samples, medians after a warm-up of each).
 * peak driver memory (the Spark driver JVM's peak RSS) while folding an hour into 1 and 30 days.
 * correctness: `current` and `history` equal DuckDB's reference row for row.
 """
@@ -22,7 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +42,7 @@ from benchmarks import duckdb_reference, handwritten_spark
 from benchmarks.unit_landing import LandingShape, write_listing_only_landing, write_unit_landing
 from lake_assets import pipeline
 from lake_assets.catalog.store import ParquetCatalogStore
-from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.engine.state import TableState
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import hour_key
@@ -42,6 +50,7 @@ from lake_assets.orchestration.definitions import build_definitions, feed_job_na
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
+from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 
 FEED, TABLE = "bench", "events"
@@ -53,6 +62,8 @@ GOALS = {
     "incremental_growth": 1.3,
     "incremental_vs_duckdb": 0.3,
     "sensor_scaling": 2.0,
+    "cli_noop": 3.0,
+    "cli_one_hour": 1.3,
 }
 
 
@@ -110,6 +121,8 @@ def run_pipeline(
         if batch is not None:
             batch.unpersist()
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
+    with _timed(timings, "record processed"):
+        pipeline.record_processed(work, partitions)
     return {"events": ingested.batch.events_out, "keys_touched": report.keys_touched}
 
 
@@ -238,6 +251,45 @@ def incremental(spark: SparkSession, root: Path, shape: LandingShape, samples: i
     }
 
 
+def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int, warm_ups: int = 1) -> dict:
+    """`lake-assets run` on the 30-day lake `incremental` left (every hour processed): with
+    nothing new, as a command of its own; and after one new hour, against the pipeline calls
+    folding a new hour of the same size, alternating hours between the two sides."""
+    landing, lake = root / "landing30d", root / "lake30d"
+    config = LakeConfig(lake=f"file://{lake}", feeds=(_feed(landing),))
+    config_file = root / "cli.yaml"
+    config_file.write_text(dump_config(config))
+    noop = []
+    for _ in range(3):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
+                              capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"})
+        noop.append(round(time.perf_counter() - started, 3))
+        assert done.returncode == 0 and "nothing changed" in done.stdout, done.stdout + done.stderr
+    first_hour = 24 * 30 + 100  # after the hours `incremental` folded
+    sides: dict[str, list[float]] = {"cli": [], "pipeline": []}
+    for sample in range(warm_ups + samples):
+        for offset, side in enumerate(sides):
+            hour = first_hour + 2 * sample + offset
+            write_unit_landing(landing, TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
+            started = time.perf_counter()
+            if side == "cli":
+                run_ids = run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+                assert len(run_ids) == 1, "one new hour should be one run"
+            else:
+                run_pipeline(spark, config.feeds[0], lake, _hours(hour, 2), f"bench-cli-{sample}")
+            if sample >= warm_ups:
+                sides[side].append(round(time.perf_counter() - started, 3))
+    cli, direct = statistics.median(sides["cli"]), statistics.median(sides["pipeline"])
+    return {
+        "noop_seconds": noop,
+        "one_hour_cli_seconds": sides["cli"],
+        "one_hour_pipeline_seconds": sides["pipeline"],
+        "cli_noop": statistics.median(noop),
+        "cli_one_hour": round(cli / direct, 3),
+    }
+
+
 def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
     """A steady-state tick (the sensor has seen everything, one new hour lands) over a landing
     area holding 1k files and one holding 100k: the tick should cost the window, not the area."""
@@ -276,6 +328,7 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         root = Path(tmp)
         full = full_backfill(spark, root, shape, rounds=3)
         inc = incremental(spark, root, shape, samples)
+        cli = cli_runs(spark, root, shape, samples)
         sensor = sensor_scaling(root)
     figures = {
         "full_vs_floor": full["full_vs_floor"],
@@ -283,6 +336,8 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "incremental_growth": inc["incremental_growth"],
         "incremental_vs_duckdb": inc["incremental_vs_duckdb"],
         "sensor_scaling": sensor["sensor_scaling"],
+        "cli_noop": cli["cli_noop"],
+        "cli_one_hour": cli["cli_one_hour"],
     }
     return {
         "keys": keys,
@@ -298,4 +353,5 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "full_backfill_7d": full,
         "incremental": inc,
         "sensor": sensor,
+        "cli": cli,
     }

@@ -26,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = config.with_lake(args.lake)
     failures = []
     try:
-        run_feeds(config, say=_say, first=args.first, last=args.last)
+        run_feeds(config, say=_say, first=args.first, last=args.last, everything=args.all)
     except RunFailed as failed:  # the other feeds and tables ran: summarise them, then the failures
         failures = failed.failures
     print(format_summary(summarise(config)))
@@ -113,11 +113,13 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lake-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="process everything landed for the configured feeds")
+    run = sub.add_parser("run", help="process what landed since the last run for the configured feeds")
     run.add_argument("--config", required=True, help="feed configuration YAML")
     run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
-    run.add_argument("--from", dest="first", help="first partition to run (hour 2024-03-01-05 or batch); default: the first landed")
-    run.add_argument("--to", dest="last", help="last partition to run; default: the last landed")
+    run.add_argument("--all", action="store_true",
+                     help="process every landed partition again, not only those whose files changed")
+    run.add_argument("--from", dest="first", help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
+    run.add_argument("--to", dest="last", help="process every landed partition up to this one")
     run.set_defaults(func=cmd_run)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")

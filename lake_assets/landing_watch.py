@@ -8,11 +8,13 @@ its cost follows the window, not the length of the landing history.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 from collections import Counter
+from typing import Iterable
 
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage
@@ -60,15 +62,21 @@ def scan_table(
     return found, TableCursor(high_water=high_water, seen=seen)
 
 
-def contiguous_ranges(keys: list[str], max_gap_hours: int = 0) -> list[tuple[str, str]]:
+def contiguous_ranges(keys: list[str], max_gap_hours: int = 0, barriers: Iterable[str] = ()) -> list[tuple[str, str]]:
     """Group sorted hour keys into runs of consecutive hours: one backfill run per range. With
-    `max_gap_hours`, a range also spans up to that many hours without a key in a row."""
+    `max_gap_hours`, a range also spans up to that many hours without a key in a row, unless one
+    of them is among `barriers` (hours a range must not take in)."""
+    walls = sorted(barriers)
     ranges: list[tuple[str, str]] = []
     for key in sorted(keys):
-        if ranges and parse_hour_key(key) - parse_hour_key(ranges[-1][1]) <= dt.timedelta(hours=1 + max_gap_hours):
-            ranges[-1] = (ranges[-1][0], key)
-        else:
-            ranges.append((key, key))
+        if ranges:
+            start, end = ranges[-1]
+            next_wall = bisect.bisect_right(walls, end)
+            walled = next_wall < len(walls) and walls[next_wall] < key
+            if not walled and parse_hour_key(key) - parse_hour_key(end) <= dt.timedelta(hours=1 + max_gap_hours):
+                ranges[-1] = (start, key)
+                continue
+        ranges.append((key, key))
     return ranges
 
 

@@ -17,13 +17,16 @@ import logging
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lake_assets import lake_io
+from lake_assets import lake_io, processed
 from lake_assets.catalog.files import (
     catalog_file,
     catalogued_partitions,
+    landed_records,
     landing_work_id,
     record as record_files,
+    retire_landed,
     retirements,
+    unchanged_since_recorded,
     written_files,
 )
 from lake_assets.catalog.store import CatalogStore
@@ -36,10 +39,9 @@ from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import Quarantined, quarantine_file
+from lake_assets.quarantine import UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.storage import Storage
 
-UNPARTITIONED = "_unpartitioned"  # quarantine folder of files that belong to no partition
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
 
@@ -87,16 +89,43 @@ class RemovedFiles:
         self.pending = []
 
 
-def catalogue_landing(work: TableWork, partitions: list[str]) -> int:
-    """List the landed files of the partitions a run over `partitions` reads, and record them
-    (work id `landing-<partition>`); returns how many files were recorded."""
+@dataclasses.dataclass(frozen=True)
+class LandingCatalogued:
+    files: int  # landed files of the partitions, all now catalogued
+    hashed: int  # of which new or changed, so read, hashed and recorded
+    gone: int  # files catalogued before that are no longer landed: their records retired
+
+
+def catalogue_landing(work: TableWork, partitions: list[str]) -> LandingCatalogued:
+    """List the landed files of the partitions a run over `partitions` reads and record them
+    (work id `landing-<partition>`), retiring the records of files that are gone. A file whose
+    listing shows it unchanged since its record is not read again."""
     fmt, storage = work.fmt, work.storage
-    listed = fmt.partitions_files(storage, work.feed.landing, work.table, fmt.read_partitions(partitions))
-    return work.catalogue([
+    keys = fmt.read_partitions(partitions)
+    listed = fmt.partitions_files(storage, work.feed.landing, work.table, keys)
+    recorded = landed_records(work.store, work.feed.name, work.table, keys)
+    gone = [record for key in keys for url, record in recorded[key].items()
+            if url not in {entry.uri for entry in listed.get(key, [])}]
+    retire_landed(work.store, gone)
+    hashed = work.catalogue([
         catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri), landed=True)
         for key, entries in listed.items()
         for entry in entries
+        if not _still_recorded(entry, recorded[key].get(entry.uri))
     ])
+    return LandingCatalogued(sum(len(entries) for entries in listed.values()), hashed, len(gone))
+
+
+def _still_recorded(entry, record: dict | None) -> bool:
+    return record is not None and unchanged_since_recorded(entry, int(record["size"]), int(record["create_time"]))
+
+
+def record_processed(work: TableWork, partitions: list[str]) -> None:
+    """Note what the landed files of `partitions` were (as catalogued) now that their fold has
+    succeeded: the next `lake-assets run` processes them again only if that changes."""
+    records = landed_records(work.store, work.feed.name, work.table, partitions)
+    processed.write_notes(work.storage, work.layout, work.feed.name, work.table,
+                          {partition: processed.note_from_records(r) for partition, r in records.items()})
 
 
 @dataclasses.dataclass

@@ -17,6 +17,10 @@ from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
 
+#: the quarantine "partition" of files that belong to no partition (strays)
+UNPARTITIONED = "_unpartitioned"
+
+
 @dataclasses.dataclass(frozen=True)
 class Quarantined:
     uri: str
@@ -34,6 +38,15 @@ def _file_id(uri: str) -> str:
     return hashlib.blake2b(uri.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
+def quarantine_copy(layout: LakeLayout, feed: str, table: str, partition: str, uri: str) -> str:
+    """Where the quarantine copy of a landed file goes (its reason beside it, `.reason.json`)."""
+    return f"{layout.quarantine(feed, table, partition)}/{_file_id(uri)}/{_safe_name(uri.rsplit('/', 1)[-1])}"
+
+
+def is_quarantined(storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, uri: str) -> bool:
+    return storage.exists(f"{quarantine_copy(layout, feed, table, partition, uri)}.reason.json")
+
+
 def quarantine_file(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, item: Quarantined, run_id: str | None
 ) -> str:
@@ -44,9 +57,7 @@ def quarantine_file(
     name (`hour=05/part-0` and `hour=5/part-0`); the folder named by the file's id keeps each
     file's copy and reason apart, and the copy keeps its name.
     """
-    folder = f"{layout.quarantine(feed, table, partition)}/{_file_id(item.uri)}"
-    name = _safe_name(item.uri.rsplit("/", 1)[-1])
-    target = f"{folder}/{name}"
+    target = quarantine_copy(layout, feed, table, partition, item.uri)
     try:
         storage.copy(item.uri, target)
     except OSError as exc:  # the file may be gone or unreadable; the note still records it

@@ -1,8 +1,10 @@
-"""Processing everything landed, in-process: what `lake-assets run` and `lake-assets demo` do.
+"""Processing what landed, in-process: what `lake-assets run` and `lake-assets demo` do.
 
-An hourly feed runs as one Dagster run (a single-run backfill) per stretch of hours with landed
-files, a batch feed as one run per table over its batches; on the ephemeral instance or on
-`$DAGSTER_HOME`'s when it is set, so the runs show up in the UI.
+A run takes the landed partitions that changed since they were last processed (`processed`:
+new files, files rewritten or removed), or every landed partition when asked (`--all`,
+`--from/--to`). An hourly feed runs as one Dagster run (a single-run backfill) per stretch of
+those hours, over the tables that changed; a batch feed as one run per table over its batches. Runs go to the ephemeral instance, or to
+`$DAGSTER_HOME`'s when it is set, so they show up in the UI.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Callable
 import dagster as dg
 import pyarrow.dataset as pads
 
+from lake_assets import processed
 from lake_assets.config import LakeConfig
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
@@ -28,6 +31,7 @@ from lake_assets.orchestration.definitions import (
 )
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
+from lake_assets.quarantine import UNPARTITIONED, is_quarantined
 from lake_assets.storage import S3Settings, Storage
 
 
@@ -79,6 +83,9 @@ class PlannedRun:
     job: str
     first: str
     last: str
+    #: the feed, and the tables of it to run (None: every table the job has)
+    feed: str = ""
+    tables: tuple[str, ...] | None = None
 
 
 def run_feeds(
@@ -87,18 +94,28 @@ def run_feeds(
     say: Callable[[str], None] = print,
     first: str | None = None,
     last: str | None = None,
+    everything: bool = False,
 ) -> list[str]:
-    """Materialise every landed partition of every feed, or those in [first, last]; returns the
-    run ids. A failing table or feed stops no other: each runs, and RunFailed at the end names
-    every failure."""
-    defs = build_definitions(config)
+    """Process the landed partitions that changed since they were last processed (`processed`);
+    with `everything`, or a range [first, last], every landed partition (in the range). Returns
+    the run ids. With nothing to process no Dagster run (and no Spark session) starts. A failing
+    table or feed stops no other: each runs, and RunFailed at the end names every failure."""
     storage = storage_for(config)
+    layout = LakeLayout(config.lake)
     instance = instance or instance_for_cli()
-    steps = _what_each_step_writes(defs)
-    run_ids, failures = [], []
-    for feed in config.feeds:
-        for run in _plan_feed(feed, storage, instance, first, last, say, failures):
-            run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say)
+    forced = everything or first is not None or last is not None
+    failures: list[str] = []
+    planned = [run for feed in config.feeds
+               for run in _plan_feed(feed, storage, layout, instance, _Selection(first, last, forced), say, failures)]
+    if not planned and not failures:
+        say("nothing changed since the last run: no partition to process (--all processes every one again)")
+    run_ids = []
+    if planned:
+        defs = build_definitions(config)
+        steps, assets = _what_each_step_writes(defs), _assets_by_table(defs)
+        for run in planned:
+            selection = None if run.tables is None else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
+            run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say, selection)
             run_ids += [run_id] if run_id else []
             failures += failed
     if failures:
@@ -106,57 +123,113 @@ def run_feeds(
     return run_ids
 
 
-def _plan_feed(feed, storage: Storage, instance: dg.DagsterInstance, first: str | None, last: str | None,
+@dataclasses.dataclass(frozen=True)
+class _Selection:
+    """Which landed partitions a run takes: those in [first, last] (either end open), all of them
+    when `forced`, else only those that changed since they were processed."""
+
+    first: str | None
+    last: str | None
+    forced: bool
+
+
+#: how many changed partitions of a table a run names before summing up the rest
+_NAMED_CHANGES = 5
+
+
+def _plan_feed(feed, storage: Storage, layout: LakeLayout, instance: dg.DagsterInstance, selection: _Selection,
                say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
-    """The runs that process a feed's landed partitions in [first, last]. A table whose landing
-    cannot be listed is a failure (added to `failures`); the feed's other tables still run."""
+    """The runs that process a feed's selected partitions. A table whose landing cannot be
+    listed is a failure (added to `failures`); the feed's other tables still run."""
     try:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, storage)
     except Exception as exc:  # reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {_first_line(str(exc))}")
         return []
-    landed = {}
+    landed, selected = {}, {}
     for table in tables:
         try:
-            landed[table] = _within(fmt, fmt.partition_keys(storage, feed.landing, table), first, last)
+            landed[table] = _within(fmt, fmt.partition_keys(storage, feed.landing, table), selection.first, selection.last)
+            selected[table] = (landed[table] if selection.forced
+                               else _changed_partitions(feed, fmt, storage, layout, table, landed[table], say))
         except Exception as exc:  # reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {_first_line(str(exc))}")
     if fmt.partitioning == "batch":
-        # Each table has its own batches: register them, then one run per table.
-        planned = []
-        for table, batches in landed.items():
-            if not batches:
-                say(f"{feed.name}/{table}: no batches landed")
-                continue
-            name = batch_partitions_name(feed.name, table)
-            known = set(instance.get_dynamic_partitions(name))
-            instance.add_dynamic_partitions(name, [b for b in batches if b not in known])
-            say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
-            planned.append(PlannedRun(f"{feed.name}/{table}", table_job_name(feed.name, table), batches[0], batches[-1]))
-        return planned
-    hours = sorted({hour for keys in landed.values() for hour in keys})
-    early = [hour for hour in hours if feed.start and hour < feed.start]
+        return _plan_batches(feed, instance, landed, selected, say)
+    return _plan_hours(feed, landed, selected, say, failures)
+
+
+def _changed_partitions(feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str],
+                        say: Callable[[str], None]) -> list[str]:
+    """The partitions of a table whose landed files changed since they were processed, and the
+    last one if the table has stray files no run has reported yet (every run reports strays)."""
+    changes = processed.changed_partitions(
+        storage, fmt.partitions_files(storage, feed.landing, table, keys), processed.read_notes(storage, layout, feed.name, table)
+    )
+    for change in changes[:_NAMED_CHANGES]:
+        say(f"{feed.name}/{table}: {change.partition}: {change.reason}")
+    if len(changes) > _NAMED_CHANGES:
+        say(f"{feed.name}/{table}: and {len(changes) - _NAMED_CHANGES} more partition(s) changed")
+    chosen = {change.partition for change in changes}
+    unreported = [entry for entry, _ in fmt.stray_files(storage, feed.landing, table)
+                  if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)]
+    if unreported and keys and not chosen:
+        say(f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them")
+        chosen.add(keys[-1])
+    return sorted(chosen, key=fmt.partition_order)
+
+
+def _plan_batches(feed, instance: dg.DagsterInstance, landed: dict[str, list[str]], selected: dict[str, list[str]],
+                  say: Callable[[str], None]) -> list[PlannedRun]:
+    """Each table has its own batches: register them, then one run per table over its selected ones."""
+    planned = []
+    for table, batches in selected.items():
+        if not landed[table]:
+            say(f"{feed.name}/{table}: no batches landed")
+        if not batches:
+            continue
+        name = batch_partitions_name(feed.name, table)
+        known = set(instance.get_dynamic_partitions(name))
+        instance.add_dynamic_partitions(name, [b for b in batches if b not in known])
+        say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
+        planned.append(PlannedRun(f"{feed.name}/{table}", table_job_name(feed.name, table), batches[0], batches[-1]))
+    return planned
+
+
+def _plan_hours(feed, landed: dict[str, list[str]], selected: dict[str, list[str]], say: Callable[[str], None],
+                failures: list[str]) -> list[PlannedRun]:
+    """One run of the feed's job per stretch of selected hours, over the tables that selected
+    any (a run bridges hours without files, never an hour whose files need no processing)."""
+    early = sorted({hour for hours in selected.values() for hour in hours if feed.start and hour < feed.start})
     if early:
         failures.append(f"{feed.name}: {len(early)} hour(s) with files lie before the configured start {feed.start} "
                         f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed")
-        hours = hours[len(early):]
-    if not hours:
+    if not any(landed.values()):
         say(f"{feed.name}: nothing landed under {feed.landing}")
         return []
-    say(f"{feed.name}: {len(landed)} table(s) {', '.join(landed)}; {len(hours)} hour(s) with files")
-    stretches = contiguous_ranges(hours, max_gap_hours=MAX_EMPTY_HOURS_IN_A_RUN)
-    for start, end in stretches:
-        say(f"{feed.name}: hours {start} .. {end} in one run")
-    return [PlannedRun(feed.name, feed_job_name(feed.name), start, end) for start, end in stretches]
+    hours = sorted({hour for keys in selected.values() for hour in keys} - set(early))
+    tables = tuple(table for table, keys in selected.items() if set(keys) - set(early))
+    if not hours:
+        return []
+    whole_feed = len(tables) == len(landed)
+    what = feed.name if whole_feed else f"{feed.name} ({', '.join(tables)})"
+    settled = {hour for table in tables for hour in landed[table]} - set(hours)
+    planned = []
+    for start, end in contiguous_ranges(hours, max_gap_hours=MAX_EMPTY_HOURS_IN_A_RUN, barriers=settled):
+        say(f"{what}: hours {start} .. {end} in one run")
+        planned.append(PlannedRun(what, feed_job_name(feed.name), start, end, feed.name, None if whole_feed else tables))
+    return planned
 
 
-def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, str],
-         say: Callable[[str], None]) -> tuple[str | None, list[str]]:
-    """Execute one planned run; returns its id (None if Dagster refused it) and a line per failure."""
+def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, str], say: Callable[[str], None],
+         selection: list[dg.AssetKey] | None = None) -> tuple[str | None, list[str]]:
+    """Execute one planned run (of the `selection` of the job's assets, if given); returns its id
+    (None if Dagster refused it) and a line per failure."""
     try:
         result = job.execute_in_process(
-            instance=instance, tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last}, raise_on_error=False
+            instance=instance, tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last}, raise_on_error=False,
+            asset_selection=selection,
         )
     except Exception as exc:  # Dagster refused the run (e.g. partitions the job lacks): reported at the end
         return None, [f"{run.what}: partitions {run.first} .. {run.last}: {_first_line(str(exc))}"]
@@ -173,6 +246,16 @@ def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, st
         if event.is_step_failure and event.step_failure_data
     ]
     return result.run_id, failed or [f"{run.what}: run {result.run_id} failed; see its event log"]
+
+
+def _assets_by_table(defs: dg.Definitions) -> dict[str, list[dg.AssetKey]]:
+    """`feed/table` -> the assets a run of it materialises."""
+    found: dict[str, list[dg.AssetKey]] = {}
+    for assets_def in defs.resolve_asset_graph().assets_defs:
+        if assets_def.is_executable:
+            for key in assets_def.keys:
+                found.setdefault(_table_of(key), []).append(key)
+    return found
 
 
 def _table_of(key: dg.AssetKey) -> str:

@@ -145,14 +145,30 @@ def written_files(
     return [catalog_file(feed, table, run_id, uri, parquet_span(storage, uri, time_columns)) for uri in uris]
 
 
+#: Modification times are coarse (S3 keeps whole seconds): a file modified up to this long before
+#: its content was recorded may still have been rewritten after, so it is hashed again.
+MTIME_SLACK_MS = 2_000
+
+
+def unchanged_since_recorded(entry: Entry, size: int, recorded_ms: int) -> bool:
+    """Whether a listed file still holds the content recorded at `recorded_ms` with `size`, as
+    far as a listing can tell (same size, not modified since); if not, only its hash can say."""
+    return entry.size == size and entry.mtime_ms is not None and entry.mtime_ms <= recorded_ms - MTIME_SLACK_MS
+
+
+def hash_file(storage: Storage, url: str) -> str:
+    """The catalog's hash of a file's bytes (blake2b-16, as datalake-common)."""
+    with storage.open_input_file(url) as handle:
+        return hash_stream(iter(lambda: handle.read(CHUNK), b""))
+
+
 def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> int:
     """Hash each file and put its records; returns how many files were recorded."""
     records = []
     for item in files:
         fs, path = storage.resolve(item.url)
         info = fs.get_file_info(path)
-        with storage.open_input_file(item.url) as handle:
-            digest = hash_stream(iter(lambda: handle.read(CHUNK), b""))
+        digest = hash_file(storage, item.url)
         start, end = item.span or (datetime_to_ms(info.mtime), None)
         metadata = {
             "version": 0,
@@ -193,12 +209,9 @@ def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: st
     return catalogued_partitions(store, feed, table, [partition])[partition]
 
 
-def catalogued_partitions(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, list[Entry]]:
-    """partition -> its landed files as the catalog lists them, in name order (one query).
-
-    A file rewritten in place has a record per content; the newest one stands for it, so a run
-    reads each file once.
-    """
+def landed_records(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, dict[str, dict]]:
+    """partition -> URL -> the record of each landed file of the partition, as catalogued (one
+    query). A file rewritten in place has a record per content; the newest one stands for it."""
     partitions = list(partitions)
     found = store.query_by_work_ids([landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed))
     out = {}
@@ -208,8 +221,25 @@ def catalogued_partitions(store: CatalogStore, feed: str, table: str, partitions
             seen = newest.get(record["url"])
             if seen is None or record["create_time"] >= seen["create_time"]:
                 newest[record["url"]] = record
-        out[partition] = [
-            Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
-            for url, record in sorted(newest.items())
-        ]
+        out[partition] = dict(sorted(newest.items()))
     return out
+
+
+def retire_landed(store: CatalogStore, records: Iterable[dict]) -> None:
+    """Take the records of landed files that are gone out of the catalog."""
+    store.retire([
+        retirement
+        for r in records
+        for retirement in build_retirements(url=r["url"], where=r["metadata"]["where"], what=r["metadata"]["what"],
+                                            file_id=r["metadata"]["id"], start=r["metadata"]["start"], end=r["metadata"]["end"])
+    ])
+
+
+def catalogued_partitions(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, list[Entry]]:
+    """partition -> its landed files as the catalog lists them, in name order (one query); a run
+    reads each file once."""
+    return {
+        partition: [Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
+                    for url, record in records.items()]
+        for partition, records in landed_records(store, feed, table, partitions).items()
+    }

@@ -138,9 +138,11 @@ def build_table_assets(
     )
     def landing_catalog(context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource):
         partitions = list(context.partition_keys)
-        recorded = pipeline.catalogue_landing(table_work(context, lake, catalog), partitions)
-        context.log.info(f"{feed.name}/{table}: catalogued {recorded} landed file(s) for {len(partitions)} partition(s)")
-        return dg.MaterializeResult(metadata={"files_catalogued": recorded})
+        landed = pipeline.catalogue_landing(table_work(context, lake, catalog), partitions)
+        context.log.info(f"{feed.name}/{table}: catalogued {landed.files} landed file(s) for {len(partitions)} partition(s) "
+                         f"({landed.hashed} new or changed, {landed.gone} gone)")
+        return dg.MaterializeResult(metadata={"files_catalogued": landed.files, "files_hashed": landed.hashed,
+                                              "files_gone": landed.gone})
 
     @dg.asset(
         key=asset_key(feed.name, table, "changes"),
@@ -233,7 +235,10 @@ def build_table_assets(
         }
         for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
             yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
-        for outcome, key in zip(pipeline.check_fold(session, work, batch, report), (current_key, history_key, history_key)):
+        outcomes = pipeline.check_fold(session, work, batch, report)
+        if all(outcome.passed for outcome in outcomes):
+            pipeline.record_processed(work, list(context.partition_keys))
+        for outcome, key in zip(outcomes, (current_key, history_key, history_key)):
             yield dg.AssetCheckResult(
                 asset_key=key,
                 check_name=outcome.name,

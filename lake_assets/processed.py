@@ -1,0 +1,114 @@
+"""Which landed partitions changed since they were last processed: what makes a daily
+`lake-assets run` cost what changed, not the landing's whole history.
+
+When a partition's fold has succeeded, the catalog's records of the landed files it read (URL,
+size, hash, when each was recorded) are kept in a small note,
+`<lake>/_state/<feed>/<table>/processed/<partition>.json`. Planning a run compares a listing of
+the landing with those notes (see docs/incremental-runs.md):
+- a partition with files and no note is new;
+- a partition whose file names differ from its note's gained or lost files (a partition whose
+  files are all gone still has a note, and is processed again, to empty it);
+- a file whose size differs changed;
+- a file modified after it was recorded may have been rewritten in place with the same size:
+  only such a file is hashed again, and it changed if its hash differs.
+
+Pure storage logic: no Spark, no Dagster.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+
+from lake_assets.catalog.files import hash_file, unchanged_since_recorded
+from lake_assets.paths import LakeLayout, join
+from lake_assets.storage import Entry, Storage
+
+NOTES_FOLDER = "processed"
+#: reads of notes at once (on S3 each is a request)
+_PARALLEL_READS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessedFile:
+    size: int
+    hash: str
+    #: when the catalog recorded (hashed) this content, ms since the epoch
+    recorded_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A partition to process, and why in words."""
+
+    partition: str
+    reason: str
+
+
+def notes_folder(layout: LakeLayout, feed: str, table: str) -> str:
+    return join(layout.state(feed, table), NOTES_FOLDER)
+
+
+def note_uri(layout: LakeLayout, feed: str, table: str, partition: str) -> str:
+    return join(notes_folder(layout, feed, table), f"{partition}.json")
+
+
+def note_from_records(records: dict[str, dict]) -> dict[str, ProcessedFile]:
+    """URL -> the processed file, from the catalog's records of a partition's landed files."""
+    return {url: ProcessedFile(int(r["size"]), r["metadata"]["hash"], int(r["create_time"])) for url, r in records.items()}
+
+
+def write_notes(storage: Storage, layout: LakeLayout, feed: str, table: str,
+                processed: dict[str, dict[str, ProcessedFile]]) -> None:
+    """Record what each partition held when it was processed (partition -> URL -> file)."""
+    for partition, files in processed.items():
+        body = {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
+        storage.write_bytes(note_uri(layout, feed, table, partition), json.dumps(body, indent=1).encode())
+
+
+def read_notes(storage: Storage, layout: LakeLayout, feed: str, table: str) -> dict[str, dict[str, ProcessedFile]]:
+    """partition -> URL -> file, for every partition processed so far."""
+    entries = [e for e in storage.list(notes_folder(layout, feed, table)) if not e.is_dir and e.name.endswith(".json")]
+
+    def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
+        body = json.loads(storage.read_bytes(entry.uri))
+        return entry.name[: -len(".json")], {url: ProcessedFile(**file) for url, file in body.items()}
+
+    with concurrent.futures.ThreadPoolExecutor(_PARALLEL_READS) as pool:
+        return dict(pool.map(read, entries))
+
+
+def changed_partitions(
+    storage: Storage, landed: dict[str, list[Entry]], notes: dict[str, dict[str, ProcessedFile]]
+) -> list[Change]:
+    """The partitions whose landed files differ from what they held when last processed, in
+    `landed`'s order (then partitions whose files are all gone)."""
+    changes = []
+    for partition in [*landed, *(p for p in notes if p not in landed)]:
+        reason = _why_changed(storage, landed.get(partition, []), notes.get(partition))
+        if reason is not None:
+            changes.append(Change(partition, reason))
+    return changes
+
+
+def _why_changed(storage: Storage, files: list[Entry], note: dict[str, ProcessedFile] | None) -> str | None:
+    if note is None:
+        return f"new: {len(files)} file(s)" if files else None
+    listed = {entry.uri: entry for entry in files}
+    added, removed = sorted(set(listed) - set(note)), sorted(set(note) - set(listed))
+    if added or removed:
+        return ", ".join(part for part in (_count(added, "added"), _count(removed, "removed")) if part)
+    resized = [url for url, entry in listed.items() if entry.size != note[url].size]
+    if resized:
+        return _count(resized, "changed size")
+    touched = [url for url, entry in listed.items() if not unchanged_since_recorded(entry, note[url].size, note[url].recorded_ms)]
+    rewritten = [url for url in touched if hash_file(storage, url) != note[url].hash]
+    return _count(rewritten, "rewritten") if rewritten else None
+
+
+def _count(urls: list[str], what: str) -> str | None:
+    if not urls:
+        return None
+    name = urls[0].rsplit("/", 1)[-1]
+    return f"{name} {what}" if len(urls) == 1 else f"{len(urls)} files {what} ({name}, ...)"

@@ -1,0 +1,176 @@
+"""`lake-assets run` processes what changed since the last run, and only that.
+
+Each test runs the real path (`runner.run_feeds`: Dagster in-process runs, Spark, the catalog)
+twice or more on one lake and one Dagster instance, and checks which partitions the later runs
+took (from the runs' range tags) and what the lake holds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from lake_assets import processed
+from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.paths import LakeLayout
+from lake_assets.runner import run_feeds
+from lake_assets.storage import Entry, S3Settings, Storage
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
+
+
+class Lake:
+    """A Unit landing and its lake, run again and again on one Dagster instance."""
+
+    def __init__(self, root: Path):
+        self.landing, self.lake = root / "landing", root / "lake"
+        self.config = LakeConfig(lake=f"file://{self.lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{self.landing}"),))
+        self.instance = dg.DagsterInstance.ephemeral()
+        self.said: list[str] = []
+
+    def write(self, hour: int, name: str, rows: list[dict], table: str = "accounts") -> Path:
+        return write_events(self.landing, table, hour, name, rows, ACCOUNT_SCHEMA)
+
+    def run(self, **options) -> list[tuple[str, str]]:
+        """Run; the (first, last) partitions of each Dagster run it started."""
+        self.said.clear()
+        run_ids = run_feeds(self.config, instance=self.instance, say=self.said.append, **options)
+        return [_range(self.instance.get_run_by_id(run_id)) for run_id in run_ids]
+
+    def changes(self, table: str = "accounts") -> dict[str, list]:
+        """hour -> the sorted ids of the change log's rows."""
+        rows = duckdb.sql(f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
+                          "hive_partitioning = true)").fetchall()
+        out: dict[str, list] = {}
+        for hour, id_ in rows:
+            out.setdefault(hour, []).append(id_)
+        return {hour: sorted(ids) for hour, ids in out.items()}
+
+
+def _range(run) -> tuple[str, str]:
+    return run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]
+
+
+def hour(h: int) -> str:
+    return f"2024-03-01-{h:02d}"
+
+
+@pytest.fixture
+def lake(tmp_path, spark) -> Lake:
+    lake = Lake(tmp_path)
+    lake.write(1, "part-0.parquet", [event("a", "I", 1, at(1, 5), name="a", balance=1)])
+    lake.write(2, "part-0.parquet", [event("b", "I", 2, at(2, 5), name="b", balance=2)])
+    lake.write(3, "part-0.parquet", [event("c", "I", 3, at(3, 5), name="c", balance=3)])
+    assert lake.run() == [(hour(1), hour(3))]
+    return lake
+
+
+def test_a_run_with_nothing_new_starts_no_dagster_run_and_no_spark_session(lake, monkeypatch):
+    runs_before = len(lake.instance.get_run_records())
+
+    def no_spark(*_, **__):
+        raise AssertionError("a run with nothing to do started a Spark session")
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", no_spark)
+    assert lake.run() == []
+    assert len(lake.instance.get_run_records()) == runs_before
+    assert any("nothing changed" in line for line in lake.said)
+
+
+def test_a_late_file_in_an_old_hour_reprocesses_exactly_that_hour(lake):
+    lake.write(5, "part-0.parquet", [event("e", "I", 5, at(5, 5), name="e", balance=5)])
+    assert lake.run() == [(hour(5), hour(5))]
+    lake.write(2, "part-late.parquet", [event("b", "U", 9, at(2, 30), name="b2", balance=20)])
+    assert lake.run() == [(hour(2), hour(2))]
+    assert lake.changes()[hour(2)] == ["b", "b"]
+    assert any("part-late.parquet added" in line for line in lake.said)
+    assert lake.run() == []
+
+
+def test_a_file_rewritten_in_place_is_reprocessed_even_with_the_same_size(lake):
+    path = hour_dir(lake.landing, "accounts", 2) / "part-0.parquet"
+    before = path.stat().st_size
+    lake.write(2, "part-0.parquet", [event("x", "I", 2, at(2, 5), name="b", balance=2)])  # one letter differs
+    assert path.stat().st_size == before
+    assert lake.run() == [(hour(2), hour(2))]
+    assert lake.changes()[hour(2)] == ["x"]
+    assert any("part-0.parquet rewritten" in line for line in lake.said)
+
+
+def test_a_removed_file_reprocesses_its_hour_and_its_rows_leave_the_change_log(lake):
+    (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
+    assert lake.run() == [(hour(3), hour(3))]
+    assert hour(3) not in lake.changes()
+    assert lake.run() == []
+
+
+def test_all_reprocesses_every_landed_hour_and_a_range_every_hour_in_it(lake):
+    assert lake.run(everything=True) == [(hour(1), hour(3))]
+    assert lake.run(first=hour(2), last=hour(2)) == [(hour(2), hour(2))]
+
+
+def test_only_the_tables_that_changed_run(lake):
+    lake.write(2, "part-0.parquet", [event("p", "I", 1, at(2, 5), name="p", balance=1)], table="payments")
+    assert lake.run() == [(hour(2), hour(2))]
+    assert [line for line in lake.said if "in one run" in line] == [f"unit (payments): hours {hour(2)} .. {hour(2)} in one run"]
+    [run] = lake.instance.get_run_records(limit=1)
+    assert {key.path[1] for key in run.dagster_run.asset_selection} == {"payments"}
+    assert lake.changes("payments") == {hour(2): ["p"]}
+
+
+def test_a_run_bridges_empty_hours_but_not_hours_that_need_no_processing(lake):
+    lake.write(4, "part-1.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    lake.write(9, "part-0.parquet", [event("i", "I", 9, at(9, 5), name="i", balance=9)])
+    lake.write(1, "part-1.parquet", [event("a", "U", 5, at(1, 30), name="a2", balance=5)])
+    # 1 changed, 2 and 3 did not; 4 and 9 are new, 5..8 hold no files
+    assert lake.run() == [(hour(1), hour(1)), (hour(4), hour(9))]
+
+
+def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
+    from lake_assets import pipeline
+
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+
+    def fails(*_, **__):
+        raise RuntimeError("the fold broke")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "fold_into_state", fails)
+        with pytest.raises(Exception):
+            lake.run()
+    assert lake.run() == [(hour(4), hour(4))]
+
+
+# --- the rule itself, on listings ------------------------------------------------------------------
+
+
+def _entry(path: Path) -> Entry:
+    stat = path.stat()
+    return Entry(uri=f"file://{path}", name=path.name, is_dir=False, size=stat.st_size, mtime_ms=stat.st_mtime_ns // 1_000_000)
+
+
+def test_a_listing_that_shows_a_file_unchanged_since_it_was_recorded_costs_no_read(tmp_path, monkeypatch):
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    os.utime(path, ns=(1_000_000_000_000, 1_000_000_000_000))  # modified long before it was recorded
+    note = {f"file://{path}": processed.ProcessedFile(path.stat().st_size, "whatever", 2_000_000)}
+    storage = Storage(S3Settings())
+    monkeypatch.setattr(processed, "hash_file", lambda *_: pytest.fail("an unchanged file was read"))
+    assert processed.changed_partitions(storage, {"p": [_entry(path)]}, {"p": note}) == []
+
+
+def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp_path):
+    storage, layout = Storage(S3Settings()), LakeLayout(f"file://{tmp_path}")
+    note = {"file:///x/part-0.parquet": processed.ProcessedFile(10, "abc", 5)}
+    processed.write_notes(storage, layout, "unit", "accounts", {hour(1): note, hour(2): {}})
+    assert processed.read_notes(storage, layout, "unit", "accounts") == {hour(1): note, hour(2): {}}
+    assert processed.changed_partitions(storage, {hour(3): []}, {hour(2): {}}) == []
+    [gone] = processed.changed_partitions(storage, {}, {hour(1): note})
+    assert gone.partition == hour(1) and "removed" in gone.reason
