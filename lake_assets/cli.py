@@ -35,6 +35,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from lake_assets.runner import format_status, instance_for_cli, lake_status
+
+    config = load_config(args.config)
+    instance = instance_for_cli()
+    tables = lake_status(config, instance)
+    if args.json:
+        print(json.dumps([table.to_json() for table in tables], indent=1))
+    else:
+        print(format_status(tables, keeps_runs=not instance.is_ephemeral))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from lake_assets.demo.damaged import add_truncated_copy
     from lake_assets.demo.flow_sample import write_flow_landing
@@ -121,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--from", dest="first", help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
     run.add_argument("--to", dest="last", help="process every landed partition up to this one")
     run.set_defaults(func=cmd_run)
+    status = sub.add_parser("status", help="per table: last processed partition, what waits, quarantined files, rows, last run")
+    status.add_argument("--config", required=True, help="feed configuration YAML")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(func=cmd_status)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
     demo.set_defaults(func=cmd_demo)

@@ -80,8 +80,9 @@ class LakeLayout:
             raise ValueError(f"unknown layer {layer!r}")
         return join(self.root, layer, feed, *table_segments(table))
 
-    def quarantine(self, feed: str, table: str, partition: str) -> str:
-        return join(self.root, "_quarantine", feed, *table_segments(table), partition)
+    def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:
+        """A table's quarantine, or that of one of its partitions."""
+        return join(self.root, "_quarantine", feed, *table_segments(table), *([partition] if partition else []))
 
     def staging(self, feed: str, table: str, token: str | None = None) -> str:
         """Scratch space outside every table's folder: globs over a table never see it."""

@@ -39,7 +39,7 @@ from lake_assets.engine.state import TableState, data_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import UNPARTITIONED, Quarantined, quarantine_file
+from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.storage import Storage
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
@@ -160,7 +160,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     copies = []
     for item in batch.quarantined:
         where = quarantine_file(storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id)
-        copies += [where, f"{where}.reason.json"]
+        copies += [where, where + REASON_SUFFIX]
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
     recorded = work.catalogue([
         *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri), landed=True) for entry in readable_strays],

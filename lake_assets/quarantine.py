@@ -17,6 +17,8 @@ from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
 
+#: what follows a quarantined copy's name in the name of its note
+REASON_SUFFIX = ".reason.json"
 #: the quarantine "partition" of files that belong to no partition (strays)
 UNPARTITIONED = "_unpartitioned"
 
@@ -44,7 +46,7 @@ def quarantine_copy(layout: LakeLayout, feed: str, table: str, partition: str, u
 
 
 def is_quarantined(storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, uri: str) -> bool:
-    return storage.exists(f"{quarantine_copy(layout, feed, table, partition, uri)}.reason.json")
+    return storage.exists(quarantine_copy(layout, feed, table, partition, uri) + REASON_SUFFIX)
 
 
 def quarantine_file(
@@ -72,5 +74,5 @@ def quarantine_file(
         "run_id": run_id,
         "quarantined_at": dt.datetime.now(dt.timezone.utc).isoformat(),
     }
-    storage.write_bytes(f"{target}.reason.json", json.dumps(note, indent=2).encode())
+    storage.write_bytes(target + REASON_SUFFIX, json.dumps(note, indent=2).encode())
     return target

@@ -15,7 +15,6 @@ import os
 from typing import Callable
 
 import dagster as dg
-import pyarrow.dataset as pads
 
 from lake_assets import processed
 from lake_assets.config import LakeConfig
@@ -31,7 +30,8 @@ from lake_assets.orchestration.definitions import (
 )
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import UNPARTITIONED, is_quarantined
+from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, is_quarantined
+from lake_assets.status import TableStatus, count_rows, table_status
 from lake_assets.storage import S3Settings, Storage
 
 
@@ -291,15 +291,6 @@ def storage_for(config: LakeConfig) -> Storage:
     return Storage(S3Settings(endpoint_url=config.s3.endpoint_url, region=config.s3.region))
 
 
-def count_rows(storage: Storage, uri: str) -> int:
-    """Rows of a lake table as any Hive-aware reader sees them (pyarrow, independent of Spark)."""
-    if not storage.exists(uri):
-        return 0
-    fs, path = storage.resolve(uri)
-    dataset = pads.dataset(path, filesystem=fs, format="parquet", partitioning="hive", exclude_invalid_files=False)
-    return dataset.count_rows()
-
-
 def summarise(config: LakeConfig) -> list[TableSummary]:
     storage = storage_for(config)
     layout = LakeLayout(config.lake)
@@ -307,8 +298,7 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
     for feed in config.feeds:
         fmt = format_for(feed)
         for table in feed_tables(feed, fmt, storage):
-            quarantine = f"{layout.root}/_quarantine/{feed.name}/{table}"
-            quarantined = sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(".reason.json"))
+            quarantine = layout.quarantine(feed.name, table)
             rows.append(
                 TableSummary(
                     feed=feed.name,
@@ -316,10 +306,60 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
                     changes=count_rows(storage, layout.table("changes", feed.name, table)),
                     current=count_rows(storage, layout.table("current", feed.name, table)),
                     history=count_rows(storage, layout.table("history", feed.name, table)),
-                    quarantined=quarantined,
+                    quarantined=sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(REASON_SUFFIX)),
                 )
             )
     return rows
+
+
+def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) -> list[TableStatus]:
+    """Where every table stands (`status`), with its last Dagster run when the instance keeps
+    runs (`$DAGSTER_HOME`); a table whose landing cannot be listed raises."""
+    storage = storage_for(config)
+    layout = LakeLayout(config.lake)
+    instance = instance or instance_for_cli()
+    found = []
+    for feed in config.feeds:
+        fmt = format_for(feed)
+        for table in feed_tables(feed, fmt, storage):
+            status = table_status(storage, layout, feed.landing, feed.name, fmt, table)
+            job = table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
+            status.last_run = _last_run(instance, job, f"{feed.name}/{table}")
+            found.append(status)
+    return found
+
+
+def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None:
+    """The newest run of `job` that took the table (a run of some tables of a feed names them)."""
+    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job), limit=20):
+        run = record.dagster_run
+        selected = run.asset_selection
+        if not selected or any(_table_of(key) == table for key in selected):
+            return {"run_id": run.run_id, "job": job, "status": run.status.value,
+                    "started": dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc).isoformat() if record.start_time else None,
+                    "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}"}
+    return None
+
+
+def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
+    """The status as a person reads it: one line per table, then what waits and what was set aside."""
+    header = ("feed", "table", "last processed", "pending", "quarantined", "current", "history", "last run")
+    body = [
+        (s.feed, s.table, s.last_processed or "-", str(len(s.pending)), str(len(s.quarantined)), str(s.current_rows),
+         str(s.history_rows), f"{s.last_run['status']} {s.last_run['started'][:19]}" if s.last_run else "-")
+        for s in tables
+    ]
+    lines = [_table(header, body, 3)]
+    if not keeps_runs:
+        lines.append("(last runs are kept only by a Dagster instance: set DAGSTER_HOME)")
+    for s in tables:
+        for item in s.pending[:_NAMED_CHANGES]:
+            lines.append(f"{s.feed}/{s.table}: not processed: {item['partition']} ({item['files']} file(s)): {item['reason']}")
+        if len(s.pending) > _NAMED_CHANGES:
+            lines.append(f"{s.feed}/{s.table}: and {len(s.pending) - _NAMED_CHANGES} more partition(s) not processed")
+        for item in s.quarantined:
+            lines.append(f"{s.feed}/{s.table}: quarantined: {item['file']}: {item['reason']}")
+    return "\n".join(lines)
 
 
 def _table(header: tuple[str, ...], body: list[tuple[str, ...]], text_columns: int) -> str:

@@ -7,6 +7,7 @@ took (from the runs' range tags) and what the lake holds.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,10 +19,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lake_assets import processed
-from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.cli import main
+from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
-from lake_assets.runner import run_feeds
+from lake_assets.runner import lake_status, run_feeds
 from lake_assets.storage import Entry, S3Settings, Storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
@@ -174,3 +176,33 @@ def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp
     assert processed.changed_partitions(storage, {hour(3): []}, {hour(2): {}}) == []
     [gone] = processed.changed_partitions(storage, {}, {hour(1): note})
     assert gone.partition == hour(1) and "removed" in gone.reason
+
+
+# --- lake-assets status ----------------------------------------------------------------------------
+
+
+def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(lake, tmp_path, capsys, monkeypatch):
+    bad = hour_dir(lake.landing, "accounts", 2) / "part-bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    assert lake.run() == [(hour(2), hour(2))]
+    lake.write(6, "part-0.parquet", [event("f", "I", 6, at(6, 5), name="f", balance=6)])
+
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.last_processed == hour(3)
+    assert status.pending == [{"partition": hour(6), "reason": "new: 1 file(s)", "files": 1}]
+    [quarantined] = status.quarantined
+    assert quarantined["file"] == f"file://{bad}" and quarantined["partition"] == hour(2) and quarantined["reason"]
+    assert (status.changes_rows, status.current_rows, status.history_rows) == (3, 3, 3)
+    assert status.last_run["status"] == "SUCCESS" and status.last_run["partitions"] == f"{hour(2)} .. {hour(2)}"
+
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(lake.config))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert main(["status", "--config", str(config_file), "--json"]) == 0
+    [printed] = json.loads(capsys.readouterr().out)
+    assert printed["pending"] == status.pending and printed["quarantined"] == status.quarantined
+    assert printed["last_run"] is None  # an ephemeral instance keeps no runs between commands
+    assert main(["status", "--config", str(config_file)]) == 0
+    text = capsys.readouterr().out
+    assert f"unit/accounts: not processed: {hour(6)} (1 file(s)): new: 1 file(s)" in text
+    assert f"unit/accounts: quarantined: file://{bad}: " in text and "set DAGSTER_HOME" in text

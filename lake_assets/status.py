@@ -1,0 +1,75 @@
+"""Where each table of a lake stands: what `lake-assets status` prints.
+
+Read from the lake and the landing only (no Spark, no Dagster): the processed notes
+(`processed`) give the last processed partition and, against a listing of the landing, the
+partitions landed but not processed yet; the quarantine notes give the files set aside and why;
+the tables' Parquet footers give their row counts. The runner adds the last Dagster run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow.dataset as pads
+
+from lake_assets import processed
+from lake_assets.feeds.base import FeedFormat
+from lake_assets.paths import LakeLayout
+from lake_assets.quarantine import REASON_SUFFIX
+from lake_assets.storage import Storage
+
+@dataclasses.dataclass
+class TableStatus:
+    feed: str
+    table: str
+    last_processed: str | None
+    #: partitions landed but not processed yet (or changed since): partition, reason, files
+    pending: list[dict]
+    #: files set aside: file, partition, reason
+    quarantined: list[dict]
+    changes_rows: int
+    current_rows: int
+    history_rows: int
+    #: the last Dagster run of the table, when the instance keeps runs: id, job, status, started
+    last_run: dict | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def count_rows(storage: Storage, uri: str) -> int:
+    """Rows of a lake table as any Hive-aware reader sees them (pyarrow, independent of Spark)."""
+    if not storage.exists(uri):
+        return 0
+    fs, path = storage.resolve(uri)
+    dataset = pads.dataset(path, filesystem=fs, format="parquet", partitioning="hive", exclude_invalid_files=False)
+    return dataset.count_rows()
+
+
+def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
+    """The notes of a table's quarantined files, oldest partition first."""
+    notes = [json.loads(storage.read_bytes(entry.uri)) for entry in storage.walk_files(layout.quarantine(feed, table))
+             if entry.name.endswith(REASON_SUFFIX)]
+    return sorted(({"file": n["file"], "partition": n.get("partition"), "reason": n["reason"]} for n in notes),
+                  key=lambda n: (str(n["partition"]), n["file"]))
+
+
+def table_status(storage: Storage, layout: LakeLayout, landing: str, feed: str, fmt: FeedFormat, table: str) -> TableStatus:
+    notes = processed.read_notes(storage, layout, feed, table)
+    keys = fmt.partition_keys(storage, landing, table)
+    landed = fmt.partitions_files(storage, landing, table, keys)
+    pending = [
+        {"partition": change.partition, "reason": change.reason, "files": len(landed.get(change.partition, []))}
+        for change in processed.changed_partitions(storage, landed, notes)
+    ]
+    return TableStatus(
+        feed=feed,
+        table=table,
+        last_processed=max(notes, key=fmt.partition_order) if notes else None,
+        pending=pending,
+        quarantined=quarantined_files(storage, layout, feed, table),
+        changes_rows=count_rows(storage, layout.table("changes", feed, table)),
+        current_rows=count_rows(storage, layout.table("current", feed, table)),
+        history_rows=count_rows(storage, layout.table("history", feed, table)),
+    )
