@@ -7,11 +7,13 @@ import datetime as dt
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
 from lake_assets.errors import ConfigError, LakeAssetsError
-from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, summarise
+from lake_assets.console import RunDisplay, new_log_path, output_to
+from lake_assets.runner import Progress, RunFailed, format_records, format_summary, run_feeds, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -24,14 +26,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.lake:
         config = config.with_lake(args.lake)
+    return _run_and_report(config, args, first=args.first, last=args.last, everything=args.all)
+
+
+def _run_and_report(config: LakeConfig, args: argparse.Namespace, **selection) -> int:
+    """Run the feeds with a line per finished step (and a progress bar on a terminal), Dagster's
+    and Spark's output in a log file (on the console with `-v`), then the summary, the total
+    time, each failure in one line and where the log is."""
+    started = time.perf_counter()
+    log_path = None if args.verbose else new_log_path(args.command)
     failures = []
-    try:
-        run_feeds(config, say=_say, first=args.first, last=args.last, everything=args.all)
-    except RunFailed as failed:  # the other feeds and tables ran: summarise them, then the failures
-        failures = failed.failures
+    with output_to(log_path) as stream:
+        display = RunDisplay(stream)
+        try:
+            run_feeds(config, say=display.say, progress=Progress(display.planned, display.step_done), **selection)
+        except RunFailed as failed:  # the other feeds and tables ran: summarise them, then the failures
+            failures = failed.failures
+        finally:
+            display.close()
     print(format_summary(summarise(config)))
+    print(f"lake-assets: {'failed' if failures else 'done'} in {time.perf_counter() - started:.1f} s"
+          + (f"; Dagster's and Spark's output: {log_path}" if log_path else ""))
     for line in failures:
-        print(f"lake-assets: failed: {line}", file=sys.stderr)
+        print(f"lake-assets: failed: {line}" + (f" (log: {log_path})" if log_path else ""), file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -87,10 +104,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config_file = root / "lake_assets.yaml"
     config_file.write_text(dump_config(config))
     _say(f"config written to {config_file}")
-    run_feeds(config, say=_say)
-    print(format_summary(summarise(config)))
+    code = _run_and_report(config, args, everything=True)
     _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1")
-    return 0
+    return code
 
 
 def _moment_ms(text: str) -> int:
@@ -133,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="process every landed partition again, not only those whose files changed")
     run.add_argument("--from", dest="first", help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
     run.add_argument("--to", dest="last", help="process every landed partition up to this one")
+    run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="per table: last processed partition, what waits, quarantined files, rows, last run")
     status.add_argument("--config", required=True, help="feed configuration YAML")
@@ -140,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     status.set_defaults(func=cmd_status)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
+    demo.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
     demo.set_defaults(func=cmd_demo)
     catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(dest="catalog_command", required=True)
     query = catalog.add_parser("query", help="files of a table by time range or by work id (run)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import uuid
 from typing import Callable
 
 import dagster as dg
@@ -88,6 +89,28 @@ class PlannedRun:
     tables: tuple[str, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class StepDone:
+    """A step of a run finished: the layers of a table it wrote, over which partitions, how
+    long it took, what its materialisations recorded (layer -> metadata), or why it failed."""
+
+    what: str  # `feed/table: layers`
+    first: str
+    last: str
+    seconds: float
+    metadata: dict[str, dict]
+    failure: str | None = None
+
+
+@dataclasses.dataclass
+class Progress:
+    """Callbacks a caller of `run_feeds` may give to follow it: the runs planned (with the
+    number of steps they will take), then each step as it finishes."""
+
+    planned: Callable[[list[PlannedRun], int], None] = lambda runs, steps: None
+    step_done: Callable[[StepDone], None] = lambda step: None
+
+
 def run_feeds(
     config: LakeConfig,
     instance: dg.DagsterInstance | None = None,
@@ -95,6 +118,7 @@ def run_feeds(
     first: str | None = None,
     last: str | None = None,
     everything: bool = False,
+    progress: Progress | None = None,
 ) -> list[str]:
     """Process the landed partitions that changed since they were last processed (`processed`);
     with `everything`, or a range [first, last], every landed partition (in the range). Returns
@@ -113,9 +137,12 @@ def run_feeds(
     if planned:
         defs = build_definitions(config)
         steps, assets = _what_each_step_writes(defs), _assets_by_table(defs)
-        for run in planned:
-            selection = None if run.tables is None else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
-            run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say, selection)
+        progress = progress or Progress()
+        selections = [None if run.tables is None else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
+                      for run in planned]
+        progress.planned(planned, sum(len(_steps_of_run(run, steps)) for run in planned))
+        for run, selection in zip(planned, selections):
+            run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say, selection, progress.step_done)
             run_ids += [run_id] if run_id else []
             failures += failed
     if failures:
@@ -223,13 +250,17 @@ def _plan_hours(feed, landed: dict[str, list[str]], selected: dict[str, list[str
 
 
 def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, str], say: Callable[[str], None],
-         selection: list[dg.AssetKey] | None = None) -> tuple[str | None, list[str]]:
-    """Execute one planned run (of the `selection` of the job's assets, if given); returns its id
-    (None if Dagster refused it) and a line per failure."""
+         selection: list[dg.AssetKey] | None = None,
+         step_done: Callable[[StepDone], None] = lambda step: None) -> tuple[str | None, list[str]]:
+    """Execute one planned run (of the `selection` of the job's assets, if given), telling
+    `step_done` each step as it ends; returns the run's id (None if Dagster refused it) and a
+    line per failure."""
+    run_id = str(uuid.uuid4())
+    instance.add_event_listener(run_id, _step_listener(run, steps, step_done))
     try:
         result = job.execute_in_process(
             instance=instance, tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last}, raise_on_error=False,
-            asset_selection=selection,
+            asset_selection=selection, run_id=run_id,
         )
     except Exception as exc:  # Dagster refused the run (e.g. partitions the job lacks): reported at the end
         return None, [f"{run.what}: partitions {run.first} .. {run.last}: {_first_line(str(exc))}"]
@@ -241,11 +272,43 @@ def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, st
         return result.run_id, []
     say(f"{run.what}: run {result.run_id} failed")
     failed = [
-        f"{steps.get(event.step_key, f'{run.what}: {event.step_key}')} (run {result.run_id}): {_reason(event.step_failure_data)}"
+        f"{steps.get(event.step_key, f'{run.what}: {event.step_key}')}, partitions {run.first} .. {run.last} "
+        f"(run {result.run_id}): {_reason(event.step_failure_data)}"
         for event in result.all_events
         if event.is_step_failure and event.step_failure_data
     ]
     return result.run_id, failed or [f"{run.what}: run {result.run_id} failed; see its event log"]
+
+
+def _steps_of_run(run: PlannedRun, steps: dict[str, str]) -> list[str]:
+    """The steps a run takes: those of its tables (or of every table of its feed or table)."""
+    tables = [f"{run.feed}/{table}" for table in run.tables] if run.tables is not None else [run.what]
+    return [step for step, what in steps.items() if any(what.startswith(f"{table}/") or what.startswith(f"{table}:")
+                                                        for table in tables)]
+
+
+def _step_listener(run: PlannedRun, steps: dict[str, str], step_done: Callable[[StepDone], None]):
+    """A Dagster event listener turning a run's events into `StepDone`s."""
+    recorded: dict[str, dict[str, dict]] = {}
+
+    def listen(entry) -> None:
+        event = entry.dagster_event
+        if event is None or event.step_key is None:
+            return
+        what = steps.get(event.step_key, f"{run.what}: {event.step_key}")
+        if event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.event_specific_data.materialization
+            recorded.setdefault(event.step_key, {})[materialization.asset_key.path[-1]] = {
+                name: value.value for name, value in materialization.metadata.items()
+            }
+        elif event.is_step_success:
+            seconds = event.event_specific_data.duration_ms / 1000
+            step_done(StepDone(what, run.first, run.last, seconds, recorded.pop(event.step_key, {})))
+        elif event.is_step_failure:
+            step_done(StepDone(what, run.first, run.last, 0.0, recorded.pop(event.step_key, {}),
+                               failure=_reason(event.step_failure_data)))
+
+    return listen
 
 
 def _assets_by_table(defs: dg.Definitions) -> dict[str, list[dg.AssetKey]]:

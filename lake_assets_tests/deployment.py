@@ -162,6 +162,11 @@ class Deployment:
         return process
 
     def start(self) -> "Deployment":
+        # The instance's storage is created once, first: a webserver, a daemon and their code
+        # servers starting together on a fresh DAGSTER_HOME race to create SQLite's schema (seen
+        # under load: "alembic_version has more than one head", and no code location loads).
+        subprocess.run([str(BIN / "dagster"), "instance", "migrate"], cwd=ROOT, env=self.env, check=True,
+                       capture_output=True, timeout=300)
         self.webserver = self._spawn("webserver", [
             str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port), "-w", str(ROOT / "workspace.yaml"),
         ])

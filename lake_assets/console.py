@@ -1,0 +1,120 @@
+"""What `lake-assets run` and `demo` show a person: a line per finished step (table, layers,
+partitions, rows, quarantined files, seconds), a live progress bar on a terminal, then the
+summary; everything Dagster and Spark print goes to a log file of the invocation instead.
+
+Plain lines, without control characters, when the output is not a terminal (a cron job's mail,
+a CI log). `-v` leaves Dagster's and Spark's output on the console, as it comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lake_assets.runner import PlannedRun, StepDone
+
+#: what a step line shows of each layer's metadata, in this order: (layer, metadata key, label)
+_FIGURES = (
+    ("catalog", "files_catalogued", "files"),
+    ("changes", "rows_in", "rows in"),
+    ("changes", "events_out", "events out"),
+    ("changes", "files_quarantined", "quarantined"),
+    ("current", "events_folded", "folded"),
+    ("current", "dagster/row_count", "current rows"),
+    ("history", "dagster/row_count", "history rows"),
+)
+
+
+def log_directory() -> Path:
+    """Where each invocation's log goes: `$LAKE_ASSETS_LOG_DIR`, else the user's cache."""
+    configured = os.environ.get("LAKE_ASSETS_LOG_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lake_assets" / "logs"
+
+
+def new_log_path(command: str) -> Path:
+    folder = log_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return folder / f"{command}-{stamp}-{os.getpid()}.log"
+
+
+@contextlib.contextmanager
+def output_to(log_path: Path | None) -> Iterator[TextIO]:
+    """Send everything written to the process's stdout and stderr (Python's, Dagster's, the
+    Spark JVM's) to `log_path`, and yield a stream to the real console; with None, yield the
+    console and change nothing."""
+    if log_path is None:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        sys.stdout.fileno()
+        console = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is not a file (captured by a test)
+        console = sys.stdout
+    try:
+        with open(log_path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield console
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        console.flush()
+
+
+class RunDisplay:
+    """The `runner.Progress` callbacks, drawn on `stream`: a bar over the planned steps on a
+    terminal, a line per finished step everywhere."""
+
+    def __init__(self, stream: TextIO):
+        self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        self.bar: Progress | None = None
+        self.task = None
+
+    def say(self, message: str) -> None:
+        self.console.print(f"lake-assets: {message}", markup=False)
+
+    def planned(self, runs: list[PlannedRun], steps: int) -> None:
+        if not self.console.is_terminal or not steps:
+            return
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False)
+        self.task = self.bar.add_task(f"{len(runs)} run(s)", total=steps)
+        self.bar.start()
+
+    def step_done(self, step: StepDone) -> None:
+        self.console.print(step_line(step), markup=False)
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def step_line(step: StepDone) -> str:
+    """`unit/accounts: changes  2024-03-01-00 .. 2024-03-01-05  rows in 1200, events out 1180  2.1 s`"""
+    partitions = step.first if step.first == step.last else f"{step.first} .. {step.last}"
+    if step.failure is not None:
+        return f"{step.what}  {partitions}  FAILED: {step.failure}"
+    figures = [f"{label} {step.metadata[layer][key]}" for layer, key, label in _FIGURES
+               if key in step.metadata.get(layer, {})]
+    return f"{step.what}  {partitions}  {', '.join(figures) or 'done'}  {step.seconds:.1f} s"
