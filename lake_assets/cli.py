@@ -9,9 +9,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
+from lake_assets.config import (
+    CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config, load_config, resolved_config,
+)
 from lake_assets.errors import ConfigError, LakeAssetsError
-from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, summarise
+from lake_assets.feeds.base import parse_hour_key
+from lake_assets.feeds.grax_v2 import is_batch_key
+from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -80,12 +84,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    check_landings(config, storage_for(config))
+    print(resolved_config(config), end="")
+    return 0
+
+
 def _moment_ms(text: str) -> int:
     """A time argument: ISO date/time (UTC when naive) or epoch milliseconds."""
     if text.isdigit():
         return int(text)
-    moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO date/time (2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"
+        ) from None
     return int((moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+
+
+def _partition_key(text: str) -> str:
+    """A partition argument: an hour key, or a batch id (hex digits)."""
+    if is_batch_key(text):
+        return text
+    try:
+        parse_hour_key(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an hour like 2024-03-01-05 nor a batch id (hex digits)") from None
+    return text
 
 
 def cmd_catalog_query(args: argparse.Namespace) -> int:
@@ -100,9 +127,9 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
     if args.work_id:
         records = store.query_by_work_id(args.work_id, what, where)
     else:
-        if not (args.start and args.end):
+        if args.start is None or args.end is None:
             raise ConfigError("give --start and --end (a time range), or --work-id")
-        records = store.query_by_time(_moment_ms(args.start), _moment_ms(args.end), what, where)
+        records = store.query_by_time(args.start, args.end, what, where)
     if args.json:
         print(json.dumps(records, indent=1, default=str))
         return 0
@@ -116,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="process everything landed for the configured feeds")
     run.add_argument("--config", required=True, help="feed configuration YAML")
     run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
-    run.add_argument("--from", dest="first", help="first partition to run (hour 2024-03-01-05 or batch); default: the first landed")
-    run.add_argument("--to", dest="last", help="last partition to run; default: the last landed")
+    run.add_argument("--from", dest="first", type=_partition_key,
+                     help="first partition to run (hour 2024-03-01-05 or batch); default: the first landed")
+    run.add_argument("--to", dest="last", type=_partition_key, help="last partition to run; default: the last landed")
     run.set_defaults(func=cmd_run)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
@@ -127,16 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     query.add_argument("--config", required=True, help="feed configuration YAML")
     query.add_argument("--what", required=True, help="table, e.g. accounts or 00Dxx/account")
     query.add_argument("--where", help="feed instance, e.g. unit")
-    query.add_argument("--start", help="ISO time or epoch ms")
-    query.add_argument("--end", help="ISO time or epoch ms")
+    query.add_argument("--start", type=_moment_ms, help="ISO time or epoch ms")
+    query.add_argument("--end", type=_moment_ms, help="ISO time or epoch ms")
     query.add_argument("--work-id", help="the Dagster run id that read or wrote the files")
     query.add_argument("--json", action="store_true", help="print the records as JSON")
     query.set_defaults(func=cmd_catalog_query)
+    config = sub.add_parser("config", help="the feed configuration").add_subparsers(dest="config_command", required=True)
+    check = config.add_parser("check", help="check a configuration file; print it with every default filled in")
+    check.add_argument("file", help="feed configuration YAML")
+    check.set_defaults(func=cmd_config_check)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except LakeAssetsError as exc:
-        print(f"lake-assets: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # a configuration error has a line per mistake
+            print(f"lake-assets: error: {line}", file=sys.stderr)
         return 1
 
 

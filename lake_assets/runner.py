@@ -15,7 +15,7 @@ from typing import Callable
 import dagster as dg
 import pyarrow.dataset as pads
 
-from lake_assets.config import LakeConfig
+from lake_assets.config import LakeConfig, check_landings
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -91,8 +91,9 @@ def run_feeds(
     """Materialise every landed partition of every feed, or those in [first, last]; returns the
     run ids. A failing table or feed stops no other: each runs, and RunFailed at the end names
     every failure."""
-    defs = build_definitions(config)
     storage = storage_for(config)
+    check_landings(config, storage)
+    defs = build_definitions(config)
     instance = instance or instance_for_cli()
     steps = _what_each_step_writes(defs)
     run_ids, failures = [], []
