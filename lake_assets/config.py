@@ -85,9 +85,20 @@ def _spark_name(name: Any) -> str:
     return name
 
 
+def _connect_url(value: Any) -> str:
+    """A Spark Connect URL, `sc://host:port[/;param=value…]`, without a token in it."""
+    if not isinstance(value, str) or not value.startswith("sc://"):
+        raise expected("a Spark Connect URL such as sc://host:15002")
+    params = value.partition("/;")[2].split(";")
+    if "@" in value.partition("/;")[0] or any(looks_secret(p.partition("=")[0]) for p in params if p):
+        raise refused("a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+                      "never from the configuration file")
+    return value
+
+
 class SparkConfig(Model):
     master: Text | None = None
-    remote: Text | None = None
+    remote: Annotated[str, PlainValidator(_connect_url)] | None = None
     conf: dict[Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]] = {}
 
 

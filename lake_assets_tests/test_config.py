@@ -178,6 +178,16 @@ def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
     assert "wJalrXSECRET" not in problem and "AKIAEXAMPLE" not in problem
 
 
+def test_a_spark_connect_token_is_refused_without_repeating_it():
+    assert problems({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl;token=wJalrXSECRET"}}) == [
+        "spark.remote: a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+        "never from the configuration file",
+    ]
+    assert parse_config({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl"}}).spark.remote == (
+        "sc://connect:15002/;user_id=etl"
+    )
+
+
 def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
     conf = {"spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",
             "spark.executor.cores": 4, "spark.sql.adaptive.enabled": True}
