@@ -14,7 +14,7 @@ from lake_assets.config import (
 )
 from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.feeds.base import parse_hour_key
-from lake_assets.feeds.grax_v2 import is_batch_key
+from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
 from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
@@ -104,6 +104,19 @@ def _moment_ms(text: str) -> int:
     return int((moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
 
 
+def _reversed_range(args: argparse.Namespace) -> str | None:
+    """A range whose start comes after its end (partition keys of one kind, or times)."""
+    for low, high, names in (("first", "last", "--from/--to"), ("start", "end", "--start/--end")):
+        a, b = getattr(args, low, None), getattr(args, high, None)
+        if a is None or b is None:
+            continue
+        if isinstance(a, str) and is_batch_key(a) != is_batch_key(b):
+            continue  # an hour and a batch: different feeds, no order between them
+        if (batch_order(a) > batch_order(b)) if isinstance(a, str) and is_batch_key(a) else a > b:
+            return f"{names}: {a} comes after {b}"
+    return None
+
+
 def _partition_key(text: str) -> str:
     """A partition argument: an hour key, or a batch id (hex digits)."""
     if is_batch_key(text):
@@ -165,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("file", help="feed configuration YAML")
     check.set_defaults(func=cmd_config_check)
     args = parser.parse_args(argv)
+    reversed_range = _reversed_range(args)
+    if reversed_range:
+        parser.error(reversed_range)
     try:
         return args.func(args)
     except LakeAssetsError as exc:

@@ -300,6 +300,11 @@ def test_a_run_over_a_landing_that_does_not_exist_stops_before_it_starts(tmp_pat
         (["catalog", "query", "--what", "accounts", "--start", "0", "--end", "2024-03-02T25:00"],
          "lake-assets catalog query: error: argument --end: '2024-03-02T25:00' is neither an ISO date/time "
          "(2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"),
+        (["run", "--from", "2024-03-02-00", "--to", "2024-03-01-23"],
+         "lake-assets: error: --from/--to: 2024-03-02-00 comes after 2024-03-01-23"),
+        (["run", "--from", "ff", "--to", "1a"], "lake-assets: error: --from/--to: ff comes after 1a"),
+        (["catalog", "query", "--what", "accounts", "--start", "2024-03-02", "--end", "1709251200000"],
+         "lake-assets: error: --start/--end: 1709337600000 comes after 1709251200000"),
     ],
 )
 def test_a_bad_command_line_value_is_one_line_and_exit_code_2(tmp_path, capsys, argv, line):
