@@ -117,6 +117,12 @@ def test_format_specific_mistakes_name_their_key():
         "such as {region: [eu, us]}, got {\"region\": []}",
     ]
     assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
+        {"name": "acme/a", "key": ["/id"], "partitions": {"region": "eu"}},
+    ]}]}) == [
+        "feeds[0].collections[0].partitions: expected a mapping of a partition field to a non-empty list of values, "
+        "such as {region: [eu, us]}, got {\"region\": \"eu\"}",
+    ]
+    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
         {"name": "acme/a-b", "key": ["/id"]}, {"name": "acme/a_b", "key": ["/id"]},
     ]}]}) == ["feeds[0].collections[1].name: collections acme/a-b and acme/a_b both become table acme_a_b"]
     assert problems({"lake": "/lake", "feeds": [GOOD_FEED, GOOD_FEED]}) == [

@@ -246,7 +246,8 @@ class _JournalFragments:
 
 
 def _collection_name(value: Any) -> bool:
-    return isinstance(value, str) and ".." not in value and re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", value) is not None
+    pattern = r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*"
+    return isinstance(value, str) and ".." not in value and re.fullmatch(pattern, value) is not None
 
 
 def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -254,15 +255,20 @@ def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
     pairs = value.items() if isinstance(value, dict) else value
     what = "a mapping of a partition field to a non-empty list of values, such as {region: [eu, us]}"
     try:
-        selection = {field: tuple(values) for field, values in pairs}
+        selection = dict(pairs)
     except (TypeError, ValueError):
         raise expected(what) from None
-    for field, values in selection.items():
-        if not isinstance(field, str) or not re.fullmatch(r"[A-Za-z0-9_]+", field) or not values or not all(
-            isinstance(v, (str, int)) and not isinstance(v, bool) for v in values
-        ):
-            raise expected(what)
+    if not all(_field_and_values(field, values) for field, values in selection.items()):
+        raise expected(what)
     return tuple(sorted((field, tuple(str(v) for v in values)) for field, values in selection.items()))
+
+
+def _field_and_values(field: Any, values: Any) -> bool:
+    return (
+        isinstance(field, str) and re.fullmatch(r"[A-Za-z0-9_]+", field) is not None
+        and isinstance(values, (list, tuple)) and len(values) > 0
+        and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values)
+    )
 
 
 class CollectionConfig(Model):
