@@ -9,7 +9,7 @@ from lake_assets.config import (
 )
 from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
-from lake_assets.storage import Storage
+from lake_assets.storage import S3Settings, Storage
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
 from lake_assets.spark import session_conf
 
@@ -362,3 +362,16 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(master="spark://10.0.0.5:7077")["spark.sql.adaptive.enabled"] == "true"
     assert "spark.sql.adaptive.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
+
+
+@pytest.mark.s3
+def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_bucket):
+    """S3 has no folders: an empty prefix is a landing nothing has arrived in yet; a bucket that
+    does not exist is a mistake."""
+    config = LakeConfig(lake="/lake", s3={"endpoint_url": moto_server.url}, feeds=(
+        FeedConfig("empty", "unit_cdc", f"s3a://{s3_bucket}/nothing/yet"),
+        FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
+    ))
+    with pytest.raises(ConfigError) as raised:
+        check_landings(config, Storage(S3Settings(endpoint_url=moto_server.url)))
+    assert str(raised.value) == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"
