@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
+from lake_assets.config import (
+    CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config, load_config, resolved_config,
+)
 from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.console import RunDisplay, new_log_path, output_to
-from lake_assets.runner import Progress, RunFailed, format_records, format_summary, run_feeds, summarise
+from lake_assets.feeds.base import parse_hour_key
+from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
+from lake_assets.runner import Progress, RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -109,12 +113,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    check_landings(config, storage_for(config))
+    print(resolved_config(config), end="")
+    return 0
+
+
 def _moment_ms(text: str) -> int:
     """A time argument: ISO date/time (UTC when naive) or epoch milliseconds."""
     if text.isdigit():
         return int(text)
-    moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO date/time (2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"
+        ) from None
     return int((moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+
+
+def _reversed_range(args: argparse.Namespace) -> str | None:
+    """A range whose start comes after its end (partition keys of one kind, or times)."""
+    for low, high, names in (("first", "last", "--from/--to"), ("start", "end", "--start/--end")):
+        a, b = getattr(args, low, None), getattr(args, high, None)
+        if a is None or b is None:
+            continue
+        if isinstance(a, str) and is_batch_key(a) != is_batch_key(b):
+            continue  # an hour and a batch: different feeds, no order between them
+        if (batch_order(a) > batch_order(b)) if isinstance(a, str) and is_batch_key(a) else a > b:
+            return f"{names}: {a} comes after {b}"
+    return None
+
+
+def _partition_key(text: str) -> str:
+    """A partition argument: an hour key, or a batch id (hex digits)."""
+    if is_batch_key(text):
+        return text
+    try:
+        parse_hour_key(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an hour like 2024-03-01-05 nor a batch id (hex digits)") from None
+    return text
 
 
 def cmd_catalog_query(args: argparse.Namespace) -> int:
@@ -129,9 +169,9 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
     if args.work_id:
         records = store.query_by_work_id(args.work_id, what, where)
     else:
-        if not (args.start and args.end):
+        if args.start is None or args.end is None:
             raise ConfigError("give --start and --end (a time range), or --work-id")
-        records = store.query_by_time(_moment_ms(args.start), _moment_ms(args.end), what, where)
+        records = store.query_by_time(args.start, args.end, what, where)
     if args.json:
         print(json.dumps(records, indent=1, default=str))
         return 0
@@ -147,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
     run.add_argument("--all", action="store_true",
                      help="process every landed partition again, not only those whose files changed")
-    run.add_argument("--from", dest="first", help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
-    run.add_argument("--to", dest="last", help="process every landed partition up to this one")
+    run.add_argument("--from", dest="first", type=_partition_key,
+                     help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
+    run.add_argument("--to", dest="last", type=_partition_key, help="process every landed partition up to this one")
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="per table: last processed partition, what waits, quarantined files, rows, last run")
@@ -164,16 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     query.add_argument("--config", required=True, help="feed configuration YAML")
     query.add_argument("--what", required=True, help="table, e.g. accounts or 00Dxx/account")
     query.add_argument("--where", help="feed instance, e.g. unit")
-    query.add_argument("--start", help="ISO time or epoch ms")
-    query.add_argument("--end", help="ISO time or epoch ms")
+    query.add_argument("--start", type=_moment_ms, help="ISO time or epoch ms")
+    query.add_argument("--end", type=_moment_ms, help="ISO time or epoch ms")
     query.add_argument("--work-id", help="the Dagster run id that read or wrote the files")
     query.add_argument("--json", action="store_true", help="print the records as JSON")
     query.set_defaults(func=cmd_catalog_query)
+    config = sub.add_parser("config", help="the feed configuration").add_subparsers(dest="config_command", required=True)
+    check = config.add_parser("check", help="check a configuration file; print it with every default filled in")
+    check.add_argument("file", help="feed configuration YAML")
+    check.set_defaults(func=cmd_config_check)
     args = parser.parse_args(argv)
+    reversed_range = _reversed_range(args)
+    if reversed_range:
+        parser.error(reversed_range)
     try:
         return args.func(args)
     except LakeAssetsError as exc:
-        print(f"lake-assets: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # a configuration error has a line per mistake
+            print(f"lake-assets: error: {line}", file=sys.stderr)
         return 1
 
 

@@ -23,99 +23,128 @@ feeds:
       - {name: acmeCo/orders, key: [/id]}
       - {name: acmeCo/events, key: [/id], partitions: {region: [eu, us]}}  # read only these
 ```
+
+The models are typed (pydantic): the options every feed has are `config_model.FeedConfig`, each
+format's own model lives beside its feed module, and the `format` key picks one. A mistake is a
+ConfigError with one line per mistake naming the key path, what was expected and the value given.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Union
 
 import yaml
+from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
 
+from lake_assets.config_model import (
+    CREDENTIALS_COME_FROM_THE_ENVIRONMENT, EndpointUrl, FeedConfig, Model, RootUri, Text, checked, expected, explain,
+    looks_secret, refused,
+)
 from lake_assets.errors import ConfigError
-from lake_assets.paths import normalise_root_uri
+from lake_assets.feeds import feed_config_models
+from lake_assets.feeds.flow_journal import CollectionConfig
+from lake_assets.paths import is_s3
 
-NAME_PATTERN = re.compile(r"^[a-z0-9_-]+$")
-TABLE_PATTERN = re.compile(r"^[a-z0-9_]+$")
-KNOWN_FORMATS = ("unit_cdc", "grax_v2", "flow_journal")
-GROUPED_FORMATS = ("grax_v2",)  # tables named <org>/<object>
-ORG_PATTERN = re.compile(r"^[A-Za-z0-9]{1,64}$")
-OBJECT_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
-COLLECTION_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-POINTER_PATTERN = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+__all__ = [
+    "CatalogConfig", "CollectionConfig", "FeedConfig", "LakeConfig", "S3Config", "SparkConfig", "dump_config",
+    "check_landings", "load_config", "parse_config", "resolved_config",
+]
 
+#: the largest configuration file read (a feed list is a few kilobytes)
+MAX_CONFIG_BYTES = 1 << 20
+#: the most YAML nodes a file may expand to through its aliases (a billion-laughs file expands
+#: to ~10^9 from a few hundred bytes)
+MAX_EXPANDED_NODES = 100_000
 
-@dataclasses.dataclass(frozen=True)
-class CollectionConfig:
-    """A Flow collection: its name (which is also its storage prefix) and its key pointers."""
-
-    name: str
-    key: tuple[str, ...]
-    #: logical partitions to read, field -> accepted values; all when empty
-    partitions: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-    def wants(self, field: str, value: str) -> bool:
-        """Whether a logical partition folder `field=value` is selected."""
-        selected = dict(self.partitions)
-        return field not in selected or value in selected[field]
-
-    @property
-    def table(self) -> str:
-        """The lake table: the name in lower case, anything but [a-z0-9_] as `_`."""
-        return re.sub(r"[^a-z0-9_]", "_", self.name.lower())
+AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]
 
 
-@dataclasses.dataclass(frozen=True)
-class FeedConfig:
-    name: str
-    format: str
-    landing: str
-    tables: tuple[str, ...] | None = None
-    start: str | None = None
-    late_hours: int = 4
-    sensor_interval_seconds: int = 30
-    watch: bool = True
-    orgs: tuple[str, ...] | None = None
-    objects: tuple[str, ...] | None = None
-    collections: tuple[CollectionConfig, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class S3Config:
+class S3Config(Model):
     """Where S3 lives; credentials come from the environment, never from this file."""
 
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
+    endpoint_url: EndpointUrl | None = None
+    region: Text = "us-east-1"
 
 
-@dataclasses.dataclass(frozen=True)
-class SparkConfig:
-    master: str | None = None
-    remote: str | None = None
-    conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+def _spark_setting(value: Any) -> str:
+    """Spark settings are text; YAML numbers and booleans are written as Spark spells them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise expected("a text, number or true/false setting value")
 
 
-@dataclasses.dataclass(frozen=True)
-class CatalogConfig:
+def _spark_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise expected("a Spark setting name such as spark.executor.memory")
+    if looks_secret(name):
+        raise refused(f"looks like a credential; {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    return name
+
+
+def _connect_url(value: Any) -> str:
+    """A Spark Connect URL, `sc://host:port[/;param=value…]`, without a token in it."""
+    if not isinstance(value, str) or not value.startswith("sc://"):
+        raise expected("a Spark Connect URL such as sc://host:15002")
+    params = value.partition("/;")[2].split(";")
+    if "@" in value.partition("/;")[0] or any(looks_secret(p.partition("=")[0]) for p in params if p):
+        raise refused("a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+                      "never from the configuration file")
+    return value
+
+
+class SparkConfig(Model):
+    master: Text | None = None
+    remote: Annotated[str, PlainValidator(_connect_url)] | None = None
+    conf: dict[Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]] = {}
+
+
+class CatalogConfig(Model):
     """Where the file catalog lives: Parquet in the lake (default) or DynamoDB tables."""
 
-    store: str = "parquet"
-    table: str | None = None  # DynamoDB records table
-    latest_table: str | None = None  # DynamoDB "latest" table
-    endpoint_url: str | None = None  # DynamoDB endpoint (local or compatible services)
+    store: Annotated[str, checked("parquet or dynamodb", lambda v: v in ("parquet", "dynamodb"))] = "parquet"
+    table: Text | None = None  # DynamoDB records table
+    latest_table: Text | None = None  # DynamoDB "latest" table
+    endpoint_url: EndpointUrl | None = None  # DynamoDB endpoint (local or compatible services)
+
+    @model_validator(mode="after")
+    def _dynamodb_names_its_tables(self) -> "CatalogConfig":
+        for key in ("table", "latest_table"):
+            if self.store == "dynamodb" and getattr(self, key) is None:
+                raise refused("required for a dynamodb catalog", at=(key,))
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class LakeConfig:
-    lake: str
-    feeds: tuple[FeedConfig, ...]
+class LakeConfig(Model):
+    lake: RootUri
+    feeds: tuple[AnyFeedConfig, ...] = ()
     s3: S3Config = S3Config()
     spark: SparkConfig = SparkConfig()
-    source: str | None = None
     catalog: CatalogConfig = CatalogConfig()
+    #: the file it was read from, if any
+    _source: str | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    @model_validator(mode="after")
+    def _feeds_have_their_own_names_and_landings(self) -> "LakeConfig":
+        seen: dict[str, int] = {}
+        for index, feed in enumerate(self.feeds):
+            if feed.name in seen:
+                raise refused(f"the feed name {feed.name!r} is already used by feeds[{seen[feed.name]}]",
+                              at=("feeds", index, "name"))
+            seen[feed.name] = index
+            overlap = _overlap(self.lake, feed.landing)
+            if overlap:
+                raise refused(f"{feed.landing} {overlap} the lake {self.lake}: the lake and a landing must not "
+                              "share folders (the lake would read its own files, or a landing its writes)",
+                              at=("feeds", index, "landing"))
+        return self
 
     def feed(self, name: str) -> FeedConfig:
         for feed in self.feeds:
@@ -123,185 +152,152 @@ class LakeConfig:
                 return feed
         raise ConfigError(f"no feed named {name!r} (configured: {[f.name for f in self.feeds]})")
 
+    def replace(self, **changes: Any) -> "LakeConfig":
+        """This configuration with some keys changed, checked as a whole again."""
+        try:
+            changed = LakeConfig(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
+        except ValidationError as exc:
+            raise ConfigError("\n".join(explain(exc, LakeConfig))) from None
+        changed._source = self._source
+        return changed
+
     def with_lake(self, lake: str) -> "LakeConfig":
-        return dataclasses.replace(self, lake=normalise_root_uri(lake, "lake"))
+        return self.replace(lake=lake)
 
 
-def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in mapping or mapping[key] in (None, ""):
-        raise ConfigError(f"{where}: '{key}' is required")
-    return mapping[key]
-
-
-def parse_feed(raw: Mapping[str, Any], index: int) -> FeedConfig:
-    where = f"feeds[{index}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    unknown = set(raw) - {f.name for f in dataclasses.fields(FeedConfig)}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    name = str(_require(raw, "name", where))
-    if not NAME_PATTERN.match(name):
-        raise ConfigError(f"{where}: name {name!r} must match {NAME_PATTERN.pattern}")
-    fmt = str(_require(raw, "format", where))
-    if fmt not in KNOWN_FORMATS:
-        raise ConfigError(f"{where} ({name}): format {fmt!r} is not one of {list(KNOWN_FORMATS)}")
-    landing = normalise_root_uri(str(_require(raw, "landing", where)), f"{where}.landing")
-    grouped = fmt in GROUPED_FORMATS
-    tables = _names(raw, "tables", where, name, TABLE_PATTERN, grouped=grouped)
-    orgs = _names(raw, "orgs", where, name, ORG_PATTERN)
-    objects = _names(raw, "objects", where, name, OBJECT_PATTERN)
-    if (orgs or objects) and not grouped:
-        raise ConfigError(f"{where} ({name}): 'orgs' and 'objects' apply to the formats {list(GROUPED_FORMATS)} only")
-    collections = _collections(raw.get("collections"), f"{where} ({name})")
-    if (collections is None) != (fmt != "flow_journal"):
-        raise ConfigError(f"{where} ({name}): 'collections' is required for flow_journal feeds and only for them")
-    start = raw.get("start")
-    if start is not None:
-        start = str(start)
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", start):
-            raise ConfigError(f"{where} ({name}): start {start!r} must look like 2024-01-31-00")
-    late_hours = raw.get("late_hours", 4)
-    if not isinstance(late_hours, int) or late_hours < 0:
-        raise ConfigError(f"{where} ({name}): late_hours must be a non-negative integer")
-    interval = raw.get("sensor_interval_seconds", 30)
-    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
-        raise ConfigError(f"{where} ({name}): sensor_interval_seconds must be a positive integer")
-    watch = raw.get("watch", True)
-    if not isinstance(watch, bool):
-        raise ConfigError(f"{where} ({name}): watch must be true or false")
-    return FeedConfig(
-        name=name, format=fmt, landing=landing, tables=tables, start=start, late_hours=late_hours,
-        sensor_interval_seconds=interval, watch=watch, orgs=orgs, objects=objects, collections=collections,
-    )
-
-
-def _collections(raw: Any, where: str) -> tuple[CollectionConfig, ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
-        raise ConfigError(f"{where}: 'collections' must be a non-empty list")
-    out = []
-    for item in raw:
-        if not isinstance(item, Mapping) or not {"name", "key"} <= set(item) <= {"name", "key", "partitions"}:
-            raise ConfigError(f"{where}: a collection takes 'name', 'key' and optionally 'partitions', got {item!r}")
-        name, key = str(item["name"]), item["key"]
-        if not COLLECTION_PATTERN.match(name) or ".." in name:
-            raise ConfigError(f"{where}: collection {name!r} must match {COLLECTION_PATTERN.pattern}")
-        if not isinstance(key, Sequence) or isinstance(key, str) or not key or not all(
-            isinstance(k, str) and POINTER_PATTERN.match(k) for k in key
-        ):
-            raise ConfigError(f"{where}: collection {name!r}: key must be a list of JSON pointers like ['/id']")
-        selection = item.get("partitions") or {}
-        if not isinstance(selection, Mapping) or not all(
-            re.fullmatch(r"[A-Za-z0-9_]+", str(f)) and isinstance(v, Sequence) and not isinstance(v, str) and v
-            for f, v in selection.items()
-        ):
-            raise ConfigError(f"{where}: collection {name!r}: partitions must map a field to a list of values")
-        partitions = tuple(sorted((str(f), tuple(str(v) for v in values)) for f, values in selection.items()))
-        out.append(CollectionConfig(name=name, key=tuple(key), partitions=partitions))
-    tables = [c.table for c in out]
-    if len(set(tables)) != len(tables):
-        raise ConfigError(f"{where}: collections map onto the same table name: {tables}")
-    return tuple(out)
-
-
-def _names(raw: Mapping[str, Any], key: str, where: str, feed: str, pattern: re.Pattern, grouped: bool = False):
-    """An optional non-empty list of names, each matching `pattern` (`group/name` when grouped)."""
-    values = raw.get(key)
-    if values is None:
-        return None
-    if not isinstance(values, Sequence) or isinstance(values, str) or not values:
-        raise ConfigError(f"{where} ({feed}): '{key}' must be a non-empty list")
-    for value in values:
-        parts = value.split("/", 1) if grouped and isinstance(value, str) else [value]
-        if grouped and (len(parts) != 2 or not ORG_PATTERN.match(parts[0])):
-            raise ConfigError(f"{where} ({feed}): {key[:-1]} {value!r} must look like '<org>/<object>'")
-        if not all(isinstance(p, str) and pattern.match(p) for p in parts[-1:]):
-            raise ConfigError(f"{where} ({feed}): {key[:-1]} {value!r} must match {pattern.pattern}")
-    return tuple(values)
+def _overlap(lake: str, landing: str) -> str | None:
+    """How a landing and the lake share folders (both normalised URIs), or None."""
+    if lake == landing:
+        return "is"
+    if lake.startswith(landing.rstrip("/") + "/"):
+        return "holds"
+    if landing.startswith(lake.rstrip("/") + "/"):
+        return "lies inside"
+    return None
 
 
 def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
-    where = source or "config"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: expected a mapping at the top level")
-    unknown = set(raw) - {"lake", "feeds", "s3", "spark", "catalog"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    lake = normalise_root_uri(str(_require(raw, "lake", where)), "lake")
-    feeds_raw = raw.get("feeds") or []
-    if not isinstance(feeds_raw, Sequence) or isinstance(feeds_raw, str):
-        raise ConfigError(f"{where}: 'feeds' must be a list")
-    feeds = tuple(parse_feed(f, i) for i, f in enumerate(feeds_raw))
-    names = [f.name for f in feeds]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: feed names must be unique, got {names}")
-    s3_raw = raw.get("s3") or {}
-    if set(s3_raw) - {"endpoint_url", "region"}:
-        raise ConfigError(
-            f"{where}: s3 takes only endpoint_url and region; credentials come from the environment "
-            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
-        )
-    spark_raw = raw.get("spark") or {}
-    if set(spark_raw) - {"master", "remote", "conf"}:
-        raise ConfigError(f"{where}: spark takes master, remote and conf")
-    catalog_raw = raw.get("catalog") or {}
-    if not isinstance(catalog_raw, Mapping) or set(catalog_raw) - {f.name for f in dataclasses.fields(CatalogConfig)}:
-        raise ConfigError(f"{where}: catalog takes store, table, latest_table and endpoint_url")
-    catalog = CatalogConfig(**{k: str(v) for k, v in catalog_raw.items()})
-    if catalog.store not in ("parquet", "dynamodb"):
-        raise ConfigError(f"{where}: catalog store {catalog.store!r} must be 'parquet' or 'dynamodb'")
-    if catalog.store == "dynamodb" and not (catalog.table and catalog.latest_table):
-        raise ConfigError(f"{where}: a dynamodb catalog needs 'table' and 'latest_table'")
-    return LakeConfig(
-        lake=lake,
-        catalog=catalog,
-        feeds=feeds,
-        s3=S3Config(endpoint_url=s3_raw.get("endpoint_url"), region=s3_raw.get("region", "us-east-1")),
-        spark=SparkConfig(
-            master=spark_raw.get("master"),
-            remote=spark_raw.get("remote"),
-            conf={str(k): str(v) for k, v in (spark_raw.get("conf") or {}).items()},
-        ),
-        source=source,
+    """A configuration from parsed YAML; every mistake is a line of the ConfigError."""
+    try:
+        config = LakeConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = explain(exc, LakeConfig)
+        raise ConfigError("\n".join(f"{source}: {line}" if source else line for line in problems)) from None
+    config._source = source
+    return config
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (the second would win silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = []
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.append(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many nodes `node` stands for once every alias is expanded (an alias shares its
+    anchor's node: counted at each use, computed once)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise yaml.YAMLError(f"line {node.start_mark.line + 1}: an alias refers to a node that holds it")
+    open_nodes.add(id(node))
+    children = node.value if isinstance(node, yaml.SequenceNode) else (
+        [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
     )
+    total = 1
+    for child in children:
+        total += _expanded_nodes(child, sizes, open_nodes)
+        if total > MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(f"aliases expand it past {MAX_EXPANDED_NODES} values (an alias bomb?)")
+    open_nodes.discard(id(node))
+    sizes[id(node)] = total
+    return total
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML safely: no Python objects, no duplicate keys, aliases bounded."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(node, {}, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_config(path: str | os.PathLike[str]) -> LakeConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    with path.open() as handle:
-        try:
-            raw = yaml.safe_load(handle)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    with path.open("rb") as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a configuration file is a few kilobytes")
+    try:
+        raw = read_yaml(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (line {line})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
     return parse_config(raw, source=str(path))
 
 
+def _one_line(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(problem.split())
+
+
 def dump_config(config: LakeConfig) -> str:
-    """YAML text for a config (used by the demo to write the config it runs)."""
-    feeds = []
-    for feed in config.feeds:
-        entry: dict[str, Any] = {"name": feed.name, "format": feed.format, "landing": feed.landing}
-        if feed.tables:
-            entry["tables"] = list(feed.tables)
-        if feed.start:
-            entry["start"] = feed.start
-        if feed.late_hours != 4:
-            entry["late_hours"] = feed.late_hours
-        if feed.sensor_interval_seconds != 30:
-            entry["sensor_interval_seconds"] = feed.sensor_interval_seconds
-        if not feed.watch:
-            entry["watch"] = False
-        for key in ("orgs", "objects"):
-            if getattr(feed, key):
-                entry[key] = list(getattr(feed, key))
-        if feed.collections:
-            entry["collections"] = [
-                {"name": c.name, "key": list(c.key), **({"partitions": {f: list(v) for f, v in c.partitions}} if c.partitions else {})}
-                for c in feed.collections
-            ]
-        feeds.append(entry)
-    return yaml.safe_dump({"lake": config.lake, "feeds": feeds}, sort_keys=False)
+    """YAML text for a config, defaults left out (the demo and tests write the config they run)."""
+    return yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+
+
+def resolved_config(config: LakeConfig, environ: dict[str, str] | None = None) -> str:
+    """YAML text for a config with every default filled in, and where S3 credentials come from
+    (the environment), their values redacted."""
+    environ = os.environ if environ is None else environ
+    resolved = config.model_dump(mode="json", exclude_none=True)
+    uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
+    credentials = {name: ("set (redacted)" if environ.get(name) else "not set")
+                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    resolved["s3"]["credentials_from_environment"] = credentials if uses_s3 else "not used (no s3a:// location)"
+    return yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True)
+
+
+def check_landings(config: LakeConfig, storage) -> None:
+    """Refuse landings that do not exist (a typo is an error, not "nothing landed"). A local
+    landing must be a folder; on S3, which has no folders, its bucket must exist. Needs the
+    storage (and, for S3, the network), so it is checked where the feeds are read, not on load."""
+    problems = []
+    for index, feed in enumerate(config.feeds):
+        where = feed.landing
+        if is_s3(where):
+            where = "s3a://" + where[len("s3a://"):].split("/", 1)[0]
+        try:
+            found = storage.exists(where)
+        except OSError as exc:
+            problems.append(f"feeds[{index}].landing: {where} cannot be read: {' '.join(str(exc).split())}")
+            continue
+        if not found:
+            problems.append(f"feeds[{index}].landing: {where} does not exist")
+        elif not is_s3(where) and not Path(where[len("file://"):]).is_dir():
+            problems.append(f"feeds[{index}].landing: {where} is not a folder")
+    if problems:
+        source = config.source
+        raise ConfigError("\n".join(f"{source}: {line}" if source else line for line in problems))

@@ -18,7 +18,7 @@ from typing import Callable
 import dagster as dg
 
 from lake_assets import processed
-from lake_assets.config import LakeConfig
+from lake_assets.config import LakeConfig, check_landings
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -126,6 +126,7 @@ def run_feeds(
     table or feed stops no other: each runs, and RunFailed at the end names every failure."""
     storage = storage_for(config)
     layout = LakeLayout(config.lake)
+    check_landings(config, storage)
     instance = instance or instance_for_cli()
     forced = everything or first is not None or last is not None
     failures: list[str] = []

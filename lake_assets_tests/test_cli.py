@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import yaml
 
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
@@ -209,3 +210,107 @@ def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(r["url"] for r in json.loads(proc.stdout)) == sorted(r["url"] for r in found)
+
+
+def _unit_config(tmp_path: Path, lake: str, extra: str = "") -> Path:
+    """A configuration file of one Unit feed whose landing exists (nothing landed in it)."""
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"lake: {lake}\nfeeds:\n  - {{name: unit, format: unit_cdc, landing: {landing}{extra}}}\n")
+    return config
+
+
+def test_config_check_prints_the_resolved_configuration_with_credentials_redacted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXSECRETVALUE")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    config = _unit_config(tmp_path, "s3a://bucket/lake", ", tables: [accounts]")
+
+    assert main(["config", "check", str(config)]) == 0
+
+    out, err = capsys.readouterr()
+    assert err == "" and "AKIAEXAMPLEKEY" not in out and "wJalrXSECRETVALUE" not in out
+    resolved = yaml.safe_load(out)
+    assert resolved["lake"] == "s3a://bucket/lake"
+    assert resolved["feeds"] == [{"name": "unit", "format": "unit_cdc", "landing": f"file://{tmp_path}/landing",
+                                  "tables": ["accounts"], "late_hours": 4, "sensor_interval_seconds": 30, "watch": True}]
+    assert resolved["s3"] == {"region": "us-east-1", "credentials_from_environment": {
+        "AWS_ACCESS_KEY_ID": "set (redacted)", "AWS_SECRET_ACCESS_KEY": "set (redacted)", "AWS_SESSION_TOKEN": "not set"}}
+    assert resolved["catalog"] == {"store": "parquet"}
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (", late_hours: true", "feeds[0].late_hours: expected an integer ≥ 0, got true"),
+        (", watch: 'off'", "feeds[0].watch: expected true or false, got 'off'"),
+        (", colour: blue", "feeds[0].colour: unknown key; expected one of name, format, landing, tables, start, "
+                           "late_hours, sensor_interval_seconds, watch"),
+    ],
+)
+def test_a_configuration_mistake_is_one_line_naming_the_key_and_no_traceback(tmp_path, capsys, extra, line):
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake", extra)
+    for argv in (["config", "check", str(config)],
+                 ["catalog", "query", "--config", str(config), "--what", "accounts", "--work-id", "r"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert err == f"lake-assets: error: {config}: {line}\n" and out == ""
+
+
+def test_config_check_refuses_credentials_without_showing_them(tmp_path, capsys):
+    config = _unit_config(tmp_path, "s3a://AKIAEXAMPLEKEY:wJalrXSECRETVALUE@bucket/lake")
+    with config.open("a") as handle:
+        handle.write("spark:\n  conf: {spark.hadoop.fs.s3a.secret.key: wJalrXSECRETVALUE}\n")
+    assert main(["config", "check", str(config)]) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert [line.split(": ")[3] for line in lines] == ["lake", "spark.conf['spark.hadoop.fs.s3a.secret.key']"], err
+    assert all("credentials come from the environment (AWS_ACCESS_KEY_ID" in line for line in lines), err
+    assert "AKIAEXAMPLEKEY" not in err and "wJalrXSECRETVALUE" not in err and "Traceback" not in err
+
+
+def test_config_check_refuses_a_landing_that_does_not_exist(tmp_path, capsys):
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    (tmp_path / "landing").rmdir()
+    assert main(["config", "check", str(config)]) == 1
+    assert capsys.readouterr().err == f"lake-assets: error: {config}: feeds[0].landing: file://{tmp_path}/landing does not exist\n"
+
+
+def test_a_run_over_a_landing_that_does_not_exist_stops_before_it_starts(tmp_path, capsys):
+    """A typo in a landing is an error, not "nothing landed" (checked before any Spark or Dagster)."""
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    (tmp_path / "landing").rmdir()
+    assert main(["run", "--config", str(config)]) == 1
+    out, err = capsys.readouterr()
+    assert err == f"lake-assets: error: {config}: feeds[0].landing: file://{tmp_path}/landing does not exist\n", err
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["run", "--from", "2024-03-01"],
+         "lake-assets run: error: argument --from: '2024-03-01' is neither an hour like 2024-03-01-05 nor a batch id (hex digits)"),
+        (["run", "--to", "2024-02-30-00"],
+         "lake-assets run: error: argument --to: '2024-02-30-00' is neither an hour like 2024-03-01-05 nor a batch id (hex digits)"),
+        (["catalog", "query", "--what", "accounts", "--start", "yesterday", "--end", "0"],
+         "lake-assets catalog query: error: argument --start: 'yesterday' is neither an ISO date/time "
+         "(2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"),
+        (["catalog", "query", "--what", "accounts", "--start", "0", "--end", "2024-03-02T25:00"],
+         "lake-assets catalog query: error: argument --end: '2024-03-02T25:00' is neither an ISO date/time "
+         "(2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"),
+        (["run", "--from", "2024-03-02-00", "--to", "2024-03-01-23"],
+         "lake-assets: error: --from/--to: 2024-03-02-00 comes after 2024-03-01-23"),
+        (["run", "--from", "ff", "--to", "1a"], "lake-assets: error: --from/--to: ff comes after 1a"),
+        (["catalog", "query", "--what", "accounts", "--start", "2024-03-02", "--end", "1709251200000"],
+         "lake-assets: error: --start/--end: 1709337600000 comes after 1709251200000"),
+    ],
+)
+def test_a_bad_command_line_value_is_one_line_and_exit_code_2(tmp_path, capsys, argv, line):
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    with pytest.raises(SystemExit) as exited:
+        main([*argv[:2], "--config", str(config), *argv[2:]] if argv[0] == "catalog" else [argv[0], "--config", str(config), *argv[1:]])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == line and "Traceback" not in err

@@ -1,7 +1,15 @@
-import pytest
+import re
 
-from lake_assets.config import dump_config, load_config, parse_config
+import pytest
+import yaml
+
+from lake_assets.config import (
+    MAX_CONFIG_BYTES, MAX_EXPANDED_NODES, CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config,
+    load_config, parse_config,
+)
 from lake_assets.errors import ConfigError, UnsafePathError
+from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
+from lake_assets.storage import S3Settings, Storage
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
 from lake_assets.spark import session_conf
 
@@ -21,33 +29,266 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
     assert load_config(path).feeds == config.feeds
 
 
+GOOD_FEED = {"name": "good", "format": "unit_cdc", "landing": "/landing/good"}
+URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..')"
+UNIT_KEYS = "name, format, landing, tables, start, late_hours, sensor_interval_seconds, watch"
+
+
+def problems(raw) -> list[str]:
+    """The lines of the ConfigError a configuration raises."""
+    with pytest.raises(ConfigError) as raised:
+        parse_config(raw)
+    return str(raised.value).splitlines()
+
+
 @pytest.mark.parametrize(
-    "feed, message",
+    "change, line",
     [
-        ({"name": "Unit", "format": "unit_cdc", "landing": "/x"}, "must match"),
-        ({"name": "unit", "format": "csv", "landing": "/x"}, "format"),
-        ({"name": "unit", "format": "unit_cdc"}, "'landing' is required"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "relative/path"}, "must be a file://"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "sensor_interval_seconds": 0}, "sensor_interval_seconds"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "watch": "no"}, "watch"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "tables": ["../etc"]}, "table"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "colour": 1}, "unknown keys"),
-        ({"name": "unit", "format": "unit_cdc", "landing": "/x", "start": "2024-01-01"}, "start"),
+        ({"name": "Unit"}, "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', got 'Unit'"),
+        ({"format": "csv"}, "feeds[1].format: expected one of unit_cdc, grax_v2, flow_journal, got 'csv'"),
+        ({"format": None}, "feeds[1].format: required, one of unit_cdc, grax_v2, flow_journal"),
+        ({"landing": None}, "feeds[1].landing: required"),
+        ({"landing": "relative/path"}, "feeds[1].landing: expected " + URI + ", got 'relative/path'"),
+        ({"landing": "file:///a/../etc"}, "feeds[1].landing: expected " + URI + ", got 'file:///a/../etc'"),
+        ({"late_hours": True}, "feeds[1].late_hours: expected an integer ≥ 0, got true"),
+        ({"late_hours": -1}, "feeds[1].late_hours: expected an integer ≥ 0, got -1"),
+        ({"late_hours": "4"}, "feeds[1].late_hours: expected an integer ≥ 0, got '4'"),
+        ({"sensor_interval_seconds": 0}, "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 0"),
+        ({"sensor_interval_seconds": 1.5}, "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 1.5"),
+        ({"watch": "no"}, "feeds[1].watch: expected true or false, got 'no'"),
+        ({"watch": 1}, "feeds[1].watch: expected true or false, got 1"),
+        ({"tables": ["../etc"]},
+         "feeds[1].tables[0]: expected a table name of lower-case letters, digits and '_', got '../etc'"),
+        ({"tables": "accounts"}, "feeds[1].tables: expected a list, got 'accounts'"),
+        ({"tables": []}, "feeds[1].tables: expected a non-empty list, got []"),
+        ({"colour": 1}, f"feeds[1].colour: unknown key; expected one of {UNIT_KEYS}"),
+        ({"start": "2024-01-01"},
+         "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-01-01'"),
+        ({"start": "2024-02-30-00"},
+         "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-02-30-00'"),
+        ({"orgs": ["00Dx"]}, "feeds[1].orgs: expected nothing: this key applies to grax_v2 feeds only, got [\"00Dx\"]"),
+        ({"collections": [{"name": "a/b", "key": ["/id"]}]},
+         "feeds[1].collections: expected nothing: this key applies to flow_journal feeds only, "
+         "got [{\"name\": \"a/b\", \"key\": [\"/id\"]}]"),
     ],
 )
-def test_invalid_feeds_are_refused_with_the_reason(feed, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_config({"lake": "/tmp/lake", "feeds": [feed]})
+def test_each_feed_mistake_is_one_line_naming_the_key_the_value_and_what_is_expected(change, line):
+    """A key given as None is left out (missing)."""
+    feed = {k: v for k, v in {"name": "unit", "format": "unit_cdc", "landing": "/x", **change}.items() if v is not None}
+    assert problems({"lake": "/tmp/lake", "feeds": [GOOD_FEED, feed]}) == [line]
 
 
-def test_credentials_are_refused_in_the_config_file():
-    with pytest.raises(ConfigError, match="environment"):
-        parse_config({"lake": "/tmp/lake", "feeds": [], "s3": {"access_key_id": "AKIA"}})
+def test_every_mistake_of_a_file_is_reported_one_per_line():
+    raw = {
+        "lake": "lake",
+        "feeds": [GOOD_FEED, {**GOOD_FEED, "name": "b", "late_hours": True, "watch": "yes"}, "unit"],
+        "spark": {"conf": {"spark.executor.memory": ["8g"]}},
+        "catalog": {"store": "sqlite"},
+        "colour": "blue",
+    }
+    assert problems(raw) == [
+        "lake: expected " + URI + ", got 'lake'",
+        "feeds[1].late_hours: expected an integer ≥ 0, got true",
+        "feeds[1].watch: expected true or false, got 'yes'",
+        "feeds[2]: expected a mapping (key: value), got 'unit'",
+        "spark.conf['spark.executor.memory']: expected a text, number or true/false setting value, got [\"8g\"]",
+        "catalog.store: expected parquet or dynamodb, got 'sqlite'",
+        "colour: unknown key; expected one of lake, feeds, s3, spark, catalog",
+    ]
+    assert problems([GOOD_FEED]) == ["top level: expected a mapping (key: value), got [{\"name\": \"good\", "
+                                     "\"format\": \"unit_cdc\", \"landing\": \"/landing/good\"}]"]
+
+
+def test_format_specific_mistakes_name_their_key():
+    grax = {"name": "grax", "format": "grax_v2", "landing": "/g"}
+    flow = {"name": "flow", "format": "flow_journal", "landing": "/f"}
+    assert problems({"lake": "/lake", "feeds": [{**grax, "tables": ["account"], "orgs": ["00D-x"]}]}) == [
+        "feeds[0].tables[0]: expected '<org id>/<object in lower case>', got 'account'",
+        "feeds[0].orgs[0]: expected a Salesforce org id (letters and digits), got '00D-x'",
+    ]
+    assert problems({"lake": "/lake", "feeds": [flow]}) == ["feeds[0].collections: required"]
+    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [{"name": "a/b", "key": "/id"}]}]}) == [
+        "feeds[0].collections[0].key: expected a list, got '/id'",
+    ]
+    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
+        {"name": "acme/a-b", "key": ["/id"]}, {"name": "acme/a_b", "key": ["/id"], "partitions": {"region": []}},
+    ]}]}) == [
+        "feeds[0].collections[1].partitions: expected a mapping of a partition field to a non-empty list of values, "
+        "such as {region: [eu, us]}, got {\"region\": []}",
+    ]
+    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
+        {"name": "acme/a", "key": ["/id"], "partitions": {"region": "eu"}},
+    ]}]}) == [
+        "feeds[0].collections[0].partitions: expected a mapping of a partition field to a non-empty list of values, "
+        "such as {region: [eu, us]}, got {\"region\": \"eu\"}",
+    ]
+    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
+        {"name": "acme/a-b", "key": ["/id"]}, {"name": "acme/a_b", "key": ["/id"]},
+    ]}]}) == ["feeds[0].collections[1].name: collections acme/a-b and acme/a_b both become table acme_a_b"]
+    assert problems({"lake": "/lake", "feeds": [GOOD_FEED, GOOD_FEED]}) == [
+        "feeds[1].name: the feed name 'good' is already used by feeds[0]",
+    ]
+    assert problems({"lake": "/lake", "catalog": {"store": "dynamodb", "table": "records"}}) == [
+        "catalog.latest_table: required for a dynamodb catalog",
+    ]
+
+
+@pytest.mark.parametrize(
+    "lake, landing, line",
+    [
+        ("/data/x", "/data/x/", "feeds[0].landing: file:///data/x is the lake file:///data/x"),
+        ("file:///data/landing/lake", "/data/landing", "feeds[0].landing: file:///data/landing holds the lake file:///data/landing/lake"),
+        ("/data", "file://localhost/data/./landing", "feeds[0].landing: file:///data/landing lies inside the lake file:///data"),
+        ("s3a://bucket/lake", "s3://bucket", "feeds[0].landing: s3a://bucket holds the lake s3a://bucket/lake"),
+        ("s3://bucket/lake/", "s3a://bucket/lake/unit", "feeds[0].landing: s3a://bucket/lake/unit lies inside the lake s3a://bucket/lake"),
+    ],
+)
+def test_a_lake_sharing_folders_with_a_landing_is_refused(lake, landing, line):
+    [problem] = problems({"lake": lake, "feeds": [{"name": "unit", "format": "unit_cdc", "landing": landing}]})
+    assert problem.startswith(line + ": the lake and a landing must not share folders"), problem
+
+
+def test_neighbouring_folders_are_not_an_overlap():
+    config = parse_config({"lake": "s3a://bucket/lake", "feeds": [
+        {"name": "unit", "format": "unit_cdc", "landing": "s3a://bucket/lake-landing"},
+        {"name": "grax", "format": "grax_v2", "landing": "s3a://bucket-lake"},
+    ]})
+    assert [f.landing for f in config.feeds] == ["s3a://bucket/lake-landing", "s3a://bucket-lake"]
+
+
+ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN)"
+
+
+@pytest.mark.parametrize(
+    "raw, path",
+    [
+        ({"lake": "s3a://AKIAEXAMPLE:wJalrXSECRET@bucket/lake"}, "lake"),
+        ({"lake": "/lake", "feeds": [{**GOOD_FEED, "landing": "s3://AKIAEXAMPLE:wJalrXSECRET@vendor/unit"}]}, "feeds[0].landing"),
+        ({"lake": "/lake", "s3": {"endpoint_url": "https://AKIAEXAMPLE:wJalrXSECRET@minio:9000"}}, "s3.endpoint_url"),
+        ({"lake": "/lake", "s3": {"secret_access_key": "wJalrXSECRET"}}, "s3.secret_access_key"),
+        ({"lake": "/lake", "s3": {"access_key_id": "AKIAEXAMPLE"}}, "s3.access_key_id"),
+        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "wJalrXSECRET"}}},
+         "spark.conf['spark.hadoop.fs.s3a.secret.key']"),
+        ({"lake": "/lake", "spark": {"conf": {"fs.s3a.access.key": "AKIAEXAMPLE"}}}, "spark.conf['fs.s3a.access.key']"),
+        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.session.token": "wJalrXSECRET"}}},
+         "spark.conf['spark.hadoop.fs.s3a.session.token']"),
+        ({"lake": "/lake", "spark": {"conf": {"spark.ssl.keyStorePassword": "wJalrXSECRET"}}},
+         "spark.conf['spark.ssl.keyStorePassword']"),
+        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "wJalrXSECRET"}}},
+         "spark.conf['spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net']"),
+    ],
+)
+def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
+    [problem] = problems(raw)
+    assert problem.startswith(f"{path}: ") and ENVIRONMENT in problem, problem
+    assert "wJalrXSECRET" not in problem and "AKIAEXAMPLE" not in problem
+
+
+def test_a_spark_connect_token_is_refused_without_repeating_it():
+    assert problems({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl;token=wJalrXSECRET"}}) == [
+        "spark.remote: a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+        "never from the configuration file",
+    ]
+    assert parse_config({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl"}}).spark.remote == (
+        "sc://connect:15002/;user_id=etl"
+    )
+
+
+def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
+    conf = {"spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",
+            "spark.executor.cores": 4, "spark.sql.adaptive.enabled": True}
+    config = parse_config({"lake": "/lake", "spark": {"conf": conf}})
+    assert config.spark.conf == {**conf, "spark.executor.cores": "4", "spark.sql.adaptive.enabled": "true"}
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def file_problem(tmp_path, content: str | bytes) -> str:
+    """The ConfigError a configuration file with this content raises, its path cut to `c.yaml`."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    return str(raised.value).replace(str(path), "c.yaml")
+
+
+def test_a_file_path_prefixes_each_line(tmp_path):
+    assert file_problem(tmp_path, "lake: /lake\nfeeds:\n  - {name: good, format: unit_cdc, landing: /l}\n"
+                                  "  - {name: unit, format: unit_cdc, landing: /x, late_hours: true}\n") == (
+        "c.yaml: feeds[1].late_hours: expected an integer ≥ 0, got true"
+    )
+
+
+def test_yaml_mistakes_are_one_line_with_the_place(tmp_path):
+    assert file_problem(tmp_path, "lake: /lake\nfeeds: [\n") == (
+        "c.yaml: not valid YAML: line 3, column 1: expected the node content, but found '<stream end>'"
+    )
+    assert file_problem(tmp_path, "lake: /lake\nlake: /other\n") == (
+        "c.yaml: not valid YAML: line 2, column 1: the key 'lake' is given twice in one mapping"
+    )
+    assert file_problem(tmp_path, b"lake: /l\xe4ke\n") == "c.yaml: not UTF-8 text (line 1)"
+    assert file_problem(tmp_path, "!!python/object/apply:os.system [echo hi]\n").startswith(
+        "c.yaml: not valid YAML: line 1, column 1: could not determine a constructor for the tag"
+    )
+
+
+def test_a_file_larger_than_the_bound_is_refused_unread(tmp_path):
+    padding = "# padding\n" * (MAX_CONFIG_BYTES // 10)
+    assert file_problem(tmp_path, "lake: /lake\n" + padding) == (
+        f"c.yaml: larger than {MAX_CONFIG_BYTES} bytes; a configuration file is a few kilobytes"
+    )
+
+
+def test_an_alias_bomb_fails_fast_with_a_clear_message(tmp_path):
+    """Nine levels of nine aliases: a few hundred bytes that expand to 9^9 values."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    assert file_problem(tmp_path, "\n".join(["lake: /lake", *lines, "feeds: *a9"]) + "\n") == (
+        f"c.yaml: not valid YAML: aliases expand it past {MAX_EXPANDED_NODES} values (an alias bomb?)"
+    )
+    assert file_problem(tmp_path, "lake: /lake\nfeeds: &loop [*loop]\n") == (
+        "c.yaml: not valid YAML: line 2: an alias refers to a node that holds it"
+    )
+
+
+def test_a_few_aliases_are_fine(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lake: /lake\nfeeds:\n  - &unit {name: a, format: unit_cdc, landing: /a, late_hours: 8}\n"
+                    "  - {<<: *unit, name: b, landing: /b}\n")
+    assert [(f.name, f.late_hours) for f in load_config(path).feeds] == [("a", 8), ("b", 8)]
+
+
+def test_a_landing_that_does_not_exist_is_an_error(tmp_path):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "file").write_text("")
+    config = parse_config({"lake": str(tmp_path / "lake"), "feeds": [
+        {"name": "here", "format": "unit_cdc", "landing": str(tmp_path / "here")},
+        {"name": "gone", "format": "unit_cdc", "landing": str(tmp_path / "gone")},
+        {"name": "file", "format": "unit_cdc", "landing": str(tmp_path / "file")},
+    ]})
+    with pytest.raises(ConfigError) as raised:
+        check_landings(config, Storage())
+    assert str(raised.value).splitlines() == [
+        f"feeds[1].landing: file://{tmp_path}/gone does not exist",
+        f"feeds[2].landing: file://{tmp_path}/file is not a folder",
+    ]
+
+
+def test_configs_built_in_code_take_positional_values_and_pick_the_format_model():
+    feed = FeedConfig("unit", "unit_cdc", "/landing/unit/", tables=("accounts",))
+    assert isinstance(feed, UnitCdcFeedConfig) and feed.landing == "file:///landing/unit"
+    assert feed.orgs is None and feed.collections is None  # other formats' options read as absent
+    flow = FeedConfig("flow", "flow_journal", "/f", collections=(CollectionConfig("acmeCo/a", ("/id",)),))
+    config = LakeConfig(lake="/lake", feeds=(feed, flow))
+    assert parse_config(yaml.safe_load(dump_config(config))) == config
+    assert config.with_lake("s3://bucket/lake/").lake == "s3a://bucket/lake"
+    with pytest.raises(ConfigError, match="lake: expected " + re.escape(URI) + ", got 'lake'"):
+        config.with_lake("lake")
+    with pytest.raises(ConfigError, match="unknown feed format 'csv'"):
+        FeedConfig("unit", "csv", "/x")
 
 
 @pytest.mark.parametrize("bad", ["..", ".", "../x", "a/b", "", ".hidden", "a\\b", "x..y", "a b"])
@@ -70,16 +311,13 @@ def test_layout_builds_contract_paths():
 
 
 def test_flow_collections_need_keys_and_may_select_logical_partitions():
-    from lake_assets.config import parse_config
-
     feed = {"name": "flow", "format": "flow_journal", "landing": "/x",
             "collections": [{"name": "acmeCo/orders", "key": ["/id"], "partitions": {"category": ["Anvils"]}}]}
     parsed = parse_config({"lake": "/lake", "feeds": [feed]}).feeds[0].collections[0]
     assert parsed.table == "acmeco_orders" and parsed.wants("category", "Anvils") and not parsed.wants("category", "Rockets")
-    with pytest.raises(ConfigError, match="JSON pointers"):
-        parse_config({"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]})
-    with pytest.raises(ConfigError, match="'collections' is required"):
-        parse_config({"lake": "/lake", "feeds": [{k: v for k, v in feed.items() if k != "collections"}]})
+    assert problems({"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]}) == [
+        "feeds[0].collections[0].key[0]: expected a JSON pointer such as /id, got 'id'",
+    ]
 
 
 def test_embedded_and_connect_sessions_get_the_lake_sql_settings():
@@ -124,3 +362,16 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(master="spark://10.0.0.5:7077")["spark.sql.adaptive.enabled"] == "true"
     assert "spark.sql.adaptive.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
+
+
+@pytest.mark.s3
+def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_bucket):
+    """S3 has no folders: an empty prefix is a landing nothing has arrived in yet; a bucket that
+    does not exist is a mistake."""
+    config = LakeConfig(lake="/lake", s3={"endpoint_url": moto_server.url}, feeds=(
+        FeedConfig("empty", "unit_cdc", f"s3a://{s3_bucket}/nothing/yet"),
+        FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
+    ))
+    with pytest.raises(ConfigError) as raised:
+        check_landings(config, Storage(S3Settings(endpoint_url=moto_server.url)))
+    assert str(raised.value) == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"

@@ -2,7 +2,6 @@
 latest-version SQL as a reference, purges erased from every layer, typed-field switches, bad
 input, batch discovery, and the same graph on S3."""
 
-import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -260,7 +259,7 @@ def test_the_grax_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
         lake=f"s3a://{s3_bucket}/lake",
         feeds=(FeedConfig("grax", "grax_v2", f"s3a://{s3_bucket}/landing", objects=("Account",)),),
     )
-    config = dataclasses.replace(config, s3=S3Config(endpoint_url=moto_server.url))
+    config = config.replace(s3=S3Config(endpoint_url=moto_server.url))
     run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
     table = f"{sample.org}/account"
     keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix=f"lake/current/grax/{table}/")

@@ -20,6 +20,11 @@ def _formats() -> dict[str, FeedFormat]:
     return {f.name: f for f in (UnitCdcFormat(), GraxV2Format(), FlowJournalFormat())}
 
 
+def feed_config_models() -> tuple:
+    """The configuration model of every format (a feed's `format` picks one)."""
+    return tuple(type(f).config_model for f in _formats().values())
+
+
 def format_for(feed) -> FeedFormat:
     """The format of a configured feed, as that feed configures it."""
     return get_format(feed.format).configured(feed)

@@ -36,6 +36,8 @@ class FeedFormat(abc.ABC):
     file_format: str = "parquet"
     #: the landed files' event-time column(s), for the catalog's time span of a file
     time_columns: tuple[str, ...] = ()
+    #: the model of a feed of this format in the configuration file (a `FeedConfig`)
+    config_model: type
 
     @abc.abstractmethod
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:

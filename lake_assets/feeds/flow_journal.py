@@ -36,11 +36,13 @@ import datetime as dt
 import functools
 import json
 import re
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
+from pydantic import PlainSerializer, PlainValidator, model_validator
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
-from lake_assets.config import CollectionConfig
+from lake_assets.config_model import FeedConfig, Model, checked, expected, names, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
@@ -243,8 +245,78 @@ class _JournalFragments:
         ]
 
 
+def _collection_name(value: Any) -> bool:
+    pattern = r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*"
+    return isinstance(value, str) and ".." not in value and re.fullmatch(pattern, value) is not None
+
+
+def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Logical partitions to read: `{field: [values]}` in the file, field -> values pairs in code."""
+    pairs = value.items() if isinstance(value, dict) else value
+    what = "a mapping of a partition field to a non-empty list of values, such as {region: [eu, us]}"
+    try:
+        selection = dict(pairs)
+    except (TypeError, ValueError):
+        raise expected(what) from None
+    if not all(_field_and_values(field, values) for field, values in selection.items()):
+        raise expected(what)
+    return tuple(sorted((field, tuple(str(v) for v in values)) for field, values in selection.items()))
+
+
+def _field_and_values(field: Any, values: Any) -> bool:
+    return (
+        isinstance(field, str) and re.fullmatch(r"[A-Za-z0-9_]+", field) is not None
+        and isinstance(values, (list, tuple)) and len(values) > 0
+        and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values)
+    )
+
+
+class CollectionConfig(Model):
+    """A Flow collection: its name (which is also its storage prefix) and its key pointers."""
+
+    _positional = ("name", "key", "partitions")
+
+    name: Annotated[str, checked("a collection name such as acmeCo/orders", _collection_name)]
+    key: names(Annotated[str, checked("a JSON pointer such as /id", lambda v: isinstance(v, str) and re.fullmatch(
+        r"(/[A-Za-z0-9_.-]+)+", v) is not None)])
+    #: logical partitions to read, field -> accepted values; all when empty
+    partitions: Annotated[
+        tuple[tuple[str, tuple[str, ...]], ...],
+        PlainValidator(_selection),
+        PlainSerializer(lambda pairs: {field: list(values) for field, values in pairs}),
+    ] = ()
+
+    def wants(self, field: str, value: str) -> bool:
+        """Whether a logical partition folder `field=value` is selected."""
+        selected = dict(self.partitions)
+        return field not in selected or value in selected[field]
+
+    @property
+    def table(self) -> str:
+        """The lake table: the name in lower case, anything but [a-z0-9_] as `_`."""
+        return re.sub(r"[^a-z0-9_]", "_", self.name.lower())
+
+
+class FlowJournalFeedConfig(FeedConfig):
+    """An Estuary Flow feed: the collections to read, each with its key."""
+
+    format: Literal["flow_journal"]
+    collections: names(CollectionConfig)
+
+    @model_validator(mode="after")
+    def _one_table_per_collection(self) -> "FlowJournalFeedConfig":
+        seen: dict[str, str] = {}
+        for index, collection in enumerate(self.collections):
+            if collection.table in seen:
+                raise refused(f"collections {seen[collection.table]} and {collection.name} both become table "
+                              f"{collection.table}", at=("collections", index, "name"))
+            seen[collection.table] = collection.name
+        return self
+
+
 class FlowJournalFormat(FeedFormat):
     name = "flow_journal"
+    config_model = FlowJournalFeedConfig
     partition_column = "hour"
     partitioning = "hourly"
     file_format = "flow"

@@ -29,10 +29,12 @@ Mapping onto the change model, one landed row at a time:
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, functions as F, types as T
 
+from lake_assets.config_model import FeedConfig, checked, names
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, data_files, timestamp_column
@@ -101,8 +103,24 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
     return copies
 
 
+def _grouped_table(value) -> bool:
+    org, _, table = value.partition("/") if isinstance(value, str) else ("", "", "")
+    return bool(_ORG.fullmatch(org)) and re.fullmatch(r"[a-z0-9_]+", table) is not None
+
+
+class GraxV2FeedConfig(FeedConfig):
+    """A GRAX Data Lake v2 feed: its tables are `<org>/<object>`, and it may name the orgs and
+    objects to take (all that landed otherwise)."""
+
+    format: Literal["grax_v2"]
+    tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", _grouped_table)]) | None = None
+    orgs: names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None = None
+    objects: names(Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]) | None = None
+
+
 class GraxV2Format(FeedFormat):
     name = "grax_v2"
+    config_model = GraxV2FeedConfig
     partition_column = "batch"
     time_columns = (MODIFIED,)
     partitioning = "batch"

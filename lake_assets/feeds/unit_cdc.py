@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Literal
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F, types as T
 
+from lake_assets.config_model import FeedConfig
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
@@ -43,8 +45,15 @@ def _is_whole_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or (pa.types.is_decimal(t) and t.scale == 0)
 
 
+class UnitCdcFeedConfig(FeedConfig):
+    """A Unit CDC feed: the options every feed has, nothing more."""
+
+    format: Literal["unit_cdc"]
+
+
 class UnitCdcFormat(FeedFormat):
     name = "unit_cdc"
+    config_model = UnitCdcFeedConfig
     partition_column = "hour"
     time_columns = (COMMITTED_AT,)
 

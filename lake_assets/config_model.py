@@ -1,0 +1,293 @@
+"""Typed building blocks of the feed configuration (pydantic v2).
+
+The base model every configuration piece derives from, the checked value types the pieces are
+made of, the options every feed shares (`FeedConfig`; each format's model extends it beside its
+feed module), and the translation of a validation failure into lines a person reads: one line
+per mistake, `<key path>: expected <what>, got <value>`. Values that may be credentials are never
+echoed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Annotated, Any, Callable, ClassVar, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
+
+from lake_assets.errors import ConfigError
+from lake_assets.paths import normalise_root_uri
+
+#: where credentials go instead of the configuration file
+CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
+    "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally "
+    "AWS_SESSION_TOKEN), never from the configuration file"
+)
+#: a setting name that looks like it holds a credential
+SECRET_NAME = re.compile(
+    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key", re.IGNORECASE
+)
+#: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
+MECHANISM_NAME = re.compile(r"[._-](provider|binding|enabled)$", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether a setting named `name` would hold a credential (key, secret, password, token)."""
+    return bool(SECRET_NAME.search(name)) and not MECHANISM_NAME.search(name)
+
+
+def expected(what: str) -> PydanticCustomError:
+    """A validation error saying what was expected; the value given is added when shown."""
+    return PydanticCustomError("expected", "expected {expected}", {"expected": what})
+
+
+def refused(reason: str, at: tuple[str | int, ...] = ()) -> PydanticCustomError:
+    """A validation error that never echoes the value (it may be a credential); `at` extends the
+    key path of a check made on a whole model down to the key it is about."""
+    return PydanticCustomError("refused", "{reason}", {"reason": reason, "at": at})
+
+
+def checked(what: str, accept: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v) -> PlainValidator:
+    """A value `accept` takes (converted by `convert`), or the error `expected <what>`. Plain:
+    pydantic's lax coercions (true -> 1, 1 -> '1') never apply."""
+
+    def validate(value: Any) -> Any:
+        if not accept(value):
+            raise expected(what)
+        return convert(value)
+
+    return PlainValidator(validate)
+
+
+def _text(pattern: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and re.fullmatch(pattern, v) is not None
+
+
+def _hour(value: Any) -> bool:
+    try:
+        dt.datetime.strptime(value, "%Y-%m-%d-%H")
+    except (TypeError, ValueError):
+        return False
+    return _text(r"\d{4}-\d{2}-\d{2}-\d{2}")(value)
+
+
+def _credentials_in_url(value: str) -> bool:
+    return "@" in urlsplit(value.strip()).netloc
+
+
+def _root_uri(value: Any) -> str:
+    if not isinstance(value, str):
+        raise expected(ROOT_URI)
+    if _credentials_in_url(value):
+        raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    try:
+        return normalise_root_uri(value, "uri")
+    except ConfigError:
+        raise expected(ROOT_URI) from None
+
+
+def _endpoint(value: Any) -> str:
+    if not _text(r"https?://[^\s/]+(/\S*)?")(value):
+        raise expected("an http:// or https:// URL")
+    if _credentials_in_url(value):
+        raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    return value
+
+
+ROOT_URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..')"
+RootUri = Annotated[str, PlainValidator(_root_uri)]
+EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
+Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
+FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", _text(r"[a-z0-9_-]+"))]
+TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))]
+HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
+NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
+PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is int and v >= 1)]
+Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
+
+
+def names(item: Any) -> Any:
+    """A non-empty list of `item` (read as a tuple)."""
+    return Annotated[tuple[item, ...], Field(min_length=1)]
+
+
+def only_for(formats: str) -> Any:
+    """An option of other feed formats: absent (None) on this one, and refused when given."""
+    return Annotated[
+        None,
+        PlainValidator(lambda v: _absent(v, formats)),
+        Field(exclude=True),  # never part of this format's keys or of its dump
+    ]
+
+
+def _absent(value: Any, formats: str) -> None:
+    if value is not None:
+        raise expected(f"nothing: this key applies to {formats} feeds only")
+
+
+GraxOnly = only_for("grax_v2")
+FlowOnly = only_for("flow_journal")
+
+
+class Model(BaseModel):
+    """A frozen configuration piece that refuses unknown keys. It may be built with its leading
+    fields given in order (`_positional`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    _positional: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *args: Any, **data: Any):
+        if len(args) > len(self._positional):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self._positional)} values in order")
+        super().__init__(**dict(zip(self._positional, args)), **data)
+
+
+class FeedConfig(Model):
+    """What every feed has, whatever its format; each format's model (beside its feed module)
+    extends it. `FeedConfig(name, format, landing, ...)` builds the model of that format."""
+
+    _positional = ("name", "format", "landing")
+
+    name: FeedName
+    format: str
+    landing: RootUri
+    #: tables to process; discovered from the landing layout when omitted
+    tables: names(TableName) | None = None
+    #: first hourly partition; discovered when omitted
+    start: HourKey | None = None
+    #: how long an hour folder may still gain files
+    late_hours: NonNegativeInt = 4
+    #: how often the daemon looks for new files
+    sensor_interval_seconds: PositiveInt = 30
+    #: false: the landing sensor starts stopped (backfills only)
+    watch: Flag = True
+    # Options of other formats, None here so that code may ask any feed for them.
+    orgs: GraxOnly = None
+    objects: GraxOnly = None
+    collections: FlowOnly = None
+
+    def __new__(cls, *args: Any, **data: Any):
+        if cls is FeedConfig:
+            from lake_assets.feeds import get_format
+
+            cls = get_format(data.get("format", args[1] if len(args) > 1 else None)).config_model
+        return super().__new__(cls)
+
+
+def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
+    """One line per mistake: the key path, what was expected and the value given (unless it may
+    be a credential)."""
+    details = error.errors(include_url=False)
+    # A list with a bad item is also reported too short (its good items are counted): say only
+    # what is wrong with the item.
+    inner = [detail["loc"] for detail in details]
+    return [
+        _line(detail, model) for detail in details
+        if not (detail["type"] == "too_short" and any(len(loc) > len(detail["loc"]) and loc[:len(detail["loc"])] == detail["loc"] for loc in inner))
+    ]
+
+
+def _line(detail: dict, model: type[BaseModel]) -> str:
+    kind, loc, ctx = detail["type"], detail["loc"], detail.get("ctx") or {}
+    if kind == "refused":
+        return f"{key_path(loc + tuple(ctx['at']))}: {ctx['reason']}"
+    if kind == "expected":
+        return f"{key_path(loc)}: expected {ctx['expected']}, got {show(detail['input'])}"
+    if kind == "missing":
+        return f"{key_path(loc)}: required"
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        if looks_secret(key):
+            return f"{key_path(loc)}: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
+        return f"{key_path(loc)}: unknown key; expected one of {', '.join(keys_of(_model_at(model, loc[:-1])))}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = ", ".join(_feed_formats())
+        if kind == "union_tag_not_found":
+            return f"{key_path(loc + ('format',))}: required, one of {tags}"
+        return f"{key_path(loc + ('format',))}: expected one of {tags}, got {show(detail['input'].get('format'))}"
+    what = _EXPECTED.get(kind)
+    if what is None:
+        return f"{key_path(loc)}: {detail['msg']}, got {show(detail.get('input'))}"
+    return f"{key_path(loc)}: expected {what}, got {show(detail.get('input'))}"
+
+
+_EXPECTED = {
+    "model_type": "a mapping (key: value)",
+    "model_attributes_type": "a mapping (key: value)",
+    "dict_type": "a mapping (key: value)",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "too_short": "a non-empty list",
+    "string_type": "text",
+}
+
+
+def key_path(loc: tuple) -> str:
+    """`feeds[1].late_hours`, `spark.conf['fs.s3a.endpoint']`: a location as the YAML spells it
+    (the format tag pydantic adds to a feed's location is left out)."""
+    out = ""
+    previous = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "[key]" or (isinstance(previous, int) and part in _feed_formats()):
+            pass
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+        previous = part
+    return out or "top level"
+
+
+def show(value: Any) -> str:
+    """A value as YAML writes it, cut short."""
+    if isinstance(value, bool) or value is None:
+        text = {True: "true", False: "false", None: "null"}[value]
+    elif isinstance(value, str):
+        text = repr(value)
+    else:
+        text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def keys_of(model: type[BaseModel] | None) -> list[str]:
+    if model is None:
+        return []
+    return [name for name, field in model.model_fields.items() if not field.exclude]
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The configuration piece at a location (to name the keys it takes)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int):
+            continue
+        if part in _feed_formats():
+            current = _feed_formats()[part]
+            continue
+        field = current.model_fields.get(part)
+        current = _model_in(field.annotation) if field else None
+    return current
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+
+
+def _feed_formats() -> dict[str, type[FeedConfig]]:
+    from lake_assets.feeds import feed_config_models
+
+    return {format_of(m): m for m in feed_config_models()}
+
+
+def format_of(model: type[FeedConfig]) -> str:
+    """The `format` a feed model stands for (its discriminator's one value)."""
+    return get_args(model.model_fields["format"].annotation)[0]
