@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_config, load_config
+from lake_assets.discovery import describe, discover
 from lake_assets.errors import ConfigError, LakeAssetsError
-from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, summarise
+from lake_assets.runner import RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -33,6 +34,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in failures:
         print(f"lake-assets: failed: {line}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """List every feed's landing, pin its tables and first hour in the lake, say what is pinned."""
+    config = load_config(args.config)
+    if args.lake:
+        config = config.with_lake(args.lake)
+    failed = False
+    for found in discover(config, storage_for(config)):
+        print(describe(found))
+        for line in ([found.problem] if found.problem else []) + list(found.unlisted):
+            print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -119,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--from", dest="first", help="first partition to run (hour 2024-03-01-05 or batch); default: the first landed")
     run.add_argument("--to", dest="last", help="last partition to run; default: the last landed")
     run.set_defaults(func=cmd_run)
+    pin = sub.add_parser("discover", help="list the landings and pin their tables and first hour in the lake")
+    pin.add_argument("--config", required=True, help="feed configuration YAML")
+    pin.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    pin.set_defaults(func=cmd_discover)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
     demo.set_defaults(func=cmd_demo)

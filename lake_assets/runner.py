@@ -16,6 +16,7 @@ import dagster as dg
 import pyarrow.dataset as pads
 
 from lake_assets.config import LakeConfig
+from lake_assets.discovery import Pin, describe, discover, feed_tables, load_pins
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -23,7 +24,6 @@ from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
     feed_job_name,
-    feed_tables,
     table_job_name,
 )
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -91,13 +91,14 @@ def run_feeds(
     """Materialise every landed partition of every feed, or those in [first, last]; returns the
     run ids. A failing table or feed stops no other: each runs, and RunFailed at the end names
     every failure."""
-    defs = build_definitions(config)
     storage = storage_for(config)
+    run_ids, failures = [], []
+    pins = _pin_what_landed(config, storage, say, failures)
+    defs = build_definitions(config)
     instance = instance or instance_for_cli()
     steps = _what_each_step_writes(defs)
-    run_ids, failures = [], []
     for feed in config.feeds:
-        for run in _plan_feed(feed, storage, instance, first, last, say, failures):
+        for run in _plan_feed(feed, pins[feed.name], storage, instance, first, last, say, failures):
             run_id, failed = _run(defs.resolve_job_def(run.job), instance, run, steps, say)
             run_ids += [run_id] if run_id else []
             failures += failed
@@ -106,13 +107,27 @@ def run_feeds(
     return run_ids
 
 
-def _plan_feed(feed, storage: Storage, instance: dg.DagsterInstance, first: str | None, last: str | None,
+def _pin_what_landed(config: LakeConfig, storage: Storage, say: Callable[[str], None],
+                     failures: list[str]) -> dict[str, Pin]:
+    """Discovery, before the definitions are built: the landing is listed to plan anyway, so what
+    it holds is pinned and the definitions have it. A landing that cannot be listed is a failure
+    (a table whose hours cannot be, planning reports)."""
+    pins = {}
+    for found in discover(config, storage):
+        pins[found.feed.name] = found.pin
+        if found.changed:
+            say(describe(found))
+        failures += [f"{found.feed.name}: {found.problem}"] if found.problem else []
+    return pins
+
+
+def _plan_feed(feed, pin: Pin, storage: Storage, instance: dg.DagsterInstance, first: str | None, last: str | None,
                say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
     """The runs that process a feed's landed partitions in [first, last]. A table whose landing
     cannot be listed is a failure (added to `failures`); the feed's other tables still run."""
     try:
         fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, storage)
+        tables = feed_tables(feed, fmt, pin)
     except Exception as exc:  # reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {_first_line(str(exc))}")
         return []
@@ -220,10 +235,11 @@ def count_rows(storage: Storage, uri: str) -> int:
 def summarise(config: LakeConfig) -> list[TableSummary]:
     storage = storage_for(config)
     layout = LakeLayout(config.lake)
+    pins = load_pins(config, storage)
     rows = []
     for feed in config.feeds:
         fmt = format_for(feed)
-        for table in feed_tables(feed, fmt, storage):
+        for table in feed_tables(feed, fmt, pins[feed.name]):
             quarantine = f"{layout.root}/_quarantine/{feed.name}/{table}"
             quarantined = sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(".reason.json"))
             rows.append(
