@@ -106,6 +106,12 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
     return tables
 
 
+def pins_anything(feed: FeedConfig, fmt: FeedFormat) -> bool:
+    """Whether discovery has something to pin for the feed: tables it does not configure, or the
+    first hour of an hourly feed without `start`."""
+    return fmt.configured_tables(feed) is None or (fmt.partitioning == "hourly" and not feed.start)
+
+
 def first_hour(feed: FeedConfig, pin: Pin) -> str:
     """An hourly feed's first partition: configured, else pinned.
 
@@ -147,10 +153,13 @@ def discover(config: LakeConfig, storage: Storage) -> list[Discovery]:
     return [discover_feed(storage, layout, feed) for feed in config.feeds]
 
 
-def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig) -> Discovery:
+def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig, every_table: bool = True) -> Discovery:
+    """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
+    the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
+    one listing of the landing, not one of every table's hours."""
     fmt = format_for(feed)
     replaced = problem = None
-    unlisted = []
+    unlisted: list[str] = []
     try:
         before = read_pin(storage, layout, feed.name)
     except PinError as exc:  # our own file, damaged or hand-edited: discovery writes it anew
@@ -161,21 +170,29 @@ def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig) -> Dis
         problem, found = f"listing its tables under {feed.landing}: {_first_line(exc)}", []
     pin = Pin(tables=tuple(sorted({*before.tables, *found})), first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
+    old = set(feed_tables(feed, fmt, before))
     if fmt.partitioning == "hourly" and not feed.start:
-        landed = []
-        for table in tables:
-            try:
-                landed += fmt.partition_keys(storage, feed.landing, table)[:1]
-            except Exception as exc:  # one table's listing failing does not stop the others
-                unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
-        pin = dataclasses.replace(pin, first_hour=min([*landed, *filter(None, [before.first_hour])], default=None))
+        searched = tables if every_table or before.first_hour is None else [t for t in tables if t not in old]
+        landed, unlisted = _first_landed_hour(storage, feed, fmt, searched)
+        pin = dataclasses.replace(pin, first_hour=min(filter(None, [landed, before.first_hour]), default=None))
     if pin != before or replaced:
         write_pin(storage, layout, feed.name, pin)
-    old = set(feed_tables(feed, fmt, before))
     return Discovery(
         feed=feed, pin=pin, tables=tables, new=[t for t in tables if t not in old],
         earlier=pin.first_hour != before.first_hour, replaced=replaced, problem=problem, unlisted=tuple(unlisted),
     )
+
+
+def _first_landed_hour(storage: Storage, feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> tuple[str | None, list[str]]:
+    """The earliest hour with files among `tables`, and a line per table whose hours could not be
+    listed (the others are still looked at)."""
+    firsts, unlisted = [], []
+    for table in tables:
+        try:
+            firsts += fmt.partition_keys(storage, feed.landing, table)[:1]
+        except Exception as exc:
+            unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
+    return min(firsts, default=None), unlisted
 
 
 def describe(found: Discovery) -> str:

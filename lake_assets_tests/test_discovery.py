@@ -18,6 +18,7 @@ from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.discovery import discover
 from lake_assets.orchestration.definitions import build_definitions
+from lake_assets.orchestration.resources import LakeResource
 from lake_assets.runner import storage_for
 from lake_assets_tests.storage_spy import spy_on_every_storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
@@ -223,3 +224,24 @@ def test_a_run_on_a_fresh_lake_pins_and_processes_every_table(tmp_path, spark, c
     assert "unit: 2 table(s) pinned: accounts, cards (new)" in out
     assert re.search(r"unit\s+cards\s+1\s+1\s+1\s+0", out), out
     assert tables_of(build_definitions(config), "unit") == {"accounts", "cards"}
+
+
+def test_the_tables_sensor_pins_a_new_table_and_asks_for_a_reload(lake):
+    """Sensors run in the daemon, not at load: the tables sensor may list the landing. It pins a
+    table that landed after the code location loaded; the reloaded location has its assets."""
+    config, _, unit = lake
+    discover(config, storage_for(config))
+    defs = build_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_tables_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        quiet = sensor(context)
+    assert quiet.skip_message == f"no new table under {config.feeds[0].landing}"
+
+    write_events(unit, "cards", 5, "part-0.parquet", [event("c", "I", 1, at(5), name="x", balance=1)], ACCOUNT_SCHEMA)
+    for _ in range(2):  # pinned by the first tick, still not loaded at the second
+        with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+            tick = sensor(context)
+        assert tick.skip_message == "table(s) cards pinned since the code location loaded: reload it to add them"
+    assert tables_of(build_definitions(config), "unit") == {*UNIT_TABLES, "cards"}
+    assert {s.name for s in defs.sensors} >= {"unit_tables_sensor", "grax_tables_sensor", "flow_tables_sensor"}

@@ -12,13 +12,13 @@ import logging
 import dagster as dg
 
 from lake_assets.config import LakeConfig
-from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_pins
+from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_pins, pins_anything
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
-from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor
+from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
 from lake_assets.paths import is_s3
 from lake_assets.storage import S3Settings, Storage
 
@@ -76,6 +76,8 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     for feed in config.feeds:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pins[feed.name])
+        if pins_anything(feed, fmt):
+            sensors.append(build_tables_sensor(feed, fmt, pins[feed.name]))
         if not tables:
             log.warning("feed %s: no tables configured or pinned, so it has no assets; %s", feed.name, DISCOVER_HINT)
             continue
