@@ -46,8 +46,10 @@ print("LOADED", len(list(location.defs.resolve_asset_graph().get_all_asset_keys(
 
 
 def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_path):
-    config = _config(tmp_path, _landing(tmp_path))
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
     discover(config, storage_for(config))  # the tables the code location loads are pinned
+    landing.rename(tmp_path / "elsewhere")  # loading never looks at the landing
     config_file = tmp_path / "lake_assets.yaml"
     config_file.write_text(dump_config(config))
     home = tmp_path / "home"
