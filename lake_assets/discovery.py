@@ -28,7 +28,7 @@ from lake_assets.storage import Storage
 
 log = logging.getLogger(__name__)
 
-DISCOVER_HINT = "run `lake-assets discover --config FILE` (or `lake-assets run`) to pin them"
+DISCOVER_HINT = "run `lake-assets discover --config FILE` (or `lake-assets run`) to pin what has landed"
 
 
 class PinError(LakeAssetsError):
