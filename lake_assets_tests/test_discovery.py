@@ -131,6 +131,7 @@ def test_discover_pins_tables_and_first_hour_and_marks_the_new_ones(lake, capsys
     assert json.loads(open(f"{lake_root}/_state/unit/tables.json").read()) == {
         "tables": list(UNIT_TABLES), "first_hour": "2024-03-01-00"}
     assert json.loads(open(f"{lake_root}/_state/flow/tables.json").read()) == {"tables": [], "first_hour": "2024-06-01-10"}
+    assert json.loads(open(f"{lake_root}/_state/grax/tables.json").read())["first_hour"] is None  # batches, not hours
 
     assert main(["discover", "--config", str(config_file)]) == 0
     assert "(new)" not in capsys.readouterr().out
