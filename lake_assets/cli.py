@@ -13,8 +13,9 @@ from pathlib import Path
 from lake_assets.config import (
     CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config, load_config, resolved_config,
 )
-from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.console import RunDisplay, new_log_path, output_to
+from lake_assets.discovery import describe, discover
+from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.feeds.base import parse_hour_key
 from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
 from lake_assets.runner import Progress, RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
@@ -67,6 +68,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(format_status(tables, keeps_runs=not instance.is_ephemeral))
     return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """List every feed's landing, pin its tables and first hour in the lake, say what is pinned."""
+    config = load_config(args.config)
+    if args.lake:
+        config = config.with_lake(args.lake)
+    failed = False
+    for found in discover(config, storage_for(config)):
+        print(describe(found))
+        for line in ([found.problem] if found.problem else []) + list(found.unlisted):
+            print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -196,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--config", required=True, help="feed configuration YAML")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=cmd_status)
+    pin = sub.add_parser("discover", help="list the landings and pin their tables and first hour in the lake")
+    pin.add_argument("--config", required=True, help="feed configuration YAML")
+    pin.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    pin.set_defaults(func=cmd_discover)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
     demo.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")

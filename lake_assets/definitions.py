@@ -3,6 +3,9 @@
 `dagster dev -w workspace.yaml` loads this module. Without `LAKE_ASSETS_CONFIG`, it uses
 `./lake_assets.yaml`, else the demo's configuration (`.demo/lake_assets.yaml`, written by
 `./dev demo`).
+
+Loading reads the configuration and what `lake-assets discover` pinned in the lake; it never
+lists a landing (`lake_assets.discovery`).
 """
 
 from __future__ import annotations

@@ -92,5 +92,10 @@ class LakeLayout:
         """The engine's bookkeeping for a table (not a table: `_` hides it from readers)."""
         return join(self.root, "_state", feed, *table_segments(table))
 
+    def pins(self, feed: str) -> str:
+        """The tables and first hour discovery pinned for a feed (`discovery`): beside its tables'
+        state, named so no table folder can take it (a table name has no `.`)."""
+        return join(self.root, "_state", feed, "tables.json")
+
     def catalog(self) -> str:
         return join(self.root, "catalog")

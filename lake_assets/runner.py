@@ -19,6 +19,7 @@ import dagster as dg
 
 from lake_assets import processed
 from lake_assets.config import LakeConfig, check_landings
+from lake_assets.discovery import Pin, describe, discover, feed_tables, load_pins
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -26,7 +27,6 @@ from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
     feed_job_name,
-    feed_tables,
     table_job_name,
 )
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -130,8 +130,10 @@ def run_feeds(
     instance = instance or instance_for_cli()
     forced = everything or first is not None or last is not None
     failures: list[str] = []
+    pins = _pin_what_landed(config, storage, say, failures)
     planned = [run for feed in config.feeds
-               for run in _plan_feed(feed, storage, layout, instance, _Selection(first, last, forced), say, failures)]
+               for run in _plan_feed(feed, pins[feed.name], storage, layout, instance, _Selection(first, last, forced),
+                                     say, failures)]
     if not planned and not failures:
         say("nothing changed since the last run: no partition to process (--all processes every one again)")
     run_ids = []
@@ -165,13 +167,27 @@ class _Selection:
 _NAMED_CHANGES = 5
 
 
-def _plan_feed(feed, storage: Storage, layout: LakeLayout, instance: dg.DagsterInstance, selection: _Selection,
+def _pin_what_landed(config: LakeConfig, storage: Storage, say: Callable[[str], None],
+                     failures: list[str]) -> dict[str, Pin]:
+    """Discovery, before the definitions are built: the landing is listed to plan anyway, so what
+    it holds is pinned and the definitions have it. A landing that cannot be listed is a failure
+    (a table whose hours cannot be, planning reports)."""
+    pins = {}
+    for found in discover(config, storage):
+        pins[found.feed.name] = found.pin
+        if found.changed:
+            say(describe(found))
+        failures += [f"{found.feed.name}: {found.problem}"] if found.problem else []
+    return pins
+
+
+def _plan_feed(feed, pin: Pin, storage: Storage, layout: LakeLayout, instance: dg.DagsterInstance, selection: _Selection,
                say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
     """The runs that process a feed's selected partitions. A table whose landing cannot be
     listed is a failure (added to `failures`); the feed's other tables still run."""
     try:
         fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, storage)
+        tables = feed_tables(feed, fmt, pin)
     except Exception as exc:  # reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {_first_line(str(exc))}")
         return []
@@ -358,10 +374,11 @@ def storage_for(config: LakeConfig) -> Storage:
 def summarise(config: LakeConfig) -> list[TableSummary]:
     storage = storage_for(config)
     layout = LakeLayout(config.lake)
+    pins = load_pins(config, storage)
     rows = []
     for feed in config.feeds:
         fmt = format_for(feed)
-        for table in feed_tables(feed, fmt, storage):
+        for table in feed_tables(feed, fmt, pins[feed.name]):
             quarantine = layout.quarantine(feed.name, table)
             rows.append(
                 TableSummary(
@@ -382,10 +399,11 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
     storage = storage_for(config)
     layout = LakeLayout(config.lake)
     instance = instance or instance_for_cli()
+    pins = load_pins(config, storage)
     found = []
     for feed in config.feeds:
         fmt = format_for(feed)
-        for table in feed_tables(feed, fmt, storage):
+        for table in feed_tables(feed, fmt, pins[feed.name]):
             status = table_status(storage, layout, feed.landing, feed.name, fmt, table)
             job = table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
             status.last_run = _last_run(instance, job, f"{feed.name}/{table}")

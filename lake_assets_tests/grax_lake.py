@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.orchestration.definitions import batch_partitions_name, build_definitions, table_job_name
+from lake_assets.orchestration.definitions import batch_partitions_name, table_job_name
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
+from lake_assets_tests.discovered import discovered_definitions
 
 UTC = dt.timezone.utc
 ORG = "00Dpurge"
@@ -64,7 +65,7 @@ def cli(config: LakeConfig, instance: dg.DagsterInstance, first: str | None = No
 
 def backfill(config: LakeConfig, instance: dg.DagsterInstance, first: str, last: str, layers=("catalog", "changes", "current", "history")) -> None:
     """A single-run range backfill of the table's job as the UI launches it (its batches registered)."""
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     name = batch_partitions_name(FEED, TABLE)
     landed = {p.name[len("batch="):] for p in Path(config.feeds[0].landing[len("file://"):]).rglob("batch=*")}
     instance.add_dynamic_partitions(name, sorted(landed - set(instance.get_dynamic_partitions(name))))
@@ -78,7 +79,7 @@ def backfill(config: LakeConfig, instance: dg.DagsterInstance, first: str, last:
 def sensor_tick(config: LakeConfig, instance: dg.DagsterInstance, cursor: str | None) -> tuple[str | None, int]:
     """One tick of the batch sensor, then the runs it requested, as the daemon would launch them;
     returns the new cursor and how many runs were requested."""
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def(f"{FEED}_batch_sensor")
     with dg.build_sensor_context(resources={"lake": LakeResource(root=config.lake)}, definitions=defs, cursor=cursor, instance=instance) as context:
         result = sensor(context)

@@ -11,3 +11,16 @@ class CountingStorage(Storage):
     def list(self, uri):
         self.listed.append(uri)
         return super().list(uri)
+
+
+def spy_on_every_storage(monkeypatch) -> list[tuple[str, str]]:
+    """(call, uri) for every folder any Storage lists or walks and every file it looks at or
+    reads from now on, whoever made the Storage."""
+    touched: list[tuple[str, str]] = []
+    for name in ("list", "walk_files", "exists", "read_bytes", "open_input_file"):
+        def spy(self, uri, *args, _name=name, _original=getattr(Storage, name), **kwargs):
+            touched.append((_name, uri))
+            return _original(self, uri, *args, **kwargs)
+
+        monkeypatch.setattr(Storage, name, spy)
+    return touched

@@ -11,9 +11,10 @@ import pytest
 
 from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_landing
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.orchestration.definitions import build_definitions, feed_job_name, resources_for
+from lake_assets.orchestration.definitions import feed_job_name, resources_for
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 HOUR_1, HOUR_2 = "2024-03-01-01", "2024-03-01-02"
@@ -34,7 +35,7 @@ def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_pat
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5))], ACCOUNT_SCHEMA)
     write_events(landing, "accounts", 2, "part-0.parquet", [event("b", "I", 2, at(2, 5))], ACCOUNT_SCHEMA)
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
 
@@ -67,7 +68,7 @@ def test_the_catalog_asset_shares_the_partitions_of_the_files_it_lists(tmp_path)
     landing = tmp_path / "landing"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA)
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
-    graph = build_definitions(config).resolve_asset_graph()
+    graph = discovered_definitions(config).resolve_asset_graph()
     catalog, changes = graph.get(_key("catalog")), graph.get(_key("changes"))
     assert catalog.partitions_def == changes.partitions_def
     assert _key("catalog") in changes.parent_keys and _key("raw") in catalog.parent_keys
@@ -197,7 +198,7 @@ def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_the
                                                            event("b", "I", 2, at(1, 6), name="b", balance=2)], ACCOUNT_SCHEMA)
     second = write_events(landing, "accounts", 2, "part-0.parquet", [event("a", "U", 3, at(2, 5), name="a2", balance=3)], ACCOUNT_SCHEMA)
     config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
-    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     instance = dg.DagsterInstance.ephemeral()
     assert job.execute_in_process(instance=instance, tags={RANGE_START_TAG: HOUR_1, RANGE_END_TAG: HOUR_2}).success
     resources = resources_for(config)

@@ -9,9 +9,11 @@ import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
-from lake_assets.orchestration.definitions import build_definitions
+from lake_assets.discovery import discover
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.runner import storage_for
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +46,12 @@ print("LOADED", len(list(location.defs.resolve_asset_graph().get_all_asset_keys(
 
 
 def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_path):
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    discover(config, storage_for(config))  # the tables the code location loads are pinned
+    landing.rename(tmp_path / "elsewhere")  # loading never looks at the landing
     config_file = tmp_path / "lake_assets.yaml"
-    config_file.write_text(dump_config(_config(tmp_path, _landing(tmp_path))))
+    config_file.write_text(dump_config(config))
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("")
@@ -67,10 +73,10 @@ def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_pa
 
 
 def test_asset_graph_per_table(tmp_path):
-    defs = build_definitions(_config(tmp_path, _landing(tmp_path)))
+    defs = discovered_definitions(_config(tmp_path, _landing(tmp_path)))
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    for table in ("accounts", "cards"):  # discovered from the landing folder
+    for table in ("accounts", "cards"):  # discovered in the landing folder
         assert {f"unit/{table}/{layer}" for layer in ("raw", "catalog", "changes", "current", "history")} <= keys
     changes = graph.get(dg.AssetKey(["unit", "accounts", "changes"]))
     assert changes.partitions_def.get_first_partition_key() == "2024-03-01-03"
@@ -84,7 +90,7 @@ def test_asset_graph_per_table(tmp_path):
 def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path):
     landing = _landing(tmp_path)
     config = _config(tmp_path, landing)
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("unit_landing_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
 

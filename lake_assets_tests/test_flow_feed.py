@@ -18,6 +18,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -319,7 +320,6 @@ def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeyp
 
 
 def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_path):
-    from lake_assets.orchestration.definitions import build_definitions
     from lake_assets.orchestration.resources import LakeResource
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 
@@ -354,7 +354,7 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
     strays[uri(notes_file)] = "'acmeCo/customers/README' is neither a logical partition"
     config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
 
-    defs = build_definitions(config)  # one bad folder name must not stop every feed of the config
+    defs = discovered_definitions(config)  # one bad folder name must not stop every feed of the config
     instance = dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
 
@@ -413,7 +413,6 @@ def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
 
 
 def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
-    from lake_assets.orchestration.definitions import build_definitions
     from lake_assets.orchestration.resources import LakeResource
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 
@@ -422,7 +421,7 @@ def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
     first = doc_line(1)
     write_fragment(journal, 0, first, hour=10)
     config = config_for(landing, tmp_path / "lake", {"acmeCo/customers": ["/id"]})
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("flow_landing_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:

@@ -19,6 +19,7 @@ from lake_assets.feeds.grax_v2 import GraxV2Format, batch_order, is_batch_key, t
 from lake_assets.landing_watch import BatchCursor, scan_batches
 from lake_assets.orchestration.definitions import batch_partitions_name
 from lake_assets.runner import run_feeds
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -271,7 +272,6 @@ def test_the_grax_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
 
 
 def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_path):
-    from lake_assets.orchestration.definitions import build_definitions
     from lake_assets.orchestration.resources import LakeResource
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 
@@ -280,7 +280,7 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     for batch in ("00000000a", "00000000b"):
         write_file(landing, "Account", batch, "data-00000000001.parquet", row)
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("grax_batch_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
     partitions = batch_partitions_name("grax", f"{ORG}/account")

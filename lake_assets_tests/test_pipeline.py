@@ -11,10 +11,11 @@ import pytest
 
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets.orchestration.definitions import build_definitions, feed_job_name
+from lake_assets.orchestration.definitions import feed_job_name
 from lake_assets.orchestration.io_managers import InMemoryHandover
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
 
 TABLES = ("accounts", "customers", "transactions")
@@ -145,7 +146,7 @@ def test_a_stored_batch_is_handed_over_once_to_its_own_run_and_released_otherwis
 
 def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
-    defs = build_definitions(config)
+    defs = discovered_definitions(config)
     job = defs.resolve_job_def(feed_job_name("unit"))
     hours = sample.hours["accounts"]
     instance = dg.DagsterInstance.ephemeral()
@@ -164,7 +165,7 @@ def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
 
 def test_empty_partitions_and_empty_upstream_are_handled(sample, tmp_path, spark):
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
-    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     # An hour before anything landed: no files, no rows, still a successful materialisation.
     first = dt.datetime.strptime(sample.hours["accounts"][0], "%Y-%m-%d-%H")
     empty_hour = (first + dt.timedelta(hours=0)).strftime("%Y-%m-%d-%H")
@@ -243,7 +244,7 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     import shutil
 
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
-    job = build_definitions(config).resolve_job_def(feed_job_name("unit"))
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     hours = sample.hours["accounts"]
     instance = dg.DagsterInstance.ephemeral()
     result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-2]})

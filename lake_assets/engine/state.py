@@ -12,6 +12,8 @@ _state/<feed>/<table>/deletes/{active,closed/<date>}/  delete events, same shape
 _state/<feed>/<table>/purged/part-*.parquet            the purged keys, for good (engine/purges.py)
 _state/<feed>/<table>/commits/<fold>.json              commit record of a fold being applied
 _staging/<feed>/<table>/<fold>/                        files of a fold before they are committed
+_state/<feed>/tables.json                              the feed's tables and first hour, pinned by
+                                                       discovery (lake_assets/discovery.py)
 ```
 
 Closed versions never change unless late data lands before their end, so keeping them apart from

@@ -41,7 +41,11 @@ class FeedFormat(abc.ABC):
 
     @abc.abstractmethod
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
-        """Table names present in the landing area."""
+        """Table names present in the landing area (lists it: `lake-assets discover`, never at load)."""
+
+    def configured_tables(self, feed) -> list[str] | None:
+        """The tables the feed's configuration names, or None when discovery finds them."""
+        return list(feed.tables) if feed.tables else None
 
     @abc.abstractmethod
     def table_spec(self, table: str) -> TableSpec:

@@ -339,6 +339,10 @@ class FlowJournalFormat(FeedFormat):
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
         return sorted(self.collections)
 
+    def configured_tables(self, feed) -> list[str] | None:
+        """A Flow feed names its collections in the configuration: they are its tables."""
+        return super().configured_tables(feed) or sorted(self.collections)
+
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=tuple(key_column(p) for p in self.collection(table).key))
 

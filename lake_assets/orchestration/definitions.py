@@ -1,23 +1,31 @@
-"""Dagster definitions built from a feed configuration."""
+"""Dagster definitions built from a feed configuration and what discovery pinned in the lake.
+
+Building them never lists a landing (`lake_assets.discovery`): the same configuration and pins
+give the same definitions whatever has landed since.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import dagster as dg
 
-from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.config import LakeConfig
+from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_pins, pins_anything
 from lake_assets.feeds import format_for
-from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat, hour_key
+from lake_assets.feeds.base import HOUR_KEY_FORMAT
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets, identifier
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
-from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor
+from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
 from lake_assets.paths import is_s3
 from lake_assets.storage import S3Settings, Storage
 
 
 AUTOMATION_SENSOR = "lake_automation"
+
+log = logging.getLogger(__name__)
 
 
 def feed_job_name(feed: str) -> str:
@@ -32,34 +40,6 @@ def table_job_name(feed: str, table: str) -> str:
 
 def batch_partitions_name(feed: str, table: str) -> str:
     return identifier(feed, table, "batches")
-
-
-def feed_tables(feed: FeedConfig, fmt: FeedFormat, storage: Storage) -> list[str]:
-    """The configured tables, or those discovered in the landing area (narrowed by the feed's
-    `orgs` / `objects` filters)."""
-    if feed.tables:
-        return list(feed.tables)
-    tables = fmt.discover_tables(storage, feed.landing)
-    if feed.orgs:
-        tables = [t for t in tables if t.split("/")[0] in feed.orgs]
-    if feed.objects:
-        wanted = {o.lower() for o in feed.objects}
-        tables = [t for t in tables if t.split("/")[-1] in wanted]
-    return tables
-
-
-def first_hour(feed: FeedConfig, fmt: FeedFormat, storage: Storage, tables: list[str]) -> str:
-    """The feed's first hourly partition: configured, else the earliest landed hour.
-
-    With nothing landed yet the partitions start today, so a fresh deployment still loads;
-    production configs should pin `start` so every process agrees whatever has landed.
-    """
-    if feed.start:
-        return feed.start
-    earliest = [hours[0] for hours in (fmt.partition_keys(storage, feed.landing, t) for t in tables) if hours]
-    if earliest:
-        return min(earliest)
-    return hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
 
 
 def resources_for(config: LakeConfig) -> dict:
@@ -90,11 +70,17 @@ def resources_for(config: LakeConfig) -> dict:
 
 def build_definitions(config: LakeConfig) -> dg.Definitions:
     storage = Storage(S3Settings(endpoint_url=config.s3.endpoint_url, region=config.s3.region))
+    pins = load_pins(config, storage)
     assets: list = []
     sensors, jobs = [], []
     for feed in config.feeds:
         fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, storage)
+        tables = feed_tables(feed, fmt, pins[feed.name])
+        if pins_anything(feed, fmt):
+            sensors.append(build_tables_sensor(feed, fmt, pins[feed.name]))
+        if not tables:
+            log.warning("feed %s: no tables configured or pinned, so it has no assets; %s", feed.name, DISCOVER_HINT)
+            continue
         if fmt.partitioning == "batch":
             built = [
                 build_table_assets(feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t)))
@@ -112,7 +98,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
             if built:
                 sensors.append(build_batch_sensor(feed, fmt, built))
         else:
-            start = first_hour(feed, fmt, storage, tables)
+            start = first_hour(feed, pins[feed.name])
             partitions = dg.HourlyPartitionsDefinition(
                 start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT), fmt=HOUR_KEY_FORMAT, timezone="UTC"
             )

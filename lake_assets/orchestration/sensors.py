@@ -11,6 +11,8 @@ import hashlib
 import dagster as dg
 
 from lake_assets.config import FeedConfig
+from lake_assets.discovery import Pin, describe, discover_feed, feed_tables
+from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.landing_watch import (
     BatchCursor,
@@ -98,6 +100,37 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         )
 
     return batch_sensor
+
+
+def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.SensorDefinition:
+    """Discovery in the daemon: pins the tables that land after the code location loaded (and an
+    earlier first hour), and says a reload adds them. Loading itself never lists the landing."""
+
+    @dg.sensor(
+        name=f"{feed.name.replace('-', '_')}_tables_sensor",
+        description=f"Watches {feed.landing} for new tables and pins them in the lake, as "
+                    "`lake-assets discover` does; reloading the code location then adds their assets.",
+        minimum_interval_seconds=feed.sensor_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
+    )
+    def tables_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
+        found = discover_feed(lake.get_storage(), lake.layout(), feed, every_table=False)
+        if found.problem:
+            raise LakeAssetsError(f"{feed.name}: {found.problem}")
+        if found.changed:
+            context.log.info(describe(found))
+        unloaded = [t for t in found.tables if t not in feed_tables(feed, fmt, loaded)]
+        moved = fmt.partitioning == "hourly" and not feed.start and found.pin.first_hour != loaded.first_hour
+        pinned = []
+        if unloaded:
+            pinned.append(f"table(s) {', '.join(unloaded)}")
+        if moved:
+            pinned.append(f"hours from {found.pin.first_hour}")
+        if pinned:
+            return dg.SkipReason(f"{' and '.join(pinned)} pinned since the code location loaded: reload it to add them")
+        return dg.SkipReason(f"no new table under {feed.landing}")
+
+    return tables_sensor
 
 
 def _range_run(feed: str, assets: TableAssets, found: list[NewFiles]) -> dg.RunRequest:

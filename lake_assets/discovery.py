@@ -1,0 +1,220 @@
+"""Which tables a feed has and where its hours start: found in the landing by discovery, pinned
+in the lake, read when the definitions load.
+
+Loading the definitions never lists a landing, so the code location does not depend on what
+happened to be landed when a process loaded it, and loading costs no listing. A feed's tables
+are its configured `tables` (a Flow feed's `collections`), else the tables discovery pinned in
+`_state/<feed>/tables.json`, narrowed by `orgs` / `objects`; an hourly feed's partitions start
+at its configured `start`, else at the pinned first hour. `lake-assets discover` lists the
+landing and pins what it found; `lake-assets run` does the same before it plans.
+
+A pin only grows: a table stays once pinned and the first hour only moves earlier, so partitions
+already materialised never fall out of the definitions when old landed files are cleaned up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+
+from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.errors import LakeAssetsError
+from lake_assets.feeds import format_for
+from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
+from lake_assets.paths import LakeLayout, table_segments
+from lake_assets.storage import Storage
+
+log = logging.getLogger(__name__)
+
+DISCOVER_HINT = "run `lake-assets discover --config FILE` (or `lake-assets run`) to pin what has landed"
+
+
+class PinError(LakeAssetsError):
+    """A pin file that cannot be read or does not hold what discovery writes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    """What discovery pinned for a feed: every table it found (before `orgs` / `objects` narrow
+    them) and, for an hourly feed, the earliest hour it saw landed."""
+
+    tables: tuple[str, ...] = ()
+    first_hour: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"tables": list(self.tables), "first_hour": self.first_hour}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Pin":
+        """The pin a file holds; ValueError naming what is wrong (its table names become paths)."""
+        raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict) or set(raw) != {"tables", "first_hour"} or not isinstance(raw["tables"], list):
+            raise ValueError("expected {\"tables\": [...], \"first_hour\": ...}")
+        for table in raw["tables"]:
+            table_segments(table)
+        if raw["first_hour"] is not None:
+            parse_hour_key(raw["first_hour"])
+        return cls(tables=tuple(sorted(set(raw["tables"]))), first_hour=raw["first_hour"])
+
+
+def read_pin(storage: Storage, layout: LakeLayout, feed: str) -> Pin:
+    """A feed's pin (empty when nothing is pinned): one small file, never a listing."""
+    uri = layout.pins(feed)
+    try:
+        if not storage.exists(uri):
+            return Pin()
+        return Pin.from_json(storage.read_bytes(uri))
+    except Exception as exc:
+        raise PinError(f"{uri}: {exc}") from exc
+
+
+def write_pin(storage: Storage, layout: LakeLayout, feed: str, pin: Pin) -> None:
+    uri = layout.pins(feed)
+    # Written aside then renamed, so a reader finds the old pin or the new one, never half of it.
+    storage.write_bytes(f"{uri}.tmp", pin.to_json())
+    storage.move_file(f"{uri}.tmp", uri)
+
+
+def load_pins(config: LakeConfig, storage: Storage) -> dict[str, Pin]:
+    """Every feed's pin, as loading reads it. A pin that cannot be read is logged and taken as
+    nothing pinned, so one feed's file never stops the others from loading."""
+    layout = LakeLayout(config.lake)
+    pins = {}
+    for feed in config.feeds:
+        try:
+            pins[feed.name] = read_pin(storage, layout, feed.name)
+        except PinError as exc:
+            log.warning("feed %s: its pinned tables cannot be read (%s): it loads without them; %s",
+                        feed.name, exc, DISCOVER_HINT)
+            pins[feed.name] = Pin()
+    return pins
+
+
+def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
+    """The feed's tables: configured, else pinned, narrowed by the feed's `orgs` / `objects`."""
+    configured = fmt.configured_tables(feed)
+    if configured is not None:
+        return configured
+    tables = list(pin.tables)
+    if feed.orgs:
+        tables = [t for t in tables if t.split("/")[0] in feed.orgs]
+    if feed.objects:
+        wanted = {o.lower() for o in feed.objects}
+        tables = [t for t in tables if t.split("/")[-1] in wanted]
+    return tables
+
+
+def pins_anything(feed: FeedConfig, fmt: FeedFormat) -> bool:
+    """Whether discovery has something to pin for the feed: tables it does not configure, or the
+    first hour of an hourly feed without `start`."""
+    return fmt.configured_tables(feed) is None or (fmt.partitioning == "hourly" and not feed.start)
+
+
+def first_hour(feed: FeedConfig, pin: Pin) -> str:
+    """An hourly feed's first partition: configured, else pinned.
+
+    With neither (nothing landed yet, or never discovered) the partitions start today, so a fresh
+    deployment still loads; discovery pins the first landed hour and `start` pins it for good.
+    """
+    if feed.start:
+        return feed.start
+    if pin.first_hour:
+        return pin.first_hour
+    today = hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
+    log.warning("feed %s: no `start` configured and no first hour pinned: its hours start today (%s); %s",
+                feed.name, today, DISCOVER_HINT)
+    return today
+
+
+@dataclasses.dataclass(frozen=True)
+class Discovery:
+    """What discovering one feed found and pinned."""
+
+    feed: FeedConfig
+    pin: Pin
+    tables: list[str]  # the feed's tables as the definitions now load them
+    new: list[str]  # those that were not pinned before
+    earlier: bool = False  # the first hour moved earlier (or was pinned for the first time)
+    replaced: str | None = None  # why the pin that was there could not be read
+    problem: str | None = None  # the landing's tables could not be listed: the pin keeps its own
+    unlisted: tuple[str, ...] = ()  # tables whose hours could not be listed, with the reason
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.new) or self.earlier or self.replaced is not None
+
+
+def discover(config: LakeConfig, storage: Storage) -> list[Discovery]:
+    """List every feed's landing and pin its tables and first landed hour. One feed's listing
+    failing is reported in its Discovery; the others are discovered."""
+    layout = LakeLayout(config.lake)
+    return [discover_feed(storage, layout, feed) for feed in config.feeds]
+
+
+def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig, every_table: bool = True) -> Discovery:
+    """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
+    the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
+    one listing of the landing, not one of every table's hours."""
+    fmt = format_for(feed)
+    replaced = problem = None
+    unlisted: list[str] = []
+    try:
+        before = read_pin(storage, layout, feed.name)
+    except PinError as exc:  # our own file, damaged or hand-edited: discovery writes it anew
+        replaced, before = str(exc), Pin()
+    try:
+        found = fmt.discover_tables(storage, feed.landing) if fmt.configured_tables(feed) is None else []
+    except Exception as exc:  # reported with the feed; the pin keeps its tables
+        problem, found = f"listing its tables under {feed.landing}: {_first_line(exc)}", []
+    pin = Pin(tables=tuple(sorted({*before.tables, *found})), first_hour=before.first_hour)
+    tables = feed_tables(feed, fmt, pin)
+    old = set(feed_tables(feed, fmt, before))
+    if fmt.partitioning == "hourly" and not feed.start:
+        searched = tables if every_table or before.first_hour is None else [t for t in tables if t not in old]
+        landed, unlisted = _first_landed_hour(storage, feed, fmt, searched)
+        pin = dataclasses.replace(pin, first_hour=min(filter(None, [landed, before.first_hour]), default=None))
+    if pin != before or replaced:
+        write_pin(storage, layout, feed.name, pin)
+    return Discovery(
+        feed=feed, pin=pin, tables=tables, new=[t for t in tables if t not in old],
+        earlier=pin.first_hour != before.first_hour, replaced=replaced, problem=problem, unlisted=tuple(unlisted),
+    )
+
+
+def _first_landed_hour(storage: Storage, feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> tuple[str | None, list[str]]:
+    """The earliest hour with files among `tables`, and a line per table whose hours could not be
+    listed (the others are still looked at)."""
+    firsts, unlisted = [], []
+    for table in tables:
+        try:
+            firsts += fmt.partition_keys(storage, feed.landing, table)[:1]
+        except Exception as exc:
+            unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
+    return min(firsts, default=None), unlisted
+
+
+def describe(found: Discovery) -> str:
+    """One line saying what a feed's definitions hold now, new tables marked (what could not be
+    listed is not in it: each caller reports it as it reports failures)."""
+    feed, fmt = found.feed, format_for(found.feed)
+    source = "configured" if fmt.configured_tables(feed) is not None else "pinned"
+    if found.tables:
+        names = ", ".join(f"{t} (new)" if t in found.new else t for t in found.tables)
+        line = f"{feed.name}: {len(found.tables)} table(s) {source}: {names}"
+    else:
+        line = f"{feed.name}: no tables found under {feed.landing}"
+    if fmt.partitioning == "hourly":
+        if feed.start:
+            line += f"; hours from {feed.start} (configured start)"
+        elif found.pin.first_hour:
+            line += f"; hours from {found.pin.first_hour} (first landed hour{', pinned now' if found.earlier else ''})"
+    if found.replaced:
+        line += f" (the pin could not be read, so it was written anew: {found.replaced})"
+    return line
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
