@@ -11,26 +11,18 @@ from pathlib import Path
 
 import boto3
 import dagster as dg
-import duckdb
 import pytest
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
+from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
 UTC = dt.timezone.utc
-
-
-def duck(sql: str) -> list[dict]:
-    con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
-    cur = con.execute(sql)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 def rows(lake: Path, layer: str, table: str) -> list[dict]:
