@@ -206,3 +206,13 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(la
     text = capsys.readouterr().out
     assert f"unit/accounts: not processed: {hour(6)} (1 file(s)): new: 1 file(s)" in text
     assert f"unit/accounts: quarantined: file://{bad}: " in text and "set DAGSTER_HOME" in text
+
+
+def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
+    stray = lake.landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
+    stray.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([event("s", "I", 9, at(3, 9), name="s", balance=9)], schema=ACCOUNT_SCHEMA), stray)
+    assert lake.run() == [(hour(3), hour(3))]  # the last hour's run reports the table's strays
+    notes = list((lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json"))
+    assert len(notes) == 1 and f"file://{stray}" in notes[0].read_text()
+    assert lake.run() == []
