@@ -13,12 +13,13 @@ from pathlib import Path
 from lake_assets.config import (
     CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config, load_config, resolved_config,
 )
-from lake_assets.console import RunDisplay, new_log_path, output_to
+from lake_assets.console import RunDisplay, format_records, format_status, format_summary, new_log_path, output_to
 from lake_assets.discovery import describe, discover
 from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.feeds.base import parse_hour_key
 from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
-from lake_assets.runner import Progress, RunFailed, format_records, format_summary, run_feeds, storage_for, summarise
+from lake_assets.runner import Progress, RunFailed, run_feeds
+from lake_assets.status import summarise
 
 DEFAULT_DEMO_DIR = Path(".demo")
 
@@ -58,7 +59,7 @@ def _run_and_report(config: LakeConfig, args: argparse.Namespace, **selection) -
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lake_assets.runner import format_status, instance_for_cli, lake_status
+    from lake_assets.orchestration.execution import instance_for_cli, lake_status
 
     config = load_config(args.config)
     instance = instance_for_cli()
@@ -76,7 +77,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     if args.lake:
         config = config.with_lake(args.lake)
     failed = False
-    for found in discover(config, storage_for(config)):
+    for found in discover(config, config.storage()):
         print(describe(found))
         for line in ([found.problem] if found.problem else []) + list(found.unlisted):
             print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
@@ -130,7 +131,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    check_landings(config, storage_for(config))
+    check_landings(config, config.storage())
     print(resolved_config(config), end="")
     return 0
 

@@ -46,6 +46,7 @@ from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
 from lake_assets.feeds.flow_journal import CollectionConfig
 from lake_assets.paths import is_s3
+from lake_assets.storage import S3Settings, Storage
 
 __all__ = [
     "CatalogConfig", "CollectionConfig", "FeedConfig", "LakeConfig", "S3Config", "SparkConfig", "dump_config",
@@ -145,6 +146,10 @@ class LakeConfig(Model):
                               "share folders (the lake would read its own files, or a landing its writes)",
                               at=("feeds", index, "landing"))
         return self
+
+    def storage(self) -> Storage:
+        """The landings' and the lake's storage, with the S3 endpoint and region configured."""
+        return Storage(S3Settings(endpoint_url=self.s3.endpoint_url, region=self.s3.region))
 
     def feed(self, name: str) -> FeedConfig:
         for feed in self.feeds:

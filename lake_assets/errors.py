@@ -5,6 +5,11 @@ class LakeAssetsError(Exception):
     """Base class for every error lake_assets raises on purpose."""
 
 
+def first_line(text: str) -> str:
+    """An error's message as one line: its first line that is not blank."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+
+
 class ConfigError(LakeAssetsError):
     """The feed configuration is invalid."""
 

@@ -3,7 +3,8 @@
 Read from the lake and the landing only (no Spark, no Dagster): the processed notes
 (`processed`) give the last processed partition and, against a listing of the landing, the
 partitions landed but not processed yet; the quarantine notes give the files set aside and why;
-the tables' Parquet footers give their row counts. The runner adds the last Dagster run.
+the tables' Parquet footers give their row counts. `orchestration.execution` adds the last
+Dagster run. `summarise` is the table a run prints at its end.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from lake_assets import processed
+from lake_assets.config import LakeConfig
+from lake_assets.discovery import feed_tables, load_pins
+from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import REASON_SUFFIX
 from lake_assets.storage import Storage
+
 
 @dataclasses.dataclass
 class TableStatus:
@@ -39,12 +44,16 @@ class TableStatus:
 
 
 def count_rows(storage: Storage, uri: str) -> int:
-    """Rows of a lake table as any Hive-aware reader sees them (pyarrow, independent of Spark)."""
+    """Rows of a lake table as any Hive-aware reader sees them: the row counts in the footers
+    of its Parquet files, leaving out hidden entries (names starting with `.` or `_`, which
+    Spark and pyarrow skip too). Footers only: no data page is read."""
     if not storage.exists(uri):
         return 0
-    fs, path = storage.resolve(uri)
-    dataset = pads.dataset(path, filesystem=fs, format="parquet", partitioning="hive", exclude_invalid_files=False)
-    return dataset.count_rows()
+    rows = 0
+    for entry in storage.walk_files(uri, skip=lambda name: name.startswith((".", "_"))):
+        with storage.open_input_file(entry.uri) as handle:
+            rows += pq.ParquetFile(handle).metadata.num_rows
+    return rows
 
 
 def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
@@ -73,3 +82,36 @@ def table_status(storage: Storage, layout: LakeLayout, landing: str, feed: str, 
         current_rows=count_rows(storage, layout.table("current", feed, table)),
         history_rows=count_rows(storage, layout.table("history", feed, table)),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSummary:
+    feed: str
+    table: str
+    changes: int
+    current: int
+    history: int
+    quarantined: int
+
+
+def summarise(config: LakeConfig) -> list[TableSummary]:
+    """Rows of each table's layers and its quarantined files, as the lake holds them now."""
+    storage = config.storage()
+    layout = LakeLayout(config.lake)
+    pins = load_pins(config, storage)
+    rows = []
+    for feed in config.feeds:
+        fmt = format_for(feed)
+        for table in feed_tables(feed, fmt, pins[feed.name]):
+            quarantine = layout.quarantine(feed.name, table)
+            rows.append(
+                TableSummary(
+                    feed=feed.name,
+                    table=table,
+                    changes=count_rows(storage, layout.table("changes", feed.name, table)),
+                    current=count_rows(storage, layout.table("current", feed.name, table)),
+                    history=count_rows(storage, layout.table("history", feed.name, table)),
+                    quarantined=sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(REASON_SUFFIX)),
+                )
+            )
+    return rows

@@ -5,9 +5,8 @@ import dagster as dg
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import discover
 from lake_assets.orchestration.definitions import build_definitions
-from lake_assets.runner import storage_for
 
 
 def discovered_definitions(config: LakeConfig) -> dg.Definitions:
-    discover(config, storage_for(config))
+    discover(config, config.storage())
     return build_definitions(config)

@@ -12,7 +12,6 @@ from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstrea
 from lake_assets.discovery import discover
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
-from lake_assets.runner import storage_for
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -48,7 +47,7 @@ print("LOADED", len(list(location.defs.resolve_asset_graph().get_all_asset_keys(
 def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_path):
     landing = _landing(tmp_path)
     config = _config(tmp_path, landing)
-    discover(config, storage_for(config))  # the tables the code location loads are pinned
+    discover(config, config.storage())  # the tables the code location loads are pinned
     landing.rename(tmp_path / "elsewhere")  # loading never looks at the landing
     config_file = tmp_path / "lake_assets.yaml"
     config_file.write_text(dump_config(config))

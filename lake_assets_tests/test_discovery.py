@@ -19,7 +19,6 @@ from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.discovery import discover
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
-from lake_assets.runner import storage_for
 from lake_assets_tests.storage_spy import spy_on_every_storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -70,7 +69,7 @@ def tables_of(defs: dg.Definitions, feed: str) -> set[str]:
 
 def test_loading_reads_the_pins_and_lists_no_landing(lake, monkeypatch):
     config, _, _ = lake
-    discover(config, storage_for(config))
+    discover(config, config.storage())
     touched = spy_on_every_storage(monkeypatch)
 
     defs = build_definitions(config)
@@ -169,7 +168,7 @@ def test_with_nothing_pinned_a_feed_loads_without_tables_and_says_how_to_pin_the
 
 def test_a_damaged_pin_never_breaks_loading_and_discover_writes_it_anew(lake, caplog, capsys):
     config, config_file, _ = lake
-    discover(config, storage_for(config))
+    discover(config, config.storage())
     lake_root = config.lake[len("file://"):]
     pins = f"{lake_root}/_state/unit/tables.json"
     with open(pins, "w") as handle:  # a hand edit that would climb out of the lake
@@ -188,7 +187,7 @@ def test_a_damaged_pin_never_breaks_loading_and_discover_writes_it_anew(lake, ca
 
 def test_loading_narrows_the_pinned_tables_by_orgs_and_objects(lake):
     config, _, _ = lake
-    discover(config, storage_for(config))
+    discover(config, config.storage())
     grax = FeedConfig("grax", "grax_v2", config.feeds[1].landing, objects=("Contact",))
     defs = build_definitions(LakeConfig(lake=config.lake, feeds=(grax,)))
     assert tables_of(defs, "grax") == {"00D5e000000demoEAA/contact"}
@@ -231,7 +230,7 @@ def test_the_tables_sensor_pins_a_new_table_and_asks_for_a_reload(lake):
     """Sensors run in the daemon, not at load: the tables sensor may list the landing. It pins a
     table that landed after the code location loaded; the reloaded location has its assets."""
     config, _, unit = lake
-    discover(config, storage_for(config))
+    discover(config, config.storage())
     defs = build_definitions(config)
     sensor = defs.resolve_sensor_def("unit_tables_sensor")
     resources = {"lake": LakeResource(root=config.lake)}

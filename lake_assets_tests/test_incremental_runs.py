@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -23,7 +25,8 @@ from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
-from lake_assets.runner import lake_status, run_feeds
+from lake_assets.orchestration.execution import lake_status
+from lake_assets.runner import run_feeds
 from lake_assets.storage import Entry, S3Settings, Storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
@@ -84,6 +87,19 @@ def test_a_run_with_nothing_new_starts_no_dagster_run_and_no_spark_session(lake,
     assert lake.run() == []
     assert len(lake.instance.get_run_records()) == runs_before
     assert any("nothing changed" in line for line in lake.said)
+
+
+def test_the_command_with_nothing_new_does_not_even_load_dagster(lake, tmp_path):
+    """What keeps `cli_noop` (the benchmark) at a listing's cost: Dagster's start-up is most of
+    a second, so the command plans first and loads it only when there is something to run."""
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(lake.config))
+    probe = ("import sys; from lake_assets.cli import main; code = main(['run', '--config', sys.argv[1]]); "
+             "print('exit', code, 'dagster loaded' if 'dagster' in sys.modules else 'dagster not loaded')")
+    done = subprocess.run([sys.executable, "-c", probe, str(config_file)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")})
+    assert "nothing changed" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("exit 0 dagster not loaded"), done.stdout + done.stderr
 
 
 def test_a_late_file_in_an_old_hour_reprocesses_exactly_that_hour(lake):

@@ -20,7 +20,6 @@ from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
 from lake_assets.paths import is_s3
-from lake_assets.storage import S3Settings, Storage
 
 
 AUTOMATION_SENSOR = "lake_automation"
@@ -69,7 +68,7 @@ def resources_for(config: LakeConfig) -> dict:
 
 
 def build_definitions(config: LakeConfig) -> dg.Definitions:
-    storage = Storage(S3Settings(endpoint_url=config.s3.endpoint_url, region=config.s3.region))
+    storage = config.storage()
     pins = load_pins(config, storage)
     assets: list = []
     sensors, jobs = [], []
