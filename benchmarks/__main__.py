@@ -15,7 +15,7 @@ from benchmarks import side_by_side
 # `samples`: hourly folds measured on each side (and DuckDB recomputes); their median is the
 # figure. Three could not tell a 0.3 s change from this VM's run-to-run noise at full size.
 SIZES = {
-    "quick": {"keys": 5_000, "rate": 1_000, "samples": 3},
+    "quick": {**side_by_side.QUICK, "samples": 3},
     "full": {"keys": 100_000, "rate": 10_000, "samples": 7},
 }
 

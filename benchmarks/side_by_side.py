@@ -42,7 +42,7 @@ from benchmarks import duckdb_reference, handwritten_spark
 from benchmarks.unit_landing import LandingShape, write_listing_only_landing, write_unit_landing
 from lake_assets import pipeline
 from lake_assets.catalog.store import ParquetCatalogStore
-from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.config import FeedConfig, LakeConfig, SparkConfig, dump_config
 from lake_assets.engine.state import TableState
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import hour_key
@@ -52,8 +52,11 @@ from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
+from lake_assets_tests.spark_servers import StandaloneCluster
 
 FEED, TABLE = "bench", "events"
+#: the quick size (`--quick`), also the size of the cluster figure at every size
+QUICK = {"keys": 5_000, "rate": 1_000}
 PAYLOAD = ["name", "status", "amount", "note"]
 START = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 GOALS = {
@@ -290,6 +293,38 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
     }
 
 
+def cluster_vs_local(root: Path, samples: int = 2) -> dict:
+    """The quick 7-day backfill as a user runs it (`lake-assets run`, a process of its own) on a
+    standalone cluster (a master and one 2-core worker on 127.0.0.1, executors in their own
+    JVMs) against the embedded local driver, alternating sides. On one machine the cluster
+    cannot win (same cores, more processes, task results over the network): the figure is
+    context, and it makes the benchmark exercise the distributed path."""
+    shape = LandingShape(keys=QUICK["keys"], events_per_hour=QUICK["rate"], hours=168, start=START)
+    landing = root / "landing-cluster"
+    write_unit_landing(landing, TABLE, shape)
+    cluster = StandaloneCluster(root / "standalone", worker_memory="6g").start()
+    sides: dict[str, list[float]] = {"local": [], "cluster": []}
+    try:
+        for sample in range(samples):
+            for side in sides:
+                spark = SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable)) if side == "cluster" else SparkConfig()
+                config = LakeConfig(lake=f"file://{root / f'lake-{side}-{sample}'}", feeds=(_feed(landing),), spark=spark)
+                config_file = root / f"{side}-{sample}.yaml"
+                config_file.write_text(dump_config(config))
+                started = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
+                                      capture_output=True, text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+                sides[side].append(round(time.perf_counter() - started, 3))
+                assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        cluster.stop()
+    return {
+        "local_seconds": sides["local"],
+        "cluster_seconds": sides["cluster"],
+        "cluster_vs_local": round(statistics.median(sides["cluster"]) / statistics.median(sides["local"]), 3),
+    }
+
+
 def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
     """A steady-state tick (the sensor has seen everything, one new hour lands) over a landing
     area holding 1k files and one holding 100k: the tick should cost the window, not the area."""
@@ -330,6 +365,7 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         inc = incremental(spark, root, shape, samples)
         cli = cli_runs(spark, root, shape, samples)
         sensor = sensor_scaling(root)
+        cluster = cluster_vs_local(root)
     figures = {
         "full_vs_floor": full["full_vs_floor"],
         "dagster_overhead": full["dagster_overhead"],
@@ -344,7 +380,8 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "events_per_hour": rate,
         "figures": figures,
         # no goal of their own: where the backfill and its goal stand against hand-written Spark
-        "context": {name: full[name] for name in ("full_vs_handwritten", "handwritten_vs_floor")},
+        "context": {**{name: full[name] for name in ("full_vs_handwritten", "handwritten_vs_floor")},
+                    "cluster_vs_local": cluster["cluster_vs_local"]},
         "goals": {name: f"<= {goal}" for name, goal in GOALS.items()},
         "met": {name: figures[name] <= goal for name, goal in GOALS.items()},
         "peak_driver_rss_mb": {"1d": inc["1d"]["peak_driver_rss_mb"], "30d": inc["30d"]["peak_driver_rss_mb"]},
@@ -354,4 +391,5 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "incremental": inc,
         "sensor": sensor,
         "cli": cli,
+        "cluster": cluster,
     }

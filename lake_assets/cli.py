@@ -92,6 +92,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from lake_assets.demo.unit_sample import write_unit_landing
 
     root = Path(args.dir).resolve()
+    # checked before any file is written: a mistake here is one line, not a half-made demo
+    spark = LakeConfig(lake=f"file://{root / 'lake'}").replace(
+        spark={"master": args.master, "remote": args.remote, "conf": dict(args.spark_conf or [])}).spark
     for sub in ("landing", "lake"):
         shutil.rmtree(root / sub, ignore_errors=True)
     unit_landing = root / "landing" / "unit"
@@ -120,6 +123,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()),
             ),
         ),
+        spark=spark,
     )
     config_file = root / "lake_assets.yaml"
     config_file.write_text(dump_config(config))
@@ -160,6 +164,13 @@ def _reversed_range(args: argparse.Namespace) -> str | None:
         if (batch_order(a) > batch_order(b)) if isinstance(a, str) and is_batch_key(a) else a > b:
             return f"{names}: {a} comes after {b}"
     return None
+
+
+def _spark_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. spark.executor.memory=2g)")
+    return key.strip(), value
 
 
 def _partition_key(text: str) -> str:
@@ -219,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
     demo.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument("--master", help="run on this Spark master (spark://host:7077) instead of the embedded local driver")
+    where.add_argument("--remote", help="run on this Spark Connect server (sc://host:15002; token from SPARK_CONNECT_AUTHENTICATE_TOKEN)")
+    demo.add_argument("--conf", dest="spark_conf", action="append", type=_spark_setting, metavar="KEY=VALUE",
+                      help="an extra Spark setting (repeatable), e.g. spark.pyspark.python=/path/to/python")
     demo.set_defaults(func=cmd_demo)
     catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(dest="catalog_command", required=True)
     query = catalog.add_parser("query", help="files of a table by time range or by work id (run)")

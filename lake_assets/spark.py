@@ -17,44 +17,56 @@ from lake_assets.errors import ConfigError
 S3A_JAR_NAMES = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")
 PYSPARK_CALL_SITES = "spark.python.sql.dataFrameDebugging.enabled"
 
-# Sized for the 2-core / 24 GiB machines this project runs on: few shuffle partitions keep
-# hourly batches from fanning out into hundreds of tiny tasks and files.
-EMBEDDED_DEFAULTS: dict[str, str] = {
-    "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "4",
-    "spark.driver.memory": "4g",
+#: The settings the lake's reads and writes rely on: what its files hold (timestamp types, Parquet
+#: TIME and nanosecond columns, UTC), how partitions are written and read back, and how queries
+#: run. They are runtime SQL settings, so every kind of session gets them the same way: the
+#: builder of a local or cluster driver, `spark.conf.set` on a Spark Connect session (which
+#: `build_session` then reads back: a server that refuses one fails the session, it does not
+#: write a different lake).
+LAKE_SQL_SETTINGS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     # Partition folder values are the lake's keys (hours, GRAX batch ids) and always text; typed
     # by inference, a GRAX batch of digits alone ("000000123") would read back as the number 123.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # On for a cluster's driver (its executors gain from merged and split shuffle partitions);
-    # a local driver turns it off (`LOCAL_DRIVER_SQL_SETTINGS`).
-    "spark.sql.adaptive.enabled": "true",
-    # A fold runs ~160 generated-code classes; with Spark's default cache of 100 every hourly
-    # run compiled them all again (~2.5 s a run). Cached, an hour's run compiles almost none.
-    "spark.sql.codegen.cache.maxEntries": "2000",
-    # Spark lists more than 32 given paths with a job of one task per path (up to 10,000): a
-    # 7-day backfill hands it 504 landed files, 1.6 s of task overhead for a listing. A few
-    # tasks, each listing a share of the paths, do it in a fraction of that.
-    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
     # Parquet TIMESTAMP(NANOS) (vendors write it) reaches Spark as a long; feeds convert it.
     "spark.sql.legacy.parquet.nanosAsLong": "true",
     # GRAX writes time-of-day fields (`_t`) as Parquet TIME, which Spark reads only with this.
     "spark.sql.timeType.enabled": "true",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    # Sized for the 2-core / 24 GiB machines this project runs on: few shuffle partitions keep
+    # hourly batches from fanning out into hundreds of tiny tasks and files.
+    "spark.sql.shuffle.partitions": "4",
+    # Spark lists more than 32 given paths with a job of one task per path (up to 10,000): a
+    # 7-day backfill hands it 504 landed files, 1.6 s of task overhead for a listing. A few
+    # tasks, each listing a share of the paths, do it in a fraction of that.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
     # On, PySpark wraps every Column function in five extra JVM round trips (look up the active
     # session, read this setting's depth, walk the Python stack, set and clear the call site) so
     # that Spark's errors can name the Python line. A fold builds hundreds of expressions: off,
     # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s;
     # docs/profiling.md). Errors keep Spark's message and the lake's file and step names.
     PYSPARK_CALL_SITES: "false",
+}
+
+#: Settings of a driver JVM this process starts (local or a cluster's driver); a Spark Connect
+#: server's JVM and cluster are its operator's.
+DRIVER_SETTINGS: dict[str, str] = {
+    "spark.default.parallelism": "4",
+    "spark.driver.memory": "4g",
+    # On for a cluster's driver (its executors gain from merged and split shuffle partitions);
+    # a local driver turns it off (`LOCAL_DRIVER_SQL_SETTINGS`).
+    "spark.sql.adaptive.enabled": "true",
+    # A fold runs ~160 generated-code classes; with Spark's default cache of 100 every hourly
+    # run compiled them all again (~2.5 s a run). Cached, an hour's run compiles almost none.
+    # (A static setting: only a JVM's start takes it.)
+    "spark.sql.codegen.cache.maxEntries": "2000",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
 }
 
 # The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
@@ -115,23 +127,18 @@ def session_conf(
     s3_region: str = "us-east-1",
     app_name: str = "lake_assets",
 ) -> dict[str, str]:
-    """Spark settings for the lake. `remote` (Spark Connect) wins over `master`."""
+    """Spark settings for the lake. `remote` (Spark Connect) wins over `master`. A Connect
+    session gets the lake's SQL settings only: the server's JVM, its cluster and its s3a
+    connector are configured where the server starts (README: Running on Spark Connect)."""
     conf: dict[str, str] = {"spark.app.name": app_name}
     if remote:
-        # A Connect server owns its cluster settings; only session SQL settings apply.
         conf["spark.remote"] = remote
-        for setting in (
-            "spark.sql.session.timeZone",
-            "spark.sql.sources.partitionOverwriteMode",
-            "spark.sql.sources.partitionColumnTypeInference.enabled",
-            "spark.sql.shuffle.partitions",
-            PYSPARK_CALL_SITES,
-        ):
-            conf[setting] = EMBEDDED_DEFAULTS[setting]
+        conf.update(LAKE_SQL_SETTINGS)
     else:
         conf["spark.master"] = master or "local[2]"
-        conf.update(EMBEDDED_DEFAULTS)
-        if not (master or "local").startswith("local"):
+        conf.update(LAKE_SQL_SETTINGS)
+        conf.update(DRIVER_SETTINGS)
+        if not is_local(conf["spark.master"]):
             # On a cluster the driver must be reachable by executors: do not pin it to loopback.
             conf.pop("spark.driver.bindAddress")
             conf.pop("spark.driver.host")
@@ -161,6 +168,11 @@ def session_conf(
     return conf
 
 
+def is_local(master: str) -> bool:
+    """Whether the master runs the tasks in the driver's own JVM and Python."""
+    return master.startswith("local")
+
+
 def s3a_secret_conf() -> dict[str, str]:
     """Access keys for s3a from the environment; kept out of every displayed config."""
     key = os.environ.get("AWS_ACCESS_KEY_ID")
@@ -178,17 +190,66 @@ def s3a_secret_conf() -> dict[str, str]:
 
 
 def build_session(conf: Mapping[str, str]):
-    """Create (or reuse) the process's SparkSession from settings plus environment secrets."""
+    """Create (or reuse) the process's SparkSession from settings plus environment secrets.
+
+    Where the tasks do not run in this process (a cluster master, Spark Connect), the session
+    also gets this process's `lake_assets` (`executors.ship_package`) and checks that the
+    executors' Python can import what the lake's Python functions need, so that a missing
+    module is one clear error at the start rather than a failed task deep in a run."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder
     settings = dict(conf)
-    worker_python = settings.get("spark.pyspark.python")
-    if worker_python:
-        # PySpark picks its workers' interpreter from the environment when it starts the JVM.
-        os.environ.setdefault("PYSPARK_PYTHON", worker_python)
-    if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
-        settings.update(s3a_secret_conf())
+    remote = settings.pop("spark.remote", None)
+    if remote:
+        session = SparkSession.builder.remote(connect_url(remote)).getOrCreate()
+        apply_sql_settings(session, {k: v for k, v in settings.items() if k != "spark.app.name"})
+    else:
+        builder = SparkSession.builder
+        worker_python = settings.get("spark.pyspark.python")
+        if worker_python:
+            # PySpark picks its workers' interpreter from the environment when it starts the JVM.
+            os.environ.setdefault("PYSPARK_PYTHON", worker_python)
+        if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
+            settings.update(s3a_secret_conf())
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        if is_local(settings.get("spark.master", "local")):
+            return session
+    from lake_assets.executors import check_executors, ship_package
+
+    ship_package(session)
+    check_executors(session)
+    return session
+
+
+def connect_url(remote: str) -> str:
+    """The URL the Connect client is given. With a token (from SPARK_CONNECT_AUTHENTICATE_TOKEN)
+    and no `use_ssl`, PySpark's client speaks plain gRPC with the token only to a host named
+    `localhost`; any other name, 127.0.0.1 included, makes it use TLS, which a server on the
+    same machine does not offer (the client then retries for ever). A loopback address is
+    therefore addressed as `localhost`."""
+    head, sep, params = remote.partition("/;")
+    host_port = head[len("sc://"):]
+    host, _, port = host_port.rpartition(":") if ":" in host_port.strip("[]") else (host_port, "", "")
+    token = os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")
+    if token and "use_ssl=true" not in params.lower() and host in ("127.0.0.1", "[::1]"):
+        return f"sc://localhost{':' + port if port else ''}{sep}{params}"
+    return remote
+
+
+def apply_sql_settings(session, settings: Mapping[str, str]) -> None:
+    """Set the lake's SQL settings on a Connect session and read them back: a server that keeps
+    another value (a static setting, a locked one) would write a different lake."""
+    differing = []
     for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+        try:
+            session.conf.set(key, value)
+        except Exception:  # refused (e.g. static); what counts is the value the session has
+            pass
+        kept = session.conf.get(key, None)
+        if kept != value:
+            differing.append(f"{key} is {kept!r} on the server, the lake needs {value!r}")
+    if differing:
+        raise ConfigError("the Spark Connect session does not take the lake's settings: " + "; ".join(differing)
+                          + " (set them where the server starts: --conf KEY=VALUE)")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 
 import pytest
+
+from lake_assets_tests.loopback import free_port
 
 # Tests must never reach a real AWS account, whatever the developer's environment holds.
 os.environ["AWS_ACCESS_KEY_ID"] = "lake-assets-test"
@@ -23,12 +24,6 @@ os.environ.pop("AWS_PROFILE", None)
 
 # moto's request log would bury test output.
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MotoServer:

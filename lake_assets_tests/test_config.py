@@ -320,16 +320,55 @@ def test_flow_collections_need_keys_and_may_select_logical_partitions():
     ]
 
 
-def test_embedded_and_connect_sessions_get_the_lake_sql_settings():
-    """A Spark Connect server keeps its own cluster settings, but the SQL settings the lake's
-    reads and writes rely on (UTC, dynamic partition overwrite, partition values as text) are
-    set for its session as for the embedded one."""
-    local, connect = session_conf(), session_conf(remote="sc://127.0.0.1:15002")
+def test_embedded_cluster_and_connect_sessions_get_every_lake_sql_setting():
+    """One list of the settings the lake's files depend on (timestamp types, Parquet TIME and
+    nanosecond columns, UTC, partition values as text) goes to every kind of session alike; a
+    Connect session gets no JVM or cluster settings, which are its server's."""
+    from lake_assets.spark import DRIVER_SETTINGS, LAKE_SQL_SETTINGS
+
+    local, cluster = session_conf(), session_conf(master="spark://10.0.0.5:7077")
+    connect = session_conf(remote="sc://127.0.0.1:15002")
     assert "spark.master" not in connect and connect["spark.remote"] == "sc://127.0.0.1:15002"
-    for conf in (local, connect):
-        assert conf["spark.sql.session.timeZone"] == "UTC"
-        assert conf["spark.sql.sources.partitionOverwriteMode"] == "dynamic"
-        assert conf["spark.sql.sources.partitionColumnTypeInference.enabled"] == "false"
+    for conf in (local, cluster, connect):
+        assert {key: conf[key] for key in LAKE_SQL_SETTINGS} == LAKE_SQL_SETTINGS
+    assert LAKE_SQL_SETTINGS["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
+    assert LAKE_SQL_SETTINGS["spark.sql.timeType.enabled"] == "true"
+    assert not set(DRIVER_SETTINGS) & set(connect)
+
+
+def test_a_loopback_connect_url_with_a_token_is_addressed_as_localhost(monkeypatch):
+    """PySpark's client sends a token over plain gRPC only to `localhost`; to 127.0.0.1 it would
+    try TLS and retry for ever."""
+    from lake_assets.spark import connect_url
+
+    monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
+    assert connect_url("sc://127.0.0.1:15002") == "sc://127.0.0.1:15002"
+    monkeypatch.setenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", "t0ken")
+    assert connect_url("sc://127.0.0.1:15002") == "sc://localhost:15002"
+    assert connect_url("sc://127.0.0.1:15002/;user_id=me") == "sc://localhost:15002/;user_id=me"
+    assert connect_url("sc://127.0.0.1:15002/;use_ssl=true") == "sc://127.0.0.1:15002/;use_ssl=true"
+    assert connect_url("sc://connect.example.com:443/;use_ssl=true") == "sc://connect.example.com:443/;use_ssl=true"
+
+
+def test_a_connect_session_that_keeps_another_value_for_a_lake_setting_is_refused_naming_it():
+    from lake_assets.spark import apply_sql_settings
+
+    class Conf:
+        def __init__(self):
+            self.values = {"spark.sql.timeType.enabled": "false"}
+
+        def set(self, key, value):
+            if key == "spark.sql.timeType.enabled":
+                raise RuntimeError("CANNOT_MODIFY_CONFIG")
+            self.values[key] = value
+
+        def get(self, key, default=None):
+            return self.values.get(key, default)
+
+    session = type("Session", (), {"conf": Conf()})()
+    apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC"})
+    with pytest.raises(ConfigError, match="spark.sql.timeType.enabled is 'false' on the server, the lake needs 'true'"):
+        apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC", "spark.sql.timeType.enabled": "true"})
 
 
 def test_every_session_builds_columns_without_recording_python_call_sites():

@@ -474,7 +474,7 @@ class FlowJournalFormat(FeedFormat):
         rows_in = bodies.count() if bodies is not None else 0
         events = None
         if rows_in:
-            parsed = spark.read.json(bodies.rdd.map(lambda r: r[0]))
+            parsed = spark.read.json(bodies)  # a one-column DataFrame of text: no RDD (Spark Connect has none)
             events = self._events(parsed, collection).localCheckpoint(eager=True)
         for outcome, _ in outcomes:
             outcome.unpersist()

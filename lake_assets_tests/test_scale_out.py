@@ -1,0 +1,196 @@
+"""The same lake from a Spark standalone cluster and from a Spark Connect server as from the
+embedded local driver: the three feeds end to end through `lake-assets run` (a process of its
+own, as a user runs it), on a local lake and, for the Unit feed, on S3 through s3a.
+
+The servers are started here from pyspark's own distribution, on 127.0.0.1 (`spark_servers`);
+the data is small (a few hours, batches and journals): what is tested is that every Spark path
+(executors in their own JVMs and Python workers, Connect's client-server split) writes the same
+files, schema and rows, as the local one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config, SparkConfig, dump_config
+from lake_assets.demo.flow_sample import write_flow_landing
+from lake_assets.demo.grax_sample import write_grax_landing
+from lake_assets.demo.unit_sample import write_unit_landing
+from lake_assets.runner import run_feeds
+from lake_assets_tests.deployed_lake import lake_table
+from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
+
+pytestmark = pytest.mark.scale_out
+
+LAYERS = ("changes", "current", "history")
+RUN_TIMEOUT = 1200
+
+
+class Landings:
+    """Small landings of the three feeds, written once for the module."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        unit = write_unit_landing(root / "landing" / "unit", hours=4, tables=("accounts", "transactions"))
+        grax = write_grax_landing(root / "landing" / "grax", batches=4)
+        flow = write_flow_landing(root / "landing" / "flow")
+        self.feeds = (
+            FeedConfig(name="unit", format="unit_cdc", landing=f"file://{unit.landing_dir}"),
+            FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}"),
+            FeedConfig(name="flow", format="flow_journal", landing=f"file://{flow.landing_dir}",
+                       collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items())),
+        )
+        self.unit_dir = unit.landing_dir
+
+    def config(self, lake: Path, spark: SparkConfig = SparkConfig()) -> LakeConfig:
+        return LakeConfig(lake=f"file://{lake}", feeds=self.feeds, spark=spark)
+
+
+@pytest.fixture(scope="module")
+def landings(tmp_path_factory) -> Landings:
+    return Landings(tmp_path_factory.mktemp("scale-out"))
+
+
+@pytest.fixture(scope="module")
+def local_lake(landings, spark) -> Path:
+    """The reference: the embedded local driver (the test run's session) over every feed."""
+    lake = landings.root / "lake-local"
+    run_feeds(landings.config(lake), instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    return lake
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    started = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory, moto_server):
+    started = ConnectServer(tmp_path_factory.mktemp("connect"), s3_endpoint=moto_server.url).start(sys.executable)
+    yield started
+    started.stop()
+
+
+def run_cli(config: LakeConfig, work: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`lake-assets run --config FILE` in a process of its own, Dagster and Spark output in `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    config_file = work / "lake.yaml"
+    config_file.write_text(dump_config(config))
+    return subprocess.run(
+        [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)], capture_output=True, text=True,
+        timeout=RUN_TIMEOUT, env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(work / "logs"), "SPARK_LOCAL_IP": "127.0.0.1",
+                                  **(env or {})},
+    )
+
+
+def assert_ran(done: subprocess.CompletedProcess, work: Path) -> None:
+    logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in (work / "logs").glob("*.log"))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n--- log ---\n{logs}"
+
+
+def parquet_schemas(lake: Path, layer: str, feed: str, table: str) -> set[str]:
+    """The Parquet schemas (physical types included: INT96 against TIMESTAMP_MICROS shows) of a table's files."""
+    return {str(pq.ParquetFile(path).schema) for path in (lake / layer / feed / table).rglob("*.parquet")}
+
+
+def assert_same_lake(lake: Path, reference: Path) -> None:
+    tables = _tables(reference)
+    assert {feed for feed, _ in tables} == {"unit", "grax", "flow"}, tables
+    assert _tables(lake) == tables
+    for feed, table in tables:
+        for layer in LAYERS:
+            assert parquet_schemas(lake, layer, feed, table) == parquet_schemas(reference, layer, feed, table), (
+                f"{feed}/{table}/{layer}: the Parquet schema differs from the local driver's")
+            rows, expected = lake_table(lake, layer, feed, table), lake_table(reference, layer, feed, table)
+            assert rows == expected, f"{feed}/{table}/{layer}: {len(rows)} rows, the local driver wrote {len(expected)}"
+            assert expected, f"{feed}/{table}/{layer} is empty"
+
+
+def _tables(lake: Path) -> list[tuple[str, str]]:
+    """(feed, table) of every table in a lake's `current` layer (a GRAX table is `org/object`)."""
+    found = []
+    for path in sorted((lake / "current").rglob("*.parquet")):
+        parts = path.relative_to(lake / "current").parts
+        table_parts = [p for p in parts[1:-1] if "=" not in p]
+        found.append((parts[0], "/".join(table_parts)))
+    return sorted(set(found))
+
+
+def test_a_standalone_cluster_writes_the_lake_the_local_driver_writes(landings, local_lake, cluster):
+    work = landings.root / "cluster-run"
+    config = landings.config(work / "lake", SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable)))
+    done = run_cli(config, work)
+    assert_ran(done, work)
+    assert_same_lake(work / "lake", local_lake)
+
+
+def test_a_spark_connect_server_writes_the_lake_the_local_driver_writes(landings, local_lake, connect_server):
+    work = landings.root / "connect-run"
+    config = landings.config(work / "lake", SparkConfig(remote=connect_server.url))
+    done = run_cli(config, work, env={"SPARK_CONNECT_AUTHENTICATE_TOKEN": connect_server.token})
+    assert_ran(done, work)
+    assert connect_server.token not in done.stdout + done.stderr
+    assert_same_lake(work / "lake", local_lake)
+
+
+def _upload(client, bucket: str, local_root: Path, prefix: str) -> None:
+    for path in local_root.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
+
+
+def _download(client, bucket: str, prefix: str, target: Path) -> None:
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if not item["Key"].endswith("/"):
+                path = target / item["Key"][len(prefix):].lstrip("/")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(path))
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("server", ["cluster", "connect_server"])
+def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local_lake, moto_server, s3_bucket, request, server):
+    """Landing and lake on S3 (moto): a cluster's executors get s3a and the keys from the driver's
+    session; a Connect server has its own s3a settings and takes the keys from its environment."""
+    started = request.getfixturevalue(server)
+    client = moto_server.client("s3")
+    _upload(client, s3_bucket, landings.unit_dir, "landing/unit")
+    if server == "cluster":
+        spark, env = SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable)), {}
+    else:
+        spark, env = SparkConfig(remote=started.url), {"SPARK_CONNECT_AUTHENTICATE_TOKEN": started.token}
+    config = LakeConfig(lake=f"s3a://{s3_bucket}/lake", s3=S3Config(endpoint_url=moto_server.url), spark=spark,
+                        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit"),))
+    work = landings.root / f"{server}-s3-run"
+    assert_ran(run_cli(config, work, env), work)
+    _download(client, s3_bucket, "lake/", work / "lake")
+    for table in ("accounts", "transactions"):
+        for layer in LAYERS:
+            assert parquet_schemas(work / "lake", layer, "unit", table) == parquet_schemas(local_lake, layer, "unit", table)
+            assert lake_table(work / "lake", layer, "unit", table) == lake_table(local_lake, layer, "unit", table), (
+                f"unit/{table}/{layer} on S3 differs from the local driver's")
+
+
+def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(landings, cluster):
+    """Executors running a Python without the project's packages (the system's): the session's
+    first job says which module is missing and where the README tells how to provide it."""
+    system_python = "/usr/bin/python3"
+    assert Path(system_python).exists(), "this test needs the system's Python (without the project's packages)"
+    work = landings.root / "cluster-bare-python"
+    config = LakeConfig(lake=f"file://{work / 'lake'}", feeds=landings.feeds[:1],
+                        spark=SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(system_python)))
+    done = run_cli(config, work)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failures = [line for line in done.stderr.splitlines() if line.startswith("lake-assets: failed:")]
+    assert failures, done.stderr
+    assert all("the executors' Python cannot" in line and "pack-env" in line and "Traceback" not in line for line in failures), failures
