@@ -33,8 +33,12 @@ EXECUTOR_IMPORTS = ("pyarrow", "pandas", "lake_assets.feeds.flow_journal")
 #: distributions the cluster provides (Spark's own Python) or the session ships (lake_assets)
 _PROVIDED = {"pyspark", "py4j", "lake_assets", "lake-assets"}
 
-#: tasks of the probe job: enough to reach every executor of a small cluster
-_PROBE_TASKS = 16
+#: tasks of the probe job on Spark Connect (a classic session takes its default parallelism:
+#: a task per core reaches every executor)
+_CONNECT_PROBE_TASKS = 4
+
+#: the session setting that records which package a session was prepared with
+_PREPARED = "spark.lake_assets.executors.prepared"
 
 HOW_TO_PROVIDE = (
     "give the executors a Python with lake_assets's dependencies: set spark.pyspark.python to one "
@@ -70,14 +74,31 @@ def package_zip() -> Path:
 def ship_package(session) -> None:
     """Add this process's `lake_assets` to the Python path of the session's executors."""
     path = str(package_zip())
-    if hasattr(session, "addArtifacts"):  # Spark Connect: the server hands it to its executors
+    if _is_connect(session):  # the server hands it to its executors
         try:
             session.addArtifacts(path, pyfile=True)
         except Exception as error:  # the same content under the same name: already there
             if "already exists" not in str(error).lower():
                 raise
         return
-    session.sparkContext.addPyFile(path)
+    if not any(added.endswith(Path(path).name) for added in session.sparkContext.listFiles):
+        session.sparkContext.addPyFile(path)
+
+
+def prepare_executors(session) -> None:
+    """Ship the package and check the executors' Python, once per session and package: the
+    session remembers (in a setting of its own) which package it was prepared with, so the runs
+    after the first in one process skip both."""
+    prepared = package_zip().name
+    if session.conf.get(_PREPARED, None) == prepared:
+        return
+    ship_package(session)
+    check_executors(session)
+    session.conf.set(_PREPARED, prepared)
+
+
+def _is_connect(session) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 def missing_imports(_: object) -> str:
@@ -94,9 +115,11 @@ def missing_imports(_: object) -> str:
 def check_executors(session) -> None:
     """Import, on the executors, what the lake's Python functions need; raise one error naming
     what is missing and how to provide it."""
-    probe = F.udf(missing_imports, "string")
+    # a plain (pickled) UDF: an Arrow one would need pyarrow in the worker before the probe runs
+    probe = F.udf(missing_imports, "string", useArrow=False)
+    tasks = _CONNECT_PROBE_TASKS if _is_connect(session) else session.sparkContext.defaultParallelism
     try:
-        found = {row[0] for row in session.range(0, _PROBE_TASKS, 1, _PROBE_TASKS).select(probe("id")).distinct().collect()}
+        found = {row[0] for row in session.range(0, tasks, 1, tasks).select(probe("id")).distinct().collect()}
     except Exception as error:  # the worker could not even start the probe (no pyarrow, no lake_assets, ...)
         raise ExecutorEnvironmentError(f"the executors' Python cannot run the lake's functions: "
                                        f"{_missing_module(str(error))}; {HOW_TO_PROVIDE}") from None

@@ -7,6 +7,7 @@ Secrets are not part of it; `s3a_secret_conf` reads them from the environment at
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -43,12 +44,6 @@ LAKE_SQL_SETTINGS: dict[str, str] = {
     # 7-day backfill hands it 504 landed files, 1.6 s of task overhead for a listing. A few
     # tasks, each listing a share of the paths, do it in a fraction of that.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
-    # On, PySpark wraps every Column function in five extra JVM round trips (look up the active
-    # session, read this setting's depth, walk the Python stack, set and clear the call site) so
-    # that Spark's errors can name the Python line. A fold builds hundreds of expressions: off,
-    # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s;
-    # docs/profiling.md). Errors keep Spark's message and the lake's file and step names.
-    PYSPARK_CALL_SITES: "false",
 }
 
 #: Settings of a driver JVM this process starts (local or a cluster's driver); a Spark Connect
@@ -67,6 +62,13 @@ DRIVER_SETTINGS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
+    # On, PySpark wraps every Column function in five extra JVM round trips (look up the active
+    # session, read this setting's depth, walk the Python stack, set and clear the call site) so
+    # that Spark's errors can name the Python line. A fold builds hundreds of expressions: off,
+    # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s;
+    # docs/profiling.md). Errors keep Spark's message and the lake's file and step names. (A
+    # setting of PySpark's classic sessions: a Connect server does not know it.)
+    PYSPARK_CALL_SITES: "false",
 }
 
 # The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
@@ -202,6 +204,10 @@ def build_session(conf: Mapping[str, str]):
     remote = settings.pop("spark.remote", None)
     if remote:
         session = SparkSession.builder.remote(connect_url(remote)).getOrCreate()
+        # Closed before the interpreter's last garbage collection: a Connect DataFrame cached on
+        # the server (a local checkpoint) releases itself when collected, with a call that
+        # cannot run once Python is shutting down, and the process would never exit.
+        atexit.register(session.stop)
         apply_sql_settings(session, {k: v for k, v in settings.items() if k != "spark.app.name"})
     else:
         builder = SparkSession.builder
@@ -216,10 +222,9 @@ def build_session(conf: Mapping[str, str]):
         session = builder.getOrCreate()
         if is_local(settings.get("spark.master", "local")):
             return session
-    from lake_assets.executors import check_executors, ship_package
+    from lake_assets.executors import prepare_executors
 
-    ship_package(session)
-    check_executors(session)
+    prepare_executors(session)
     return session
 
 

@@ -371,12 +371,13 @@ def test_a_connect_session_that_keeps_another_value_for_a_lake_setting_is_refuse
         apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC", "spark.sql.timeType.enabled": "true"})
 
 
-def test_every_session_builds_columns_without_recording_python_call_sites():
-    """PySpark's per-expression call-site capture is off for the embedded driver, a cluster's
-    driver and a Connect client alike (it costs the Python side, whichever runs the tasks);
-    a caller may turn it back on."""
-    for conf in (session_conf(), session_conf(master="spark://10.0.0.5:7077"), session_conf(remote="sc://127.0.0.1:15002")):
+def test_every_classic_session_builds_columns_without_recording_python_call_sites():
+    """PySpark's per-expression call-site capture is off for the embedded driver and a cluster's
+    driver alike (it costs the Python side, whichever runs the tasks); a caller may turn it back
+    on. A Connect server does not know the setting (it is PySpark's classic sessions')."""
+    for conf in (session_conf(), session_conf(master="spark://10.0.0.5:7077")):
         assert conf["spark.python.sql.dataFrameDebugging.enabled"] == "false"
+    assert "spark.python.sql.dataFrameDebugging.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
     mine = session_conf(extra={"spark.python.sql.dataFrameDebugging.enabled": "true"})
     assert mine["spark.python.sql.dataFrameDebugging.enabled"] == "true"
 

@@ -38,12 +38,13 @@ class Landings:
 
     def __init__(self, root: Path):
         self.root = root
-        unit = write_unit_landing(root / "landing" / "unit", hours=4, tables=("accounts", "transactions"))
+        unit = write_unit_landing(root / "landing" / "unit", hours=3, tables=("accounts",))
         grax = write_grax_landing(root / "landing" / "grax", batches=4)
         flow = write_flow_landing(root / "landing" / "flow")
         self.feeds = (
             FeedConfig(name="unit", format="unit_cdc", landing=f"file://{unit.landing_dir}"),
-            FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}"),
+            # the object with deletes and purges; one object is one run of its own on every path
+            FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}", objects=("Account",)),
             FeedConfig(name="flow", format="flow_journal", landing=f"file://{flow.landing_dir}",
                        collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items())),
         )
@@ -99,7 +100,12 @@ def assert_ran(done: subprocess.CompletedProcess, work: Path) -> None:
 
 def parquet_schemas(lake: Path, layer: str, feed: str, table: str) -> set[str]:
     """The Parquet schemas (physical types included: INT96 against TIMESTAMP_MICROS shows) of a table's files."""
-    return {str(pq.ParquetFile(path).schema) for path in (lake / layer / feed / table).rglob("*.parquet")}
+    return {_physical(pq.ParquetFile(path).schema) for path in (lake / layer / feed / table).rglob("*.parquet")}
+
+
+def _physical(schema: pq.ParquetSchema) -> str:
+    """The schema as Parquet writes it (its text, less the first line: the object's address)."""
+    return "\n".join(str(schema).splitlines()[1:])
 
 
 def assert_same_lake(lake: Path, reference: Path) -> None:
@@ -174,7 +180,7 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local
     work = landings.root / f"{server}-s3-run"
     assert_ran(run_cli(config, work, env), work)
     _download(client, s3_bucket, "lake/", work / "lake")
-    for table in ("accounts", "transactions"):
+    for table in ("accounts",):
         for layer in LAYERS:
             assert parquet_schemas(work / "lake", layer, "unit", table) == parquet_schemas(local_lake, layer, "unit", table)
             assert lake_table(work / "lake", layer, "unit", table) == lake_table(local_lake, layer, "unit", table), (
@@ -187,8 +193,10 @@ def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_h
     system_python = "/usr/bin/python3"
     assert Path(system_python).exists(), "this test needs the system's Python (without the project's packages)"
     work = landings.root / "cluster-bare-python"
+    # one attempt per task: Spark's default of four only repeats the same failure
+    conf = {**cluster.spark_conf(system_python), "spark.task.maxFailures": "1"}
     config = LakeConfig(lake=f"file://{work / 'lake'}", feeds=landings.feeds[:1],
-                        spark=SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(system_python)))
+                        spark=SparkConfig(master=cluster.master_url, conf=conf))
     done = run_cli(config, work)
     assert done.returncode == 1, done.stdout + done.stderr
     failures = [line for line in done.stderr.splitlines() if line.startswith("lake-assets: failed:")]
