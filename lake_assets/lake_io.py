@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import Removing, data_files, is_data_file
+from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
 from lake_assets.errors import ConfigError
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
@@ -93,7 +93,7 @@ def read_drifting(
         if "CANNOT_MERGE_SCHEMAS" not in str(exc):
             raise
     groups: dict[str, list[str]] = {}
-    for uri in _data_files(storage, paths, recursive=True):
+    for uri in _parquet_files(storage, paths, recursive=True):
         with storage.open_input_file(uri) as handle:
             signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
         groups.setdefault(signature, []).append(uri)
@@ -104,7 +104,7 @@ def read_drifting(
     return union_all(table, frames)
 
 
-def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:
+def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:
     """The Parquet data files given, or in the given folders (Spark's markers and checksums
     left out); subfolders only when `recursive`."""
     found = []
@@ -112,7 +112,7 @@ def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str
         if path.endswith(".parquet"):
             found.append(path)
             continue
-        found += [e.uri for e in storage.walk_files(path) if is_data_file(e.name)] if recursive else data_files(storage, path)
+        found += [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)] if recursive else parquet_files(storage, path)
     return found
 
 
@@ -121,7 +121,7 @@ def _written_schema(storage: Storage, paths: list[str], recursive: bool) -> T.St
     carry one and it is the same (files the engine wrote, before any drift); None otherwise, and
     for reads of more than `SCHEMA_FROM_FOOTERS_MAX_FILES` files, where Spark's parallel footer
     reading is the better tool. Partition folders' columns are not in it: Spark adds them."""
-    files = _data_files(storage, paths, recursive)
+    files = _parquet_files(storage, paths, recursive)
     if not files or len(files) > SCHEMA_FROM_FOOTERS_MAX_FILES:
         return None
     return _spark_schema(_footers(storage, files))
@@ -197,7 +197,7 @@ def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tupl
     footers: no Spark job unless the files disagree on their schema. None for no table."""
     if not storage.exists(table_uri):
         return None
-    footers = _footers(storage, _data_files(storage, [table_uri], recursive=True))
+    footers = _footers(storage, _parquet_files(storage, [table_uri], recursive=True))
     if not footers:
         return 0, None
     schema = _spark_schema(footers, any_nullability=True)
@@ -238,7 +238,7 @@ def write_partitions(
         safe_segment(f"{column}={value}", "partition")
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
-        removing([uri for value in values if value in present for uri in data_files(storage, present[value])])
+        removing([uri for value in values if value in present for uri in parquet_files(storage, present[value])])
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions

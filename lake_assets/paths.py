@@ -13,6 +13,21 @@ from urllib.parse import urlparse
 from lake_assets.errors import ConfigError, UnsafePathError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
+#: the characters of a name the lake and its catalog use as it is: a feed's name, a catalog
+#: record's `where` and `what` (the datalake-common rule)
+_NAME_CHARACTERS = "a-z0-9_-"
+NAME = re.compile(f"[{_NAME_CHARACTERS}]+")
+_NOT_NAME_CHARACTER = re.compile(f"[^{_NAME_CHARACTERS}]")
+
+
+def is_name(value: object) -> bool:
+    """Whether `value` is a name (`NAME`): lower-case letters, digits, `_` and `-`."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None
+
+
+def as_name(text: str) -> str:
+    """`text` made a name (`NAME`): lower case, any other character as `_`."""
+    return _NOT_NAME_CHARACTER.sub("_", text.lower())
 
 
 def safe_segment(value: str, what: str = "path segment") -> str:

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from lake_assets.engine import merge, model as m
-from lake_assets.feeds.base import data_files
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.config import S3Config
+from lake_assets.storage import Storage, data_files
 from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, landing_with_strays, write_events
@@ -252,7 +252,7 @@ def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, 
     for path in sorted(landing.rglob("*")):
         if path.is_file() and not path.is_symlink() and "up" not in path.relative_to(landing).parts:
             s3.upload_file(str(path), s3_bucket, f"unit/{path.relative_to(landing).as_posix()}")
-    storage = CountingStorage(S3Settings(endpoint_url=moto_server.url))
+    storage = CountingStorage(S3Config(endpoint_url=moto_server.url))
     uri = f"s3a://{s3_bucket}/unit"
 
     strays = FMT.stray_files(storage, uri, "accounts")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import uuid
 from typing import Iterable
 
@@ -33,22 +32,23 @@ from lake_assets.catalog.metadata import (
     hash_stream,
 )
 from lake_assets.catalog.store import CatalogStore
+from lake_assets.paths import as_name
 from lake_assets.storage import Entry, Storage
 
 CHUNK = 8 * 1024 * 1024
 
 
 def catalog_what(table: str) -> str:
-    """A table name as a datalake `what` ([a-z0-9_-]): `00Dxx/account` -> `00dxx-account`."""
-    return re.sub(r"[^a-z0-9_-]", "_", table.lower().replace("/", "-"))
+    """A table name as a datalake `what` (`paths.NAME`): `00Dxx/account` -> `00dxx-account`."""
+    return as_name(table.replace("/", "-"))
 
 
 def catalog_where(feed: str) -> str:
-    return re.sub(r"[^a-z0-9_-]", "_", feed.lower())
+    return as_name(feed)
 
 
 def catalog_work_id(run_id: str | None) -> str | None:
-    return re.sub(r"[^a-z0-9_-]", "_", run_id.lower()) if run_id else None
+    return as_name(run_id) if run_id else None
 
 
 def landing_work_id(partition: str) -> str:

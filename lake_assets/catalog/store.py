@@ -36,7 +36,6 @@ from __future__ import annotations
 import abc
 import io
 import json
-import re
 import threading
 import time
 import uuid
@@ -49,10 +48,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lake_assets.catalog.metadata import BUCKET_MS, LAST_INDEXED_MS, bucket_days, query_buckets, span_buckets
-from lake_assets.paths import is_s3, safe_segment
+from lake_assets.paths import NAME, is_name, is_s3, safe_segment
 from lake_assets.storage import Storage
 
-_NAME = re.compile(r"^[a-z0-9_-]+$")
 _RECORD_FIELDS = (
     "version",
     "url",
@@ -71,8 +69,8 @@ _RETIREMENT_FIELDS = ("url", "time_index_key", "range_key", "create_time", "meta
 
 
 def _check_name(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(f"{field} {value!r} must match {_NAME.pattern}")
+    if not is_name(value):
+        raise ValueError(f"{field} {value!r} must match {NAME.pattern}")
     return value
 
 

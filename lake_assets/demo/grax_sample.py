@@ -51,6 +51,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lake_assets.epoch import DAY_MS
+
 UTC = dt.timezone.utc
 START = dt.datetime(2024, 3, 1, tzinfo=UTC)
 WINDOW = dt.timedelta(hours=12)
@@ -177,7 +179,7 @@ def _new_values(obj: str, rng: random.Random, late: bool, account_ids: list[str]
             "Industry": maybe(0.15, rng.choice(_INDUSTRY)),
             "AnnualRevenue": maybe(0.1, round(rng.uniform(50_000, 25_000_000), 2)),
             "IsActive__c": rng.random() < 0.8,
-            "LastReviewed__c": maybe(0.2, START - dt.timedelta(milliseconds=rng.randrange(90 * 86_400_000))),
+            "LastReviewed__c": maybe(0.2, START - dt.timedelta(milliseconds=rng.randrange(90 * DAY_MS))),
             "Rating": maybe(0.25, rng.choice(["Hot", "Warm", "Cold"])),
         }
     if obj == "Contact":
