@@ -204,11 +204,6 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
     return out
 
 
-def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: str) -> list[Entry]:
-    """The landed files of one partition as the catalog lists them, in name order."""
-    return catalogued_partitions(store, feed, table, [partition])[partition]
-
-
 def landed_records(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, dict[str, dict]]:
     """partition -> URL -> the record of each landed file of the partition, as catalogued (one
     query). A file rewritten in place has a record per content; the newest one stands for it."""

@@ -106,10 +106,6 @@ def clock_of(moment: dt.datetime) -> int:
     return (ticks + GREGORIAN_OFFSET) & ~0xF
 
 
-def moment_of(clock: int) -> dt.datetime:
-    return EPOCH + dt.timedelta(microseconds=(clock - GREGORIAN_OFFSET) // 10)
-
-
 def build_uuid(clock: int, flags: int, producer: bytes) -> str:
     raw = bytearray(16)
     raw[0:4] = (clock & 0xFFFFFFFF).to_bytes(4, "big")
