@@ -5,19 +5,22 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import pyarrow.parquet as pq
+from py4j.protocol import Py4JError, Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
-from lake_assets.errors import ConfigError
+from lake_assets.errors import ConfigError, InvalidValue
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
 
@@ -28,12 +31,56 @@ if TYPE_CHECKING:
 TYPE_INFERENCE = "spark.sql.sources.partitionColumnTypeInference.enabled"
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"  # the footer entry Spark writes its schema to
 SCHEMA_FROM_FOOTERS_MAX_FILES = 64
+#: Spark's error condition for files whose column types its schema merging cannot reconcile
+SCHEMAS_DISAGREE = "CANNOT_MERGE_SCHEMAS"
+
+
+def error_conditions(error: BaseException) -> set[str]:
+    """The error conditions (Spark's error classes) of an error from Spark and of the errors
+    behind it. PySpark gives its own errors one (`getCondition`); an error of the JVM that
+    PySpark does not convert (a `SparkException`, such as a failed schema merge) reaches Python
+    as py4j's, and its JVM chain of causes is asked."""
+    conditions = set()
+    seen: BaseException | None = error
+    visited = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, PySparkException) and seen.getCondition():
+            conditions.add(seen.getCondition())
+        if isinstance(seen, Py4JJavaError):
+            conditions |= _jvm_conditions(seen.java_exception)
+        seen = seen.__cause__ or seen.__context__
+    return conditions
+
+
+def _jvm_conditions(throwable) -> set[str]:
+    conditions = set()
+    while throwable is not None:
+        try:
+            condition = throwable.getCondition()  # a SparkThrowable's; other throwables have none
+        except Py4JError:
+            condition = None
+        if condition:
+            conditions.add(condition)
+        throwable = throwable.getCause()
+    return conditions
 
 
 def is_cached(frame: DataFrame) -> bool:
     """Whether Spark keeps the frame's rows (persisted in memory or on disk)."""
     level = frame.storageLevel
     return level.useMemory or level.useDisk
+
+
+@contextlib.contextmanager
+def released_after(cached: list[DataFrame]) -> Iterator[list[DataFrame]]:
+    """The frames a block caches (it adds each to `cached` as it caches it), unpersisted when
+    the block ends, however it ends: a step that fails leaves no executor memory behind."""
+    try:
+        yield cached
+    finally:
+        for frame in cached:
+            frame.unpersist()
 
 
 def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[str, str]:
@@ -89,8 +136,8 @@ def read_drifting(
         df = reader.parquet(*paths)
         df.schema  # schema merging happens here, eagerly
         return df
-    except Exception as exc:  # py4j surfaces Spark's CANNOT_MERGE_SCHEMAS as a generic error
-        if "CANNOT_MERGE_SCHEMAS" not in str(exc):
+    except (PySparkException, Py4JJavaError) as exc:
+        if SCHEMAS_DISAGREE not in error_conditions(exc):
             raise
     groups: dict[str, list[str]] = {}
     for uri in _parquet_files(storage, paths, recursive=True):
@@ -248,7 +295,7 @@ def write_partitions(
         counts = {r[column]: r["n"] for r in counted}
         stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
         if stray:
-            raise ValueError(
+            raise InvalidValue(
                 f"rows for partition {stray[0]!r} do not belong to the partitions being written {values[:3]}…"
             )
         if erase is not None:

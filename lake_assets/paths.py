@@ -10,7 +10,7 @@ import re
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
-from lake_assets.errors import ConfigError, UnsafePathError
+from lake_assets.errors import ConfigError, InvalidValue, UnsafePathError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
 #: the characters of a name the lake and its catalog use as it is: a feed's name, a catalog
@@ -92,7 +92,7 @@ class LakeLayout:
 
     def table(self, layer: str, feed: str, table: str) -> str:
         if layer not in self.LAYERS:
-            raise ValueError(f"unknown layer {layer!r}")
+            raise InvalidValue(f"unknown layer {layer!r}")
         return join(self.root, layer, feed, *table_segments(table))
 
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import pyarrow.fs as pafs
 
 from lake_assets.config_model import S3Config
+from lake_assets.errors import InvalidValue
 from lake_assets.paths import is_s3
 
 
@@ -65,7 +66,7 @@ class Storage:
             return self._s3_fs(), uri.split("://", 1)[1]
         if uri.startswith("file://"):
             return self._local, uri[len("file://"):]
-        raise ValueError(f"unsupported URI {uri!r}")
+        raise InvalidValue(f"unsupported URI {uri!r}")
 
     @staticmethod
     def _uri(prefix_uri: str, name: str) -> str:

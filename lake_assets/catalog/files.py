@@ -32,6 +32,7 @@ from lake_assets.catalog.metadata import (
     hash_stream,
 )
 from lake_assets.catalog.store import CatalogStore
+from lake_assets.errors import CatalogError
 from lake_assets.paths import as_name
 from lake_assets.storage import Entry, Storage
 
@@ -126,7 +127,7 @@ class CatalogFile:
         if not self.landed:
             return uuid.uuid5(uuid.NAMESPACE_URL, self.url).hex
         if digest is None:
-            raise ValueError(f"{self.url}: a landed file's id needs the hash of its content")
+            raise CatalogError(f"{self.url}: a landed file's id needs the hash of its content")
         return uuid.uuid5(uuid.NAMESPACE_URL, f"{self.url}#{digest}").hex
 
 
@@ -194,7 +195,7 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
     out = []
     for item in files:
         if item.landed:
-            raise ValueError(f"{item.url}: the lake retires only files it wrote")
+            raise CatalogError(f"{item.url}: the lake retires only files it wrote")
         fs, path = storage.resolve(item.url)
         info = fs.get_file_info(path)
         if info.type == FileType.NotFound:

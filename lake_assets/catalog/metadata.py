@@ -37,7 +37,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from lake_assets.epoch import DAY_MS, EPOCH_MS_THRESHOLD
-from lake_assets.errors import LakeAssetsError
+from lake_assets.errors import CatalogError
 from lake_assets.paths import is_name
 
 __all__ = [
@@ -114,7 +114,7 @@ def document_time(ms: int) -> str | int:
     return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds")
 
 
-class MetadataError(LakeAssetsError, ValueError):
+class MetadataError(CatalogError):
     """A metadata document is invalid; `field` names the offending field, `reason` says why."""
 
     def __init__(self, field: str, reason: str):
@@ -391,11 +391,11 @@ def build_records(
     of this file's records (`null_work_id()` when given, else a uuid4 hex).
     """
     if not isinstance(url, str) or not url:
-        raise ValueError(f"url must be a non-empty string, got {url!r}")
+        raise MetadataError("url", f"must be a non-empty string, got {url!r}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"size must be a non-negative integer, got {size!r}")
+        raise MetadataError("size", f"must be a non-negative integer, got {size!r}")
     if create_time is not None and (isinstance(create_time, bool) or not isinstance(create_time, int)):
-        raise ValueError(f"create_time must be integer ms or None, got {create_time!r}")
+        raise MetadataError("create_time", f"must be integer ms or None, got {create_time!r}")
 
     doc = validate(metadata)
     spans = buckets(doc)

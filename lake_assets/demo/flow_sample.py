@@ -62,6 +62,8 @@ from pathlib import Path
 
 import cramjam
 
+from lake_assets.errors import InvalidValue
+
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 GREGORIAN_OFFSET = 0x01B21DD213814000  # 100 ns intervals from 1582-10-15 to 1970-01-01
@@ -483,7 +485,7 @@ def _encode(codec: str, lines: list[bytes]) -> bytes:
         return bytes(cramjam.zstd.compress(data))
     if codec == "sz":
         return bytes(cramjam.snappy.compress(data))  # snappy framing format
-    raise ValueError(codec)
+    raise InvalidValue(codec)
 
 
 def write_flow_landing(landing_dir: Path, *, seed: int = 5) -> FlowSample:

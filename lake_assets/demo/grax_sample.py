@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lake_assets.epoch import DAY_MS
+from lake_assets.errors import InvalidValue
 
 UTC = dt.timezone.utc
 START = dt.datetime(2024, 3, 1, tzinfo=UTC)
@@ -306,7 +307,7 @@ def _encode(obj: str, values: dict, late: bool) -> dict:
             out[name] = value.strftime("%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
             out[name + "_t"] = value
         else:  # pragma: no cover - FIELDS only holds the kinds above
-            raise ValueError(kind)
+            raise InvalidValue(kind)
     return out
 
 
@@ -464,7 +465,7 @@ class _Simulation:
                 self._write(id_, modified, None, dict(system), batch, planted, self.group)
             self.values[id_] = {}
         else:  # pragma: no cover
-            raise ValueError(kind)
+            raise InvalidValue(kind)
 
 
 def _merge_in_order(rng: random.Random, events: list, ordered: list) -> list:
@@ -596,7 +597,7 @@ def _write_object(landing_dir: Path, obj: str, file_batch: list[int], contents: 
 def write_grax_landing(landing_dir: Path, *, seed: int = 11, batches: int = 6) -> GraxSample:
     """Write a GRAX Data Lake v2 landing for Account, Contact and Opportunity under landing_dir."""
     if batches < 4:
-        raise ValueError("a GRAX sample needs at least 4 batches")
+        raise InvalidValue("a GRAX sample needs at least 4 batches")
     landing_dir = Path(landing_dir)
     rng = random.Random(seed)
     switch = batches // 2

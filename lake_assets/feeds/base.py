@@ -13,6 +13,7 @@ from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
 from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD
+from lake_assets.errors import InvalidValue
 from lake_assets.storage import Entry, Storage, is_hidden
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
@@ -147,7 +148,7 @@ def hour_key(moment: dt.datetime) -> str:
 
 def parse_hour_key(key: str) -> dt.datetime:
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", key or ""):
-        raise ValueError(f"hour partition key {key!r} must look like 2024-01-31-05")
+        raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 

@@ -37,6 +37,7 @@ from pyspark.sql import Column, DataFrame, functions as F, types as T
 from lake_assets.config_model import FeedConfig, checked, names
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
+from lake_assets.errors import InvalidValue
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage, data_files
@@ -69,7 +70,7 @@ def is_batch_key(value: str) -> bool:
 def batch_order(key: str) -> int:
     """Batches are opaque increasing hex numbers: compare them as numbers."""
     if not is_batch_key(key):
-        raise ValueError(f"batch {key!r} is not a hex number")
+        raise InvalidValue(f"batch {key!r} is not a hex number")
     return int(key, 16)
 
 
@@ -86,7 +87,7 @@ def is_table(value: object) -> bool:
 def split_table(table: str) -> tuple[str, str]:
     """`<org>/<object>` -> (org, object), both validated for use in paths."""
     if not is_table(table):
-        raise ValueError(f"GRAX table {table!r} must be '<org>/<object in lower case>'")
+        raise InvalidValue(f"GRAX table {table!r} must be '<org>/<object in lower case>'")
     org, _, obj = table.partition("/")
     return org, obj
 
@@ -199,7 +200,7 @@ class GraxV2Format(FeedFormat):
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
-            raise ValueError(f"batch partition {partition!r} is not a hex number")
+            raise InvalidValue(f"batch partition {partition!r} is not a hex number")
         return [entry for folder in self.object_folders(storage, landing, table)
                 for entry in data_files(storage, f"{folder}/batch={partition}")]
 
