@@ -112,3 +112,20 @@ def test_the_formats_are_listed_once():
         used = sorted({module for module, tree in _modules().items() for node in ast.walk(tree)
                        if isinstance(node, ast.Name) and node.id == name} - set(home))
         assert used == ["lake_assets/feeds/__init__.py"], (name, used)
+
+
+def test_each_concept_is_imported_from_its_home():
+    """Imported through a module that happens to import it, a name hides where it is defined,
+    and a module that defines a name of its own alike shadows it unnoticed (the engine's list of
+    a lake folder's Parquet files once shared `data_files` with the landing's)."""
+    homes = {"data_files": "lake_assets.storage", "is_hidden": "lake_assets.storage", "NAME": "lake_assets.paths",
+             "is_name": "lake_assets.paths", "as_name": "lake_assets.paths", "DAY_MS": "lake_assets.epoch",
+             "EPOCH_MS_THRESHOLD": "lake_assets.epoch"}
+    elsewhere = []
+    for folder in (PACKAGE, PACKAGE.parent / "lake_assets_tests", PACKAGE.parent / "benchmarks"):
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lake_assets"):
+                    elsewhere += [f"{path.name}: {alias.name} from {node.module}" for alias in node.names
+                                  if alias.name in homes and node.module != homes[alias.name]]
+    assert elsewhere == []
