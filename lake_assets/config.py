@@ -39,14 +39,14 @@ import yaml
 from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
 
 from lake_assets.config_model import (
-    CREDENTIALS_COME_FROM_THE_ENVIRONMENT, EndpointUrl, FeedConfig, Model, RootUri, Text, checked, expected, explain,
-    looks_secret, refused,
+    CREDENTIALS_COME_FROM_THE_ENVIRONMENT, EndpointUrl, FeedConfig, Model, RootUri, S3Config, Text, checked, expected,
+    explain, looks_secret, refused,
 )
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
 from lake_assets.feeds.flow_journal import CollectionConfig
 from lake_assets.paths import is_s3
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.storage import Storage
 
 __all__ = [
     "CatalogConfig", "CollectionConfig", "FeedConfig", "LakeConfig", "S3Config", "SparkConfig", "dump_config",
@@ -60,13 +60,6 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_EXPANDED_NODES = 100_000
 
 AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]
-
-
-class S3Config(Model):
-    """Where S3 lives; credentials come from the environment, never from this file."""
-
-    endpoint_url: EndpointUrl | None = None
-    region: Text = "us-east-1"
 
 
 def _spark_setting(value: Any) -> str:
@@ -149,7 +142,7 @@ class LakeConfig(Model):
 
     def storage(self) -> Storage:
         """The landings' and the lake's storage, with the S3 endpoint and region configured."""
-        return Storage(S3Settings(endpoint_url=self.s3.endpoint_url, region=self.s3.region))
+        return Storage(self.s3)
 
     def feed(self, name: str) -> FeedConfig:
         for feed in self.feeds:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from lake_assets.errors import ConfigError
-from lake_assets.paths import normalise_root_uri
+from lake_assets.paths import is_name, normalise_root_uri
 
 #: where credentials go instead of the configuration file
 CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
@@ -101,7 +101,7 @@ ROOT_URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (withou
 RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
-FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", _text(r"[a-z0-9_-]+"))]
+FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", is_name)]
 TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))]
 HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
 NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
@@ -143,6 +143,14 @@ class Model(BaseModel):
         if len(args) > len(self._positional):
             raise TypeError(f"{type(self).__name__} takes at most {len(self._positional)} values in order")
         super().__init__(**dict(zip(self._positional, args)), **data)
+
+
+class S3Config(Model):
+    """Where S3 lives (the `s3` key, and what `storage.Storage` reads); credentials come from the
+    environment, never from this file."""
+
+    endpoint_url: EndpointUrl | None = None
+    region: Text = "us-east-1"
 
 
 class FeedConfig(Model):

@@ -20,7 +20,7 @@ import json
 import logging
 
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.errors import LakeAssetsError
+from lake_assets.errors import InvalidValue, LakeAssetsError
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.paths import LakeLayout, table_segments
@@ -51,7 +51,7 @@ class Pin:
         """The pin a file holds; ValueError naming what is wrong (its table names become paths)."""
         raw = json.loads(data.decode("utf-8"))
         if not isinstance(raw, dict) or set(raw) != {"tables", "first_hour"} or not isinstance(raw["tables"], list):
-            raise ValueError("expected {\"tables\": [...], \"first_hour\": ...}")
+            raise InvalidValue("expected {\"tables\": [...], \"first_hour\": ...}")
         for table in raw["tables"]:
             table_segments(table)
         if raw["first_hour"] is not None:

@@ -18,13 +18,14 @@ class UnsafePathError(LakeAssetsError):
     """A path segment built from external input (partition key, file name) is not safe."""
 
 
-class BadInputFile(LakeAssetsError):
-    """A landed file cannot be used; it is quarantined with this reason."""
+class InvalidValue(LakeAssetsError, ValueError):
+    """A value (a name, key, URI, record or file's content) does not have the form it must have.
+    A ValueError too, so code that checks a value by catching ValueError keeps working."""
 
-    def __init__(self, uri: str, reason: str):
-        super().__init__(f"{uri}: {reason}")
-        self.uri = uri
-        self.reason = reason
+
+class CatalogError(InvalidValue):
+    """The file catalog refuses a record or query (index keys that disagree with the metadata,
+    a range that ends before it starts), or its store is not set up as it needs."""
 
 
 class SchemaClash(LakeAssetsError):

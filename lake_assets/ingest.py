@@ -470,6 +470,11 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
             batch_files.set_aside(uri, reason)
         events = events.where(~F.col(FILE_URI).isin(list(bad)))
         collapsed = collapse_counted(events, fmt.table_spec(table))
+    try:  # the cached events are the batch's; they are released here only if it is not made
+        repaired = text_repaired_per_file(events) if collapsed.text_repaired else {}
+    except BaseException:
+        collapsed.events.unpersist()
+        raise
     return Batch(
         events=collapsed.events,
         files_listed=listed,
@@ -479,5 +484,5 @@ def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: st
         duplicates=collapsed.duplicates,
         quarantined=batch_files.quarantined,
         derived=collapsed.derived,
-        text_repaired=text_repaired_per_file(events) if collapsed.text_repaired else {},
+        text_repaired=repaired,
     )

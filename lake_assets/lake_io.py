@@ -5,19 +5,22 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import pyarrow.parquet as pq
+from py4j.protocol import Py4JError, Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import Removing, data_files, is_data_file
-from lake_assets.errors import ConfigError
+from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
+from lake_assets.errors import ConfigError, InvalidValue
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage
 
@@ -28,12 +31,56 @@ if TYPE_CHECKING:
 TYPE_INFERENCE = "spark.sql.sources.partitionColumnTypeInference.enabled"
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"  # the footer entry Spark writes its schema to
 SCHEMA_FROM_FOOTERS_MAX_FILES = 64
+#: Spark's error condition for files whose column types its schema merging cannot reconcile
+SCHEMAS_DISAGREE = "CANNOT_MERGE_SCHEMAS"
+
+
+def error_conditions(error: BaseException) -> set[str]:
+    """The error conditions (Spark's error classes) of an error from Spark and of the errors
+    behind it. PySpark gives its own errors one (`getCondition`); an error of the JVM that
+    PySpark does not convert (a `SparkException`, such as a failed schema merge) reaches Python
+    as py4j's, and its JVM chain of causes is asked."""
+    conditions = set()
+    seen: BaseException | None = error
+    visited = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, PySparkException) and seen.getCondition():
+            conditions.add(seen.getCondition())
+        if isinstance(seen, Py4JJavaError):
+            conditions |= _jvm_conditions(seen.java_exception)
+        seen = seen.__cause__ or seen.__context__
+    return conditions
+
+
+def _jvm_conditions(throwable) -> set[str]:
+    conditions = set()
+    while throwable is not None:
+        try:
+            condition = throwable.getCondition()  # a SparkThrowable's; other throwables have none
+        except Py4JError:
+            condition = None
+        if condition:
+            conditions.add(condition)
+        throwable = throwable.getCause()
+    return conditions
 
 
 def is_cached(frame: DataFrame) -> bool:
     """Whether Spark keeps the frame's rows (persisted in memory or on disk)."""
     level = frame.storageLevel
     return level.useMemory or level.useDisk
+
+
+@contextlib.contextmanager
+def released_after(cached: list[DataFrame]) -> Iterator[list[DataFrame]]:
+    """The frames a block caches (it adds each to `cached` as it caches it), unpersisted when
+    the block ends, however it ends: a step that fails leaves no executor memory behind."""
+    try:
+        yield cached
+    finally:
+        for frame in cached:
+            frame.unpersist()
 
 
 def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[str, str]:
@@ -89,11 +136,11 @@ def read_drifting(
         df = reader.parquet(*paths)
         df.schema  # schema merging happens here, eagerly
         return df
-    except Exception as exc:  # py4j surfaces Spark's CANNOT_MERGE_SCHEMAS as a generic error
-        if "CANNOT_MERGE_SCHEMAS" not in str(exc):
+    except (PySparkException, Py4JJavaError) as exc:
+        if SCHEMAS_DISAGREE not in error_conditions(exc):
             raise
     groups: dict[str, list[str]] = {}
-    for uri in _data_files(storage, paths, recursive=True):
+    for uri in _parquet_files(storage, paths, recursive=True):
         with storage.open_input_file(uri) as handle:
             signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
         groups.setdefault(signature, []).append(uri)
@@ -104,7 +151,7 @@ def read_drifting(
     return union_all(table, frames)
 
 
-def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:
+def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:
     """The Parquet data files given, or in the given folders (Spark's markers and checksums
     left out); subfolders only when `recursive`."""
     found = []
@@ -112,7 +159,7 @@ def _data_files(storage: Storage, paths: list[str], recursive: bool) -> list[str
         if path.endswith(".parquet"):
             found.append(path)
             continue
-        found += [e.uri for e in storage.walk_files(path) if is_data_file(e.name)] if recursive else data_files(storage, path)
+        found += [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)] if recursive else parquet_files(storage, path)
     return found
 
 
@@ -121,7 +168,7 @@ def _written_schema(storage: Storage, paths: list[str], recursive: bool) -> T.St
     carry one and it is the same (files the engine wrote, before any drift); None otherwise, and
     for reads of more than `SCHEMA_FROM_FOOTERS_MAX_FILES` files, where Spark's parallel footer
     reading is the better tool. Partition folders' columns are not in it: Spark adds them."""
-    files = _data_files(storage, paths, recursive)
+    files = _parquet_files(storage, paths, recursive)
     if not files or len(files) > SCHEMA_FROM_FOOTERS_MAX_FILES:
         return None
     return _spark_schema(_footers(storage, files))
@@ -197,7 +244,7 @@ def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tupl
     footers: no Spark job unless the files disagree on their schema. None for no table."""
     if not storage.exists(table_uri):
         return None
-    footers = _footers(storage, _data_files(storage, [table_uri], recursive=True))
+    footers = _footers(storage, _parquet_files(storage, [table_uri], recursive=True))
     if not footers:
         return 0, None
     schema = _spark_schema(footers, any_nullability=True)
@@ -238,7 +285,7 @@ def write_partitions(
         safe_segment(f"{column}={value}", "partition")
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
-        removing([uri for value in values if value in present for uri in data_files(storage, present[value])])
+        removing([uri for value in values if value in present for uri in parquet_files(storage, present[value])])
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions
@@ -248,7 +295,7 @@ def write_partitions(
         counts = {r[column]: r["n"] for r in counted}
         stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
         if stray:
-            raise ValueError(
+            raise InvalidValue(
                 f"rows for partition {stray[0]!r} do not belong to the partitions being written {values[:3]}…"
             )
         if erase is not None:

@@ -10,9 +10,24 @@ import re
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
-from lake_assets.errors import ConfigError, UnsafePathError
+from lake_assets.errors import ConfigError, InvalidValue, UnsafePathError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
+#: the characters of a name the lake and its catalog use as it is: a feed's name, a catalog
+#: record's `where` and `what` (the datalake-common rule)
+_NAME_CHARACTERS = "a-z0-9_-"
+NAME = re.compile(f"[{_NAME_CHARACTERS}]+")
+_NOT_NAME_CHARACTER = re.compile(f"[^{_NAME_CHARACTERS}]")
+
+
+def is_name(value: object) -> bool:
+    """Whether `value` is a name (`NAME`): lower-case letters, digits, `_` and `-`."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None
+
+
+def as_name(text: str) -> str:
+    """`text` made a name (`NAME`): lower case, any other character as `_`."""
+    return _NOT_NAME_CHARACTER.sub("_", text.lower())
 
 
 def safe_segment(value: str, what: str = "path segment") -> str:
@@ -77,7 +92,7 @@ class LakeLayout:
 
     def table(self, layer: str, feed: str, table: str) -> str:
         if layer not in self.LAYERS:
-            raise ValueError(f"unknown layer {layer!r}")
+            raise InvalidValue(f"unknown layer {layer!r}")
         return join(self.root, layer, feed, *table_segments(table))
 
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:

@@ -35,7 +35,7 @@ from lake_assets.engine import checks, model as m, purges
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
-from lake_assets.engine.state import TableState, data_files
+from lake_assets.engine.state import TableState, parquet_files
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
 from lake_assets.paths import LakeLayout
@@ -180,7 +180,7 @@ def store_partitions(
     erase = purges.Erasure.of_table(frame.sparkSession, storage, state, keys) if state is not None and frame is not None else None
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
     written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase, removed)
-    files = [uri for value in written for uri in data_files(storage, f"{location}/{column}={value}")]
+    files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()
     return written, files

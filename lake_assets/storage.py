@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 
 import pyarrow.fs as pafs
 
+from lake_assets.config_model import S3Config
+from lake_assets.errors import InvalidValue
 from lake_assets.paths import is_s3
 
 
@@ -29,17 +31,18 @@ class Entry:
     unreadable: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class S3Settings:
-    """Endpoint and region; access keys are read from the environment when a client is made."""
-
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
+def is_hidden(name: str) -> bool:
+    """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not data:
+    the Hadoop convention Spark, Hive and Athena follow too."""
+    return name.startswith(("_", "."))
 
 
 class Storage:
-    def __init__(self, s3: S3Settings | None = None):
-        self._s3_settings = s3 or S3Settings()
+    """Files under `file://` and `s3a://` URIs. S3's endpoint and region come from the
+    configuration (`S3Config`); access keys from the environment, when a client is made."""
+
+    def __init__(self, s3: S3Config | None = None):
+        self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
         self._local = pafs.LocalFileSystem()
 
@@ -63,7 +66,7 @@ class Storage:
             return self._s3_fs(), uri.split("://", 1)[1]
         if uri.startswith("file://"):
             return self._local, uri[len("file://"):]
-        raise ValueError(f"unsupported URI {uri!r}")
+        raise InvalidValue(f"unsupported URI {uri!r}")
 
     @staticmethod
     def _uri(prefix_uri: str, name: str) -> str:
@@ -199,14 +202,8 @@ class Storage:
         else:
             fs.move(src_path, dst_path)
 
-    def move_tree(self, src: str, dst: str) -> None:
-        """Move a folder: one rename on a file system, a copy per object then a delete on S3."""
-        fs, src_path = self.resolve(src)
-        _, dst_path = self.resolve(dst)
-        if not is_s3(src):
-            fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
-            fs.move(src_path, dst_path)
-            return
-        for entry in list(self.walk_files(src)):
-            self.copy(entry.uri, dst.rstrip("/") + entry.uri[len(src.rstrip("/")):])
-        self.delete_tree(src)
+
+def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
+    """The data files directly in a folder: not hidden (`is_hidden`), and readable (a link that
+    leads nowhere is not data; a landing reports it as a stray)."""
+    return [e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None]

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_landing
+from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_partitions
 from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.epoch import DAY_MS
 from lake_assets.orchestration.definitions import feed_job_name, resources_for
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
@@ -18,7 +19,11 @@ from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 HOUR_1, HOUR_2 = "2024-03-01-01", "2024-03-01-02"
-DAY_MS = 86_400_000
+
+
+def catalogued_landing(store, feed: str, table: str, partition: str):
+    """The landed files of one partition as the catalog lists them, in name order."""
+    return catalogued_partitions(store, feed, table, [partition])[partition]
 
 
 def _key(layer: str) -> dg.AssetKey:

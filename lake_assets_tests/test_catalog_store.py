@@ -9,9 +9,11 @@ import uuid
 
 import pytest
 
-from lake_assets.catalog.metadata import BUCKET_MS as DAY_MS, build_records, build_retirements
+from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.store import DynamoCatalogStore, ParquetCatalogStore
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.config import S3Config
+from lake_assets.epoch import DAY_MS
+from lake_assets.storage import Storage
 
 HOUR_MS = 3_600_000
 _clock = itertools.count(1_700_000_000_000, 1000)
@@ -435,7 +437,7 @@ def test_bad_input_is_refused(store):
 
 
 class SpyStorage(Storage):
-    def __init__(self, s3: S3Settings | None = None):
+    def __init__(self, s3: S3Config | None = None):
         super().__init__(s3)
         self.listed: list[str] = []
         self.read: list[str] = []
@@ -502,7 +504,7 @@ def test_parquet_files_are_plain_tables_with_flat_metadata_columns(tmp_path):
 
 
 def test_parquet_store_on_s3(moto_server, s3_bucket):
-    storage = Storage(S3Settings(endpoint_url=moto_server.url))
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
     store = ParquetCatalogStore(f"s3a://{s3_bucket}/lake/catalog", storage)
     a = make_file(int(0.5 * DAY_MS), int(1.5 * DAY_MS), work_id="run-a")
     b = make_file(DAY_MS, DAY_MS, where="other")

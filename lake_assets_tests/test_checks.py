@@ -26,6 +26,11 @@ def history(spark, rows):
     )
 
 
+def windows_check(rows):
+    """The `history_windows` check alone, without a batch to find among the rows."""
+    return checks.windows_and_versions_stored(rows, None, SPEC)[0]
+
+
 def test_a_consistent_history_passes(spark):
     rows = [
         ("a", m.INSERT, at(0), ms_before(10), False),
@@ -33,7 +38,7 @@ def test_a_consistent_history_passes(spark):
         ("a", m.DELETE, at(20), OPEN, True),
         ("b", m.UPDATE, at(5), OPEN, True),
     ]
-    outcome = checks.history_windows_are_consistent(history(spark, rows), SPEC)
+    outcome = windows_check(history(spark, rows))
     assert outcome.passed, outcome.description
     assert outcome.metadata["versions_checked"] == 3
 
@@ -55,7 +60,7 @@ def test_each_kind_of_fault_is_counted(spark):
         ("d", m.UPDATE, at(2), OPEN, True),
         ("d", m.UPDATE, at(3), OPEN, True),
     ]
-    outcome = checks.history_windows_are_consistent(history(spark, rows), SPEC)
+    outcome = windows_check(history(spark, rows))
     assert not outcome.passed
     assert outcome.metadata["keys_with_several_active_versions"] == 2  # a and d
     assert outcome.metadata["inverted"] == 1  # b
@@ -90,7 +95,7 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
         [("a", at(1)), ("a", at(1)), ("a", at(5)), ("a", at(7)), ("b", at(20)), ("c", at(5))],
         f"id string, {m.VERSION_AT} timestamp",
     )
-    alone = checks.history_windows_are_consistent(history(spark, stored_rows), SPEC)
+    alone = windows_check(history(spark, stored_rows))
     outcome, found = checks.windows_and_versions_stored(history(spark, stored_rows), batch, SPEC)
     assert (outcome.passed, outcome.metadata) == (alone.passed, alone.metadata)
     assert alone.metadata["inverted"] == 1 and alone.metadata["versions_checked"] == 3

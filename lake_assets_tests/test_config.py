@@ -4,12 +4,13 @@ import pytest
 import yaml
 
 from lake_assets.config import (
-    MAX_CONFIG_BYTES, MAX_EXPANDED_NODES, CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config,
-    load_config, parse_config,
+    MAX_CONFIG_BYTES, MAX_EXPANDED_NODES, CollectionConfig, FeedConfig, LakeConfig, S3Config, check_landings,
+    dump_config, load_config, parse_config,
 )
 from lake_assets.errors import ConfigError, UnsafePathError
+from lake_assets.feeds.grax_v2 import split_table
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.storage import Storage
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
 from lake_assets.spark import session_conf
 
@@ -413,5 +414,24 @@ def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_buc
         FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
     ))
     with pytest.raises(ConfigError) as raised:
-        check_landings(config, Storage(S3Settings(endpoint_url=moto_server.url)))
+        check_landings(config, Storage(S3Config(endpoint_url=moto_server.url)))
     assert str(raised.value) == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"
+
+
+@pytest.mark.parametrize("table", ["00Dx/account", "00Dx/1account", "00Dx/Account", "00Dx/" + "a" * 81, "00D-x/account",
+                                   "00Dx/", "00Dx/acc/ount"])
+def test_a_grax_table_is_accepted_by_the_configuration_as_by_the_feed(table):
+    """The configuration checks a GRAX table by the feed's own rule (`grax_v2.is_table`), so a
+    table it accepts never fails when the feed splits it into org and object folders."""
+    try:
+        split_table(table)
+        the_feed_accepts = True
+    except ValueError:
+        the_feed_accepts = False
+    feed = {"name": "grax", "format": "grax_v2", "landing": "/g", "tables": [table]}
+    try:
+        parse_config({"lake": "/lake", "feeds": [feed]})
+        the_configuration_accepts = True
+    except ConfigError:
+        the_configuration_accepts = False
+    assert the_configuration_accepts == the_feed_accepts

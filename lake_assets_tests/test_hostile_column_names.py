@@ -35,11 +35,10 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
 from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets.engine import model as m
 from lake_assets.engine.names import RENAMED_PREFIX, lake_name, same_name, vendor_name
-from lake_assets.feeds.base import data_files
 from lake_assets.feeds.grax_v2 import GraxV2Format
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, data_files
 
 UTC = dt.timezone.utc
 ORG = "00Dhostile"

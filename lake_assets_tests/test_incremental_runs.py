@@ -22,12 +22,12 @@ from pyspark.sql import SparkSession
 
 from lake_assets import processed
 from lake_assets.cli import main
-from lake_assets.config import FeedConfig, LakeConfig, dump_config
+from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.orchestration.execution import lake_status
 from lake_assets.runner import run_feeds
-from lake_assets.storage import Entry, S3Settings, Storage
+from lake_assets.storage import Entry, Storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 
@@ -179,13 +179,13 @@ def test_a_listing_that_shows_a_file_unchanged_since_it_was_recorded_costs_no_re
     pq.write_table(pa.table({"x": [1]}), path)
     os.utime(path, ns=(1_000_000_000_000, 1_000_000_000_000))  # modified long before it was recorded
     note = {f"file://{path}": processed.ProcessedFile(path.stat().st_size, "whatever", 2_000_000)}
-    storage = Storage(S3Settings())
+    storage = Storage(S3Config())
     monkeypatch.setattr(processed, "hash_file", lambda *_: pytest.fail("an unchanged file was read"))
     assert processed.changed_partitions(storage, {"p": [_entry(path)]}, {"p": note}) == []
 
 
 def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp_path):
-    storage, layout = Storage(S3Settings()), LakeLayout(f"file://{tmp_path}")
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
     note = {"file:///x/part-0.parquet": processed.ProcessedFile(10, "abc", 5)}
     processed.write_notes(storage, layout, "unit", "accounts", {hour(1): note, hour(2): {}})
     assert processed.read_notes(storage, layout, "unit", "accounts") == {hour(1): note, hour(2): {}}

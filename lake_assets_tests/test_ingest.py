@@ -12,14 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.flow_sample import build_uuid, clock_of
-from lake_assets.feeds.base import data_files
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.storage import Storage, data_files
 from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR, PRODUCER, doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
@@ -330,7 +329,7 @@ def test_files_whose_names_hold_path_characters_are_read_from_s3(spark, moto_ser
         buffer = io.BytesIO()
         pq.write_table(pa.Table.from_pylist([event(name, "I", seq, at(0, seq), name="n", balance=seq)], schema=ACCOUNT_SCHEMA), buffer)
         client.put_object(Bucket=s3_bucket, Key=f"{prefix}/{name}", Body=buffer.getvalue())
-    storage = Storage(S3Settings(endpoint_url=moto_server.url))
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
     files = data_files(storage, f"s3a://{s3_bucket}/{prefix}")
     assert sorted(f.name for f in files) == sorted(names)
 

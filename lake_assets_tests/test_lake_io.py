@@ -5,6 +5,8 @@ import datetime as dt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 
 from lake_assets import lake_io
 from lake_assets.errors import ConfigError
@@ -165,3 +167,33 @@ def test_a_change_log_stores_keys_event_times_and_sequences_without_a_dictionary
         group.column(i).path_in_schema: any("DICTIONARY" in e for e in group.column(i).encodings) for i in range(group.num_columns)
     }
     assert with_dictionary == {"id": False, "ref": True, "status": True, "_version_at": False, "_seq": False}
+
+
+def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, tmp_path):
+    """Spark's schema merge refuses an int column beside a bigint one with the condition
+    CANNOT_MERGE_SCHEMAS; the reader knows it by that condition (not by the message's words)
+    and reads the files in groups of one schema. Any other error passes through."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    pq.write_table(pa.table({"n": pa.array([1], pa.int32())}), folder / "a.parquet")
+    pq.write_table(pa.table({"n": pa.array([2**40], pa.int64())}), folder / "b.parquet")
+    with pytest.raises((PySparkException, Py4JJavaError)) as refused:
+        spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
+    assert lake_io.SCHEMAS_DISAGREE in lake_io.error_conditions(refused.value)
+
+    frame = lake_io.read_drifting(spark, Storage(), [f"file://{folder}"])
+    assert sorted(r["n"] for r in frame.collect()) == [1, 2**40]
+
+    with pytest.raises(PySparkException) as missing:
+        lake_io.read_drifting(spark, Storage(), [f"file://{tmp_path}/absent"])
+    assert lake_io.error_conditions(missing.value) == {"PATH_NOT_FOUND"}
+
+
+def test_frames_a_failing_block_cached_are_released(spark):
+    frame = spark.range(3).persist()
+    with pytest.raises(RuntimeError, match="the step fails"):
+        with lake_io.released_after([]) as cached:
+            cached.append(frame)
+            assert frame.count() == 3 and lake_io.is_cached(frame)
+            raise RuntimeError("the step fails")
+    assert not lake_io.is_cached(frame)

@@ -6,11 +6,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from lake_assets.engine import merge, model as m
-from lake_assets.feeds.base import data_files
+from lake_assets.engine import model as m
+from lake_assets.engine.fold import fold
+from lake_assets.engine.state import TableState
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.config import S3Config
+from lake_assets.paths import LakeLayout
+from lake_assets.storage import Storage, data_files
 from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, landing_with_strays, write_events
@@ -19,12 +22,16 @@ FMT = UnitCdcFormat()
 
 
 def _fold(spark, landing, hours=(0, 1, 2)):
+    """The hours' batch read and folded into an empty lake beside the landing, as a run does;
+    the batch, and the table's current and history rows as the lake holds them."""
     storage = Storage()
     files = {f"2024-03-01-{h:02d}": data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}") for h in hours}
     batch = read_batch(spark, storage, FMT, "accounts", files)
-    result = merge.fold_full(batch.events, FMT.table_spec("accounts"))
-    current = {r["id"]: r.asDict() for r in result.current.collect()}
-    history = sorted((r.asDict() for r in result.history.collect()), key=lambda r: (r["id"], r["_fivetran_start"]))
+    state = TableState(LakeLayout(f"file://{landing.parent / 'lake'}"), "unit", "accounts")
+    fold(spark, storage, state, batch.events, FMT.table_spec("accounts"))
+    current = {r["id"]: r.asDict() for r in spark.read.parquet(state.current).collect()}
+    stored = spark.read.option("recursiveFileLookup", "true").option("mergeSchema", "true").parquet(state.history)
+    history = sorted((r.asDict() for r in stored.collect()), key=lambda r: (r["id"], r["_fivetran_start"]))
     return batch, current, history
 
 
@@ -252,7 +259,7 @@ def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, 
     for path in sorted(landing.rglob("*")):
         if path.is_file() and not path.is_symlink() and "up" not in path.relative_to(landing).parts:
             s3.upload_file(str(path), s3_bucket, f"unit/{path.relative_to(landing).as_posix()}")
-    storage = CountingStorage(S3Settings(endpoint_url=moto_server.url))
+    storage = CountingStorage(S3Config(endpoint_url=moto_server.url))
     uri = f"s3a://{s3_bucket}/unit"
 
     strays = FMT.stray_files(storage, uri, "accounts")

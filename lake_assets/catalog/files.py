@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import uuid
 from typing import Iterable
 
@@ -33,22 +32,24 @@ from lake_assets.catalog.metadata import (
     hash_stream,
 )
 from lake_assets.catalog.store import CatalogStore
+from lake_assets.errors import CatalogError
+from lake_assets.paths import as_name
 from lake_assets.storage import Entry, Storage
 
 CHUNK = 8 * 1024 * 1024
 
 
 def catalog_what(table: str) -> str:
-    """A table name as a datalake `what` ([a-z0-9_-]): `00Dxx/account` -> `00dxx-account`."""
-    return re.sub(r"[^a-z0-9_-]", "_", table.lower().replace("/", "-"))
+    """A table name as a datalake `what` (`paths.NAME`): `00Dxx/account` -> `00dxx-account`."""
+    return as_name(table.replace("/", "-"))
 
 
 def catalog_where(feed: str) -> str:
-    return re.sub(r"[^a-z0-9_-]", "_", feed.lower())
+    return as_name(feed)
 
 
 def catalog_work_id(run_id: str | None) -> str | None:
-    return re.sub(r"[^a-z0-9_-]", "_", run_id.lower()) if run_id else None
+    return as_name(run_id) if run_id else None
 
 
 def landing_work_id(partition: str) -> str:
@@ -126,7 +127,7 @@ class CatalogFile:
         if not self.landed:
             return uuid.uuid5(uuid.NAMESPACE_URL, self.url).hex
         if digest is None:
-            raise ValueError(f"{self.url}: a landed file's id needs the hash of its content")
+            raise CatalogError(f"{self.url}: a landed file's id needs the hash of its content")
         return uuid.uuid5(uuid.NAMESPACE_URL, f"{self.url}#{digest}").hex
 
 
@@ -194,7 +195,7 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
     out = []
     for item in files:
         if item.landed:
-            raise ValueError(f"{item.url}: the lake retires only files it wrote")
+            raise CatalogError(f"{item.url}: the lake retires only files it wrote")
         fs, path = storage.resolve(item.url)
         info = fs.get_file_info(path)
         if info.type == FileType.NotFound:
@@ -202,11 +203,6 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
         start, end = item.span or (datetime_to_ms(info.mtime), None)
         out += build_retirements(url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end)
     return out
-
-
-def catalogued_landing(store: CatalogStore, feed: str, table: str, partition: str) -> list[Entry]:
-    """The landed files of one partition as the catalog lists them, in name order."""
-    return catalogued_partitions(store, feed, table, [partition])[partition]
 
 
 def landed_records(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, dict[str, dict]]:

@@ -36,7 +36,9 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
-from lake_assets.errors import LakeAssetsError
+from lake_assets.epoch import DAY_MS, EPOCH_MS_THRESHOLD
+from lake_assets.errors import CatalogError
+from lake_assets.paths import is_name
 
 __all__ = [
     "BUCKET_MS",
@@ -70,18 +72,16 @@ RECORD_VERSION = 0
 # Fields that must be present and non-null, checked in this order.
 REQUIRED_FIELDS = ("version", "start", "where", "what", "id", "hash", "path")
 
-BUCKET_MS = 86_400_000  # one UTC day
+BUCKET_MS = DAY_MS  # a bucket is one UTC day
 MAX_BUCKETS = 30
 #: the widths, in days, of the buckets a file may be indexed in, finest first (see the module)
 BUCKET_WIDTHS = tuple(MAX_BUCKETS**level for level in range(5))
 
 HASH_DIGEST_SIZE = 16
 
-# Numbers beyond this (in magnitude) are milliseconds since the epoch; others, seconds. Upstream
-# compares without the magnitude, reading every number below -1e11 as seconds before the year 1.
-_MS_THRESHOLD = 100_000_000_000  # 1e11
-
-_NAME = re.compile(r"[a-z0-9_-]+")
+# Numbers beyond EPOCH_MS_THRESHOLD (in magnitude) are milliseconds since the epoch; others,
+# seconds. Upstream compares without the magnitude, reading every number below -1e11 as seconds
+# before the year 1.
 _POSIX_ABSOLUTE = re.compile(r"/")
 _WINDOWS_DRIVE_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]")
 _NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -114,7 +114,7 @@ def document_time(ms: int) -> str | int:
     return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds")
 
 
-class MetadataError(LakeAssetsError, ValueError):
+class MetadataError(CatalogError):
     """A metadata document is invalid; `field` names the offending field, `reason` says why."""
 
     def __init__(self, field: str, reason: str):
@@ -208,7 +208,7 @@ def validate(metadata: Mapping) -> dict:
 def _check_name(field: str, value: Any) -> None:
     if not isinstance(value, str):
         raise MetadataError(field, f"must be a string, not {type(value).__name__}")
-    if not _NAME.fullmatch(value):
+    if not is_name(value):
         raise MetadataError(
             field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'"
         )
@@ -252,7 +252,7 @@ def _to_ms(field: str, value: Any) -> int:
 def _number_to_ms(field: str, number: Decimal) -> int:
     if not number.is_finite():
         raise MetadataError(field, f"must be a finite time, got {number}")
-    ms = number if abs(number) > _MS_THRESHOLD else number * _THOUSAND
+    ms = number if abs(number) > EPOCH_MS_THRESHOLD else number * _THOUSAND
     return int(ms.quantize(_ONE, rounding=ROUND_HALF_EVEN))
 
 
@@ -391,11 +391,11 @@ def build_records(
     of this file's records (`null_work_id()` when given, else a uuid4 hex).
     """
     if not isinstance(url, str) or not url:
-        raise ValueError(f"url must be a non-empty string, got {url!r}")
+        raise MetadataError("url", f"must be a non-empty string, got {url!r}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"size must be a non-negative integer, got {size!r}")
+        raise MetadataError("size", f"must be a non-negative integer, got {size!r}")
     if create_time is not None and (isinstance(create_time, bool) or not isinstance(create_time, int)):
-        raise ValueError(f"create_time must be integer ms or None, got {create_time!r}")
+        raise MetadataError("create_time", f"must be integer ms or None, got {create_time!r}")
 
     doc = validate(metadata)
     spans = buckets(doc)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import abc
 import io
 import json
-import re
 import threading
 import time
 import uuid
@@ -48,11 +47,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lake_assets.errors import CatalogError
 from lake_assets.catalog.metadata import BUCKET_MS, LAST_INDEXED_MS, bucket_days, query_buckets, span_buckets
-from lake_assets.paths import is_s3, safe_segment
+from lake_assets.paths import NAME, is_name, is_s3, safe_segment
 from lake_assets.storage import Storage
 
-_NAME = re.compile(r"^[a-z0-9_-]+$")
 _RECORD_FIELDS = (
     "version",
     "url",
@@ -71,14 +70,14 @@ _RETIREMENT_FIELDS = ("url", "time_index_key", "range_key", "create_time", "meta
 
 
 def _check_name(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(f"{field} {value!r} must match {_NAME.pattern}")
+    if not is_name(value):
+        raise CatalogError(f"{field} {value!r} must match {NAME.pattern}")
     return value
 
 
 def _check_ms(field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{field} {value!r} must be an integer number of milliseconds")
+        raise CatalogError(f"{field} {value!r} must be an integer number of milliseconds")
     return value
 
 
@@ -98,17 +97,17 @@ def check_record(record: Any) -> dict:
     """Refuse a record whose index keys disagree with its metadata; return it unchanged."""
     what = _check_keys(record, _RECORD_FIELDS)
     if record.get("deleted"):
-        raise ValueError("a record marked deleted is a retirement: give it to retire(), not put()")
+        raise CatalogError("a record marked deleted is a retirement: give it to retire(), not put()")
     _check_ms("size", record["size"])
     work_key = record["work_id_index_key"]
     work_id = record["metadata"].get("work_id")
     if not isinstance(work_key, str):
-        raise ValueError("work_id_index_key must be a string")
+        raise CatalogError("work_id_index_key must be a string")
     if work_id is None:
         if not (work_key.startswith("null") and work_key.endswith(f":{what}") and ":" not in work_key[: -len(what) - 1]):
-            raise ValueError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
+            raise CatalogError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
     elif work_key != f"{_check_name('metadata.work_id', work_id)}:{what}":
-        raise ValueError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
+        raise CatalogError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
     return record
 
 
@@ -117,7 +116,7 @@ def check_retirement(record: Any) -> dict:
     records; return it unchanged."""
     _check_keys(record, _RETIREMENT_FIELDS)
     if record["deleted"] is not True:
-        raise ValueError("a retirement is marked deleted: True")
+        raise CatalogError("a retirement is marked deleted: True")
     return record
 
 
@@ -125,13 +124,13 @@ def _check_keys(record: Any, fields: tuple[str, ...]) -> str:
     """Check the fields a record and a retirement share (the index keys against the metadata's
     what, where, id, start and end, and create_time); return the record's what."""
     if not isinstance(record, dict):
-        raise ValueError(f"a record must be a dict, not {type(record).__name__}")
+        raise CatalogError(f"a record must be a dict, not {type(record).__name__}")
     missing = [f for f in fields if f not in record]
     if missing:
-        raise ValueError(f"record is missing {', '.join(missing)}")
+        raise CatalogError(f"record is missing {', '.join(missing)}")
     meta = record["metadata"]
     if not isinstance(meta, dict):
-        raise ValueError("record metadata must be a dict")
+        raise CatalogError("record metadata must be a dict")
     what = _check_name("metadata.what", meta.get("what"))
     where = _check_name("metadata.where", meta.get("where"))
     start = _check_ms("metadata.start", meta.get("start"))
@@ -139,21 +138,21 @@ def _check_keys(record: Any, fields: tuple[str, ...]) -> str:
     if end is not None:
         _check_ms("metadata.end", end)
         if end < start:
-            raise ValueError(f"metadata.end {end} is before metadata.start {start}")
+            raise CatalogError(f"metadata.end {end} is before metadata.start {start}")
     if not isinstance(meta.get("id"), str) or not meta["id"]:
-        raise ValueError("metadata.id must be a non-empty string")
+        raise CatalogError("metadata.id must be a non-empty string")
     _check_ms("create_time", record["create_time"])
 
     key = record["time_index_key"]
     bucket, _, key_what = key.partition(":") if isinstance(key, str) else ("", "", "")
     if key_what != what:
-        raise ValueError(f"time_index_key {key!r} must be '<bucket>:{what}'")
+        raise CatalogError(f"time_index_key {key!r} must be '<bucket>:{what}'")
     indexed = span_buckets(start, end if end is not None else start)
     if bucket not in indexed:
-        raise ValueError(f"time_index_key {key!r}: not one of the file's buckets {indexed[0]}..{indexed[-1]}")
+        raise CatalogError(f"time_index_key {key!r}: not one of the file's buckets {indexed[0]}..{indexed[-1]}")
 
     if record["range_key"] != f"{where}:{meta['id']}":
-        raise ValueError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
+        raise CatalogError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
     return what
 
 
@@ -249,7 +248,7 @@ class CatalogStore(abc.ABC):
         _check_ms("start", start)
         _check_ms("end", end)
         if end < start:
-            raise ValueError(f"end {end} is before start {start}")
+            raise CatalogError(f"end {end} is before start {start}")
         _check_name("what", what)
         if where is not None:
             _check_name("where", where)
@@ -442,7 +441,7 @@ class ParquetCatalogStore(CatalogStore):
 
     def __init__(self, root: str, storage: Storage):
         if not (root.startswith("file:///") or is_s3(root)):
-            raise ValueError(f"catalog root {root!r} must be a file:/// or s3a:// URI")
+            raise CatalogError(f"catalog root {root!r} must be a file:/// or s3a:// URI")
         self.root = root.rstrip("/")
         self.storage = storage
 
@@ -718,7 +717,7 @@ class DynamoCatalogStore(CatalogStore):
         described = self.client.describe_table(TableName=self.table)["Table"]
         indexes = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
         if self.WORK_ID_INDEX not in indexes:
-            raise RuntimeError(f"table {self.table!r} exists without the {self.WORK_ID_INDEX!r} index")
+            raise CatalogError(f"table {self.table!r} exists without the {self.WORK_ID_INDEX!r} index")
 
     def _each(self, write: Callable[[dict], None], records: list[dict]) -> None:
         """`write` each record, on `write_threads` threads: the keys are distinct after

@@ -62,6 +62,8 @@ from pathlib import Path
 
 import cramjam
 
+from lake_assets.errors import InvalidValue
+
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 GREGORIAN_OFFSET = 0x01B21DD213814000  # 100 ns intervals from 1582-10-15 to 1970-01-01
@@ -104,10 +106,6 @@ def clock_of(moment: dt.datetime) -> int:
     delta = moment - EPOCH
     ticks = (delta.days * 86_400 + delta.seconds) * 10_000_000 + delta.microseconds * 10
     return (ticks + GREGORIAN_OFFSET) & ~0xF
-
-
-def moment_of(clock: int) -> dt.datetime:
-    return EPOCH + dt.timedelta(microseconds=(clock - GREGORIAN_OFFSET) // 10)
 
 
 def build_uuid(clock: int, flags: int, producer: bytes) -> str:
@@ -487,7 +485,7 @@ def _encode(codec: str, lines: list[bytes]) -> bytes:
         return bytes(cramjam.zstd.compress(data))
     if codec == "sz":
         return bytes(cramjam.snappy.compress(data))  # snappy framing format
-    raise ValueError(codec)
+    raise InvalidValue(codec)
 
 
 def write_flow_landing(landing_dir: Path, *, seed: int = 5) -> FlowSample:

@@ -51,6 +51,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lake_assets.epoch import DAY_MS
+from lake_assets.errors import InvalidValue
+
 UTC = dt.timezone.utc
 START = dt.datetime(2024, 3, 1, tzinfo=UTC)
 WINDOW = dt.timedelta(hours=12)
@@ -177,7 +180,7 @@ def _new_values(obj: str, rng: random.Random, late: bool, account_ids: list[str]
             "Industry": maybe(0.15, rng.choice(_INDUSTRY)),
             "AnnualRevenue": maybe(0.1, round(rng.uniform(50_000, 25_000_000), 2)),
             "IsActive__c": rng.random() < 0.8,
-            "LastReviewed__c": maybe(0.2, START - dt.timedelta(milliseconds=rng.randrange(90 * 86_400_000))),
+            "LastReviewed__c": maybe(0.2, START - dt.timedelta(milliseconds=rng.randrange(90 * DAY_MS))),
             "Rating": maybe(0.25, rng.choice(["Hot", "Warm", "Cold"])),
         }
     if obj == "Contact":
@@ -304,7 +307,7 @@ def _encode(obj: str, values: dict, late: bool) -> dict:
             out[name] = value.strftime("%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
             out[name + "_t"] = value
         else:  # pragma: no cover - FIELDS only holds the kinds above
-            raise ValueError(kind)
+            raise InvalidValue(kind)
     return out
 
 
@@ -462,7 +465,7 @@ class _Simulation:
                 self._write(id_, modified, None, dict(system), batch, planted, self.group)
             self.values[id_] = {}
         else:  # pragma: no cover
-            raise ValueError(kind)
+            raise InvalidValue(kind)
 
 
 def _merge_in_order(rng: random.Random, events: list, ordered: list) -> list:
@@ -594,7 +597,7 @@ def _write_object(landing_dir: Path, obj: str, file_batch: list[int], contents: 
 def write_grax_landing(landing_dir: Path, *, seed: int = 11, batches: int = 6) -> GraxSample:
     """Write a GRAX Data Lake v2 landing for Account, Contact and Opportunity under landing_dir."""
     if batches < 4:
-        raise ValueError("a GRAX sample needs at least 4 batches")
+        raise InvalidValue("a GRAX sample needs at least 4 batches")
     landing_dir = Path(landing_dir)
     rng = random.Random(seed)
     switch = batches // 2

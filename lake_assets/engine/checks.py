@@ -41,11 +41,6 @@ SIDE = "__side"  # in the one pass over stored rows and batch versions: which of
 STORED, BATCH = 0, 1
 
 
-def history_windows_are_consistent(rows: DataFrame | None, spec: m.TableSpec) -> Outcome:
-    """The `history_windows` check alone (see `windows_and_versions_stored`)."""
-    return windows_and_versions_stored(rows, None, spec)[0]
-
-
 def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec) -> tuple[Outcome, int]:
     """The `history_windows` check, and how many distinct (key, version time) of `batch` are
     among the stored rows (for `events_reconcile`), from one shuffle of both by key.

@@ -28,7 +28,7 @@ from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, Removing, TableState, closed_days, commit, data_files, new_fold_id, recover
+from lake_assets.engine.state import CommitPlan, Removing, TableState, closed_days, commit, new_fold_id, parquet_files, recover
 from lake_assets.storage import Storage
 
 FROM = "__from"
@@ -237,7 +237,7 @@ def fold(
     fold_id = report.fold_id
     stage = state.staging(fold_id)
     # The open set has at most its stored rows plus one row per new key.
-    stored_open_rows = lake_io.rows_in(storage, [uri for folder in open_paths for uri in data_files(storage, folder)])
+    stored_open_rows = lake_io.rows_in(storage, [uri for folder in open_paths for uri in parquet_files(storage, folder)])
     files = max(1, (stored_open_rows + report.keys_touched) // ROWS_PER_FILE)
     _write_state_rows(state_rows, spec, f"{stage}/rows", files, large=large)
     report.current_rows = _write_current(spark, storage, spec, state_rows, f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}",
@@ -269,7 +269,7 @@ def fold(
         for entry in storage.list(f"{stage}/rows/{KIND}={kind}"):
             if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}":
                 day = entry.name.split("=", 1)[1][:10]
-                staged_by_day.setdefault(day, []).extend(data_files(storage, entry.uri))
+                staged_by_day.setdefault(day, []).extend(parquet_files(storage, entry.uri))
         for day, staged in sorted(staged_by_day.items()):
             plan.stage_files(staged, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
@@ -372,7 +372,7 @@ def _write_current(
         open_versions = state_rows.limit(0)
     current = merge.current_of(open_versions, spec, spec.payload_columns(open_versions.columns))
     current.coalesce(files).write.options(**_plain_columns(spec)).mode("overwrite").parquet(target)
-    return lake_io.rows_in(storage, data_files(storage, target))
+    return lake_io.rows_in(storage, parquet_files(storage, target))
 
 
 def closed_files_ending_from(
@@ -384,7 +384,7 @@ def closed_files_ending_from(
     footers' statistics of the days from that date on say which."""
     floor = ending_from.date().isoformat() if ending_from else ""
     candidates = {
-        (kind, day): data_files(storage, uri)
+        (kind, day): parquet_files(storage, uri)
         for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed))
         for day, uri in closed_days(storage, root).items()
         if day >= floor
@@ -408,7 +408,7 @@ def settled_days_to_compact(
     for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed)):
         for day, uri in closed_days(storage, root).items():
             if first <= day < last.isoformat() and (kind, day) not in skip:
-                files = data_files(storage, uri)
+                files = parquet_files(storage, uri)
                 if len(files) > COMPACT_AFTER_FILES:
                     found[(kind, day)] = files
     return found

@@ -17,25 +17,16 @@ window of touched keys.
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 
 from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec, functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
-from lake_assets.engine.run_values import with_run_values
 
 START = "_version_at"  # in a timeline, a row starts at its version time
 END = "__end"
 ACTIVE = "__active"
 SYNCED = "__synced"
-
-
-@dataclasses.dataclass
-class FoldResult:
-    current: DataFrame
-    history: DataFrame
 
 
 def key_cols(spec: m.TableSpec) -> list[Column]:
@@ -255,11 +246,6 @@ def history_projection(spec: m.TableSpec, payload: list[str], *, start: str, pur
     ]
 
 
-def history_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
-    """Published history columns from timeline rows (deletes excluded)."""
-    return rows.where(F.col(m.OP) != m.DELETE).select(*history_projection(spec, payload, start=m.VERSION_AT, purged=False))
-
-
 def current_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFrame:
     """Published current columns from timeline rows: last rows that are not deletes."""
     return rows.where(F.col(ACTIVE) & (F.col(m.OP) != m.DELETE)).select(
@@ -269,12 +255,3 @@ def current_of(rows: DataFrame, spec: m.TableSpec, payload: list[str]) -> DataFr
         F.col(m.SOURCE_FILE),
         F.col(SYNCED).alias(spec.history_columns.synced),
     )
-
-
-def fold_full(changes: DataFrame, spec: m.TableSpec, synced_at: dt.datetime | None = None) -> FoldResult:
-    """Recompute current and history from the complete change log of one table."""
-    payload = spec.payload_columns(changes.columns)
-    # One instant for the whole fold, so current and history agree on when they were written.
-    synced = {SYNCED: synced_at or dt.datetime.now(dt.timezone.utc)}
-    rows = with_run_values(timeline(collapse_identical(changes, spec), spec, payload), synced)
-    return FoldResult(current=current_of(rows, spec, payload), history=history_of(rows, spec, payload))

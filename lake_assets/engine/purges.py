@@ -29,7 +29,7 @@ from lake_assets import lake_io
 from lake_assets.engine import merge, model as m
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, TableState, data_files
+from lake_assets.engine.state import CommitPlan, TableState, parquet_files
 from lake_assets.storage import Storage
 
 PURGED_AT = "__purged_at"
@@ -37,7 +37,7 @@ PURGED_AT = "__purged_at"
 
 def ledger(spark: SparkSession, storage: Storage, state: TableState) -> DataFrame | None:
     """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are."""
-    files = data_files(storage, state.purged)
+    files = parquet_files(storage, state.purged)
     if not files:
         return None
     return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")

@@ -37,7 +37,7 @@ import uuid
 from typing import Callable
 
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, data_files, is_hidden
 
 _DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -108,14 +108,15 @@ def new_fold_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def is_data_file(name: str) -> bool:
+def is_parquet_file(name: str) -> bool:
     """A Parquet data file's name, not one of Spark's markers or checksums."""
-    return name.endswith(".parquet") and not name.startswith(("_", "."))
+    return name.endswith(".parquet") and not is_hidden(name)
 
 
-def data_files(storage: Storage, folder: str) -> list[str]:
-    """Parquet data files directly in a folder (Spark's markers and checksums excluded)."""
-    return [e.uri for e in storage.list(folder) if not e.is_dir and is_data_file(e.name)]
+def parquet_files(storage: Storage, folder: str) -> list[str]:
+    """The URIs of the Parquet data files directly in a lake folder (`storage.data_files` that
+    are Parquet)."""
+    return [e.uri for e in data_files(storage, folder) if is_parquet_file(e.name)]
 
 
 def closed_days(storage: Storage, folder: str) -> dict[str, str]:
@@ -133,7 +134,7 @@ class CommitPlan:
 
     def stage_folder(self, storage: Storage, staged_folder: str, final_folder: str) -> None:
         """Every data file Spark wrote to `staged_folder` goes to `final_folder`, named by fold."""
-        self.stage_files(data_files(storage, staged_folder), final_folder)
+        self.stage_files(parquet_files(storage, staged_folder), final_folder)
 
     def stage_files(self, staged_files: list[str], final_folder: str) -> None:
         """The staged files go to `final_folder`, named by fold."""
@@ -142,7 +143,7 @@ class CommitPlan:
 
     def replace_folder(self, storage: Storage, final_folder: str) -> None:
         """The files now in `final_folder` are superseded by this fold."""
-        self.deletes.extend(data_files(storage, final_folder))
+        self.deletes.extend(parquet_files(storage, final_folder))
 
     def to_json(self) -> str:
         return json.dumps({"fold_id": self.fold_id, "adds": self.adds, "deletes": self.deletes}, indent=1)

@@ -12,7 +12,9 @@ from pyspark.sql import Column, DataFrame, functions as F, types as T
 from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
 from lake_assets.engine.names import col
-from lake_assets.storage import Entry, Storage
+from lake_assets.epoch import EPOCH_MS_THRESHOLD
+from lake_assets.errors import InvalidValue
+from lake_assets.storage import Entry, Storage, is_hidden
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
@@ -109,9 +111,6 @@ class FeedFormat(abc.ABC):
 
 # --- time values in any encoding a vendor may choose ---------------------------------------------
 
-EPOCH_MS_THRESHOLD = 100_000_000_000  # epoch numbers above this are milliseconds, below seconds
-
-
 def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
     (nanoseconds reach Spark as a long, see spark.py), INT96, ISO text, or epoch seconds/millis."""
@@ -149,7 +148,7 @@ def hour_key(moment: dt.datetime) -> str:
 
 def parse_hour_key(key: str) -> dt.datetime:
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", key or ""):
-        raise ValueError(f"hour partition key {key!r} must look like 2024-01-31-05")
+        raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 
@@ -242,13 +241,3 @@ def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | Non
     return sorted(hour_folders(storage, table_uri, since))
 
 
-def is_hidden(name: str) -> bool:
-    """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not landed
-    data: the Hadoop convention Spark, Hive and Athena follow too."""
-    return name.startswith(("_", "."))
-
-
-def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
-    """Data files of a folder: not hidden (`is_hidden`), and readable (a link that leads
-    nowhere is a stray, see `hourly_strays`)."""
-    return [e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None]

@@ -41,6 +41,8 @@ from typing import Callable, Collection, Iterable, Iterator
 
 import cramjam
 
+from lake_assets.errors import InvalidValue
+
 __all__ = [
     "ACK_TXN",
     "CODECS",
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 
-class FragmentError(ValueError):
+class FragmentError(InvalidValue):
     """A fragment that cannot be used: message names the fragment (uri) and, where known, the journal
     byte offset."""
 
@@ -128,7 +130,7 @@ def parse_fragment_name(name: str) -> FragmentName:
     base = name.rsplit("/", 1)[-1]
     fields = base.split("-")
     if len(fields) != 3:
-        raise ValueError(
+        raise InvalidValue(
             f"fragment name {name!r}: expected 3 '-'-separated fields (begin-end-sum), got {len(fields)}"
         )
     begin_text, end_text, rest = fields
@@ -136,26 +138,26 @@ def parse_fragment_name(name: str) -> FragmentName:
     ext = (dot + ext).lower()
     for label, text in (("begin", begin_text), ("end", end_text)):
         if not _OFFSET.fullmatch(text):
-            raise ValueError(f"fragment name {name!r}: {label} offset {text!r} is not 16 hex digits")
+            raise InvalidValue(f"fragment name {name!r}: {label} offset {text!r} is not 16 hex digits")
     begin, end = int(begin_text, 16), int(end_text, 16)
     for label, value in (("begin", begin), ("end", end)):
         if value > MAX_OFFSET:
-            raise ValueError(f"fragment name {name!r}: {label} offset {value:#x} exceeds int64")
+            raise InvalidValue(f"fragment name {name!r}: {label} offset {value:#x} exceeds int64")
     if end < begin:
-        raise ValueError(f"fragment name {name!r}: end {end:#x} is before begin {begin:#x}")
+        raise InvalidValue(f"fragment name {name!r}: end {end:#x} is before begin {begin:#x}")
     if not _SUM.fullmatch(sum_text):
-        raise ValueError(
+        raise InvalidValue(
             f"fragment name {name!r}: sum {sum_text!r} is not a 40-hex-digit SHA-1 "
             f"(got {len(sum_text)} chars)"
         )
     digest = sum_text.lower()
     if begin == end and digest != ZERO_SUM:
-        raise ValueError(f"fragment name {name!r}: an empty fragment must have an all-zero sum")
+        raise InvalidValue(f"fragment name {name!r}: an empty fragment must have an all-zero sum")
     try:
         codec = _EXTENSIONS[ext]
     except KeyError:
         known = sorted(e for e in _EXTENSIONS if e)
-        raise ValueError(
+        raise InvalidValue(
             f"fragment name {name!r}: unknown extension {ext!r}; known: {known} or none"
         ) from None
     return FragmentName(begin=begin, end=end, sum=digest, codec=codec)
@@ -240,7 +242,7 @@ def cover(fragments: list[Fragment], failed: Collection[str] = ()) -> tuple[list
     Empty fragments are ignored; identical ranges give one piece."""
     journals = {f.journal for f in fragments}
     if len(journals) > 1:
-        raise ValueError(f"cover takes the fragments of one journal; got {sorted(journals)}")
+        raise InvalidValue(f"cover takes the fragments of one journal; got {sorted(journals)}")
     held = [f for f in fragments if f.name.end > f.name.begin]
     usable = sorted((f for f in held if f.uri not in failed), key=lambda f: (f.name.begin, f.name.end, f.uri))
     pieces = _greedy_cover(usable)
@@ -440,13 +442,13 @@ class FlowUuid:
 def parse_uuid(text: str) -> FlowUuid:
     """Decode a Flow `_meta.uuid`; ValueError unless it is an RFC 4122 version-1 UUID."""
     if not isinstance(text, str):
-        raise ValueError(f"uuid must be a string, got {type(text).__name__}")
+        raise InvalidValue(f"uuid must be a string, got {type(text).__name__}")
     try:
         u = uuidlib.UUID(text)
     except ValueError:
-        raise ValueError(f"invalid uuid {text!r}") from None
+        raise InvalidValue(f"invalid uuid {text!r}") from None
     if u.variant != uuidlib.RFC_4122 or u.version != 1:
-        raise ValueError(f"uuid {text!r} is not a version-1 UUID")
+        raise InvalidValue(f"uuid {text!r} is not a version-1 UUID")
     raw = u.bytes
     return FlowUuid(
         clock=u.time,
@@ -536,7 +538,7 @@ def parse_document(line: bytes, offset: int, uri: str) -> Doc:
 
 
 def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
+    raise InvalidValue(f"{name} is not valid JSON")
 
 
 @dataclass

@@ -46,11 +46,13 @@ from lake_assets.config_model import FeedConfig, Model, checked, expected, names
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
+from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.ingest import (
     TEXT_REPAIRED, Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed, text_repaired_per_file,
 )
+from lake_assets.lake_io import released_after
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
@@ -334,7 +336,7 @@ class FlowJournalFormat(FeedFormat):
         try:
             return self.collections[table]
         except KeyError:
-            raise ValueError(f"no Flow collection is configured for table {table!r}") from None
+            raise InvalidValue(f"no Flow collection is configured for table {table!r}") from None
 
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
         return sorted(self.collections)
@@ -466,18 +468,19 @@ class FlowJournalFormat(FeedFormat):
         wanted = frozenset(hours)
         journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
         task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
-        outcomes, counts = self._read_until_every_piece_reads(spark, journals, task)
-        read, skipped, gaps = self._tally(journals, wanted, quarantined)
-        documents = [outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
-                     if retried else outcome.where(F.col("kind") == "doc") for outcome, retried in outcomes]
-        bodies = functools.reduce(DataFrame.unionByName, documents).select("body") if documents else None
-        rows_in = bodies.count() if bodies is not None else 0
-        events = None
-        if rows_in:
-            parsed = spark.read.json(bodies)  # a one-column DataFrame of text: no RDD (Spark Connect has none)
-            events = self._events(parsed, collection).localCheckpoint(eager=True)
-        for outcome, _ in outcomes:
-            outcome.unpersist()
+        # The passes' outputs stay cached until their documents are parsed, and not a moment
+        # longer: released however the read ends.
+        with released_after([]) as cached:
+            outcomes, counts = self._read_until_every_piece_reads(spark, journals, task, cached)
+            read, skipped, gaps = self._tally(journals, wanted, quarantined)
+            documents = [outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
+                         if retried else outcome.where(F.col("kind") == "doc") for outcome, retried in outcomes]
+            bodies = functools.reduce(DataFrame.unionByName, documents).select("body") if documents else None
+            rows_in = bodies.count() if bodies is not None else 0
+            events = None
+            if rows_in:
+                parsed = spark.read.json(bodies)  # a one-column DataFrame of text: no RDD (Spark Connect has none)
+                events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts)
         collapsed = collapse_counted(events, self.table_spec(table), keep=False)
@@ -486,12 +489,13 @@ class FlowJournalFormat(FeedFormat):
                      files_skipped=skipped, gaps=gaps, counts=counts, text_repaired=repaired)
 
     def _read_until_every_piece_reads(
-        self, spark: SparkSession, journals: list[_JournalFragments], task
+        self, spark: SparkSession, journals: list[_JournalFragments], task, cached: list[DataFrame]
     ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int]]:
         """Read the journals' covers, then again those where a fragment failed, on covers without
         the fragments that failed, until a pass has no failure (each pass sets at least one more
         fragment aside, so this ends). Returns each pass's output with the journals it must not be
-        taken from (read again later), and the sequencers' counts of the passes that count."""
+        taken from (read again later), and the sequencers' counts of the passes that count. Each
+        pass's output is cached, and added to `cached` for the caller to release."""
         outcomes: list[tuple[DataFrame, set[str]]] = []
         counts: dict[str, int] = {}
         todo = journals
@@ -500,6 +504,7 @@ class FlowJournalFormat(FeedFormat):
             if not plan:
                 break
             outcome = self._read_journals(spark, plan, task)
+            cached.append(outcome)
             retried = self._take_notes(outcome.where(F.col("kind") != "doc").collect(), journals, counts)
             outcomes.append((outcome, retried))
             todo = [journal for journal in journals if journal.name in retried]

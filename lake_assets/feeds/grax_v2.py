@@ -37,9 +37,10 @@ from pyspark.sql import Column, DataFrame, functions as F, types as T
 from lake_assets.config_model import FeedConfig, checked, names
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
-from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, data_files, timestamp_column
+from lake_assets.errors import InvalidValue
+from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, timestamp_column
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, data_files
 
 KEY = "Id"
 MODIFIED = "source__modified"
@@ -69,7 +70,7 @@ def is_batch_key(value: str) -> bool:
 def batch_order(key: str) -> int:
     """Batches are opaque increasing hex numbers: compare them as numbers."""
     if not is_batch_key(key):
-        raise ValueError(f"batch {key!r} is not a hex number")
+        raise InvalidValue(f"batch {key!r} is not a hex number")
     return int(key, 16)
 
 
@@ -77,12 +78,23 @@ def sort_batches(keys) -> list[str]:
     return sorted(keys, key=batch_order)
 
 
+def is_table(value: object) -> bool:
+    """Whether `value` names a GRAX table: `<org>/<object in lower case>`."""
+    org, _, obj = value.partition("/") if isinstance(value, str) else ("", "", "")
+    return bool(_ORG.fullmatch(org)) and bool(_OBJECT.fullmatch(obj)) and obj == obj.lower()
+
+
 def split_table(table: str) -> tuple[str, str]:
     """`<org>/<object>` -> (org, object), both validated for use in paths."""
+    if not is_table(table):
+        raise InvalidValue(f"GRAX table {table!r} must be '<org>/<object in lower case>'")
     org, _, obj = table.partition("/")
-    if not _ORG.fullmatch(org) or not _OBJECT.fullmatch(obj) or obj != obj.lower():
-        raise ValueError(f"GRAX table {table!r} must be '<org>/<object in lower case>'")
     return org, obj
+
+
+def _folder_value(entry: Entry, level: str) -> str | None:
+    """The value of a `<level>=<value>` folder, else None."""
+    return entry.name[len(level) + 1:] if entry.is_dir and entry.name.startswith(f"{level}=") else None
 
 
 def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
@@ -103,17 +115,12 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
     return copies
 
 
-def _grouped_table(value) -> bool:
-    org, _, table = value.partition("/") if isinstance(value, str) else ("", "", "")
-    return bool(_ORG.fullmatch(org)) and re.fullmatch(r"[a-z0-9_]+", table) is not None
-
-
 class GraxV2FeedConfig(FeedConfig):
     """A GRAX Data Lake v2 feed: its tables are `<org>/<object>`, and it may name the orgs and
     objects to take (all that landed otherwise)."""
 
     format: Literal["grax_v2"]
-    tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", _grouped_table)]) | None = None
+    tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]) | None = None
     orgs: names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None = None
     objects: names(Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]) | None = None
 
@@ -136,12 +143,12 @@ class GraxV2Format(FeedFormat):
         root = self.v2_root(storage, landing)
         tables = []
         for org_entry in storage.list(root):
-            org = org_entry.name[len("org="):] if org_entry.name.startswith("org=") else None
-            if not org_entry.is_dir or org is None or not _ORG.fullmatch(org):
+            org = _folder_value(org_entry, "org")
+            if org is None or not _ORG.fullmatch(org):
                 continue
             for obj_entry in storage.list(org_entry.uri):
-                obj = obj_entry.name[len("object="):] if obj_entry.name.startswith("object=") else None
-                if obj_entry.is_dir and obj is not None and _OBJECT.fullmatch(obj):
+                obj = _folder_value(obj_entry, "object")
+                if obj is not None and _OBJECT.fullmatch(obj):
                     tables.append(f"{org}/{obj.lower()}")
         return sorted(set(tables))
 
@@ -158,7 +165,7 @@ class GraxV2Format(FeedFormat):
         org_uri = f"{self.v2_root(storage, landing)}/org={safe_segment(org, 'org')}"
         return [
             entry.uri for entry in storage.list(org_uri)
-            if entry.is_dir and entry.name.startswith("object=") and entry.name[len("object="):].lower() == obj
+            if (_folder_value(entry, "object") or "").lower() == obj
         ]
 
     def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, list[str]], list[Entry]]:
@@ -168,9 +175,9 @@ class GraxV2Format(FeedFormat):
         invalid = []
         for folder in self.object_folders(storage, landing, table):
             for entry in storage.list(folder):
-                if not entry.is_dir or not entry.name.startswith("batch="):
+                key = _folder_value(entry, "batch")
+                if key is None:
                     continue
-                key = entry.name[len("batch="):]
                 if is_batch_key(key):
                     valid.setdefault(key, []).append(entry.uri)
                 else:
@@ -193,7 +200,7 @@ class GraxV2Format(FeedFormat):
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
-            raise ValueError(f"batch partition {partition!r} is not a hex number")
+            raise InvalidValue(f"batch partition {partition!r} is not a hex number")
         return [entry for folder in self.object_folders(storage, landing, table)
                 for entry in data_files(storage, f"{folder}/batch={partition}")]
 

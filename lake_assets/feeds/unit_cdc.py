@@ -20,11 +20,11 @@ from lake_assets.config_model import FeedConfig
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
-    FILE_PARTITION, FILE_URI, FeedFormat, data_files, hour_folders, hourly_strays, list_hour_folders, parse_hour_key,
+    FILE_PARTITION, FILE_URI, FeedFormat, hour_folders, hourly_strays, list_hour_folders, parse_hour_key,
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, data_files
 
 KEY = "id"
 OPERATION = "cdc_operation_type"

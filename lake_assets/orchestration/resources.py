@@ -10,7 +10,8 @@ from dagster_pyspark import LazyPySparkResource
 from lake_assets import spark as spark_settings
 from lake_assets.catalog.store import CatalogStore, DynamoCatalogStore, ParquetCatalogStore
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import S3Settings, Storage
+from lake_assets.config_model import S3Config
+from lake_assets.storage import Storage
 
 
 class LakeResource(dg.ConfigurableResource):
@@ -25,7 +26,7 @@ class LakeResource(dg.ConfigurableResource):
     s3_region: str = "us-east-1"
 
     def get_storage(self) -> Storage:
-        return Storage(S3Settings(endpoint_url=self.s3_endpoint_url, region=self.s3_region))
+        return Storage(S3Config(endpoint_url=self.s3_endpoint_url, region=self.s3_region))
 
     def layout(self) -> LakeLayout:
         return LakeLayout(self.root)

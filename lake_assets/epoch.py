@@ -1,0 +1,8 @@
+"""Moments as numbers: milliseconds (or seconds) since the Unix epoch, as catalog records and
+vendors' files give them."""
+
+#: one UTC day in milliseconds
+DAY_MS = 86_400_000
+#: an epoch number beyond this (in magnitude) is milliseconds, otherwise seconds: 1e11 seconds is
+#: the year 5138, 1e11 milliseconds March 1973, so neither reading of a real moment crosses it
+EPOCH_MS_THRESHOLD = 100_000_000_000

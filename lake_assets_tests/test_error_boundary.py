@@ -1,0 +1,75 @@
+"""One error boundary: every error lake_assets raises on purpose is a LakeAssetsError, so a
+caller can tell the project's refusals from a crash with one `except`."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+from pathlib import Path
+
+import pytest
+
+import lake_assets
+from lake_assets.catalog.store import check_record
+from lake_assets.errors import CatalogError, InvalidValue, LakeAssetsError
+from lake_assets.feeds.flow_fragments import FragmentError, parse_fragment_name
+
+PACKAGE = Path(lake_assets.__file__).parent
+#: built-in errors raised on purpose for what they mean to Python itself: a method a format does
+#: not offer, an invariant of the code (never of input), and a truncated stream inside the
+#: inflater (it becomes a FragmentError where it is caught)
+PYTHON_PROTOCOL = {"NotImplementedError", "AssertionError", "EOFError", "TypeError"}
+#: what the frameworks take: a pydantic validator's error (one line of the ConfigError
+#: `config.parse_config` raises) and a Dagster step's Failure
+FRAMEWORK_ERRORS = {"PydanticCustomError", "Failure"}
+
+
+def _is_ours(module, name: str) -> bool:
+    """Whether `raise name(...)` in `module` raises a LakeAssetsError: a class that is one, or a
+    function that builds one (by its return annotation); a framework's error counts too."""
+    made = getattr(module, name, None) or getattr(builtins, name, None)
+    if callable(made) and not isinstance(made, type):
+        returned = made.__annotations__.get("return")
+        if getattr(returned, "__name__", str(returned).rpartition(".")[2]) in FRAMEWORK_ERRORS:
+            return True
+        made = getattr(module, str(returned), None)
+    return isinstance(made, type) and issubclass(made, LakeAssetsError)
+
+
+def _raises() -> list[tuple[object, str, int, str]]:
+    """(module, its name, line, raised name) of every `raise Name(...)` in the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module_name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        # the code location loads the feed configuration when imported: its errors are config's
+        module = importlib.import_module("lake_assets.errors" if module_name == "lake_assets.definitions" else module_name)
+        found += [(module, module_name, node.lineno, node.exc.func.id) for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)]
+    return found
+
+
+def test_every_error_raised_on_purpose_is_a_lake_assets_error():
+    raised = _raises()
+    assert len(raised) > 50  # the scan sees the package's raises
+    outside = [f"{module_name}:{line} raises {name}" for module, module_name, line, name in raised
+               if name not in PYTHON_PROTOCOL and not _is_ours(module, name)]
+    assert outside == []
+
+
+@pytest.mark.parametrize("error", [FragmentError, CatalogError, InvalidValue])
+def test_refusals_of_values_stay_value_errors(error):
+    """Callers that check a value by catching ValueError keep working."""
+    assert issubclass(error, LakeAssetsError) and issubclass(error, ValueError)
+
+
+def test_a_bad_fragment_name_and_a_bad_catalog_record_are_lake_assets_errors():
+    with pytest.raises(LakeAssetsError, match="expected 3"):
+        parse_fragment_name("not-a-fragment-name")
+    with pytest.raises(CatalogError, match="must be a dict"):
+        check_record(["not", "a", "record"])
+
+
+def test_bad_input_file_is_gone():
+    """It was never raised: a bad file is quarantined with a reason, not raised."""
+    assert not hasattr(importlib.import_module("lake_assets.errors"), "BadInputFile")
