@@ -22,6 +22,13 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
 
+def pytest_collection_modifyitems(items):
+    """`-m spark` / `-m "not spark"`: a test that asks for the SparkSession is a Spark test."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 # moto's request log would bury test output.
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
 

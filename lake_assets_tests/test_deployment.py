@@ -39,6 +39,8 @@ from lake_assets_tests.deployed_lake import (
 from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, wait_for
 from lake_assets_tests.unit_files import at, event, write_events
 
+pytestmark = pytest.mark.e2e
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("deployment")

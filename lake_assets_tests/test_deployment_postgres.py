@@ -9,6 +9,8 @@ from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets_tests.deployed_lake import LAYERS, RUN_TIMEOUT, START, TABLES, Landing, assert_lake_equals_a_clean_run, hour_key
 from lake_assets_tests.deployment import ROOT, Deployment, PostgresServer
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def postgres_world(tmp_path_factory):
