@@ -41,6 +41,7 @@ from lake_assets_tests.unit_files import at, event, write_events
 
 pytestmark = pytest.mark.e2e
 
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("deployment")
