@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
+from pydantic import PrivateAttr
 
 from lake_assets import spark as spark_settings
 from lake_assets.catalog.store import CatalogStore, DynamoCatalogStore, ParquetCatalogStore
@@ -55,9 +56,16 @@ class LakeSparkResource(LazyPySparkResource):
     from the environment at session start and never appear in config or logs.
     """
 
-    def _init_session(self) -> None:
-        if not self._spark_session:
-            self._spark_session = spark_settings.build_session(self.spark_config)
+    _lake_session: Any = PrivateAttr(default=None)
+
+    @property
+    def spark_session(self) -> Any:
+        """The session, built on first use by the lake's builder (`lake_assets.spark`): secrets
+        from the environment, the lake's settings on a Connect session too, executors prepared
+        on a cluster."""
+        if self._lake_session is None:
+            self._lake_session = spark_settings.build_session(self.spark_config)
+        return self._lake_session
 
     @classmethod
     def for_lake(
