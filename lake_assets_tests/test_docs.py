@@ -18,6 +18,8 @@ SCANNED = ("lake_assets", "lake_assets_tests", "benchmarks")
 OUTSIDE_DOCUMENTS = re.compile(rb"(DESIGN|FORMATS).md|seeds[/]")
 #: a page under docs/, optionally followed by the section it points at: docs/semantics.md, "Purges"
 DOCS_REFERENCE = re.compile(r"\b(docs/[\w./-]+?\.md)(?:,\s*[\"'](.+?)[\"'])?")
+#: a measured time: `2.5 s`, `0.55-0.6 s`, `8.5 -> 6.7 s`
+TIMING = re.compile(r"\b\d+(\.\d+)? ?s\b")
 #: the pages the README lists as the specifications
 SPECIFICATIONS = ("lake-layout.md", "semantics.md", "formats/unit-cdc.md", "formats/grax-v2.md", "formats/flow-journals.md")
 
@@ -32,6 +34,20 @@ def _comments_and_strings(path: Path):
     for token in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
         if token.type in (tokenize.COMMENT, tokenize.STRING):
             yield token.start[0], token.string
+
+
+def _passages(path: Path):
+    """(line, text) of each docstring or string, and of each run of comment lines, of a Python file."""
+    run: list[tuple[int, str]] = []
+    for number, text in _comments_and_strings(path):
+        if text.startswith("#") and run and run[-1][1].startswith("#") and number == run[-1][0] + 1:
+            run.append((number, text))
+            continue
+        if run:
+            yield run[0][0], "\n".join(t for _, t in run)
+        run = [(number, text)]
+    if run:
+        yield run[0][0], "\n".join(t for _, t in run)
 
 
 def _headings(page: Path) -> set[str]:
@@ -74,3 +90,15 @@ def test_readme_lists_the_specifications():
     for page in SPECIFICATIONS:
         assert (ROOT / "docs" / page).is_file(), page
         assert f"](docs/{page})" in readme, f"README does not link docs/{page}"
+
+
+def test_code_that_cites_profiling_leaves_the_timings_there():
+    """Measured figures live in docs/profiling.md ("Figures behind the code"); a comment or
+    docstring that cites it says why, not how many seconds."""
+    quoted = [
+        f"{path.relative_to(ROOT)}:{number}: {TIMING.search(text).group(0)!r}"
+        for path in _files("lake_assets") if path.suffix == ".py"
+        for number, text in _passages(path)
+        if "docs/profiling.md" in text and TIMING.search(text)
+    ]
+    assert not quoted, "move the figure to docs/profiling.md:\n" + "\n".join(quoted)
