@@ -3,8 +3,8 @@ with DuckDB on one machine, and check the lake against it.
 
 This is the baseline a single-machine user would write, so it is deliberately a full recompute
 (one pass over all files, window functions per key) with no incremental state. It follows
-DESIGN.md "Semantics" and FORMATS.md "Fivetran history mode" directly, with the same reading of
-them as `lake_assets_tests/reference.py`; it shares no code with the engine.
+docs/semantics.md directly, with the same reading of it as `lake_assets_tests/reference.py`;
+it shares no code with the engine.
 """
 
 from __future__ import annotations

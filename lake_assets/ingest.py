@@ -161,7 +161,7 @@ def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, st
         canonical_uri_column(raw.metadataColumn("_metadata").getField("file_path")).alias(FILE_URI),
     )
     # A file's partition is what listed it, looked up once per file: worked out from the path
-    # on every row, it cost ~0.8 s of a 1.7M-row read (docs/profiling.md).
+    # on every row, it was a large share of the read (docs/profiling.md, "Figures behind the code").
     files = text_table(spark, [FILE_URI, FILE_PARTITION], list(partition_of.items()))
     raw = raw.join(F.broadcast(files), FILE_URI, "left")
     events = fmt.normalise(raw, lake_schema(schema) if schema is not None else None)

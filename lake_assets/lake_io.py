@@ -259,10 +259,9 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
     parquet-mr starts every column with a dictionary and, at the end of the first page, gives it
     up if it does not pay and encodes the values again. A change-log hour or a fold's file fits
-    in that first page, so for such columns every file built a dictionary only to throw it away:
-    about a quarter of the CPU samples of writing a 7-day change log (169 files), whose store
-    step went from ~5.9 to ~5.5 s (docs/profiling.md). For such columns the files come out the
-    same size.
+    in that first page, so for such columns every file built a dictionary only to throw it away,
+    a large share of the CPU of writing a change log (docs/profiling.md, "Figures behind the
+    code"). For such columns the files come out the same size.
     """
     return {f"parquet.enable.dictionary#{c}": "false" for c in columns}
 

@@ -83,7 +83,7 @@ def is_s3(uri: str) -> bool:
 
 
 class LakeLayout:
-    """The lake layout contract (DESIGN.md): other engines read these paths with globs."""
+    """The lake layout contract (docs/lake-layout.md): other engines read these paths with globs."""
 
     LAYERS = ("changes", "current", "history")
 

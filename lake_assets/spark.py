@@ -41,8 +41,9 @@ LAKE_SQL_SETTINGS: dict[str, str] = {
     # hourly batches from fanning out into hundreds of tiny tasks and files.
     "spark.sql.shuffle.partitions": "4",
     # Spark lists more than 32 given paths with a job of one task per path (up to 10,000): a
-    # 7-day backfill hands it 504 landed files, 1.6 s of task overhead for a listing. A few
-    # tasks, each listing a share of the paths, do it in a fraction of that.
+    # backfill hands it hundreds of landed files, and the tasks' overhead dwarfs the listing. A
+    # few tasks, each listing a share of the paths, do it in a fraction of that
+    # (docs/profiling.md, "Figures behind the code").
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
 }
 
@@ -55,7 +56,8 @@ DRIVER_SETTINGS: dict[str, str] = {
     # a local driver turns it off (`LOCAL_DRIVER_SQL_SETTINGS`).
     "spark.sql.adaptive.enabled": "true",
     # A fold runs ~160 generated-code classes; with Spark's default cache of 100 every hourly
-    # run compiled them all again (~2.5 s a run). Cached, an hour's run compiles almost none.
+    # run compiled them all again (docs/profiling.md, "Figures behind the code"). Cached, an
+    # hour's run compiles almost none.
     # (A static setting: only a JVM's start takes it.)
     "spark.sql.codegen.cache.maxEntries": "2000",
     "spark.ui.enabled": "false",
@@ -65,8 +67,8 @@ DRIVER_SETTINGS: dict[str, str] = {
     # On, PySpark wraps every Column function in five extra JVM round trips (look up the active
     # session, read this setting's depth, walk the Python stack, set and clear the call site) so
     # that Spark's errors can name the Python line. A fold builds hundreds of expressions: off,
-    # a warm hourly run spends half the Python CPU (0.3 s against 0.55-0.6 s;
-    # docs/profiling.md). Errors keep Spark's message and the lake's file and step names. (A
+    # a warm hourly run spends about half the Python CPU (docs/profiling.md, "Figures behind
+    # the code"). Errors keep Spark's message and the lake's file and step names. (A
     # setting of PySpark's classic sessions: a Connect server does not know it.)
     PYSPARK_CALL_SITES: "false",
 }
@@ -74,16 +76,16 @@ DRIVER_SETTINGS: dict[str, str] = {
 # The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
 # its work in threads of its own beside the application; with two cores those threads take
 # them from Spark's tasks. The parallel collector stops the tasks briefly instead and does its
-# work on both cores at once. Warm hourly runs, interleaved processes: ~0.3-0.5 s and ~0.8 s of
-# CPU less an hour (docs/profiling.md). A cluster's JVM options are its operator's to set.
+# work on both cores at once: less CPU and a shorter run an hour (docs/profiling.md, "Figures
+# behind the code"). A cluster's JVM options are its operator's to set.
 EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
 
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.
 # An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take
 # tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
 # improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
-# for a skewed partition to be spread over. Off, a warm hourly run went 3.38 -> 2.97 s (12
-# interleaved a side); a 7-day backfill was no slower (31.7 s against 32.7 s; docs/profiling.md).
+# for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
+# slower (docs/profiling.md, "Figures behind the code").
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes

@@ -1,6 +1,6 @@
 """An independent, brute-force reference of the semantics, in plain Python, for checking the
-Spark engine. Written from DESIGN.md "Semantics" and FORMATS.md "Fivetran history mode"; it
-shares no code with `lake_assets.engine`.
+Spark engine. Written from docs/semantics.md (its rules, history windows included); it shares
+no code with `lake_assets.engine`.
 """
 
 from __future__ import annotations

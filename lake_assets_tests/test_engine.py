@@ -28,7 +28,8 @@ def table(rows):
 
 
 def test_fivetran_seed_worked_example(spark, tmp_path):
-    """seeds/fivetran-history-mode.txt: the existing table, three partial updates, the final table."""
+    """Fivetran's history-mode worked example (docs/semantics.md, "Partial updates"): the existing
+    table, three partial updates, the final table."""
     lake = EngineLake(spark, tmp_path)
     lake.fold([ev("1", "insert", T[1], 1, "abc", 1), ev("1", "update", T[2], 2, "pqr", 2), ev("2", "insert", T[2], 3, "mno", 3)])
     assert table(lake.history()) == [

@@ -76,7 +76,7 @@ def test_batch_keys_are_hex_numbers_and_typed_copies_need_their_field():
 
 
 def test_the_seed_account_example(spark, tmp_path):
-    """seeds/grax-data-lake-v2.txt: the 7-row Account file. Read as: Alice renamed twice; record 2
+    """The vendor documentation's 7-row Account file (docs/formats/grax-v2.md). Read as: Alice renamed twice; record 2
     purged (no field data); Bob archived at t3; record 4 restored from 3, then edited."""
     rows = [
         {"Id": "1", "source__modified": t(4), "grax__idseq": "a", "Name": "Alice"},

@@ -1,5 +1,5 @@
 """Estuary Flow collection journals as fragment files, messy the way real ones are
-(seeds/estuary-flow-journals.txt, FORMATS.md "Estuary Flow journals").
+(docs/formats/flow-journals.md).
 
 Deterministic for a seed. Two collections are written under `landing_dir` (the storage prefix):
 

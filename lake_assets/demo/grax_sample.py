@@ -1,4 +1,4 @@
-"""Realistic GRAX Data Lake v2 landings, messy the way the real ones are (seeds/grax-data-lake-v2.txt).
+"""Realistic GRAX Data Lake v2 landings, messy the way the real ones are (docs/formats/grax-v2.md).
 
 Deterministic for a seed. Written as
 `parquet/v2/org=<org>/object=<Object>/batch=<9 hex>/data-<11 hex>.parquet` for Account, Contact

@@ -1,4 +1,4 @@
-"""Realistic Unit CDC exports, messy the way the real ones are (seeds/unit-cdc-export.txt).
+"""Realistic Unit CDC exports, messy the way the real ones are (docs/formats/unit-cdc.md).
 
 Deterministic for a seed. Written as `<table>/year=/month=/day=/hour=/part-*.snappy.parquet`,
 1–3 files an hour, some hours without a folder, and:

@@ -51,7 +51,7 @@ def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None,
     open set and the closed files the last fold could have changed.
 
     As two queries each read and shuffled the stored rows, one by key and one by key and time:
-    in a 7-day backfill ~1.7M rows twice, ~3.6 s for the checks (docs/profiling.md). Here the
+    in a backfill, every stored row twice (docs/profiling.md, "Figures behind the code"). Here the
     batch's versions travel with the stored rows, marked by `SIDE`: the windows run per key and
     side, a batch version is found when the row before it in (start, side) order is a stored
     row with its start. Both windows share the key's shuffle (Spark plans them one above the

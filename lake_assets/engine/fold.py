@@ -147,7 +147,7 @@ def fold(
     # The marks are read by the totals, the touched keys and the timeline. A batch handed over
     # in memory (the run's stored change batch) is already cached, collapsed and in the marks'
     # order, so they are recomputed from it without a sort: caching them as a second copy of
-    # the batch cost more (7-day backfill: fold 8.5 -> 6.7 s; docs/profiling.md). Joined with
+    # the batch cost more (docs/profiling.md, "Figures behind the code"). Joined with
     # the purged keys (a table that has purges), they are computed once and kept.
     owns_cache = not lake_io.is_cached(batch) or recorded is not None
     if owns_cache:
@@ -363,8 +363,8 @@ def _write_current(
 
     Read back from the open set's ~100k rows rather than computed beside it, the timeline is
     computed once, by the state rows' write, and not kept: keeping it (a local checkpoint) so
-    that two writes could share it cost more than this read (7-day backfill: fold 6.4 -> 5.2 s;
-    warm hours no slower; docs/profiling.md). With no open version (every key deleted) current
+    that two writes could share it cost more than this read, and warm hours are no slower
+    (docs/profiling.md, "Figures behind the code"). With no open version (every key deleted) current
     is empty, in its shape."""
     if storage.exists(staged_open):
         open_versions = _read(spark, storage, [staged_open], spec)

@@ -1,7 +1,7 @@
 """The rules that turn change events into a per-key timeline, and current / history from it.
 
-Per key, in (version time, sequence) order (DESIGN.md "Semantics", FORMATS.md "Fivetran
-history mode"):
+Per key, in (version time, sequence) order (docs/semantics.md, "Versions and order" and
+"History windows"):
 1. identical events collapse: one event per (key, version time, sequence);
 2. several writes of one version collapse to the greatest sequence;
 3. a partial update's unmodified columns take the previous version's values; after a delete

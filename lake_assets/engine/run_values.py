@@ -4,9 +4,9 @@ The obvious `withColumn(name, F.lit(now))` costs more than it seems. Spark write
 literal into the Java source it generates for a stage (as a number, where a string would be
 passed by reference), and caches compiled stages by their source text. A value that differs
 every run therefore makes every run generate and compile those stages again, and the JVM runs
-the new classes in its interpreter until it has JIT-compiled them once more: about 4 classes and
-~0.8 s of CPU in a warm hourly run (docs/profiling.md). Joined in from a one-row table, the value
-is data: the stage's code is the same every run and stays compiled.
+the new classes in its interpreter until it has JIT-compiled them once more, in every warm hourly
+run (docs/profiling.md, "Figures behind the code"). Joined in from a one-row table, the value is
+data: the stage's code is the same every run and stays compiled.
 
 Small tables of text built on the driver (`text_table`) are inline tables for the same family of
 reasons: `createDataFrame` of a Python list makes an RDD, and broadcasting it costs a Spark job.
@@ -39,8 +39,9 @@ def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFra
 def text_table(spark: SparkSession, columns: list[str], rows: list[tuple[str | None, ...]]) -> DataFrame:
     """A small table of text values held in the query plan (a local relation).
 
-    `spark.createDataFrame` of a list is an RDD: a join with it runs a job to broadcast it,
-    ~0.2 s of an hourly read (docs/profiling.md). An inline table needs none. Each value is
+    `spark.createDataFrame` of a list is an RDD: a join with it runs a job to broadcast it, a
+    noticeable share of an hourly read (docs/profiling.md, "Figures behind the code"). An inline
+    table needs none. Each value is
     written as the hex of its UTF-8 bytes, so no character and no parser setting can break it.
     """
 

@@ -1,6 +1,6 @@
 """Estuary Flow (Gazette) journal fragments: names, covers, codecs, checksums and transactions.
 
-Pure Python: no Spark, no Dagster. Facts (seeds/estuary-flow-journals.txt, FORMATS.md):
+Pure Python: no Spark, no Dagster. Facts (docs/formats/flow-journals.md):
 
 - A fragment file is named `%016x-%016x-%x%s`: begin and end byte offsets of the journal
   (half-open `[begin, end)`), SHA-1 of the *uncompressed* content and a codec extension. An empty
@@ -548,7 +548,8 @@ class _Producer:
 
 
 class Sequencer:
-    """Transaction rules of one journal, fed documents in journal order (FORMATS.md):
+    """Transaction rules of one journal, fed documents in journal order (docs/formats/flow-journals.md,
+    "Reading a journal"):
 
     - ACK documents (`_meta.ack` true, or flags & 0x2) are not data: never emitted;
     - a document outside a transaction (flags 0x0) is committed at once (it acknowledges itself);

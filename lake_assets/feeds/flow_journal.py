@@ -1,6 +1,6 @@
 """Estuary Flow collections read straight from their journal fragments in the bucket.
 
-Layout (seeds/estuary-flow-journals.txt, FORMATS.md "Flow"):
+Layout (docs/formats/flow-journals.md, "Landing layout"):
 `<prefix>/<collection>/<logical partition k=v>…/pivot=<hex>/utc_date=YYYY-MM-DD/utc_hour=HH/<fragment>`.
 Each `pivot=` folder is a journal; its fragments are named by byte range and checksum and may
 overlap. `flow_fragments` holds the pure rules (names, cover, codecs, checksums, transactions);

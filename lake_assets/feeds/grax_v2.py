@@ -1,6 +1,6 @@
 """GRAX Data Lake v2: Parquet under `parquet/v2/org=<org>/object=<Object>/batch=<hex>/data-<hex>.parquet`.
 
-Facts (seeds/grax-data-lake-v2.txt, FORMATS.md "GRAX"): a version of a record is
+Facts (docs/formats/grax-v2.md): a version of a record is
 `(Id, source__modified)` and the greatest `grax__idseq` (text) among its writes wins; rows repeat
 and arrive out of order; every file has its own schema (only fields with data, sometimes a field
 with none); non-string fields come with typed copies (`_b _i _f _ts _t _d`) beside the string

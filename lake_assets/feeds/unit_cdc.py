@@ -1,6 +1,6 @@
 """Unit CDC exports: hourly Parquet under `<table>/year=/month=/day=/hour=/part-*.parquet`.
 
-Facts (seeds/unit-cdc-export.txt, FORMATS.md): business key `id`; special columns
+Facts (docs/formats/unit-cdc.md): business key `id`; special columns
 `cdc_operation_type` (INSERT/UPDATE/DELETE or I/U/D), `cdc_change_seq` (unique, increasing) and
 `cdc_commit_timestamp`; a DELETE row carries only `id`; duplicates, out-of-order rows and
 same-timestamp multi-updates happen; columns come and go; hours gain files up to 4 hours late.

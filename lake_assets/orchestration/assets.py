@@ -301,7 +301,8 @@ def _clash_failure(feed: str, table: str, clash: SchemaClash, batch) -> dg.Failu
 
 def _table_metadata(session, storage, uri: str) -> dict:
     """Row count, path and schema of a lake table as a reader sees it, from the Parquet footers
-    (a Spark count and schema merge of current and history took ~0.3-0.5 s of every state run)."""
+    (a Spark count and schema merge of current and history cost every state run a few tenths of
+    a second: docs/profiling.md, "Figures behind the code")."""
     summary = lake_io.table_summary(session, storage, uri)
     metadata = {"dagster/row_count": summary[0] if summary else 0, "path": dg.MetadataValue.path(uri)}
     if summary and summary[1] is not None:
