@@ -377,6 +377,27 @@ def _ms_field(metadata: Mapping, field: str) -> int:
     return value
 
 
+def time_index_key(bucket: str, what: str) -> str:
+    """A record's key in the time index: its bucket and table."""
+    return f"{bucket}:{what}"
+
+
+def bucket_and_what(key: str) -> tuple[str, str]:
+    """The (bucket, what) a `time_index_key` names."""
+    bucket, _, what = key.partition(":")
+    return bucket, what
+
+
+def work_id_index_key(work_id: str, what: str) -> str:
+    """A record's key in the work-id index (a null work_id: "null" plus a random value)."""
+    return f"{work_id}:{what}"
+
+
+def range_key(where: str, file_id: str) -> str:
+    """A record's range key: one file of one feed, the same in each of its buckets."""
+    return f"{where}:{file_id}"
+
+
 def build_records(
     metadata: Mapping,
     *,
@@ -403,19 +424,19 @@ def build_records(
     work_id = doc["work_id"]
     if work_id is None:
         token = (null_work_id or _random_hex)()
-        work_key = f"null{token}:{what}"
+        work_key = work_id_index_key(f"null{token}", what)
     else:
-        work_key = f"{work_id}:{what}"
+        work_key = work_id_index_key(work_id, what)
     created = _now_ms() if create_time is None else create_time
-    range_key = f"{doc['where']}:{doc['id']}"
+    file_key = range_key(doc["where"], doc["id"])
 
     return [
         {
             "version": RECORD_VERSION,
             "url": url,
-            "time_index_key": f"{bucket}:{what}",
+            "time_index_key": time_index_key(bucket, what),
             "work_id_index_key": work_key,
-            "range_key": range_key,
+            "range_key": file_key,
             "create_time": created,
             "size": size,
             "metadata": dict(doc),
@@ -438,9 +459,9 @@ def build_retirements(
         {
             "version": RECORD_VERSION,
             "url": url,
-            "time_index_key": f"{bucket}:{what}",
+            "time_index_key": time_index_key(bucket, what),
             "work_id_index_key": None,
-            "range_key": f"{where}:{file_id}",
+            "range_key": range_key(where, file_id),
             "create_time": created,
             "size": 0,
             "metadata": {"version": METADATA_VERSION, "id": file_id, "start": start, "end": end, "where": where, "what": what},
