@@ -41,7 +41,7 @@ from pyspark.sql import SparkSession
 from benchmarks import duckdb_reference, handwritten_spark
 from benchmarks.unit_landing import LandingShape, write_listing_only_landing, write_unit_landing
 from lake_assets import pipeline
-from lake_assets.catalog.store import ParquetCatalogStore
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import FeedConfig, LakeConfig, SparkConfig, dump_config
 from lake_assets.engine.state import TableState
 from lake_assets.feeds import format_for

@@ -255,7 +255,7 @@ def test_a_purge_rewriting_the_change_log_retires_the_records_of_the_files_it_re
 def _run_hours(spark, feed: FeedConfig, lake, hours: list[str], run_id: str):
     """One run's work for these hours, without Dagster: catalogue, ingest, store, fold."""
     from lake_assets import pipeline
-    from lake_assets.catalog.store import ParquetCatalogStore
+    from lake_assets.catalog.parquet_store import ParquetCatalogStore
     from lake_assets.feeds import format_for
     from lake_assets.paths import LakeLayout
     from lake_assets.storage import Storage

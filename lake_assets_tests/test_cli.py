@@ -186,7 +186,7 @@ def test_after_the_demo_every_file_has_one_catalog_record_with_its_hash(demo):
 def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
     import pyarrow.parquet as pq
 
-    from lake_assets.catalog.store import ParquetCatalogStore
+    from lake_assets.catalog.parquet_store import ParquetCatalogStore
     from lake_assets.storage import Storage
 
     root, _ = demo

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 from pathlib import Path
 
 import lake_assets
@@ -129,3 +130,28 @@ def test_each_concept_is_imported_from_its_home():
                     elsewhere += [f"{path.name}: {alias.name} from {node.module}" for alias in node.names
                                   if alias.name in homes and node.module != homes[alias.name]]
     assert elsewhere == []
+
+
+def _imported_modules(module: str) -> set[str]:
+    """The lake_assets modules `module` (a path under the package's parent) imports."""
+    imported = set()
+    for node in ast.walk(_modules()[module]):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+    return {name for name in imported if name.startswith("lake_assets")}
+
+
+def test_each_catalog_store_has_a_module_of_its_own_over_the_shared_rules():
+    """`catalog.store` holds the rules both stores keep (`CatalogStore`); each store is one module
+    on it, and neither reaches into the other (what they share is written once, in the base)."""
+    stores = {"ParquetCatalogStore": "lake_assets/catalog/parquet_store.py",
+              "DynamoCatalogStore": "lake_assets/catalog/dynamodb_store.py"}
+    assert _modules_of(_definitions("CatalogStore")) == ["lake_assets/catalog/store.py"]
+    for name, module in stores.items():
+        assert _modules_of(_definitions(name)) == [module], name
+        assert "lake_assets.catalog.store" in _imported_modules(module), module
+    for module, other in itertools.permutations(stores.values()):
+        other_name = other.removesuffix(".py").replace("/", ".")
+        assert other_name not in _imported_modules(module), (module, other)

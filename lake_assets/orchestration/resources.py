@@ -9,7 +9,9 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 
 from lake_assets import spark as spark_settings
-from lake_assets.catalog.store import CatalogStore, DynamoCatalogStore, ParquetCatalogStore
+from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
+from lake_assets.catalog.store import CatalogStore
 from lake_assets.paths import LakeLayout
 from lake_assets.config_model import S3Config
 from lake_assets.storage import Storage
