@@ -148,6 +148,11 @@ def test_a_spark_connect_server_writes_the_lake_the_local_driver_writes(landings
     assert_same_lake(work / "lake", local_lake)
 
 
+def _without_source(rows: list[tuple]) -> list[tuple]:
+    """Rows without `_source_file`: the same files read from S3 and from a folder have other URLs."""
+    return sorted(tuple(pair for pair in row if pair[0] != "_source_file") for row in rows)
+
+
 def _upload(client, bucket: str, local_root: Path, prefix: str) -> None:
     for path in local_root.rglob("*"):
         if path.is_file():
@@ -183,22 +188,6 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local
     for table in ("accounts",):
         for layer in LAYERS:
             assert parquet_schemas(work / "lake", layer, "unit", table) == parquet_schemas(local_lake, layer, "unit", table)
-            assert lake_table(work / "lake", layer, "unit", table) == lake_table(local_lake, layer, "unit", table), (
+            assert _without_source(lake_table(work / "lake", layer, "unit", table)) == _without_source(
+                lake_table(local_lake, layer, "unit", table)), (
                 f"unit/{table}/{layer} on S3 differs from the local driver's")
-
-
-def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(landings, cluster):
-    """Executors running a Python without the project's packages (the system's): the session's
-    first job says which module is missing and where the README tells how to provide it."""
-    system_python = "/usr/bin/python3"
-    assert Path(system_python).exists(), "this test needs the system's Python (without the project's packages)"
-    work = landings.root / "cluster-bare-python"
-    # one attempt per task: Spark's default of four only repeats the same failure
-    conf = {**cluster.spark_conf(system_python), "spark.task.maxFailures": "1"}
-    config = LakeConfig(lake=f"file://{work / 'lake'}", feeds=landings.feeds[:1],
-                        spark=SparkConfig(master=cluster.master_url, conf=conf))
-    done = run_cli(config, work)
-    assert done.returncode == 1, done.stdout + done.stderr
-    failures = [line for line in done.stderr.splitlines() if line.startswith("lake-assets: failed:")]
-    assert failures, done.stderr
-    assert all("the executors' Python cannot" in line and "pack-env" in line and "Traceback" not in line for line in failures), failures
