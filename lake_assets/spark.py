@@ -215,8 +215,9 @@ def build_session(conf: Mapping[str, str]):
         builder = SparkSession.builder
         worker_python = settings.get("spark.pyspark.python")
         if worker_python:
-            # PySpark picks its workers' interpreter from the environment when it starts the JVM.
-            os.environ.setdefault("PYSPARK_PYTHON", worker_python)
+            # PySpark takes its workers' interpreter from this variable when the context starts;
+            # the configured one wins over a value inherited from the calling environment.
+            os.environ["PYSPARK_PYTHON"] = worker_python
         if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
             settings.update(s3a_secret_conf())
         for key, value in settings.items():

@@ -191,3 +191,23 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local
             assert _without_source(lake_table(work / "lake", layer, "unit", table)) == _without_source(
                 lake_table(local_lake, layer, "unit", table)), (
                 f"unit/{table}/{layer} on S3 differs from the local driver's")
+
+
+def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(landings, cluster):
+    """Executors running a Python without the project's packages (the system's): the session's
+    first job says which module is missing and where the README tells how to provide it. The
+    calling environment names the project's Python in PYSPARK_PYTHON: the configured
+    `spark.pyspark.python` must still be the one the executors run."""
+    system_python = "/usr/bin/python3"
+    assert Path(system_python).exists(), "this test needs the system's Python (without the project's packages)"
+    work = landings.root / "cluster-bare-python"
+    # one attempt per task: Spark's default of four only repeats the same failure
+    conf = {**cluster.spark_conf(system_python), "spark.task.maxFailures": "1"}
+    config = LakeConfig(lake=f"file://{work / 'lake'}", feeds=landings.feeds[:1],
+                        spark=SparkConfig(master=cluster.master_url, conf=conf))
+    done = run_cli(config, work, env={"PYSPARK_PYTHON": sys.executable})
+    assert done.returncode == 1, done.stdout + done.stderr
+    failures = [line for line in done.stderr.splitlines() if line.startswith("lake-assets: failed:")]
+    assert failures, done.stderr
+    assert all("the executors' Python cannot" in line and "pack-env" in line and "Traceback" not in line
+               for line in failures), failures
