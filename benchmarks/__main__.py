@@ -53,10 +53,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
     parser.add_argument("--workdir", type=Path, help="where the generated data goes (default: the system temp dir)")
+    parser.add_argument("--only", choices=sorted(side_by_side.PARTS),
+                        help="measure one part and print its timings (no goals checked)")
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     session = spark_settings.build_session(spark_settings.session_conf(app_name="lake_assets_benchmarks"))
     session.sparkContext.setLogLevel("ERROR")
+    if args.only:
+        part = side_by_side.run_part(args.only, session, workdir=args.workdir, **SIZES[size])
+        print(json.dumps({"machine": _machine(session), "size": size, **part}, indent=2, default=str))
+        return
     figures = {"machine": _machine(session), "size": size, **side_by_side.run(session, workdir=args.workdir, **SIZES[size])}
     print(json.dumps(figures, indent=2, default=str))
     print()

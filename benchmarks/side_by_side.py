@@ -357,15 +357,29 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
     }
 
 
+#: the benchmark's parts by name, for measuring one on its own (`./dev bench --only NAME`)
+PARTS = {
+    "full_backfill": lambda spark, root, shape, samples: full_backfill(spark, root, shape, rounds=3),
+    "incremental": lambda spark, root, shape, samples: incremental(spark, root, shape, samples),
+    "cli": lambda spark, root, shape, samples: cli_runs(spark, root, shape, samples),
+    "sensor": lambda spark, root, shape, samples: sensor_scaling(root),
+    "cluster": lambda spark, root, shape, samples: cluster_vs_local(root),
+}
+
+
+def run_part(name: str, spark: SparkSession, *, keys: int, rate: int, samples: int,
+             workdir: Path | None = None) -> dict:
+    """One part's figures and timings, as `run` reports them under that part's name."""
+    shape = LandingShape(keys=keys, events_per_hour=rate, hours=168, start=START)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        return {"keys": keys, "events_per_hour": rate, name: PARTS[name](spark, Path(tmp), shape, samples)}
+
+
 def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Path | None = None) -> dict:
     shape = LandingShape(keys=keys, events_per_hour=rate, hours=168, start=START)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         root = Path(tmp)
-        full = full_backfill(spark, root, shape, rounds=3)
-        inc = incremental(spark, root, shape, samples)
-        cli = cli_runs(spark, root, shape, samples)
-        sensor = sensor_scaling(root)
-        cluster = cluster_vs_local(root)
+        full, inc, cli, sensor, cluster = (PARTS[name](spark, root, shape, samples) for name in PARTS)
     figures = {
         "full_vs_floor": full["full_vs_floor"],
         "dagster_overhead": full["dagster_overhead"],
