@@ -119,7 +119,7 @@ def build_table_assets(
 
     def table_work(context, lake: LakeResource, catalog: CatalogResource) -> pipeline.TableWork:
         return pipeline.TableWork(
-            feed, fmt, table, lake.get_storage(), lake.layout(), catalog.get_store(lake), context.run.run_id
+            feed, fmt, table, lake.get_storage(), lake.layout(), catalog.get_store(), context.run.run_id
         )
 
     @dg.asset(
