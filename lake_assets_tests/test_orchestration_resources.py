@@ -23,9 +23,10 @@ def test_a_runs_clients_are_built_once_and_not_shared_with_other_runs(tmp_path):
 
 
 def test_the_catalog_resource_holds_the_lake_it_catalogues(tmp_path):
-    config = LakeConfig(lake=f"file://{tmp_path}/lake", feeds=(FeedConfig("unit", "unit_cdc", f"file://{tmp_path}/in"),))
-    resources = resources_for(config)
-    assert resources["catalog"].lake is resources["lake"] and resources["lake_io_manager"].catalog is resources["catalog"]
+    feed = FeedConfig("unit", "unit_cdc", f"file://{tmp_path}/in")
+    resources = resources_for(LakeConfig(lake=f"file://{tmp_path}/lake", feeds=(feed,)))
+    assert resources["catalog"].lake is resources["lake"]
+    assert resources["lake_io_manager"].catalog is resources["catalog"]
     store = resources["catalog"].get_store()
     assert isinstance(store, ParquetCatalogStore) and store.root == f"file://{tmp_path}/lake/catalog"
 
@@ -44,9 +45,10 @@ def test_no_credential_reaches_the_resources_config(tmp_path, monkeypatch):
 def test_a_batch_the_run_stored_and_did_not_fold_is_released_when_the_run_ends(tmp_path, spark):
     landing = tmp_path / "landing"
     for hour in (3, 4):
-        write_events(landing, "accounts", hour, "part-0.parquet", [event("a", "I", hour, at(hour), name="x", balance=1)],
-                     ACCOUNT_SCHEMA)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+        rows = [event("a", "I", hour, at(hour), name="x", balance=1)]
+        write_events(landing, "accounts", hour, "part-0.parquet", rows, ACCOUNT_SCHEMA)
+    feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(feed,))
     job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     spark.catalog.clearCache()
     changes_only = [dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes")]

@@ -62,7 +62,8 @@ def test_the_landing_catalog_follows_the_raw_files_in_single_run_backfills():
     assert catalog.key == table.key("catalog")
     assert catalog.asset_deps[catalog.key] == {raw.key}
     assert catalog.partitions_def == HOURS and catalog.backfill_policy == dg.BackfillPolicy.single_run()
-    assert {"lake", "catalog"} <= catalog.required_resource_keys and "spark" not in catalog.required_resource_keys
+    assert {"lake", "catalog"} <= catalog.required_resource_keys
+    assert "spark" not in catalog.required_resource_keys
     assert catalog.descriptions_by_key[catalog.key]
 
 
@@ -112,8 +113,11 @@ def test_the_landing_check_fails_on_gaps_and_strays_only():
     with_stray = steps.landing_check(pipeline.Ingested(_batch(), files_catalogued=1, strays=[stray]))
     with_gap = steps.landing_check(pipeline.Ingested(_batch(gaps=["bytes 0..9"]), files_catalogued=0))
     assert not with_stray.passed and not with_gap.passed
-    assert with_stray.check_name == steps.LANDING_COMPLETE and with_stray.severity == dg.AssetCheckSeverity.ERROR
-    assert with_stray.description == "0 gap(s); 1 stray file(s) that no partition reads; 1 file(s) quarantined"
+    assert with_stray.check_name == steps.LANDING_COMPLETE
+    assert with_stray.severity == dg.AssetCheckSeverity.ERROR
+    assert with_stray.description == (
+        "0 gap(s); 1 stray file(s) that no partition reads; 1 file(s) quarantined"
+    )
 
 
 def test_the_state_layers_fold_the_change_log_under_blocking_checks():
@@ -125,7 +129,9 @@ def test_the_state_layers_fold_the_change_log_under_blocking_checks():
     assert state.keys == {current, history} and not state.can_subset
     assert state.keys_by_input_name == {"batch": changes.key}
     assert {(c.asset_key, c.name, c.blocking) for c in state.check_specs} == {
-        (current, "current_unique_key", True), (history, "history_windows", True), (history, "events_reconcile", True),
+        (current, "current_unique_key", True),
+        (history, "history_windows", True),
+        (history, "events_reconcile", True),
     }
     assert state.op.pool == table.pool and state.backfill_policy == dg.BackfillPolicy.single_run()
     assert all(state.descriptions_by_key[key] for key in (current, history))
@@ -146,7 +152,8 @@ def test_the_fold_figures_become_metadata_of_both_layers():
                         days_compacted=[], newly_purged=["k"])
     assert steps.fold_metadata(report) == {
         "events_folded": 7, "keys_touched": 3, "late_keys": 1, "closed_days_rewritten": 1,
-        "closed_files_rewritten": 2, "closed_days_appended": 2, "closed_days_compacted": 0, "keys_newly_purged": 1,
+        "closed_files_rewritten": 2, "closed_days_appended": 2, "closed_days_compacted": 0,
+        "keys_newly_purged": 1,
     }
 
 
@@ -156,7 +163,9 @@ def test_each_fold_check_is_reported_on_its_layer():
                 checks.Outcome("events_reconcile", True, "ok", {})]
     results = list(steps.fold_check_results(_unit_table(), outcomes))
     assert [(r.asset_key.path[-1], r.check_name, r.passed) for r in results] == [
-        ("current", "current_unique_key", True), ("history", "history_windows", False), ("history", "events_reconcile", True),
+        ("current", "current_unique_key", True),
+        ("history", "history_windows", False),
+        ("history", "events_reconcile", True),
     ]
     assert results[1].metadata["keys"].value == 2 and results[1].severity == dg.AssetCheckSeverity.ERROR
 
@@ -166,15 +175,17 @@ def test_the_state_layers_as_a_reader_finds_them(tmp_path, spark):
     work = table.work("run-1", lake, CatalogResource(lake=lake))
     spark.createDataFrame([("a", 1), ("b", 2)], "id string, balance int").write.parquet(
         f"{tmp_path}/current/unit/accounts")
-    found = {result.asset_key.path[-1]: result.metadata
-             for result in steps.state_materializations(table, spark, work, FoldReport("fold-1", events_in=2))}
+    results = steps.state_materializations(table, spark, work, FoldReport("fold-1", events_in=2))
+    found = {result.asset_key.path[-1]: result.metadata for result in results}
     assert found["current"]["dagster/row_count"] == 2 and found["history"]["dagster/row_count"] == 0
     assert found["current"]["events_folded"] == 2 and "dagster/column_schema" in found["current"]
 
 
 def test_a_batch_that_cannot_join_the_stored_table_fails_naming_its_files(spark, monkeypatch):
     batch = spark.createDataFrame(
-        [("file:///l/h1/a.parquet", "x"), ("file:///l/h2/b.parquet", None)], "_source_file string, note string")
+        [("file:///l/h1/a.parquet", "x"), ("file:///l/h2/b.parquet", None)],
+        "_source_file string, note string",
+    )
 
     def clashing(*args, **kwargs):
         raise SchemaClash("note: string cannot join int", table="accounts", column="note")

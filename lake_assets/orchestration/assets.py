@@ -127,6 +127,11 @@ class AssetTable:
     def pool(self) -> str:
         return table_pool(self.feed.name, self.name)
 
+    @property
+    def key_columns(self) -> list[str]:
+        """The table's key columns."""
+        return list(self.fmt.table_spec(self.name).keys)
+
     def key(self, layer: str) -> dg.AssetKey:
         return asset_key(self.feed.name, self.name, layer)
 
@@ -147,7 +152,9 @@ def build_table_assets(
     landing_catalog = landing_catalog_asset(subject, raw, partitions_def)
     changes = changes_asset(subject, landing_catalog, partitions_def)
     state = state_asset(subject, changes, partitions_def)
-    return TableAssets(feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state)
+    return TableAssets(
+        feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state
+    )
 
 
 def raw_files_spec(table: AssetTable) -> dg.AssetSpec:
@@ -216,7 +223,7 @@ def changes_asset(
         kinds={"spark", "parquet"},
         pool=table.pool,
         automation_condition=follow_upstream(),
-        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, TABLE_KEYS_KEY: list(fmt.table_spec(table.name).keys)},
+        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, TABLE_KEYS_KEY: table.key_columns},
         description=(
             f"Every change event of `{table.name}` once, normalised (`_op`, `_version_at`, `_seq`, "
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "
@@ -227,14 +234,17 @@ def changes_asset(
             dg.AssetCheckSpec(
                 LANDING_COMPLETE,
                 asset=key,
-                description="Every landed file was read, quarantined or superseded, none lies outside "
-                            "the partitions (a stray: quarantined, and the check fails until it is moved), "
-                            "and the landed data has no holes (e.g. journal byte ranges that no fragment covers).",
+                description=(
+                    "Every landed file was read, quarantined or superseded, none lies outside the "
+                    "partitions (a stray: quarantined, and the check fails until it is moved), and the "
+                    "landed data has no holes (e.g. journal byte ranges that no fragment covers)."
+                ),
             )
         ],
     )
     def changes(
-        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource
+        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource,
+        catalog: CatalogResource,
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         work = table.work(context.run.run_id, lake, catalog)
         ingested = pipeline.ingest(spark.spark_session, work, list(context.partition_keys), log=context.log)
@@ -263,7 +273,9 @@ def changes_metadata(ingested: pipeline.Ingested) -> dict[str, object]:
         "files_listed": batch.files_listed,
         "files_read": batch.files_read,
         "files_quarantined": len(batch.quarantined),
-        "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in batch.quarantined]),
+        "quarantined": dg.MetadataValue.json(
+            [{"file": q.uri, "reason": q.reason} for q in batch.quarantined]
+        ),
         "rows_in": batch.rows_in,
         "events_out": batch.events_out,
         "duplicates_collapsed": batch.duplicates,
@@ -311,8 +323,8 @@ def state_asset(
         ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
             state_layer(current_key, (
-                f"Live state of `{table.name}` (SCD type 1): one row per {list(table.fmt.table_spec(table.name).keys)}, "
-                "the last version by (version time, sequence); deleted keys are absent. Materialising a "
+                f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
+                "version by (version time, sequence); deleted keys are absent. Materialising a "
                 "partition folds that partition's change events in."
             )),
             state_layer(history_key, (
@@ -384,7 +396,8 @@ def state_materializations(
 ) -> Iterator[dg.MaterializeResult]:
     """Current and history as a reader now finds them, each with the fold's figures."""
     table_state = TableState(work.layout, table.feed.name, table.name)
-    for key, uri in ((table.key("current"), table_state.current), (table.key("history"), table_state.history)):
+    layers = ((table.key("current"), table_state.current), (table.key("history"), table_state.history))
+    for key, uri in layers:
         yield dg.MaterializeResult(
             asset_key=key, metadata={**fold_metadata(report), **_table_metadata(session, work.storage, uri)}
         )

@@ -67,7 +67,9 @@ class CatalogResource(dg.ConfigurableResource):
 
     def _open_store(self) -> CatalogStore:
         if self.store == "dynamodb":
-            return DynamoCatalogStore(self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region)
+            return DynamoCatalogStore(
+                self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region
+            )
         return ParquetCatalogStore(self.lake.layout().catalog(), self.lake.get_storage())
 
 
