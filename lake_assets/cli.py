@@ -190,7 +190,7 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     what = catalog_what(args.what)
     where = catalog_where(args.where) if args.where else None
     if args.work_id:

@@ -47,7 +47,7 @@ def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_pat
     # The catalog partition is materialised on its own: one record per landed file of the hour.
     assert job.execute_in_process(instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog")]).success
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     catalogued = catalogued_landing(store, "unit", "accounts", HOUR_1)
     assert [e.name for e in catalogued] == ["part-0.parquet"]
     assert catalogued_landing(store, "unit", "accounts", HOUR_2) == []  # not catalogued yet
@@ -121,7 +121,7 @@ def test_a_unit_file_with_rows_in_the_years_1_and_9999_is_catalogued_and_the_run
     changed = duckdb.sql(f"SELECT id, _version_at FROM read_parquet('{lake}/changes/unit/accounts/**/*.parquet') ORDER BY id").fetchall()
     assert [r[0] for r in changed] == ["a", "b", "c", "d", "e"]  # every landed row is in the change log
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     _assert_found_on_every_day_it_spans(store, "accounts", "unit", f"file://{far}", FIRST_YEAR, LAST_YEAR)
     _assert_found_on_every_day_it_spans(store, "accounts", "unit", f"file://{long}", at(3), at(3) + dt.timedelta(days=45))
     (record,) = [r for r in store.query_by_time(_ms(at(2)), _ms(at(2)), "accounts", "unit") if r["url"] == f"file://{far}"]
@@ -145,7 +145,7 @@ def test_a_grax_file_with_rows_in_the_years_1_and_9999_is_catalogued_and_the_run
     current = duckdb.sql(f"SELECT Id, Name FROM read_parquet('{lake}/current/grax/{table}/*.parquet') ORDER BY Id").fetchall()
     assert current == [("1", "now"), ("2", "last year"), ("3", "first year")]
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     landed = f"file://{folder}/data-000000001.parquet"
     _assert_found_on_every_day_it_spans(store, table, "grax", landed, FIRST_YEAR, LAST_YEAR)
     # the lake files written from it span the same years, and are found there too
@@ -207,7 +207,7 @@ def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_the
     instance = dg.DagsterInstance.ephemeral()
     assert job.execute_in_process(instance=instance, tags={RANGE_START_TAG: HOUR_1, RANGE_END_TAG: HOUR_2}).success
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     first, last = at(0), at(23, 59, 59)
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
     before = _lake_files(lake)
@@ -248,7 +248,7 @@ def test_a_purge_rewriting_the_change_log_retires_the_records_of_the_files_it_re
     log = duckdb.sql(f"SELECT Id, Name FROM read_parquet('{lake}/changes/grax/{table}/**/*.parquet') ORDER BY Id").fetchall()
     assert ("1", "Alice") not in log  # the purge rewrote batch 1's change file
     resources = resources_for(config)
-    store = resources["catalog"].get_store(resources["lake"])
+    store = resources["catalog"].get_store()
     _assert_the_catalog_lists_exactly_the_lake(store, lake, table, "grax", at(0), at(23, 59, 59))
 
 

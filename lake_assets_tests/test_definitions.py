@@ -36,11 +36,12 @@ warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import lake_assets.definitions as location
-    location.defs.resolve_asset_graph()
-    location.defs.resolve_all_job_defs()
+    defs = location.code_location()
+    defs.resolve_asset_graph()
+    defs.resolve_all_job_defs()
 for w in caught:
     print(f"WARNING {w.category.__name__}: {w.message} ({w.filename}:{w.lineno})")
-print("LOADED", len(list(location.defs.resolve_asset_graph().get_all_asset_keys())))
+print("LOADED", len(list(defs.resolve_asset_graph().get_all_asset_keys())))
 """
 
 

@@ -2,16 +2,22 @@
 
 
 import dataclasses
+import logging
 import re
 import warnings
+from collections.abc import Iterator
 
 import dagster as dg
+from pyspark.sql import DataFrame, SparkSession
 
 from lake_assets import lake_io, pipeline
 from lake_assets.config import FeedConfig
+from lake_assets.engine import checks
+from lake_assets.engine.fold import FoldReport
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
+from lake_assets.ingest import Batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
@@ -101,164 +107,228 @@ def group_name(feed: str, table: str) -> str:
     return identifier(feed, *table.split("/")[:-1])
 
 
+@dataclasses.dataclass(frozen=True)
+class AssetTable:
+    """The configured table whose assets are being built: its feed, the feed's format and its name."""
+
+    feed: FeedConfig
+    fmt: FeedFormat
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.feed.name}/{self.name}"
+
+    @property
+    def group(self) -> str:
+        return group_name(self.feed.name, self.name)
+
+    @property
+    def pool(self) -> str:
+        return table_pool(self.feed.name, self.name)
+
+    @property
+    def key_columns(self) -> list[str]:
+        """The table's key columns."""
+        return list(self.fmt.table_spec(self.name).keys)
+
+    def key(self, layer: str) -> dg.AssetKey:
+        return asset_key(self.feed.name, self.name, layer)
+
+    def work(self, run_id: str, lake: LakeResource, catalog: CatalogResource) -> pipeline.TableWork:
+        """What the pure pipeline needs to process this table in a run."""
+        return pipeline.TableWork(
+            self.feed, self.fmt, self.name, lake.get_storage(), lake.layout(), catalog.get_store(), run_id
+        )
+
+
 def build_table_assets(
     feed: FeedConfig, fmt: FeedFormat, table: str, partitions_def: dg.PartitionsDefinition
 ) -> TableAssets:
-    storage_kind = "s3" if is_s3(feed.landing) else "file"
-    raw = dg.AssetSpec(
-        key=asset_key(feed.name, table, "raw"),
+    """The assets of one configured table, a layer per step: the vendor's files (observed, never
+    written), the landing catalog, the change log, and the state (current and history)."""
+    subject = AssetTable(feed, fmt, table)
+    raw = raw_files_spec(subject)
+    landing_catalog = landing_catalog_asset(subject, raw, partitions_def)
+    changes = changes_asset(subject, landing_catalog, partitions_def)
+    state = state_asset(subject, changes, partitions_def)
+    return TableAssets(
+        feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state
+    )
+
+
+def raw_files_spec(table: AssetTable) -> dg.AssetSpec:
+    """The files the vendor lands: observed by the landing sensor, never materialised."""
+    feed, fmt = table.feed, table.fmt
+    return dg.AssetSpec(
+        key=table.key("raw"),
         description=(
-            f"Files the vendor lands for `{table}` under {feed.landing} ({fmt.name}). Observed by "
+            f"Files the vendor lands for `{table.name}` under {feed.landing} ({fmt.name}). Observed by "
             f"the `{feed.name}` landing sensor; lake_assets never writes here."
         ),
-        group_name=group_name(feed.name, table),
-        kinds={storage_kind, "parquet"},
+        group_name=table.group,
+        kinds={"s3" if is_s3(feed.landing) else "file", "parquet"},
         metadata={"landing": feed.landing, "format": fmt.name},
     )
-    spec = fmt.table_spec(table)
 
-    def table_work(context, lake: LakeResource, catalog: CatalogResource) -> pipeline.TableWork:
-        return pipeline.TableWork(
-            feed, fmt, table, lake.get_storage(), lake.layout(), catalog.get_store(lake), context.run.run_id
-        )
 
+def landing_catalog_asset(
+    table: AssetTable, raw: dg.AssetSpec, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
     @dg.asset(
-        key=asset_key(feed.name, table, "catalog"),
+        key=table.key("catalog"),
         deps=[raw],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        group_name=group_name(feed.name, table),
+        group_name=table.group,
         kinds={"catalog"},
         description=(
-            f"The datalake catalog of the files landed for `{table}`: one record per file with its "
+            f"The datalake catalog of the files landed for `{table.name}`: one record per file with its "
             "blake2b-16 hash, size and event-time span, indexed by day and by landing batch (work "
             "id `landing-<partition>`). Partitioned like the landing area; `changes` reads the "
             "files this catalog lists and never lists the landing area itself."
         ),
     )
-    def landing_catalog(context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource):
+    def landing_catalog(
+        context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource
+    ) -> dg.MaterializeResult:
         partitions = list(context.partition_keys)
-        landed = pipeline.catalogue_landing(table_work(context, lake, catalog), partitions)
-        context.log.info(f"{feed.name}/{table}: catalogued {landed.files} landed file(s) for {len(partitions)} partition(s) "
-                         f"({landed.hashed} new or changed, {landed.gone} gone)")
-        return dg.MaterializeResult(metadata={"files_catalogued": landed.files, "files_hashed": landed.hashed,
-                                              "files_gone": landed.gone})
+        landed = pipeline.catalogue_landing(table.work(context.run.run_id, lake, catalog), partitions)
+        context.log.info(
+            f"{table.label}: catalogued {landed.files} landed file(s) for {len(partitions)} partition(s) "
+            f"({landed.hashed} new or changed, {landed.gone} gone)"
+        )
+        return dg.MaterializeResult(metadata=catalogue_metadata(landed))
+
+    return landing_catalog
+
+
+def catalogue_metadata(landed: pipeline.LandingCatalogued) -> dict[str, int]:
+    return {"files_catalogued": landed.files, "files_hashed": landed.hashed, "files_gone": landed.gone}
+
+
+def changes_asset(
+    table: AssetTable, landing_catalog: dg.AssetsDefinition, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
+    key = table.key("changes")
+    fmt = table.fmt
 
     @dg.asset(
-        key=asset_key(feed.name, table, "changes"),
+        key=key,
         deps=[landing_catalog],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
         io_manager_key=IO_MANAGER_KEY,
-        group_name=group_name(feed.name, table),
+        group_name=table.group,
         kinds={"spark", "parquet"},
-        pool=table_pool(feed.name, table),
+        pool=table.pool,
         automation_condition=follow_upstream(),
-        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, TABLE_KEYS_KEY: list(spec.keys)},
+        metadata={PARTITION_COLUMN_KEY: fmt.partition_column, TABLE_KEYS_KEY: table.key_columns},
         description=(
-            f"Every change event of `{table}` once, normalised (`_op`, `_version_at`, `_seq`, "
+            f"Every change event of `{table.name}` once, normalised (`_op`, `_version_at`, `_seq`, "
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "
             "Reads the files the landing catalog lists for its partitions. Unreadable files are "
             "quarantined with their reason; the rest of the batch goes on."
         ),
         check_specs=[
             dg.AssetCheckSpec(
-                "landing_complete",
-                asset=asset_key(feed.name, table, "changes"),
-                description="Every landed file was read, quarantined or superseded, none lies outside "
-                            "the partitions (a stray: quarantined, and the check fails until it is moved), "
-                            "and the landed data has no holes (e.g. journal byte ranges that no fragment covers).",
+                LANDING_COMPLETE,
+                asset=key,
+                description=(
+                    "Every landed file was read, quarantined or superseded, none lies outside the "
+                    "partitions (a stray: quarantined, and the check fails until it is moved), and the "
+                    "landed data has no holes (e.g. journal byte ranges that no fragment covers)."
+                ),
             )
         ],
     )
-    def changes(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource):
-        ingested = pipeline.ingest(spark.spark_session, table_work(context, lake, catalog), list(context.partition_keys), log=context.log)
-        batch = ingested.batch
-        metadata = {
-            "files_listed": batch.files_listed,
-            "files_read": batch.files_read,
-            "files_quarantined": len(batch.quarantined),
-            "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in batch.quarantined]),
-            "rows_in": batch.rows_in,
-            "events_out": batch.events_out,
-            "duplicates_collapsed": batch.duplicates,
-            "events_derived": batch.derived,
-            "files_superseded": batch.files_skipped,
-            "gaps": dg.MetadataValue.json(batch.gaps),
-            "reader_counts": dg.MetadataValue.json(batch.counts),
-            "text_values_repaired": sum(batch.text_repaired.values()),
-            "text_repaired": dg.MetadataValue.json([{"file": f, "values": n} for f, n in sorted(batch.text_repaired.items())]),
-            "reconciled": batch.reconciles,
-            "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
-            "files_stray": len(ingested.strays),
-        }
-        if not batch.reconciles:
-            raise dg.Failure(f"{feed.name}/{table}: counts do not reconcile: {batch}")
-        for gap in batch.gaps:
-            context.log.error(f"{feed.name}/{table}: gap in the landed data: {gap}")
-        yield dg.Output(batch.events, metadata=metadata)
-        yield dg.AssetCheckResult(
-            check_name="landing_complete",
-            passed=not batch.gaps and not ingested.strays,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=f"{len(batch.gaps)} gap(s); {len(ingested.strays)} stray file(s) that no partition reads; "
-                        f"{len(batch.quarantined)} file(s) quarantined",
-            metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined),
-                      "files_stray": len(ingested.strays)},
-        )
+    def changes(
+        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource,
+        catalog: CatalogResource,
+    ) -> Iterator[dg.Output | dg.AssetCheckResult]:
+        work = table.work(context.run.run_id, lake, catalog)
+        ingested = pipeline.ingest(spark.spark_session, work, list(context.partition_keys), log=context.log)
+        require_reconciled(table, ingested.batch)
+        for gap in ingested.batch.gaps:
+            context.log.error(f"{table.label}: gap in the landed data: {gap}")
+        yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
+        yield landing_check(ingested)
 
-    current_key = asset_key(feed.name, table, "current")
-    history_key = asset_key(feed.name, table, "history")
+    return changes
+
+
+LANDING_COMPLETE = "landing_complete"
+
+
+def require_reconciled(table: AssetTable, batch: Batch) -> None:
+    """A batch whose counts do not add up fails its step: something was lost or doubled."""
+    if not batch.reconciles:
+        raise dg.Failure(f"{table.label}: counts do not reconcile: {batch}")
+
+
+def changes_metadata(ingested: pipeline.Ingested) -> dict[str, object]:
+    """What the change-log step counted, as the materialisation's metadata."""
+    batch = ingested.batch
+    return {
+        "files_listed": batch.files_listed,
+        "files_read": batch.files_read,
+        "files_quarantined": len(batch.quarantined),
+        "quarantined": dg.MetadataValue.json(
+            [{"file": q.uri, "reason": q.reason} for q in batch.quarantined]
+        ),
+        "rows_in": batch.rows_in,
+        "events_out": batch.events_out,
+        "duplicates_collapsed": batch.duplicates,
+        "events_derived": batch.derived,
+        "files_superseded": batch.files_skipped,
+        "gaps": dg.MetadataValue.json(batch.gaps),
+        "reader_counts": dg.MetadataValue.json(batch.counts),
+        "text_values_repaired": sum(batch.text_repaired.values()),
+        "text_repaired": dg.MetadataValue.json(
+            [{"file": f, "values": n} for f, n in sorted(batch.text_repaired.items())]
+        ),
+        "reconciled": batch.reconciles,
+        "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
+        "files_stray": len(ingested.strays),
+    }
+
+
+def landing_check(ingested: pipeline.Ingested) -> dg.AssetCheckResult:
+    """`landing_complete`: fails while the landed data has holes or files that no partition reads."""
+    batch, strays = ingested.batch, ingested.strays
+    return dg.AssetCheckResult(
+        check_name=LANDING_COMPLETE,
+        passed=not batch.gaps and not strays,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=f"{len(batch.gaps)} gap(s); {len(strays)} stray file(s) that no partition reads; "
+                    f"{len(batch.quarantined)} file(s) quarantined",
+        metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined),
+                  "files_stray": len(strays)},
+    )
+
+
+def state_asset(
+    table: AssetTable, changes: dg.AssetsDefinition, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
+    current_key, history_key = table.key("current"), table.key("history")
 
     def state_layer(key: dg.AssetKey, description: str) -> dg.AssetSpec:
         return dg.AssetSpec(
-            key, deps=[changes.key], group_name=group_name(feed.name, table), kinds={"spark", "parquet"},
+            key, deps=[changes.key], group_name=table.group, kinds={"spark", "parquet"},
             automation_condition=follow_upstream(), description=description,
         )
 
-    def fold_and_check(context: dg.AssetExecutionContext, session, work: pipeline.TableWork, batch):
-        try:
-            report = pipeline.fold_into_state(session, work, batch, log=context.log)
-        except SchemaClash as clash:
-            raise _clash_failure(feed.name, table, clash, batch) from clash
-        storage = work.storage
-        table_state = TableState(work.layout, feed.name, table)
-        fold_metadata = {
-            "events_folded": report.events_in,
-            "keys_touched": report.keys_touched,
-            "late_keys": report.late_keys,
-            "closed_days_rewritten": len(report.days_rewritten),
-            "closed_files_rewritten": report.closed_files_rewritten,
-            "closed_days_appended": len(report.days_appended),
-            "closed_days_compacted": len(report.days_compacted),
-            "keys_newly_purged": len(report.newly_purged),
-        }
-        for key, uri in ((current_key, table_state.current), (history_key, table_state.history)):
-            yield dg.MaterializeResult(asset_key=key, metadata={**fold_metadata, **_table_metadata(session, storage, uri)})
-        outcomes = pipeline.check_fold(session, work, batch, report)
-        if all(outcome.passed for outcome in outcomes):
-            pipeline.record_processed(work, list(context.partition_keys))
-        for outcome, key in zip(outcomes, (current_key, history_key, history_key)):
-            yield dg.AssetCheckResult(
-                asset_key=key,
-                check_name=outcome.name,
-                passed=outcome.passed,
-                description=outcome.description,
-                metadata=outcome.metadata,
-                severity=dg.AssetCheckSeverity.ERROR,
-            )
-
     @dg.multi_asset(
-        name=identifier(feed.name, table, "state"),
+        name=identifier(table.feed.name, table.name, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
             state_layer(current_key, (
-                f"Live state of `{table}` (SCD type 1): one row per {list(spec.keys)}, the last "
+                f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
                 "version by (version time, sequence); deleted keys are absent. Materialising a "
                 "partition folds that partition's change events in."
             )),
             state_layer(history_key, (
-                f"Every version of `{table}` (SCD type 2, Fivetran history mode): "
+                f"Every version of `{table.name}` (SCD type 2, Fivetran history mode): "
                 "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
                 "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
                 "under `active/`, closed ones under `closed/<end date>/`."
@@ -276,25 +346,85 @@ def build_table_assets(
         ],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        pool=table_pool(feed.name, table),
+        pool=table.pool,
         can_subset=False,
     )
-    def state(context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource, catalog: CatalogResource, batch):
+    def state(
+        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource,
+        catalog: CatalogResource, batch: DataFrame,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         """Fold the change events of the materialised partitions into current and history."""
         try:
-            yield from fold_and_check(context, spark.spark_session, table_work(context, lake, catalog), batch)
+            work = table.work(context.run.run_id, lake, catalog)
+            report = fold(table, spark.spark_session, work, batch, context.log)
+            yield from state_materializations(table, spark.spark_session, work, report)
+            outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
+            if all(outcome.passed for outcome in outcomes):
+                pipeline.record_processed(work, list(context.partition_keys))
+            yield from fold_check_results(table, outcomes)
         finally:
             batch.unpersist()  # a batch handed over in memory (`io_managers.InMemoryHandover`)
 
-    return TableAssets(feed=feed, table=table, raw=raw, landing_catalog=landing_catalog, changes=changes, state=state)
+    return state
 
 
-def _clash_failure(feed: str, table: str, clash: SchemaClash, batch) -> dg.Failure:
+def fold(table: AssetTable, session: SparkSession, work: pipeline.TableWork, batch: DataFrame,
+         log: logging.Logger) -> FoldReport:
+    """The batch folded into the stored state; a batch that cannot join it fails the step."""
+    try:
+        return pipeline.fold_into_state(session, work, batch, log=log)
+    except SchemaClash as clash:
+        raise clash_failure(table, clash, batch) from clash
+
+
+def fold_metadata(report: FoldReport) -> dict[str, int]:
+    """What the fold did, as metadata of both state layers."""
+    return {
+        "events_folded": report.events_in,
+        "keys_touched": report.keys_touched,
+        "late_keys": report.late_keys,
+        "closed_days_rewritten": len(report.days_rewritten),
+        "closed_files_rewritten": report.closed_files_rewritten,
+        "closed_days_appended": len(report.days_appended),
+        "closed_days_compacted": len(report.days_compacted),
+        "keys_newly_purged": len(report.newly_purged),
+    }
+
+
+def state_materializations(
+    table: AssetTable, session: SparkSession, work: pipeline.TableWork, report: FoldReport
+) -> Iterator[dg.MaterializeResult]:
+    """Current and history as a reader now finds them, each with the fold's figures."""
+    table_state = TableState(work.layout, table.feed.name, table.name)
+    layers = ((table.key("current"), table_state.current), (table.key("history"), table_state.history))
+    for key, uri in layers:
+        yield dg.MaterializeResult(
+            asset_key=key, metadata={**fold_metadata(report), **_table_metadata(session, work.storage, uri)}
+        )
+
+
+#: the layer each of `pipeline.check_fold`'s outcomes is about, in its order
+FOLD_CHECK_LAYERS = ("current", "history", "history")
+
+
+def fold_check_results(table: AssetTable, outcomes: list[checks.Outcome]) -> Iterator[dg.AssetCheckResult]:
+    for outcome, layer in zip(outcomes, FOLD_CHECK_LAYERS, strict=True):
+        yield dg.AssetCheckResult(
+            asset_key=table.key(layer),
+            check_name=outcome.name,
+            passed=outcome.passed,
+            description=outcome.description,
+            metadata=outcome.metadata,
+            severity=dg.AssetCheckSeverity.ERROR,
+        )
+
+
+def clash_failure(table: AssetTable, clash: SchemaClash, batch: DataFrame) -> dg.Failure:
     """A batch that cannot join the stored table: the failure names the landed files to look at."""
     files = pipeline.files_with_values(batch, clash.column)
     named = "; landed file(s) with this column: " + ", ".join(files) if files else ""
     return dg.Failure(
-        description=f"{feed}/{table}: the batch cannot be folded into the stored table: {clash}{named}",
+        description=f"{table.label}: the batch cannot be folded into the stored table: {clash}{named}",
         metadata={"column": clash.column or "", "files": dg.MetadataValue.json(files)},
     )
 

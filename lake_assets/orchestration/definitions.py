@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+from pathlib import Path
 
 import dagster as dg
 
-from lake_assets.config import LakeConfig
+from lake_assets.config import LakeConfig, load_config
 from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_pins, pins_anything
+from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets, identifier
@@ -23,6 +26,8 @@ from lake_assets.paths import is_s3
 
 
 AUTOMATION_SENSOR = "lake_automation"
+
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / ".demo" / "lake_assets.yaml"
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,8 @@ def batch_partitions_name(feed: str, table: str) -> str:
 
 def resources_for(config: LakeConfig) -> dict:
     uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
+    # The catalog and the IO manager hold the same `lake` (and `spark`) as typed fields: Dagster
+    # initialises them as nested resources, so their config is the top-level one.
     lake = LakeResource(root=config.lake, s3_endpoint_url=config.s3.endpoint_url, s3_region=config.s3.region)
     spark = LakeSparkResource.for_lake(
         master=config.spark.master,
@@ -53,6 +60,7 @@ def resources_for(config: LakeConfig) -> dict:
         s3_region=config.s3.region,
     )
     catalog = CatalogResource(
+        lake=lake,
         store=config.catalog.store,
         table=config.catalog.table,
         latest_table=config.catalog.latest_table,
@@ -67,7 +75,32 @@ def resources_for(config: LakeConfig) -> dict:
     }
 
 
+def config_path() -> Path:
+    """The feed configuration the code location loads: `LAKE_ASSETS_CONFIG`, else
+    `./lake_assets.yaml`, else the demo's (written by `./dev demo`)."""
+    explicit = os.environ.get("LAKE_ASSETS_CONFIG")
+    if explicit:
+        return Path(explicit)
+    for candidate in (Path("lake_assets.yaml"), DEMO_CONFIG):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        "no feed configuration: set LAKE_ASSETS_CONFIG to a config file, create ./lake_assets.yaml, "
+        "or run './dev demo' first to create the demo configuration"
+    )
+
+
+@dg.definitions
+def code_location() -> dg.Definitions:
+    """The code location Dagster loads (`lake_assets.definitions`, named in workspace.yaml): the
+    definitions of the configuration at `config_path()`, read when Dagster loads them, not when
+    the module is imported."""
+    return build_definitions(load_config(config_path()))
+
+
 def build_definitions(config: LakeConfig) -> dg.Definitions:
+    """The definitions of a feed configuration (what the code location loads; tests build their
+    own from a configuration of their own)."""
     storage = config.storage()
     pins = load_pins(config, storage)
     assets: list = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 import dagster as dg
+from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, types as T
 
 from lake_assets import lake_io
@@ -44,14 +45,15 @@ class InMemoryHandover:
     and sort it again by key, although the stored batch is still cached, collapsed and in that
     order. Handed over, the fold plans no exchange and no sort for it, which shortens a
     backfill measurably (docs/profiling.md, "Figures behind the code"). The stored files hold
-    exactly these rows (less
-    the field data of purged keys, which the fold erases just the same): the write replaced
-    exactly the run's partitions with them.
+    exactly these rows (less the field data of purged keys, which the fold erases just the
+    same): the write replaced exactly the run's partitions with them.
 
     One batch is kept per asset; it is handed over once, for the same partitions, to a step
-    loading the output of the run that stored it. Whatever is not taken that way (asked for by
-    another run or for other partitions, or followed by a newer batch of the asset) is released
-    from memory; the step that takes it releases it when it is done.
+    loading the output of the run that stored it. Whatever is not taken that way (asked for
+    for other partitions, or followed by a newer batch of the asset) is released from memory,
+    and so is whatever is still kept when the run ends (`release_all`); the step that takes a
+    batch releases it when it is done. The run's IO manager owns its handover: nothing kept
+    outlives the run.
     """
 
     def __init__(self) -> None:
@@ -76,9 +78,12 @@ class InMemoryHandover:
         frame.unpersist()
         return None
 
-
-#: process-wide: IO manager instances are built per run, the kept batches outlive them
-HANDOVER = InMemoryHandover()
+    def release_all(self) -> None:
+        """Release every batch still kept (the run is over: no step of it will take one)."""
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for _, _, frame in kept:
+            frame.unpersist()
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
@@ -87,6 +92,13 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
     lake: LakeResource
     spark: LakeSparkResource
     catalog: CatalogResource
+
+    # Dagster initialises a fresh copy of the IO manager for each run, so this handover is the
+    # run's own; whatever the run kept and did not fold is released when it ends.
+    _handover: InMemoryHandover = PrivateAttr(default_factory=InMemoryHandover)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self._handover.release_all()
 
     def _partition_column(self, definition_metadata) -> str:
         column = (definition_metadata or {}).get(PARTITION_COLUMN_KEY)
@@ -104,12 +116,12 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
         state = TableState(self.lake.layout(), feed, "/".join(table))  # its purges hold for every write
         written, files = store_partitions(
-            self.lake.get_storage(), self.catalog.get_store(self.lake), location, obj, column, keys,
+            self.lake.get_storage(), self.catalog.get_store(), location, obj, column, keys,
             feed=feed, table=state.table, run_id=context.run_id, keys=tuple(getattr(table_keys, "value", table_keys) or ()),
             state=state,
         )
         if obj is not None and lake_io.is_cached(obj):
-            HANDOVER.keep(context.run_id, context.asset_key, keys, obj)
+            self._handover.keep(context.run_id, context.asset_key, keys, obj)
         metadata: dict = {
             "rows_written": sum(written.values()),
             "path": dg.MetadataValue.path(location),
@@ -135,7 +147,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
         # The run that stored the batch (this run, or the parent of a re-execution that skipped it).
         producer = upstream.run_id if upstream is not None else None
-        handed_over = HANDOVER.take(producer, key, keys) if producer else None
+        handed_over = self._handover.take(producer, key, keys) if producer else None
         if handed_over is not None:
             context.log.info(f"{key.to_user_string()}: the batch this run stored, from memory")
             return handed_over

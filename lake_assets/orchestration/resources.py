@@ -17,6 +17,14 @@ from lake_assets.config_model import S3Config
 from lake_assets.storage import Storage
 
 
+# Clients live in private attributes, made on first use: Dagster initialises a fresh copy of each
+# resource for every run (and every sensor tick), so a client is built once per run and never
+# shared between runs. (Dagster's `cached_method` would do the same, but it is not part of the
+# public `dagster` API; this is the `PrivateAttr` state its resource guide describes.) Made on
+# first use rather than in `setup_for_execution`, the same resource also serves outside a run
+# (`lake-assets catalog query`), and a run that needs no client builds none.
+
+
 class LakeResource(dg.ConfigurableResource):
     """The lake root and object storage access for `file://` and `s3a://` URIs.
 
@@ -28,8 +36,12 @@ class LakeResource(dg.ConfigurableResource):
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
 
+    _storage: Storage | None = PrivateAttr(default=None)
+
     def get_storage(self) -> Storage:
-        return Storage(S3Config(endpoint_url=self.s3_endpoint_url, region=self.s3_region))
+        if self._storage is None:
+            self._storage = Storage(S3Config(endpoint_url=self.s3_endpoint_url, region=self.s3_region))
+        return self._storage
 
     def layout(self) -> LakeLayout:
         return LakeLayout(self.root)
@@ -39,16 +51,26 @@ class CatalogResource(dg.ConfigurableResource):
     """The file catalog: Parquet under `<lake>/catalog` by default, or DynamoDB tables (the
     datalake-common index layout). DynamoDB credentials come from the environment."""
 
+    lake: LakeResource
     store: str = "parquet"
     table: str | None = None
     latest_table: str | None = None
     endpoint_url: str | None = None
     region: str = "us-east-1"
 
-    def get_store(self, lake: LakeResource) -> CatalogStore:
+    _store: CatalogStore | None = PrivateAttr(default=None)
+
+    def get_store(self) -> CatalogStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def _open_store(self) -> CatalogStore:
         if self.store == "dynamodb":
-            return DynamoCatalogStore(self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region)
-        return ParquetCatalogStore(lake.layout().catalog(), lake.get_storage())
+            return DynamoCatalogStore(
+                self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region
+            )
+        return ParquetCatalogStore(self.lake.layout().catalog(), self.lake.get_storage())
 
 
 class LakeSparkResource(LazyPySparkResource):
@@ -56,18 +78,28 @@ class LakeSparkResource(LazyPySparkResource):
 
     `spark_config` holds the non-secret settings (shown in the UI); s3a access keys are added
     from the environment at session start and never appear in config or logs.
+
+    Why the public `spark_session` and `spark_context` accessors are overridden: dagster-pyspark
+    builds its session from `spark_config` alone, with a plain `SparkSession.builder`. The lake's
+    session needs its own builder (`lake_assets.spark.build_session`): access keys read from the
+    environment at start (never in config), the lake's settings applied to a Spark Connect
+    session too, executors prepared on a cluster. Nothing private of the parent is used: the
+    session lives in this class's own attribute.
     """
 
     _lake_session: Any = PrivateAttr(default=None)
 
     @property
     def spark_session(self) -> Any:
-        """The session, built on first use by the lake's builder (`lake_assets.spark`): secrets
-        from the environment, the lake's settings on a Connect session too, executors prepared
-        on a cluster."""
+        """The session, built on first use by the lake's builder."""
         if self._lake_session is None:
             self._lake_session = spark_settings.build_session(self.spark_config)
         return self._lake_session
+
+    @property
+    def spark_context(self) -> Any:
+        """The lake session's context (the parent's would start a session of its own)."""
+        return self.spark_session.sparkContext
 
     @classmethod
     def for_lake(
