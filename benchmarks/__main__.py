@@ -39,7 +39,9 @@ def _machine(session) -> dict:
 def table(figures: dict) -> str:
     lines = [f"{'figure':<24} {'value':>9}  {'goal':<8} met"]
     for name, value in figures["figures"].items():
-        lines.append(f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}")
+        lines.append(
+            f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}"
+        )
     for name, value in figures["context"].items():
         lines.append(f"{name:<24} {value:>9}  (no goal)")
     memory = figures["peak_driver_rss_mb"]
@@ -52,12 +54,18 @@ def table(figures: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
-    parser.add_argument("--workdir", type=Path, help="where the generated data goes (default: the system temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where the generated data goes (default: the system temp dir)"
+    )
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     session = spark_settings.build_session(spark_settings.session_conf(app_name="lake_assets_benchmarks"))
     session.sparkContext.setLogLevel("ERROR")
-    figures = {"machine": _machine(session), "size": size, **side_by_side.run(session, workdir=args.workdir, **SIZES[size])}
+    figures = {
+        "machine": _machine(session),
+        "size": size,
+        **side_by_side.run(session, workdir=args.workdir, **SIZES[size]),
+    }
     print(json.dumps(figures, indent=2, default=str))
     print()
     print(table(figures))

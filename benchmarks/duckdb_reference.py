@@ -20,7 +20,12 @@ END_OF_TIME = "TIMESTAMPTZ '9999-12-31 23:59:59.999+00'"
 TIMELINE = "__unit_reference_timeline"
 
 OPERATIONS = {
-    "INSERT": "insert", "I": "insert", "UPDATE": "update", "U": "update", "DELETE": "delete", "D": "delete",
+    "INSERT": "insert",
+    "I": "insert",
+    "UPDATE": "update",
+    "U": "update",
+    "DELETE": "delete",
+    "D": "delete",
 }
 CURRENT_SYSTEM = ("_version_at", "_seq")
 HISTORY_SYSTEM = ("_fivetran_start", "_fivetran_end", "_fivetran_active", "_seq")
@@ -37,7 +42,7 @@ def _ident(name: str) -> str:
 def _local(path: Path | str) -> str:
     # The project names lake roots as URIs; DuckDB wants a plain path for local files.
     text = str(path)
-    return text[len("file://"):] if text.startswith("file://") else text
+    return text[len("file://") :] if text.startswith("file://") else text
 
 
 def _reader(glob: str) -> str:
@@ -52,7 +57,7 @@ def _timeline_sql(source: str, payload: list[str]) -> str:
     WITH events AS (
         SELECT
             {_ident(KEY)} AS id,
-            {columns}{',' if payload else ''}
+            {columns}{"," if payload else ""}
             CASE upper(trim(cdc_operation_type)) {ops}
                 ELSE error('unknown cdc_operation_type: ' || coalesce(cdc_operation_type, 'NULL')) END AS op,
             -- Naive timestamps read as UTC (the session time zone): that is what the feed assumes.

@@ -28,7 +28,8 @@ CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
 )
 #: a setting name that looks like it holds a credential
 SECRET_NAME = re.compile(
-    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key", re.IGNORECASE
+    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key",
+    re.IGNORECASE,
 )
 #: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
 MECHANISM_NAME = re.compile(r"[._-](provider|binding|enabled)$", re.IGNORECASE)
@@ -50,7 +51,9 @@ def refused(reason: str, at: tuple[str | int, ...] = ()) -> PydanticCustomError:
     return PydanticCustomError("refused", "{reason}", {"reason": reason, "at": at})
 
 
-def checked(what: str, accept: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v) -> PlainValidator:
+def checked(
+    what: str, accept: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v
+) -> PlainValidator:
     """A value `accept` takes (converted by `convert`), or the error `expected <what>`. Plain:
     pydantic's lax coercions (true -> 1, 1 -> '1') never apply."""
 
@@ -102,7 +105,9 @@ RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
 FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", is_name)]
-TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))]
+TableName = Annotated[
+    str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))
+]
 HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
 NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
 PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is int and v >= 1)]
@@ -193,8 +198,14 @@ def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
     # what is wrong with the item.
     inner = [detail["loc"] for detail in details]
     return [
-        _line(detail, model) for detail in details
-        if not (detail["type"] == "too_short" and any(len(loc) > len(detail["loc"]) and loc[:len(detail["loc"])] == detail["loc"] for loc in inner))
+        _line(detail, model)
+        for detail in details
+        if not (
+            detail["type"] == "too_short"
+            and any(
+                len(loc) > len(detail["loc"]) and loc[: len(detail["loc"])] == detail["loc"] for loc in inner
+            )
+        )
     ]
 
 
@@ -210,7 +221,9 @@ def _line(detail: dict, model: type[BaseModel]) -> str:
         key = str(loc[-1])
         if looks_secret(key):
             return f"{key_path(loc)}: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
-        return f"{key_path(loc)}: unknown key; expected one of {', '.join(keys_of(_model_at(model, loc[:-1])))}"
+        return (
+            f"{key_path(loc)}: unknown key; expected one of {', '.join(keys_of(_model_at(model, loc[:-1])))}"
+        )
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(_feed_formats())
         if kind == "union_tag_not_found":

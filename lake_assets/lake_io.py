@@ -87,7 +87,9 @@ def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[s
     """partition value -> folder URI for the Hive partition folders under a table."""
     prefix = f"{column}="
     return {
-        e.name[len(prefix):]: e.uri for e in storage.list(table_uri) if e.is_dir and e.name.startswith(prefix)
+        e.name[len(prefix) :]: e.uri
+        for e in storage.list(table_uri)
+        if e.is_dir and e.name.startswith(prefix)
     }
 
 
@@ -102,7 +104,9 @@ def read_partitions(
     if spark.conf.get(TYPE_INFERENCE, "true").lower() != "false":
         # Typed by inference, a GRAX batch folder of digits alone (`batch=000000123`) reads back
         # as 123 and matches no partition again: refuse rather than lose the zeros silently.
-        raise ConfigError(f"reading {table_uri}: the Spark session must set {TYPE_INFERENCE}=false (partition values are text)")
+        raise ConfigError(
+            f"reading {table_uri}: the Spark session must set {TYPE_INFERENCE}=false (partition values are text)"
+        )
     present = existing_partitions(storage, table_uri, column)
     wanted = sorted(present) if values is None else sorted(set(values) & set(present))
     if not wanted:
@@ -146,7 +150,11 @@ def read_drifting(
         groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
-        part = spark.read.option("basePath", base_path).parquet(*uris) if base_path else spark.read.parquet(*uris)
+        part = (
+            spark.read.option("basePath", base_path).parquet(*uris)
+            if base_path
+            else spark.read.parquet(*uris)
+        )
         frames.append(part)
     return union_all(table, frames)
 
@@ -159,7 +167,11 @@ def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[
         if path.endswith(".parquet"):
             found.append(path)
             continue
-        found += [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)] if recursive else parquet_files(storage, path)
+        found += (
+            [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)]
+            if recursive
+            else parquet_files(storage, path)
+        )
     return found
 
 
@@ -182,7 +194,10 @@ def _nullable(schema_json: bytes | None) -> bytes | None:
 
     def relax(node):
         if isinstance(node, dict):
-            return {k: True if k in ("nullable", "containsNull", "valueContainsNull") else relax(v) for k, v in node.items()}
+            return {
+                k: True if k in ("nullable", "containsNull", "valueContainsNull") else relax(v)
+                for k, v in node.items()
+            }
         return [relax(item) for item in node] if isinstance(node, list) else node
 
     return json.dumps(relax(json.loads(schema_json))).encode()
@@ -239,7 +254,9 @@ def rows_in(storage: Storage, files: list[str]) -> int:
     return sum(meta.num_rows for meta in _footers(storage, files))
 
 
-def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tuple[int, T.StructType | None] | None:
+def table_summary(
+    spark: SparkSession, storage: Storage, table_uri: str
+) -> tuple[int, T.StructType | None] | None:
     """Rows and schema of a whole lake table (every data file under it) from its Parquet
     footers: no Spark job unless the files disagree on their schema. None for no table."""
     if not storage.exists(table_uri):
@@ -267,8 +284,14 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 
 def write_partitions(
-    df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
-    keys: Iterable[str] = (), erase: Erasure | None = None, removing: Removing | None = None,
+    df: DataFrame | None,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    values: Iterable[str],
+    keys: Iterable[str] = (),
+    erase: Erasure | None = None,
+    removing: Removing | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -284,12 +307,17 @@ def write_partitions(
         safe_segment(f"{column}={value}", "partition")
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
-        removing([uri for value in values if value in present for uri in parquet_files(storage, present[value])])
+        removing(
+            [uri for value in values if value in present for uri in parquet_files(storage, present[value])]
+        )
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions
         # (and counts the rows marking a purge, for `erase`).
-        tallies = [F.count(F.lit(1)).alias("n"), (erase.marked_rows(df) if erase is not None else F.lit(0)).alias("marked")]
+        tallies = [
+            F.count(F.lit(1)).alias("n"),
+            (erase.marked_rows(df) if erase is not None else F.lit(0)).alias("marked"),
+        ]
         counted = df.groupBy(column).agg(*tallies).collect()
         counts = {r[column]: r["n"] for r in counted}
         stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
@@ -303,7 +331,9 @@ def write_partitions(
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))
-                .write.options(**without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in df.columns))
+                .write.options(
+                    **without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in df.columns)
+                )
                 .mode("overwrite")
                 .option("partitionOverwriteMode", "dynamic")
                 .partitionBy(column)
@@ -326,7 +356,13 @@ def schema_metadata(schema: T.StructType) -> list[tuple[str, str]]:
 
 
 def erase_keys_in_partitions(
-    spark: SparkSession, storage: Storage, table_uri: str, column: str, keys: list[str], purged: DataFrame, staging: str,
+    spark: SparkSession,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    keys: list[str],
+    purged: DataFrame,
+    staging: str,
 ) -> list[str]:
     """Write to `staging` (as `<column>=<value>/` folders) every partition of a log holding rows of
     the `purged` keys (a frame of key columns) that still carry field data or lack the purge
@@ -340,11 +376,15 @@ def erase_keys_in_partitions(
     not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
     for name in payload:
         not_erased = not_erased | col(name).isNotNull()
-    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(not_erased)
+    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(
+        not_erased
+    )
     hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []
     erased = merge.erase_keys(read_partitions(spark, storage, table_uri, column, hit), keys, purged)
     options = without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
-    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(staging)
+    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(
+        staging
+    )
     return hit

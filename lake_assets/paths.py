@@ -97,7 +97,9 @@ class LakeLayout:
 
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:
         """A table's quarantine, or that of one of its partitions."""
-        return join(self.root, "_quarantine", feed, *table_segments(table), *([partition] if partition else []))
+        return join(
+            self.root, "_quarantine", feed, *table_segments(table), *([partition] if partition else [])
+        )
 
     def staging(self, feed: str, table: str, token: str | None = None) -> str:
         """Scratch space outside every table's folder: globs over a table never see it."""

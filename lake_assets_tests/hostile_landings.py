@@ -48,18 +48,39 @@ class Feed:
 
 
 def write_unit_valid(landing: Path) -> None:
-    write_events(landing, "accounts", 1, "part-0.parquet", [
-        event("a", "I", 1, at(1), name="Ann", balance=10),
-        event("b", "I", 2, at(1, 5), name="Bob", balance=20),
-    ], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 2, "part-0.parquet", [
-        event("a", "U", 3, at(2), name="Anna", balance=11),
-        event("c", "I", 4, at(2, 1), name="Cy", balance=30),
-    ], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 3, "part-0.parquet", [
-        event("b", "D", 5, at(3), name="Bob", balance=20),
-        event("a", "U", 6, at(3, 2), name="Annie", balance=12),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [
+            event("a", "I", 1, at(1), name="Ann", balance=10),
+            event("b", "I", 2, at(1, 5), name="Bob", balance=20),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [
+            event("a", "U", 3, at(2), name="Anna", balance=11),
+            event("c", "I", 4, at(2, 1), name="Cy", balance=30),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        3,
+        "part-0.parquet",
+        [
+            event("b", "D", 5, at(3), name="Bob", balance=20),
+            event("a", "U", 6, at(3, 2), name="Annie", balance=12),
+        ],
+        ACCOUNT_SCHEMA,
+    )
 
 
 def unit_hour(landing: Path, hour: int = 2) -> Path:
@@ -79,10 +100,14 @@ def grax_time(hour: int) -> dt.datetime:
     return dt.datetime(2024, 1, 1, hour, tzinfo=UTC)
 
 
-GRAX_SCHEMA = pa.schema([
-    ("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-    ("Name", pa.string()),
-])
+GRAX_SCHEMA = pa.schema(
+    [
+        ("Id", pa.string()),
+        ("source__modified", pa.timestamp("ms", tz="UTC")),
+        ("grax__idseq", pa.string()),
+        ("Name", pa.string()),
+    ]
+)
 
 
 def grax_batch(landing: Path, batch: str, obj: str = "Account") -> Path:
@@ -90,22 +115,34 @@ def grax_batch(landing: Path, batch: str, obj: str = "Account") -> Path:
 
 
 def write_grax_valid(landing: Path) -> None:
-    write_parquet(grax_batch(landing, "000000001") / "data-00000000001.parquet", [
-        {"Id": "1", "source__modified": grax_time(1), "grax__idseq": "a", "Name": "Alice"},
-        {"Id": "2", "source__modified": grax_time(2), "grax__idseq": "b", "Name": "Bob"},
-    ], GRAX_SCHEMA)
-    write_parquet(grax_batch(landing, "000000002") / "data-00000000002.parquet", [
-        {"Id": "1", "source__modified": grax_time(3), "grax__idseq": "c", "Name": "Alicia"},
-        {"Id": "3", "source__modified": grax_time(4), "grax__idseq": "d", "Name": "Cleo"},
-    ], GRAX_SCHEMA)
+    write_parquet(
+        grax_batch(landing, "000000001") / "data-00000000001.parquet",
+        [
+            {"Id": "1", "source__modified": grax_time(1), "grax__idseq": "a", "Name": "Alice"},
+            {"Id": "2", "source__modified": grax_time(2), "grax__idseq": "b", "Name": "Bob"},
+        ],
+        GRAX_SCHEMA,
+    )
+    write_parquet(
+        grax_batch(landing, "000000002") / "data-00000000002.parquet",
+        [
+            {"Id": "1", "source__modified": grax_time(3), "grax__idseq": "c", "Name": "Alicia"},
+            {"Id": "3", "source__modified": grax_time(4), "grax__idseq": "d", "Name": "Cleo"},
+        ],
+        GRAX_SCHEMA,
+    )
 
 
 # --- Estuary Flow journals ---------------------------------------------------------------------
 
 
 def flow_doc(n: int, **fields) -> bytes:
-    doc = {"id": n, "name": f"c{n}", **fields,
-           "_meta": {"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, FLOW_PRODUCER), "op": "c"}}
+    doc = {
+        "id": n,
+        "name": f"c{n}",
+        **fields,
+        "_meta": {"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, FLOW_PRODUCER), "op": "c"},
+    }
     return json.dumps(doc).encode() + b"\n"
 
 
@@ -113,8 +150,15 @@ def flow_journal(landing: Path) -> Path:
     return landing / "acmeCo" / "customers" / "pivot=00"
 
 
-def write_flow_fragment(journal: Path, begin: int, content: bytes, *, stored: bytes | None = None,
-                        folder: str = "utc_date=2024-06-01/utc_hour=10", end: int | None = None) -> Path:
+def write_flow_fragment(
+    journal: Path,
+    begin: int,
+    content: bytes,
+    *,
+    stored: bytes | None = None,
+    folder: str = "utc_date=2024-06-01/utc_hour=10",
+    end: int | None = None,
+) -> Path:
     """A gzip fragment of `content` at offset `begin` (`stored` replaces the compressed bytes;
     `end` lets a name claim another range than its content's)."""
     target = journal / folder
@@ -137,14 +181,32 @@ def write_flow_valid(landing: Path) -> None:
 
 
 FEEDS = {
-    "unit": Feed("unit", "accounts", write_unit_valid,
-                 lambda landing: FeedConfig("unit", "unit_cdc", f"file://{landing}"), ("id", "_seq")),
-    "grax": Feed("grax", f"{GRAX_ORG}/account", write_grax_valid,
-                 lambda landing: FeedConfig("grax", "grax_v2", f"file://{landing}"), ("Id", "_version_at", "_seq", "_op")),
-    "flow": Feed("flow", FLOW_TABLE, write_flow_valid,
-                 lambda landing: FeedConfig("flow", "flow_journal", f"file://{landing}",
-                                            collections=(CollectionConfig(FLOW_COLLECTION, ("/id",)),)),
-                 ("id", "_seq")),
+    "unit": Feed(
+        "unit",
+        "accounts",
+        write_unit_valid,
+        lambda landing: FeedConfig("unit", "unit_cdc", f"file://{landing}"),
+        ("id", "_seq"),
+    ),
+    "grax": Feed(
+        "grax",
+        f"{GRAX_ORG}/account",
+        write_grax_valid,
+        lambda landing: FeedConfig("grax", "grax_v2", f"file://{landing}"),
+        ("Id", "_version_at", "_seq", "_op"),
+    ),
+    "flow": Feed(
+        "flow",
+        FLOW_TABLE,
+        write_flow_valid,
+        lambda landing: FeedConfig(
+            "flow",
+            "flow_journal",
+            f"file://{landing}",
+            collections=(CollectionConfig(FLOW_COLLECTION, ("/id",)),),
+        ),
+        ("id", "_seq"),
+    ),
 }
 
 
@@ -170,7 +232,9 @@ def layer_rows(lake: Path, layer: str, feed: Feed) -> list[dict]:
     folder = lake / layer / feed.name / feed.table
     if not folder.exists():
         return []
-    return duck(f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    return duck(
+        f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
+    )
 
 
 def events(lake: Path, feed: Feed) -> set[tuple]:

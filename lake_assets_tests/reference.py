@@ -11,7 +11,14 @@ from collections import defaultdict
 TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
 MS = dt.timedelta(milliseconds=1)
 UNIT_SPECIAL = ("id", "cdc_operation_type", "cdc_change_seq", "cdc_commit_timestamp")
-UNIT_OPS = {"INSERT": "insert", "I": "insert", "UPDATE": "update", "U": "update", "DELETE": "delete", "D": "delete"}
+UNIT_OPS = {
+    "INSERT": "insert",
+    "I": "insert",
+    "UPDATE": "update",
+    "U": "update",
+    "DELETE": "delete",
+    "D": "delete",
+}
 
 
 def to_ms(moment: dt.datetime) -> dt.datetime:
@@ -55,9 +62,7 @@ def reference_tables(
                 previous = None
                 continue
             skipped = set(event.get(unmodified) or ())
-            values = {
-                c: ((previous or {}).get(c) if c in skipped else event.get(c)) for c in payload
-            }
+            values = {c: ((previous or {}).get(c) if c in skipped else event.get(c)) for c in payload}
             previous = values
             timeline.append(("version", at, values))
         for index, (kind, start, values) in enumerate(timeline):
@@ -72,7 +77,13 @@ def reference_tables(
                 end = following[1] - MS
             if k in purged_keys:
                 values = {c: None for c in payload}
-            row = {key: k, **values, "_fivetran_start": start, "_fivetran_end": end, "_fivetran_active": following is None}
+            row = {
+                key: k,
+                **values,
+                "_fivetran_start": start,
+                "_fivetran_end": end,
+                "_fivetran_active": following is None,
+            }
             history.append(row)
             if following is None:
                 current[k] = {key: k, **values, "_version_at": start}

@@ -112,11 +112,23 @@ def test_name_with_folder_path_and_uppercase_hex():
 @pytest.mark.parametrize(
     "ext, codec",
     [
-        (".raw", "raw"), (".RAW", "raw"),
-        (".gz", "gzip"), (".GZ", "gzip"), (".gzip", "gzip"), (".GZip", "gzip"),
-        (".zst", "zstd"), (".ZST", "zstd"), (".zstandard", "zstd"), (".ZStandard", "zstd"),
-        (".sz", "snappy"), (".SZ", "snappy"), (".snappy", "snappy"), (".SNAPPY", "snappy"),
-        ("", "gzip_offload"), (".gzod", "gzip_offload"), (".GZOD", "gzip_offload"),
+        (".raw", "raw"),
+        (".RAW", "raw"),
+        (".gz", "gzip"),
+        (".GZ", "gzip"),
+        (".gzip", "gzip"),
+        (".GZip", "gzip"),
+        (".zst", "zstd"),
+        (".ZST", "zstd"),
+        (".zstandard", "zstd"),
+        (".ZStandard", "zstd"),
+        (".sz", "snappy"),
+        (".SZ", "snappy"),
+        (".snappy", "snappy"),
+        (".SNAPPY", "snappy"),
+        ("", "gzip_offload"),
+        (".gzod", "gzip_offload"),
+        (".GZOD", "gzip_offload"),
     ],
 )
 def test_extension_mapping(ext, codec):
@@ -300,10 +312,14 @@ def test_cover_with_failed_fragments_randomised():
         assert len(read) == len(set(read)) and set(read) == good
         for g in gaps:
             held_by = {
-                f.uri for f in fragments if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
+                f.uri
+                for f in fragments
+                if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
             }
             assert set(g.failed) == held_by
-            assert all(f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed)
+            assert all(
+                f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed
+            )
         holes = {b for g in gaps for b in range(g.begin, g.end)}
         assert not holes & good and lost - good <= holes
         everything = good | lost
@@ -388,7 +404,9 @@ def test_inflate_is_bounded_across_gzip_members():
 def test_a_name_declaring_more_than_the_inflate_limit_is_refused_unread():
     huge = "s3://b/j/" + name_of(0, ff.MAX_FRAGMENT_BYTES + 1, ext=".gz")
     fetched: list[str] = []
-    with pytest.raises(FragmentError, match=f"declares {ff.MAX_FRAGMENT_BYTES + 1} bytes, more than the limit"):
+    with pytest.raises(
+        FragmentError, match=f"declares {ff.MAX_FRAGMENT_BYTES + 1} bytes, more than the limit"
+    ):
         ff.read_piece(CoverPiece(ff.fragment_from_uri(huge), 0), lambda u: fetched.append(u) or b"")
     assert fetched == []
     content = line(P, 16, OUTSIDE_TXN, id=1)
@@ -598,8 +616,11 @@ def test_read_journal_end_to_end():
     pieces, gaps = cover(fragments)
     assert gaps == []
     assert [(p.start, p.fragment.name.end) for p in pieces] == [
-        (offsets[0], offsets[4]), (offsets[4], offsets[8]), (offsets[8], offsets[10]),
-        (offsets[10], offsets[13]), (offsets[13], offsets[15]),
+        (offsets[0], offsets[4]),
+        (offsets[4], offsets[8]),
+        (offsets[8], offsets[10]),
+        (offsets[10], offsets[13]),
+        (offsets[13], offsets[15]),
     ]
     assert pieces[1].skip == offsets[4] - offsets[2]
 

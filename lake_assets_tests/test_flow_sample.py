@@ -72,7 +72,16 @@ def fragments(sample: FlowSample) -> list[dict]:
         assert m, path
         n = NAME.match(m["name"])
         assert n, m["name"]
-        out.append({**m.groupdict(), "begin": int(n["begin"], 16), "end": int(n["end"], 16), "sum": n["sum"], "ext": n["ext"] or "", "path": path})
+        out.append(
+            {
+                **m.groupdict(),
+                "begin": int(n["begin"], 16),
+                "end": int(n["end"], 16),
+                "sum": n["sum"],
+                "ext": n["ext"] or "",
+                "path": path,
+            }
+        )
     return out
 
 
@@ -203,7 +212,7 @@ def test_transactions_and_committed(sample):
             dups += u
             pending += p
             if any(e["journal"] == journal for e in excluded["pending"]):
-                tail = contents[journal].splitlines()[-len(p):]
+                tail = contents[journal].splitlines()[-len(p) :]
                 assert [json.loads(x) for x in tail] == p  # the pending transaction ends the journal
         committed = sample.committed[collection]
         assert sorted(map(json.dumps, delivered)) == sorted(map(json.dumps, committed))
@@ -232,8 +241,14 @@ def test_uuid_clocks_and_flags(sample):
             clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])
             producers.add(producer)
             assert flags in (0, 1, 2)
-            moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=(clock - GREGORIAN_OFFSET) // 10)
-            assert dt.datetime(2024, 6, 1, 10, tzinfo=dt.timezone.utc) <= moment < dt.datetime(2024, 6, 1, 16, tzinfo=dt.timezone.utc)
+            moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(
+                microseconds=(clock - GREGORIAN_OFFSET) // 10
+            )
+            assert (
+                dt.datetime(2024, 6, 1, 10, tzinfo=dt.timezone.utc)
+                <= moment
+                < dt.datetime(2024, 6, 1, 16, tzinfo=dt.timezone.utc)
+            )
             docs.append((clock, producer, doc))
     assert len(producers) == 2
     # Distinct documents of one producer have distinct clocks at least 16 apart.
@@ -253,7 +268,10 @@ def test_uuid_clocks_and_flags(sample):
 
 def test_documents_shapes(sample):
     orders, customers = sample.committed["acmeCo/orders"], sample.committed["acmeCo/customers"]
-    for docs, fields in ((orders, {"id", "category", "customer", "total", "items", "shipping", "status"}), (customers, {"id", "name", "email", "tier"})):
+    for docs, fields in (
+        (orders, {"id", "category", "customer", "total", "items", "shipping", "status"}),
+        (customers, {"id", "name", "email", "tier"}),
+    ):
         clock = lambda d: parse_uuid(d["_meta"]["uuid"])[0]
         created = {d["id"]: clock(d) for d in docs if d["_meta"]["op"] == "c"}
         for doc in docs:
@@ -268,7 +286,11 @@ def test_documents_shapes(sample):
     for doc in orders:
         if doc["_meta"]["op"] != "d":
             assert doc["category"] in ("Anvils", "Rockets")
-            assert isinstance(doc["total"], (int, float)) and isinstance(doc["items"], list) and isinstance(doc["shipping"]["address"], dict)
+            assert (
+                isinstance(doc["total"], (int, float))
+                and isinstance(doc["items"], list)
+                and isinstance(doc["shipping"]["address"], dict)
+            )
     hours = defaultdict(set)
     for doc in orders + customers:
         if doc["_meta"]["op"] == "u":

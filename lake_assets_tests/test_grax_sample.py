@@ -15,14 +15,29 @@ import pytest
 
 from lake_assets.demo.grax_sample import FIELDS, GraxSample, write_grax_landing
 
-SYSTEM = ("Id", "source__modified", "grax__idseq", "grax__deleted", "grax__deletesource", "grax__purged", "grax__restoredfrom")
+SYSTEM = (
+    "Id",
+    "source__modified",
+    "grax__idseq",
+    "grax__deleted",
+    "grax__deletesource",
+    "grax__purged",
+    "grax__restoredfrom",
+)
 PATH = re.compile(
     r"^parquet/v2/org=(?P<org>[A-Za-z0-9]+)/object=(?P<object>[A-Za-z0-9_]+)"
     r"/batch=(?P<batch>[0-9a-f]{9})/data-(?P<name>[0-9a-f]{11})\.parquet$"
 )
 START_SECONDS = int(dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc).timestamp())
 TS_MS = pa.timestamp("ms", tz="UTC")
-SUFFIX_TYPES = {"_b": pa.bool_(), "_i": pa.int64(), "_f": pa.float64(), "_ts": TS_MS, "_d": pa.date32(), "_t": pa.time64("us")}
+SUFFIX_TYPES = {
+    "_b": pa.bool_(),
+    "_i": pa.int64(),
+    "_f": pa.float64(),
+    "_ts": TS_MS,
+    "_d": pa.date32(),
+    "_t": pa.time64("us"),
+}
 
 
 @pytest.fixture(scope="module", params=[(11, 6), (3, 4), (29, 9)], ids=lambda p: f"seed{p[0]}-batches{p[1]}")
@@ -86,7 +101,9 @@ def test_layout_and_names(sample):
         batch_keys = sorted({p["batch"] for p in parts})
         assert sample.batches[obj] == batch_keys
         numbers = [int(k, 16) for k in batch_keys]
-        assert numbers == [START_SECONDS + 43_200 * i for i in range(len(numbers))], "12-hour windows from 2024-03-01"
+        assert numbers == [START_SECONDS + 43_200 * i for i in range(len(numbers))], (
+            "12-hour windows from 2024-03-01"
+        )
         for batch_key in batch_keys:
             in_batch = [int(p["name"], 16) for p in parts if p["batch"] == batch_key]
             assert 1 <= len(in_batch) <= 3
@@ -110,7 +127,14 @@ def test_each_file_has_its_own_schema(sample):
             elif field.name in SYSTEM or pa.types.is_null(field.type):
                 assert field.type in (pa.string(), pa.null())
             else:
-                suffix = next((s for s in SUFFIX_TYPES if field.name.endswith(s) and field.name[: -len(s)] in table.column_names), None)
+                suffix = next(
+                    (
+                        s
+                        for s in SUFFIX_TYPES
+                        if field.name.endswith(s) and field.name[: -len(s)] in table.column_names
+                    ),
+                    None,
+                )
                 if suffix is None and field.name not in empty:
                     assert field.type == pa.string(), field
                 elif suffix is not None:
@@ -232,7 +256,11 @@ def test_deletes_at_source_and_archives(sample):
     for obj in sample.objects:
         latest = _latest(sample.rows[obj])
         for source in ("source", "grax"):
-            gone = [r for r in latest.values() if r.get("grax__deletesource") == source and "grax__purged" not in r]
+            gone = [
+                r
+                for r in latest.values()
+                if r.get("grax__deletesource") == source and "grax__purged" not in r
+            ]
             assert gone, (obj, source)
             for row in gone:
                 assert isinstance(row["grax__deleted"], dt.datetime) and _fields(row)
@@ -269,7 +297,9 @@ def test_one_restore_of_an_archived_record(sample):
     source_id = first["grax__restoredfrom"]
     assert source_id != first["Id"]
     source_rows = [r for r in sample.rows[obj] if r["Id"] == source_id]
-    archive = max((r for r in source_rows if r.get("grax__deletesource") == "grax"), key=lambda r: r["grax__idseq"])
+    archive = max(
+        (r for r in source_rows if r.get("grax__deletesource") == "grax"), key=lambda r: r["grax__idseq"]
+    )
     assert archive["grax__deleted"] < first["source__modified"]
     assert _fields(first) == _fields(archive)
     assert not any(r["Id"] == first["Id"] for r in sample.rows[obj] if "grax__restoredfrom" not in r)
@@ -281,19 +311,30 @@ def test_typed_copies_have_their_plain_text_column(sample):
         bases = {name for name, _kind in FIELDS[obj]}
         for row in sample.rows[obj]:
             for column in row:
-                suffix = next((s for s in SUFFIX_TYPES if column.endswith(s) and column[: -len(s)] in bases), None)
+                suffix = next(
+                    (s for s in SUFFIX_TYPES if column.endswith(s) and column[: -len(s)] in bases), None
+                )
                 if suffix is not None:
                     assert isinstance(row[column[: -len(suffix)]], str), (column, row)
                     seen.add(column)
                 elif column not in SYSTEM:
                     assert column in bases and isinstance(row[column], str), (column, row)
-    for column in ("LastReviewed__c_ts", "Birthdate_d", "CloseDate_d", "PreferredCallTime__c_t", "IsWon_b", "Amount_f"):
+    for column in (
+        "LastReviewed__c_ts",
+        "Birthdate_d",
+        "CloseDate_d",
+        "PreferredCallTime__c_t",
+        "IsWon_b",
+        "Amount_f",
+    ):
         assert column in seen
     for obj in sample.objects:
         for row in sample.rows[obj]:
             if "LastReviewed__c_ts" in row:
                 assert row["LastReviewed__c_ts"].tzinfo is not None
-                assert row["LastReviewed__c"].startswith(row["LastReviewed__c_ts"].strftime("%Y-%m-%dT%H:%M:%S"))
+                assert row["LastReviewed__c"].startswith(
+                    row["LastReviewed__c_ts"].strftime("%Y-%m-%dT%H:%M:%S")
+                )
             if "Birthdate_d" in row:
                 assert row["Birthdate"] == row["Birthdate_d"].isoformat()
 

@@ -14,7 +14,9 @@ NEEDS_CONFIG = {"lake_assets.definitions"}
 
 def test_each_module_imports_first_in_a_fresh_interpreter_state():
     names = sorted(
-        m.name for m in pkgutil.walk_packages(lake_assets.__path__, "lake_assets.") if m.name not in NEEDS_CONFIG
+        m.name
+        for m in pkgutil.walk_packages(lake_assets.__path__, "lake_assets.")
+        if m.name not in NEEDS_CONFIG
     )
     assert "lake_assets.ingest" in names and "lake_assets.feeds.unit_cdc" in names
     # One interpreter, the package's modules forgotten before each import: a cycle that only
@@ -37,5 +39,7 @@ def test_each_module_imports_first_in_a_fresh_interpreter_state():
 def test_the_formats_are_registered_by_name():
     feeds = importlib.import_module("lake_assets.feeds")
     assert {name: feeds.get_format(name).name for name in ("unit_cdc", "grax_v2", "flow_journal")} == {
-        "unit_cdc": "unit_cdc", "grax_v2": "grax_v2", "flow_journal": "flow_journal",
+        "unit_cdc": "unit_cdc",
+        "grax_v2": "grax_v2",
+        "flow_journal": "flow_journal",
     }

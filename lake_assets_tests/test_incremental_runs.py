@@ -36,7 +36,9 @@ class Lake:
 
     def __init__(self, root: Path):
         self.landing, self.lake = root / "landing", root / "lake"
-        self.config = LakeConfig(lake=f"file://{self.lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{self.landing}"),))
+        self.config = LakeConfig(
+            lake=f"file://{self.lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{self.landing}"),)
+        )
         self.instance = dg.DagsterInstance.ephemeral()
         self.said: list[str] = []
 
@@ -51,8 +53,10 @@ class Lake:
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
-        rows = duckdb.sql(f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
-                          "hive_partitioning = true)").fetchall()
+        rows = duckdb.sql(
+            f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
+            "hive_partitioning = true)"
+        ).fetchall()
         out: dict[str, list] = {}
         for hour, id_ in rows:
             out.setdefault(hour, []).append(id_)
@@ -94,10 +98,17 @@ def test_the_command_with_nothing_new_does_not_even_load_dagster(lake, tmp_path)
     a second, so the command plans first and loads it only when there is something to run."""
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(lake.config))
-    probe = ("import sys; from lake_assets.cli import main; code = main(['run', '--config', sys.argv[1]]); "
-             "print('exit', code, 'dagster loaded' if 'dagster' in sys.modules else 'dagster not loaded')")
-    done = subprocess.run([sys.executable, "-c", probe, str(config_file)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")})
+    probe = (
+        "import sys; from lake_assets.cli import main; code = main(['run', '--config', sys.argv[1]]); "
+        "print('exit', code, 'dagster loaded' if 'dagster' in sys.modules else 'dagster not loaded')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")},
+    )
     assert "nothing changed" in done.stdout, done.stdout + done.stderr
     assert done.stdout.strip().endswith("exit 0 dagster not loaded"), done.stdout + done.stderr
 
@@ -137,7 +148,9 @@ def test_all_reprocesses_every_landed_hour_and_a_range_every_hour_in_it(lake):
 def test_only_the_tables_that_changed_run(lake):
     lake.write(2, "part-0.parquet", [event("p", "I", 1, at(2, 5), name="p", balance=1)], table="payments")
     assert lake.run() == [(hour(2), hour(2))]
-    assert [line for line in lake.said if "in one run" in line] == [f"unit (payments): hours {hour(2)} .. {hour(2)} in one run"]
+    assert [line for line in lake.said if "in one run" in line] == [
+        f"unit (payments): hours {hour(2)} .. {hour(2)} in one run"
+    ]
     [run] = lake.instance.get_run_records(limit=1)
     assert {key.path[1] for key in run.dagster_run.asset_selection} == {"payments"}
     assert lake.changes("payments") == {hour(2): ["p"]}
@@ -171,7 +184,13 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
 
 def _entry(path: Path) -> Entry:
     stat = path.stat()
-    return Entry(uri=f"file://{path}", name=path.name, is_dir=False, size=stat.st_size, mtime_ms=stat.st_mtime_ns // 1_000_000)
+    return Entry(
+        uri=f"file://{path}",
+        name=path.name,
+        is_dir=False,
+        size=stat.st_size,
+        mtime_ms=stat.st_mtime_ns // 1_000_000,
+    )
 
 
 def test_a_listing_that_shows_a_file_unchanged_since_it_was_recorded_costs_no_read(tmp_path, monkeypatch):
@@ -197,7 +216,9 @@ def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp
 # --- lake-assets status ----------------------------------------------------------------------------
 
 
-def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(lake, tmp_path, capsys, monkeypatch):
+def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(
+    lake, tmp_path, capsys, monkeypatch
+):
     bad = hour_dir(lake.landing, "accounts", 2) / "part-bad.parquet"
     bad.write_bytes(b"not parquet at all")
     assert lake.run() == [(hour(2), hour(2))]
@@ -207,9 +228,15 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(la
     assert status.last_processed == hour(3)
     assert status.pending == [{"partition": hour(6), "reason": "new: 1 file(s)", "files": 1}]
     [quarantined] = status.quarantined
-    assert quarantined["file"] == f"file://{bad}" and quarantined["partition"] == hour(2) and quarantined["reason"]
+    assert (
+        quarantined["file"] == f"file://{bad}"
+        and quarantined["partition"] == hour(2)
+        and quarantined["reason"]
+    )
     assert (status.changes_rows, status.current_rows, status.history_rows) == (3, 3, 3)
-    assert status.last_run["status"] == "SUCCESS" and status.last_run["partitions"] == f"{hour(2)} .. {hour(2)}"
+    assert (
+        status.last_run["status"] == "SUCCESS" and status.last_run["partitions"] == f"{hour(2)} .. {hour(2)}"
+    )
 
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(lake.config))
@@ -227,7 +254,10 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(la
 def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
     stray = lake.landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
     stray.parent.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([event("s", "I", 9, at(3, 9), name="s", balance=9)], schema=ACCOUNT_SCHEMA), stray)
+    pq.write_table(
+        pa.Table.from_pylist([event("s", "I", 9, at(3, 9), name="s", balance=9)], schema=ACCOUNT_SCHEMA),
+        stray,
+    )
     assert lake.run() == [(hour(3), hour(3))]  # the last hour's run reports the table's strays
     notes = list((lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json"))
     assert len(notes) == 1 and f"file://{stray}" in notes[0].read_text()

@@ -220,7 +220,8 @@ class DynamoCatalogStore(CatalogStore):
             "ConditionExpression": "#m.#id = :id AND #ct = :ct",
             "ExpressionAttributeNames": {"#m": "metadata", "#id": "id", "#ct": "create_time"},
             "ExpressionAttributeValues": {
-                ":id": {"S": retired["metadata"]["id"]}, ":ct": {"N": str(retired["create_time"])},
+                ":id": {"S": retired["metadata"]["id"]},
+                ":ct": {"N": str(retired["create_time"])},
             },
         }
         try:
@@ -229,7 +230,9 @@ class DynamoCatalogStore(CatalogStore):
                     TableName=self.latest_table, Key=self._latest_item_key(what, where), **still_retired
                 )
             else:
-                self.client.put_item(TableName=self.latest_table, Item=self._latest_item(what, where, best), **still_retired)
+                self.client.put_item(
+                    TableName=self.latest_table, Item=self._latest_item(what, where, best), **still_retired
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             pass  # a file put meanwhile is the latest now
 

@@ -209,9 +209,7 @@ def _check_name(field: str, value: Any) -> None:
     if not isinstance(value, str):
         raise MetadataError(field, f"must be a string, not {type(value).__name__}")
     if not is_name(value):
-        raise MetadataError(
-            field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'"
-        )
+        raise MetadataError(field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'")
 
 
 def _check_path(path: Any) -> None:
@@ -343,7 +341,9 @@ def span_buckets(start: int, end: int) -> list[str]:
     for width in BUCKET_WIDTHS:
         if last // width - first // width < MAX_BUCKETS:
             return _labels(first, last, width)
-    raise AssertionError(f"the widest bucket ({BUCKET_WIDTHS[-1]} days) must hold the calendar in {MAX_BUCKETS}")
+    raise AssertionError(
+        f"the widest bucket ({BUCKET_WIDTHS[-1]} days) must hold the calendar in {MAX_BUCKETS}"
+    )
 
 
 def query_buckets(start: int, end: int) -> list[str]:
@@ -446,7 +446,14 @@ def build_records(
 
 
 def build_retirements(
-    *, url: str, where: str, what: str, file_id: str, start: int, end: int | None, create_time: int | None = None
+    *,
+    url: str,
+    where: str,
+    what: str,
+    file_id: str,
+    start: int,
+    end: int | None,
+    create_time: int | None = None,
 ) -> list[dict]:
     """Records saying that a file is gone: one per bucket it is indexed in, with the keys of its
     records (`time_index_key`, `range_key`) and `deleted: True`. A store takes them with
@@ -464,7 +471,14 @@ def build_retirements(
             "range_key": range_key(where, file_id),
             "create_time": created,
             "size": 0,
-            "metadata": {"version": METADATA_VERSION, "id": file_id, "start": start, "end": end, "where": where, "what": what},
+            "metadata": {
+                "version": METADATA_VERSION,
+                "id": file_id,
+                "start": start,
+                "end": end,
+                "where": where,
+                "what": what,
+            },
             "deleted": True,
         }
         for bucket in buckets({"start": start, "end": end})

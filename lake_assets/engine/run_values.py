@@ -32,7 +32,9 @@ def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFra
     params = {f"v{index}": values[name] for index, name in enumerate(names)}
     columns = ", ".join(quoted(name) for name in names)
     # An inline table becomes a local relation: its rows are data, never folded into a literal.
-    one_row = spark.sql(f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params)
+    one_row = spark.sql(
+        f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params
+    )
     return frame.drop(*names).crossJoin(F.broadcast(one_row))
 
 

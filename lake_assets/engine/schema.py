@@ -56,7 +56,12 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         if isinstance(left, T.FloatType) or isinstance(right, T.FloatType):
             return T.DoubleType()
         return _NUMERIC_CHAIN[max(left_rank, right_rank)]
-    if isinstance(left, T.DecimalType) and right_rank is not None or isinstance(right, T.DecimalType) and left_rank is not None:
+    if (
+        isinstance(left, T.DecimalType)
+        and right_rank is not None
+        or isinstance(right, T.DecimalType)
+        and left_rank is not None
+    ):
         return T.DoubleType()
     raise SchemaClash(
         f"table {table!r}: column {column!r} has type {left.simpleString()} in one place and "
@@ -95,7 +100,10 @@ def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | N
         found = present.get(same_name(field.name))
         if found is None:
             return F.lit(None).cast(field.dataType).alias(field.name)
-        if (found.name, found.dataType) == (field.name, field.dataType):  # most columns: nothing to build and analyse
+        if (found.name, found.dataType) == (
+            field.name,
+            field.dataType,
+        ):  # most columns: nothing to build and analyse
             return col(field.name)
         if found.dataType == field.dataType:
             return col(found.name).alias(field.name)

@@ -165,7 +165,10 @@ def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -
 
 
 def commit(
-    storage: Storage, state: TableState, plan: CommitPlan, on_step: Callable[[str], None] | None = None,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    on_step: Callable[[str], None] | None = None,
     removing: Removing | None = None,
 ) -> None:
     """Record the plan, apply it, then forget it.

@@ -61,7 +61,9 @@ class FeedFormat(abc.ABC):
         """The format as one feed configures it (a Flow feed names its collections)."""
         return self
 
-    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+    def landed_hours(
+        self, storage: Storage, landing: str, table: str, since: dt.datetime | None
+    ) -> dict[str, tuple[str, ...]]:
         """Hourly formats: hour key -> names of the files landed in that hour, for the hours at or
         after `since`, listing only what can hold them (the sensor's cost follows the window)."""
         raise NotImplementedError(f"{self.name} is not partitioned by hour")
@@ -86,7 +88,9 @@ class FeedFormat(abc.ABC):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         """The landed data files of one partition of one table."""
 
-    def partitions_files(self, storage: Storage, landing: str, table: str, partitions: list[str]) -> dict[str, list[Entry]]:
+    def partitions_files(
+        self, storage: Storage, landing: str, table: str, partitions: list[str]
+    ) -> dict[str, list[Entry]]:
         """`partition_files` of several partitions (a format may list them together)."""
         return {key: self.partition_files(storage, landing, table, key) for key in partitions}
 
@@ -110,6 +114,7 @@ class FeedFormat(abc.ABC):
 
 
 # --- time values in any encoding a vendor may choose ---------------------------------------------
+
 
 def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
@@ -138,8 +143,12 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
 #: digits, from 1000 on, as hour keys (`2024-03-01-05`) and Dagster's hourly partitions write it
 _HOURLY_LEVELS = (("year", "4"), ("month", "1,2"), ("day", "1,2"), ("hour", "1,2"))
 _FIRST_YEAR = 1000
-_LEVEL_HINTS = {"year": "year=<four digits, 1000 or later>", "month": "month=1..12",
-                "day": "day=1..the month's last day", "hour": "hour=0..23"}
+_LEVEL_HINTS = {
+    "year": "year=<four digits, 1000 or later>",
+    "month": "month=1..12",
+    "day": "day=1..the month's last day",
+    "hour": "hour=0..23",
+}
 
 
 def hour_key(moment: dt.datetime) -> str:
@@ -211,7 +220,7 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     """
     strays = []
     for entry in storage.walk_files(table_uri, skip=is_hidden):
-        folders = entry.uri[len(table_uri.rstrip("/")) + 1:].split("/")[:-1]
+        folders = entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1]
         reason = entry.unreadable or _why_no_hour_reads(folders)
         if reason is not None:
             strays.append((entry, reason))
@@ -231,13 +240,13 @@ def _why_no_hour_reads(folders: list[str]) -> str | None:
     if len(folders) < len(_HOURLY_LEVELS):
         return "the file is not inside an hour folder (year=/month=/day=/hour=)"
     if len(folders) > len(_HOURLY_LEVELS):
-        return (f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS):])}', a folder within hour folder "
-                f"'{'/'.join(folders[:len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read")
+        return (
+            f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS) :])}', a folder within hour folder "
+            f"'{'/'.join(folders[: len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read"
+        )
     return None
 
 
 def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:
     """Hour keys with a folder under `table_uri`, at or after `since` (see `hour_folders`)."""
     return sorted(hour_folders(storage, table_uri, since))
-
-

@@ -279,8 +279,12 @@ def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str
         return []
     journal = held[0].journal
     lost = [f for f in held if f.uri in failed]
-    cuts = sorted({f.name.begin for f in held} | {f.name.end for f in held} | {p.start for p in pieces}
-                  | {p.end for p in pieces})
+    cuts = sorted(
+        {f.name.begin for f in held}
+        | {f.name.end for f in held}
+        | {p.start for p in pieces}
+        | {p.end for p in pieces}
+    )
     gaps: list[Gap] = []
     read = iter(pieces)
     piece = next(read, None)
@@ -515,7 +519,11 @@ def _valid_text(value):
 def valid_text_fields(document: dict) -> tuple[dict, int]:
     """A `Doc.garbled` document with its text made valid UTF-8 (what was not becomes U+FFFD),
     and how many of its fields other than `_meta` had text to repair."""
-    repaired = [name for name, value in document.items() if name != "_meta" and (holds_invalid_text(name) or holds_invalid_text(value))]
+    repaired = [
+        name
+        for name, value in document.items()
+        if name != "_meta" and (holds_invalid_text(name) or holds_invalid_text(value))
+    ]
     return _valid_text(document), len(repaired)
 
 
@@ -620,14 +628,18 @@ class JournalRead:
     gaps: list[Gap] = field(default_factory=list)
 
 
-def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES) -> list[Doc]:
+def read_piece(
+    piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
+) -> list[Doc]:
     """The documents of one cover piece: inflated (at most its declared length, which may not exceed
     `max_bytes`), verified, split and parsed (FragmentError if not)."""
     fragment = piece.fragment
     name = fragment.name
     if name.length > max_bytes:
         raise FragmentError(
-            fragment.uri, f"its name declares {name.length} bytes, more than the limit of {max_bytes}", name.begin
+            fragment.uri,
+            f"its name declares {name.length} bytes, more than the limit of {max_bytes}",
+            name.begin,
         )
     content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
@@ -668,4 +680,6 @@ def read_journal(fragments: list[Fragment], fetch: Callable[[str], bytes]) -> Jo
         "bytes": sum(piece.end - piece.start for piece in pieces),
         **sequencer.counts,
     }
-    return JournalRead(committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps)
+    return JournalRead(
+        committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps
+    )

@@ -54,8 +54,14 @@ STRING_COPY_SUFFIX = "__string"
 #: appended to a deleted row's idseq: greater than the row's own write, smaller than the next one
 DELETE_SEQ_SUFFIX = "~"
 
-TYPED_SUFFIXES = {"b": T.BooleanType(), "i": T.LongType(), "f": T.DoubleType(), "ts": T.TimestampType(),
-                  "t": None, "d": T.DateType()}
+TYPED_SUFFIXES = {
+    "b": T.BooleanType(),
+    "i": T.LongType(),
+    "f": T.DoubleType(),
+    "ts": T.TimestampType(),
+    "t": None,
+    "d": T.DateType(),
+}
 _TYPED = re.compile(r"^(?P<field>.+)_(?P<suffix>b|i|f|ts|t|d)$")
 _BATCH = re.compile(r"^[0-9a-fA-F]{1,16}$")
 _ORG = re.compile(r"^[A-Za-z0-9]{1,64}$")
@@ -94,7 +100,7 @@ def split_table(table: str) -> tuple[str, str]:
 
 def _folder_value(entry: Entry, level: str) -> str | None:
     """The value of a `<level>=<value>` folder, else None."""
-    return entry.name[len(level) + 1:] if entry.is_dir and entry.name.startswith(f"{level}=") else None
+    return entry.name[len(level) + 1 :] if entry.is_dir and entry.name.startswith(f"{level}=") else None
 
 
 def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
@@ -121,7 +127,9 @@ class GraxV2FeedConfig(FeedConfig):
 
     format: Literal["grax_v2"]
     tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]) | None = None
-    orgs: names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None = None
+    orgs: (
+        names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None
+    ) = None
     objects: names(Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]) | None = None
 
 
@@ -164,11 +172,14 @@ class GraxV2Format(FeedFormat):
         org, obj = split_table(table)
         org_uri = f"{self.v2_root(storage, landing)}/org={safe_segment(org, 'org')}"
         return [
-            entry.uri for entry in storage.list(org_uri)
+            entry.uri
+            for entry in storage.list(org_uri)
             if (_folder_value(entry, "object") or "").lower() == obj
         ]
 
-    def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, list[str]], list[Entry]]:
+    def batch_folders(
+        self, storage: Storage, landing: str, table: str
+    ) -> tuple[dict[str, list[str]], list[Entry]]:
         """({batch key: its folders, one per object folder holding it} for valid batches,
         [folders whose batch is not a hex number])."""
         valid: dict[str, list[str]] = {}
@@ -201,8 +212,11 @@ class GraxV2Format(FeedFormat):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
             raise InvalidValue(f"batch partition {partition!r} is not a hex number")
-        return [entry for folder in self.object_folders(storage, landing, table)
-                for entry in data_files(storage, f"{folder}/batch={partition}")]
+        return [
+            entry
+            for folder in self.object_folders(storage, landing, table)
+            for entry in data_files(storage, f"{folder}/batch={partition}")
+        ]
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))
@@ -230,7 +244,11 @@ class GraxV2Format(FeedFormat):
         typed_columns = {c for group in copies.values() for c in group.values()}
 
         def arrow_type(column: str):
-            return arrow_schema.field(column).type if arrow_schema is not None and column in arrow_schema.names else None
+            return (
+                arrow_schema.field(column).type
+                if arrow_schema is not None and column in arrow_schema.names
+                else None
+            )
 
         def stamp(column: str) -> Column:
             if column not in columns:
@@ -249,7 +267,9 @@ class GraxV2Format(FeedFormat):
                 payload.append(col(column).alias(column))
 
         def not_a_time(column: str) -> Column:
-            return F.concat(F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL")))
+            return F.concat(
+                F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL"))
+            )
 
         version_at = F.date_trunc("millisecond", stamp(MODIFIED))
         seq = F.col(IDSEQ).cast("string")
@@ -271,7 +291,10 @@ class GraxV2Format(FeedFormat):
                 value = col(column)
                 invalid = F.when(
                     value.isNotNull() & value.try_cast(target).isNull(),
-                    F.concat(F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "), value),
+                    F.concat(
+                        F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "),
+                        value,
+                    ),
                 ).otherwise(invalid)
         versions = raw.select(
             F.col(KEY).cast("string").alias(KEY),
@@ -288,14 +311,23 @@ class GraxV2Format(FeedFormat):
             F.lit(False).alias(DERIVED),
             F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
         )
-        payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)]
+        payload_names = [
+            c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)
+        ]
         # A delete carries the key only; stamped before its version by the vendor, it still follows it.
-        deletes = versions.where(F.col("__deleted_at").isNotNull()).select(
-            *[F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
-              for c in versions.columns]
-        ).withColumn(m.OP, F.lit(m.DELETE)).withColumn(
-            m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT))
-        ).withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX))).withColumn(DERIVED, F.lit(True))
+        deletes = (
+            versions.where(F.col("__deleted_at").isNotNull())
+            .select(
+                *[
+                    F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
+                    for c in versions.columns
+                ]
+            )
+            .withColumn(m.OP, F.lit(m.DELETE))
+            .withColumn(m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT)))
+            .withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX)))
+            .withColumn(DERIVED, F.lit(True))
+        )
         return versions.unionByName(deletes).drop("__deleted_at")
 
     @staticmethod
@@ -313,7 +345,10 @@ class GraxV2Format(FeedFormat):
             else:
                 target = TYPED_SUFFIXES[suffix]
                 value = col(column)
-                kinds[column] = (value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target), target)
+                kinds[column] = (
+                    value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target),
+                    target,
+                )
         string_copy = col(field).cast("string")
         targets = {t.simpleString() for _, t in kinds.values()}
         if not kinds:
@@ -326,4 +361,3 @@ class GraxV2Format(FeedFormat):
         else:
             value = F.coalesce(*[v.cast("string") for v, _ in kinds.values()], string_copy)
         return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
-
