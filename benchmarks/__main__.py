@@ -8,9 +8,8 @@ import os
 import platform
 from pathlib import Path
 
-from lake_assets import spark as spark_settings
-
 from benchmarks import side_by_side
+from lake_assets import spark as spark_settings
 
 # `samples`: hourly folds measured on each side (and DuckDB recomputes); their median is the
 # figure. Three could not tell a 0.3 s change from this VM's run-to-run noise at full size.

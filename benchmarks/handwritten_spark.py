@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession, Window, functions as F
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 KEY = "id"
 OPERATIONS = {

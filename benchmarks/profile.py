@@ -28,7 +28,7 @@ def event_log_files(events_dir: Path, app_id: str) -> list[Path]:
         p
         for p in events_dir.rglob("*")
         if p.is_file()
-        and (p.name.startswith("events_") and p.name.endswith(app_id) or p.name.split(".")[0] == app_id)
+        and ((p.name.startswith("events_") and p.name.endswith(app_id)) or p.name.split(".")[0] == app_id)
     ]
     return sorted(files, key=lambda p: int(p.name.split("_")[1]) if p.name.startswith("events_") else 0)
 

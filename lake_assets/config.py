@@ -65,8 +65,8 @@ __all__ = [
     "LakeConfig",
     "S3Config",
     "SparkConfig",
-    "dump_config",
     "check_landings",
+    "dump_config",
     "load_config",
     "parse_config",
     "resolved_config",
@@ -78,7 +78,8 @@ MAX_CONFIG_BYTES = 1 << 20
 #: to ~10^9 from a few hundred bytes)
 MAX_EXPANDED_NODES = 100_000
 
-AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]
+# Union[...] of a runtime tuple: the `X | Y` spelling cannot take the formats as a sequence.
+AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]  # noqa: UP007
 
 
 def _spark_setting(value: Any) -> str:
@@ -128,7 +129,7 @@ class CatalogConfig(Model):
     endpoint_url: EndpointUrl | None = None  # DynamoDB endpoint (local or compatible services)
 
     @model_validator(mode="after")
-    def _dynamodb_names_its_tables(self) -> "CatalogConfig":
+    def _dynamodb_names_its_tables(self) -> CatalogConfig:
         for key in ("table", "latest_table"):
             if self.store == "dynamodb" and getattr(self, key) is None:
                 raise refused("required for a dynamodb catalog", at=(key,))
@@ -149,7 +150,7 @@ class LakeConfig(Model):
         return self._source
 
     @model_validator(mode="after")
-    def _feeds_have_their_own_names_and_landings(self) -> "LakeConfig":
+    def _feeds_have_their_own_names_and_landings(self) -> LakeConfig:
         seen: dict[str, int] = {}
         for index, feed in enumerate(self.feeds):
             if feed.name in seen:
@@ -177,7 +178,7 @@ class LakeConfig(Model):
                 return feed
         raise ConfigError(f"no feed named {name!r} (configured: {[f.name for f in self.feeds]})")
 
-    def replace(self, **changes: Any) -> "LakeConfig":
+    def replace(self, **changes: Any) -> LakeConfig:
         """This configuration with some keys changed, checked as a whole again."""
         try:
             changed = LakeConfig(
@@ -188,7 +189,7 @@ class LakeConfig(Model):
         changed._source = self._source
         return changed
 
-    def with_lake(self, lake: str) -> "LakeConfig":
+    def with_lake(self, lake: str) -> LakeConfig:
         return self.replace(lake=lake)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from typing import Annotated, Any, Callable, ClassVar, get_args
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError

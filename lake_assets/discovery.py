@@ -47,7 +47,7 @@ class Pin:
         return json.dumps({"tables": list(self.tables), "first_hour": self.first_hour}, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Pin":
+    def from_json(cls, data: bytes) -> Pin:
         """The pin a file holds; ValueError naming what is wrong (its table names become paths)."""
         raw = json.loads(data.decode("utf-8"))
         if (

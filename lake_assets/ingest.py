@@ -16,16 +16,19 @@ import dataclasses
 import datetime as dt
 import re
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, functions as F, types as T
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all

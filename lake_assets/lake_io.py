@@ -8,15 +8,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files

@@ -14,7 +14,7 @@ import datetime as dt
 import hashlib
 import json
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage

@@ -23,15 +23,18 @@ from lake_assets.catalog.files import (
     catalogued_partitions,
     landed_records,
     landing_work_id,
-    record as record_files,
     retire_landed,
     retirements,
     unchanged_since_recorded,
     written_files,
 )
+from lake_assets.catalog.files import (
+    record as record_files,
+)
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config import FeedConfig
-from lake_assets.engine import checks, model as m, purges
+from lake_assets.engine import checks, purges
+from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
@@ -63,7 +66,7 @@ class TableWork:
     def catalogue(self, files) -> int:
         return record_files(self.store, self.storage, files)
 
-    def removed_files(self, time_columns: tuple[str, ...]) -> "RemovedFiles":
+    def removed_files(self, time_columns: tuple[str, ...]) -> RemovedFiles:
         return RemovedFiles(self.storage, self.store, self.feed.name, self.table, time_columns)
 
 

@@ -16,7 +16,6 @@ import re
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
-
 #: what follows a quarantined copy's name in the name of its note
 REASON_SUFFIX = ".reason.json"
 #: the quarantine "partition" of files that belong to no partition (strays)

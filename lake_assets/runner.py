@@ -12,7 +12,8 @@ run with nothing new starts neither Dagster nor Spark (docs/incremental-runs.md)
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lake_assets import processed
 from lake_assets.config import LakeConfig, check_landings

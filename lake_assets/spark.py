@@ -10,8 +10,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from lake_assets.errors import ConfigError
 

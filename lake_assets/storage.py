@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.fs as pafs
 

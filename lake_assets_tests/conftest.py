@@ -41,7 +41,7 @@ class MotoServer:
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "MotoServer":
+    def start(self) -> MotoServer:
         self._server.start()
         return self
 

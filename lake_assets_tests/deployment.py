@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dagster_graphql import DagsterGraphQLClient
 
@@ -156,7 +156,7 @@ class Deployment:
         self._groups.append(process.pid)
         return process
 
-    def start(self) -> "Deployment":
+    def start(self) -> Deployment:
         # The instance's storage is created once, first: a webserver, a daemon and their code
         # servers starting together on a fresh DAGSTER_HOME race to create SQLite's schema (seen
         # under load: "alembic_version has more than one head", and no code location loads).
@@ -345,7 +345,7 @@ class PostgresServer:
         if result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed: {result.stdout}{result.stderr}")
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         self._call(self._tool("initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8")
         self._call(
             self._tool("pg_ctl"),

@@ -12,8 +12,8 @@ import datetime as dt
 import gzip
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import dagster as dg
 import duckdb

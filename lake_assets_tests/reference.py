@@ -76,7 +76,7 @@ def reference_tables(
             else:
                 end = following[1] - MS
             if k in purged_keys:
-                values = {c: None for c in payload}
+                values = dict.fromkeys(payload)
             row = {
                 key: k,
                 **values,

@@ -97,7 +97,7 @@ class StandaloneCluster:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[_Process] = []
 
-    def start(self) -> "StandaloneCluster":
+    def start(self) -> StandaloneCluster:
         spark_class = str(Path(_find_spark_home()) / "bin" / "spark-class")
         env = _spark_env(self.work)
         (self.work / "conf").mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ class ConnectServer:
         self.url = f"sc://127.0.0.1:{self.port}"
         self.processes: list[_Process] = []
 
-    def start(self, python: str) -> "ConnectServer":
+    def start(self, python: str) -> ConnectServer:
         spark_submit = str(Path(_find_spark_home()) / "bin" / "spark-submit")
         env = {
             **_spark_env(self.work),

@@ -9,7 +9,8 @@ import json
 
 import pyarrow.parquet as pq
 
-from benchmarks import duckdb_reference, handwritten_spark, side_by_side as sb
+from benchmarks import duckdb_reference, handwritten_spark
+from benchmarks import side_by_side as sb
 from benchmarks.profile import event_log_files, sql_executions
 from benchmarks.unit_landing import LandingShape, write_unit_landing
 

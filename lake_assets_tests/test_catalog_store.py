@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
+from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import S3Config
 from lake_assets.epoch import DAY_MS

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from lake_assets.engine import checks, model as m
+from lake_assets.engine import checks
+from lake_assets.engine import model as m
 
 SPEC = m.TableSpec(name="accounts", keys=("id",))
 T0 = dt.datetime(2024, 1, 1)

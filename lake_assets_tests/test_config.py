@@ -18,9 +18,9 @@ from lake_assets.config import (
 from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.feeds.grax_v2 import split_table
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
-from lake_assets.storage import Storage
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
 from lake_assets.spark import session_conf
+from lake_assets.storage import Storage
 
 
 def test_minimal_config_parses_and_round_trips(tmp_path):

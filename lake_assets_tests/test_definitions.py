@@ -8,8 +8,8 @@ from pathlib import Path
 import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.discovery import discover
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets_tests.discovered import discovered_definitions

@@ -81,7 +81,7 @@ def world(tmp_path_factory):
 
 def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, spark):
     root, landing, config, deployment = world
-    landing.land(range(0, 4))
+    landing.land(range(4))
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     assert runs, deployment.logs()
     assert {r["status"] for r in runs} == {"SUCCESS"}, deployment.logs()
@@ -89,7 +89,7 @@ def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, 
     for table in TABLES:
         for layer in LAYERS:
             done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
-            assert done == {hour_key(h) for h in range(0, 4)}, f"{table}/{layer}: {sorted(done)}"
+            assert done == {hour_key(h) for h in range(4)}, f"{table}/{layer}: {sorted(done)}"
         # The asset checks ran with the folds and show in the UI as passed. A ranged run checks
         # the table once (its partitions' own entries show as skipped), and nothing failed.
         for layer, check in (
@@ -132,7 +132,7 @@ def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(worl
         LAUNCH_PARTITION_BACKFILL_MUTATION,
         {
             "backfillParams": {
-                "partitionNames": [hour_key(h) for h in range(0, 4)],
+                "partitionNames": [hour_key(h) for h in range(4)],
                 "assetSelection": keys,
                 "title": "end-to-end backfill",
             }

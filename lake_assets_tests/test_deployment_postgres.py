@@ -53,13 +53,13 @@ def postgres_world(tmp_path_factory):
 
 def test_sensor_driven_runs_on_postgres_storage(postgres_world, spark):
     root, landing, config, deployment, server = postgres_world
-    landing.land(range(0, 3))
+    landing.land(range(3))
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     assert runs and {r["status"] for r in runs} == {"SUCCESS"}, deployment.logs()
     for table in TABLES:
         for layer in LAYERS:
             done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
-            assert done == {hour_key(h) for h in range(0, 3)}, f"{table}/{layer}"
+            assert done == {hour_key(h) for h in range(3)}, f"{table}/{layer}"
     # The runs and their events are in PostgreSQL, not in files under DAGSTER_HOME.
     assert int(server.scalar("SELECT count(*) FROM runs")) == len(runs)
     assert (

@@ -3,12 +3,14 @@
 import datetime as dt
 
 import pytest
-from pyspark.sql import functions as F, types as T
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m, purges
-from lake_assets.engine.schema import union_all
+from lake_assets.engine import merge, purges
+from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
+from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc

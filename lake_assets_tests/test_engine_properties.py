@@ -10,7 +10,8 @@ the cost of a few folds.
 
 import datetime as dt
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from lake_assets_tests.engine_harness import PAYLOAD, EngineLake
 from lake_assets_tests.reference import reference_tables

@@ -17,8 +17,8 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
-from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.discovered import discovered_definitions
+from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 

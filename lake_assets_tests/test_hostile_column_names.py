@@ -28,8 +28,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
 from lake_assets.demo.flow_sample import build_uuid, clock_of

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import dagster as dg
 import pyarrow as pa

@@ -23,9 +23,9 @@ from pyspark.sql import SparkSession
 from lake_assets import processed
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
+from lake_assets.orchestration.execution import lake_status
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
-from lake_assets.orchestration.execution import lake_status
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Entry, Storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events

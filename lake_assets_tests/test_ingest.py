@@ -19,7 +19,8 @@ from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
-from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR, PRODUCER, doc_line, write_fragment
+from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
+from lake_assets_tests.test_flow_feed import PRODUCER, doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()

@@ -236,9 +236,8 @@ def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, 
 
 def test_frames_a_failing_block_cached_are_released(spark):
     frame = spark.range(3).persist()
-    with pytest.raises(RuntimeError, match="the step fails"):
-        with lake_io.released_after([]) as cached:
-            cached.append(frame)
-            assert frame.count() == 3 and lake_io.is_cached(frame)
-            raise RuntimeError("the step fails")
+    with pytest.raises(RuntimeError, match="the step fails"), lake_io.released_after([]) as cached:
+        cached.append(frame)
+        assert frame.count() == 3 and lake_io.is_cached(frame)
+        raise RuntimeError("the step fails")
     assert not lake_io.is_cached(frame)

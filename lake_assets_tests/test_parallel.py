@@ -5,7 +5,8 @@ import threading
 import time
 
 import pytest
-from pyspark.sql import functions as F, types as T
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.engine.parallel import run_together
 

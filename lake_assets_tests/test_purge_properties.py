@@ -9,7 +9,8 @@ each layer equals a clean run over the same landed data.
 """
 
 import dagster as dg
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from lake_assets_tests.grax_lake import (
     backfill,

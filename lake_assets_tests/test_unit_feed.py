@@ -6,12 +6,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
+from lake_assets.config import S3Config
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
 from lake_assets.engine.state import TableState
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
-from lake_assets.config import S3Config
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.run_value_probes import classes_compiled

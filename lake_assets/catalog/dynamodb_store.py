@@ -7,9 +7,10 @@ and reads records back.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from lake_assets.catalog.metadata import time_index_key
 from lake_assets.catalog.store import CatalogStore, best_for_latest, what_where_key

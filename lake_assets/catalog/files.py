@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 from pyarrow.fs import FileType

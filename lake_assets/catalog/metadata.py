@@ -32,9 +32,10 @@ import operator
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from lake_assets.epoch import DAY_MS, EPOCH_MS_THRESHOLD
 from lake_assets.errors import CatalogError
@@ -42,14 +43,14 @@ from lake_assets.paths import is_name
 
 __all__ = [
     "BUCKET_MS",
+    "BUCKET_WIDTHS",
+    "FIRST_INDEXED_MS",
+    "LAST_INDEXED_MS",
     "MAX_BUCKETS",
     "METADATA_VERSION",
     "RECORD_VERSION",
     "REQUIRED_FIELDS",
     "MetadataError",
-    "BUCKET_WIDTHS",
-    "FIRST_INDEXED_MS",
-    "LAST_INDEXED_MS",
     "bucket_days",
     "buckets",
     "build_records",

@@ -12,7 +12,8 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc

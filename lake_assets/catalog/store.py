@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import abc
 import itertools
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from lake_assets.errors import CatalogError
 from lake_assets.catalog.metadata import (
     BUCKET_MS,
     LAST_INDEXED_MS,
@@ -50,6 +50,7 @@ from lake_assets.catalog.metadata import (
     span_buckets,
     work_id_index_key,
 )
+from lake_assets.errors import CatalogError
 from lake_assets.paths import NAME, is_name
 
 #: the fields of a record as the datalake format has them (a store keeps any others too)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyspark.sql import DataFrame, Window, functions as F
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col

@@ -17,8 +17,8 @@ window of touched keys.
 
 from __future__ import annotations
 
-
-from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec, functions as F
+from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec
+from pyspark.sql import functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col

@@ -10,8 +10,9 @@ wait for the first).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from pyspark.sql import Column, DataFrame, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
@@ -54,7 +56,7 @@ class Erasure:
     @classmethod
     def of_table(
         cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]
-    ) -> "Erasure":
+    ) -> Erasure:
         recorded = ledger(spark, storage, state) if keys else None
         return cls(keys, recorded.select(*keys) if recorded is not None else None)
 

@@ -3,7 +3,9 @@ vendor that switches a field to text keeps every value as text); anything else i
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, same_name
@@ -56,11 +58,8 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         if isinstance(left, T.FloatType) or isinstance(right, T.FloatType):
             return T.DoubleType()
         return _NUMERIC_CHAIN[max(left_rank, right_rank)]
-    if (
-        isinstance(left, T.DecimalType)
-        and right_rank is not None
-        or isinstance(right, T.DecimalType)
-        and left_rank is not None
+    if (isinstance(left, T.DecimalType) and right_rank is not None) or (
+        isinstance(right, T.DecimalType) and left_rank is not None
     ):
         return T.DoubleType()
     raise SchemaClash(

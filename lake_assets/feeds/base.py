@@ -7,7 +7,9 @@ import datetime as dt
 import re
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, functions as F, types as T
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
@@ -57,7 +59,7 @@ class FeedFormat(abc.ABC):
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every partition of a table with landed files, in partition order."""
 
-    def configured(self, feed) -> "FeedFormat":
+    def configured(self, feed) -> FeedFormat:
         """The format as one feed configures it (a Flow feed names its collections)."""
         return self
 

@@ -36,8 +36,8 @@ import json
 import re
 import uuid as uuidlib
 import zlib
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Iterator
 
 import cramjam
 
@@ -47,6 +47,7 @@ __all__ = [
     "ACK_TXN",
     "CODECS",
     "CONTINUE_TXN",
+    "MAX_FRAGMENT_BYTES",
     "OUTSIDE_TXN",
     "ZERO_SUM",
     "CoverPiece",
@@ -57,7 +58,6 @@ __all__ = [
     "FragmentName",
     "Gap",
     "JournalRead",
-    "MAX_FRAGMENT_BYTES",
     "Sequencer",
     "by_journal",
     "cover",

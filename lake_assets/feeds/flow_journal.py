@@ -40,7 +40,8 @@ from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import PlainSerializer, PlainValidator, model_validator
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lake_assets.config_model import FeedConfig, Model, checked, expected, names, refused
 from lake_assets.engine import model as m
@@ -350,7 +351,7 @@ class FlowJournalFeedConfig(FeedConfig):
     collections: names(CollectionConfig)
 
     @model_validator(mode="after")
-    def _one_table_per_collection(self) -> "FlowJournalFeedConfig":
+    def _one_table_per_collection(self) -> FlowJournalFeedConfig:
         seen: dict[str, str] = {}
         for index, collection in enumerate(self.collections):
             if collection.table in seen:
@@ -376,7 +377,7 @@ class FlowJournalFormat(FeedFormat):
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
 
-    def configured(self, feed) -> "FlowJournalFormat":
+    def configured(self, feed) -> FlowJournalFormat:
         return FlowJournalFormat(tuple(feed.collections or ()))
 
     def collection(self, table: str) -> CollectionConfig:

@@ -32,7 +32,9 @@ import re
 from typing import Annotated, Literal
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, functions as F, types as T
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.config_model import FeedConfig, checked, names
 from lake_assets.engine import model as m
@@ -340,7 +342,7 @@ class GraxV2Format(FeedFormat):
                 continue  # a column present but empty says nothing about the type
             if suffix == "ts":
                 kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
-            elif TYPED_SUFFIXES[suffix] is None or isinstance(dtype, T.StringType) and suffix == "t":
+            elif TYPED_SUFFIXES[suffix] is None or (isinstance(dtype, T.StringType) and suffix == "t"):
                 kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
             else:
                 target = TYPED_SUFFIXES[suffix]

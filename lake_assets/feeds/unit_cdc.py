@@ -14,7 +14,9 @@ import re
 from typing import Literal
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.config_model import FeedConfig
 from lake_assets.engine import model as m
