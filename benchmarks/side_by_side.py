@@ -308,6 +308,7 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
             capture_output=True,
             text=True,
             env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+            check=False,
         )
         noop.append(round(time.perf_counter() - started, 3))
         assert done.returncode == 0 and "nothing changed" in done.stdout, done.stdout + done.stderr
@@ -367,6 +368,7 @@ def cluster_vs_local(root: Path, samples: int = 2) -> dict:
                     capture_output=True,
                     text=True,
                     env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+                    check=False,
                 )
                 sides[side].append(round(time.perf_counter() - started, 3))
                 assert done.returncode == 0, done.stdout + done.stderr

@@ -117,7 +117,7 @@ class SparkConfig(Model):
     remote: Annotated[str, PlainValidator(_connect_url)] | None = None
     conf: dict[
         Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]
-    ] = {}
+    ] = Field(default_factory=dict)
 
 
 class CatalogConfig(Model):

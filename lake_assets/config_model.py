@@ -148,7 +148,8 @@ class Model(BaseModel):
     def __init__(self, *args: Any, **data: Any):
         if len(args) > len(self._positional):
             raise TypeError(f"{type(self).__name__} takes at most {len(self._positional)} values in order")
-        super().__init__(**dict(zip(self._positional, args)), **data)
+        # Fewer values than positional fields is fine: the rest come by name or default.
+        super().__init__(**dict(zip(self._positional, args, strict=False)), **data)
 
 
 class S3Config(Model):
@@ -187,7 +188,8 @@ class FeedConfig(Model):
         if cls is FeedConfig:
             from lake_assets.feeds import get_format
 
-            cls = get_format(data.get("format", args[1] if len(args) > 1 else None)).config_model
+            model = get_format(data.get("format", args[1] if len(args) > 1 else None)).config_model
+            return super().__new__(model)
         return super().__new__(cls)
 
 
@@ -228,8 +230,10 @@ def _line(detail: dict, model: type[BaseModel]) -> str:
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(_feed_formats())
         if kind == "union_tag_not_found":
-            return f"{key_path(loc + ('format',))}: required, one of {tags}"
-        return f"{key_path(loc + ('format',))}: expected one of {tags}, got {show(detail['input'].get('format'))}"
+            return f"{key_path((*loc, 'format'))}: required, one of {tags}"
+        return (
+            f"{key_path((*loc, 'format'))}: expected one of {tags}, got {show(detail['input'].get('format'))}"
+        )
     what = _EXPECTED.get(kind)
     if what is None:
         return f"{key_path(loc)}: {detail['msg']}, got {show(detail.get('input'))}"

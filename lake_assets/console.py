@@ -168,10 +168,11 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
 
 def _table(header: tuple[str, ...], body: list[tuple[str, ...]], text_columns: int) -> str:
     """Aligned columns: the first `text_columns` left-aligned, the rest (numbers) right-aligned."""
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
     return "\n".join(
         "  ".join(
-            v.ljust(w) if i < text_columns else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))
+            v.ljust(w) if i < text_columns else v.rjust(w)
+            for i, (v, w) in enumerate(zip(line, widths, strict=True))
         )
         for line in (header, *body)
     )

@@ -180,7 +180,7 @@ def discover_feed(
         replaced, before = str(exc), Pin()
     try:
         found = fmt.discover_tables(storage, feed.landing) if fmt.configured_tables(feed) is None else []
-    except Exception as exc:  # reported with the feed; the pin keeps its tables
+    except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
         problem, found = f"listing its tables under {feed.landing}: {_first_line(exc)}", []
     pin = Pin(tables=tuple(sorted({*before.tables, *found})), first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
@@ -214,7 +214,7 @@ def _first_landed_hour(
     for table in tables:
         try:
             firsts += fmt.partition_keys(storage, feed.landing, table)[:1]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the other tables are still listed
             unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
     return min(firsts, default=None), unlisted
 

@@ -122,7 +122,7 @@ def check_executors(session) -> None:
     tasks = _CONNECT_PROBE_TASKS if _is_connect(session) else session.sparkContext.defaultParallelism
     try:
         found = {row[0] for row in session.range(0, tasks, 1, tasks).select(probe("id")).distinct().collect()}
-    except Exception as error:  # the worker could not even start the probe (no pyarrow, no lake_assets, ...)
+    except Exception as error:  # noqa: BLE001 - the worker could not even start the probe (no pyarrow, no lake_assets, ...)
         raise ExecutorEnvironmentError(
             f"the executors' Python cannot run the lake's functions: "
             f"{_missing_module(str(error))}; {HOW_TO_PROVIDE}"

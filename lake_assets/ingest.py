@@ -92,7 +92,7 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
             schema, rows = meta.schema_arrow, meta.metadata.num_rows
-    except Exception as exc:  # pyarrow raises several types for damaged files
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
     reason = schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows), None) if reason is None else (None, reason)
@@ -407,9 +407,9 @@ def _with_valid_text(events: DataFrame, spec) -> DataFrame:
 
 #: bookkeeping columns a reader carries up to the collapse, and how the batch counts each
 _CARRIED_COUNTS = {
-    INVALID: lambda c: F.count(c),
+    INVALID: F.count,
     DERIVED: lambda c: F.sum(c.cast("long")),
-    TEXT_REPAIRED: lambda c: F.sum(c),
+    TEXT_REPAIRED: F.sum,
 }
 
 

@@ -142,7 +142,7 @@ def read_drifting(
         reader = reader.option("basePath", base_path)
     try:
         df = reader.parquet(*paths)
-        df.schema  # schema merging happens here, eagerly
+        _ = df.schema  # schema merging happens here, eagerly
         return df
     except (PySparkException, Py4JJavaError) as exc:
         if SCHEMAS_DISAGREE not in error_conditions(exc):
@@ -250,7 +250,7 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
                 return True
         return False
 
-    return [uri for uri, meta in zip(files, _footers(storage, files)) if reaches(meta)]
+    return [uri for uri, meta in zip(files, _footers(storage, files), strict=True) if reaches(meta)]
 
 
 def rows_in(storage: Storage, files: list[str]) -> int:

@@ -181,7 +181,7 @@ def _plan_feed(
     try:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pin)
-    except Exception as exc:  # reported at the end; the other feeds go on
+    except Exception as exc:  # noqa: BLE001 - reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {first_line(str(exc))}")
         return []
     landed, selected = {}, {}
@@ -195,7 +195,7 @@ def _plan_feed(
                 if selection.forced
                 else _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
             )
-        except Exception as exc:  # reported at the end; the other tables go on
+        except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
     if fmt.partitioning == "batch":
         return _plan_batches(feed, landed, selected, say)

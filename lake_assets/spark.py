@@ -256,7 +256,7 @@ def apply_sql_settings(session, settings: Mapping[str, str]) -> None:
     for key, value in settings.items():
         try:
             session.conf.set(key, value)
-        except Exception:  # refused (e.g. static); what counts is the value the session has
+        except Exception:  # noqa: BLE001, S110 - refused (e.g. static); what counts is the value the session has
             pass
         kept = session.conf.get(key, None)
         if kept != value:

@@ -55,7 +55,7 @@ def lake_table(lake: Path, layer: str, feed: str, table: str) -> list[tuple]:
     )
     names = [d[0] for d in frame.description]
     return sorted(
-        tuple((n, str(v)) for n, v in sorted(zip(names, row)) if n not in VOLATILE)
+        tuple((n, str(v)) for n, v in sorted(zip(names, row, strict=True)) if n not in VOLATILE)
         for row in frame.fetchall()
     )
 

@@ -66,7 +66,7 @@ class EngineLake:
             f"SELECT * FROM read_parquet('{path}/**/*.parquet', union_by_name = true) ORDER BY {order}"
         )
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def current(self) -> list[dict]:
         return self._rows(self.state.current, "id")

@@ -135,7 +135,7 @@ def rows(lake: Path, layer: str) -> list[dict]:
         f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true) ORDER BY {order}"
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def field_data(row: dict) -> dict:

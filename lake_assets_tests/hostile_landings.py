@@ -224,7 +224,7 @@ def duck(sql: str) -> list[dict]:
     con.execute("SET TimeZone = 'UTC'")
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def layer_rows(lake: Path, layer: str, feed: Feed) -> list[dict]:

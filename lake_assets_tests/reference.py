@@ -65,7 +65,7 @@ def reference_tables(
             values = {c: ((previous or {}).get(c) if c in skipped else event.get(c)) for c in payload}
             previous = values
             timeline.append(("version", at, values))
-        for index, (kind, start, values) in enumerate(timeline):
+        for index, (kind, start, version) in enumerate(timeline):
             if kind == "delete":
                 continue
             following = timeline[index + 1] if index + 1 < len(timeline) else None
@@ -75,8 +75,7 @@ def reference_tables(
                 end = following[1]
             else:
                 end = following[1] - MS
-            if k in purged_keys:
-                values = dict.fromkeys(payload)
+            values = dict.fromkeys(payload) if k in purged_keys else version
             row = {
                 key: k,
                 **values,

@@ -108,7 +108,7 @@ def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_repor
     out, err = capsys.readouterr()
     failures = [line for line in err.splitlines() if line.startswith("lake-assets: failed: ")]
     assert len(failures) == 2, err
-    for line, (feed, table) in zip(failures, sorted(failing)):
+    for line, (feed, table) in zip(failures, sorted(failing), strict=True):
         assert line.startswith(f"lake-assets: failed: {feed}/{table}: current+history"), line
         assert "column 'flag' has type" in line and "hour=02/part-1.parquet" in line, line
     for feed, names in tables.items():
@@ -157,7 +157,12 @@ def demo(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     cli = Path(sys.executable).parent / "lake-assets"
     proc = subprocess.run(
-        [str(cli), "demo", "--dir", str(root / "demo")], capture_output=True, text=True, timeout=900, env=env
+        [str(cli), "demo", "--dir", str(root / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return root / "demo", proc.stdout
@@ -219,7 +224,7 @@ def _catalogued(lake: Path) -> list[dict]:
     cur = con.execute(
         f"SELECT url, range_key, meta_hash, meta_start, meta_end FROM read_parquet('{glob}', hive_partitioning = false)"
     )
-    return [dict(zip([d[0] for d in cur.description], row)) for row in cur.fetchall()]
+    return [dict(zip([d[0] for d in cur.description], row, strict=True)) for row in cur.fetchall()]
 
 
 def test_after_the_demo_every_file_has_one_catalog_record_with_its_hash(demo):
@@ -285,6 +290,7 @@ def test_a_day_query_returns_exactly_the_files_whose_span_touches_it(demo):
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(r["url"] for r in json.loads(proc.stdout)) == sorted(r["url"] for r in found)
@@ -390,7 +396,7 @@ def test_a_run_over_a_landing_that_does_not_exist_stops_before_it_starts(tmp_pat
     config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
     (tmp_path / "landing").rmdir()
     assert main(["run", "--config", str(config)]) == 1
-    out, err = capsys.readouterr()
+    _out, err = capsys.readouterr()
     assert (
         err == f"lake-assets: error: {config}: feeds[0].landing: file://{tmp_path}/landing does not exist\n"
     ), err

@@ -104,6 +104,7 @@ def test_into_a_pipe_the_lines_are_plain_and_the_summary_equals_the_tables_on_di
         text=True,
         env=_environment(tmp_path),
         timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout), "control characters in piped output"

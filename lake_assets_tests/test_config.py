@@ -510,7 +510,8 @@ def test_a_connect_session_that_keeps_another_value_for_a_lake_setting_is_refuse
     session = type("Session", (), {"conf": Conf()})()
     apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC"})
     with pytest.raises(
-        ConfigError, match="spark.sql.timeType.enabled is 'false' on the server, the lake needs 'true'"
+        ConfigError,
+        match=re.escape("spark.sql.timeType.enabled is 'false' on the server, the lake needs 'true'"),
     ):
         apply_sql_settings(
             session, {"spark.sql.session.timeZone": "UTC", "spark.sql.timeType.enabled": "true"}

@@ -22,7 +22,7 @@ def _events(rng: random.Random) -> list[list[dict]]:
     base = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     seq = 0
     batches = []
-    for batch_index, (first_hour, last_hour) in enumerate(((0, 20), (20, 50), (5, 60), (30, 70))):
+    for _batch_index, (first_hour, last_hour) in enumerate(((0, 20), (20, 50), (5, 60), (30, 70))):
         batch = []
         for _ in range(80):
             seq += 1
@@ -50,6 +50,7 @@ def _driver(lake: Path, batches_file: Path, *extra: str) -> subprocess.Completed
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
 
 

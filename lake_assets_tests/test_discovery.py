@@ -5,6 +5,7 @@ the code location is the same whatever has landed since, and loading costs no li
 import json
 import logging
 import re
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -149,16 +150,16 @@ def test_discover_pins_tables_and_first_hour_and_marks_the_new_ones(lake, capsys
         "hours from 2024-06-01-10 (first landed hour, pinned now)",
     ], first
     lake_root = config.lake[len("file://") :]
-    assert json.loads(open(f"{lake_root}/_state/unit/tables.json").read()) == {
+    assert json.loads(Path(lake_root, "_state/unit/tables.json").read_text()) == {
         "tables": list(UNIT_TABLES),
         "first_hour": "2024-03-01-00",
     }
-    assert json.loads(open(f"{lake_root}/_state/flow/tables.json").read()) == {
+    assert json.loads(Path(lake_root, "_state/flow/tables.json").read_text()) == {
         "tables": [],
         "first_hour": "2024-06-01-10",
     }
     assert (
-        json.loads(open(f"{lake_root}/_state/grax/tables.json").read())["first_hour"] is None
+        json.loads(Path(lake_root, "_state/grax/tables.json").read_text())["first_hour"] is None
     )  # batches, not hours
 
     assert main(["discover", "--config", str(config_file)]) == 0

@@ -354,7 +354,7 @@ def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_pat
             lake.state,
             given,
             lake.spec,
-            on_commit_step=lambda step: seen.append(lake_io.is_cached(marked_frames[0])),
+            on_commit_step=lambda step, seen=seen: seen.append(lake_io.is_cached(marked_frames[0])),
         )
         marks_cached[name] = seen[0]
         given.unpersist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import pickle
 import random
@@ -65,10 +66,7 @@ def line(producer: str, clock: int, flags: int, ack: bool = False, **fields) -> 
 
 
 def name_of(begin: int, end: int, content: bytes | None = None, ext: str = ".raw") -> str:
-    if begin == end:
-        digest = ff.ZERO_SUM
-    else:
-        digest = SUM if content is None else hashlib.sha1(content).hexdigest()
+    digest = ff.ZERO_SUM if begin == end else SUM if content is None else hashlib.sha1(content).hexdigest()
     return f"{begin:016x}-{end:016x}-{digest}{ext}"
 
 
@@ -258,7 +256,7 @@ def test_cover_every_byte_once_randomised():
             holes.update(range(g.begin, g.end))
         if wanted:
             assert holes | wanted == set(range(min(wanted), max(wanted) + 1))
-        for before, after in zip(pieces, pieces[1:]):
+        for before, after in itertools.pairwise(pieces):
             assert before.fragment.name.end <= after.start
 
 
@@ -461,7 +459,7 @@ def test_lines_skip_blank_lines_and_start_at_skip():
 
 
 def test_fragment_error_pickles():
-    err = pickle.loads(pickle.dumps(FragmentError("s3://x", "bad", 7)))
+    err = pickle.loads(pickle.dumps(FragmentError("s3://x", "bad", 7)))  # noqa: S301 - our own object
     assert (err.uri, err.reason, err.offset) == ("s3://x", "bad", 7)
     assert str(err) == "fragment s3://x at journal offset 7: bad"
     assert isinstance(err, ValueError)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import re
 import uuid
@@ -217,7 +218,10 @@ def test_transactions_and_committed(sample):
         committed = sample.committed[collection]
         assert sorted(map(json.dumps, delivered)) == sorted(map(json.dumps, committed))
         assert all(n == 1 for n in uuids(committed).values())
-        mine = lambda kind: [e["doc"] for e in excluded[kind] if e["collection"] == collection]
+
+        def mine(kind, collection=collection):
+            return [e["doc"] for e in excluded[kind] if e["collection"] == collection]
+
         assert uuids(rolled) == uuids(mine("rolled_back"))
         assert uuids(dups) == uuids(mine("redelivered"))
         assert uuids(pending) == uuids(mine("pending"))
@@ -235,7 +239,7 @@ def test_uuid_clocks_and_flags(sample):
     contents = journal_contents(sample)
     producers = set()
     docs = []
-    for journal, content in contents.items():
+    for content in contents.values():
         for line in content.splitlines():
             doc = json.loads(line)
             clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])
@@ -254,7 +258,7 @@ def test_uuid_clocks_and_flags(sample):
     # Distinct documents of one producer have distinct clocks at least 16 apart.
     for producer in producers:
         clocks = sorted({c for c, p, d in docs if p == producer and not d["_meta"].get("ack")})
-        assert all(b - a >= 16 for a, b in zip(clocks, clocks[1:]))
+        assert all(b - a >= 16 for a, b in itertools.pairwise(clocks))
     # Rollback: an ACK of the same producer below the rolled-back documents' clocks follows them.
     for e in sample.excluded["rolled_back"]:
         clock, flags, producer = parse_uuid(e["doc"]["_meta"]["uuid"])
@@ -272,7 +276,10 @@ def test_documents_shapes(sample):
         (orders, {"id", "category", "customer", "total", "items", "shipping", "status"}),
         (customers, {"id", "name", "email", "tier"}),
     ):
-        clock = lambda d: parse_uuid(d["_meta"]["uuid"])[0]
+
+        def clock(d):
+            return parse_uuid(d["_meta"]["uuid"])[0]
+
         created = {d["id"]: clock(d) for d in docs if d["_meta"]["op"] == "c"}
         for doc in docs:
             op = doc["_meta"]["op"]
@@ -303,7 +310,10 @@ def test_deterministic_for_a_seed(tmp_path):
     a = write_flow_landing(tmp_path / "a", seed=9)
     b = write_flow_landing(tmp_path / "b", seed=9)
     c = write_flow_landing(tmp_path / "c", seed=10)
-    files = lambda s: [(p.relative_to(s.landing_dir).as_posix(), p.read_bytes()) for p in s.files]
+
+    def files(s):
+        return [(p.relative_to(s.landing_dir).as_posix(), p.read_bytes()) for p in s.files]
+
     assert files(a) == files(b)
     assert a.committed == b.committed and a.excluded == b.excluded and a.journals == b.journals
     assert files(a) != files(c)

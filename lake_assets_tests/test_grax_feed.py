@@ -38,7 +38,7 @@ def duck(sql: str):
     con.execute("SET TimeZone = 'UTC'")
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def layer_rows(lake: Path, layer: str, table: str, order: str = "Id") -> list[dict]:
@@ -185,7 +185,7 @@ def test_current_matches_the_vendors_latest_version_sql(sample_lake, obj):
         and c not in ("Id", "source__modified", "rn")
         and not typed_copies(list(vendor[0])).get(c.rsplit("_", 1)[0])
     ]
-    for mine, theirs in zip(ours, vendor):
+    for mine, theirs in zip(ours, vendor, strict=True):
         assert mine["_version_at"] == theirs["source__modified"], mine["Id"]
         for field in fields:
             # the vendor's text: the audit copy where the file had a typed copy, else the field

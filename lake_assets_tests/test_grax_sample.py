@@ -6,6 +6,7 @@ Pure pyarrow: no Spark, no Dagster.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 from collections import defaultdict
 
@@ -97,7 +98,7 @@ def test_layout_and_names(sample):
         keys = [(int(p["batch"], 16), int(p["name"], 16)) for p in parts]
         assert keys == sorted(keys) and len(set(keys)) == len(keys), "files listed in writing order"
         names = [name for _batch, name in keys]
-        assert all(a < b for a, b in zip(names, names[1:])), "file names strictly increase across batches"
+        assert all(a < b for a, b in itertools.pairwise(names)), "file names strictly increase across batches"
         batch_keys = sorted({p["batch"] for p in parts})
         assert sample.batches[obj] == batch_keys
         numbers = [int(k, 16) for k in batch_keys]
@@ -277,7 +278,7 @@ def test_one_purge_without_field_data(sample):
     for _f, _b, row in marked:
         assert not _fields(row), "a purged write carries no field data"
         assert row["grax__deletesource"] == "grax"
-    for f, b, r in placed:
+    for _f, _b, r in placed:
         if "grax__purged" not in r:
             assert _fields(r)
     assert max(b for _f, b in with_data) < min(b for _f, b, _r in marked), "data first, in earlier batches"
@@ -348,7 +349,7 @@ def test_deterministic_for_a_seed(tmp_path):
     c = write_grax_landing(tmp_path / "c", seed=6, batches=4)
     assert snapshot(a) == snapshot(b)
     assert snapshot(a) != snapshot(c)
-    for path_a, path_b in zip(a.files, b.files):
+    for path_a, path_b in zip(a.files, b.files, strict=True):
         assert pq.read_table(path_a).equals(pq.read_table(path_b))
 
 

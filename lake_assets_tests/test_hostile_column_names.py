@@ -115,7 +115,7 @@ class Landed:
         query = f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true{hive})"
         cursor = duckdb.connect().execute(query)
         names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def changes_metadata(self) -> dict:
         event = self.instance.get_latest_materialization_event(dg.AssetKey([*self.asset_prefix, "changes"]))
@@ -135,7 +135,7 @@ def _run(tmp: Path, feed: FeedConfig, table: str, key: str, asset_prefix: list[s
     try:
         run_feeds(config, instance=instance, say=lambda _: None)
         error = None
-    except Exception as exc:  # the assertion names it
+    except Exception as exc:  # noqa: BLE001 - the assertion names it
         error = exc
     return Landed(feed.name, table, key, lake, error, instance, asset_prefix)
 
@@ -188,9 +188,9 @@ class _Journal:
 
     def fragment(self, docs: list[dict]) -> str:
         lines = b""
-        for doc in docs:
+        for source in docs:
             self.clock += 10_000_000  # a second (100 ns units): each document its own version time
-            doc = {**doc, "_meta": {"uuid": build_uuid(self.clock, 0, PRODUCER), "op": "c"}}
+            doc = {**source, "_meta": {"uuid": build_uuid(self.clock, 0, PRODUCER), "op": "c"}}
             lines += json.dumps(doc).encode() + b"\n"
         name = f"{self.offset:016x}-{self.offset + len(lines):016x}-{hashlib.sha1(lines).hexdigest()}.gz"
         (self.folder / name).write_bytes(gzip.compress(lines))

@@ -138,7 +138,7 @@ def invalid_time_folders(landing: Path) -> list[Path]:
 def symlink_loops(landing: Path) -> list[Path]:
     """Links back into their own folders: never followed, each reported as a stray."""
     links = [unit_hour(landing) / "loop", landing / "accounts" / "year=2024" / "again"]
-    for link, target in zip(links, (unit_hour(landing), landing / "accounts")):
+    for link, target in zip(links, (unit_hour(landing), landing / "accounts"), strict=True):
         link.symlink_to(target, target_is_directory=True)
     return links
 

@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from lake_assets import processed
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
+from lake_assets.errors import LakeAssetsError
 from lake_assets.orchestration.execution import lake_status
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
@@ -108,6 +109,7 @@ def test_the_command_with_nothing_new_does_not_even_load_dagster(lake, tmp_path)
         text=True,
         timeout=300,
         env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")},
+        check=False,
     )
     assert "nothing changed" in done.stdout, done.stdout + done.stderr
     assert done.stdout.strip().endswith("exit 0 dagster not loaded"), done.stdout + done.stderr
@@ -174,7 +176,7 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
 
     with monkeypatch.context() as patch:
         patch.setattr(pipeline, "fold_into_state", fails)
-        with pytest.raises(Exception):
+        with pytest.raises(LakeAssetsError):
             lake.run()
     assert lake.run() == [(hour(4), hour(4))]
 

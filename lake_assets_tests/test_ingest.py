@@ -80,7 +80,7 @@ def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
         f"SELECT * FROM read_parquet('{lake}/{layer}/{feed}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 # --- a file set aside once is never read again ----------------------------------------------------

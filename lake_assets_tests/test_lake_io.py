@@ -63,7 +63,7 @@ def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
     assert erased == ["000000123"]
     spark.conf.set(lake_io.TYPE_INFERENCE, "true")  # a session someone else configured
     try:
-        with pytest.raises(ConfigError, match="partitionColumnTypeInference.enabled=false"):
+        with pytest.raises(ConfigError, match=r"partitionColumnTypeInference\.enabled=false"):
             lake_io.read_partitions(spark, storage, table, "batch", ["000000123"])
     finally:
         spark.conf.set(lake_io.TYPE_INFERENCE, "false")
@@ -223,7 +223,7 @@ def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, 
     pq.write_table(pa.table({"n": pa.array([1], pa.int32())}), folder / "a.parquet")
     pq.write_table(pa.table({"n": pa.array([2**40], pa.int64())}), folder / "b.parquet")
     with pytest.raises((PySparkException, Py4JJavaError)) as refused:
-        spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
+        _ = spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
     assert lake_io.SCHEMAS_DISAGREE in lake_io.error_conditions(refused.value)
 
     frame = lake_io.read_drifting(spark, Storage(), [f"file://{folder}"])

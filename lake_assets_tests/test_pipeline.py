@@ -52,7 +52,7 @@ def lake_rows(root: str, layer: str, table: str, order: str):
         f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true) ORDER BY {order}"
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def _payload(sample, table):
@@ -192,9 +192,10 @@ def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
     assert job.execute_in_process(instance=instance, partition_key=hours[2]).success
     assert job.execute_in_process(instance=instance, tags=tags).success
     again = lake_rows(str(tmp_path / "lake"), "changes", "accounts", "_seq")
-    strip = lambda rows: [
-        {k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced")} for r in rows
-    ]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced")} for r in rows]
+
     assert strip(again) == strip(first)
     assert strip(lake_rows(str(tmp_path / "lake"), "history", "accounts", "id, _fivetran_start")) == strip(
         history_first
@@ -262,10 +263,13 @@ def test_the_same_graph_runs_on_s3_through_s3a(sample, local_lake, moto_server, 
         target = download / key
         target.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(s3_bucket, key, str(target))
-    strip = lambda rows: [
-        {k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced", "_source_file")}
-        for r in rows
-    ]
+
+    def strip(rows):
+        return [
+            {k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced", "_source_file")}
+            for r in rows
+        ]
+
     for table in ("accounts", "customers"):
         for layer, order in (("current", "id"), ("history", "id, _fivetran_start")):
             assert strip(lake_rows(str(download / "lake"), layer, table, order)) == strip(

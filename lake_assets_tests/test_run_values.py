@@ -30,7 +30,7 @@ def test_a_new_value_each_run_compiles_no_new_code(spark):
         seen.append((classes_compiled(spark) - before, stamped.columns, rows))
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
     for (_, columns, rows), moment in zip(
-        seen, (dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, 0, 0, 1, 5000))
+        seen, (dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, 0, 0, 1, 5000)), strict=True
     ):
         micros = (moment.replace(tzinfo=dt.timezone.utc) - epoch) // dt.timedelta(microseconds=1)
         assert columns == ["k", "at", "other"]  # the existing `at` was replaced, not doubled

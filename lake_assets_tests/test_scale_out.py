@@ -107,6 +107,7 @@ def run_cli(config: LakeConfig, work: Path, env: dict[str, str] | None = None) -
             "SPARK_LOCAL_IP": "127.0.0.1",
             **(env or {}),
         },
+        check=False,
     )
 
 

@@ -74,7 +74,7 @@ def rows_of_ledger(root):
     folder = root / "_state" / FEED / TABLE / "purged"
     return (
         [
-            dict(zip(("Id", "__purged_at"), r))
+            dict(zip(("Id", "__purged_at"), r, strict=True))
             for r in duckdb.connect()
             .execute(f"SELECT Id, __purged_at FROM read_parquet('{folder}/*.parquet') ORDER BY Id")
             .fetchall()

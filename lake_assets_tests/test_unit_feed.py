@@ -421,7 +421,7 @@ def test_an_hour_spelled_without_leading_zeros_is_one_partition_with_all_its_fil
 
 def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
     landing = tmp_path / "unit"
-    good, expected = landing_with_strays(landing)
+    _good, expected = landing_with_strays(landing)
     uri = f"file://{landing}"
 
     strays = FMT.stray_files(Storage(), uri, "accounts")

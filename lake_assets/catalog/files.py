@@ -92,7 +92,7 @@ def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[in
     try:
         with storage.open_input_file(uri) as handle:
             meta = pq.ParquetFile(handle).metadata
-    except Exception:  # not Parquet, or damaged: the caller falls back
+    except Exception:  # noqa: BLE001 - not Parquet, or damaged: the caller falls back
         return None
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     for column in columns:

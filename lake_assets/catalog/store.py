@@ -345,7 +345,9 @@ class CatalogStore(abc.ABC):
         """Put `best` (or nothing) in place of the latest record `retired`, unless another has
         taken its place meanwhile."""
 
-    def _forget_latest(self, what: str, where: str, files: dict[str, int]) -> None:
+    def _forget_latest(  # noqa: B027 - an optional hook: most stores keep nothing to drop
+        self, what: str, where: str, files: dict[str, int]
+    ) -> None:
         """Drop what the store keeps of these retired files (range_key -> retired at) as
         candidates for latest; a store that keeps only the latest itself has nothing to drop."""
 

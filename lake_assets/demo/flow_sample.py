@@ -502,7 +502,7 @@ def _fragments(flow: _Flow, rng: random.Random) -> tuple[list[_Fragment], list[_
         )
         # Partial overlap: the fragment after spans[1] begins inside spans[1] instead of at its end.
         a1, b1 = spans[1]
-        a2, b2 = spans[2]
+        _a2, b2 = spans[2]
         spans[2] = (rng.randint(a1 + 1, b1 - 1), b2)
         own = [_Fragment(journal, a, b) for a, b in spans]
         # Contained: a shorter fragment with the same begin as spans[3] (as after a broker restart).

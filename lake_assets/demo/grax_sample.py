@@ -418,7 +418,7 @@ class _Simulation:
             events = _merge_in_order(rng, events, self._planted_events(batch, planted))
             offsets = sorted(rng.sample(range(1, WINDOW_MS), len(events)))
             window = START + batch * WINDOW
-            for event, offset in zip(events, offsets):
+            for event, offset in zip(events, offsets, strict=True):
                 moment = window + dt.timedelta(milliseconds=offset)
                 self._apply(event, moment, batch, late, account_ids, reserved)
             for kind, id_, *_ in events:
@@ -612,7 +612,7 @@ def _write_object(
         for offset in sorted(rng.sample(range(1, WINDOW_MS), file_batch.count(batch))):
             names.append(f"batch={batch_key(batch)}/data-{format(start_ms + offset, '011x')}.parquet")
     paths: list[Path] = []
-    for index, (name, file_rows) in enumerate(zip(names, contents)):
+    for index, (name, file_rows) in enumerate(zip(names, contents, strict=True)):
         if index == file_batch.index(1):  # at least one file with an Arrow null-type column
             empty = (empty_null, pa.null())
         elif index == file_batch.index(2):  # and one with a typed column that is null throughout

@@ -176,7 +176,7 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     """NULL the payload columns of rows where `erase` holds (purged keys)."""
     if not payload:
         return frame
-    types = dict((f.name, f.dataType) for f in frame.schema.fields)
+    types = {f.name: f.dataType for f in frame.schema.fields}
     return frame.select(
         *[
             F.when(erase, F.lit(None).cast(types[c])).otherwise(col(c)).alias(c) if c in payload else col(c)

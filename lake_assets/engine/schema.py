@@ -24,7 +24,7 @@ def system_fields(*, ingested_at: bool) -> list[T.StructField]:
         T.StructField(m.PURGED, T.BooleanType()),
         T.StructField(m.SOURCE_FILE, T.StringType()),
     ]
-    return fields + [T.StructField(m.INGESTED_AT, T.TimestampType())] if ingested_at else fields
+    return [*fields, T.StructField(m.INGESTED_AT, T.TimestampType())] if ingested_at else fields
 
 
 # Each type can widen to any type later in its chain.
@@ -46,9 +46,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         return left
     if isinstance(left, T.NullType):
         return right
-    if isinstance(left, T.StringType) or isinstance(right, T.StringType):
-        if isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType):
-            return T.StringType()
+    either_text = isinstance(left, T.StringType) or isinstance(right, T.StringType)
+    if either_text and isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType):
+        return T.StringType()
     if isinstance(left, T.TimestampNTZType) and isinstance(right, T.TimestampType):
         return right
     if isinstance(left, T.TimestampType) and isinstance(right, T.TimestampNTZType):
@@ -149,6 +149,6 @@ def union_all(table: str, frames: list[DataFrame]) -> DataFrame:
     schemas = [f.schema for f in frames]
     fields = unified_fields(table, schemas)
     result = conform(frames[0], fields, schemas[0])
-    for frame, schema in zip(frames[1:], schemas[1:]):
+    for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema))
     return result

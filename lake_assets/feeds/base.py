@@ -200,7 +200,7 @@ def hour_folders(
             value = _level_value(entry.name, depth, prefix) if entry.is_dir else None
             if value is None:
                 continue
-            parts = prefix + (value,)
+            parts = (*prefix, value)
             floor, ceiling = (b[: depth + 1] if b else None for b in bounds)
             if (floor and parts < floor) or (ceiling and parts > ceiling):
                 continue

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
 import re
 import uuid as uuidlib
@@ -288,7 +289,7 @@ def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str
     gaps: list[Gap] = []
     read = iter(pieces)
     piece = next(read, None)
-    for begin, end in zip(cuts, cuts[1:]):
+    for begin, end in itertools.pairwise(cuts):
         while piece is not None and piece.end <= begin:
             piece = next(read, None)
         if piece is not None and piece.start <= begin:

@@ -134,8 +134,8 @@ def key_column(pointer: str) -> str:
 
 def _resolve(document: dict, pointer: str):
     value = document
-    for token in pointer.strip("/").split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
+    for escaped in pointer.strip("/").split("/"):
+        token = escaped.replace("~1", "/").replace("~0", "~")
         if not isinstance(value, dict) or token not in value:
             return None
         value = value[token]
@@ -225,7 +225,7 @@ def read_journal_task(
         broken = False
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
-            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason)):
+            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
                 out[name].append(value)
 
         for r in rows:
@@ -487,7 +487,7 @@ class FlowJournalFormat(FeedFormat):
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
         """A fragment's hour (of its first append) is what its path tells without inflating it;
         unknown (None) for a file outside a valid hour folder."""
-        date_folder, hour_folder = (uri.rsplit("/", 3)[-3:-1] + ["", ""])[:2]
+        date_folder, hour_folder = ([*uri.rsplit("/", 3)[-3:-1], "", ""])[:2]
         date = folder_date(date_folder)
         start = folder_hour(date, hour_folder) if date else None
         if start is None:
