@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pyspark.sql import SparkSession
@@ -81,7 +82,14 @@ def _landed(feed: FeedConfig) -> list[str]:
 
 
 def _feed(landing: Path, **extra) -> FeedConfig:
-    return FeedConfig(FEED, "unit_cdc", f"file://{landing}", tables=(TABLE,), start=hour_key(START), **extra)
+    return FeedConfig(
+        name=FEED,
+        format="unit_cdc",
+        landing=f"file://{landing}",
+        tables=(TABLE,),
+        start=hour_key(START),
+        **extra,
+    )
 
 
 def _work(feed: FeedConfig, lake: Path, run_id: str) -> pipeline.TableWork:
@@ -134,11 +142,11 @@ def run_pipeline(
     with _timed(timings, "fold"):
         # What the IO manager hands the state step of the same run: the stored batch, in memory.
         batch = ingested.batch.events
+        assert batch is not None, "every benchmark hour lands events"
         report = pipeline.fold_into_state(spark, work, batch)
     with _timed(timings, "check"):
         outcomes = pipeline.check_fold(spark, work, batch, report)
-        if batch is not None:
-            batch.unpersist()
+        batch.unpersist()
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
     with _timed(timings, "record processed"):
         pipeline.record_processed(work, partitions)
@@ -169,7 +177,9 @@ def _dagster_backfill(feed: FeedConfig, lake: Path, partitions: list[str]) -> fl
 
 def _jvm_peak_rss_mb(spark: SparkSession, reset: bool = False) -> float:
     """Peak resident memory of the driver JVM (local mode: the executors live in it too)."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "the benchmarks run a classic (JVM) session"
+    pid = jvm.java.lang.ProcessHandle.current().pid()
     if reset:  # writing 5 to clear_refs restarts the peak (VmHWM) from the current size
         Path(f"/proc/{pid}/clear_refs").write_text("5")
         return 0.0
@@ -236,7 +246,8 @@ def incremental(
     Each side first gets `warm_ups` unmeasured runs (reported, not counted): the first hourly
     fold after a build runs code the build never did, so the JVM is still compiling it. The
     figure is the steady state of a long-lived driver; the warm-up times show the first run."""
-    results, feeds = {}, {}
+    results: dict[int, dict[str, Any]] = {}
+    feeds: dict[int, FeedConfig] = {}
     for days in (1, 30):
         landing = root / f"landing{days}d"
         hours = 24 * days
@@ -396,6 +407,7 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
         started = time.perf_counter()
         with dg.build_sensor_context(resources=resources, definitions=defs) as context:
             first = sensor(context)
+        assert isinstance(first, dg.SensorResult), first
         first_tick = time.perf_counter() - started
         write_listing_only_landing(landing, TABLE, 1, files_per_hour, start=START + dt.timedelta(hours=hours))
         ticks = []
@@ -405,8 +417,11 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
                 resources=resources, definitions=defs, cursor=first.cursor
             ) as context:
                 result = sensor(context)
+            assert isinstance(result, dg.SensorResult), result
             ticks.append(time.perf_counter() - started)
-            assert len(result.run_requests) == 1, "the benchmark's sensor tick should request the new hour"
+            assert len(result.run_requests or ()) == 1, (
+                "the benchmark's sensor tick should request the new hour"
+            )
         timings[total] = {
             "first_tick_seconds": round(first_tick, 3),
             "tick_seconds": round(statistics.median(ticks), 4),

@@ -141,7 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 format="flow_journal",
                 landing=f"file://{flow.landing_dir}",
                 collections=tuple(
-                    CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()
+                    CollectionConfig(name=name, key=tuple(key)) for name, key in flow.collections.items()
                 ),
             ),
         ),

@@ -32,8 +32,9 @@ ConfigError with one line per mistake naming the key path, what was expected and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
 import yaml
 from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
@@ -78,8 +79,12 @@ MAX_CONFIG_BYTES = 1 << 20
 #: to ~10^9 from a few hundred bytes)
 MAX_EXPANDED_NODES = 100_000
 
-# Union[...] of a runtime tuple: the `X | Y` spelling cannot take the formats as a sequence.
-AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]  # noqa: UP007
+if TYPE_CHECKING:
+    # Statically, every format's model is a FeedConfig (the union below is built at run time).
+    AnyFeedConfig: TypeAlias = FeedConfig
+else:
+    # Union[...] of a runtime tuple: the `X | Y` spelling cannot take the formats as a sequence.
+    AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]  # noqa: UP007
 
 
 def _spark_setting(value: Any) -> str:
@@ -300,7 +305,7 @@ def dump_config(config: LakeConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
 
 
-def resolved_config(config: LakeConfig, environ: dict[str, str] | None = None) -> str:
+def resolved_config(config: LakeConfig, environ: Mapping[str, str] | None = None) -> str:
     """YAML text for a config with every default filled in, and where S3 credentials come from
     (the environment), their values redacted."""
     environ = os.environ if environ is None else environ

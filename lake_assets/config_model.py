@@ -13,11 +13,11 @@ import datetime as dt
 import json
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from lake_assets.errors import ConfigError
 from lake_assets.paths import is_name, normalise_root_uri
@@ -115,18 +115,14 @@ PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is in
 Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
 
 
-def names(item: Any) -> Any:
-    """A non-empty list of `item` (read as a tuple)."""
-    return Annotated[tuple[item, ...], Field(min_length=1)]
+_Item = TypeVar("_Item")
+#: A non-empty list of items (read as a tuple): `Names[TableName]`.
+Names = Annotated[tuple[_Item, ...], Field(min_length=1)]
 
 
-def only_for(formats: str) -> Any:
+def only_for(formats: str) -> PlainValidator:
     """An option of other feed formats: absent (None) on this one, and refused when given."""
-    return Annotated[
-        None,
-        PlainValidator(lambda v: _absent(v, formats)),
-        Field(exclude=True),  # never part of this format's keys or of its dump
-    ]
+    return PlainValidator(lambda v: _absent(v, formats))
 
 
 def _absent(value: Any, formats: str) -> None:
@@ -134,8 +130,14 @@ def _absent(value: Any, formats: str) -> None:
         raise expected(f"nothing: this key applies to {formats} feeds only")
 
 
-GraxOnly = only_for("grax_v2")
-FlowOnly = only_for("flow_journal")
+if TYPE_CHECKING:
+    # What code reads from any feed: the option of its own format, or None on the others.
+    GraxOnly: TypeAlias = tuple[str, ...] | None
+    FlowOnly: TypeAlias = tuple[Any, ...] | None
+else:
+    # Never part of another format's keys or of its dump.
+    GraxOnly = Annotated[None, only_for("grax_v2"), Field(exclude=True)]
+    FlowOnly = Annotated[None, only_for("flow_journal"), Field(exclude=True)]
 
 
 class Model(BaseModel):
@@ -170,7 +172,7 @@ class FeedConfig(Model):
     format: str
     landing: RootUri
     #: tables to process; discovered from the landing layout when omitted
-    tables: names(TableName) | None = None
+    tables: Names[TableName] | None = None
     #: first hourly partition; discovered when omitted
     start: HourKey | None = None
     #: how long an hour folder may still gain files
@@ -212,7 +214,7 @@ def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
     ]
 
 
-def _line(detail: dict, model: type[BaseModel]) -> str:
+def _line(detail: ErrorDetails, model: type[BaseModel]) -> str:
     kind, loc, ctx = detail["type"], detail["loc"], detail.get("ctx") or {}
     if kind == "refused":
         return f"{key_path(loc + tuple(ctx['at']))}: {ctx['reason']}"

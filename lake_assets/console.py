@@ -13,12 +13,12 @@ import datetime as dt
 import io
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from lake_assets.runner import NAMED_CHANGES, PlannedRun, StepDone
 from lake_assets.status import TableStatus, TableSummary
@@ -63,7 +63,7 @@ def output_to(log_path: Path | None) -> Iterator[TextIO]:
     saved = os.dup(1), os.dup(2)
     try:
         sys.stdout.fileno()
-        console = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
+        console: TextIO = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
     except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is not a file (captured by a test)
         console = sys.stdout
     try:
@@ -88,7 +88,7 @@ class RunDisplay:
     def __init__(self, stream: TextIO):
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
         self.bar: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
 
     def say(self, message: str) -> None:
         self.console.print(f"lake-assets: {message}", markup=False)
@@ -111,7 +111,7 @@ class RunDisplay:
 
     def step_done(self, step: StepDone) -> None:
         self.console.print(step_line(step), markup=False)
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.advance(self.task)
 
     def close(self) -> None:
@@ -166,7 +166,7 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     return "\n".join(lines)
 
 
-def _table(header: tuple[str, ...], body: list[tuple[str, ...]], text_columns: int) -> str:
+def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], text_columns: int) -> str:
     """Aligned columns: the first `text_columns` left-aligned, the rest (numbers) right-aligned."""
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
     return "\n".join(

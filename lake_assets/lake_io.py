@@ -49,8 +49,9 @@ def error_conditions(error: BaseException) -> set[str]:
     visited = set()
     while seen is not None and id(seen) not in visited:
         visited.add(id(seen))
-        if isinstance(seen, PySparkException) and seen.getCondition():
-            conditions.add(seen.getCondition())
+        condition = seen.getCondition() if isinstance(seen, PySparkException) else None
+        if condition:
+            conditions.add(condition)
         if isinstance(seen, Py4JJavaError):
             conditions |= _jvm_conditions(seen.java_exception)
         seen = seen.__cause__ or seen.__context__
@@ -105,7 +106,7 @@ def read_partitions(
     Only the requested partition folders are handed to Spark, so reading an hour of a long
     log costs the hour, not a listing of the whole log. None when no requested partition exists.
     """
-    if spark.conf.get(TYPE_INFERENCE, "true").lower() != "false":
+    if str(spark.conf.get(TYPE_INFERENCE, "true")).lower() != "false":
         # Typed by inference, a GRAX batch folder of digits alone (`batch=000000123`) reads back
         # as 123 and matches no partition again: refuse rather than lose the zeros silently.
         raise ConfigError(
@@ -213,10 +214,11 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
     written = {(meta.metadata or {}).get(SPARK_SCHEMA_KEY) for meta in footers}
     if any_nullability:
         written = {_nullable(w) for w in written}
-    if len(written) != 1 or None in written:
+    only = written.pop() if len(written) == 1 else None
+    if only is None:
         return None
     try:
-        return T.StructType.fromJson(json.loads(written.pop()))
+        return T.StructType.fromJson(json.loads(only))
     except (ValueError, KeyError, TypeError):  # a type this PySpark cannot parse: let Spark infer it
         return None
 
@@ -270,7 +272,7 @@ def table_summary(
         return 0, None
     schema = _spark_schema(footers, any_nullability=True)
     if schema is None:  # drifted files: the schema a reader gets is Spark's merge of them
-        schema = read_table(spark, storage, table_uri).schema
+        schema = read_drifting(spark, storage, [table_uri], table=table_uri, recursive=True).schema
     return sum(meta.num_rows for meta in footers), schema
 
 
@@ -386,7 +388,10 @@ def erase_keys_in_partitions(
     hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []
-    erased = merge.erase_keys(read_partitions(spark, storage, table_uri, column, hit), keys, purged)
+    held_partitions = read_partitions(spark, storage, table_uri, column, hit)
+    if held_partitions is None:  # the partitions just read are gone: nothing left to erase
+        return []
+    erased = merge.erase_keys(held_partitions, keys, purged)
     options = without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
     erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(
         staging

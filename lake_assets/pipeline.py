@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -299,15 +300,17 @@ def check_fold(
     rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
     folded = batch if report.events_in else None
     # Independent queries: submitted together, their jobs share the cores.
-    unique_keys, (windows, stored_versions) = run_together(
+    unique_keys, windows_and_versions = run_together(
         lambda: checks.current_has_unique_keys(current, spec),
         lambda: checks.windows_and_versions_stored(rows, folded, spec),
         session=session,
     )
+    # run_together's list holds both results; their types are the two checks' own.
+    windows, stored_versions = cast("tuple[checks.Outcome, int]", windows_and_versions)
     reconciles = checks.batch_reconciles(
         report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions
     )
-    return [unique_keys, windows, reconciles]
+    return [cast("checks.Outcome", unique_keys), windows, reconciles]
 
 
 def files_with_values(batch: DataFrame, column: str | None, limit: int = 20) -> list[str]:

@@ -7,6 +7,7 @@ copying a bad file to quarantine, removing a partition folder.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import os
 import stat
@@ -96,7 +97,7 @@ class Storage:
             mtime_ms=mtime,
         )
 
-    def _list_local(self, uri: str, path: str) -> list[Entry]:
+    def _list_local(self, uri: str, path: str) -> builtins.list[Entry]:
         """A local folder's children, symbolic links followed. pyarrow leaves out a link that
         leads nowhere (to a missing target, or round a loop); listed here, it can be reported."""
         try:
@@ -158,7 +159,7 @@ class Storage:
         yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip)
 
     def _walk_local(
-        self, entries: list[Entry], ancestors: set, skip: Callable[[str], bool]
+        self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool]
     ) -> Iterator[Entry]:
         for entry in entries:
             if skip(entry.name):

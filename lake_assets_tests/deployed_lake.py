@@ -86,7 +86,7 @@ def partitions_since(deployment: Deployment, key: list[str], since: float) -> se
 def runs_since(deployment: Deployment, key: list[str], since: float) -> list[dict]:
     """For a failure message: the runs that materialised `key` after `since`, with what
     launched them (sensor, automation, backfill tags) and when."""
-    made = {}
+    made: dict[str, list[str]] = {}
     for m in deployment.materialised_partitions(key):
         if float(m["timestamp"]) / 1000 > since:
             made.setdefault(m["runId"], []).append(m["partition"])

@@ -228,6 +228,7 @@ class Deployment:
             return False
 
     def _webserver_ready(self) -> bool:
+        assert self.webserver is not None, "the webserver was started"
         if self.webserver.poll() is not None:
             raise AssertionError(f"the webserver exited: {(self.home / 'webserver.log').read_text()[-3000:]}")
         try:

@@ -75,5 +75,7 @@ class EngineLake:
         return self._rows(self.state.history, "id, _fivetran_start")
 
 
-def utc(*args) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=dt.timezone.utc)
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, microsecond: int = 0
+) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, microsecond, tzinfo=dt.timezone.utc)

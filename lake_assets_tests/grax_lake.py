@@ -70,7 +70,9 @@ def land(landing: Path, batch: str, name: str, rows: list[dict]) -> Path:
 
 
 def config_for(landing: Path, lake: Path) -> LakeConfig:
-    return LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig(FEED, "grax_v2", f"file://{landing}"),))
+    return LakeConfig(
+        lake=f"file://{lake}", feeds=(FeedConfig(name=FEED, format="grax_v2", landing=f"file://{landing}"),)
+    )
 
 
 def cli(
@@ -113,14 +115,15 @@ def sensor_tick(
         resources={"lake": LakeResource(root=config.lake)}, definitions=defs, cursor=cursor, instance=instance
     ) as context:
         result = sensor(context)
-    for request in result.dynamic_partitions_requests:
+    assert isinstance(result, dg.SensorResult), result
+    for request in result.dynamic_partitions_requests or ():
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     job = defs.resolve_job_def(table_job_name(FEED, TABLE))
-    for request in result.run_requests:
+    for run_request in result.run_requests or ():
         assert job.execute_in_process(
-            instance=instance, tags=request.tags, asset_selection=request.asset_selection
+            instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection
         ).success
-    return result.cursor, len(result.run_requests)
+    return result.cursor, len(result.run_requests or ())
 
 
 def rows(lake: Path, layer: str) -> list[dict]:

@@ -185,14 +185,14 @@ FEEDS = {
         "unit",
         "accounts",
         write_unit_valid,
-        lambda landing: FeedConfig("unit", "unit_cdc", f"file://{landing}"),
+        lambda landing: FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
         ("id", "_seq"),
     ),
     "grax": Feed(
         "grax",
         f"{GRAX_ORG}/account",
         write_grax_valid,
-        lambda landing: FeedConfig("grax", "grax_v2", f"file://{landing}"),
+        lambda landing: FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),
         ("Id", "_version_at", "_seq", "_op"),
     ),
     "flow": Feed(
@@ -200,10 +200,10 @@ FEEDS = {
         FLOW_TABLE,
         write_flow_valid,
         lambda landing: FeedConfig(
-            "flow",
-            "flow_journal",
-            f"file://{landing}",
-            collections=(CollectionConfig(FLOW_COLLECTION, ("/id",)),),
+            name="flow",
+            format="flow_journal",
+            landing=f"file://{landing}",
+            collections=(CollectionConfig(name=FLOW_COLLECTION, key=("/id",)),),
         ),
         ("id", "_seq"),
     ),
@@ -252,11 +252,15 @@ def quarantine_notes(lake: Path) -> dict[str, dict]:
 
 def materialisation_metadata(instance: dg.DagsterInstance, feed: Feed, layer: str = "changes") -> dict:
     event = instance.get_latest_materialization_event(dg.AssetKey([feed.name, *feed.table.split("/"), layer]))
-    assert event is not None, f"{feed.name}/{feed.table}/{layer} was never materialised"
-    return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+    materialization = event.asset_materialization if event is not None else None
+    assert materialization is not None, f"{feed.name}/{feed.table}/{layer} was never materialised"
+    return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
 
 
 def landing_complete_passed(instance: dg.DagsterInstance, feed: Feed) -> bool:
     key = dg.AssetCheckKey(dg.AssetKey([feed.name, *feed.table.split("/"), "changes"]), "landing_complete")
     executions = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])
-    return next(iter(executions.values())).event.dagster_event.event_specific_data.passed
+    entry = next(iter(executions.values())).event
+    evaluation = entry.dagster_event.event_specific_data if entry and entry.dagster_event else None
+    assert isinstance(evaluation, dg.AssetCheckEvaluation), evaluation
+    return evaluation.passed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from typing import Any
 
 TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
 MS = dt.timedelta(milliseconds=1)
@@ -53,8 +54,8 @@ def reference_tables(
         for (at, s), event in writes[k].items():
             if at not in winners or s > winners[at][0]:
                 winners[at] = (s, event)
-        timeline = []  # (kind, start, values)
-        previous = None  # filled values of the previous version in this life
+        timeline: list[tuple[str, Any, dict[str, Any] | None]] = []  # (kind, start, values)
+        previous: dict[str, Any] | None = None  # filled values of the previous version in this life
         for at in sorted(winners):
             event = winners[at][1]
             if event[op] == "delete":
@@ -75,6 +76,7 @@ def reference_tables(
                 end = following[1]
             else:
                 end = following[1] - MS
+            assert version is not None  # only deletes carry no values
             values = dict.fromkeys(payload) if k in purged_keys else version
             row = {
                 key: k,

@@ -32,7 +32,7 @@ def _key(layer: str) -> dg.AssetKey:
 
 def _changed_ids(lake, hour: str) -> list[str]:
     glob = f"{lake}/changes/unit/accounts/hour={hour}/*.parquet"
-    return [r[0] for r in duckdb.sql(f"SELECT id FROM read_parquet('{glob}') ORDER BY id").fetchall()]
+    return [r[0] for r in duckdb.execute(f"SELECT id FROM read_parquet('{glob}') ORDER BY id").fetchall()]
 
 
 def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_path, spark):
@@ -392,9 +392,9 @@ def _run_hours(spark, feed: FeedConfig, lake, hours: list[str], run_id: str):
         run_id=run_id,
         keys=fmt.table_spec("accounts").keys,
     )
+    assert batch is not None, "the hours land events"
     report = pipeline.fold_into_state(spark, work, batch)
-    if batch is not None:
-        batch.unpersist()
+    batch.unpersist()
     return work.store, report
 
 

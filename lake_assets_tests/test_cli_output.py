@@ -45,7 +45,10 @@ def _landing_and_config(tmp_path: Path) -> Path:
     config = tmp_path / "lake.yaml"
     config.write_text(
         dump_config(
-            LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+            LakeConfig(
+                lake=f"file://{lake}",
+                feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),),
+            )
         )
     )
     return config

@@ -68,7 +68,7 @@ def shape(defs: dg.Definitions) -> dict:
         assets[key.to_user_string()] = first
     return {
         "assets": assets,
-        "sensors": sorted(s.name for s in defs.sensors),
+        "sensors": sorted(s.name for s in defs.sensors or ()),
         "jobs": sorted(j.name for j in defs.resolve_all_job_defs() if not j.name.startswith("__")),
     }
 

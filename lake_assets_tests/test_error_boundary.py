@@ -39,7 +39,7 @@ def _is_ours(module, name: str) -> bool:
 
 def _raises() -> list[tuple[object, str, int, str]]:
     """(module, its name, line, raised name) of every `raise Name(...)` in the package."""
-    found = []
+    found: list[tuple[object, str, int, str]] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         module_name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(
             ".__init__"

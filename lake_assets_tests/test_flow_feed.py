@@ -35,10 +35,12 @@ def rows(lake: Path, layer: str, table: str) -> list[dict]:
 
 
 def config_for(landing, lake, collections) -> LakeConfig:
-    cols = tuple(CollectionConfig(name, tuple(key)) for name, key in collections.items())
+    cols = tuple(CollectionConfig(name=name, key=tuple(key)) for name, key in collections.items())
     return LakeConfig(
         lake=f"file://{lake}",
-        feeds=(FeedConfig("flow", "flow_journal", f"file://{landing}", collections=cols),),
+        feeds=(
+            FeedConfig(name="flow", format="flow_journal", landing=f"file://{landing}", collections=cols),
+        ),
     )
 
 
@@ -439,7 +441,7 @@ def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
         path.parent.mkdir(parents=True)
         path.write_bytes(good.read_bytes())
         bad.append(path)
-    fmt, storage = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),)), Storage()
+    fmt, storage = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),)), Storage()
     assert fmt.partition_keys(storage, f"file://{landing}", "acmeco_customers") == ["2024-06-01-10"]
     assert [fmt.landing_span(storage, uri(p)) for p in bad] == [None, None]
     assert fmt.landing_span(storage, uri(good)) == (1717236000000, 1717239599999)
@@ -457,7 +459,7 @@ def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
         offset += len(line)
 
     storage = CountingStorage()
-    fmt = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),))
+    fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
     files = fmt.partition_files(storage, f"file://{landing}", "acmeco_customers", "2024-06-01-12")
     assert [f.name.split("-")[0] for f in files] == [f"{len(doc_line(10)) + len(doc_line(11)):016x}"]
     assert not any("utc_hour=1" in f and not f.endswith("utc_hour=12") for f in storage.listed)
@@ -495,10 +497,14 @@ def test_the_flow_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
     s3 = boto3.client("s3", endpoint_url=moto_server.url, region_name="us-east-1")
     for path in sample.files:
         s3.upload_file(str(path), s3_bucket, f"flow/{path.relative_to(sample.landing_dir)}")
-    cols = (CollectionConfig("acmeCo/customers", tuple(sample.collections["acmeCo/customers"])),)
+    cols = (CollectionConfig(name="acmeCo/customers", key=tuple(sample.collections["acmeCo/customers"])),)
     config = LakeConfig(
         lake=f"s3a://{s3_bucket}/lake",
-        feeds=(FeedConfig("flow", "flow_journal", f"s3a://{s3_bucket}/flow", collections=cols),),
+        feeds=(
+            FeedConfig(
+                name="flow", format="flow_journal", landing=f"s3a://{s3_bucket}/flow", collections=cols
+            ),
+        ),
         s3=S3Config(endpoint_url=moto_server.url),
     )
     run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
@@ -515,7 +521,7 @@ def test_only_selected_logical_partitions_are_listed(tmp_path):
     for category in ("Anvils", "Rockets"):
         write_fragment(landing / "acmeCo" / "orders" / f"category={category}" / "pivot=00", 0, doc_line(1))
     storage = CountingStorage()
-    selected = CollectionConfig("acmeCo/orders", ("/id",), partitions=(("category", ("Anvils",)),))
+    selected = CollectionConfig(name="acmeCo/orders", key=("/id",), partitions=(("category", ("Anvils",)),))
     fmt = FlowJournalFormat((selected,))
     journals = fmt.journals(storage, f"file://{landing}", "acmeco_orders")
     assert [j.name for j in journals] == ["acmeCo/orders/category=Anvils/pivot=00"]

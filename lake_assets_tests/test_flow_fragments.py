@@ -59,7 +59,7 @@ def flow_uuid(producer: str, clock: int, flags: int) -> str:
 
 
 def line(producer: str, clock: int, flags: int, ack: bool = False, **fields) -> bytes:
-    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    meta: dict[str, object] = {"uuid": flow_uuid(producer, clock, flags)}
     if ack:
         meta["ack"] = True
     return json.dumps({**fields, "_meta": meta}).encode() + b"\n"
@@ -76,10 +76,11 @@ def frag(begin: int, end: int, uri: str | None = None, journal: str = "j") -> Fr
 
 
 def doc(offset: int, producer: str, clock: int, flags: int, ack: bool = False, **fields) -> Doc:
-    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    uuid = flow_uuid(producer, clock, flags)
+    meta: dict[str, object] = {"uuid": uuid}
     if ack:
         meta["ack"] = True
-    return Doc(offset=offset, uri="u", uuid=parse_uuid(meta["uuid"]), doc={**fields, "_meta": meta})
+    return Doc(offset=offset, uri="u", uuid=parse_uuid(uuid), doc={**fields, "_meta": meta})
 
 
 P, Q = "aaaaaaaaaaaa", "bbbbbbbbbbbb"

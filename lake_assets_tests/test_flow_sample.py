@@ -36,7 +36,9 @@ def sample(request, tmp_path_factory) -> FlowSample:
 
 def inflate(path: Path) -> bytes:
     data = path.read_bytes()
-    ext = NAME.match(path.name)["ext"] or ""
+    named = NAME.match(path.name)
+    assert named is not None, path.name
+    ext = named["ext"] or ""
     if ext == ".raw":
         return data
     if ext in (".gz", ""):
@@ -109,7 +111,9 @@ def sequence(content: bytes) -> tuple[list[dict], list[dict], list[dict], list[d
     """A minimal Gazette-style sequencer over one journal: (delivered, rolled back, duplicates, pending)."""
     last_ack: dict[bytes, int] = {}
     pending: dict[bytes, list[tuple[int, dict]]] = defaultdict(list)
-    delivered, rolled_back, duplicates = [], [], []
+    delivered: list[dict] = []
+    rolled_back: list[dict] = []
+    duplicates: list[dict] = []
     for line in content.splitlines():
         doc = json.loads(line)
         clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])

@@ -67,7 +67,9 @@ def write_file(
 
 
 def process(landing: Path, lake: Path, instance=None):
-    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{lake}", feeds=(FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),)
+    )
     instance = instance or dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
     return instance
@@ -327,7 +329,11 @@ def test_the_grax_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
         s3.upload_file(str(path), s3_bucket, f"landing/{path.relative_to(sample.landing_dir)}")
     config = LakeConfig(
         lake=f"s3a://{s3_bucket}/lake",
-        feeds=(FeedConfig("grax", "grax_v2", f"s3a://{s3_bucket}/landing", objects=("Account",)),),
+        feeds=(
+            FeedConfig(
+                name="grax", format="grax_v2", landing=f"s3a://{s3_bucket}/landing", objects=("Account",)
+            ),
+        ),
     )
     config = config.replace(s3=S3Config(endpoint_url=moto_server.url))
     run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
@@ -356,7 +362,8 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     for batch in ("00000000a", "00000000b"):
         write_file(landing, "Account", batch, "data-00000000001.parquet", row)
     config = LakeConfig(
-        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),)
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),),
     )
     defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("grax_batch_sensor")

@@ -246,7 +246,7 @@ def test_is_active_switches_from_boolean_to_text(sample):
 
 
 def _latest(rows: list[dict]) -> dict[str, dict]:
-    out = {}
+    out: dict[str, dict] = {}
     for row in rows:
         if row["Id"] not in out or row["grax__idseq"] > out[row["Id"]]["grax__idseq"]:
             out[row["Id"]] = row

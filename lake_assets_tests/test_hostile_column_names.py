@@ -119,8 +119,9 @@ class Landed:
 
     def changes_metadata(self) -> dict:
         event = self.instance.get_latest_materialization_event(dg.AssetKey([*self.asset_prefix, "changes"]))
-        assert event is not None, "changes was never materialised"
-        return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+        materialization = event.asset_materialization if event is not None else None
+        assert materialization is not None, "changes was never materialised"
+        return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
 
     def quarantine_notes(self) -> dict[str, str]:
         """file name -> reason, from the `.reason.json` notes in the lake's quarantine."""
@@ -205,13 +206,19 @@ def _land(feed: str, tmp: Path, files: list[tuple[str, list[dict]]]) -> Landed:
     if feed == "unit":
         for hour, (name, rows) in enumerate(files):
             _unit_file(landing, hour, name, [{"id": r.pop("key"), **r} for r in map(dict, rows)])
-        return _run(tmp, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"])
+        return _run(
+            tmp,
+            FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+            "cols",
+            "id",
+            ["unit", "cols"],
+        )
     if feed == "grax":
         for index, (name, rows) in enumerate(files):
             _grax_file(landing, index, name, [{"Id": r.pop("key"), **r} for r in map(dict, rows)])
         return _run(
             tmp,
-            FeedConfig("grax", "grax_v2", f"file://{landing}"),
+            FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),
             f"{ORG}/cols",
             "Id",
             ["grax", ORG, "cols"],
@@ -221,7 +228,10 @@ def _land(feed: str, tmp: Path, files: list[tuple[str, list[dict]]]) -> Landed:
     for name, rows in files:
         names[name] = journal.fragment([{"id": r.pop("key"), **r} for r in map(dict, rows)])
     feed_config = FeedConfig(
-        "flow", "flow_journal", f"file://{landing}", collections=(CollectionConfig("acmeCo/cols", ("/id",)),)
+        name="flow",
+        format="flow_journal",
+        landing=f"file://{landing}",
+        collections=(CollectionConfig(name="acmeCo/cols", key=("/id",)),),
     )
     return dataclasses.replace(
         _run(tmp, feed_config, "acmeco_cols", "id", ["flow", "acmeco_cols"]), fragment_names=names
@@ -403,7 +413,11 @@ def test_a_struct_with_fields_equal_ignoring_case_is_refused_naming_them(spark, 
     _unit_file(landing, 0, "part-good.parquet", [{"id": "a", "address": {"city": "Oslo", "zip": "1"}}])
     _unit_file(landing, 1, "part-nested.parquet", [{"id": "b", "address": {"city": "Rome", "City": "ROME"}}])
     landed = _run(
-        tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"]
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
     )
     assert landed.error is None
     reasons = landed.quarantine_notes()
@@ -419,12 +433,20 @@ def test_a_later_run_spelling_a_column_otherwise_folds_into_the_stored_column(sp
     landing = tmp_path / "landing"
     _unit_file(landing, 0, "part-0.parquet", [{"id": "a", "Balance": 1}, {"id": "b", "Balance": 2}])
     first = _run(
-        tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"]
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
     )
     assert first.error is None
     _unit_file(landing, 1, "part-1.parquet", [{"id": "a", "balance": 3}, {"id": "c", "balance": 4}])
     landed = _run(
-        tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"]
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
     )
     assert landed.error is None
     current = landed.layer("current")

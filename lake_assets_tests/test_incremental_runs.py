@@ -38,7 +38,8 @@ class Lake:
     def __init__(self, root: Path):
         self.landing, self.lake = root / "landing", root / "lake"
         self.config = LakeConfig(
-            lake=f"file://{self.lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{self.landing}"),)
+            lake=f"file://{self.lake}",
+            feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{self.landing}"),),
         )
         self.instance = dg.DagsterInstance.ephemeral()
         self.said: list[str] = []
@@ -54,7 +55,7 @@ class Lake:
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
-        rows = duckdb.sql(
+        rows = duckdb.execute(
             f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
             "hive_partitioning = true)"
         ).fetchall()

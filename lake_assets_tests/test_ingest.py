@@ -58,7 +58,8 @@ def damage_data_pages(path: Path, column: int = 1) -> None:
 
 def _run(landing: Path, lake: Path, instance=None, **feed):
     config = LakeConfig(
-        lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", **feed),)
+        lake=f"file://{lake}",
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}", **feed),),
     )
     instance = instance or dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
@@ -243,7 +244,7 @@ def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark
     landing = tmp_path / "landing"
     content = doc_line(1) + doc_line(2) + doc_line(3)
     write_fragment(landing / "acmeCo" / "customers" / "pivot=00", 0, content)
-    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+    collections = (CollectionConfig(name="acmeCo/customers", key=("/id",)),)
 
     honest = _flow_batch(
         spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"]
@@ -375,10 +376,10 @@ def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(
         lake=f"file://{lake}",
         feeds=(
             FeedConfig(
-                "flow",
-                "flow_journal",
-                f"file://{landing}",
-                collections=(CollectionConfig("acmeCo/customers", ("/id",)),),
+                name="flow",
+                format="flow_journal",
+                landing=f"file://{landing}",
+                collections=(CollectionConfig(name="acmeCo/customers", key=("/id",)),),
             ),
         ),
     )
@@ -531,7 +532,7 @@ def test_flow_fragments_under_folders_whose_names_hold_path_characters_are_read(
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "region=eu[1] {west}" / "pivot=00"
     write_fragment(journal, 0, doc_line(1) + doc_line(2))
-    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+    collections = (CollectionConfig(name="acmeCo/customers", key=("/id",)),)
 
     batch = _flow_batch(spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"])
 

@@ -43,7 +43,7 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 def _constants(value_type: type) -> list[tuple[str, int, object]]:
     """(module, line, value) of every literal of `value_type` in code (docstrings left out)."""
-    found = []
+    found: list[tuple[str, int, object]] = []
     for module, tree in _modules().items():
         skip = _docstrings(tree)
         found += [
@@ -55,7 +55,11 @@ def _constants(value_type: type) -> list[tuple[str, int, object]]:
 
 
 def _where_text(fragment: str) -> list[str]:
-    return [f"{module}:{line}" for module, line, value in _constants(str) if fragment in value]
+    return [
+        f"{module}:{line}"
+        for module, line, value in _constants(str)
+        if isinstance(value, str) and fragment in value
+    ]
 
 
 def _where_number(number: int) -> list[str]:

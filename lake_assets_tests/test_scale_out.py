@@ -52,7 +52,7 @@ class Landings:
                 format="flow_journal",
                 landing=f"file://{flow.landing_dir}",
                 collections=tuple(
-                    CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()
+                    CollectionConfig(name=name, key=tuple(key)) for name, key in flow.collections.items()
                 ),
             ),
         )
@@ -211,7 +211,7 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
         lake=f"s3a://{s3_bucket}/lake",
         s3=S3Config(endpoint_url=moto_server.url),
         spark=spark,
-        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit"),),
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"s3a://{s3_bucket}/landing/unit"),),
     )
     work = landings.root / f"{server}-s3-run"
     assert_ran(run_cli(config, work, env), work)

@@ -82,19 +82,19 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
         "in-year-24.parquet": ("year=24/month=03/day=01/hour=01", "year=24"),  # 2024, or the year 24?
         "in-a-stray-folder.parquet": ("misc", "misc"),
     }
-    expected = {}
+    expected: dict[str, tuple[str, ...]] = {}
     for name, (folder, words) in bad_folders.items():
         (table / folder).mkdir(parents=True)
         pq.write_table(
             pa.Table.from_pylist([event(name, "I", 2, at(1))], schema=ACCOUNT_SCHEMA), table / folder / name
         )
         expected[name] = (words, "not a valid")
-    for name, folder in (
+    for name, place in (
         ("under-the-table.parquet", table),
         ("under-a-year.parquet", table / "year=2024"),
         ("under-a-day.parquet", table / "year=2024/month=03/day=01"),
     ):
-        (folder / name).write_bytes(good.read_bytes())
+        (place / name).write_bytes(good.read_bytes())
         expected[name] = ("not inside an hour folder",)
     nested = hour / "nested.parquet"  # a folder named like a data file, as a Spark writer leaves one
     nested.mkdir()

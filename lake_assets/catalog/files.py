@@ -59,7 +59,7 @@ def landing_work_id(partition: str) -> str:
     partition again finds and replaces the same records, and any run can ask for a partition's
     files by work id.
     """
-    return catalog_work_id(f"landing-{partition}")
+    return as_name(f"landing-{partition}")
 
 
 def absolute_path(uri: str) -> str:

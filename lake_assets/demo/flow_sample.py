@@ -59,6 +59,7 @@ import json
 import random
 import uuid
 from pathlib import Path
+from typing import Any
 
 import cramjam
 
@@ -240,7 +241,7 @@ class _Flow:
     def new_order(self, category: str | None = None) -> dict:
         rng = self.rng
         category = category or ("Anvils" if rng.random() < 0.7 else "Rockets")
-        items = [
+        items: list[dict[str, Any]] = [
             {
                 "sku": f"{category[:3].upper()}-{rng.randint(100, 999)}",
                 "qty": rng.randint(1, 4),
@@ -377,6 +378,7 @@ class _Flow:
             for line in self.lines[journal]
             if not line.ack
             and line.flags == flags
+            and line.producer is not None
             and line.producer not in self.open
             and line.clock <= self.last_ack.get((journal, line.producer), -1)
             and json.loads(line.data)["_meta"]["uuid"] not in rolled

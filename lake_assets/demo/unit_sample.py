@@ -20,6 +20,7 @@ import datetime as dt
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,7 +38,7 @@ class TableShape:
     columns: dict  # column -> python type
     spelling: dict  # insert/update/delete -> the word written
     ids: int
-    make: object  # (rng, id, previous values) -> values
+    make: Callable[[random.Random, str, dict | None], dict]  # (rng, id, previous values) -> values
 
 
 def _accounts(rng: random.Random, _id: str, prev: dict | None) -> dict:
@@ -130,7 +131,7 @@ def _simulate(
 
     def emit(hour: int, when: dt.datetime, op: str, id_: str, values: dict | None) -> None:
         seq[0] += rng.randint(1, 3)  # unique and increasing, with gaps like a real log
-        row = {"id": id_}
+        row: dict[str, object] = {"id": id_}
         if values is not None:
             row.update({c: values.get(c) for c in _columns_at(table, hour, hours)})
         row.update(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import re
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -17,6 +18,11 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD
 from lake_assets.errors import InvalidValue
 from lake_assets.storage import Entry, Storage, is_hidden
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lake_assets.ingest import Batch
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
@@ -85,6 +91,18 @@ class FeedFormat(abc.ABC):
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
         """Landed files of a table that belong to no valid partition, with the reason."""
         return []
+
+    def read_batch(
+        self,
+        spark: SparkSession,
+        storage: Storage,
+        landing: str,
+        table: str,
+        files: dict[str, list[Entry]],
+        partitions: list[str],
+    ) -> Batch:
+        """The batch of a format that reads its own files (`file_format` other than "parquet")."""
+        raise NotImplementedError(f"{self.name} files are read by the shared Parquet reader")
 
     @abc.abstractmethod
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
@@ -163,6 +181,12 @@ def parse_hour_key(key: str) -> dt.datetime:
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 
+def _first_moment(levels: tuple[int, ...]) -> dt.datetime:
+    """The first moment of the year, month, day or hour whose leading levels these are."""
+    year, month, day, hour = (*levels, 1, 1, 0)[:4]
+    return dt.datetime(year, month, day, hour)
+
+
 def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     """The value of folder `name` at `depth` of the hourly layout below the values `prefix`, or
     None when it is not a valid one: a name of another level or not a number (`year=abc`,
@@ -175,7 +199,7 @@ def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     if parts[0] < _FIRST_YEAR:
         return None
     try:
-        dt.datetime(*parts, *(1,) * (3 - len(parts)))  # a year, month or day stands for its first hour
+        _first_moment(parts)  # a year, month or day stands for its first hour
     except ValueError:
         return None
     return parts[-1]
@@ -207,7 +231,7 @@ def hour_folders(
             if depth < len(_HOURLY_LEVELS) - 1:
                 descend(entry.uri, depth + 1, parts)
                 continue
-            found.setdefault(hour_key(dt.datetime(*parts)), []).append(entry.uri)
+            found.setdefault(hour_key(_first_moment(parts)), []).append(entry.uri)
 
     descend(table_uri, 0, ())
     return found

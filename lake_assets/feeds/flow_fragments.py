@@ -319,6 +319,10 @@ def _over(uri: str, limit: int, begin: int | None) -> FragmentError:
     return FragmentError(uri, f"content inflates to more than {limit} bytes (inflating stopped there)", begin)
 
 
+#: Inflated fragment content: zstd and snappy inflate into a preallocated bytearray.
+Content = bytes | bytearray
+
+
 def _gunzip(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytes:
     """Every member of a gzip stream (trailing zero padding allowed, as `gzip` allows), inflating at
     most `limit` + 1 bytes."""
@@ -358,7 +362,7 @@ def _unpack_framed(data: bytes, uri: str, codec: str, begin: int | None, limit: 
     return out
 
 
-def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None = None) -> bytes | bytearray:
+def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None = None) -> Content:
     """The uncompressed content of a fragment's stored bytes, refused (FragmentError) when it would
     exceed `limit` bytes (zstd and snappy inflate into a buffer of that size: give the length
     expected, not a generous bound). `begin` (optional, the fragment's begin offset) is only used to
@@ -375,7 +379,7 @@ def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None 
     raise FragmentError(uri, f"unknown codec {codec!r}; known: {list(CODECS)}", begin)
 
 
-def verify(content: bytes, name: FragmentName, uri: str) -> None:
+def verify(content: Content, name: FragmentName, uri: str) -> None:
     """Check the inflated content against the fragment's name: length end - begin and SHA-1 sum."""
     if len(content) != name.length:
         raise FragmentError(
@@ -388,7 +392,7 @@ def verify(content: bytes, name: FragmentName, uri: str) -> None:
         raise FragmentError(uri, f"SHA-1 mismatch: expected {name.sum}, actual {actual}", name.begin)
 
 
-def lines(content: bytes, skip: int, begin: int, uri: str) -> Iterator[tuple[int, bytes]]:
+def lines(content: Content, skip: int, begin: int, uri: str) -> Iterator[tuple[int, Content]]:
     """The newline-delimited documents of content[skip:], as (journal offset, line without newline).
 
     `skip` must fall on a document boundary; the content must end with a newline. Both are checked
@@ -404,7 +408,7 @@ def lines(content: bytes, skip: int, begin: int, uri: str) -> Iterator[tuple[int
     return _lines(content, skip, begin)
 
 
-def _lines(content: bytes, pos: int, begin: int) -> Iterator[tuple[int, bytes]]:
+def _lines(content: Content, pos: int, begin: int) -> Iterator[tuple[int, Content]]:
     size = len(content)
     while pos < size:
         newline = content.index(b"\n", pos)
@@ -484,7 +488,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _json_value(line: bytes):
+def _json_value(line: Content):
     """(the JSON value of a line, whether some of its text was not valid UTF-8)."""
     try:
         text, garbled = line.decode("utf-8-sig"), False
@@ -528,7 +532,7 @@ def valid_text_fields(document: dict) -> tuple[dict, int]:
     return _valid_text(document), len(repaired)
 
 
-def parse_document(line: bytes, offset: int, uri: str) -> Doc:
+def parse_document(line: Content, offset: int, uri: str) -> Doc:
     """One JSON document line; FragmentError (with the line's offset) when it is not usable."""
     try:
         value, garbled = _json_value(line)

@@ -43,7 +43,7 @@ from pydantic import PlainSerializer, PlainValidator, model_validator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lake_assets.config_model import FeedConfig, Model, checked, expected, names, refused
+from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
@@ -165,7 +165,7 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
         row[key_column(pointer)] = _resolve(body, pointer)
     row.update(
         {
-            "__op": _OPS.get(meta.get("op"), m.UPDATE),  # a document without an op is an upsert
+            "__op": _OPS.get(meta.get("op", ""), m.UPDATE),  # a document without an op is an upsert
             "__clock": doc.uuid.order,
             "__at": doc.uuid.timestamp.isoformat(),
             "__uri": doc.uri,
@@ -221,7 +221,7 @@ def read_journal_task(
         content = {r["uri"]: r["content"] for r in rows}
         journal = rows[0]["journal"] if rows else None
         sequencer = ff.Sequencer()
-        out = {name: [] for name in _OUT.names}
+        out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
         broken = False
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
@@ -317,7 +317,7 @@ class CollectionConfig(Model):
     _positional = ("name", "key", "partitions")
 
     name: Annotated[str, checked("a collection name such as acmeCo/orders", _collection_name)]
-    key: names(
+    key: Names[
         Annotated[
             str,
             checked(
@@ -325,7 +325,7 @@ class CollectionConfig(Model):
                 lambda v: isinstance(v, str) and re.fullmatch(r"(/[A-Za-z0-9_.-]+)+", v) is not None,
             ),
         ]
-    )
+    ]
     #: logical partitions to read, field -> accepted values; all when empty
     partitions: Annotated[
         tuple[tuple[str, tuple[str, ...]], ...],
@@ -348,7 +348,7 @@ class FlowJournalFeedConfig(FeedConfig):
     """An Estuary Flow feed: the collections to read, each with its key."""
 
     format: Literal["flow_journal"]
-    collections: names(CollectionConfig)
+    collections: Names[CollectionConfig]
 
     @model_validator(mode="after")
     def _one_table_per_collection(self) -> FlowJournalFeedConfig:
@@ -441,12 +441,12 @@ class FlowJournalFormat(FeedFormat):
         journals, misfits = self._collection_folders(storage, landing, table)
         strays = []
         for entry, where in misfits:
-            reason = (
+            misfit = (
                 f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
                 "so the file is in no journal"
             )
             strays += [
-                (file, reason) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])
+                (file, misfit) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])
             ]
         for journal in journals:
             for entry in storage.walk_files(journal.uri):
@@ -547,10 +547,9 @@ class FlowJournalFormat(FeedFormat):
             bodies = functools.reduce(DataFrame.unionByName, documents).select("body") if documents else None
             rows_in = bodies.count() if bodies is not None else 0
             events = None
-            if rows_in:
-                parsed = spark.read.json(
-                    bodies
-                )  # a one-column DataFrame of text: no RDD (Spark Connect has none)
+            if bodies is not None and rows_in:
+                # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none).
+                parsed = spark.read.json(bodies)
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(
@@ -628,10 +627,10 @@ class FlowJournalFormat(FeedFormat):
             for entry in entries:
                 by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
         journals, quarantined, listed = [], [], 0
-        for journal_uri, entries in sorted(by_journal.items()):
+        for journal_uri, keyed_entries in sorted(by_journal.items()):
             name = journal_uri[len(landing.rstrip("/")) + 1 :]
             fragments, hour_of = [], {}
-            for key, entry in entries:
+            for key, entry in keyed_entries:
                 listed += key in wanted
                 try:
                     fragment = ff.Fragment(entry.uri, name, ff.parse_fragment_name(entry.name))

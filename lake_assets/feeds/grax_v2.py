@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lake_assets.config_model import FeedConfig, checked, names
+from lake_assets.config_model import FeedConfig, Names, checked
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
 from lake_assets.errors import InvalidValue
@@ -56,7 +56,7 @@ STRING_COPY_SUFFIX = "__string"
 #: appended to a deleted row's idseq: greater than the row's own write, smaller than the next one
 DELETE_SEQ_SUFFIX = "~"
 
-TYPED_SUFFIXES = {
+TYPED_SUFFIXES: dict[str, T.DataType | None] = {
     "b": T.BooleanType(),
     "i": T.LongType(),
     "f": T.DoubleType(),
@@ -110,14 +110,16 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
 
     A column like `Is_b` counts as a typed copy only when `Is` is in the same file: GRAX writes
     the string value of every field that has data, so a lone `Is_b` is a field of its own.
-    Columns go by their lake names, pairs are found by the vendor's: a field `hour` (in the lake
+    Columns go by their lake Names, pairs are found by the vendor's: a field `hour` (in the lake
     `_src_hour`, a reserved name) has its copy `hour_i`.
     """
     present = set(columns)
     copies: dict[str, dict[str, str]] = {}
     for column in columns:
         match = _TYPED.match(vendor_name(column))
-        field = lake_name(match.group("field")) if match else None
+        if match is None:
+            continue
+        field = lake_name(match.group("field"))
         if field in present and field not in GRAX_COLUMNS:
             copies.setdefault(field, {})[match.group("suffix")] = column
     return copies
@@ -128,11 +130,11 @@ class GraxV2FeedConfig(FeedConfig):
     objects to take (all that landed otherwise)."""
 
     format: Literal["grax_v2"]
-    tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]) | None = None
+    tables: Names[Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]] | None = None
     orgs: (
-        names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None
+        Names[Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]] | None
     ) = None
-    objects: names(Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]) | None = None
+    objects: Names[Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]] | None = None
 
 
 class GraxV2Format(FeedFormat):
@@ -288,7 +290,8 @@ class GraxV2Format(FeedFormat):
                 unparsed = (F.trim(F.col(column)) != "") & stamp(column).isNull()
                 invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
         for column in sorted(typed_columns):
-            target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
+            typed = _TYPED.match(column)
+            target = TYPED_SUFFIXES[typed.group("suffix")] if typed else None
             if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
                 value = col(column)
                 invalid = F.when(
@@ -335,17 +338,17 @@ class GraxV2Format(FeedFormat):
     @staticmethod
     def _typed_field(raw: DataFrame, field: str, copies: dict[str, str], arrow_type) -> list[Column]:
         """`field` as one typed column, plus its string copy for audit."""
-        kinds = {}
+        kinds: dict[str, tuple[Column, T.DataType]] = {}
         for suffix, column in copies.items():
             dtype = raw.schema[column].dataType
             if isinstance(dtype, T.NullType):
                 continue  # a column present but empty says nothing about the type
+            target = TYPED_SUFFIXES[suffix]
             if suffix == "ts":
                 kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
-            elif TYPED_SUFFIXES[suffix] is None or (isinstance(dtype, T.StringType) and suffix == "t"):
+            elif target is None or (isinstance(dtype, T.StringType) and suffix == "t"):
                 kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
             else:
-                target = TYPED_SUFFIXES[suffix]
                 value = col(column)
                 kinds[column] = (
                     value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target),
