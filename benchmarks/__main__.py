@@ -8,9 +8,8 @@ import os
 import platform
 from pathlib import Path
 
-from lake_assets import spark as spark_settings
-
 from benchmarks import side_by_side
+from lake_assets import spark as spark_settings
 
 # `samples`: hourly folds measured on each side (and DuckDB recomputes); their median is the
 # figure. Three could not tell a 0.3 s change from this VM's run-to-run noise at full size.
@@ -39,7 +38,9 @@ def _machine(session) -> dict:
 def table(figures: dict) -> str:
     lines = [f"{'figure':<24} {'value':>9}  {'goal':<8} met"]
     for name, value in figures["figures"].items():
-        lines.append(f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}")
+        lines.append(
+            f"{name:<24} {value:>9}  {figures['goals'][name]:<8} {'yes' if figures['met'][name] else 'NO'}"
+        )
     for name, value in figures["context"].items():
         lines.append(f"{name:<24} {value:>9}  (no goal)")
     memory = figures["peak_driver_rss_mb"]
@@ -52,9 +53,14 @@ def table(figures: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
-    parser.add_argument("--workdir", type=Path, help="where the generated data goes (default: the system temp dir)")
-    parser.add_argument("--only", choices=sorted(side_by_side.PARTS),
-                        help="measure one part and print its timings (no goals checked)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where the generated data goes (default: the system temp dir)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=sorted(side_by_side.PARTS),
+        help="measure one part and print its timings (no goals checked)",
+    )
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     session = spark_settings.build_session(spark_settings.session_conf(app_name="lake_assets_benchmarks"))
@@ -63,7 +69,11 @@ def main() -> None:
         part = side_by_side.run_part(args.only, session, workdir=args.workdir, **SIZES[size])
         print(json.dumps({"machine": _machine(session), "size": size, **part}, indent=2, default=str))
         return
-    figures = {"machine": _machine(session), "size": size, **side_by_side.run(session, workdir=args.workdir, **SIZES[size])}
+    figures = {
+        "machine": _machine(session),
+        "size": size,
+        **side_by_side.run(session, workdir=args.workdir, **SIZES[size]),
+    }
     print(json.dumps(figures, indent=2, default=str))
     print()
     print(table(figures))

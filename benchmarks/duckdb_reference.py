@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -20,7 +21,12 @@ END_OF_TIME = "TIMESTAMPTZ '9999-12-31 23:59:59.999+00'"
 TIMELINE = "__unit_reference_timeline"
 
 OPERATIONS = {
-    "INSERT": "insert", "I": "insert", "UPDATE": "update", "U": "update", "DELETE": "delete", "D": "delete",
+    "INSERT": "insert",
+    "I": "insert",
+    "UPDATE": "update",
+    "U": "update",
+    "DELETE": "delete",
+    "D": "delete",
 }
 CURRENT_SYSTEM = ("_version_at", "_seq")
 HISTORY_SYSTEM = ("_fivetran_start", "_fivetran_end", "_fivetran_active", "_seq")
@@ -37,7 +43,7 @@ def _ident(name: str) -> str:
 def _local(path: Path | str) -> str:
     # The project names lake roots as URIs; DuckDB wants a plain path for local files.
     text = str(path)
-    return text[len("file://"):] if text.startswith("file://") else text
+    return text[len("file://") :] if text.startswith("file://") else text
 
 
 def _reader(glob: str) -> str:
@@ -52,7 +58,7 @@ def _timeline_sql(source: str, payload: list[str]) -> str:
     WITH events AS (
         SELECT
             {_ident(KEY)} AS id,
-            {columns}{',' if payload else ''}
+            {columns}{"," if payload else ""}
             CASE upper(trim(cdc_operation_type)) {ops}
                 ELSE error('unknown cdc_operation_type: ' || coalesce(cdc_operation_type, 'NULL')) END AS op,
             -- Naive timestamps read as UTC (the session time zone): that is what the feed assumes.
@@ -85,7 +91,8 @@ def recompute(
     the wall time. Payload = every column but `id` and the `cdc_*` columns.
     """
     own = con is None
-    con = duckdb.connect() if own else con
+    if con is None:
+        con = duckdb.connect()
     started = time.perf_counter()
     try:
         con.execute("SET TimeZone='UTC'")
@@ -114,13 +121,14 @@ def recompute(
         """
         con.execute(f"COPY ({history}) TO {_literal(str(out / 'history.parquet'))} (FORMAT parquet)")
         con.execute(f"COPY ({current}) TO {_literal(str(out / 'current.parquet'))} (FORMAT parquet)")
-        counts = con.execute(
+        counts = _row(
+            con,
             f"""SELECT count(*) FILTER (WHERE op <> 'delete'),
                        count(*) FILTER (WHERE op <> 'delete' AND next_at IS NULL),
                        count(*)
-                FROM {TIMELINE}"""
-        ).fetchone()
-        source_rows = con.execute(f"SELECT count(*) FROM {source}").fetchone()[0]
+                FROM {TIMELINE}""",
+        )
+        source_rows = _row(con, f"SELECT count(*) FROM {source}")[0]
         con.execute(f"DROP TABLE IF EXISTS {TIMELINE}")
         return {
             "source_rows": source_rows,
@@ -133,6 +141,14 @@ def recompute(
     finally:
         if own:
             con.close()
+
+
+def _row(con: duckdb.DuckDBPyConnection, sql: str) -> tuple:
+    """The one row of an aggregate query."""
+    row = con.execute(sql).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from: {sql}")
+    return row
 
 
 def _diff(con: duckdb.DuckDBPyConnection, reference: str, lake_dir: Path, columns: list[str]) -> dict:
@@ -148,10 +164,10 @@ def _diff(con: duckdb.DuckDBPyConnection, reference: str, lake_dir: Path, column
         lake_sql = f"SELECT {cast} FROM {_reader(str(lake_dir / '**' / '*.parquet'))}"
     else:
         lake_sql = f"{ref_sql} WHERE false"  # an absent table is empty, so every row is missing
-    rows = con.execute(f"SELECT count(*) FROM ({ref_sql})").fetchone()[0]
-    lake_rows = con.execute(f"SELECT count(*) FROM ({lake_sql})").fetchone()[0]
-    missing = con.execute(f"SELECT count(*) FROM ({ref_sql} EXCEPT ALL {lake_sql})").fetchone()[0]
-    extra = con.execute(f"SELECT count(*) FROM ({lake_sql} EXCEPT ALL {ref_sql})").fetchone()[0]
+    rows = _row(con, f"SELECT count(*) FROM ({ref_sql})")[0]
+    lake_rows = _row(con, f"SELECT count(*) FROM ({lake_sql})")[0]
+    missing = _row(con, f"SELECT count(*) FROM ({ref_sql} EXCEPT ALL {lake_sql})")[0]
+    extra = _row(con, f"SELECT count(*) FROM ({lake_sql} EXCEPT ALL {ref_sql})")[0]
     return {"rows": rows, "lake_rows": lake_rows, "missing": missing, "extra": extra}
 
 
@@ -171,7 +187,7 @@ def compare_with_lake(
     con = duckdb.connect()
     try:
         con.execute("SET TimeZone='UTC'")
-        result = {}
+        result: dict[str, Any] = {}
         for name, system in (("current", CURRENT_SYSTEM), ("history", HISTORY_SYSTEM)):
             lake_dir = root / name / feed / table
             columns = [KEY, *payload, *system]

@@ -16,10 +16,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession, Window, functions as F
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 KEY = "id"
-OPERATIONS = {"INSERT": "insert", "I": "insert", "UPDATE": "update", "U": "update", "DELETE": "delete", "D": "delete"}
+OPERATIONS = {
+    "INSERT": "insert",
+    "I": "insert",
+    "UPDATE": "update",
+    "U": "update",
+    "DELETE": "delete",
+    "D": "delete",
+}
 END_OF_TIME = "9999-12-31 23:59:59.999"
 LEVELS = ("year", "month", "day", "hour")
 
@@ -31,10 +39,14 @@ def _events(spark: SparkSession, table_dir: Path) -> DataFrame:
     return landed.select(
         KEY,
         *payload,
-        F.coalesce(*[F.when(op == spelling, F.lit(name)) for spelling, name in OPERATIONS.items()]).alias("_op"),
+        F.coalesce(*[F.when(op == spelling, F.lit(name)) for spelling, name in OPERATIONS.items()]).alias(
+            "_op"
+        ),
         F.date_trunc("millisecond", F.col("cdc_commit_timestamp")).alias("_version_at"),
         F.col("cdc_change_seq").cast("long").alias("_seq"),
-        F.concat_ws("-", *[F.lpad(level, 4 if level == "year" else 2, "0") for level in LEVELS]).alias("hour"),
+        F.concat_ws("-", *[F.lpad(level, 4 if level == "year" else 2, "0") for level in LEVELS]).alias(
+            "hour"
+        ),
     )
 
 
@@ -44,26 +56,48 @@ def backfill(spark: SparkSession, landing: Path, table: str, lake: Path, feed: s
     started = time.perf_counter()
     events = _events(spark, landing / table)
     by_key = Window.partitionBy(KEY).orderBy("_version_at", "_seq")
-    same_write = F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")) & F.lead("_seq").over(by_key).eqNullSafe(F.col("_seq"))
-    changes = events.withColumn("__repeat", F.coalesce(same_write, F.lit(False))).where("NOT __repeat").drop("__repeat").persist()
+    same_write = F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")) & F.lead("_seq").over(
+        by_key
+    ).eqNullSafe(F.col("_seq"))
+    changes = (
+        events.withColumn("__repeat", F.coalesce(same_write, F.lit(False)))
+        .where("NOT __repeat")
+        .drop("__repeat")
+        .persist()
+    )
     try:
-        changes.repartition("hour").write.mode("overwrite").partitionBy("hour").parquet(str(lake / "changes" / feed / table))
-        same_version = F.coalesce(F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")), F.lit(False))
-        versions = changes.drop("hour").withColumn("__superseded", same_version).where("NOT __superseded").drop("__superseded")
+        changes.repartition("hour").write.mode("overwrite").partitionBy("hour").parquet(
+            str(lake / "changes" / feed / table)
+        )
+        same_version = F.coalesce(
+            F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")), F.lit(False)
+        )
+        versions = (
+            changes.drop("hour")
+            .withColumn("__superseded", same_version)
+            .where("NOT __superseded")
+            .drop("__superseded")
+        )
         next_at, next_op = F.lead("_version_at").over(by_key), F.lead("_op").over(by_key)
-        timeline = versions.withColumns({
-            "_fivetran_end": F.when(next_at.isNull(), F.to_timestamp(F.lit(END_OF_TIME)))
-            .when(next_op == "delete", next_at)
-            .otherwise(next_at - F.expr("INTERVAL 1 MILLISECOND")),
-            "_fivetran_active": next_at.isNull(),
-            "_fivetran_synced": F.current_timestamp(),
-        }).where(F.col("_op") != "delete").localCheckpoint()
+        timeline = (
+            versions.withColumns(
+                {
+                    "_fivetran_end": F.when(next_at.isNull(), F.to_timestamp(F.lit(END_OF_TIME)))
+                    .when(next_op == "delete", next_at)
+                    .otherwise(next_at - F.expr("INTERVAL 1 MILLISECOND")),
+                    "_fivetran_active": next_at.isNull(),
+                    "_fivetran_synced": F.current_timestamp(),
+                }
+            )
+            .where(F.col("_op") != "delete")
+            .localCheckpoint()
+        )
         timeline.withColumnRenamed("_version_at", "_fivetran_start").write.mode("overwrite").parquet(
             str(lake / "history" / feed / table)
         )
-        timeline.where("_fivetran_active").drop("_fivetran_end", "_fivetran_active").write.mode("overwrite").parquet(
-            str(lake / "current" / feed / table)
-        )
+        timeline.where("_fivetran_active").drop("_fivetran_end", "_fivetran_active").write.mode(
+            "overwrite"
+        ).parquet(str(lake / "current" / feed / table))
     finally:
         changes.unpersist()
     return time.perf_counter() - started

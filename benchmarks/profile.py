@@ -25,8 +25,10 @@ from lake_assets import spark as spark_settings
 def event_log_files(events_dir: Path, app_id: str) -> list[Path]:
     """The event log of one application: a single file, or a rolling log's `events_<n>_…` parts."""
     files = [
-        p for p in events_dir.rglob("*")
-        if p.is_file() and (p.name.startswith("events_") and p.name.endswith(app_id) or p.name.split(".")[0] == app_id)
+        p
+        for p in events_dir.rglob("*")
+        if p.is_file()
+        and ((p.name.startswith("events_") and p.name.endswith(app_id)) or p.name.split(".")[0] == app_id)
     ]
     return sorted(files, key=lambda p: int(p.name.split("_")[1]) if p.name.startswith("events_") else 0)
 
@@ -35,9 +37,9 @@ def _write_target(plan: list[str]) -> str | None:
     """The folder a write execution writes to (its last path segments), from the plan details."""
     for index, row in enumerate(plan):
         if row.startswith("(") and row.endswith("InsertIntoHadoopFsRelationCommand"):
-            for detail in plan[index + 1:index + 4]:
+            for detail in plan[index + 1 : index + 4]:
                 if detail.startswith("Arguments: "):
-                    path = detail[len("Arguments: "):].split(",")[0]
+                    path = detail[len("Arguments: ") :].split(",")[0]
                     return "…/" + "/".join(path.rstrip("/").split("/")[-4:])
     return None
 
@@ -53,9 +55,20 @@ def sql_executions(event_logs: list[Path]) -> list[dict]:
                 continue
             kind = event["Event"]
             if kind.endswith("SQLExecutionStart"):
-                plan = [row.strip() for row in event.get("physicalPlanDescription", "").splitlines() if row.strip()]
-                operators = [row.lstrip("+- :").split(" (")[0] for row in plan[1:8] if not row.startswith(("=", "("))]
-                started[event["executionId"]] = (int(event["time"]), event.get("description", ""), operators, _write_target(plan))
+                plan = [
+                    row.strip()
+                    for row in event.get("physicalPlanDescription", "").splitlines()
+                    if row.strip()
+                ]
+                operators = [
+                    row.lstrip("+- :").split(" (")[0] for row in plan[1:8] if not row.startswith(("=", "("))
+                ]
+                started[event["executionId"]] = (
+                    int(event["time"]),
+                    event.get("description", ""),
+                    operators,
+                    _write_target(plan),
+                )
             elif kind.endswith("SQLExecutionEnd") and event["executionId"] in started:
                 begin, description, operators, target = started.pop(event["executionId"])
                 if " at /" in description:  # a Python call site
@@ -79,7 +92,9 @@ def _report(title: str, timings: dict[str, float], executions: list[dict], top: 
         print(f"    {execution['seconds']:6.2f} s  {execution['what'][:110]}")
 
 
-def _run(spark, feed, lake: Path, partitions: list[str], run_id: str, events_dir: Path) -> tuple[dict, list[dict]]:
+def _run(
+    spark, feed, lake: Path, partitions: list[str], run_id: str, events_dir: Path
+) -> tuple[dict, list[dict]]:
     timings: dict[str, float] = {}
     began_ms = int(dt.datetime.now().timestamp() * 1000)
     sb.run_pipeline(spark, feed, lake, partitions, run_id, timings=timings)
@@ -88,8 +103,11 @@ def _run(spark, feed, lake: Path, partitions: list[str], run_id: str, events_dir
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--keys", type=int, default=5_000)
     parser.add_argument("--rate", type=int, default=1_000, help="events an hour")
     parser.add_argument("--hours", type=int, default=168, help="hours of landing data in the backfill")
@@ -102,7 +120,13 @@ def main() -> None:
     events = root / "spark-events"
     events.mkdir(parents=True, exist_ok=True)
     conf = spark_settings.session_conf(app_name="lake_assets_profile")
-    conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"})
+    conf.update(
+        {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false",
+        }
+    )
     spark = spark_settings.build_session(conf)
     spark.sparkContext.setLogLevel("ERROR")
 
@@ -113,12 +137,16 @@ def main() -> None:
     partitions = sb._landed(feed)
     print(f"{stats.rows} landed rows in {stats.files} files, {len(partitions)} hour folders; work dir {root}")
     for attempt in ("warm-up", "measured"):
-        timings, executions = _run(spark, feed, root / f"lake-{attempt}", partitions, f"profile-{attempt}", events)
+        timings, executions = _run(
+            spark, feed, root / f"lake-{attempt}", partitions, f"profile-{attempt}", events
+        )
     _report(f"backfill of {len(partitions)} hours", timings, executions, args.top)
     for offset in range(args.fold_hours):
         hour = args.hours + offset
         write_unit_landing(landing, sb.TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
-        timings, executions = _run(spark, feed, root / "lake-measured", sb._hours(hour, 2), f"profile-hour-{hour}", events)
+        timings, executions = _run(
+            spark, feed, root / "lake-measured", sb._hours(hour, 2), f"profile-hour-{hour}", events
+        )
     if args.fold_hours:
         _report(f"fold of one more hour into {args.hours} hours", timings, executions, args.top)
     print(f"\nevent log: {events}")

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pyspark.sql import SparkSession
@@ -81,14 +82,23 @@ def _landed(feed: FeedConfig) -> list[str]:
 
 
 def _feed(landing: Path, **extra) -> FeedConfig:
-    return FeedConfig(FEED, "unit_cdc", f"file://{landing}", tables=(TABLE,), start=hour_key(START), **extra)
+    return FeedConfig(
+        name=FEED,
+        format="unit_cdc",
+        landing=f"file://{landing}",
+        tables=(TABLE,),
+        start=hour_key(START),
+        **extra,
+    )
 
 
 def _work(feed: FeedConfig, lake: Path, run_id: str) -> pipeline.TableWork:
     storage = Storage()
     layout = LakeLayout(f"file://{lake}")
     fmt = format_for(feed)
-    return pipeline.TableWork(feed, fmt, TABLE, storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id)
+    return pipeline.TableWork(
+        feed, fmt, TABLE, storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id
+    )
 
 
 @contextlib.contextmanager
@@ -100,7 +110,11 @@ def _timed(timings: dict[str, float] | None, stage: str):
 
 
 def run_pipeline(
-    spark: SparkSession, feed: FeedConfig, lake: Path, partitions: list[str], run_id: str,
+    spark: SparkSession,
+    feed: FeedConfig,
+    lake: Path,
+    partitions: list[str],
+    run_id: str,
     timings: dict[str, float] | None = None,
 ) -> dict:
     """What one run of the table's assets does, called directly: catalogue, ingest, store the
@@ -112,17 +126,27 @@ def run_pipeline(
         ingested = pipeline.ingest(spark, work, partitions)
     changes = work.layout.table("changes", FEED, TABLE)
     with _timed(timings, "store changes"):
-        pipeline.store_partitions(work.storage, work.store, changes, ingested.batch.events, work.fmt.partition_column,
-                                  partitions, feed=FEED, table=TABLE, run_id=work.run_id, keys=work.fmt.table_spec(TABLE).keys,
-                                  state=TableState(work.layout, FEED, TABLE))
+        pipeline.store_partitions(
+            work.storage,
+            work.store,
+            changes,
+            ingested.batch.events,
+            work.fmt.partition_column,
+            partitions,
+            feed=FEED,
+            table=TABLE,
+            run_id=work.run_id,
+            keys=work.fmt.table_spec(TABLE).keys,
+            state=TableState(work.layout, FEED, TABLE),
+        )
     with _timed(timings, "fold"):
         # What the IO manager hands the state step of the same run: the stored batch, in memory.
         batch = ingested.batch.events
+        assert batch is not None, "every benchmark hour lands events"
         report = pipeline.fold_into_state(spark, work, batch)
     with _timed(timings, "check"):
         outcomes = pipeline.check_fold(spark, work, batch, report)
-        if batch is not None:
-            batch.unpersist()
+        batch.unpersist()
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
     with _timed(timings, "record processed"):
         pipeline.record_processed(work, partitions)
@@ -132,7 +156,9 @@ def run_pipeline(
 def _floor(spark: SparkSession, landing: Path, out: Path) -> float:
     """Plain Spark: read every landed file once and write it once."""
     started = time.perf_counter()
-    spark.read.option("recursiveFileLookup", "true").parquet(str(landing / TABLE)).write.mode("overwrite").parquet(str(out))
+    spark.read.option("recursiveFileLookup", "true").parquet(str(landing / TABLE)).write.mode(
+        "overwrite"
+    ).parquet(str(out))
     return time.perf_counter() - started
 
 
@@ -151,7 +177,9 @@ def _dagster_backfill(feed: FeedConfig, lake: Path, partitions: list[str]) -> fl
 
 def _jvm_peak_rss_mb(spark: SparkSession, reset: bool = False) -> float:
     """Peak resident memory of the driver JVM (local mode: the executors live in it too)."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "the benchmarks run a classic (JVM) session"
+    pid = jvm.java.lang.ProcessHandle.current().pid()
     if reset:  # writing 5 to clear_refs restarts the peak (VmHWM) from the current size
         Path(f"/proc/{pid}/clear_refs").write_text("5")
         return 0.0
@@ -177,13 +205,19 @@ def full_backfill(spark: SparkSession, root: Path, shape: LandingShape, rounds: 
         run_pipeline(spark, feed, root / f"lake-engine-{attempt}", partitions, "bench-engine")
         timings["engine"].append(time.perf_counter() - started)
         timings["dagster"].append(_dagster_backfill(feed, root / f"lake-dagster-{attempt}", partitions))
-        timings["handwritten"].append(handwritten_spark.backfill(spark, landing, TABLE, root / f"lake-handwritten-{attempt}", FEED))
+        timings["handwritten"].append(
+            handwritten_spark.backfill(spark, landing, TABLE, root / f"lake-handwritten-{attempt}", FEED)
+        )
         timings["floor"].append(_floor(spark, landing, root / f"floor-{attempt}-again"))
-    floor, engine, dagster, handwritten = (min(timings[k]) for k in ("floor", "engine", "dagster", "handwritten"))
+    floor, engine, dagster, handwritten = (
+        min(timings[k]) for k in ("floor", "engine", "dagster", "handwritten")
+    )
     reference = root / "duckdb7"
     duckdb_reference.recompute(landing, TABLE, reference)
     correct = duckdb_reference.compare_with_lake(reference, root / "lake-dagster-0", FEED, TABLE, PAYLOAD)
-    handwritten_correct = duckdb_reference.compare_with_lake(reference, root / "lake-handwritten-0", FEED, TABLE, PAYLOAD)
+    handwritten_correct = duckdb_reference.compare_with_lake(
+        reference, root / "lake-handwritten-0", FEED, TABLE, PAYLOAD
+    )
     return {
         "landing_rows": stats.rows,
         "landing_files": stats.files,
@@ -204,13 +238,16 @@ def full_backfill(spark: SparkSession, root: Path, shape: LandingShape, rounds: 
     }
 
 
-def incremental(spark: SparkSession, root: Path, shape: LandingShape, samples: int, warm_ups: int = 1) -> dict:
+def incremental(
+    spark: SparkSession, root: Path, shape: LandingShape, samples: int, warm_ups: int = 1
+) -> dict:
     """Fold one more hour into 1 and 30 days of history, and DuckDB's recompute of 30 days.
 
     Each side first gets `warm_ups` unmeasured runs (reported, not counted): the first hourly
     fold after a build runs code the build never did, so the JVM is still compiling it. The
     figure is the steady state of a long-lived driver; the warm-up times show the first run."""
-    results, feeds = {}, {}
+    results: dict[int, dict[str, Any]] = {}
+    feeds: dict[int, FeedConfig] = {}
     for days in (1, 30):
         landing = root / f"landing{days}d"
         hours = 24 * days
@@ -218,20 +255,32 @@ def incremental(spark: SparkSession, root: Path, shape: LandingShape, samples: i
         feeds[days] = _feed(landing)
         started = time.perf_counter()
         run_pipeline(spark, feeds[days], root / f"lake{days}d", _landed(feeds[days]), f"bench-build-{days}d")
-        results[days] = {"history_hours": hours, "build_seconds": round(time.perf_counter() - started, 2),
-                         "warm_up_seconds": [], "fold_one_hour_seconds": [], "peak_driver_rss_mb": 0.0}
+        results[days] = {
+            "history_hours": hours,
+            "build_seconds": round(time.perf_counter() - started, 2),
+            "warm_up_seconds": [],
+            "fold_one_hour_seconds": [],
+            "peak_driver_rss_mb": 0.0,
+        }
     # Interleaved, so JVM warm-up and machine noise fall on both sides alike.
     for sample in range(warm_ups + samples):
         for days in (1, 30):
             hour = 24 * days + sample
-            write_unit_landing(root / f"landing{days}d", TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
+            write_unit_landing(
+                root / f"landing{days}d",
+                TABLE,
+                LandingShape(**{**shape.__dict__, "hours": 1}),
+                first_hour=hour,
+            )
             _jvm_peak_rss_mb(spark, reset=True)
             started = time.perf_counter()
             # The new hour's folder, and the next one, which holds the hour's late rows.
             run_pipeline(spark, feeds[days], root / f"lake{days}d", _hours(hour, 2), f"bench-hour-{sample}")
             seconds = round(time.perf_counter() - started, 3)
             results[days]["warm_up_seconds" if sample < warm_ups else "fold_one_hour_seconds"].append(seconds)
-            results[days]["peak_driver_rss_mb"] = max(results[days]["peak_driver_rss_mb"], _jvm_peak_rss_mb(spark))
+            results[days]["peak_driver_rss_mb"] = max(
+                results[days]["peak_driver_rss_mb"], _jvm_peak_rss_mb(spark)
+            )
     for entry in results.values():
         entry["fold_one_hour_median"] = round(statistics.median(entry["fold_one_hour_seconds"]), 3)
 
@@ -265,8 +314,13 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
     noop = []
     for _ in range(3):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
-                              capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"})
+        done = subprocess.run(
+            [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+            check=False,
+        )
         noop.append(round(time.perf_counter() - started, 3))
         assert done.returncode == 0 and "nothing changed" in done.stdout, done.stdout + done.stderr
     first_hour = 24 * 30 + 100  # after the hours `incremental` folded
@@ -274,7 +328,9 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
     for sample in range(warm_ups + samples):
         for offset, side in enumerate(sides):
             hour = first_hour + 2 * sample + offset
-            write_unit_landing(landing, TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
+            write_unit_landing(
+                landing, TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour
+            )
             started = time.perf_counter()
             if side == "cli":
                 run_ids = run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
@@ -307,13 +363,24 @@ def cluster_vs_local(root: Path, samples: int = 2) -> dict:
     try:
         for sample in range(samples):
             for side in sides:
-                spark = SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable)) if side == "cluster" else SparkConfig()
-                config = LakeConfig(lake=f"file://{root / f'lake-{side}-{sample}'}", feeds=(_feed(landing),), spark=spark)
+                spark = (
+                    SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable))
+                    if side == "cluster"
+                    else SparkConfig()
+                )
+                config = LakeConfig(
+                    lake=f"file://{root / f'lake-{side}-{sample}'}", feeds=(_feed(landing),), spark=spark
+                )
                 config_file = root / f"{side}-{sample}.yaml"
                 config_file.write_text(dump_config(config))
                 started = time.perf_counter()
-                done = subprocess.run([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
-                                      capture_output=True, text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+                done = subprocess.run(
+                    [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+                    check=False,
+                )
                 sides[side].append(round(time.perf_counter() - started, 3))
                 assert done.returncode == 0, done.stdout + done.stderr
     finally:
@@ -340,16 +407,25 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
         started = time.perf_counter()
         with dg.build_sensor_context(resources=resources, definitions=defs) as context:
             first = sensor(context)
+        assert isinstance(first, dg.SensorResult), first
         first_tick = time.perf_counter() - started
         write_listing_only_landing(landing, TABLE, 1, files_per_hour, start=START + dt.timedelta(hours=hours))
         ticks = []
         for _ in range(3):
             started = time.perf_counter()
-            with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+            with dg.build_sensor_context(
+                resources=resources, definitions=defs, cursor=first.cursor
+            ) as context:
                 result = sensor(context)
+            assert isinstance(result, dg.SensorResult), result
             ticks.append(time.perf_counter() - started)
-            assert len(result.run_requests) == 1, "the benchmark's sensor tick should request the new hour"
-        timings[total] = {"first_tick_seconds": round(first_tick, 3), "tick_seconds": round(statistics.median(ticks), 4)}
+            assert len(result.run_requests or ()) == 1, (
+                "the benchmark's sensor tick should request the new hour"
+            )
+        timings[total] = {
+            "first_tick_seconds": round(first_tick, 3),
+            "tick_seconds": round(statistics.median(ticks), 4),
+        }
     return {
         "1k": timings[1_000],
         "100k": timings[100_000],
@@ -360,15 +436,16 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
 #: the benchmark's parts by name, for measuring one on its own (`./dev bench --only NAME`)
 PARTS = {
     "full_backfill": lambda spark, root, shape, samples: full_backfill(spark, root, shape, rounds=3),
-    "incremental": lambda spark, root, shape, samples: incremental(spark, root, shape, samples),
-    "cli": lambda spark, root, shape, samples: cli_runs(spark, root, shape, samples),
+    "incremental": incremental,
+    "cli": cli_runs,
     "sensor": lambda spark, root, shape, samples: sensor_scaling(root),
     "cluster": lambda spark, root, shape, samples: cluster_vs_local(root),
 }
 
 
-def run_part(name: str, spark: SparkSession, *, keys: int, rate: int, samples: int,
-             workdir: Path | None = None) -> dict:
+def run_part(
+    name: str, spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Path | None = None
+) -> dict:
     """One part's figures and timings, as `run` reports them under that part's name."""
     shape = LandingShape(keys=keys, events_per_hour=rate, hours=168, start=START)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -394,11 +471,16 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "events_per_hour": rate,
         "figures": figures,
         # no goal of their own: where the backfill and its goal stand against hand-written Spark
-        "context": {**{name: full[name] for name in ("full_vs_handwritten", "handwritten_vs_floor")},
-                    "cluster_vs_local": cluster["cluster_vs_local"]},
+        "context": {
+            **{name: full[name] for name in ("full_vs_handwritten", "handwritten_vs_floor")},
+            "cluster_vs_local": cluster["cluster_vs_local"],
+        },
         "goals": {name: f"<= {goal}" for name, goal in GOALS.items()},
         "met": {name: figures[name] <= goal for name, goal in GOALS.items()},
-        "peak_driver_rss_mb": {"1d": inc["1d"]["peak_driver_rss_mb"], "30d": inc["30d"]["peak_driver_rss_mb"]},
+        "peak_driver_rss_mb": {
+            "1d": inc["1d"]["peak_driver_rss_mb"],
+            "30d": inc["30d"]["peak_driver_rss_mb"],
+        },
         "correct": bool(full["correct_vs_duckdb"]["equal"] and inc["correct_vs_duckdb"]["equal"]),
         "handwritten_correct": bool(full["handwritten_correct_vs_duckdb"]["equal"]),
         "full_backfill_7d": full,

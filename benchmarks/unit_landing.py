@@ -92,9 +92,12 @@ def hour_folder(landing_dir: Path, table: str, start: dt.datetime, hour: int) ->
     """The export folder of hour offset `hour` from `start` (created if missing)."""
     moment = _utc(start) + dt.timedelta(hours=hour)
     folder = (
-        Path(landing_dir) / table
-        / f"year={moment.year:04d}" / f"month={moment.month:02d}"
-        / f"day={moment.day:02d}" / f"hour={moment.hour:02d}"
+        Path(landing_dir)
+        / table
+        / f"year={moment.year:04d}"
+        / f"month={moment.month:02d}"
+        / f"day={moment.day:02d}"
+        / f"hour={moment.hour:02d}"
     )
     folder.mkdir(parents=True, exist_ok=True)
     return folder

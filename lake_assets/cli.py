@@ -11,9 +11,22 @@ import time
 from pathlib import Path
 
 from lake_assets.config import (
-    CollectionConfig, FeedConfig, LakeConfig, check_landings, dump_config, load_config, resolved_config,
+    CollectionConfig,
+    FeedConfig,
+    LakeConfig,
+    check_landings,
+    dump_config,
+    load_config,
+    resolved_config,
 )
-from lake_assets.console import RunDisplay, format_records, format_status, format_summary, new_log_path, output_to
+from lake_assets.console import (
+    RunDisplay,
+    format_records,
+    format_status,
+    format_summary,
+    new_log_path,
+    output_to,
+)
 from lake_assets.discovery import describe, discover
 from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.feeds.base import parse_hour_key
@@ -45,14 +58,18 @@ def _run_and_report(config: LakeConfig, args: argparse.Namespace, **selection) -
     with output_to(log_path) as stream:
         display = RunDisplay(stream)
         try:
-            run_feeds(config, say=display.say, progress=Progress(display.planned, display.step_done), **selection)
+            run_feeds(
+                config, say=display.say, progress=Progress(display.planned, display.step_done), **selection
+            )
         except RunFailed as failed:  # the other feeds and tables ran: summarise them, then the failures
             failures = failed.failures
         finally:
             display.close()
     print(format_summary(summarise(config)))
-    print(f"lake-assets: {'failed' if failures else 'done'} in {time.perf_counter() - started:.1f} s"
-          + (f"; Dagster's and Spark's output: {log_path}" if log_path else ""))
+    print(
+        f"lake-assets: {'failed' if failures else 'done'} in {time.perf_counter() - started:.1f} s"
+        + (f"; Dagster's and Spark's output: {log_path}" if log_path else "")
+    )
     for line in failures:
         print(f"lake-assets: failed: {line}" + (f" (log: {log_path})" if log_path else ""), file=sys.stderr)
     return 1 if failures else 0
@@ -93,8 +110,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     root = Path(args.dir).resolve()
     # checked before any file is written: a mistake here is one line, not a half-made demo
-    spark = LakeConfig(lake=f"file://{root / 'lake'}").replace(
-        spark={"master": args.master, "remote": args.remote, "conf": dict(args.spark_conf or [])}).spark
+    spark = (
+        LakeConfig(lake=f"file://{root / 'lake'}")
+        .replace(spark={"master": args.master, "remote": args.remote, "conf": dict(args.spark_conf or [])})
+        .spark
+    )
     for sub in ("landing", "lake"):
         shutil.rmtree(root / sub, ignore_errors=True)
     unit_landing = root / "landing" / "unit"
@@ -120,7 +140,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 name="flow",
                 format="flow_journal",
                 landing=f"file://{flow.landing_dir}",
-                collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()),
+                collections=tuple(
+                    CollectionConfig(name=name, key=tuple(key)) for name, key in flow.collections.items()
+                ),
             ),
         ),
         spark=spark,
@@ -129,7 +151,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config_file.write_text(dump_config(config))
     _say(f"config written to {config_file}")
     code = _run_and_report(config, args, everything=True)
-    _say(f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1")
+    _say(
+        f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1"
+    )
     return code
 
 
@@ -180,7 +204,9 @@ def _partition_key(text: str) -> str:
     try:
         parse_hour_key(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither an hour like 2024-03-01-05 nor a batch id (hex digits)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an hour like 2024-03-01-05 nor a batch id (hex digits)"
+        ) from None
     return text
 
 
@@ -212,14 +238,30 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="process what landed since the last run for the configured feeds")
     run.add_argument("--config", required=True, help="feed configuration YAML")
     run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
-    run.add_argument("--all", action="store_true",
-                     help="process every landed partition again, not only those whose files changed")
-    run.add_argument("--from", dest="first", type=_partition_key,
-                     help="process every landed partition from this one (hour 2024-03-01-05 or batch)")
-    run.add_argument("--to", dest="last", type=_partition_key, help="process every landed partition up to this one")
-    run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
+    run.add_argument(
+        "--all",
+        action="store_true",
+        help="process every landed partition again, not only those whose files changed",
+    )
+    run.add_argument(
+        "--from",
+        dest="first",
+        type=_partition_key,
+        help="process every landed partition from this one (hour 2024-03-01-05 or batch)",
+    )
+    run.add_argument(
+        "--to", dest="last", type=_partition_key, help="process every landed partition up to this one"
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show Dagster's and Spark's output instead of logging it to a file",
+    )
     run.set_defaults(func=cmd_run)
-    status = sub.add_parser("status", help="per table: last processed partition, what waits, quarantined files, rows, last run")
+    status = sub.add_parser(
+        "status", help="per table: last processed partition, what waits, quarantined files, rows, last run"
+    )
     status.add_argument("--config", required=True, help="feed configuration YAML")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=cmd_status)
@@ -228,15 +270,35 @@ def main(argv: list[str] | None = None) -> int:
     pin.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
     pin.set_defaults(func=cmd_discover)
     demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
-    demo.add_argument("--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)")
-    demo.add_argument("-v", "--verbose", action="store_true", help="show Dagster's and Spark's output instead of logging it to a file")
+    demo.add_argument(
+        "--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)"
+    )
+    demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show Dagster's and Spark's output instead of logging it to a file",
+    )
     where = demo.add_mutually_exclusive_group()
-    where.add_argument("--master", help="run on this Spark master (spark://host:7077) instead of the embedded local driver")
-    where.add_argument("--remote", help="run on this Spark Connect server (sc://host:15002; token from SPARK_CONNECT_AUTHENTICATE_TOKEN)")
-    demo.add_argument("--conf", dest="spark_conf", action="append", type=_spark_setting, metavar="KEY=VALUE",
-                      help="an extra Spark setting (repeatable), e.g. spark.pyspark.python=/path/to/python")
+    where.add_argument(
+        "--master", help="run on this Spark master (spark://host:7077) instead of the embedded local driver"
+    )
+    where.add_argument(
+        "--remote",
+        help="run on this Spark Connect server (sc://host:15002; token from SPARK_CONNECT_AUTHENTICATE_TOKEN)",
+    )
+    demo.add_argument(
+        "--conf",
+        dest="spark_conf",
+        action="append",
+        type=_spark_setting,
+        metavar="KEY=VALUE",
+        help="an extra Spark setting (repeatable), e.g. spark.pyspark.python=/path/to/python",
+    )
     demo.set_defaults(func=cmd_demo)
-    catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(dest="catalog_command", required=True)
+    catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(
+        dest="catalog_command", required=True
+    )
     query = catalog.add_parser("query", help="files of a table by time range or by work id (run)")
     query.add_argument("--config", required=True, help="feed configuration YAML")
     query.add_argument("--what", required=True, help="table, e.g. accounts or 00Dxx/account")
@@ -246,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     query.add_argument("--work-id", help="the Dagster run id that read or wrote the files")
     query.add_argument("--json", action="store_true", help="print the records as JSON")
     query.set_defaults(func=cmd_catalog_query)
-    config = sub.add_parser("config", help="the feed configuration").add_subparsers(dest="config_command", required=True)
-    check = config.add_parser("check", help="check a configuration file; print it with every default filled in")
+    config = sub.add_parser("config", help="the feed configuration").add_subparsers(
+        dest="config_command", required=True
+    )
+    check = config.add_parser(
+        "check", help="check a configuration file; print it with every default filled in"
+    )
     check.add_argument("file", help="feed configuration YAML")
     check.set_defaults(func=cmd_config_check)
     args = parser.parse_args(argv)

@@ -32,15 +32,26 @@ ConfigError with one line per mistake naming the key path, what was expected and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
 import yaml
 from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
 
 from lake_assets.config_model import (
-    CREDENTIALS_COME_FROM_THE_ENVIRONMENT, EndpointUrl, FeedConfig, Model, RootUri, S3Config, Text, checked, expected,
-    explain, looks_secret, refused,
+    CREDENTIALS_COME_FROM_THE_ENVIRONMENT,
+    EndpointUrl,
+    FeedConfig,
+    Model,
+    RootUri,
+    S3Config,
+    Text,
+    checked,
+    expected,
+    explain,
+    looks_secret,
+    refused,
 )
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
@@ -49,8 +60,17 @@ from lake_assets.paths import is_s3
 from lake_assets.storage import Storage
 
 __all__ = [
-    "CatalogConfig", "CollectionConfig", "FeedConfig", "LakeConfig", "S3Config", "SparkConfig", "dump_config",
-    "check_landings", "load_config", "parse_config", "resolved_config",
+    "CatalogConfig",
+    "CollectionConfig",
+    "FeedConfig",
+    "LakeConfig",
+    "S3Config",
+    "SparkConfig",
+    "check_landings",
+    "dump_config",
+    "load_config",
+    "parse_config",
+    "resolved_config",
 ]
 
 #: the largest configuration file read (a feed list is a few kilobytes)
@@ -59,7 +79,12 @@ MAX_CONFIG_BYTES = 1 << 20
 #: to ~10^9 from a few hundred bytes)
 MAX_EXPANDED_NODES = 100_000
 
-AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]
+if TYPE_CHECKING:
+    # Statically, every format's model is a FeedConfig (the union below is built at run time).
+    AnyFeedConfig: TypeAlias = FeedConfig
+else:
+    # Union[...] of a runtime tuple: the `X | Y` spelling cannot take the formats as a sequence.
+    AnyFeedConfig = Annotated[Union[feed_config_models()], Field(discriminator="format")]  # noqa: UP007
 
 
 def _spark_setting(value: Any) -> str:
@@ -85,15 +110,19 @@ def _connect_url(value: Any) -> str:
         raise expected("a Spark Connect URL such as sc://host:15002")
     params = value.partition("/;")[2].split(";")
     if "@" in value.partition("/;")[0] or any(looks_secret(p.partition("=")[0]) for p in params if p):
-        raise refused("a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
-                      "never from the configuration file")
+        raise refused(
+            "a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+            "never from the configuration file"
+        )
     return value
 
 
 class SparkConfig(Model):
     master: Text | None = None
     remote: Annotated[str, PlainValidator(_connect_url)] | None = None
-    conf: dict[Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]] = {}
+    conf: dict[
+        Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]
+    ] = Field(default_factory=dict)
 
 
 class CatalogConfig(Model):
@@ -105,7 +134,7 @@ class CatalogConfig(Model):
     endpoint_url: EndpointUrl | None = None  # DynamoDB endpoint (local or compatible services)
 
     @model_validator(mode="after")
-    def _dynamodb_names_its_tables(self) -> "CatalogConfig":
+    def _dynamodb_names_its_tables(self) -> CatalogConfig:
         for key in ("table", "latest_table"):
             if self.store == "dynamodb" and getattr(self, key) is None:
                 raise refused("required for a dynamodb catalog", at=(key,))
@@ -126,18 +155,22 @@ class LakeConfig(Model):
         return self._source
 
     @model_validator(mode="after")
-    def _feeds_have_their_own_names_and_landings(self) -> "LakeConfig":
+    def _feeds_have_their_own_names_and_landings(self) -> LakeConfig:
         seen: dict[str, int] = {}
         for index, feed in enumerate(self.feeds):
             if feed.name in seen:
-                raise refused(f"the feed name {feed.name!r} is already used by feeds[{seen[feed.name]}]",
-                              at=("feeds", index, "name"))
+                raise refused(
+                    f"the feed name {feed.name!r} is already used by feeds[{seen[feed.name]}]",
+                    at=("feeds", index, "name"),
+                )
             seen[feed.name] = index
             overlap = _overlap(self.lake, feed.landing)
             if overlap:
-                raise refused(f"{feed.landing} {overlap} the lake {self.lake}: the lake and a landing must not "
-                              "share folders (the lake would read its own files, or a landing its writes)",
-                              at=("feeds", index, "landing"))
+                raise refused(
+                    f"{feed.landing} {overlap} the lake {self.lake}: the lake and a landing must not "
+                    "share folders (the lake would read its own files, or a landing its writes)",
+                    at=("feeds", index, "landing"),
+                )
         return self
 
     def storage(self) -> Storage:
@@ -150,16 +183,18 @@ class LakeConfig(Model):
                 return feed
         raise ConfigError(f"no feed named {name!r} (configured: {[f.name for f in self.feeds]})")
 
-    def replace(self, **changes: Any) -> "LakeConfig":
+    def replace(self, **changes: Any) -> LakeConfig:
         """This configuration with some keys changed, checked as a whole again."""
         try:
-            changed = LakeConfig(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
+            changed = LakeConfig(
+                **{**{name: getattr(self, name) for name in type(self).model_fields}, **changes}
+            )
         except ValidationError as exc:
             raise ConfigError("\n".join(explain(exc, LakeConfig))) from None
         changed._source = self._source
         return changed
 
-    def with_lake(self, lake: str) -> "LakeConfig":
+    def with_lake(self, lake: str) -> LakeConfig:
         return self.replace(lake=lake)
 
 
@@ -210,8 +245,10 @@ def _expanded_nodes(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]
     if id(node) in open_nodes:
         raise yaml.YAMLError(f"line {node.start_mark.line + 1}: an alias refers to a node that holds it")
     open_nodes.add(id(node))
-    children = node.value if isinstance(node, yaml.SequenceNode) else (
-        [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
+    children = (
+        node.value
+        if isinstance(node, yaml.SequenceNode)
+        else ([part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else [])
     )
     total = 1
     for child in children:
@@ -243,11 +280,13 @@ def load_config(path: str | os.PathLike[str]) -> LakeConfig:
     with path.open("rb") as handle:
         data = handle.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a configuration file is a few kilobytes")
+        raise ConfigError(
+            f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a configuration file is a few kilobytes"
+        )
     try:
         raw = read_yaml(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
+        line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}: not UTF-8 text (line {line})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
@@ -266,15 +305,19 @@ def dump_config(config: LakeConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
 
 
-def resolved_config(config: LakeConfig, environ: dict[str, str] | None = None) -> str:
+def resolved_config(config: LakeConfig, environ: Mapping[str, str] | None = None) -> str:
     """YAML text for a config with every default filled in, and where S3 credentials come from
     (the environment), their values redacted."""
     environ = os.environ if environ is None else environ
     resolved = config.model_dump(mode="json", exclude_none=True)
     uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
-    credentials = {name: ("set (redacted)" if environ.get(name) else "not set")
-                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
-    resolved["s3"]["credentials_from_environment"] = credentials if uses_s3 else "not used (no s3a:// location)"
+    credentials = {
+        name: ("set (redacted)" if environ.get(name) else "not set")
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    }
+    resolved["s3"]["credentials_from_environment"] = (
+        credentials if uses_s3 else "not used (no s3a:// location)"
+    )
     return yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True)
 
 
@@ -286,7 +329,7 @@ def check_landings(config: LakeConfig, storage) -> None:
     for index, feed in enumerate(config.feeds):
         where = feed.landing
         if is_s3(where):
-            where = "s3a://" + where[len("s3a://"):].split("/", 1)[0]
+            where = "s3a://" + where[len("s3a://") :].split("/", 1)[0]
         try:
             found = storage.exists(where)
         except OSError as exc:
@@ -294,7 +337,7 @@ def check_landings(config: LakeConfig, storage) -> None:
             continue
         if not found:
             problems.append(f"feeds[{index}].landing: {where} does not exist")
-        elif not is_s3(where) and not Path(where[len("file://"):]).is_dir():
+        elif not is_s3(where) and not Path(where[len("file://") :]).is_dir():
             problems.append(f"feeds[{index}].landing: {where} is not a folder")
     if problems:
         source = config.source

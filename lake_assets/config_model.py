@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from typing import Annotated, Any, Callable, ClassVar, get_args
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from lake_assets.errors import ConfigError
 from lake_assets.paths import is_name, normalise_root_uri
@@ -28,7 +29,8 @@ CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
 )
 #: a setting name that looks like it holds a credential
 SECRET_NAME = re.compile(
-    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key", re.IGNORECASE
+    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key",
+    re.IGNORECASE,
 )
 #: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
 MECHANISM_NAME = re.compile(r"[._-](provider|binding|enabled)$", re.IGNORECASE)
@@ -50,7 +52,9 @@ def refused(reason: str, at: tuple[str | int, ...] = ()) -> PydanticCustomError:
     return PydanticCustomError("refused", "{reason}", {"reason": reason, "at": at})
 
 
-def checked(what: str, accept: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v) -> PlainValidator:
+def checked(
+    what: str, accept: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v
+) -> PlainValidator:
     """A value `accept` takes (converted by `convert`), or the error `expected <what>`. Plain:
     pydantic's lax coercions (true -> 1, 1 -> '1') never apply."""
 
@@ -102,25 +106,23 @@ RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
 FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", is_name)]
-TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))]
+TableName = Annotated[
+    str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))
+]
 HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
 NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
 PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is int and v >= 1)]
 Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
 
 
-def names(item: Any) -> Any:
-    """A non-empty list of `item` (read as a tuple)."""
-    return Annotated[tuple[item, ...], Field(min_length=1)]
+_Item = TypeVar("_Item")
+#: A non-empty list of items (read as a tuple): `Names[TableName]`.
+Names = Annotated[tuple[_Item, ...], Field(min_length=1)]
 
 
-def only_for(formats: str) -> Any:
+def only_for(formats: str) -> PlainValidator:
     """An option of other feed formats: absent (None) on this one, and refused when given."""
-    return Annotated[
-        None,
-        PlainValidator(lambda v: _absent(v, formats)),
-        Field(exclude=True),  # never part of this format's keys or of its dump
-    ]
+    return PlainValidator(lambda v: _absent(v, formats))
 
 
 def _absent(value: Any, formats: str) -> None:
@@ -128,8 +130,14 @@ def _absent(value: Any, formats: str) -> None:
         raise expected(f"nothing: this key applies to {formats} feeds only")
 
 
-GraxOnly = only_for("grax_v2")
-FlowOnly = only_for("flow_journal")
+if TYPE_CHECKING:
+    # What code reads from any feed: the option of its own format, or None on the others.
+    GraxOnly: TypeAlias = tuple[str, ...] | None
+    FlowOnly: TypeAlias = tuple[Any, ...] | None
+else:
+    # Never part of another format's keys or of its dump.
+    GraxOnly = Annotated[None, only_for("grax_v2"), Field(exclude=True)]
+    FlowOnly = Annotated[None, only_for("flow_journal"), Field(exclude=True)]
 
 
 class Model(BaseModel):
@@ -142,7 +150,8 @@ class Model(BaseModel):
     def __init__(self, *args: Any, **data: Any):
         if len(args) > len(self._positional):
             raise TypeError(f"{type(self).__name__} takes at most {len(self._positional)} values in order")
-        super().__init__(**dict(zip(self._positional, args)), **data)
+        # Fewer values than positional fields is fine: the rest come by name or default.
+        super().__init__(**dict(zip(self._positional, args, strict=False)), **data)
 
 
 class S3Config(Model):
@@ -163,7 +172,7 @@ class FeedConfig(Model):
     format: str
     landing: RootUri
     #: tables to process; discovered from the landing layout when omitted
-    tables: names(TableName) | None = None
+    tables: Names[TableName] | None = None
     #: first hourly partition; discovered when omitted
     start: HourKey | None = None
     #: how long an hour folder may still gain files
@@ -181,7 +190,8 @@ class FeedConfig(Model):
         if cls is FeedConfig:
             from lake_assets.feeds import get_format
 
-            cls = get_format(data.get("format", args[1] if len(args) > 1 else None)).config_model
+            model = get_format(data.get("format", args[1] if len(args) > 1 else None)).config_model
+            return super().__new__(model)
         return super().__new__(cls)
 
 
@@ -193,12 +203,18 @@ def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
     # what is wrong with the item.
     inner = [detail["loc"] for detail in details]
     return [
-        _line(detail, model) for detail in details
-        if not (detail["type"] == "too_short" and any(len(loc) > len(detail["loc"]) and loc[:len(detail["loc"])] == detail["loc"] for loc in inner))
+        _line(detail, model)
+        for detail in details
+        if not (
+            detail["type"] == "too_short"
+            and any(
+                len(loc) > len(detail["loc"]) and loc[: len(detail["loc"])] == detail["loc"] for loc in inner
+            )
+        )
     ]
 
 
-def _line(detail: dict, model: type[BaseModel]) -> str:
+def _line(detail: ErrorDetails, model: type[BaseModel]) -> str:
     kind, loc, ctx = detail["type"], detail["loc"], detail.get("ctx") or {}
     if kind == "refused":
         return f"{key_path(loc + tuple(ctx['at']))}: {ctx['reason']}"
@@ -210,12 +226,16 @@ def _line(detail: dict, model: type[BaseModel]) -> str:
         key = str(loc[-1])
         if looks_secret(key):
             return f"{key_path(loc)}: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
-        return f"{key_path(loc)}: unknown key; expected one of {', '.join(keys_of(_model_at(model, loc[:-1])))}"
+        return (
+            f"{key_path(loc)}: unknown key; expected one of {', '.join(keys_of(_model_at(model, loc[:-1])))}"
+        )
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(_feed_formats())
         if kind == "union_tag_not_found":
-            return f"{key_path(loc + ('format',))}: required, one of {tags}"
-        return f"{key_path(loc + ('format',))}: expected one of {tags}, got {show(detail['input'].get('format'))}"
+            return f"{key_path((*loc, 'format'))}: required, one of {tags}"
+        return (
+            f"{key_path((*loc, 'format'))}: expected one of {tags}, got {show(detail['input'].get('format'))}"
+        )
     what = _EXPECTED.get(kind)
     if what is None:
         return f"{key_path(loc)}: {detail['msg']}, got {show(detail.get('input'))}"

@@ -13,11 +13,12 @@ import datetime as dt
 import io
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from lake_assets.runner import NAMED_CHANGES, PlannedRun, StepDone
 from lake_assets.status import TableStatus, TableSummary
@@ -62,7 +63,7 @@ def output_to(log_path: Path | None) -> Iterator[TextIO]:
     saved = os.dup(1), os.dup(2)
     try:
         sys.stdout.fileno()
-        console = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
+        console: TextIO = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
     except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is not a file (captured by a test)
         console = sys.stdout
     try:
@@ -87,7 +88,7 @@ class RunDisplay:
     def __init__(self, stream: TextIO):
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
         self.bar: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
 
     def say(self, message: str) -> None:
         self.console.print(f"lake-assets: {message}", markup=False)
@@ -95,14 +96,22 @@ class RunDisplay:
     def planned(self, runs: list[PlannedRun], steps: int) -> None:
         if not self.console.is_terminal or not steps:
             return
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self.task = self.bar.add_task(f"{len(runs)} run(s)", total=steps)
         self.bar.start()
 
     def step_done(self, step: StepDone) -> None:
         self.console.print(step_line(step), markup=False)
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.advance(self.task)
 
     def close(self) -> None:
@@ -116,8 +125,11 @@ def step_line(step: StepDone) -> str:
     partitions = step.first if step.first == step.last else f"{step.first} .. {step.last}"
     if step.failure is not None:
         return f"{step.what}  {partitions}  FAILED: {step.failure}"
-    figures = [f"{label} {step.metadata[layer][key]}" for layer, key, label in _FIGURES
-               if key in step.metadata.get(layer, {})]
+    figures = [
+        f"{label} {step.metadata[layer][key]}"
+        for layer, key, label in _FIGURES
+        if key in step.metadata.get(layer, {})
+    ]
     return f"{step.what}  {partitions}  {', '.join(figures) or 'done'}  {step.seconds:.1f} s"
 
 
@@ -125,8 +137,16 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     """The status as a person reads it: one line per table, then what waits and what was set aside."""
     header = ("feed", "table", "last processed", "pending", "quarantined", "current", "history", "last run")
     body = [
-        (s.feed, s.table, s.last_processed or "-", str(len(s.pending)), str(len(s.quarantined)), str(s.current_rows),
-         str(s.history_rows), f"{s.last_run['status']} {s.last_run['started'][:19]}" if s.last_run else "-")
+        (
+            s.feed,
+            s.table,
+            s.last_processed or "-",
+            str(len(s.pending)),
+            str(len(s.quarantined)),
+            str(s.current_rows),
+            str(s.history_rows),
+            f"{s.last_run['status']} {s.last_run['started'][:19]}" if s.last_run else "-",
+        )
         for s in tables
     ]
     lines = [_table(header, body, 3)]
@@ -134,37 +154,61 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
         lines.append("(last runs are kept only by a Dagster instance: set DAGSTER_HOME)")
     for s in tables:
         for item in s.pending[:NAMED_CHANGES]:
-            lines.append(f"{s.feed}/{s.table}: not processed: {item['partition']} ({item['files']} file(s)): {item['reason']}")
+            lines.append(
+                f"{s.feed}/{s.table}: not processed: {item['partition']} ({item['files']} file(s)): {item['reason']}"
+            )
         if len(s.pending) > NAMED_CHANGES:
-            lines.append(f"{s.feed}/{s.table}: and {len(s.pending) - NAMED_CHANGES} more partition(s) not processed")
+            lines.append(
+                f"{s.feed}/{s.table}: and {len(s.pending) - NAMED_CHANGES} more partition(s) not processed"
+            )
         for item in s.quarantined:
             lines.append(f"{s.feed}/{s.table}: quarantined: {item['file']}: {item['reason']}")
     return "\n".join(lines)
 
 
-def _table(header: tuple[str, ...], body: list[tuple[str, ...]], text_columns: int) -> str:
+def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], text_columns: int) -> str:
     """Aligned columns: the first `text_columns` left-aligned, the rest (numbers) right-aligned."""
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
     return "\n".join(
-        "  ".join(v.ljust(w) if i < text_columns else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths)))
+        "  ".join(
+            v.ljust(w) if i < text_columns else v.rjust(w)
+            for i, (v, w) in enumerate(zip(line, widths, strict=True))
+        )
         for line in (header, *body)
     )
 
 
 def format_summary(rows: list[TableSummary]) -> str:
     header = ("feed", "table", "changes", "current", "history", "quarantined")
-    body = [(r.feed, r.table, str(r.changes), str(r.current), str(r.history), str(r.quarantined)) for r in rows]
+    body = [
+        (r.feed, r.table, str(r.changes), str(r.current), str(r.history), str(r.quarantined)) for r in rows
+    ]
     return _table(header, body, 2)
 
 
 def format_records(records: list[dict]) -> str:
     """Catalog records as a table a person reads: span, where, what, run, size, file."""
+
     def when(ms):
-        return "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return (
+            "-"
+            if ms is None
+            else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        )
 
     body = [
-        (when(r["metadata"]["start"]), when(r["metadata"]["end"]), r["metadata"]["where"], r["metadata"]["what"],
-         r["metadata"]["work_id"] or "-", r["url"], str(r["size"]))
+        (
+            when(r["metadata"]["start"]),
+            when(r["metadata"]["end"]),
+            r["metadata"]["where"],
+            r["metadata"]["what"],
+            r["metadata"]["work_id"] or "-",
+            r["url"],
+            str(r["size"]),
+        )
         for r in records
     ]
-    return _table(("start", "end", "where", "what", "work_id", "url", "bytes"), body, 6) + f"\n{len(records)} file(s)"
+    return (
+        _table(("start", "end", "where", "what", "work_id", "url", "bytes"), body, 6)
+        + f"\n{len(records)} file(s)"
+    )

@@ -47,11 +47,15 @@ class Pin:
         return json.dumps({"tables": list(self.tables), "first_hour": self.first_hour}, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Pin":
+    def from_json(cls, data: bytes) -> Pin:
         """The pin a file holds; ValueError naming what is wrong (its table names become paths)."""
         raw = json.loads(data.decode("utf-8"))
-        if not isinstance(raw, dict) or set(raw) != {"tables", "first_hour"} or not isinstance(raw["tables"], list):
-            raise InvalidValue("expected {\"tables\": [...], \"first_hour\": ...}")
+        if (
+            not isinstance(raw, dict)
+            or set(raw) != {"tables", "first_hour"}
+            or not isinstance(raw["tables"], list)
+        ):
+            raise InvalidValue('expected {"tables": [...], "first_hour": ...}')
         for table in raw["tables"]:
             table_segments(table)
         if raw["first_hour"] is not None:
@@ -86,8 +90,12 @@ def load_pins(config: LakeConfig, storage: Storage) -> dict[str, Pin]:
         try:
             pins[feed.name] = read_pin(storage, layout, feed.name)
         except PinError as exc:
-            log.warning("feed %s: its pinned tables cannot be read (%s): it loads without them; %s",
-                        feed.name, exc, DISCOVER_HINT)
+            log.warning(
+                "feed %s: its pinned tables cannot be read (%s): it loads without them; %s",
+                feed.name,
+                exc,
+                DISCOVER_HINT,
+            )
             pins[feed.name] = Pin()
     return pins
 
@@ -123,8 +131,12 @@ def first_hour(feed: FeedConfig, pin: Pin) -> str:
     if pin.first_hour:
         return pin.first_hour
     today = hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
-    log.warning("feed %s: no `start` configured and no first hour pinned: its hours start today (%s); %s",
-                feed.name, today, DISCOVER_HINT)
+    log.warning(
+        "feed %s: no `start` configured and no first hour pinned: its hours start today (%s); %s",
+        feed.name,
+        today,
+        DISCOVER_HINT,
+    )
     return today
 
 
@@ -153,7 +165,9 @@ def discover(config: LakeConfig, storage: Storage) -> list[Discovery]:
     return [discover_feed(storage, layout, feed) for feed in config.feeds]
 
 
-def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig, every_table: bool = True) -> Discovery:
+def discover_feed(
+    storage: Storage, layout: LakeLayout, feed: FeedConfig, every_table: bool = True
+) -> Discovery:
     """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
     the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
     one listing of the landing, not one of every table's hours."""
@@ -166,7 +180,7 @@ def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig, every_
         replaced, before = str(exc), Pin()
     try:
         found = fmt.discover_tables(storage, feed.landing) if fmt.configured_tables(feed) is None else []
-    except Exception as exc:  # reported with the feed; the pin keeps its tables
+    except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
         problem, found = f"listing its tables under {feed.landing}: {_first_line(exc)}", []
     pin = Pin(tables=tuple(sorted({*before.tables, *found})), first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
@@ -174,23 +188,33 @@ def discover_feed(storage: Storage, layout: LakeLayout, feed: FeedConfig, every_
     if fmt.partitioning == "hourly" and not feed.start:
         searched = tables if every_table or before.first_hour is None else [t for t in tables if t not in old]
         landed, unlisted = _first_landed_hour(storage, feed, fmt, searched)
-        pin = dataclasses.replace(pin, first_hour=min(filter(None, [landed, before.first_hour]), default=None))
+        pin = dataclasses.replace(
+            pin, first_hour=min(filter(None, [landed, before.first_hour]), default=None)
+        )
     if pin != before or replaced:
         write_pin(storage, layout, feed.name, pin)
     return Discovery(
-        feed=feed, pin=pin, tables=tables, new=[t for t in tables if t not in old],
-        earlier=pin.first_hour != before.first_hour, replaced=replaced, problem=problem, unlisted=tuple(unlisted),
+        feed=feed,
+        pin=pin,
+        tables=tables,
+        new=[t for t in tables if t not in old],
+        earlier=pin.first_hour != before.first_hour,
+        replaced=replaced,
+        problem=problem,
+        unlisted=tuple(unlisted),
     )
 
 
-def _first_landed_hour(storage: Storage, feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> tuple[str | None, list[str]]:
+def _first_landed_hour(
+    storage: Storage, feed: FeedConfig, fmt: FeedFormat, tables: list[str]
+) -> tuple[str | None, list[str]]:
     """The earliest hour with files among `tables`, and a line per table whose hours could not be
     listed (the others are still looked at)."""
     firsts, unlisted = [], []
     for table in tables:
         try:
             firsts += fmt.partition_keys(storage, feed.landing, table)[:1]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the other tables are still listed
             unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
     return min(firsts, default=None), unlisted
 

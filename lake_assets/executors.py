@@ -60,7 +60,9 @@ def package_zip() -> Path:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in files:
             # a fixed timestamp: the same sources give the same bytes, hence the same name
-            info = zipfile.ZipInfo(str(Path("lake_assets") / path.relative_to(root)), date_time=(1980, 1, 1, 0, 0, 0))
+            info = zipfile.ZipInfo(
+                str(Path("lake_assets") / path.relative_to(root)), date_time=(1980, 1, 1, 0, 0, 0)
+            )
             archive.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
     data = buffer.getvalue()
     target = Path(tempfile.gettempdir()) / f"lake_assets-{hashlib.sha256(data).hexdigest()[:16]}.zip"
@@ -120,9 +122,11 @@ def check_executors(session) -> None:
     tasks = _CONNECT_PROBE_TASKS if _is_connect(session) else session.sparkContext.defaultParallelism
     try:
         found = {row[0] for row in session.range(0, tasks, 1, tasks).select(probe("id")).distinct().collect()}
-    except Exception as error:  # the worker could not even start the probe (no pyarrow, no lake_assets, ...)
-        raise ExecutorEnvironmentError(f"the executors' Python cannot run the lake's functions: "
-                                       f"{_missing_module(str(error))}; {HOW_TO_PROVIDE}") from None
+    except Exception as error:  # noqa: BLE001 - the worker could not even start the probe (no pyarrow, no lake_assets, ...)
+        raise ExecutorEnvironmentError(
+            f"the executors' Python cannot run the lake's functions: "
+            f"{_missing_module(str(error))}; {HOW_TO_PROVIDE}"
+        ) from None
     problems = sorted(problem for problem in found if problem)
     if problems:
         raise ExecutorEnvironmentError(f"the executors' Python cannot import {problems[0]}; {HOW_TO_PROVIDE}")
@@ -146,7 +150,9 @@ def requirements() -> list[str]:
     before = set(sys.modules)
     for module in EXECUTOR_IMPORTS:
         importlib.import_module(module)
-    loaded = {name.split(".")[0] for name in set(sys.modules) - before} | {m.split(".")[0] for m in EXECUTOR_IMPORTS}
+    loaded = {name.split(".")[0] for name in set(sys.modules) - before} | {
+        m.split(".")[0] for m in EXECUTOR_IMPORTS
+    }
     owners = importlib.metadata.packages_distributions()
     wanted = {dist for name in loaded for dist in owners.get(name, [])} - _PROVIDED
     return sorted(f"{dist}=={importlib.metadata.version(dist)}" for dist in wanted)

@@ -16,16 +16,19 @@ import dataclasses
 import datetime as dt
 import re
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, functions as F, types as T
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all
@@ -79,7 +82,7 @@ def canonical_uri(spark_path: str) -> str:
     """Spark reports `file:/a/b` or URL-encoded `file:///a/b`; lake_assets says `file:///a/b`."""
     path = unquote(spark_path)
     if path.startswith("file:"):
-        return "file:///" + path[len("file:"):].lstrip("/")
+        return "file:///" + path[len("file:") :].lstrip("/")
     return path
 
 
@@ -89,7 +92,7 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
             schema, rows = meta.schema_arrow, meta.metadata.num_rows
-    except Exception as exc:  # pyarrow raises several types for damaged files
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
     reason = schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows), None) if reason is None else (None, reason)
@@ -104,9 +107,13 @@ def canonical_uri_column(path: str | F.Column) -> F.Column:
     Spark's `url_decode` (form decoding) would turn into a space and `unquote` keeps.
     """
     spark_path = F.col(path) if isinstance(path, str) else path
-    decoded = F.when(spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))).otherwise(spark_path)
+    decoded = F.when(
+        spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))
+    ).otherwise(spark_path)
     canonical_prefix = decoded.startswith("file:///") & ~decoded.startswith("file:////")
-    return F.when(decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")).otherwise(decoded)
+    return F.when(
+        decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")
+    ).otherwise(decoded)
 
 
 #: Characters Spark and Hadoop read as a glob pattern in a path.
@@ -115,7 +122,10 @@ _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")
 #: fails on a name holding `:`, which its checksum file's path cannot parse. Landed files have no
 #: checksum files, so they are read through the raw local file system: set for the read only,
 #: hence no cached instance.
-_RAW_LOCAL_FILES = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem", "fs.file.impl.disable.cache": "true"}
+_RAW_LOCAL_FILES = {
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
+}
 
 
 def _literal_path(uri: str) -> str:
@@ -142,7 +152,9 @@ def read_landed(spark: SparkSession, file_format: str, uris: Iterable[str]) -> D
     return reader.load([_literal_path(uri) for uri in uris])
 
 
-def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, str], schema: pa.Schema | None = None) -> DataFrame:
+def _read_group(
+    spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, str], schema: pa.Schema | None = None
+) -> DataFrame:
     """Files of one schema (URI -> the partition that lists it), normalised by the feed, which
     sees every column under its lake name (`names.lake_name`)."""
     raw = read_landed(spark, "parquet", partition_of)
@@ -169,6 +181,7 @@ def _read_group(spark: SparkSession, fmt: FeedFormat, partition_of: dict[str, st
 
 
 # --- the files of a batch, each read or set aside once ---------------------------------------------
+
 
 @dataclasses.dataclass
 class _BatchFiles:
@@ -211,7 +224,9 @@ class _BatchFiles:
 
 def _vetted(storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]]) -> _BatchFiles:
     """The files of `files` (partition -> its files), those whose footers are unusable set aside."""
-    batch_files = _BatchFiles({entry.uri: partition for partition, entries in files.items() for entry in entries})
+    batch_files = _BatchFiles(
+        {entry.uri: partition for partition, entries in files.items() for entry in entries}
+    )
     for entry in (entry for entries in files.values() for entry in entries):
         vetted, reason = _vet(storage, fmt, entry)
         if vetted is None:
@@ -227,7 +242,9 @@ def _spark_error(exc: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-def _readable_group(spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, signature: str, uris: list[str]) -> DataFrame | None:
+def _readable_group(
+    spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, signature: str, uris: list[str]
+) -> DataFrame | None:
     """The live files of one schema read together. Spark reads a footer as it plans the read;
     a file it cannot open there (gone since it was listed, a footer only pyarrow could read) is
     set aside, found by trying each file alone, and the others are read."""
@@ -250,7 +267,9 @@ def _readable_group(spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, si
     return _readable_group(spark, fmt, files, signature, rest) if rest else None
 
 
-def _union_compatible(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> DataFrame | None:
+def _union_compatible(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+) -> DataFrame | None:
     """The union of the live schema groups whose column types can be widened into one, its text
     made valid.
 
@@ -273,7 +292,9 @@ def _union_compatible(spark: SparkSession, fmt: FeedFormat, table: str, files: _
     return _with_valid_text(union_all(table, accepted), fmt.table_spec(table)) if accepted else None
 
 
-def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> dict[str, str]:
+def _unreadable_in_spark(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+) -> dict[str, str]:
     """Find the live files whose data pages Spark cannot decode (or whose text, repaired, Spark
     refuses: a map whose keys become equal), reading each alone."""
     spec = fmt.table_spec(table)
@@ -288,6 +309,7 @@ def _unreadable_in_spark(spark: SparkSession, fmt: FeedFormat, table: str, files
 
 
 # --- text that other engines can read -----------------------------------------------------------
+
 
 def _holds_text(kind: T.DataType) -> bool:
     if isinstance(kind, T.StringType):
@@ -314,13 +336,21 @@ def _valid_text(value: Column, kind: T.DataType) -> tuple[Column, Column]:
     if isinstance(kind, T.StringType):
         return F.make_valid_utf8(value), F.coalesce(~F.is_valid_utf8(value), F.lit(False))
     if isinstance(kind, T.StructType):
-        fields = {f.name: _valid_text(value.getField(f.name), f.dataType) if _holds_text(f.dataType) else (value.getField(f.name), None)
-                  for f in kind.fields}
+        fields = {
+            f.name: _valid_text(value.getField(f.name), f.dataType)
+            if _holds_text(f.dataType)
+            else (value.getField(f.name), None)
+            for f in kind.fields
+        }
         rebuilt = F.struct(*[repaired.alias(name) for name, (repaired, _) in fields.items()])
-        return F.when(value.isNotNull(), rebuilt), _any([flag for _, flag in fields.values() if flag is not None])
+        return F.when(value.isNotNull(), rebuilt), _any(
+            [flag for _, flag in fields.values() if flag is not None]
+        )
     if isinstance(kind, T.ArrayType):
-        return (F.transform(value, lambda item: _valid_text(item, kind.elementType)[0]),
-                F.coalesce(F.exists(value, lambda item: _valid_text(item, kind.elementType)[1]), F.lit(False)))
+        return (
+            F.transform(value, lambda item: _valid_text(item, kind.elementType)[0]),
+            F.coalesce(F.exists(value, lambda item: _valid_text(item, kind.elementType)[1]), F.lit(False)),
+        )
     if isinstance(kind, T.MapType):
         # A repaired key may equal another key of the map: Spark then fails the read of that
         # file, and the file is quarantined with Spark's reason.
@@ -351,23 +381,35 @@ def _with_valid_text(events: DataFrame, spec) -> DataFrame:
     if not payload and not keys:
         return events
     repairs = {c: _valid_text(col(c), schema[c].dataType) for c in payload}
-    bad_key = F.coalesce(*[F.when(~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8"))
-                           for k in keys]) if keys else F.lit(None).cast("string")
+    bad_key = (
+        F.coalesce(
+            *[
+                F.when(
+                    ~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8")
+                )
+                for k in keys
+            ]
+        )
+        if keys
+        else F.lit(None).cast("string")
+    )
     repaired_values = sum((flag.cast("int") for _, flag in repairs.values()), F.lit(0))
-    return events.withColumns({
-        **{c: repaired.alias(c) for c, (repaired, _) in repairs.items()},
-        INVALID: F.coalesce(F.col(INVALID), bad_key),
-        TEXT_REPAIRED: repaired_values,
-    })
+    return events.withColumns(
+        {
+            **{c: repaired.alias(c) for c, (repaired, _) in repairs.items()},
+            INVALID: F.coalesce(F.col(INVALID), bad_key),
+            TEXT_REPAIRED: repaired_values,
+        }
+    )
 
 
 # --- collapsing, with every count of the row equation taken on its own ------------------------------
 
 #: bookkeeping columns a reader carries up to the collapse, and how the batch counts each
 _CARRIED_COUNTS = {
-    INVALID: lambda c: F.count(c),
+    INVALID: F.count,
     DERIVED: lambda c: F.sum(c.cast("long")),
-    TEXT_REPAIRED: lambda c: F.sum(c),
+    TEXT_REPAIRED: F.sum,
 }
 
 
@@ -393,7 +435,9 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
     carried = [c for c in _CARRIED_COUNTS if c in events.columns]
     before = Observation()
     if carried:
-        events = events.observe(before, *[F.coalesce(_CARRIED_COUNTS[c](F.col(c)), F.lit(0)).alias(c) for c in carried])
+        events = events.observe(
+            before, *[F.coalesce(_CARRIED_COUNTS[c](F.col(c)), F.lit(0)).alias(c) for c in carried]
+        )
     dropped = Observation()
     deduped = merge.collapse_identical(stamped(events.drop(*carried, FILE_URI)), spec, count_dropped=dropped)
     if keep:
@@ -405,8 +449,12 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
         raise
     counted = {c: before.get[c] for c in carried}
     return Collapsed(
-        deduped, events_out, dropped.get[merge.DROPPED_IDENTICAL],
-        counted.get(INVALID, 0), counted.get(DERIVED, 0), counted.get(TEXT_REPAIRED, 0),
+        deduped,
+        events_out,
+        dropped.get[merge.DROPPED_IDENTICAL],
+        counted.get(INVALID, 0),
+        counted.get(DERIVED, 0),
+        counted.get(TEXT_REPAIRED, 0),
     )
 
 
@@ -431,11 +479,15 @@ def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
 
 def text_repaired_per_file(events: DataFrame, file_column: str = FILE_URI) -> dict[str, int]:
     """file -> values repaired in it (a pass of its own: only for a batch that had any)."""
-    repaired = events.where(F.col(TEXT_REPAIRED) > 0).groupBy(file_column).agg(F.sum(TEXT_REPAIRED).alias("values"))
+    repaired = (
+        events.where(F.col(TEXT_REPAIRED) > 0).groupBy(file_column).agg(F.sum(TEXT_REPAIRED).alias("values"))
+    )
     return {row[file_column]: row["values"] for row in repaired.collect()}
 
 
-def _read_collapsed(spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles) -> tuple[DataFrame, Collapsed] | None:
+def _read_collapsed(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+) -> tuple[DataFrame, Collapsed] | None:
     """The live files read and collapsed: (the events before the collapse, the collapse), or
     None when no file is left. A file whose data pages turn out damaged is set aside and the
     rest read again."""
@@ -454,7 +506,9 @@ def _read_collapsed(spark: SparkSession, fmt: FeedFormat, table: str, files: _Ba
         return _read_collapsed(spark, fmt, table, files)
 
 
-def read_batch(spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: dict[str, list[Entry]]) -> Batch:
+def read_batch(
+    spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: dict[str, list[Entry]]
+) -> Batch:
     """The change batch of the landed Parquet files of `files` (partition -> its files)."""
     batch_files = _vetted(storage, fmt, files)
     listed = len(batch_files.partition_of)

@@ -8,15 +8,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
@@ -45,8 +49,9 @@ def error_conditions(error: BaseException) -> set[str]:
     visited = set()
     while seen is not None and id(seen) not in visited:
         visited.add(id(seen))
-        if isinstance(seen, PySparkException) and seen.getCondition():
-            conditions.add(seen.getCondition())
+        condition = seen.getCondition() if isinstance(seen, PySparkException) else None
+        if condition:
+            conditions.add(condition)
         if isinstance(seen, Py4JJavaError):
             conditions |= _jvm_conditions(seen.java_exception)
         seen = seen.__cause__ or seen.__context__
@@ -87,7 +92,9 @@ def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[s
     """partition value -> folder URI for the Hive partition folders under a table."""
     prefix = f"{column}="
     return {
-        e.name[len(prefix):]: e.uri for e in storage.list(table_uri) if e.is_dir and e.name.startswith(prefix)
+        e.name[len(prefix) :]: e.uri
+        for e in storage.list(table_uri)
+        if e.is_dir and e.name.startswith(prefix)
     }
 
 
@@ -99,10 +106,12 @@ def read_partitions(
     Only the requested partition folders are handed to Spark, so reading an hour of a long
     log costs the hour, not a listing of the whole log. None when no requested partition exists.
     """
-    if spark.conf.get(TYPE_INFERENCE, "true").lower() != "false":
+    if str(spark.conf.get(TYPE_INFERENCE, "true")).lower() != "false":
         # Typed by inference, a GRAX batch folder of digits alone (`batch=000000123`) reads back
         # as 123 and matches no partition again: refuse rather than lose the zeros silently.
-        raise ConfigError(f"reading {table_uri}: the Spark session must set {TYPE_INFERENCE}=false (partition values are text)")
+        raise ConfigError(
+            f"reading {table_uri}: the Spark session must set {TYPE_INFERENCE}=false (partition values are text)"
+        )
     present = existing_partitions(storage, table_uri, column)
     wanted = sorted(present) if values is None else sorted(set(values) & set(present))
     if not wanted:
@@ -134,7 +143,7 @@ def read_drifting(
         reader = reader.option("basePath", base_path)
     try:
         df = reader.parquet(*paths)
-        df.schema  # schema merging happens here, eagerly
+        _ = df.schema  # schema merging happens here, eagerly
         return df
     except (PySparkException, Py4JJavaError) as exc:
         if SCHEMAS_DISAGREE not in error_conditions(exc):
@@ -146,7 +155,11 @@ def read_drifting(
         groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
-        part = spark.read.option("basePath", base_path).parquet(*uris) if base_path else spark.read.parquet(*uris)
+        part = (
+            spark.read.option("basePath", base_path).parquet(*uris)
+            if base_path
+            else spark.read.parquet(*uris)
+        )
         frames.append(part)
     return union_all(table, frames)
 
@@ -159,7 +172,11 @@ def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[
         if path.endswith(".parquet"):
             found.append(path)
             continue
-        found += [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)] if recursive else parquet_files(storage, path)
+        found += (
+            [e.uri for e in storage.walk_files(path) if is_parquet_file(e.name)]
+            if recursive
+            else parquet_files(storage, path)
+        )
     return found
 
 
@@ -182,7 +199,10 @@ def _nullable(schema_json: bytes | None) -> bytes | None:
 
     def relax(node):
         if isinstance(node, dict):
-            return {k: True if k in ("nullable", "containsNull", "valueContainsNull") else relax(v) for k, v in node.items()}
+            return {
+                k: True if k in ("nullable", "containsNull", "valueContainsNull") else relax(v)
+                for k, v in node.items()
+            }
         return [relax(item) for item in node] if isinstance(node, list) else node
 
     return json.dumps(relax(json.loads(schema_json))).encode()
@@ -194,10 +214,11 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
     written = {(meta.metadata or {}).get(SPARK_SCHEMA_KEY) for meta in footers}
     if any_nullability:
         written = {_nullable(w) for w in written}
-    if len(written) != 1 or None in written:
+    only = written.pop() if len(written) == 1 else None
+    if only is None:
         return None
     try:
-        return T.StructType.fromJson(json.loads(written.pop()))
+        return T.StructType.fromJson(json.loads(only))
     except (ValueError, KeyError, TypeError):  # a type this PySpark cannot parse: let Spark infer it
         return None
 
@@ -231,7 +252,7 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
                 return True
         return False
 
-    return [uri for uri, meta in zip(files, _footers(storage, files)) if reaches(meta)]
+    return [uri for uri, meta in zip(files, _footers(storage, files), strict=True) if reaches(meta)]
 
 
 def rows_in(storage: Storage, files: list[str]) -> int:
@@ -239,7 +260,9 @@ def rows_in(storage: Storage, files: list[str]) -> int:
     return sum(meta.num_rows for meta in _footers(storage, files))
 
 
-def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tuple[int, T.StructType | None] | None:
+def table_summary(
+    spark: SparkSession, storage: Storage, table_uri: str
+) -> tuple[int, T.StructType | None] | None:
     """Rows and schema of a whole lake table (every data file under it) from its Parquet
     footers: no Spark job unless the files disagree on their schema. None for no table."""
     if not storage.exists(table_uri):
@@ -249,7 +272,7 @@ def table_summary(spark: SparkSession, storage: Storage, table_uri: str) -> tupl
         return 0, None
     schema = _spark_schema(footers, any_nullability=True)
     if schema is None:  # drifted files: the schema a reader gets is Spark's merge of them
-        schema = read_table(spark, storage, table_uri).schema
+        schema = read_drifting(spark, storage, [table_uri], table=table_uri, recursive=True).schema
     return sum(meta.num_rows for meta in footers), schema
 
 
@@ -267,8 +290,14 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
 
 
 def write_partitions(
-    df: DataFrame | None, storage: Storage, table_uri: str, column: str, values: Iterable[str],
-    keys: Iterable[str] = (), erase: Erasure | None = None, removing: Removing | None = None,
+    df: DataFrame | None,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    values: Iterable[str],
+    keys: Iterable[str] = (),
+    erase: Erasure | None = None,
+    removing: Removing | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -284,12 +313,17 @@ def write_partitions(
         safe_segment(f"{column}={value}", "partition")
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
-        removing([uri for value in values if value in present for uri in parquet_files(storage, present[value])])
+        removing(
+            [uri for value in values if value in present for uri in parquet_files(storage, present[value])]
+        )
     counts: dict[str, int] = {}
     if df is not None:
         # One pass both counts the rows per partition and finds rows outside the run's partitions
         # (and counts the rows marking a purge, for `erase`).
-        tallies = [F.count(F.lit(1)).alias("n"), (erase.marked_rows(df) if erase is not None else F.lit(0)).alias("marked")]
+        tallies = [
+            F.count(F.lit(1)).alias("n"),
+            (erase.marked_rows(df) if erase is not None else F.lit(0)).alias("marked"),
+        ]
         counted = df.groupBy(column).agg(*tallies).collect()
         counts = {r[column]: r["n"] for r in counted}
         stray = sorted((str(v) for v in counts if v is None or v not in set(values)), key=str)
@@ -303,7 +337,9 @@ def write_partitions(
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))
-                .write.options(**without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in df.columns))
+                .write.options(
+                    **without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in df.columns)
+                )
                 .mode("overwrite")
                 .option("partitionOverwriteMode", "dynamic")
                 .partitionBy(column)
@@ -326,7 +362,13 @@ def schema_metadata(schema: T.StructType) -> list[tuple[str, str]]:
 
 
 def erase_keys_in_partitions(
-    spark: SparkSession, storage: Storage, table_uri: str, column: str, keys: list[str], purged: DataFrame, staging: str,
+    spark: SparkSession,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    keys: list[str],
+    purged: DataFrame,
+    staging: str,
 ) -> list[str]:
     """Write to `staging` (as `<column>=<value>/` folders) every partition of a log holding rows of
     the `purged` keys (a frame of key columns) that still carry field data or lack the purge
@@ -340,11 +382,18 @@ def erase_keys_in_partitions(
     not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
     for name in payload:
         not_erased = not_erased | col(name).isNotNull()
-    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(not_erased)
+    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(
+        not_erased
+    )
     hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []
-    erased = merge.erase_keys(read_partitions(spark, storage, table_uri, column, hit), keys, purged)
+    held_partitions = read_partitions(spark, storage, table_uri, column, hit)
+    if held_partitions is None:  # the partitions just read are gone: nothing left to erase
+        return []
+    erased = merge.erase_keys(held_partitions, keys, purged)
     options = without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
-    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(staging)
+    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(
+        staging
+    )
     return hit

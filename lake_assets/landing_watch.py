@@ -14,7 +14,7 @@ import datetime as dt
 import hashlib
 import json
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage
@@ -62,7 +62,9 @@ def scan_table(
     return found, TableCursor(high_water=high_water, seen=seen)
 
 
-def contiguous_ranges(keys: list[str], max_gap_hours: int = 0, barriers: Iterable[str] = ()) -> list[tuple[str, str]]:
+def contiguous_ranges(
+    keys: list[str], max_gap_hours: int = 0, barriers: Iterable[str] = ()
+) -> list[tuple[str, str]]:
     """Group sorted hour keys into runs of consecutive hours: one backfill run per range. With
     `max_gap_hours`, a range also spans up to that many hours without a key in a row, unless one
     of them is among `barriers` (hours a range must not take in)."""
@@ -73,7 +75,9 @@ def contiguous_ranges(keys: list[str], max_gap_hours: int = 0, barriers: Iterabl
             start, end = ranges[-1]
             next_wall = bisect.bisect_right(walls, end)
             walled = next_wall < len(walls) and walls[next_wall] < key
-            if not walled and parse_hour_key(key) - parse_hour_key(end) <= dt.timedelta(hours=1 + max_gap_hours):
+            if not walled and parse_hour_key(key) - parse_hour_key(end) <= dt.timedelta(
+                hours=1 + max_gap_hours
+            ):
                 ranges[-1] = (start, key)
                 continue
         ranges.append((key, key))
@@ -103,7 +107,9 @@ class BatchCursor:
     open_files: list[str] = dataclasses.field(default_factory=list)
 
 
-def scan_batches(storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: BatchCursor) -> tuple[list[NewFiles], BatchCursor]:
+def scan_batches(
+    storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: BatchCursor
+) -> tuple[list[NewFiles], BatchCursor]:
     """Batches that are new since the cursor, and the open (greatest) batch if it gained files.
 
     One listing of the table's batch folders, then file listings only of the batches at or after
@@ -126,4 +132,3 @@ def scan_batches(storage: Storage, fmt: FeedFormat, landing: str, table: str, cu
             found.append(NewFiles(table, key, fresh, names))
         last, open_files = key, list(names)
     return found, BatchCursor(last=last, open_files=open_files)
-

@@ -66,7 +66,7 @@ def normalise_root_uri(uri: str, what: str) -> str:
 def join(root: str, *segments: str) -> str:
     """Join validated segments onto a root URI."""
     parts = [safe_segment(s) for s in segments]
-    return "/".join([root.rstrip("/")] + parts)
+    return "/".join([root.rstrip("/"), *parts])
 
 
 def table_segments(table: str) -> list[str]:
@@ -79,7 +79,7 @@ def table_segments(table: str) -> list[str]:
 
 
 def is_s3(uri: str) -> bool:
-    return uri.startswith("s3a://") or uri.startswith("s3://")
+    return uri.startswith(("s3a://", "s3://"))
 
 
 class LakeLayout:
@@ -97,7 +97,9 @@ class LakeLayout:
 
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:
         """A table's quarantine, or that of one of its partitions."""
-        return join(self.root, "_quarantine", feed, *table_segments(table), *([partition] if partition else []))
+        return join(
+            self.root, "_quarantine", feed, *table_segments(table), *([partition] if partition else [])
+        )
 
     def staging(self, feed: str, table: str, token: str | None = None) -> str:
         """Scratch space outside every table's folder: globs over a table never see it."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -23,15 +24,18 @@ from lake_assets.catalog.files import (
     catalogued_partitions,
     landed_records,
     landing_work_id,
-    record as record_files,
     retire_landed,
     retirements,
     unchanged_since_recorded,
     written_files,
 )
+from lake_assets.catalog.files import (
+    record as record_files,
+)
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config import FeedConfig
-from lake_assets.engine import checks, model as m, purges
+from lake_assets.engine import checks, purges
+from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
@@ -63,7 +67,7 @@ class TableWork:
     def catalogue(self, files) -> int:
         return record_files(self.store, self.storage, files)
 
-    def removed_files(self, time_columns: tuple[str, ...]) -> "RemovedFiles":
+    def removed_files(self, time_columns: tuple[str, ...]) -> RemovedFiles:
         return RemovedFiles(self.storage, self.store, self.feed.name, self.table, time_columns)
 
 
@@ -104,28 +108,48 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> LandingCatalogu
     keys = fmt.read_partitions(partitions)
     listed = fmt.partitions_files(storage, work.feed.landing, work.table, keys)
     recorded = landed_records(work.store, work.feed.name, work.table, keys)
-    gone = [record for key in keys for url, record in recorded[key].items()
-            if url not in {entry.uri for entry in listed.get(key, [])}]
+    gone = [
+        record
+        for key in keys
+        for url, record in recorded[key].items()
+        if url not in {entry.uri for entry in listed.get(key, [])}
+    ]
     retire_landed(work.store, gone)
-    hashed = work.catalogue([
-        catalog_file(work.feed.name, work.table, landing_work_id(key), entry.uri, fmt.landing_span(storage, entry.uri), landed=True)
-        for key, entries in listed.items()
-        for entry in entries
-        if not _still_recorded(entry, recorded[key].get(entry.uri))
-    ])
+    hashed = work.catalogue(
+        [
+            catalog_file(
+                work.feed.name,
+                work.table,
+                landing_work_id(key),
+                entry.uri,
+                fmt.landing_span(storage, entry.uri),
+                landed=True,
+            )
+            for key, entries in listed.items()
+            for entry in entries
+            if not _still_recorded(entry, recorded[key].get(entry.uri))
+        ]
+    )
     return LandingCatalogued(sum(len(entries) for entries in listed.values()), hashed, len(gone))
 
 
 def _still_recorded(entry, record: dict | None) -> bool:
-    return record is not None and unchanged_since_recorded(entry, int(record["size"]), int(record["create_time"]))
+    return record is not None and unchanged_since_recorded(
+        entry, int(record["size"]), int(record["create_time"])
+    )
 
 
 def record_processed(work: TableWork, partitions: list[str]) -> None:
     """Note what the landed files of `partitions` were (as catalogued) now that their fold has
     succeeded: the next `lake-assets run` processes them again only if that changes."""
     records = landed_records(work.store, work.feed.name, work.table, partitions)
-    processed.write_notes(work.storage, work.layout, work.feed.name, work.table,
-                          {partition: processed.note_from_records(r) for partition, r in records.items()})
+    processed.write_notes(
+        work.storage,
+        work.layout,
+        work.feed.name,
+        work.table,
+        {partition: processed.note_from_records(r) for partition, r in records.items()},
+    )
 
 
 @dataclasses.dataclass
@@ -159,25 +183,57 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
     copies = []
     for item in batch.quarantined:
-        where = quarantine_file(storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id)
+        where = quarantine_file(
+            storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id
+        )
         copies += [where, where + REASON_SUFFIX]
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-    recorded = work.catalogue([
-        *[catalog_file(feed.name, table, work.run_id, entry.uri, fmt.landing_span(storage, entry.uri), landed=True) for entry in readable_strays],
-        *[catalog_file(feed.name, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
-    ])
+    recorded = work.catalogue(
+        [
+            *[
+                catalog_file(
+                    feed.name,
+                    table,
+                    work.run_id,
+                    entry.uri,
+                    fmt.landing_span(storage, entry.uri),
+                    landed=True,
+                )
+                for entry in readable_strays
+            ],
+            *[
+                catalog_file(feed.name, table, work.run_id, uri, None)
+                for uri in copies
+                if storage.exists(uri)
+            ],
+        ]
+    )
     return Ingested(batch=batch, files_catalogued=recorded, strays=[Quarantined(e.uri, r) for e, r in strays])
 
 
 def store_partitions(
-    storage: Storage, store: CatalogStore, location: str, frame: DataFrame | None, column: str, partitions: list[str],
-    *, feed: str, table: str, run_id: str | None, keys: tuple[str, ...] = (), state: TableState | None = None,
+    storage: Storage,
+    store: CatalogStore,
+    location: str,
+    frame: DataFrame | None,
+    column: str,
+    partitions: list[str],
+    *,
+    feed: str,
+    table: str,
+    run_id: str | None,
+    keys: tuple[str, ...] = (),
+    state: TableState | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`
     (a table keyed by `keys`), cataloguing the files written and retiring those replaced;
     returns (rows per written partition, files written). With the table's `state` (a change log),
     the keys it recorded as purged, and those `frame` purges, are written without their field data."""
-    erase = purges.Erasure.of_table(frame.sparkSession, storage, state, keys) if state is not None and frame is not None else None
+    erase = (
+        purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
+        if state is not None and frame is not None
+        else None
+    )
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
     written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase, removed)
     files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
@@ -197,24 +253,45 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
     def retire_replaced(uris: list[str]) -> None:
         # Called once a commit record is written: its deletes will happen, by this run or the
         # next one's recovery, which tells again any file still there.
-        for time_columns, replaced in ((STATE_TIME_COLUMNS, [u for u in uris if state.publishes(u)]),
-                                       (CHANGE_TIME_COLUMNS, [u for u in uris if u.startswith(f"{state.changes}/")])):
+        for time_columns, replaced in (
+            (STATE_TIME_COLUMNS, [u for u in uris if state.publishes(u)]),
+            (CHANGE_TIME_COLUMNS, [u for u in uris if u.startswith(f"{state.changes}/")]),
+        ):
             removed = work.removed_files(time_columns)
             removed(replaced)
             removed.retire()
 
-    report = fold(session, storage, state, batch, spec, log_column=fmt.partition_column, removing=retire_replaced)
-    work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS))
+    report = fold(
+        session, storage, state, batch, spec, log_column=fmt.partition_column, removing=retire_replaced
+    )
+    work.catalogue(
+        written_files(
+            work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS
+        )
+    )
     if report.newly_purged:
-        log.info(f"purge: recorded {len(report.newly_purged)} key(s) as purged and erased their field data from the "
-                 f"state and from {len(report.log_partitions_erased)} change partition(s)")
-        work.catalogue(written_files(work.feed.name, work.table, work.run_id, storage, report.log_files_written, CHANGE_TIME_COLUMNS))
+        log.info(
+            f"purge: recorded {len(report.newly_purged)} key(s) as purged and erased their field data from the "
+            f"state and from {len(report.log_partitions_erased)} change partition(s)"
+        )
+        work.catalogue(
+            written_files(
+                work.feed.name,
+                work.table,
+                work.run_id,
+                storage,
+                report.log_files_written,
+                CHANGE_TIME_COLUMNS,
+            )
+        )
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     return report
 
 
-def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport) -> list[checks.Outcome]:
+def check_fold(
+    session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport
+) -> list[checks.Outcome]:
     """The table's invariants after a fold, read back from the committed files: unique keys in
     current, consistent history windows, and every folded event accounted for."""
     spec = work.fmt.table_spec(work.table)
@@ -223,13 +300,17 @@ def check_fold(session: SparkSession, work: TableWork, batch: DataFrame, report:
     rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
     folded = batch if report.events_in else None
     # Independent queries: submitted together, their jobs share the cores.
-    unique_keys, (windows, stored_versions) = run_together(
+    unique_keys, windows_and_versions = run_together(
         lambda: checks.current_has_unique_keys(current, spec),
         lambda: checks.windows_and_versions_stored(rows, folded, spec),
         session=session,
     )
-    reconciles = checks.batch_reconciles(report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions)
-    return [unique_keys, windows, reconciles]
+    # run_together's list holds both results; their types are the two checks' own.
+    windows, stored_versions = cast("tuple[checks.Outcome, int]", windows_and_versions)
+    reconciles = checks.batch_reconciles(
+        report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions
+    )
+    return [cast("checks.Outcome", unique_keys), windows, reconciles]
 
 
 def files_with_values(batch: DataFrame, column: str | None, limit: int = 20) -> list[str]:

@@ -56,20 +56,34 @@ def note_uri(layout: LakeLayout, feed: str, table: str, partition: str) -> str:
 
 def note_from_records(records: dict[str, dict]) -> dict[str, ProcessedFile]:
     """URL -> the processed file, from the catalog's records of a partition's landed files."""
-    return {url: ProcessedFile(int(r["size"]), r["metadata"]["hash"], int(r["create_time"])) for url, r in records.items()}
+    return {
+        url: ProcessedFile(int(r["size"]), r["metadata"]["hash"], int(r["create_time"]))
+        for url, r in records.items()
+    }
 
 
-def write_notes(storage: Storage, layout: LakeLayout, feed: str, table: str,
-                processed: dict[str, dict[str, ProcessedFile]]) -> None:
+def write_notes(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    processed: dict[str, dict[str, ProcessedFile]],
+) -> None:
     """Record what each partition held when it was processed (partition -> URL -> file)."""
     for partition, files in processed.items():
         body = {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
         storage.write_bytes(note_uri(layout, feed, table, partition), json.dumps(body, indent=1).encode())
 
 
-def read_notes(storage: Storage, layout: LakeLayout, feed: str, table: str) -> dict[str, dict[str, ProcessedFile]]:
+def read_notes(
+    storage: Storage, layout: LakeLayout, feed: str, table: str
+) -> dict[str, dict[str, ProcessedFile]]:
     """partition -> URL -> file, for every partition processed so far."""
-    entries = [e for e in storage.list(notes_folder(layout, feed, table)) if not e.is_dir and e.name.endswith(".json")]
+    entries = [
+        e
+        for e in storage.list(notes_folder(layout, feed, table))
+        if not e.is_dir and e.name.endswith(".json")
+    ]
 
     def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
         body = json.loads(storage.read_bytes(entry.uri))
@@ -102,7 +116,11 @@ def _why_changed(storage: Storage, files: list[Entry], note: dict[str, Processed
     resized = [url for url, entry in listed.items() if entry.size != note[url].size]
     if resized:
         return _count(resized, "changed size")
-    touched = [url for url, entry in listed.items() if not unchanged_since_recorded(entry, note[url].size, note[url].recorded_ms)]
+    touched = [
+        url
+        for url, entry in listed.items()
+        if not unchanged_since_recorded(entry, note[url].size, note[url].recorded_ms)
+    ]
     rewritten = [url for url in touched if hash_file(storage, url) != note[url].hash]
     return _count(rewritten, "rewritten") if rewritten else None
 

@@ -16,7 +16,6 @@ import re
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
-
 #: what follows a quarantined copy's name in the name of its note
 REASON_SUFFIX = ".reason.json"
 #: the quarantine "partition" of files that belong to no partition (strays)
@@ -45,12 +44,20 @@ def quarantine_copy(layout: LakeLayout, feed: str, table: str, partition: str, u
     return f"{layout.quarantine(feed, table, partition)}/{_file_id(uri)}/{_safe_name(uri.rsplit('/', 1)[-1])}"
 
 
-def is_quarantined(storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, uri: str) -> bool:
+def is_quarantined(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, uri: str
+) -> bool:
     return storage.exists(quarantine_copy(layout, feed, table, partition, uri) + REASON_SUFFIX)
 
 
 def quarantine_file(
-    storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, item: Quarantined, run_id: str | None
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    partition: str,
+    item: Quarantined,
+    run_id: str | None,
 ) -> str:
     """Copy the file to `<lake>/_quarantine/<feed>/<table>/<partition>/<file id>/<name>`, beside
     `<name>.reason.json`.

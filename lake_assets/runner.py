@@ -12,7 +12,8 @@ run with nothing new starts neither Dagster nor Spark (docs/incremental-runs.md)
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lake_assets import processed
 from lake_assets.config import LakeConfig, check_landings
@@ -49,7 +50,8 @@ def _within(fmt, keys: list[str], first: str | None, last: str | None) -> list[s
     """The partition keys inside [first, last] (either end open), in the format's order."""
     order = fmt.partition_order
     return [
-        k for k in sorted(keys, key=order)
+        k
+        for k in sorted(keys, key=order)
         if (first is None or order(k) >= order(first)) and (last is None or order(k) <= order(last))
     ]
 
@@ -104,7 +106,9 @@ def run_feeds(
     the run ids. With nothing to process no Dagster run (and no Spark session) starts. A failing
     table or feed stops no other: each runs, and RunFailed at the end names every failure."""
     failures: list[str] = []
-    planned = plan_runs(config, _Selection(first, last, everything or first is not None or last is not None), say, failures)
+    planned = plan_runs(
+        config, _Selection(first, last, everything or first is not None or last is not None), say, failures
+    )
     if not planned and not failures:
         say("nothing changed since the last run: no partition to process (--all processes every one again)")
     run_ids: list[str] = []
@@ -118,15 +122,20 @@ def run_feeds(
     return run_ids
 
 
-def plan_runs(config: LakeConfig, selection: _Selection, say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
+def plan_runs(
+    config: LakeConfig, selection: _Selection, say: Callable[[str], None], failures: list[str]
+) -> list[PlannedRun]:
     """The runs that process the selected partitions of every feed; what cannot be listed is
     added to `failures` and stops nothing else."""
     storage = config.storage()
     layout = LakeLayout(config.lake)
     check_landings(config, storage)
     pins = _pin_what_landed(config, storage, say, failures)
-    return [run for feed in config.feeds
-            for run in _plan_feed(feed, pins[feed.name], storage, layout, selection, say, failures)]
+    return [
+        run
+        for feed in config.feeds
+        for run in _plan_feed(feed, pins[feed.name], storage, layout, selection, say, failures)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +152,9 @@ class _Selection:
 NAMED_CHANGES = 5
 
 
-def _pin_what_landed(config: LakeConfig, storage: Storage, say: Callable[[str], None],
-                     failures: list[str]) -> dict[str, Pin]:
+def _pin_what_landed(
+    config: LakeConfig, storage: Storage, say: Callable[[str], None], failures: list[str]
+) -> dict[str, Pin]:
     """Discovery, before the definitions are built: the landing is listed to plan anyway, so what
     it holds is pinned and the definitions have it. A landing that cannot be listed is a failure
     (a table whose hours cannot be, planning reports)."""
@@ -157,51 +167,72 @@ def _pin_what_landed(config: LakeConfig, storage: Storage, say: Callable[[str], 
     return pins
 
 
-def _plan_feed(feed, pin: Pin, storage: Storage, layout: LakeLayout, selection: _Selection,
-               say: Callable[[str], None], failures: list[str]) -> list[PlannedRun]:
+def _plan_feed(
+    feed,
+    pin: Pin,
+    storage: Storage,
+    layout: LakeLayout,
+    selection: _Selection,
+    say: Callable[[str], None],
+    failures: list[str],
+) -> list[PlannedRun]:
     """The runs that process a feed's selected partitions. A table whose landing cannot be
     listed is a failure (added to `failures`); the feed's other tables still run."""
     try:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pin)
-    except Exception as exc:  # reported at the end; the other feeds go on
+    except Exception as exc:  # noqa: BLE001 - reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {first_line(str(exc))}")
         return []
     landed, selected = {}, {}
     for table in tables:
         try:
-            landed[table] = _within(fmt, fmt.partition_keys(storage, feed.landing, table), selection.first, selection.last)
-            selected[table] = (landed[table] if selection.forced
-                               else _changed_partitions(feed, fmt, storage, layout, table, landed[table], say))
-        except Exception as exc:  # reported at the end; the other tables go on
+            landed[table] = _within(
+                fmt, fmt.partition_keys(storage, feed.landing, table), selection.first, selection.last
+            )
+            selected[table] = (
+                landed[table]
+                if selection.forced
+                else _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
+            )
+        except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
     if fmt.partitioning == "batch":
         return _plan_batches(feed, landed, selected, say)
     return _plan_hours(feed, landed, selected, say, failures)
 
 
-def _changed_partitions(feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str],
-                        say: Callable[[str], None]) -> list[str]:
+def _changed_partitions(
+    feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
+) -> list[str]:
     """The partitions of a table whose landed files changed since they were processed, and the
     last one if the table has stray files no run has reported yet (every run reports strays)."""
     changes = processed.changed_partitions(
-        storage, fmt.partitions_files(storage, feed.landing, table, keys), processed.read_notes(storage, layout, feed.name, table)
+        storage,
+        fmt.partitions_files(storage, feed.landing, table, keys),
+        processed.read_notes(storage, layout, feed.name, table),
     )
     for change in changes[:NAMED_CHANGES]:
         say(f"{feed.name}/{table}: {change.partition}: {change.reason}")
     if len(changes) > NAMED_CHANGES:
         say(f"{feed.name}/{table}: and {len(changes) - NAMED_CHANGES} more partition(s) changed")
     chosen = {change.partition for change in changes}
-    unreported = [entry for entry, _ in fmt.stray_files(storage, feed.landing, table)
-                  if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)]
+    unreported = [
+        entry
+        for entry, _ in fmt.stray_files(storage, feed.landing, table)
+        if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)
+    ]
     if unreported and keys and not chosen:
-        say(f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them")
+        say(
+            f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them"
+        )
         chosen.add(keys[-1])
     return sorted(chosen, key=fmt.partition_order)
 
 
-def _plan_batches(feed, landed: dict[str, list[str]], selected: dict[str, list[str]],
-                  say: Callable[[str], None]) -> list[PlannedRun]:
+def _plan_batches(
+    feed, landed: dict[str, list[str]], selected: dict[str, list[str]], say: Callable[[str], None]
+) -> list[PlannedRun]:
     """Each table has its own batches: one run per table over its selected ones."""
     planned = []
     for table, batches in selected.items():
@@ -210,19 +241,36 @@ def _plan_batches(feed, landed: dict[str, list[str]], selected: dict[str, list[s
         if not batches:
             continue
         say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
-        planned.append(PlannedRun(f"{feed.name}/{table}", feed.name, batches[0], batches[-1], batch_table=table,
-                                  batches=tuple(batches)))
+        planned.append(
+            PlannedRun(
+                f"{feed.name}/{table}",
+                feed.name,
+                batches[0],
+                batches[-1],
+                batch_table=table,
+                batches=tuple(batches),
+            )
+        )
     return planned
 
 
-def _plan_hours(feed, landed: dict[str, list[str]], selected: dict[str, list[str]], say: Callable[[str], None],
-                failures: list[str]) -> list[PlannedRun]:
+def _plan_hours(
+    feed,
+    landed: dict[str, list[str]],
+    selected: dict[str, list[str]],
+    say: Callable[[str], None],
+    failures: list[str],
+) -> list[PlannedRun]:
     """One run of the feed's job per stretch of selected hours, over the tables that selected
     any (a run bridges hours without files, never an hour whose files need no processing)."""
-    early = sorted({hour for hours in selected.values() for hour in hours if feed.start and hour < feed.start})
+    early = sorted(
+        {hour for hours in selected.values() for hour in hours if feed.start and hour < feed.start}
+    )
     if early:
-        failures.append(f"{feed.name}: {len(early)} hour(s) with files lie before the configured start {feed.start} "
-                        f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed")
+        failures.append(
+            f"{feed.name}: {len(early)} hour(s) with files lie before the configured start {feed.start} "
+            f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed"
+        )
     if not any(landed.values()):
         say(f"{feed.name}: nothing landed under {feed.landing}")
         return []

@@ -10,8 +10,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from lake_assets.errors import ConfigError
 
@@ -111,7 +111,11 @@ def cache_dir() -> Path:
 def s3a_jars() -> list[str]:
     """The s3a connector jars fetched by `./dev setup`; a clear error when they are missing."""
     listed = os.environ.get("LAKE_ASSETS_S3A_JARS")
-    paths = [p for p in listed.split(",") if p] if listed else [str(cache_dir() / "jars" / n) for n in S3A_JAR_NAMES]
+    paths = (
+        [p for p in listed.split(",") if p]
+        if listed
+        else [str(cache_dir() / "jars" / n) for n in S3A_JAR_NAMES]
+    )
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise ConfigError(
@@ -238,7 +242,7 @@ def connect_url(remote: str) -> str:
     same machine does not offer (the client then retries for ever). A loopback address is
     therefore addressed as `localhost`."""
     head, sep, params = remote.partition("/;")
-    host_port = head[len("sc://"):]
+    host_port = head[len("sc://") :]
     host, _, port = host_port.rpartition(":") if ":" in host_port.strip("[]") else (host_port, "", "")
     token = os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")
     if token and "use_ssl=true" not in params.lower() and host in ("127.0.0.1", "[::1]"):
@@ -253,11 +257,14 @@ def apply_sql_settings(session, settings: Mapping[str, str]) -> None:
     for key, value in settings.items():
         try:
             session.conf.set(key, value)
-        except Exception:  # refused (e.g. static); what counts is the value the session has
+        except Exception:  # noqa: BLE001, S110 - refused (e.g. static); what counts is the value the session has
             pass
         kept = session.conf.get(key, None)
         if kept != value:
             differing.append(f"{key} is {kept!r} on the server, the lake needs {value!r}")
     if differing:
-        raise ConfigError("the Spark Connect session does not take the lake's settings: " + "; ".join(differing)
-                          + " (set them where the server starts: --conf KEY=VALUE)")
+        raise ConfigError(
+            "the Spark Connect session does not take the lake's settings: "
+            + "; ".join(differing)
+            + " (set them where the server starts: --conf KEY=VALUE)"
+        )

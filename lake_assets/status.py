@@ -58,18 +58,29 @@ def count_rows(storage: Storage, uri: str) -> int:
 
 def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
     """The notes of a table's quarantined files, oldest partition first."""
-    notes = [json.loads(storage.read_bytes(entry.uri)) for entry in storage.walk_files(layout.quarantine(feed, table))
-             if entry.name.endswith(REASON_SUFFIX)]
-    return sorted(({"file": n["file"], "partition": n.get("partition"), "reason": n["reason"]} for n in notes),
-                  key=lambda n: (str(n["partition"]), n["file"]))
+    notes = [
+        json.loads(storage.read_bytes(entry.uri))
+        for entry in storage.walk_files(layout.quarantine(feed, table))
+        if entry.name.endswith(REASON_SUFFIX)
+    ]
+    return sorted(
+        ({"file": n["file"], "partition": n.get("partition"), "reason": n["reason"]} for n in notes),
+        key=lambda n: (str(n["partition"]), n["file"]),
+    )
 
 
-def table_status(storage: Storage, layout: LakeLayout, landing: str, feed: str, fmt: FeedFormat, table: str) -> TableStatus:
+def table_status(
+    storage: Storage, layout: LakeLayout, landing: str, feed: str, fmt: FeedFormat, table: str
+) -> TableStatus:
     notes = processed.read_notes(storage, layout, feed, table)
     keys = fmt.partition_keys(storage, landing, table)
     landed = fmt.partitions_files(storage, landing, table, keys)
     pending = [
-        {"partition": change.partition, "reason": change.reason, "files": len(landed.get(change.partition, []))}
+        {
+            "partition": change.partition,
+            "reason": change.reason,
+            "files": len(landed.get(change.partition, [])),
+        }
         for change in processed.changed_partitions(storage, landed, notes)
     ]
     return TableStatus(
@@ -111,7 +122,9 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
                     changes=count_rows(storage, layout.table("changes", feed.name, table)),
                     current=count_rows(storage, layout.table("current", feed.name, table)),
                     history=count_rows(storage, layout.table("history", feed.name, table)),
-                    quarantined=sum(1 for e in storage.walk_files(quarantine) if e.name.endswith(REASON_SUFFIX)),
+                    quarantined=sum(
+                        1 for e in storage.walk_files(quarantine) if e.name.endswith(REASON_SUFFIX)
+                    ),
                 )
             )
     return rows

@@ -7,10 +7,11 @@ copying a bad file to quarantine, removing a partition folder.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import os
 import stat
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.fs as pafs
 
@@ -53,7 +54,9 @@ class Storage:
             key = os.environ.get("AWS_ACCESS_KEY_ID")
             secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
             if key and secret:
-                kwargs.update(access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN"))
+                kwargs.update(
+                    access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN")
+                )
             if settings.endpoint_url:
                 scheme, _, host = settings.endpoint_url.partition("://")
                 kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
@@ -65,7 +68,7 @@ class Storage:
         if is_s3(uri):
             return self._s3_fs(), uri.split("://", 1)[1]
         if uri.startswith("file://"):
-            return self._local, uri[len("file://"):]
+            return self._local, uri[len("file://") :]
         raise InvalidValue(f"unsupported URI {uri!r}")
 
     @staticmethod
@@ -78,16 +81,23 @@ class Storage:
         if fs is self._local:
             return self._list_local(uri, path)
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
-        found = (self._entry(self._uri(uri, i.base_name), i) for i in infos if i.type != pafs.FileType.NotFound)
+        found = (
+            self._entry(self._uri(uri, i.base_name), i) for i in infos if i.type != pafs.FileType.NotFound
+        )
         return sorted(found, key=lambda e: e.name)
 
     @staticmethod
     def _entry(uri: str, info: pafs.FileInfo) -> Entry:
         mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
-        return Entry(uri=uri, name=uri.rsplit("/", 1)[-1], is_dir=info.type == pafs.FileType.Directory,
-                     size=info.size or 0, mtime_ms=mtime)
+        return Entry(
+            uri=uri,
+            name=uri.rsplit("/", 1)[-1],
+            is_dir=info.type == pafs.FileType.Directory,
+            size=info.size or 0,
+            mtime_ms=mtime,
+        )
 
-    def _list_local(self, uri: str, path: str) -> list[Entry]:
+    def _list_local(self, uri: str, path: str) -> builtins.list[Entry]:
         """A local folder's children, symbolic links followed. pyarrow leaves out a link that
         leads nowhere (to a missing target, or round a loop); listed here, it can be reported."""
         try:
@@ -100,11 +110,29 @@ class Storage:
             try:
                 info = child.stat()
             except OSError as exc:
-                out.append(Entry(child_uri, child.name, False, 0, None, f"a symbolic link that leads nowhere ({exc.strerror})"))
+                out.append(
+                    Entry(
+                        child_uri,
+                        child.name,
+                        False,
+                        0,
+                        None,
+                        f"a symbolic link that leads nowhere ({exc.strerror})",
+                    )
+                )
                 continue
             is_dir = stat.S_ISDIR(info.st_mode)
             odd = None if is_dir or stat.S_ISREG(info.st_mode) else "not a regular file"
-            out.append(Entry(child_uri, child.name, is_dir, 0 if is_dir else info.st_size, info.st_mtime_ns // 1_000_000, odd))
+            out.append(
+                Entry(
+                    child_uri,
+                    child.name,
+                    is_dir,
+                    0 if is_dir else info.st_size,
+                    info.st_mtime_ns // 1_000_000,
+                    odd,
+                )
+            )
         return sorted(out, key=lambda e: e.name)
 
     def walk_files(self, uri: str, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Entry]:
@@ -120,7 +148,7 @@ class Storage:
         if fs is not self._local:
             infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
             for info in sorted(infos, key=lambda i: i.path):
-                relative = info.path[len(path.rstrip("/")) + 1:]
+                relative = info.path[len(path.rstrip("/")) + 1 :]
                 if info.type == pafs.FileType.File and not any(skip(part) for part in relative.split("/")):
                     yield self._entry(self._uri(uri, relative), info)
             return
@@ -130,7 +158,9 @@ class Storage:
             return
         yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip)
 
-    def _walk_local(self, entries: list[Entry], ancestors: set, skip: Callable[[str], bool]) -> Iterator[Entry]:
+    def _walk_local(
+        self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool]
+    ) -> Iterator[Entry]:
         for entry in entries:
             if skip(entry.name):
                 continue
@@ -143,11 +173,14 @@ class Storage:
                 loop = (info.st_dev, info.st_ino) in ancestors
                 children = [] if loop else self._list_local(entry.uri, path)
             except OSError as exc:
-                yield dataclasses.replace(entry, unreadable=f"a folder that cannot be listed ({exc.strerror})")
+                yield dataclasses.replace(
+                    entry, unreadable=f"a folder that cannot be listed ({exc.strerror})"
+                )
                 continue
             if loop:
                 yield dataclasses.replace(
-                    entry, unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)"
+                    entry,
+                    unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)",
                 )
                 continue
             yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip)
@@ -206,4 +239,6 @@ class Storage:
 def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
     """The data files directly in a folder: not hidden (`is_hidden`), and readable (a link that
     leads nowhere is not data; a landing reports it as a stray)."""
-    return [e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None]
+    return [
+        e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None
+    ]

@@ -41,7 +41,7 @@ class MotoServer:
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "MotoServer":
+    def start(self) -> MotoServer:
         self._server.start()
         return self
 
@@ -59,7 +59,7 @@ def moto_server():
     server = MotoServer().start()
     try:
         server.client("s3").list_buckets()
-    except Exception as exc:  # the server thread failed to bind or serve
+    except Exception as exc:  # noqa: BLE001 - the server thread failed to bind or serve
         server.stop()
         pytest.fail(f"moto server on 127.0.0.1:{server.port} did not answer: {exc}")
     yield server

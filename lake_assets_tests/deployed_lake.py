@@ -50,10 +50,13 @@ def lake_table(lake: Path, layer: str, feed: str, table: str) -> list[tuple]:
         return []
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    frame = con.execute(f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)")
+    frame = con.execute(
+        f"SELECT * FROM read_parquet({files}, hive_partitioning = true, union_by_name = true)"
+    )
     names = [d[0] for d in frame.description]
     return sorted(
-        tuple((n, str(v)) for n, v in sorted(zip(names, row)) if n not in VOLATILE) for row in frame.fetchall()
+        tuple((n, str(v)) for n, v in sorted(zip(names, row, strict=True)) if n not in VOLATILE)
+        for row in frame.fetchall()
     )
 
 
@@ -66,23 +69,36 @@ def assert_lake_equals_a_clean_run(root: Path, config: LakeConfig, feed: str, ta
         for layer in ("changes", "current", "history"):
             deployed = lake_table(root / "lake", layer, feed, table)
             expected = lake_table(reference, layer, feed, table)
-            assert deployed == expected, f"{feed}/{table}/{layer}: {len(deployed)} rows deployed, {len(expected)} in a clean run"
+            assert deployed == expected, (
+                f"{feed}/{table}/{layer}: {len(deployed)} rows deployed, {len(expected)} in a clean run"
+            )
             assert expected, f"{feed}/{table}/{layer} is empty"
 
 
 def partitions_since(deployment: Deployment, key: list[str], since: float) -> set[str]:
-    return {m["partition"] for m in deployment.materialised_partitions(key) if float(m["timestamp"]) / 1000 > since}
+    return {
+        m["partition"]
+        for m in deployment.materialised_partitions(key)
+        if float(m["timestamp"]) / 1000 > since
+    }
 
 
 def runs_since(deployment: Deployment, key: list[str], since: float) -> list[dict]:
     """For a failure message: the runs that materialised `key` after `since`, with what
     launched them (sensor, automation, backfill tags) and when."""
-    made = {}
+    made: dict[str, list[str]] = {}
     for m in deployment.materialised_partitions(key):
         if float(m["timestamp"]) / 1000 > since:
             made.setdefault(m["runId"], []).append(m["partition"])
     return [
-        {"run": r["runId"], "partitions": sorted(made[r["runId"]]), "status": r["status"], "start": r["startTime"],
-         "end": r["endTime"], "tags": {k: v for k, v in r["tags"].items() if k.startswith("dagster/")}}
-        for r in deployment.runs() if r["runId"] in made
+        {
+            "run": r["runId"],
+            "partitions": sorted(made[r["runId"]]),
+            "status": r["status"],
+            "start": r["startTime"],
+            "end": r["endTime"],
+            "tags": {k: v for k, v in r["tags"].items() if k.startswith("dagster/")},
+        }
+        for r in deployment.runs()
+        if r["runId"] in made
     ]

@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dagster_graphql import DagsterGraphQLClient
 
@@ -156,21 +156,40 @@ class Deployment:
         self._groups.append(process.pid)
         return process
 
-    def start(self) -> "Deployment":
+    def start(self) -> Deployment:
         # The instance's storage is created once, first: a webserver, a daemon and their code
         # servers starting together on a fresh DAGSTER_HOME race to create SQLite's schema (seen
         # under load: "alembic_version has more than one head", and no code location loads).
-        subprocess.run([str(BIN / "dagster"), "instance", "migrate"], cwd=ROOT, env=self.env, check=True,
-                       capture_output=True, timeout=300)
-        self.webserver = self._spawn("webserver", [
-            str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port), "-w", str(ROOT / "workspace.yaml"),
-        ])
+        subprocess.run(
+            [str(BIN / "dagster"), "instance", "migrate"],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        self.webserver = self._spawn(
+            "webserver",
+            [
+                str(BIN / "dagster-webserver"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-w",
+                str(ROOT / "workspace.yaml"),
+            ],
+        )
         self.start_daemon()
-        wait_for(self._webserver_ready, 240, f"the webserver on {self.url} (log: {self.home / 'webserver.log'})")
+        wait_for(
+            self._webserver_ready, 240, f"the webserver on {self.url} (log: {self.home / 'webserver.log'})"
+        )
         return self
 
     def start_daemon(self) -> None:
-        self.daemon = self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")])
+        self.daemon = self._spawn(
+            "daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")]
+        )
 
     def stop_daemon(self) -> None:
         """Stop the daemon as an operator would (SIGTERM), leaving the runs it launched alone."""
@@ -209,10 +228,11 @@ class Deployment:
             return False
 
     def _webserver_ready(self) -> bool:
+        assert self.webserver is not None, "the webserver was started"
         if self.webserver.poll() is not None:
             raise AssertionError(f"the webserver exited: {(self.home / 'webserver.log').read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as reply:
+            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as reply:  # noqa: S310 - our http on loopback
                 return reply.status == 200
         except OSError:
             return False
@@ -236,6 +256,7 @@ class Deployment:
 
     def wait_for_backfill(self, backfill_id: str, timeout: float) -> str:
         """Wait until the backfill daemon has finished a backfill; returns its final status."""
+
         def status():
             found = self.query(BACKFILL_QUERY, {"id": backfill_id})["partitionBackfillOrError"]
             assert found["__typename"] == "PartitionBackfill", found
@@ -245,13 +266,19 @@ class Deployment:
 
     def check_statuses(self, key: list[str], check: str) -> list[str]:
         """The statuses of an asset check's executions, as the asset's Checks tab lists them."""
-        return [e["status"] for e in self.query(CHECKS_QUERY, {"path": key, "check": check})["assetCheckExecutions"]]
+        return [
+            e["status"]
+            for e in self.query(CHECKS_QUERY, {"path": key, "check": check})["assetCheckExecutions"]
+        ]
 
     def failure_messages(self, run_id: str) -> list[str]:
         """What the UI shows for a failed run: its step failures' errors and the run failure."""
         events = self.query(FAILURES_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
-        return [(e.get("error") or {}).get("message") or e.get("message") or "" for e in events
-                if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")]
+        return [
+            (e.get("error") or {}).get("message") or e.get("message") or ""
+            for e in events
+            if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")
+        ]
 
     def wait_until_idle(self, timeout: float, settle: float = 20.0) -> list[dict]:
         """Wait until no run is queued or in progress, and none started for `settle` seconds
@@ -275,7 +302,8 @@ class Deployment:
     def logs(self) -> str:
         return "\n".join(
             f"--- {name}.log\n" + (self.home / f"{name}.log").read_text(errors="replace")[-4000:]
-            for name in ("daemon", "webserver") if (self.home / f"{name}.log").exists()
+            for name in ("daemon", "webserver")
+            if (self.home / f"{name}.log").exists()
         )
 
 
@@ -296,6 +324,7 @@ class PostgresServer:
         run_as = {}
         if os.geteuid() == 0:
             import pwd
+
             pw = pwd.getpwnam("postgres")
             os.chown(base, pw.pw_uid, pw.pw_gid)
             run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
@@ -311,17 +340,34 @@ class PostgresServer:
         return found
 
     def _call(self, *args: str) -> None:
-        result = subprocess.run(list(args), cwd=self.base, capture_output=True, text=True, timeout=120, **self._run_as)
+        result = subprocess.run(
+            list(args),
+            cwd=self.base,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **self._run_as,
+            check=False,
+        )
         if result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed: {result.stdout}{result.stderr}")
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         self._call(self._tool("initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8")
         self._call(
-            self._tool("pg_ctl"), "-D", str(self.data), "-l", str(self.base / "postgres.log"), "-w", "start",
-            "-o", f"-h 127.0.0.1 -p {self.port} -k {self.base}",
+            self._tool("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.base / "postgres.log"),
+            "-w",
+            "start",
+            "-o",
+            f"-h 127.0.0.1 -p {self.port} -k {self.base}",
         )
-        self._call(self._tool("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database)
+        self._call(
+            self._tool("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database
+        )
         return self
 
     def env(self) -> dict[str, str]:
@@ -336,13 +382,35 @@ class PostgresServer:
 
     def scalar(self, sql: str) -> str:
         result = subprocess.run(
-            [self._tool("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", self.database,
-             "-At", "-c", sql], capture_output=True, text=True, timeout=60,
+            [
+                self._tool("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                self.database,
+                "-At",
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
     def stop(self) -> None:
-        subprocess.run([self._tool("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"],
-                       cwd=self.base, capture_output=True, timeout=60, **self._run_as)
+        subprocess.run(
+            [self._tool("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"],
+            cwd=self.base,
+            capture_output=True,
+            timeout=60,
+            **self._run_as,
+            check=False,
+        )
         shutil.rmtree(self.base, ignore_errors=True)

@@ -28,8 +28,15 @@ SCHEMA = T.StructType(
 
 def as_row(event: dict) -> tuple:
     return (
-        event["id"], event.get("c1"), event.get("c2"), event["op"], event["version_at"], event["seq"],
-        event.get("unmodified"), bool(event.get("purged")), event.get("source_file", "file:///test"),
+        event["id"],
+        event.get("c1"),
+        event.get("c2"),
+        event["op"],
+        event["version_at"],
+        event["seq"],
+        event.get("unmodified"),
+        bool(event.get("purged")),
+        event.get("source_file", "file:///test"),
     )
 
 
@@ -46,16 +53,20 @@ class EngineLake:
         return fold(self.spark, self.storage, self.state, batch, self.spec, **kwargs)
 
     def _rows(self, folder: str, order: str) -> list[dict]:
-        path = folder[len("file://"):]
+        path = folder[len("file://") :]
         import os
 
-        if not os.path.isdir(path) or not any(f.endswith(".parquet") for _, _, fs in os.walk(path) for f in fs):
+        if not os.path.isdir(path) or not any(
+            f.endswith(".parquet") for _, _, fs in os.walk(path) for f in fs
+        ):
             return []
         con = duckdb.connect()
         con.execute("SET TimeZone = 'UTC'")
-        cur = con.execute(f"SELECT * FROM read_parquet('{path}/**/*.parquet', union_by_name = true) ORDER BY {order}")
+        cur = con.execute(
+            f"SELECT * FROM read_parquet('{path}/**/*.parquet', union_by_name = true) ORDER BY {order}"
+        )
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def current(self) -> list[dict]:
         return self._rows(self.state.current, "id")
@@ -64,5 +75,7 @@ class EngineLake:
         return self._rows(self.state.history, "id, _fivetran_start")
 
 
-def utc(*args) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=dt.timezone.utc)
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, microsecond: int = 0
+) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, microsecond, tzinfo=dt.timezone.utc)

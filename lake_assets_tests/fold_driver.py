@@ -38,7 +38,9 @@ def main() -> None:
         for event in batch:
             event["version_at"] = dt.datetime.fromisoformat(event["version_at"])
 
-    session = spark_settings.build_session(spark_settings.session_conf(extra={"spark.sql.shuffle.partitions": "2"}))
+    session = spark_settings.build_session(
+        spark_settings.session_conf(extra={"spark.sql.shuffle.partitions": "2"})
+    )
     session.sparkContext.setLogLevel("ERROR")
     if args.kill_after is not None:
         threading.Timer(args.kill_after, _die).start()

@@ -25,20 +25,35 @@ FEED = "grax"
 LAYERS = ("changes", "current", "history")
 #: what differs between two runs over the same landed data: when they ran
 RUN_TIME_COLUMNS = ("_ingested_at", "_fivetran_synced")
-SCHEMA = pa.schema([
-    ("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-    ("grax__purged", pa.timestamp("ms", tz="UTC")), ("grax__restoredfrom", pa.string()),
-    ("Name", pa.string()), ("Phone", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("Id", pa.string()),
+        ("source__modified", pa.timestamp("ms", tz="UTC")),
+        ("grax__idseq", pa.string()),
+        ("grax__purged", pa.timestamp("ms", tz="UTC")),
+        ("grax__restoredfrom", pa.string()),
+        ("Name", pa.string()),
+        ("Phone", pa.string()),
+    ]
+)
 
 
 def at(hour: int, ms: int = 0) -> dt.datetime:
     return dt.datetime(2024, 1, 1, hour, tzinfo=UTC) + dt.timedelta(milliseconds=ms)
 
 
-def version(key: str, hour: int, idseq: str, name: str | None = None, phone: str | None = None, **extra) -> dict:
+def version(
+    key: str, hour: int, idseq: str, name: str | None = None, phone: str | None = None, **extra
+) -> dict:
     """A GRAX row: version `at(hour)` of `key` with its fields."""
-    return {"Id": key, "source__modified": at(hour), "grax__idseq": idseq, "Name": name, "Phone": phone, **extra}
+    return {
+        "Id": key,
+        "source__modified": at(hour),
+        "grax__idseq": idseq,
+        "Name": name,
+        "Phone": phone,
+        **extra,
+    }
 
 
 def purge(key: str, hour: int, idseq: str) -> dict:
@@ -55,40 +70,60 @@ def land(landing: Path, batch: str, name: str, rows: list[dict]) -> Path:
 
 
 def config_for(landing: Path, lake: Path) -> LakeConfig:
-    return LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig(FEED, "grax_v2", f"file://{landing}"),))
+    return LakeConfig(
+        lake=f"file://{lake}", feeds=(FeedConfig(name=FEED, format="grax_v2", landing=f"file://{landing}"),)
+    )
 
 
-def cli(config: LakeConfig, instance: dg.DagsterInstance, first: str | None = None, last: str | None = None) -> None:
+def cli(
+    config: LakeConfig, instance: dg.DagsterInstance, first: str | None = None, last: str | None = None
+) -> None:
     """What `lake-assets run [--from first --to last]` does."""
     run_feeds(config, instance=instance, say=lambda _: None, first=first, last=last)
 
 
-def backfill(config: LakeConfig, instance: dg.DagsterInstance, first: str, last: str, layers=("catalog", "changes", "current", "history")) -> None:
+def backfill(
+    config: LakeConfig,
+    instance: dg.DagsterInstance,
+    first: str,
+    last: str,
+    layers=("catalog", "changes", "current", "history"),
+) -> None:
     """A single-run range backfill of the table's job as the UI launches it (its batches registered)."""
     defs = discovered_definitions(config)
     name = batch_partitions_name(FEED, TABLE)
-    landed = {p.name[len("batch="):] for p in Path(config.feeds[0].landing[len("file://"):]).rglob("batch=*")}
+    landed = {
+        p.name[len("batch=") :] for p in Path(config.feeds[0].landing[len("file://") :]).rglob("batch=*")
+    }
     instance.add_dynamic_partitions(name, sorted(landed - set(instance.get_dynamic_partitions(name))))
     result = defs.resolve_job_def(table_job_name(FEED, TABLE)).execute_in_process(
-        instance=instance, tags={RANGE_START_TAG: first, RANGE_END_TAG: last},
+        instance=instance,
+        tags={RANGE_START_TAG: first, RANGE_END_TAG: last},
         asset_selection=[dg.AssetKey([FEED, *TABLE.split("/"), layer]) for layer in layers],
     )
     assert result.success
 
 
-def sensor_tick(config: LakeConfig, instance: dg.DagsterInstance, cursor: str | None) -> tuple[str | None, int]:
+def sensor_tick(
+    config: LakeConfig, instance: dg.DagsterInstance, cursor: str | None
+) -> tuple[str | None, int]:
     """One tick of the batch sensor, then the runs it requested, as the daemon would launch them;
     returns the new cursor and how many runs were requested."""
     defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def(f"{FEED}_batch_sensor")
-    with dg.build_sensor_context(resources={"lake": LakeResource(root=config.lake)}, definitions=defs, cursor=cursor, instance=instance) as context:
+    with dg.build_sensor_context(
+        resources={"lake": LakeResource(root=config.lake)}, definitions=defs, cursor=cursor, instance=instance
+    ) as context:
         result = sensor(context)
-    for request in result.dynamic_partitions_requests:
+    assert isinstance(result, dg.SensorResult), result
+    for request in result.dynamic_partitions_requests or ():
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     job = defs.resolve_job_def(table_job_name(FEED, TABLE))
-    for request in result.run_requests:
-        assert job.execute_in_process(instance=instance, tags=request.tags, asset_selection=request.asset_selection).success
-    return result.cursor, len(result.run_requests)
+    for run_request in result.run_requests or ():
+        assert job.execute_in_process(
+            instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection
+        ).success
+    return result.cursor, len(result.run_requests or ())
 
 
 def rows(lake: Path, layer: str) -> list[dict]:
@@ -103,12 +138,14 @@ def rows(lake: Path, layer: str) -> list[dict]:
         f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true) ORDER BY {order}"
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def field_data(row: dict) -> dict:
     """A row's field data: every value but the key, the lake's own columns and the partition."""
-    return {k: v for k, v in row.items() if v is not None and k not in ("Id", "batch") and not k.startswith("_")}
+    return {
+        k: v for k, v in row.items() if v is not None and k not in ("Id", "batch") and not k.startswith("_")
+    }
 
 
 def leaks(lake: Path, purged: set[str]) -> list[tuple]:
@@ -117,7 +154,9 @@ def leaks(lake: Path, purged: set[str]) -> list[tuple]:
     found = []
     for layer in LAYERS:
         for row in rows(lake, layer):
-            if row["Id"] in purged and (field_data(row) or (layer != "current" and row.get("_purged") is not True)):
+            if row["Id"] in purged and (
+                field_data(row) or (layer != "current" and row.get("_purged") is not True)
+            ):
                 found.append((layer, row["Id"], field_data(row)))
     return found
 
@@ -126,7 +165,11 @@ def comparable(lake: Path, layer: str) -> list[dict]:
     """A layer without the columns that say when it was written, its landed files named from the
     landing's `parquet/v2/` on (two lakes read two copies of one landing)."""
     return [
-        {k: v.split("/parquet/v2/", 1)[-1] if k == "_source_file" and v else v for k, v in row.items() if k not in RUN_TIME_COLUMNS}
+        {
+            k: v.split("/parquet/v2/", 1)[-1] if k == "_source_file" and v else v
+            for k, v in row.items()
+            if k not in RUN_TIME_COLUMNS
+        }
         for row in rows(lake, layer)
     ]
 

@@ -12,8 +12,8 @@ import datetime as dt
 import gzip
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import dagster as dg
 import duckdb
@@ -48,18 +48,39 @@ class Feed:
 
 
 def write_unit_valid(landing: Path) -> None:
-    write_events(landing, "accounts", 1, "part-0.parquet", [
-        event("a", "I", 1, at(1), name="Ann", balance=10),
-        event("b", "I", 2, at(1, 5), name="Bob", balance=20),
-    ], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 2, "part-0.parquet", [
-        event("a", "U", 3, at(2), name="Anna", balance=11),
-        event("c", "I", 4, at(2, 1), name="Cy", balance=30),
-    ], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 3, "part-0.parquet", [
-        event("b", "D", 5, at(3), name="Bob", balance=20),
-        event("a", "U", 6, at(3, 2), name="Annie", balance=12),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [
+            event("a", "I", 1, at(1), name="Ann", balance=10),
+            event("b", "I", 2, at(1, 5), name="Bob", balance=20),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [
+            event("a", "U", 3, at(2), name="Anna", balance=11),
+            event("c", "I", 4, at(2, 1), name="Cy", balance=30),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        3,
+        "part-0.parquet",
+        [
+            event("b", "D", 5, at(3), name="Bob", balance=20),
+            event("a", "U", 6, at(3, 2), name="Annie", balance=12),
+        ],
+        ACCOUNT_SCHEMA,
+    )
 
 
 def unit_hour(landing: Path, hour: int = 2) -> Path:
@@ -79,10 +100,14 @@ def grax_time(hour: int) -> dt.datetime:
     return dt.datetime(2024, 1, 1, hour, tzinfo=UTC)
 
 
-GRAX_SCHEMA = pa.schema([
-    ("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-    ("Name", pa.string()),
-])
+GRAX_SCHEMA = pa.schema(
+    [
+        ("Id", pa.string()),
+        ("source__modified", pa.timestamp("ms", tz="UTC")),
+        ("grax__idseq", pa.string()),
+        ("Name", pa.string()),
+    ]
+)
 
 
 def grax_batch(landing: Path, batch: str, obj: str = "Account") -> Path:
@@ -90,22 +115,34 @@ def grax_batch(landing: Path, batch: str, obj: str = "Account") -> Path:
 
 
 def write_grax_valid(landing: Path) -> None:
-    write_parquet(grax_batch(landing, "000000001") / "data-00000000001.parquet", [
-        {"Id": "1", "source__modified": grax_time(1), "grax__idseq": "a", "Name": "Alice"},
-        {"Id": "2", "source__modified": grax_time(2), "grax__idseq": "b", "Name": "Bob"},
-    ], GRAX_SCHEMA)
-    write_parquet(grax_batch(landing, "000000002") / "data-00000000002.parquet", [
-        {"Id": "1", "source__modified": grax_time(3), "grax__idseq": "c", "Name": "Alicia"},
-        {"Id": "3", "source__modified": grax_time(4), "grax__idseq": "d", "Name": "Cleo"},
-    ], GRAX_SCHEMA)
+    write_parquet(
+        grax_batch(landing, "000000001") / "data-00000000001.parquet",
+        [
+            {"Id": "1", "source__modified": grax_time(1), "grax__idseq": "a", "Name": "Alice"},
+            {"Id": "2", "source__modified": grax_time(2), "grax__idseq": "b", "Name": "Bob"},
+        ],
+        GRAX_SCHEMA,
+    )
+    write_parquet(
+        grax_batch(landing, "000000002") / "data-00000000002.parquet",
+        [
+            {"Id": "1", "source__modified": grax_time(3), "grax__idseq": "c", "Name": "Alicia"},
+            {"Id": "3", "source__modified": grax_time(4), "grax__idseq": "d", "Name": "Cleo"},
+        ],
+        GRAX_SCHEMA,
+    )
 
 
 # --- Estuary Flow journals ---------------------------------------------------------------------
 
 
 def flow_doc(n: int, **fields) -> bytes:
-    doc = {"id": n, "name": f"c{n}", **fields,
-           "_meta": {"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, FLOW_PRODUCER), "op": "c"}}
+    doc = {
+        "id": n,
+        "name": f"c{n}",
+        **fields,
+        "_meta": {"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, FLOW_PRODUCER), "op": "c"},
+    }
     return json.dumps(doc).encode() + b"\n"
 
 
@@ -113,8 +150,15 @@ def flow_journal(landing: Path) -> Path:
     return landing / "acmeCo" / "customers" / "pivot=00"
 
 
-def write_flow_fragment(journal: Path, begin: int, content: bytes, *, stored: bytes | None = None,
-                        folder: str = "utc_date=2024-06-01/utc_hour=10", end: int | None = None) -> Path:
+def write_flow_fragment(
+    journal: Path,
+    begin: int,
+    content: bytes,
+    *,
+    stored: bytes | None = None,
+    folder: str = "utc_date=2024-06-01/utc_hour=10",
+    end: int | None = None,
+) -> Path:
     """A gzip fragment of `content` at offset `begin` (`stored` replaces the compressed bytes;
     `end` lets a name claim another range than its content's)."""
     target = journal / folder
@@ -137,14 +181,32 @@ def write_flow_valid(landing: Path) -> None:
 
 
 FEEDS = {
-    "unit": Feed("unit", "accounts", write_unit_valid,
-                 lambda landing: FeedConfig("unit", "unit_cdc", f"file://{landing}"), ("id", "_seq")),
-    "grax": Feed("grax", f"{GRAX_ORG}/account", write_grax_valid,
-                 lambda landing: FeedConfig("grax", "grax_v2", f"file://{landing}"), ("Id", "_version_at", "_seq", "_op")),
-    "flow": Feed("flow", FLOW_TABLE, write_flow_valid,
-                 lambda landing: FeedConfig("flow", "flow_journal", f"file://{landing}",
-                                            collections=(CollectionConfig(FLOW_COLLECTION, ("/id",)),)),
-                 ("id", "_seq")),
+    "unit": Feed(
+        "unit",
+        "accounts",
+        write_unit_valid,
+        lambda landing: FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        ("id", "_seq"),
+    ),
+    "grax": Feed(
+        "grax",
+        f"{GRAX_ORG}/account",
+        write_grax_valid,
+        lambda landing: FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),
+        ("Id", "_version_at", "_seq", "_op"),
+    ),
+    "flow": Feed(
+        "flow",
+        FLOW_TABLE,
+        write_flow_valid,
+        lambda landing: FeedConfig(
+            name="flow",
+            format="flow_journal",
+            landing=f"file://{landing}",
+            collections=(CollectionConfig(name=FLOW_COLLECTION, key=("/id",)),),
+        ),
+        ("id", "_seq"),
+    ),
 }
 
 
@@ -162,7 +224,7 @@ def duck(sql: str) -> list[dict]:
     con.execute("SET TimeZone = 'UTC'")
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def layer_rows(lake: Path, layer: str, feed: Feed) -> list[dict]:
@@ -170,7 +232,9 @@ def layer_rows(lake: Path, layer: str, feed: Feed) -> list[dict]:
     folder = lake / layer / feed.name / feed.table
     if not folder.exists():
         return []
-    return duck(f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    return duck(
+        f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
+    )
 
 
 def events(lake: Path, feed: Feed) -> set[tuple]:
@@ -188,11 +252,15 @@ def quarantine_notes(lake: Path) -> dict[str, dict]:
 
 def materialisation_metadata(instance: dg.DagsterInstance, feed: Feed, layer: str = "changes") -> dict:
     event = instance.get_latest_materialization_event(dg.AssetKey([feed.name, *feed.table.split("/"), layer]))
-    assert event is not None, f"{feed.name}/{feed.table}/{layer} was never materialised"
-    return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+    materialization = event.asset_materialization if event is not None else None
+    assert materialization is not None, f"{feed.name}/{feed.table}/{layer} was never materialised"
+    return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
 
 
 def landing_complete_passed(instance: dg.DagsterInstance, feed: Feed) -> bool:
     key = dg.AssetCheckKey(dg.AssetKey([feed.name, *feed.table.split("/"), "changes"]), "landing_complete")
     executions = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])
-    return next(iter(executions.values())).event.dagster_event.event_specific_data.passed
+    entry = next(iter(executions.values())).event
+    evaluation = entry.dagster_event.event_specific_data if entry and entry.dagster_event else None
+    assert isinstance(evaluation, dg.AssetCheckEvaluation), evaluation
+    return evaluation.passed

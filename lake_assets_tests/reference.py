@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from typing import Any
 
 TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
 MS = dt.timedelta(milliseconds=1)
 UNIT_SPECIAL = ("id", "cdc_operation_type", "cdc_change_seq", "cdc_commit_timestamp")
-UNIT_OPS = {"INSERT": "insert", "I": "insert", "UPDATE": "update", "U": "update", "DELETE": "delete", "D": "delete"}
+UNIT_OPS = {
+    "INSERT": "insert",
+    "I": "insert",
+    "UPDATE": "update",
+    "U": "update",
+    "DELETE": "delete",
+    "D": "delete",
+}
 
 
 def to_ms(moment: dt.datetime) -> dt.datetime:
@@ -46,8 +54,8 @@ def reference_tables(
         for (at, s), event in writes[k].items():
             if at not in winners or s > winners[at][0]:
                 winners[at] = (s, event)
-        timeline = []  # (kind, start, values)
-        previous = None  # filled values of the previous version in this life
+        timeline: list[tuple[str, Any, dict[str, Any] | None]] = []  # (kind, start, values)
+        previous: dict[str, Any] | None = None  # filled values of the previous version in this life
         for at in sorted(winners):
             event = winners[at][1]
             if event[op] == "delete":
@@ -55,12 +63,10 @@ def reference_tables(
                 previous = None
                 continue
             skipped = set(event.get(unmodified) or ())
-            values = {
-                c: ((previous or {}).get(c) if c in skipped else event.get(c)) for c in payload
-            }
+            values = {c: ((previous or {}).get(c) if c in skipped else event.get(c)) for c in payload}
             previous = values
             timeline.append(("version", at, values))
-        for index, (kind, start, values) in enumerate(timeline):
+        for index, (kind, start, version) in enumerate(timeline):
             if kind == "delete":
                 continue
             following = timeline[index + 1] if index + 1 < len(timeline) else None
@@ -70,9 +76,15 @@ def reference_tables(
                 end = following[1]
             else:
                 end = following[1] - MS
-            if k in purged_keys:
-                values = {c: None for c in payload}
-            row = {key: k, **values, "_fivetran_start": start, "_fivetran_end": end, "_fivetran_active": following is None}
+            assert version is not None  # only deletes carry no values
+            values = dict.fromkeys(payload) if k in purged_keys else version
+            row = {
+                key: k,
+                **values,
+                "_fivetran_start": start,
+                "_fivetran_end": end,
+                "_fivetran_active": following is None,
+            }
             history.append(row)
             if following is None:
                 current[k] = {key: k, **values, "_version_at": start}

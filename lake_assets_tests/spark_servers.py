@@ -35,10 +35,14 @@ class _Process:
         self.name, self.log = name, log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        return (
+            "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        )
 
     def check_running(self) -> None:
         if self.process.poll() is not None:
@@ -56,10 +60,16 @@ class _Process:
 
 def _spark_env(work: Path) -> dict[str, str]:
     """Every Spark daemon binds and advertises loopback, logs and works under `work`."""
-    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost",
-            "SPARK_LOG_DIR": str(work / "logs"), "SPARK_PID_DIR": str(work / "pids"),
-            "SPARK_WORKER_DIR": str(work / "worker"), "SPARK_LOCAL_DIRS": str(work / "scratch"),
-            "SPARK_CONF_DIR": str(work / "conf")}
+    return {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_HOSTNAME": "localhost",
+        "SPARK_LOG_DIR": str(work / "logs"),
+        "SPARK_PID_DIR": str(work / "pids"),
+        "SPARK_WORKER_DIR": str(work / "worker"),
+        "SPARK_LOCAL_DIRS": str(work / "scratch"),
+        "SPARK_CONF_DIR": str(work / "conf"),
+    }
 
 
 def _wait(what: str, ready, processes: list[_Process]) -> None:
@@ -73,7 +83,9 @@ def _wait(what: str, ready, processes: list[_Process]) -> None:
         except OSError:
             pass
         time.sleep(0.5)
-    raise ServerFailed(f"{what} did not come up in {START_TIMEOUT} s:\n" + "\n".join(p.tail() for p in processes))
+    raise ServerFailed(
+        f"{what} did not come up in {START_TIMEOUT} s:\n" + "\n".join(p.tail() for p in processes)
+    )
 
 
 class StandaloneCluster:
@@ -85,23 +97,56 @@ class StandaloneCluster:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[_Process] = []
 
-    def start(self) -> "StandaloneCluster":
+    def start(self) -> StandaloneCluster:
         spark_class = str(Path(_find_spark_home()) / "bin" / "spark-class")
         env = _spark_env(self.work)
         (self.work / "conf").mkdir(parents=True, exist_ok=True)
         try:
-            self.processes.append(_Process("master", [
-                spark_class, "org.apache.spark.deploy.master.Master",
-                "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port),
-            ], self.work, env))
+            self.processes.append(
+                _Process(
+                    "master",
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.master.Master",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(self.port),
+                        "--webui-port",
+                        str(self.ui_port),
+                    ],
+                    self.work,
+                    env,
+                )
+            )
             _wait("the standalone master", lambda: self._status() is not None, self.processes)
-            self.processes.append(_Process("worker", [
-                spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-                "--memory", self.worker_memory, "--webui-port", str(free_port()), "--work-dir", str(self.work / "worker"),
-                self.master_url,
-            ], self.work, env))
-            _wait("a worker registered with the master", lambda: (self._status() or {}).get("aliveworkers", 0) >= 1,
-                  self.processes)
+            self.processes.append(
+                _Process(
+                    "worker",
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        "2",
+                        "--memory",
+                        self.worker_memory,
+                        "--webui-port",
+                        str(free_port()),
+                        "--work-dir",
+                        str(self.work / "worker"),
+                        self.master_url,
+                    ],
+                    self.work,
+                    env,
+                )
+            )
+            _wait(
+                "a worker registered with the master",
+                lambda: (self._status() or {}).get("aliveworkers", 0) >= 1,
+                self.processes,
+            )
         except BaseException:
             self.stop()
             raise
@@ -114,8 +159,13 @@ class StandaloneCluster:
     def spark_conf(self, python: str) -> dict[str, str]:
         """The lake's `spark.conf` for this cluster: executors run `python` (the project's
         environment), the driver is reachable on loopback, and the app takes the worker's cores."""
-        return {"spark.pyspark.python": python, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.executor.memory": "2g", "spark.cores.max": "2"}
+        return {
+            "spark.pyspark.python": python,
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executor.memory": "2g",
+            "spark.cores.max": "2",
+        }
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -133,20 +183,46 @@ class ConnectServer:
         self.url = f"sc://127.0.0.1:{self.port}"
         self.processes: list[_Process] = []
 
-    def start(self, python: str) -> "ConnectServer":
+    def start(self, python: str) -> ConnectServer:
         spark_submit = str(Path(_find_spark_home()) / "bin" / "spark-submit")
-        env = {**_spark_env(self.work), "SPARK_CONNECT_AUTHENTICATE_TOKEN": self.token, "PYSPARK_PYTHON": python}
+        env = {
+            **_spark_env(self.work),
+            "SPARK_CONNECT_AUTHENTICATE_TOKEN": self.token,
+            "PYSPARK_PYTHON": python,
+        }
         (self.work / "conf").mkdir(parents=True, exist_ok=True)
-        conf = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(self.port),
-                "spark.ui.enabled": "false", "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1",
-                "spark.driver.memory": "2g", "spark.pyspark.python": python}
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.ui.enabled": "false",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.memory": "2g",
+            "spark.pyspark.python": python,
+        }
         if self.s3_endpoint:
-            conf.update({key: value for key, value in spark_settings.session_conf(use_s3=True, s3_endpoint_url=self.s3_endpoint).items()
-                         if key.startswith("spark.hadoop.") or key == "spark.jars"})
+            conf.update(
+                {
+                    key: value
+                    for key, value in spark_settings.session_conf(
+                        use_s3=True, s3_endpoint_url=self.s3_endpoint
+                    ).items()
+                    if key.startswith("spark.hadoop.") or key == "spark.jars"
+                }
+            )
             # the server's own keys, from its environment (as an operator would give them)
-            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = "com.amazonaws.auth.EnvironmentVariableCredentialsProvider"
-        args = [spark_submit, "--master", "local[2]", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-                "--name", "lake_assets test Connect server"]
+            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
+                "com.amazonaws.auth.EnvironmentVariableCredentialsProvider"
+            )
+        args = [
+            spark_submit,
+            "--master",
+            "local[2]",
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name",
+            "lake_assets test Connect server",
+        ]
         for key, value in conf.items():
             args += ["--conf", f"{key}={value}"]
         self.processes.append(_Process("connect", args, self.work, env))

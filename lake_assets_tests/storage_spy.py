@@ -18,7 +18,8 @@ def spy_on_every_storage(monkeypatch) -> list[tuple[str, str]]:
     reads from now on, whoever made the Storage."""
     touched: list[tuple[str, str]] = []
     for name in ("list", "walk_files", "exists", "read_bytes", "open_input_file"):
-        def spy(self, uri, *args, _name=name, _original=getattr(Storage, name), **kwargs):
+
+        def spy(self, uri, *args, _name=name, _original=getattr(Storage, name), **kwargs):  # noqa: B008 - binds this name's method
             touched.append((_name, uri))
             return _original(self, uri, *args, **kwargs)
 

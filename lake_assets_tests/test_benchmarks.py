@@ -9,11 +9,14 @@ import json
 
 import pyarrow.parquet as pq
 
-from benchmarks import duckdb_reference, handwritten_spark, side_by_side as sb
+from benchmarks import duckdb_reference, handwritten_spark
+from benchmarks import side_by_side as sb
 from benchmarks.profile import event_log_files, sql_executions
 from benchmarks.unit_landing import LandingShape, write_unit_landing
 
-SHAPE = LandingShape(keys=300, events_per_hour=400, hours=4, start=sb.START, duplicate_rate=0.05, delete_rate=0.1)
+SHAPE = LandingShape(
+    keys=300, events_per_hour=400, hours=4, start=sb.START, duplicate_rate=0.05, delete_rate=0.1
+)
 
 
 def _rows(landing, table="events") -> list[tuple]:
@@ -43,7 +46,9 @@ def test_the_engine_and_the_duckdb_reference_agree_on_untidy_data(spark, tmp_pat
     sb.run_pipeline(spark, feed, tmp_path / "lake", sb._landed(feed)[:2], "first-half")
     sb.run_pipeline(spark, feed, tmp_path / "lake", sb._landed(feed)[2:], "second-half")
     duckdb_reference.recompute(landing, sb.TABLE, tmp_path / "reference")
-    result = duckdb_reference.compare_with_lake(tmp_path / "reference", tmp_path / "lake", sb.FEED, sb.TABLE, sb.PAYLOAD)
+    result = duckdb_reference.compare_with_lake(
+        tmp_path / "reference", tmp_path / "lake", sb.FEED, sb.TABLE, sb.PAYLOAD
+    )
     assert result["equal"], result
 
 
@@ -54,25 +59,51 @@ def test_the_profile_reads_sql_executions_from_a_rolling_event_log(tmp_path):
     (folder / f"appstatus_{app}").write_text("")
     (folder / f".appstatus_{app}.crc").write_text("crc")
     first = [
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart", "executionId": 1, "time": 1000,
-         "description": "collect at /work/lake_assets/engine/fold.py:134",
-         "physicalPlanDescription": "== Physical Plan ==\nAdaptiveSparkPlan (3)\n+- HashAggregate (2)\n   +- Scan parquet  (1)\n"},
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart", "executionId": 3, "time": 1600,
-         "description": "parquet at NativeMethodAccessorImpl.java:0",
-         "physicalPlanDescription": "== Physical Plan ==\nExecute InsertIntoHadoopFsRelationCommand (2)\n+- Scan parquet  (1)\n\n"
-                                    "(2) Execute InsertIntoHadoopFsRelationCommand\nInput: []\n"
-                                    "Arguments: file:/lake/_staging/bench/events/f1/closed, false, Parquet, Overwrite\n"},
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd", "executionId": 3, "time": 2600},
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart", "executionId": 2, "time": 1500,
-         "description": "count at NativeMethodAccessorImpl.java:0",
-         "physicalPlanDescription": "== Physical Plan ==\nAdaptiveSparkPlan (4)\n+- HashAggregate (3)\n   +- Exchange (2)\n      +- Window (1)\n"},
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart",
+            "executionId": 1,
+            "time": 1000,
+            "description": "collect at /work/lake_assets/engine/fold.py:134",
+            "physicalPlanDescription": "== Physical Plan ==\nAdaptiveSparkPlan (3)\n+- HashAggregate (2)\n   +- Scan parquet  (1)\n",
+        },
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart",
+            "executionId": 3,
+            "time": 1600,
+            "description": "parquet at NativeMethodAccessorImpl.java:0",
+            "physicalPlanDescription": "== Physical Plan ==\nExecute InsertIntoHadoopFsRelationCommand (2)\n+- Scan parquet  (1)\n\n"
+            "(2) Execute InsertIntoHadoopFsRelationCommand\nInput: []\n"
+            "Arguments: file:/lake/_staging/bench/events/f1/closed, false, Parquet, Overwrite\n",
+        },
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd",
+            "executionId": 3,
+            "time": 2600,
+        },
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart",
+            "executionId": 2,
+            "time": 1500,
+            "description": "count at NativeMethodAccessorImpl.java:0",
+            "physicalPlanDescription": "== Physical Plan ==\nAdaptiveSparkPlan (4)\n+- HashAggregate (3)\n   +- Exchange (2)\n      +- Window (1)\n",
+        },
     ]
     second = [
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd", "executionId": 2, "time": 4000},
-        {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd", "executionId": 1, "time": 1250},
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd",
+            "executionId": 2,
+            "time": 4000,
+        },
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd",
+            "executionId": 1,
+            "time": 1250,
+        },
     ]
     (folder / f"events_2_{app}").write_text("\n".join(json.dumps(e) for e in second))
-    (folder / f"events_1_{app}").write_text("\n".join(json.dumps(e) for e in first) + '\n{"Event": "half a li')
+    (folder / f"events_1_{app}").write_text(
+        "\n".join(json.dumps(e) for e in first) + '\n{"Event": "half a li'
+    )
 
     logs = event_log_files(tmp_path, app)
     assert [p.name for p in logs] == [f"events_1_{app}", f"events_2_{app}"]
@@ -90,7 +121,11 @@ def test_the_handwritten_spark_backfill_agrees_with_the_duckdb_reference(spark, 
     write_unit_landing(landing, sb.TABLE, SHAPE)
     seconds = handwritten_spark.backfill(spark, landing, sb.TABLE, tmp_path / "lake", sb.FEED)
     duckdb_reference.recompute(landing, sb.TABLE, tmp_path / "reference")
-    result = duckdb_reference.compare_with_lake(tmp_path / "reference", tmp_path / "lake", sb.FEED, sb.TABLE, sb.PAYLOAD)
+    result = duckdb_reference.compare_with_lake(
+        tmp_path / "reference", tmp_path / "lake", sb.FEED, sb.TABLE, sb.PAYLOAD
+    )
     assert result["equal"] and result["history"]["rows"] > 0, result
-    hours = sorted(p.name for p in (tmp_path / "lake" / "changes" / sb.FEED / sb.TABLE).iterdir() if p.is_dir())
+    hours = sorted(
+        p.name for p in (tmp_path / "lake" / "changes" / sb.FEED / sb.TABLE).iterdir() if p.is_dir()
+    )
     assert hours == [f"hour={key}" for key in sb._landed(sb._feed(landing))] and seconds > 0

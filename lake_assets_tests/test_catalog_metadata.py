@@ -10,7 +10,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lake_assets.catalog.metadata import (
     BUCKET_MS,
@@ -189,16 +190,12 @@ def test_work_id_good_name_accepted():
 # --- 6. path ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "path", ["/var/log/syslog.1", "/", "Z:\\foo\\bar.txt", "c:/x", "C:\\"]
-)
+@pytest.mark.parametrize("path", ["/var/log/syslog.1", "/", "Z:\\foo\\bar.txt", "c:/x", "C:\\"])
 def test_absolute_paths_accepted(path):
     assert validate(good(path=path))["path"] == path
 
 
-@pytest.mark.parametrize(
-    "path", ["var/log/syslog", "./x", "../x", "x", "", "Z:foo", "~/x", 5]
-)
+@pytest.mark.parametrize("path", ["var/log/syslog", "./x", "../x", "x", "", "Z:foo", "~/x", 5])
 def test_relative_or_bad_paths_refused(path):
     refused(good(path=path), "path")
 
@@ -247,8 +244,13 @@ def test_a_number_is_read_as_ms_by_its_magnitude_before_the_epoch_too():
 
 
 @settings(max_examples=300, deadline=None)
-@given(ms=st.one_of(st.integers(FIRST_INDEXED_MS, LAST_INDEXED_MS), st.integers(-(2**63), 2**63 - 1),
-                    st.integers(-200_000_000_000, 200_000_000_000)))
+@given(
+    ms=st.one_of(
+        st.integers(FIRST_INDEXED_MS, LAST_INDEXED_MS),
+        st.integers(-(2**63), 2**63 - 1),
+        st.integers(-200_000_000_000, 200_000_000_000),
+    )
+)
 def test_a_time_given_as_document_time_is_read_back_exactly(ms):
     # a file's span read from its statistics may be any ms, 1970-01-01T00:00:05 (5000) included
     assert validate(good(start=document_time(ms), end=document_time(ms)))["start"] == ms
@@ -429,8 +431,15 @@ def test_buckets_read_validated_ms_as_they_stand():
     assert buckets({"start": 69_120_000, "end": None}) == ["0"]
 
 
-@pytest.mark.parametrize("doc, field", [({"start": "2015-03-20"}, "start"), ({"start": 1, "end": "x"}, "end"),
-                                        ({}, "start"), ({"start": True}, "start")])
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ({"start": "2015-03-20"}, "start"),
+        ({"start": 1, "end": "x"}, "end"),
+        ({}, "start"),
+        ({"start": True}, "start"),
+    ],
+)
 def test_buckets_refuse_unvalidated_dates(doc, field):
     with pytest.raises(MetadataError) as info:
         buckets(doc)
@@ -449,15 +458,27 @@ def test_a_span_of_thirty_one_days_is_indexed_in_thirty_day_buckets():
     start = 100 * DAY
     assert buckets(good(start=start, end=start + MAX_BUCKETS * DAY)) == ["90+30", "120+30"]
     assert buckets(good(start=start, end=start + 800 * DAY)) == [f"{n}+30" for n in range(90, 901, 30)]  # 28
-    assert buckets(good(start=start, end=start + 1000 * DAY)) == ["0+900", "900+900"]  # 34 of 30 days: too many
+    assert buckets(good(start=start, end=start + 1000 * DAY)) == [
+        "0+900",
+        "900+900",
+    ]  # 34 of 30 days: too many
 
 
-@pytest.mark.parametrize("start, end", [
-    (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc)),
-    (datetime(2024, 3, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, tzinfo=timezone.utc)),
-    (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(2024, 3, 1, tzinfo=timezone.utc)),
-    (datetime(1969, 7, 20, tzinfo=timezone.utc), datetime(1970, 1, 2, tzinfo=timezone.utc)),  # negative epochs
-])
+@pytest.mark.parametrize(
+    "start, end",
+    [
+        (
+            datetime(1, 1, 1, tzinfo=timezone.utc),
+            datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc),
+        ),
+        (datetime(2024, 3, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, tzinfo=timezone.utc)),
+        (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(2024, 3, 1, tzinfo=timezone.utc)),
+        (
+            datetime(1969, 7, 20, tzinfo=timezone.utc),
+            datetime(1970, 1, 2, tzinfo=timezone.utc),
+        ),  # negative epochs
+    ],
+)
 def test_the_first_and_last_years_and_negative_epochs_are_indexed(start, end):
     doc = validate(good(start=start.isoformat(), end=end.isoformat()))
     labels = buckets(doc)
@@ -488,7 +509,7 @@ def test_a_file_is_in_at_most_thirty_buckets_and_found_from_every_instant_it_spa
     inside = start + int(length * probe)
     assert set(labels) & set(query_buckets(inside, inside))
     days = range(time_bucket(start), time_bucket(end) + 1)
-    if len(days) <= MAX_BUCKETS and FIRST_INDEXED_MS <= start and end <= LAST_INDEXED_MS:
+    if len(days) <= MAX_BUCKETS and start >= FIRST_INDEXED_MS and end <= LAST_INDEXED_MS:
         assert labels == [str(n) for n in days]  # a span of up to 30 days keeps the upstream day buckets
 
 
@@ -500,13 +521,27 @@ def test_a_query_reads_each_day_and_one_bucket_per_wider_width():
 
 
 def test_build_records_one_per_bucket_with_exact_keys():
-    doc = good(where="nebraska", what="nginx", id="91dd2525a5924c6c972e3d67fee8cda9", work_id="job-7",
-               start=T0 + int(0.8 * DAY), end=T0 + int(2.2 * DAY))
+    doc = good(
+        where="nebraska",
+        what="nginx",
+        id="91dd2525a5924c6c972e3d67fee8cda9",
+        work_id="job-7",
+        start=T0 + int(0.8 * DAY),
+        end=T0 + int(2.2 * DAY),
+    )
     records = build_records(doc, url="s3://datalake/x.txt", size=7892341, create_time=1426896791333)
     assert [r["time_index_key"] for r in records] == ["16636:nginx", "16637:nginx", "16638:nginx"]
     for record in records:
-        assert set(record) == {"version", "url", "time_index_key", "work_id_index_key", "range_key",
-                               "create_time", "size", "metadata"}
+        assert set(record) == {
+            "version",
+            "url",
+            "time_index_key",
+            "work_id_index_key",
+            "range_key",
+            "create_time",
+            "size",
+            "metadata",
+        }
         assert record["version"] == 0
         assert record["url"] == "s3://datalake/x.txt"
         assert record["work_id_index_key"] == "job-7:nginx"
@@ -568,7 +603,9 @@ def test_build_records_of_a_long_span_keep_its_true_start_and_end():
     doc = good(start="0001-01-01", end="9999-12-31T23:59:59.999Z")
     records = build_records(doc, url="s3://b/k", size=1, create_time=1)
     assert 1 <= len(records) <= MAX_BUCKETS
-    assert {(r["metadata"]["start"], r["metadata"]["end"]) for r in records} == {(FIRST_INDEXED_MS, LAST_INDEXED_MS)}
+    assert {(r["metadata"]["start"], r["metadata"]["end"]) for r in records} == {
+        (FIRST_INDEXED_MS, LAST_INDEXED_MS)
+    }
     assert [r["time_index_key"] for r in records] == [f"{label}:syslog" for label in buckets(validate(doc))]
 
 

@@ -32,20 +32,24 @@ def _key(layer: str) -> dg.AssetKey:
 
 def _changed_ids(lake, hour: str) -> list[str]:
     glob = f"{lake}/changes/unit/accounts/hour={hour}/*.parquet"
-    return [r[0] for r in duckdb.sql(f"SELECT id FROM read_parquet('{glob}') ORDER BY id").fetchall()]
+    return [r[0] for r in duckdb.execute(f"SELECT id FROM read_parquet('{glob}') ORDER BY id").fetchall()]
 
 
 def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_path, spark):
     landing = tmp_path / "landing"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5))], ACCOUNT_SCHEMA)
     write_events(landing, "accounts", 2, "part-0.parquet", [event("b", "I", 2, at(2, 5))], ACCOUNT_SCHEMA)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     defs = discovered_definitions(config)
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
 
     # The catalog partition is materialised on its own: one record per landed file of the hour.
-    assert job.execute_in_process(instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog")]).success
+    assert job.execute_in_process(
+        instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog")]
+    ).success
     resources = resources_for(config)
     store = resources["catalog"].get_store()
     catalogued = catalogued_landing(store, "unit", "accounts", HOUR_1)
@@ -59,12 +63,19 @@ def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_pat
     assert _changed_ids(tmp_path / "lake", HOUR_1) == ["a"]
 
     # …until the catalog partition is brought up to date; then the same run reads both files.
-    assert job.execute_in_process(instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog"), *downstream]).success
+    assert job.execute_in_process(
+        instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog"), *downstream]
+    ).success
     assert _changed_ids(tmp_path / "lake", HOUR_1) == ["a", "c"]
     # Cataloguing again replaced the records: still one per file, found by a time query too.
-    assert [e.name for e in catalogued_landing(store, "unit", "accounts", HOUR_1)] == ["part-0.parquet", "part-1.parquet"]
+    assert [e.name for e in catalogued_landing(store, "unit", "accounts", HOUR_1)] == [
+        "part-0.parquet",
+        "part-1.parquet",
+    ]
     day = at(0).timestamp() * 1000
-    found = store.query_by_time(int(day), int(day) + DAY_MS - 1, catalog_what("accounts"), catalog_where("unit"))
+    found = store.query_by_time(
+        int(day), int(day) + DAY_MS - 1, catalog_what("accounts"), catalog_where("unit")
+    )
     landed = sorted(r["url"].rsplit("/", 1)[-1] for r in found if "/landing/" in r["url"])
     assert landed == ["part-0.parquet", "part-1.parquet"]
 
@@ -72,7 +83,9 @@ def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_pat
 def test_the_catalog_asset_shares_the_partitions_of_the_files_it_lists(tmp_path):
     landing = tmp_path / "landing"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     graph = discovered_definitions(config).resolve_asset_graph()
     catalog, changes = graph.get(_key("catalog")), graph.get(_key("changes"))
     assert catalog.partitions_def == changes.partitions_def
@@ -92,10 +105,15 @@ def _ms(moment: dt.datetime) -> int:
 
 def _files_of_the_day(store, table: str, feed: str, moment: dt.datetime) -> list[str]:
     start = _ms(moment) // DAY_MS * DAY_MS
-    return sorted(r["url"] for r in store.query_by_time(start, start + DAY_MS - 1, catalog_what(table), catalog_where(feed)))
+    return sorted(
+        r["url"]
+        for r in store.query_by_time(start, start + DAY_MS - 1, catalog_what(table), catalog_where(feed))
+    )
 
 
-def _assert_found_on_every_day_it_spans(store, table: str, feed: str, url: str, first: dt.datetime, last: dt.datetime):
+def _assert_found_on_every_day_it_spans(
+    store, table: str, feed: str, url: str, first: dt.datetime, last: dt.datetime
+):
     for moment in (first, first + (last - first) / 3, first + (last - first) / 2, last):
         assert url in _files_of_the_day(store, table, feed, moment), moment
     for moment, step in ((first, -1), (last, 1)):
@@ -105,44 +123,79 @@ def _assert_found_on_every_day_it_spans(store, table: str, feed: str, url: str, 
 
 def test_a_unit_file_with_rows_in_the_years_1_and_9999_is_catalogued_and_the_run_succeeds(tmp_path, spark):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    far = write_events(landing, "accounts", 2, "part-far.parquet", [
-        event("a", "I", 1, at(2, 5), name="now", balance=1),
-        event("b", "I", 2, LAST_YEAR, name="last year", balance=2),
-        event("c", "I", 3, FIRST_YEAR, name="first year", balance=3),
-    ], ACCOUNT_SCHEMA)
+    far = write_events(
+        landing,
+        "accounts",
+        2,
+        "part-far.parquet",
+        [
+            event("a", "I", 1, at(2, 5), name="now", balance=1),
+            event("b", "I", 2, LAST_YEAR, name="last year", balance=2),
+            event("c", "I", 3, FIRST_YEAR, name="first year", balance=3),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     # 45 days of commits in one hour's file: more than the 30 day buckets datalake-common allows
-    long = write_events(landing, "accounts", 3, "part-long.parquet", [
-        event("d", "I", 4, at(3), name="early", balance=4),
-        event("e", "I", 5, at(3) + dt.timedelta(days=45), name="late", balance=5),
-    ], ACCOUNT_SCHEMA)
+    long = write_events(
+        landing,
+        "accounts",
+        3,
+        "part-long.parquet",
+        [
+            event("d", "I", 4, at(3), name="early", balance=4),
+            event("e", "I", 5, at(3) + dt.timedelta(days=45), name="late", balance=5),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
     assert run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
 
-    changed = duckdb.sql(f"SELECT id, _version_at FROM read_parquet('{lake}/changes/unit/accounts/**/*.parquet') ORDER BY id").fetchall()
+    changed = duckdb.sql(
+        f"SELECT id, _version_at FROM read_parquet('{lake}/changes/unit/accounts/**/*.parquet') ORDER BY id"
+    ).fetchall()
     assert [r[0] for r in changed] == ["a", "b", "c", "d", "e"]  # every landed row is in the change log
     resources = resources_for(config)
     store = resources["catalog"].get_store()
     _assert_found_on_every_day_it_spans(store, "accounts", "unit", f"file://{far}", FIRST_YEAR, LAST_YEAR)
-    _assert_found_on_every_day_it_spans(store, "accounts", "unit", f"file://{long}", at(3), at(3) + dt.timedelta(days=45))
-    (record,) = [r for r in store.query_by_time(_ms(at(2)), _ms(at(2)), "accounts", "unit") if r["url"] == f"file://{far}"]
-    assert (record["metadata"]["start"], record["metadata"]["end"]) == (_ms(FIRST_YEAR), _ms(LAST_YEAR))  # the true span
+    _assert_found_on_every_day_it_spans(
+        store, "accounts", "unit", f"file://{long}", at(3), at(3) + dt.timedelta(days=45)
+    )
+    (record,) = [
+        r
+        for r in store.query_by_time(_ms(at(2)), _ms(at(2)), "accounts", "unit")
+        if r["url"] == f"file://{far}"
+    ]
+    assert (record["metadata"]["start"], record["metadata"]["end"]) == (
+        _ms(FIRST_YEAR),
+        _ms(LAST_YEAR),
+    )  # the true span
 
 
 def test_a_grax_file_with_rows_in_the_years_1_and_9999_is_catalogued_and_the_run_succeeds(tmp_path, spark):
     org, landing, lake = "00Dfar", tmp_path / "landing", tmp_path / "lake"
     folder = landing / "parquet" / "v2" / f"org={org}" / "object=Account" / "batch=000000001"
     folder.mkdir(parents=True)
-    schema = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")),
-                        ("grax__idseq", pa.string()), ("Name", pa.string())])
-    rows = [{"Id": "1", "source__modified": at(1), "grax__idseq": "a", "Name": "now"},
-            {"Id": "2", "source__modified": LAST_YEAR, "grax__idseq": "a", "Name": "last year"},
-            {"Id": "3", "source__modified": FIRST_YEAR, "grax__idseq": "a", "Name": "first year"}]
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("Name", pa.string()),
+        ]
+    )
+    rows = [
+        {"Id": "1", "source__modified": at(1), "grax__idseq": "a", "Name": "now"},
+        {"Id": "2", "source__modified": LAST_YEAR, "grax__idseq": "a", "Name": "last year"},
+        {"Id": "3", "source__modified": FIRST_YEAR, "grax__idseq": "a", "Name": "first year"},
+    ]
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "data-000000001.parquet")
     config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
     assert run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
 
     table = f"{org}/account"
-    current = duckdb.sql(f"SELECT Id, Name FROM read_parquet('{lake}/current/grax/{table}/*.parquet') ORDER BY Id").fetchall()
+    current = duckdb.sql(
+        f"SELECT Id, Name FROM read_parquet('{lake}/current/grax/{table}/*.parquet') ORDER BY Id"
+    ).fetchall()
     assert current == [("1", "now"), ("2", "last year"), ("3", "first year")]
     resources = resources_for(config)
     store = resources["catalog"].get_store()
@@ -162,12 +215,23 @@ def test_a_files_span_is_read_exactly_from_its_footer_whatever_its_times(tmp_pat
         pq.write_table(pa.table({"t": pa.array(values, arrow_type)}), path)
         return parquet_span(Storage(), f"file://{path}", ("t",))
 
-    assert span_of("edges.parquet", [FIRST_YEAR, LAST_YEAR], pa.timestamp("us", tz="UTC")) == (_ms(FIRST_YEAR), _ms(LAST_YEAR))
+    assert span_of("edges.parquet", [FIRST_YEAR, LAST_YEAR], pa.timestamp("us", tz="UTC")) == (
+        _ms(FIRST_YEAR),
+        _ms(LAST_YEAR),
+    )
     assert span_of("days.parquet", [dt.date(1, 1, 1), dt.date(9999, 12, 31)], pa.date32()) == (
-        _ms(dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)), _ms(dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)))
+        _ms(dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)),
+        _ms(dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)),
+    )
     # microseconds beyond what a Python datetime holds (the year 148 thousand, and as far before year 1)
-    assert span_of("far.parquet", [-(2**62), 2**62], pa.timestamp("us", tz="UTC")) == (-(2**62) // 1000, 2**62 // 1000)
-    assert span_of("nanos.parquet", [-1, 1_500_000], pa.timestamp("ns")) == (-1, 1)  # floor: -1 ns is in ms -1
+    assert span_of("far.parquet", [-(2**62), 2**62], pa.timestamp("us", tz="UTC")) == (
+        -(2**62) // 1000,
+        2**62 // 1000,
+    )
+    assert span_of("nanos.parquet", [-1, 1_500_000], pa.timestamp("ns")) == (
+        -1,
+        1,
+    )  # floor: -1 ns is in ms -1
     assert span_of("text.parquet", ["2024-01-01"], pa.string()) is None
 
 
@@ -179,7 +243,12 @@ LAKE_LAYERS = ("changes", "current", "history")
 
 def _lake_files(lake) -> set[str]:
     """The data files of the published layers, as they are on disk."""
-    return {f"file://{p}" for layer in LAKE_LAYERS for p in (lake / layer).rglob("*.parquet") if not p.name.startswith((".", "_"))}
+    return {
+        f"file://{p}"
+        for layer in LAKE_LAYERS
+        for p in (lake / layer).rglob("*.parquet")
+        if not p.name.startswith((".", "_"))
+    }
 
 
 def _catalogued_lake_files(store, table: str, feed: str, first: dt.datetime, last: dt.datetime) -> set[str]:
@@ -187,25 +256,52 @@ def _catalogued_lake_files(store, table: str, feed: str, first: dt.datetime, las
     return {r["url"] for r in found if any(f"/{layer}/" in r["url"] for layer in LAKE_LAYERS)}
 
 
-def _assert_the_catalog_lists_exactly_the_lake(store, lake, table: str, feed: str, first: dt.datetime, last: dt.datetime):
+def _assert_the_catalog_lists_exactly_the_lake(
+    store, lake, table: str, feed: str, first: dt.datetime, last: dt.datetime
+):
     on_disk = _lake_files(lake)
     assert on_disk  # the lake was written
     for day in range((last.date() - first.date()).days + 1):
-        start = max(first, dt.datetime.combine(first.date() + dt.timedelta(days=day), dt.time(), dt.timezone.utc))
+        start = max(
+            first, dt.datetime.combine(first.date() + dt.timedelta(days=day), dt.time(), dt.timezone.utc)
+        )
         # every file holds data of these days only, so each day's query may list any of them, but no other
-        assert _catalogued_lake_files(store, table, feed, start, start + dt.timedelta(days=1) - dt.timedelta(milliseconds=1)) <= on_disk
+        assert (
+            _catalogued_lake_files(
+                store, table, feed, start, start + dt.timedelta(days=1) - dt.timedelta(milliseconds=1)
+            )
+            <= on_disk
+        )
     assert _catalogued_lake_files(store, table, feed, first, last) == on_disk
 
 
 def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_they_replaced(tmp_path, spark):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5), name="a", balance=1),
-                                                           event("b", "I", 2, at(1, 6), name="b", balance=2)], ACCOUNT_SCHEMA)
-    second = write_events(landing, "accounts", 2, "part-0.parquet", [event("a", "U", 3, at(2, 5), name="a2", balance=3)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [
+            event("a", "I", 1, at(1, 5), name="a", balance=1),
+            event("b", "I", 2, at(1, 6), name="b", balance=2),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    second = write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [event("a", "U", 3, at(2, 5), name="a2", balance=3)],
+        ACCOUNT_SCHEMA,
+    )
     config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
     job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     instance = dg.DagsterInstance.ephemeral()
-    assert job.execute_in_process(instance=instance, tags={RANGE_START_TAG: HOUR_1, RANGE_END_TAG: HOUR_2}).success
+    assert job.execute_in_process(
+        instance=instance, tags={RANGE_START_TAG: HOUR_1, RANGE_END_TAG: HOUR_2}
+    ).success
     resources = resources_for(config)
     store = resources["catalog"].get_store()
     first, last = at(0), at(23, 59, 59)
@@ -214,7 +310,14 @@ def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_the
 
     # A late file in hour 1, and the hour run again: its change partition, current and the open
     # history are written anew; the records of the files they replaced go.
-    write_events(landing, "accounts", 1, "part-1.parquet", [event("c", "I", 4, at(1, 9), name="c", balance=4)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-1.parquet",
+        [event("c", "I", 4, at(1, 9), name="c", balance=4)],
+        ACCOUNT_SCHEMA,
+    )
     assert job.execute_in_process(instance=instance, partition_key=HOUR_1).success
     replaced = before - _lake_files(lake)
     assert any("/changes/" in u for u in replaced) and any("/current/" in u for u in replaced), replaced
@@ -230,11 +333,20 @@ def test_rerunning_a_partition_and_its_fold_retires_the_records_of_the_files_the
 
 def test_a_purge_rewriting_the_change_log_retires_the_records_of_the_files_it_replaced(tmp_path, spark):
     org, landing, lake = "00Dpurge", tmp_path / "landing", tmp_path / "lake"
-    schema = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-                        ("grax__purged", pa.timestamp("ms", tz="UTC")), ("Name", pa.string())])
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("grax__purged", pa.timestamp("ms", tz="UTC")),
+            ("Name", pa.string()),
+        ]
+    )
     batches = {
-        "000000001": [{"Id": "1", "source__modified": at(1), "grax__idseq": "a", "Name": "Alice"},
-                      {"Id": "2", "source__modified": at(2), "grax__idseq": "a", "Name": "Bob"}],
+        "000000001": [
+            {"Id": "1", "source__modified": at(1), "grax__idseq": "a", "Name": "Alice"},
+            {"Id": "2", "source__modified": at(2), "grax__idseq": "a", "Name": "Bob"},
+        ],
         "000000002": [{"Id": "1", "source__modified": at(5), "grax__idseq": "b", "grax__purged": at(4)}],
     }
     for batch, rows in batches.items():
@@ -245,7 +357,9 @@ def test_a_purge_rewriting_the_change_log_retires_the_records_of_the_files_it_re
     instance = dg.DagsterInstance.ephemeral()
     assert run_feeds(config, instance=instance, say=lambda _: None)
     table = f"{org}/account"
-    log = duckdb.sql(f"SELECT Id, Name FROM read_parquet('{lake}/changes/grax/{table}/**/*.parquet') ORDER BY Id").fetchall()
+    log = duckdb.sql(
+        f"SELECT Id, Name FROM read_parquet('{lake}/changes/grax/{table}/**/*.parquet') ORDER BY Id"
+    ).fetchall()
     assert ("1", "Alice") not in log  # the purge rewrote batch 1's change file
     resources = resources_for(config)
     store = resources["catalog"].get_store()
@@ -261,26 +375,45 @@ def _run_hours(spark, feed: FeedConfig, lake, hours: list[str], run_id: str):
     from lake_assets.storage import Storage
 
     storage, layout, fmt = Storage(), LakeLayout(f"file://{lake}"), format_for(feed)
-    work = pipeline.TableWork(feed, fmt, "accounts", storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id)
+    work = pipeline.TableWork(
+        feed, fmt, "accounts", storage, layout, ParquetCatalogStore(layout.catalog(), storage), run_id
+    )
     pipeline.catalogue_landing(work, hours)
     batch = pipeline.ingest(spark, work, hours).batch.events
-    pipeline.store_partitions(storage, work.store, layout.table("changes", feed.name, "accounts"), batch, fmt.partition_column,
-                              hours, feed=feed.name, table="accounts", run_id=run_id, keys=fmt.table_spec("accounts").keys)
+    pipeline.store_partitions(
+        storage,
+        work.store,
+        layout.table("changes", feed.name, "accounts"),
+        batch,
+        fmt.partition_column,
+        hours,
+        feed=feed.name,
+        table="accounts",
+        run_id=run_id,
+        keys=fmt.table_spec("accounts").keys,
+    )
+    assert batch is not None, "the hours land events"
     report = pipeline.fold_into_state(spark, work, batch)
-    if batch is not None:
-        batch.unpersist()
+    batch.unpersist()
     return work.store, report
 
 
-def test_compaction_and_late_rewrites_of_closed_history_retire_the_records_of_the_files_they_merged(tmp_path, spark, monkeypatch):
+def test_compaction_and_late_rewrites_of_closed_history_retire_the_records_of_the_files_they_merged(
+    tmp_path, spark, monkeypatch
+):
     from lake_assets.engine import fold
 
-    monkeypatch.setattr(fold, "COMPACT_AFTER_FILES", 2)  # a settled day of 3 hour files is merged: 4 folds, not 10
+    monkeypatch.setattr(
+        fold, "COMPACT_AFTER_FILES", 2
+    )  # a settled day of 3 hour files is merged: 4 folds, not 10
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
     # Hourly folds on 2 March: each closes the versions of the hour before, in a file of that hour.
     for hour in range(4):
-        rows = [event(k, "U", hour * 10 + i, at(hour, 5, day=2), name=f"{k}{hour}", balance=hour) for i, k in enumerate("ab")]
+        rows = [
+            event(k, "U", hour * 10 + i, at(hour, 5, day=2), name=f"{k}{hour}", balance=hour)
+            for i, k in enumerate("ab")
+        ]
         write_events(landing, "accounts", hour, "part-0.parquet", rows, ACCOUNT_SCHEMA, day=2)
         store, report = _run_hours(spark, feed, lake, [f"2024-03-02-{hour:02d}"], f"run-{hour}")
         assert report.days_compacted == []
@@ -288,24 +421,49 @@ def test_compaction_and_late_rewrites_of_closed_history_retire_the_records_of_th
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
 
     # The first fold of 3 March merges the settled day's hour files into one.
-    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "U", 500, at(1, day=3), name="a+", balance=9)], ACCOUNT_SCHEMA, day=3)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [event("a", "U", 500, at(1, day=3), name="a+", balance=9)],
+        ACCOUNT_SCHEMA,
+        day=3,
+    )
     store, report = _run_hours(spark, feed, lake, ["2024-03-03-01"], "run-merge")
     assert report.days_compacted == ["history:2024-03-02"]
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
 
     # Late data (before a's open version, of 3 March 01:00) rewrites the closed file it reaches.
-    write_events(landing, "accounts", 2, "part-0.parquet", [event("a", "U", 600, at(22, day=2), name="late", balance=7)], ACCOUNT_SCHEMA, day=3)
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [event("a", "U", 600, at(22, day=2), name="late", balance=7)],
+        ACCOUNT_SCHEMA,
+        day=3,
+    )
     store, report = _run_hours(spark, feed, lake, ["2024-03-03-02"], "run-late")
     assert report.closed_files_rewritten >= 1
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", first, last)
 
 
-def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishes_it(tmp_path, spark, monkeypatch):
+def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishes_it(
+    tmp_path, spark, monkeypatch
+):
     from lake_assets.engine import fold, state
 
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
-    write_events(landing, "accounts", 0, "part-0.parquet", [event(k, "I", i, at(0, 5), name=k, balance=0) for i, k in enumerate("ab")], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event(k, "I", i, at(0, 5), name=k, balance=0) for i, k in enumerate("ab")],
+        ACCOUNT_SCHEMA,
+    )
     _run_hours(spark, feed, lake, ["2024-03-01-00"], "run-0")
 
     # The next fold dies once its commit record is written, before a file has moved.
@@ -316,16 +474,33 @@ def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishe
         def step(name):
             if name == "add 0":
                 raise Killed()
+
         state.commit(storage, table_state, plan, on_step=step, removing=removing)
 
-    write_events(landing, "accounts", 1, "part-0.parquet", [event(k, "U", 10 + i, at(1, 5), name=f"{k}1", balance=1) for i, k in enumerate("ab")], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [event(k, "U", 10 + i, at(1, 5), name=f"{k}1", balance=1) for i, k in enumerate("ab")],
+        ACCOUNT_SCHEMA,
+    )
     with monkeypatch.context() as patch:
         patch.setattr(fold, "commit", dies_after_the_record)
         with pytest.raises(Killed):
             _run_hours(spark, feed, lake, ["2024-03-01-01"], "run-1")
 
     # The next run finishes it (closing a and b's first versions) before folding its own hour.
-    write_events(landing, "accounts", 2, "part-0.parquet", [event("c", "I", 20, at(2, 5), name="c", balance=2)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [event("c", "I", 20, at(2, 5), name="c", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
     store, report = _run_hours(spark, feed, lake, ["2024-03-01-02"], "run-2")
-    assert report.recovered_folds and list((lake / "history" / "unit" / "accounts" / "closed").rglob("*.parquet"))
+    assert report.recovered_folds and list(
+        (lake / "history" / "unit" / "accounts" / "closed").rglob("*.parquet")
+    )
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", at(0), at(23, 59, 59))

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
+from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import S3Config
 from lake_assets.epoch import DAY_MS
@@ -176,7 +176,9 @@ def test_several_work_ids_in_one_query_find_what_each_query_finds(store):
     c = make_file(DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-2", where="other")
     store.put(a + b + c)
     # b moves to another work id: the old one must not find it, in one query or many
-    moved = make_file(DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-3", file_id=b[0]["metadata"]["id"])
+    moved = make_file(
+        DAY_MS + HOUR_MS, DAY_MS + 2 * HOUR_MS, work_id="landing-3", file_id=b[0]["metadata"]["id"]
+    )
     store.put(moved)
 
     ids = ["landing-1", "landing-2", "landing-3", "landing-4"]
@@ -184,7 +186,10 @@ def test_several_work_ids_in_one_query_find_what_each_query_finds(store):
         together = store.query_by_work_ids(ids, "accounts", where)
         assert together == {w: store.query_by_work_id(w, "accounts", where) for w in ids}
     assert store.query_by_work_ids(ids, "accounts", "unit") == {
-        "landing-1": [a[0]], "landing-2": [], "landing-3": [moved[0]], "landing-4": [],
+        "landing-1": [a[0]],
+        "landing-2": [],
+        "landing-3": [moved[0]],
+        "landing-4": [],
     }
     with pytest.raises(ValueError):
         store.query_by_work_ids(["landing-1", "bad:id"], "accounts")
@@ -278,25 +283,41 @@ def test_latest(store):
     assert store.latest("accounts", "unit") == newest[0]  # the record from its first bucket
 
 
-def built_file(start: int, end: int | None, *, what: str = "accounts", where: str = "unit", work_id: str | None = None) -> list[dict]:
+def built_file(
+    start: int, end: int | None, *, what: str = "accounts", where: str = "unit", work_id: str | None = None
+) -> list[dict]:
     """The records of one file as `build_records` makes them (long spans in wider buckets)."""
     file_id = uuid.uuid4().hex
     metadata = {
-        "version": 0, "start": start, "end": end, "path": f"/data/{what}/{file_id}.parquet", "work_id": work_id,
-        "where": where, "what": what, "id": file_id, "hash": hashlib.blake2b(file_id.encode(), digest_size=16).hexdigest(),
+        "version": 0,
+        "start": start,
+        "end": end,
+        "path": f"/data/{what}/{file_id}.parquet",
+        "work_id": work_id,
+        "where": where,
+        "what": what,
+        "id": file_id,
+        "hash": hashlib.blake2b(file_id.encode(), digest_size=16).hexdigest(),
     }
-    return build_records(metadata, url=f"file:///lake/{what}/{file_id}.parquet", size=1, create_time=next(_clock))
+    return build_records(
+        metadata, url=f"file:///lake/{what}/{file_id}.parquet", size=1, create_time=next(_clock)
+    )
 
 
 def test_files_spanning_more_than_thirty_days_are_found_from_every_day_they_span(store):
-    first_year, last_year = -62_135_596_799_000, 253_402_300_799_999  # 0001-01-01T00:00:01, 9999-12-31T23:59:59.999
+    first_year, last_year = (
+        -62_135_596_799_000,
+        253_402_300_799_999,
+    )  # 0001-01-01T00:00:01, 9999-12-31T23:59:59.999
     d = 19_783  # 2024-03-01
     whole_calendar = built_file(first_year, last_year, work_id="run-a")
     to_the_end = built_file(d * DAY_MS, last_year)
     from_the_start = built_file(first_year, d * DAY_MS + HOUR_MS)
     six_weeks = built_file(d * DAY_MS + HOUR_MS, (d + 45) * DAY_MS, work_id="run-a")
     an_hour = make_file(d * DAY_MS + 2 * HOUR_MS, d * DAY_MS + 3 * HOUR_MS)
-    beyond = built_file(10**15, 10**15 + DAY_MS)  # the year 33658: kept as given, indexed at the calendar's end
+    beyond = built_file(
+        10**15, 10**15 + DAY_MS
+    )  # the year 33658: kept as given, indexed at the calendar's end
     before_the_epoch = built_file(-10 * DAY_MS, -DAY_MS + 5)
     files = [whole_calendar, to_the_end, from_the_start, six_weeks, an_hour, beyond, before_the_epoch]
     assert all(len(f) <= 30 for f in files) and len(six_weeks) == 2  # 19770+30, 19800+30
@@ -304,10 +325,28 @@ def test_files_spanning_more_than_thirty_days_are_found_from_every_day_they_span
 
     def spans(f, n):
         meta = f[0]["metadata"]
-        return meta["start"] <= day(n)[1] and day(n)[0] <= (meta["end"] if meta["end"] is not None else meta["start"])
+        return meta["start"] <= day(n)[1] and day(n)[0] <= (
+            meta["end"] if meta["end"] is not None else meta["start"]
+        )
 
-    for n in (first_year // DAY_MS, -5, -1, 0, 5_000, d - 1, d, d + 1, d + 30, d + 45, d + 46, 1_000_000, last_year // DAY_MS):
-        expected = sorted((f[0] for f in files if spans(f, n)), key=lambda r: (r["metadata"]["start"], r["range_key"]))
+    for n in (
+        first_year // DAY_MS,
+        -5,
+        -1,
+        0,
+        5_000,
+        d - 1,
+        d,
+        d + 1,
+        d + 30,
+        d + 45,
+        d + 46,
+        1_000_000,
+        last_year // DAY_MS,
+    ):
+        expected = sorted(
+            (f[0] for f in files if spans(f, n)), key=lambda r: (r["metadata"]["start"], r["range_key"])
+        )
         assert ids(store.query_by_time(*day(n), "accounts")) == ids(expected), n
     assert ids(store.query_by_time(*day(10**15 // DAY_MS), "accounts")) == ids(beyond)
     assert ids(store.query_by_time(10**15 + DAY_MS + 1, 10**15 + 2 * DAY_MS, "accounts")) == []
@@ -318,8 +357,15 @@ def test_files_spanning_more_than_thirty_days_are_found_from_every_day_they_span
 def gone(records: list[dict], create_time: int | None = None) -> list[dict]:
     """The retirements of a file, built from one of its records as the pipeline builds them."""
     meta = records[0]["metadata"]
-    return build_retirements(url=records[0]["url"], where=meta["where"], what=meta["what"], file_id=meta["id"],
-                             start=meta["start"], end=meta["end"], create_time=create_time or next(_clock))
+    return build_retirements(
+        url=records[0]["url"],
+        where=meta["where"],
+        what=meta["what"],
+        file_id=meta["id"],
+        start=meta["start"],
+        end=meta["end"],
+        create_time=create_time or next(_clock),
+    )
 
 
 def test_retired_files_are_left_out_of_the_four_queries(store):
@@ -337,7 +383,10 @@ def test_retired_files_are_left_out_of_the_four_queries(store):
     assert store.query_by_time(*day(30), "accounts") == []
     assert store.query_by_time(0, 50 * DAY_MS, "accounts", "unit") == [kept[0]]
     assert store.query_by_work_id("run-a", "accounts") == [kept[0]]
-    assert store.query_by_work_ids(["run-a", "run-b"], "accounts") == {"run-a": [kept[0]], "run-b": [elsewhere[0]]}
+    assert store.query_by_work_ids(["run-a", "run-b"], "accounts") == {
+        "run-a": [kept[0]],
+        "run-b": [elsewhere[0]],
+    }
     assert store.latest("accounts", "unit") == kept[0]  # the latest went: the next one takes its place
     assert store.latest("accounts", "other") == elsewhere[0]
 
@@ -469,7 +518,9 @@ def test_parquet_time_query_reads_only_the_bucket_folders_it_needs(tmp_path):
     found = store.query_by_time(3 * DAY_MS, 4 * DAY_MS + HOUR_MS + 5, "accounts")
     assert len(found) == 2
     days = (f"{root}/time_bucket=3/accounts", f"{root}/time_bucket=4/accounts")
-    wider = tuple(f"{root}/time_bucket=0+{width}/accounts" for width in (30, 900, 27000, 810000))  # files over 30 days
+    wider = tuple(
+        f"{root}/time_bucket=0+{width}/accounts" for width in (30, 900, 27000, 810000)
+    )  # files over 30 days
     wanted = days + wider
     assert sorted(spy.listed) == sorted(wanted)
     assert spy.read and all(uri.rsplit("/", 1)[0] in wanted for uri in spy.read)
@@ -494,8 +545,16 @@ def test_parquet_files_are_plain_tables_with_flat_metadata_columns(tmp_path):
     rows = pq.read_table(parts[0]).to_pylist()
     meta = records[0]["metadata"]
     assert rows[0]["meta_start"] == meta["start"] and rows[0]["meta_end"] == meta["end"]
-    assert (rows[0]["meta_where"], rows[0]["meta_what"], rows[0]["meta_work_id"]) == ("unit", "accounts", "run-a")
-    assert (rows[0]["meta_id"], rows[0]["meta_hash"], rows[0]["meta_path"]) == (meta["id"], meta["hash"], meta["path"])
+    assert (rows[0]["meta_where"], rows[0]["meta_what"], rows[0]["meta_work_id"]) == (
+        "unit",
+        "accounts",
+        "run-a",
+    )
+    assert (rows[0]["meta_id"], rows[0]["meta_hash"], rows[0]["meta_path"]) == (
+        meta["id"],
+        meta["hash"],
+        meta["path"],
+    )
     assert not list(tmp_path.rglob(".tmp-*"))
     # the latest folder keeps one part once a newer file beats the older
     store.put(make_file(2 * DAY_MS, 2 * DAY_MS + 5))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from lake_assets.engine import checks, model as m
+from lake_assets.engine import checks
+from lake_assets.engine import model as m
 
 SPEC = m.TableSpec(name="accounts", keys=("id",))
 T0 = dt.datetime(2024, 1, 1)
@@ -22,7 +23,8 @@ def ms_before(seconds: float) -> dt.datetime:
 def history(spark, rows):
     """(id, op, start, end, active) rows in the stored shape the check reads."""
     return spark.createDataFrame(
-        rows, f"id string, {m.OP} string, _fivetran_start timestamp, _fivetran_end timestamp, _fivetran_active boolean"
+        rows,
+        f"id string, {m.OP} string, _fivetran_start timestamp, _fivetran_end timestamp, _fivetran_active boolean",
     )
 
 
@@ -74,11 +76,14 @@ def test_versions_stored_counts_each_batch_version_found_once(spark):
     batch = spark.createDataFrame(
         [("a", at(1)), ("a", at(1)), ("b", at(2)), ("c", at(3))], f"id string, {m.VERSION_AT} timestamp"
     )
-    stored = history(spark, [
-        ("a", m.INSERT, at(1), OPEN, True),  # found (twice in the batch: counted once)
-        ("b", m.INSERT, at(9), OPEN, True),  # same key, another version: not found
-        ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
-    ])
+    stored = history(
+        spark,
+        [
+            ("a", m.INSERT, at(1), OPEN, True),  # found (twice in the batch: counted once)
+            ("b", m.INSERT, at(9), OPEN, True),  # same key, another version: not found
+            ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
+        ],
+    )
     assert checks.windows_and_versions_stored(stored, batch, SPEC)[1] == 1
 
 
@@ -101,5 +106,10 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
     assert alone.metadata["inverted"] == 1 and alone.metadata["versions_checked"] == 3
     assert found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@7 nor c@5
 
-    plan = checks._marked_rows(history(spark, stored_rows), batch, SPEC)._jdf.queryExecution().executedPlan().toString()
+    plan = (
+        checks._marked_rows(history(spark, stored_rows), batch, SPEC)
+        ._jdf.queryExecution()
+        .executedPlan()
+        .toString()
+    )
     assert plan.count("Exchange hashpartitioning") == 1, plan

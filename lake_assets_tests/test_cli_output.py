@@ -15,17 +15,42 @@ import duckdb
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
-STEP_LINE = re.compile(r"^unit/accounts: (catalog|changes|current\+history)\s+2024-03-01-01 \.\. 2024-03-01-02\s+.*\d+\.\d s$",
-                       re.MULTILINE)
+STEP_LINE = re.compile(
+    r"^unit/accounts: (catalog|changes|current\+history)\s+2024-03-01-01 \.\. 2024-03-01-02\s+.*\d+\.\d s$",
+    re.MULTILINE,
+)
 
 
 def _landing_and_config(tmp_path: Path) -> Path:
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5), name="a", balance=1)], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 2, "part-0.parquet", [event("b", "I", 2, at(2, 5), name="b", balance=2),
-                                                           event("a", "U", 3, at(2, 6), name="a2", balance=3)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [event("a", "I", 1, at(1, 5), name="a", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-0.parquet",
+        [
+            event("b", "I", 2, at(2, 5), name="b", balance=2),
+            event("a", "U", 3, at(2, 6), name="a2", balance=3),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     config = tmp_path / "lake.yaml"
-    config.write_text(dump_config(LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))))
+    config.write_text(
+        dump_config(
+            LakeConfig(
+                lake=f"file://{lake}",
+                feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),),
+            )
+        )
+    )
     return config
 
 
@@ -44,8 +69,14 @@ def _log_path(output: str) -> Path:
 def test_on_a_terminal_the_run_shows_a_line_per_step_a_summary_and_logs_dagster_to_a_file(tmp_path):
     config = _landing_and_config(tmp_path)
     leader, follower = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config)],
-                               stdin=follower, stdout=follower, stderr=follower, env=_environment(tmp_path), close_fds=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config)],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=_environment(tmp_path),
+        close_fds=True,
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -70,8 +101,14 @@ def test_on_a_terminal_the_run_shows_a_line_per_step_a_summary_and_logs_dagster_
 
 def test_into_a_pipe_the_lines_are_plain_and_the_summary_equals_the_tables_on_disk(tmp_path):
     config = _landing_and_config(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config)],
-                          capture_output=True, text=True, env=_environment(tmp_path), timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=_environment(tmp_path),
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout), "control characters in piped output"
     assert len(STEP_LINE.findall(done.stdout)) == 3, done.stdout
@@ -79,6 +116,10 @@ def test_into_a_pipe_the_lines_are_plain_and_the_summary_equals_the_tables_on_di
     assert "STEP_START" in _log_path(done.stdout).read_text()
     [summary] = [line.split() for line in done.stdout.splitlines() if line.startswith("unit ")]
     lake = tmp_path / "lake"
-    on_disk = [duckdb.sql(f"SELECT count(*) FROM read_parquet('{lake}/{layer}/unit/accounts/**/*.parquet')").fetchall()[0][0]
-               for layer in ("changes", "current", "history")]
+    on_disk = [
+        duckdb.sql(
+            f"SELECT count(*) FROM read_parquet('{lake}/{layer}/unit/accounts/**/*.parquet')"
+        ).fetchall()[0][0]
+        for layer in ("changes", "current", "history")
+    ]
     assert summary == ["unit", "accounts", *map(str, on_disk), "0"]

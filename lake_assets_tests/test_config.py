@@ -4,21 +4,31 @@ import pytest
 import yaml
 
 from lake_assets.config import (
-    MAX_CONFIG_BYTES, MAX_EXPANDED_NODES, CollectionConfig, FeedConfig, LakeConfig, S3Config, check_landings,
-    dump_config, load_config, parse_config,
+    MAX_CONFIG_BYTES,
+    MAX_EXPANDED_NODES,
+    CollectionConfig,
+    FeedConfig,
+    LakeConfig,
+    S3Config,
+    check_landings,
+    dump_config,
+    load_config,
+    parse_config,
 )
 from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.feeds.grax_v2 import split_table
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
-from lake_assets.storage import Storage
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
 from lake_assets.spark import session_conf
+from lake_assets.storage import Storage
 
 
 def test_minimal_config_parses_and_round_trips(tmp_path):
     raw = {
         "lake": "file:///tmp/lake/",
-        "feeds": [{"name": "unit", "format": "unit_cdc", "landing": "s3://bucket/unit", "tables": ["accounts"]}],
+        "feeds": [
+            {"name": "unit", "format": "unit_cdc", "landing": "s3://bucket/unit", "tables": ["accounts"]}
+        ],
     }
     config = parse_config(raw)
     assert config.lake == "file:///tmp/lake"
@@ -45,7 +55,10 @@ def problems(raw) -> list[str]:
 @pytest.mark.parametrize(
     "change, line",
     [
-        ({"name": "Unit"}, "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', got 'Unit'"),
+        (
+            {"name": "Unit"},
+            "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', got 'Unit'",
+        ),
         ({"format": "csv"}, "feeds[1].format: expected one of unit_cdc, grax_v2, flow_journal, got 'csv'"),
         ({"format": None}, "feeds[1].format: required, one of unit_cdc, grax_v2, flow_journal"),
         ({"landing": None}, "feeds[1].landing: required"),
@@ -55,27 +68,45 @@ def problems(raw) -> list[str]:
         ({"late_hours": -1}, "feeds[1].late_hours: expected an integer ≥ 0, got -1"),
         ({"late_hours": "4"}, "feeds[1].late_hours: expected an integer ≥ 0, got '4'"),
         ({"sensor_interval_seconds": 0}, "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 0"),
-        ({"sensor_interval_seconds": 1.5}, "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 1.5"),
+        (
+            {"sensor_interval_seconds": 1.5},
+            "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 1.5",
+        ),
         ({"watch": "no"}, "feeds[1].watch: expected true or false, got 'no'"),
         ({"watch": 1}, "feeds[1].watch: expected true or false, got 1"),
-        ({"tables": ["../etc"]},
-         "feeds[1].tables[0]: expected a table name of lower-case letters, digits and '_', got '../etc'"),
+        (
+            {"tables": ["../etc"]},
+            "feeds[1].tables[0]: expected a table name of lower-case letters, digits and '_', got '../etc'",
+        ),
         ({"tables": "accounts"}, "feeds[1].tables: expected a list, got 'accounts'"),
         ({"tables": []}, "feeds[1].tables: expected a non-empty list, got []"),
         ({"colour": 1}, f"feeds[1].colour: unknown key; expected one of {UNIT_KEYS}"),
-        ({"start": "2024-01-01"},
-         "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-01-01'"),
-        ({"start": "2024-02-30-00"},
-         "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-02-30-00'"),
-        ({"orgs": ["00Dx"]}, "feeds[1].orgs: expected nothing: this key applies to grax_v2 feeds only, got [\"00Dx\"]"),
-        ({"collections": [{"name": "a/b", "key": ["/id"]}]},
-         "feeds[1].collections: expected nothing: this key applies to flow_journal feeds only, "
-         "got [{\"name\": \"a/b\", \"key\": [\"/id\"]}]"),
+        (
+            {"start": "2024-01-01"},
+            "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-01-01'",
+        ),
+        (
+            {"start": "2024-02-30-00"},
+            "feeds[1].start: expected an hour like 2024-01-31-00 (year-month-day-hour, UTC), got '2024-02-30-00'",
+        ),
+        (
+            {"orgs": ["00Dx"]},
+            'feeds[1].orgs: expected nothing: this key applies to grax_v2 feeds only, got ["00Dx"]',
+        ),
+        (
+            {"collections": [{"name": "a/b", "key": ["/id"]}]},
+            "feeds[1].collections: expected nothing: this key applies to flow_journal feeds only, "
+            'got [{"name": "a/b", "key": ["/id"]}]',
+        ),
     ],
 )
 def test_each_feed_mistake_is_one_line_naming_the_key_the_value_and_what_is_expected(change, line):
     """A key given as None is left out (missing)."""
-    feed = {k: v for k, v in {"name": "unit", "format": "unit_cdc", "landing": "/x", **change}.items() if v is not None}
+    feed = {
+        k: v
+        for k, v in {"name": "unit", "format": "unit_cdc", "landing": "/x", **change}.items()
+        if v is not None
+    }
     assert problems({"lake": "/tmp/lake", "feeds": [GOOD_FEED, feed]}) == [line]
 
 
@@ -96,8 +127,10 @@ def test_every_mistake_of_a_file_is_reported_one_per_line():
         "catalog.store: expected parquet or dynamodb, got 'sqlite'",
         "colour: unknown key; expected one of lake, feeds, s3, spark, catalog",
     ]
-    assert problems([GOOD_FEED]) == ["top level: expected a mapping (key: value), got [{\"name\": \"good\", "
-                                     "\"format\": \"unit_cdc\", \"landing\": \"/landing/good\"}]"]
+    assert problems([GOOD_FEED]) == [
+        'top level: expected a mapping (key: value), got [{"name": "good", '
+        '"format": "unit_cdc", "landing": "/landing/good"}]'
+    ]
 
 
 def test_format_specific_mistakes_name_their_key():
@@ -108,24 +141,58 @@ def test_format_specific_mistakes_name_their_key():
         "feeds[0].orgs[0]: expected a Salesforce org id (letters and digits), got '00D-x'",
     ]
     assert problems({"lake": "/lake", "feeds": [flow]}) == ["feeds[0].collections: required"]
-    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [{"name": "a/b", "key": "/id"}]}]}) == [
+    assert problems(
+        {"lake": "/lake", "feeds": [{**flow, "collections": [{"name": "a/b", "key": "/id"}]}]}
+    ) == [
         "feeds[0].collections[0].key: expected a list, got '/id'",
     ]
-    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
-        {"name": "acme/a-b", "key": ["/id"]}, {"name": "acme/a_b", "key": ["/id"], "partitions": {"region": []}},
-    ]}]}) == [
+    assert problems(
+        {
+            "lake": "/lake",
+            "feeds": [
+                {
+                    **flow,
+                    "collections": [
+                        {"name": "acme/a-b", "key": ["/id"]},
+                        {"name": "acme/a_b", "key": ["/id"], "partitions": {"region": []}},
+                    ],
+                }
+            ],
+        }
+    ) == [
         "feeds[0].collections[1].partitions: expected a mapping of a partition field to a non-empty list of values, "
-        "such as {region: [eu, us]}, got {\"region\": []}",
+        'such as {region: [eu, us]}, got {"region": []}',
     ]
-    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
-        {"name": "acme/a", "key": ["/id"], "partitions": {"region": "eu"}},
-    ]}]}) == [
+    assert problems(
+        {
+            "lake": "/lake",
+            "feeds": [
+                {
+                    **flow,
+                    "collections": [
+                        {"name": "acme/a", "key": ["/id"], "partitions": {"region": "eu"}},
+                    ],
+                }
+            ],
+        }
+    ) == [
         "feeds[0].collections[0].partitions: expected a mapping of a partition field to a non-empty list of values, "
-        "such as {region: [eu, us]}, got {\"region\": \"eu\"}",
+        'such as {region: [eu, us]}, got {"region": "eu"}',
     ]
-    assert problems({"lake": "/lake", "feeds": [{**flow, "collections": [
-        {"name": "acme/a-b", "key": ["/id"]}, {"name": "acme/a_b", "key": ["/id"]},
-    ]}]}) == ["feeds[0].collections[1].name: collections acme/a-b and acme/a_b both become table acme_a_b"]
+    assert problems(
+        {
+            "lake": "/lake",
+            "feeds": [
+                {
+                    **flow,
+                    "collections": [
+                        {"name": "acme/a-b", "key": ["/id"]},
+                        {"name": "acme/a_b", "key": ["/id"]},
+                    ],
+                }
+            ],
+        }
+    ) == ["feeds[0].collections[1].name: collections acme/a-b and acme/a_b both become table acme_a_b"]
     assert problems({"lake": "/lake", "feeds": [GOOD_FEED, GOOD_FEED]}) == [
         "feeds[1].name: the feed name 'good' is already used by feeds[0]",
     ]
@@ -138,22 +205,45 @@ def test_format_specific_mistakes_name_their_key():
     "lake, landing, line",
     [
         ("/data/x", "/data/x/", "feeds[0].landing: file:///data/x is the lake file:///data/x"),
-        ("file:///data/landing/lake", "/data/landing", "feeds[0].landing: file:///data/landing holds the lake file:///data/landing/lake"),
-        ("/data", "file://localhost/data/./landing", "feeds[0].landing: file:///data/landing lies inside the lake file:///data"),
-        ("s3a://bucket/lake", "s3://bucket", "feeds[0].landing: s3a://bucket holds the lake s3a://bucket/lake"),
-        ("s3://bucket/lake/", "s3a://bucket/lake/unit", "feeds[0].landing: s3a://bucket/lake/unit lies inside the lake s3a://bucket/lake"),
+        (
+            "file:///data/landing/lake",
+            "/data/landing",
+            "feeds[0].landing: file:///data/landing holds the lake file:///data/landing/lake",
+        ),
+        (
+            "/data",
+            "file://localhost/data/./landing",
+            "feeds[0].landing: file:///data/landing lies inside the lake file:///data",
+        ),
+        (
+            "s3a://bucket/lake",
+            "s3://bucket",
+            "feeds[0].landing: s3a://bucket holds the lake s3a://bucket/lake",
+        ),
+        (
+            "s3://bucket/lake/",
+            "s3a://bucket/lake/unit",
+            "feeds[0].landing: s3a://bucket/lake/unit lies inside the lake s3a://bucket/lake",
+        ),
     ],
 )
 def test_a_lake_sharing_folders_with_a_landing_is_refused(lake, landing, line):
-    [problem] = problems({"lake": lake, "feeds": [{"name": "unit", "format": "unit_cdc", "landing": landing}]})
+    [problem] = problems(
+        {"lake": lake, "feeds": [{"name": "unit", "format": "unit_cdc", "landing": landing}]}
+    )
     assert problem.startswith(line + ": the lake and a landing must not share folders"), problem
 
 
 def test_neighbouring_folders_are_not_an_overlap():
-    config = parse_config({"lake": "s3a://bucket/lake", "feeds": [
-        {"name": "unit", "format": "unit_cdc", "landing": "s3a://bucket/lake-landing"},
-        {"name": "grax", "format": "grax_v2", "landing": "s3a://bucket-lake"},
-    ]})
+    config = parse_config(
+        {
+            "lake": "s3a://bucket/lake",
+            "feeds": [
+                {"name": "unit", "format": "unit_cdc", "landing": "s3a://bucket/lake-landing"},
+                {"name": "grax", "format": "grax_v2", "landing": "s3a://bucket-lake"},
+            ],
+        }
+    )
     assert [f.landing for f in config.feeds] == ["s3a://bucket/lake-landing", "s3a://bucket-lake"]
 
 
@@ -164,19 +254,44 @@ ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SEC
     "raw, path",
     [
         ({"lake": "s3a://AKIAEXAMPLE:wJalrXSECRET@bucket/lake"}, "lake"),
-        ({"lake": "/lake", "feeds": [{**GOOD_FEED, "landing": "s3://AKIAEXAMPLE:wJalrXSECRET@vendor/unit"}]}, "feeds[0].landing"),
-        ({"lake": "/lake", "s3": {"endpoint_url": "https://AKIAEXAMPLE:wJalrXSECRET@minio:9000"}}, "s3.endpoint_url"),
+        (
+            {
+                "lake": "/lake",
+                "feeds": [{**GOOD_FEED, "landing": "s3://AKIAEXAMPLE:wJalrXSECRET@vendor/unit"}],
+            },
+            "feeds[0].landing",
+        ),
+        (
+            {"lake": "/lake", "s3": {"endpoint_url": "https://AKIAEXAMPLE:wJalrXSECRET@minio:9000"}},
+            "s3.endpoint_url",
+        ),
         ({"lake": "/lake", "s3": {"secret_access_key": "wJalrXSECRET"}}, "s3.secret_access_key"),
         ({"lake": "/lake", "s3": {"access_key_id": "AKIAEXAMPLE"}}, "s3.access_key_id"),
-        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "wJalrXSECRET"}}},
-         "spark.conf['spark.hadoop.fs.s3a.secret.key']"),
-        ({"lake": "/lake", "spark": {"conf": {"fs.s3a.access.key": "AKIAEXAMPLE"}}}, "spark.conf['fs.s3a.access.key']"),
-        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.session.token": "wJalrXSECRET"}}},
-         "spark.conf['spark.hadoop.fs.s3a.session.token']"),
-        ({"lake": "/lake", "spark": {"conf": {"spark.ssl.keyStorePassword": "wJalrXSECRET"}}},
-         "spark.conf['spark.ssl.keyStorePassword']"),
-        ({"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "wJalrXSECRET"}}},
-         "spark.conf['spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net']"),
+        (
+            {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "wJalrXSECRET"}}},
+            "spark.conf['spark.hadoop.fs.s3a.secret.key']",
+        ),
+        (
+            {"lake": "/lake", "spark": {"conf": {"fs.s3a.access.key": "AKIAEXAMPLE"}}},
+            "spark.conf['fs.s3a.access.key']",
+        ),
+        (
+            {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.session.token": "wJalrXSECRET"}}},
+            "spark.conf['spark.hadoop.fs.s3a.session.token']",
+        ),
+        (
+            {"lake": "/lake", "spark": {"conf": {"spark.ssl.keyStorePassword": "wJalrXSECRET"}}},
+            "spark.conf['spark.ssl.keyStorePassword']",
+        ),
+        (
+            {
+                "lake": "/lake",
+                "spark": {
+                    "conf": {"spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "wJalrXSECRET"}
+                },
+            },
+            "spark.conf['spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net']",
+        ),
     ],
 )
 def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
@@ -186,18 +301,23 @@ def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
 
 
 def test_a_spark_connect_token_is_refused_without_repeating_it():
-    assert problems({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl;token=wJalrXSECRET"}}) == [
+    assert problems(
+        {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl;token=wJalrXSECRET"}}
+    ) == [
         "spark.remote: a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
         "never from the configuration file",
     ]
-    assert parse_config({"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl"}}).spark.remote == (
-        "sc://connect:15002/;user_id=etl"
-    )
+    assert parse_config(
+        {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl"}}
+    ).spark.remote == ("sc://connect:15002/;user_id=etl")
 
 
 def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
-    conf = {"spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",
-            "spark.executor.cores": 4, "spark.sql.adaptive.enabled": True}
+    conf = {
+        "spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",
+        "spark.executor.cores": 4,
+        "spark.sql.adaptive.enabled": True,
+    }
     config = parse_config({"lake": "/lake", "spark": {"conf": conf}})
     assert config.spark.conf == {**conf, "spark.executor.cores": "4", "spark.sql.adaptive.enabled": "true"}
 
@@ -217,10 +337,11 @@ def file_problem(tmp_path, content: str | bytes) -> str:
 
 
 def test_a_file_path_prefixes_each_line(tmp_path):
-    assert file_problem(tmp_path, "lake: /lake\nfeeds:\n  - {name: good, format: unit_cdc, landing: /l}\n"
-                                  "  - {name: unit, format: unit_cdc, landing: /x, late_hours: true}\n") == (
-        "c.yaml: feeds[1].late_hours: expected an integer ≥ 0, got true"
-    )
+    assert file_problem(
+        tmp_path,
+        "lake: /lake\nfeeds:\n  - {name: good, format: unit_cdc, landing: /l}\n"
+        "  - {name: unit, format: unit_cdc, landing: /x, late_hours: true}\n",
+    ) == ("c.yaml: feeds[1].late_hours: expected an integer ≥ 0, got true")
 
 
 def test_yaml_mistakes_are_one_line_with_the_place(tmp_path):
@@ -257,19 +378,26 @@ def test_an_alias_bomb_fails_fast_with_a_clear_message(tmp_path):
 
 def test_a_few_aliases_are_fine(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("lake: /lake\nfeeds:\n  - &unit {name: a, format: unit_cdc, landing: /a, late_hours: 8}\n"
-                    "  - {<<: *unit, name: b, landing: /b}\n")
+    path.write_text(
+        "lake: /lake\nfeeds:\n  - &unit {name: a, format: unit_cdc, landing: /a, late_hours: 8}\n"
+        "  - {<<: *unit, name: b, landing: /b}\n"
+    )
     assert [(f.name, f.late_hours) for f in load_config(path).feeds] == [("a", 8), ("b", 8)]
 
 
 def test_a_landing_that_does_not_exist_is_an_error(tmp_path):
     (tmp_path / "here").mkdir()
     (tmp_path / "file").write_text("")
-    config = parse_config({"lake": str(tmp_path / "lake"), "feeds": [
-        {"name": "here", "format": "unit_cdc", "landing": str(tmp_path / "here")},
-        {"name": "gone", "format": "unit_cdc", "landing": str(tmp_path / "gone")},
-        {"name": "file", "format": "unit_cdc", "landing": str(tmp_path / "file")},
-    ]})
+    config = parse_config(
+        {
+            "lake": str(tmp_path / "lake"),
+            "feeds": [
+                {"name": "here", "format": "unit_cdc", "landing": str(tmp_path / "here")},
+                {"name": "gone", "format": "unit_cdc", "landing": str(tmp_path / "gone")},
+                {"name": "file", "format": "unit_cdc", "landing": str(tmp_path / "file")},
+            ],
+        }
+    )
     with pytest.raises(ConfigError) as raised:
         check_landings(config, Storage())
     assert str(raised.value).splitlines() == [
@@ -312,11 +440,21 @@ def test_layout_builds_contract_paths():
 
 
 def test_flow_collections_need_keys_and_may_select_logical_partitions():
-    feed = {"name": "flow", "format": "flow_journal", "landing": "/x",
-            "collections": [{"name": "acmeCo/orders", "key": ["/id"], "partitions": {"category": ["Anvils"]}}]}
+    feed = {
+        "name": "flow",
+        "format": "flow_journal",
+        "landing": "/x",
+        "collections": [{"name": "acmeCo/orders", "key": ["/id"], "partitions": {"category": ["Anvils"]}}],
+    }
     parsed = parse_config({"lake": "/lake", "feeds": [feed]}).feeds[0].collections[0]
-    assert parsed.table == "acmeco_orders" and parsed.wants("category", "Anvils") and not parsed.wants("category", "Rockets")
-    assert problems({"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]}) == [
+    assert (
+        parsed.table == "acmeco_orders"
+        and parsed.wants("category", "Anvils")
+        and not parsed.wants("category", "Rockets")
+    )
+    assert problems(
+        {"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]}
+    ) == [
         "feeds[0].collections[0].key[0]: expected a JSON pointer such as /id, got 'id'",
     ]
 
@@ -348,7 +486,10 @@ def test_a_loopback_connect_url_with_a_token_is_addressed_as_localhost(monkeypat
     assert connect_url("sc://127.0.0.1:15002") == "sc://localhost:15002"
     assert connect_url("sc://127.0.0.1:15002/;user_id=me") == "sc://localhost:15002/;user_id=me"
     assert connect_url("sc://127.0.0.1:15002/;use_ssl=true") == "sc://127.0.0.1:15002/;use_ssl=true"
-    assert connect_url("sc://connect.example.com:443/;use_ssl=true") == "sc://connect.example.com:443/;use_ssl=true"
+    assert (
+        connect_url("sc://connect.example.com:443/;use_ssl=true")
+        == "sc://connect.example.com:443/;use_ssl=true"
+    )
 
 
 def test_a_connect_session_that_keeps_another_value_for_a_lake_setting_is_refused_naming_it():
@@ -368,8 +509,13 @@ def test_a_connect_session_that_keeps_another_value_for_a_lake_setting_is_refuse
 
     session = type("Session", (), {"conf": Conf()})()
     apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC"})
-    with pytest.raises(ConfigError, match="spark.sql.timeType.enabled is 'false' on the server, the lake needs 'true'"):
-        apply_sql_settings(session, {"spark.sql.session.timeZone": "UTC", "spark.sql.timeType.enabled": "true"})
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("spark.sql.timeType.enabled is 'false' on the server, the lake needs 'true'"),
+    ):
+        apply_sql_settings(
+            session, {"spark.sql.session.timeZone": "UTC", "spark.sql.timeType.enabled": "true"}
+        )
 
 
 def test_every_classic_session_builds_columns_without_recording_python_call_sites():
@@ -409,17 +555,31 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
 def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_bucket):
     """S3 has no folders: an empty prefix is a landing nothing has arrived in yet; a bucket that
     does not exist is a mistake."""
-    config = LakeConfig(lake="/lake", s3={"endpoint_url": moto_server.url}, feeds=(
-        FeedConfig("empty", "unit_cdc", f"s3a://{s3_bucket}/nothing/yet"),
-        FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
-    ))
+    config = LakeConfig(
+        lake="/lake",
+        s3={"endpoint_url": moto_server.url},
+        feeds=(
+            FeedConfig("empty", "unit_cdc", f"s3a://{s3_bucket}/nothing/yet"),
+            FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
+        ),
+    )
     with pytest.raises(ConfigError) as raised:
         check_landings(config, Storage(S3Config(endpoint_url=moto_server.url)))
     assert str(raised.value) == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"
 
 
-@pytest.mark.parametrize("table", ["00Dx/account", "00Dx/1account", "00Dx/Account", "00Dx/" + "a" * 81, "00D-x/account",
-                                   "00Dx/", "00Dx/acc/ount"])
+@pytest.mark.parametrize(
+    "table",
+    [
+        "00Dx/account",
+        "00Dx/1account",
+        "00Dx/Account",
+        "00Dx/" + "a" * 81,
+        "00D-x/account",
+        "00Dx/",
+        "00Dx/acc/ount",
+    ],
+)
 def test_a_grax_table_is_accepted_by_the_configuration_as_by_the_feed(table):
     """The configuration checks a GRAX table by the feed's own rule (`grax_v2.is_table`), so a
     table it accepts never fails when the feed splits it into org and object folders."""

@@ -22,19 +22,23 @@ def _events(rng: random.Random) -> list[list[dict]]:
     base = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     seq = 0
     batches = []
-    for batch_index, (first_hour, last_hour) in enumerate(((0, 20), (20, 50), (5, 60), (30, 70))):
+    for _batch_index, (first_hour, last_hour) in enumerate(((0, 20), (20, 50), (5, 60), (30, 70))):
         batch = []
         for _ in range(80):
             seq += 1
             op = rng.choice(["insert", "update", "update", "delete"])
-            batch.append({
-                "id": f"k{rng.randrange(30)}",
-                "op": op,
-                "version_at": (base + dt.timedelta(minutes=rng.randrange(first_hour * 60, last_hour * 60))).isoformat(),
-                "seq": seq,
-                "c1": None if op == "delete" else rng.choice(["x", "y", None]),
-                "c2": None if op == "delete" else rng.randrange(5),
-            })
+            batch.append(
+                {
+                    "id": f"k{rng.randrange(30)}",
+                    "op": op,
+                    "version_at": (
+                        base + dt.timedelta(minutes=rng.randrange(first_hour * 60, last_hour * 60))
+                    ).isoformat(),
+                    "seq": seq,
+                    "c1": None if op == "delete" else rng.choice(["x", "y", None]),
+                    "c2": None if op == "delete" else rng.randrange(5),
+                }
+            )
         batches.append(batch)
     return batches
 
@@ -42,7 +46,11 @@ def _events(rng: random.Random) -> list[list[dict]]:
 def _driver(lake: Path, batches_file: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "lake_assets_tests.fold_driver", str(lake), str(batches_file), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
 
 
@@ -55,8 +63,10 @@ def _read(lake: Path, layer: str, order: str) -> list[tuple]:
     if layer == "current":
         sql = f"SELECT id, c1, c2, _version_at FROM read_parquet('{folder}/**/*.parquet', union_by_name = true) ORDER BY {order}"
     else:
-        sql = (f"SELECT id, c1, c2, _fivetran_start, _fivetran_end, _fivetran_active "
-               f"FROM read_parquet('{folder}/**/*.parquet', union_by_name = true) ORDER BY {order}")
+        sql = (
+            f"SELECT id, c1, c2, _fivetran_start, _fivetran_end, _fivetran_active "
+            f"FROM read_parquet('{folder}/**/*.parquet', union_by_name = true) ORDER BY {order}"
+        )
     return con.execute(sql).fetchall()
 
 
@@ -75,9 +85,12 @@ def test_killed_folds_converge_to_the_reference(tmp_path):
 
     events = [dict(e, version_at=dt.datetime.fromisoformat(e["version_at"])) for b in batches for e in b]
     want_current, want_history = reference_tables(events, payload=list(PAYLOAD))
-    assert expected_current == [(k, v["c1"], v["c2"], v["_version_at"]) for k, v in sorted(want_current.items())]
+    assert expected_current == [
+        (k, v["c1"], v["c2"], v["_version_at"]) for k, v in sorted(want_current.items())
+    ]
     assert expected_history == [
-        (r["id"], r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"]) for r in want_history
+        (r["id"], r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"])
+        for r in want_history
     ]
 
     lake = tmp_path / "crashed"
@@ -103,4 +116,6 @@ def test_killed_folds_converge_to_the_reference(tmp_path):
     assert _read(lake, "history", "id, _fivetran_start") == expected_history
     assert _read(lake, "current", "id") == expected_current
     assert not list((lake / "_state" / "test" / "things" / "commits").glob("*.json"))
-    assert not (lake / "_staging" / "test" / "things").exists() or not any((lake / "_staging" / "test" / "things").iterdir())
+    assert not (lake / "_staging" / "test" / "things").exists() or not any(
+        (lake / "_staging" / "test" / "things").iterdir()
+    )

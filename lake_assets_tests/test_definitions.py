@@ -8,8 +8,8 @@ from pathlib import Path
 import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.discovery import discover
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets_tests.discovered import discovered_definitions
@@ -21,13 +21,29 @@ ROOT = Path(__file__).resolve().parent.parent
 def _landing(tmp_path):
     landing = tmp_path / "landing" / "unit"
     for hour in (3, 4, 5, 9):
-        write_events(landing, "accounts", hour, "part-0.parquet", [event("a", "I", hour, at(hour), name="x", balance=1)], ACCOUNT_SCHEMA)
-    write_events(landing, "cards", 4, "part-0.parquet", [event("c", "I", 1, at(4), name="x", balance=1)], ACCOUNT_SCHEMA)
+        write_events(
+            landing,
+            "accounts",
+            hour,
+            "part-0.parquet",
+            [event("a", "I", hour, at(hour), name="x", balance=1)],
+            ACCOUNT_SCHEMA,
+        )
+    write_events(
+        landing,
+        "cards",
+        4,
+        "part-0.parquet",
+        [event("c", "I", 1, at(4), name="x", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
     return landing
 
 
 def _config(tmp_path, landing):
-    return LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    return LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
 
 
 WARNINGS_PROBE = """
@@ -57,18 +73,26 @@ def test_dagster_validates_the_code_location_without_deprecation_warnings(tmp_pa
     (home / "dagster.yaml").write_text("")
     env = {**os.environ, "LAKE_ASSETS_CONFIG": str(config_file), "DAGSTER_HOME": str(home)}
     dagster = Path(sys.executable).parent / "dagster"
-    proc = subprocess.run(
-        [str(dagster), "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0 and "Validation successful for code location lake_assets" in proc.stderr + proc.stdout, proc.stderr
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+
+    proc = run(str(dagster), "definitions", "validate", "-w", str(ROOT / "workspace.yaml"))
+    assert (
+        proc.returncode == 0
+        and "Validation successful for code location lake_assets" in proc.stderr + proc.stdout
+    ), proc.stderr
 
     # Every deprecation warning raised while Dagster builds our definitions, from any module.
-    probe = subprocess.run([sys.executable, "-c", WARNINGS_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    probe = run(sys.executable, "-c", WARNINGS_PROBE)
     assert probe.returncode == 0, probe.stderr
     assert "LOADED 10" in probe.stdout  # 2 tables x raw, catalog, changes, current, history
     # BackfillPolicy is marked beta by Dagster; it is what the single-run backfills need.
-    deprecations = [line for line in probe.stdout.splitlines() if "Deprecation" in line or "Supersession" in line]
+    deprecations = [
+        line for line in probe.stdout.splitlines() if "Deprecation" in line or "Supersession" in line
+    ]
     assert deprecations == [], probe.stdout
 
 
@@ -77,7 +101,9 @@ def test_asset_graph_per_table(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     for table in ("accounts", "cards"):  # discovered in the landing folder
-        assert {f"unit/{table}/{layer}" for layer in ("raw", "catalog", "changes", "current", "history")} <= keys
+        assert {
+            f"unit/{table}/{layer}" for layer in ("raw", "catalog", "changes", "current", "history")
+        } <= keys
     changes = graph.get(dg.AssetKey(["unit", "accounts", "changes"]))
     assert changes.partitions_def.get_first_partition_key() == "2024-03-01-03"
     assert changes.backfill_policy == dg.BackfillPolicy.single_run()
@@ -96,7 +122,10 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
 
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         result = sensor(context)
-    requests = {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]): r for r in result.run_requests}
+    requests = {
+        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]): r
+        for r in result.run_requests
+    }
     assert set(requests) == {
         ("accounts", "2024-03-01-03", "2024-03-01-05"),
         ("accounts", "2024-03-01-09", "2024-03-01-09"),
@@ -104,16 +133,28 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
     }
     assert len({r.run_key for r in result.run_requests}) == 3
     assert all(r.tags[WHOLE_TABLE_RUN_TAG] == "true" for r in result.run_requests)
-    assert {o.asset_key for o in result.asset_events} == {dg.AssetKey(["unit", "accounts", "raw"]), dg.AssetKey(["unit", "cards", "raw"])}
+    assert {o.asset_key for o in result.asset_events} == {
+        dg.AssetKey(["unit", "accounts", "raw"]),
+        dg.AssetKey(["unit", "cards", "raw"]),
+    }
 
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=result.cursor) as context:
         quiet = sensor(context)
     assert quiet.run_requests == []
 
-    write_events(landing, "accounts", 5, "part-late.parquet", [event("b", "I", 99, at(5, 30), name="late", balance=2)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        5,
+        "part-late.parquet",
+        [event("b", "I", 99, at(5, 30), name="late", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=quiet.cursor) as context:
         late = sensor(context)
-    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in late.run_requests] == [("2024-03-01-05", "2024-03-01-05")]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in late.run_requests] == [
+        ("2024-03-01-05", "2024-03-01-05")
+    ]
     assert set(late.run_requests[0].asset_selection) == {
         dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes", "current", "history")
     }
@@ -132,7 +173,12 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     def upstream() -> None:
         pass
 
-    @dg.asset(partitions_def=hours, backfill_policy=single_run, deps=[upstream], automation_condition=follow_upstream())
+    @dg.asset(
+        partitions_def=hours,
+        backfill_policy=single_run,
+        deps=[upstream],
+        automation_condition=follow_upstream(),
+    )
     def downstream() -> None:
         pass
 
@@ -143,13 +189,17 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
 
     def run_upstream(first: str, last: str, tags: dict[str, str]):
         result = dg.materialize(
-            [upstream, downstream], selection=[upstream], instance=instance,
+            [upstream, downstream],
+            selection=[upstream],
+            instance=instance,
             tags={RANGE_START_TAG: first, RANGE_END_TAG: last, **tags},
         )
         assert result.success
 
     def requested(previous_cursor):
-        evaluation = dg.evaluate_automation_conditions(defs=[upstream, downstream], instance=instance, cursor=previous_cursor)
+        evaluation = dg.evaluate_automation_conditions(
+            defs=[upstream, downstream], instance=instance, cursor=previous_cursor
+        )
         return evaluation.get_requested_partitions(downstream.key), evaluation.cursor
 
     run_upstream("2024-03-01-00:00", "2024-03-01-02:00", {WHOLE_TABLE_RUN_TAG: "true"})

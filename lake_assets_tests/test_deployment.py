@@ -49,10 +49,24 @@ def world(tmp_path_factory):
     backfill_landing = root / "landing" / "unit_backfill"
     write_unit_landing(backfill_landing, hours=4, tables=("accounts",), seed=11)
     feeds = (
-        FeedConfig("unit", "unit_cdc", f"file://{landing.dir}", tables=TABLES, start=START, late_hours=48,
-                   sensor_interval_seconds=5),
-        FeedConfig("unit_backfill", "unit_cdc", f"file://{backfill_landing}", tables=("accounts",), start=START,
-                   sensor_interval_seconds=5, watch=False),
+        FeedConfig(
+            "unit",
+            "unit_cdc",
+            f"file://{landing.dir}",
+            tables=TABLES,
+            start=START,
+            late_hours=48,
+            sensor_interval_seconds=5,
+        ),
+        FeedConfig(
+            "unit_backfill",
+            "unit_cdc",
+            f"file://{backfill_landing}",
+            tables=("accounts",),
+            start=START,
+            sensor_interval_seconds=5,
+            watch=False,
+        ),
     )
     config = LakeConfig(lake=f"file://{root / 'lake'}", feeds=feeds)
     config_file = root / "lake_assets.yaml"
@@ -67,7 +81,7 @@ def world(tmp_path_factory):
 
 def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, spark):
     root, landing, config, deployment = world
-    landing.land(range(0, 4))
+    landing.land(range(4))
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     assert runs, deployment.logs()
     assert {r["status"] for r in runs} == {"SUCCESS"}, deployment.logs()
@@ -75,11 +89,15 @@ def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, 
     for table in TABLES:
         for layer in LAYERS:
             done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
-            assert done == {hour_key(h) for h in range(0, 4)}, f"{table}/{layer}: {sorted(done)}"
+            assert done == {hour_key(h) for h in range(4)}, f"{table}/{layer}: {sorted(done)}"
         # The asset checks ran with the folds and show in the UI as passed. A ranged run checks
         # the table once (its partitions' own entries show as skipped), and nothing failed.
-        for layer, check in (("changes", "landing_complete"), ("current", "current_unique_key"),
-                             ("history", "history_windows"), ("history", "events_reconcile")):
+        for layer, check in (
+            ("changes", "landing_complete"),
+            ("current", "current_unique_key"),
+            ("history", "history_windows"),
+            ("history", "events_reconcile"),
+        ):
             statuses = deployment.check_statuses(["unit", table, layer], check)
             assert "SUCCEEDED" in statuses, (table, check, statuses)
             assert not {"FAILED", "EXECUTION_FAILED"} & set(statuses), (table, check, statuses)
@@ -89,23 +107,37 @@ def test_landed_files_bring_every_layer_up_to_date_without_a_manual_step(world, 
 def test_a_late_file_for_an_old_hour_rematerialises_exactly_that_hour(world, spark):
     root, landing, config, deployment = world
     before = time.time()
-    write_events(landing.dir, "accounts", 1, "part-late.parquet", [event("acct-late", "INSERT", 9_000_001, at(1, 59), name="late")])
+    write_events(
+        landing.dir,
+        "accounts",
+        1,
+        "part-late.parquet",
+        [event("acct-late", "INSERT", 9_000_001, at(1, 59), name="late")],
+    )
     deployment.wait_until_idle(RUN_TIMEOUT)
     for layer in LAYERS:
         for table, expected in (("accounts", {hour_key(1)}), ("customers", set())):
             key = ["unit", table, layer]
-            assert partitions_since(deployment, key, before) == expected, (layer, runs_since(deployment, key, before))
+            assert partitions_since(deployment, key, before) == expected, (
+                layer,
+                runs_since(deployment, key, before),
+            )
     assert_lake_equals_a_clean_run(root, config, "unit")
 
 
 def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(world, spark):
     root, _, config, deployment = world
     keys = [{"path": ["unit_backfill", "accounts", layer]} for layer in LAYERS]
-    launched = deployment.query(LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": {
-        "partitionNames": [hour_key(h) for h in range(0, 4)],
-        "assetSelection": keys,
-        "title": "end-to-end backfill",
-    }})["launchPartitionBackfill"]
+    launched = deployment.query(
+        LAUNCH_PARTITION_BACKFILL_MUTATION,
+        {
+            "backfillParams": {
+                "partitionNames": [hour_key(h) for h in range(4)],
+                "assetSelection": keys,
+                "title": "end-to-end backfill",
+            }
+        },
+    )["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     backfill_id = launched["backfillId"]
     assert deployment.wait_for_backfill(backfill_id, RUN_TIMEOUT) in ("COMPLETED", "COMPLETED_SUCCESS")
@@ -118,10 +150,21 @@ def test_a_backfill_launched_through_graphql_is_one_run_and_matches_the_cli(worl
     # The same tables as `lake-assets run` produces from the same landing folder.
     cli_lake = root / "cli-lake"
     subset = root / "backfill-only.yaml"
-    subset.write_text(dump_config(LakeConfig(lake=f"file://{cli_lake}", feeds=tuple(f for f in config.feeds if f.name == "unit_backfill"))))
+    subset.write_text(
+        dump_config(
+            LakeConfig(
+                lake=f"file://{cli_lake}", feeds=tuple(f for f in config.feeds if f.name == "unit_backfill")
+            )
+        )
+    )
     cli = subprocess.run(
         [str(Path(sys.executable).parent / "lake-assets"), "run", "--config", str(subset)],
-        cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     for layer in ("changes", "current", "history"):
@@ -138,18 +181,34 @@ def test_one_writer_per_table_while_other_tables_run_in_parallel(world):
     known = {r["runId"] for r in deployment.runs()}
     # Two runs that write unit/accounts and one that writes unit/customers, launched together.
     for table, hour in (("accounts", 0), ("accounts", 1), ("customers", 0)):
-        launched = deployment.query(LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": {
-            "partitionNames": [hour_key(hour)],
-            "assetSelection": [{"path": ["unit", table, layer]} for layer in LAYERS],
-        }})["launchPartitionBackfill"]
+        launched = deployment.query(
+            LAUNCH_PARTITION_BACKFILL_MUTATION,
+            {
+                "backfillParams": {
+                    "partitionNames": [hour_key(hour)],
+                    "assetSelection": [{"path": ["unit", table, layer]} for layer in LAYERS],
+                }
+            },
+        )["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
     # While one accounts run works, the other waits in the queue, and the UI can say on what:
     # the table's pool.
-    waiting = wait_for(lambda: [
-        r for r in deployment.runs() if r["runId"] not in known and r["status"] == "QUEUED"
-        and "lake_table__unit__accounts" in (r["allPools"] or [])
-        and any(o["status"] == "STARTED" and "lake_table__unit__accounts" in (o["allPools"] or []) for o in deployment.runs())
-    ], 300, "an accounts run waiting on its table's pool", every=1.0)
+    waiting = wait_for(
+        lambda: [
+            r
+            for r in deployment.runs()
+            if r["runId"] not in known
+            and r["status"] == "QUEUED"
+            and "lake_table__unit__accounts" in (r["allPools"] or [])
+            and any(
+                o["status"] == "STARTED" and "lake_table__unit__accounts" in (o["allPools"] or [])
+                for o in deployment.runs()
+            )
+        ],
+        300,
+        "an accounts run waiting on its table's pool",
+        every=1.0,
+    )
     assert waiting
     runs = [r for r in deployment.wait_until_idle(RUN_TIMEOUT) if r["runId"] not in known]
     by_table = {}
@@ -159,15 +218,23 @@ def test_one_writer_per_table_while_other_tables_run_in_parallel(world):
     assert sorted(len(v) for v in by_table.values()) == [1, 2], by_table
     first, second = by_table["accounts"]
     assert not _overlap(first, second), "two runs wrote unit/accounts at the same time"
-    assert any(_overlap(a, by_table["customers"][0]) for a in by_table["accounts"]), \
+    assert any(_overlap(a, by_table["customers"][0]) for a in by_table["accounts"]), (
         "the customers run waited for accounts although it writes another table"
+    )
 
 
 CHROMIUM = os.environ.get("LAKE_ASSETS_CHROMIUM", "/usr/bin/chromium")
 # Headless Chromium on a machine without outside network: no background fetches, no sandbox
 # (tests may run as root), a fresh profile per launch.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # Where the UI test saves its screenshots; `LAKE_ASSETS_SCREENSHOTS=docs` refreshes the README's.
 SCREENSHOTS = os.environ.get("LAKE_ASSETS_SCREENSHOTS")
 
@@ -176,7 +243,9 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
     from playwright.sync_api import expect, sync_playwright
 
     _, _, _, deployment = world
-    assert Path(CHROMIUM).exists(), f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install chromium)"
+    assert Path(CHROMIUM).exists(), (
+        f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install chromium)"
+    )
     partition = hour_key(2)
     before_ui = time.time()
     known = {r["runId"] for r in deployment.runs()}
@@ -193,7 +262,9 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
                 skip.click()
             materialize.click()
             dialog = page.get_by_role("dialog")
-            expect(dialog).to_contain_text("Launch runs to materialize unit / customers / catalog", timeout=60_000)
+            expect(dialog).to_contain_text(
+                "Launch runs to materialize unit / customers / catalog", timeout=60_000
+            )
             # The dialog opens on the last 90 days of hours; the sample is older.
             dialog.get_by_text("Show all partitions").click(timeout=60_000)
             selection = dialog.locator("input:not([type=checkbox])").first
@@ -202,7 +273,11 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
             selection.press("Enter")
             dialog.get_by_role("button", name="Launch 1 run").click()
 
-            launched = wait_for(lambda: [r for r in deployment.runs() if r["runId"] not in known], 120, "the run launched from the UI")
+            launched = wait_for(
+                lambda: [r for r in deployment.runs() if r["runId"] not in known],
+                120,
+                "the run launched from the UI",
+            )
             run_id = launched[0]["runId"]
             assert launched[0]["tags"].get("dagster/partition") == partition, launched[0]["tags"]
             page.goto(f"{deployment.url}/runs/{run_id}")
@@ -214,7 +289,9 @@ def test_a_partition_materialised_from_the_ui_succeeds_and_the_layers_below_foll
             # Automation carries the new catalog partition down to the other layers.
             deployment.wait_until_idle(RUN_TIMEOUT)
             for layer in ("changes", "current", "history"):
-                assert partition in partitions_since(deployment, ["unit", "customers", layer], before_ui), layer
+                assert partition in partitions_since(deployment, ["unit", "customers", layer], before_ui), (
+                    layer
+                )
             automated = [r for r in deployment.runs() if r["runId"] not in known and r["runId"] != run_id]
             assert automated and all(r["status"] == "SUCCESS" for r in automated)
 
@@ -251,7 +328,9 @@ def test_stopping_the_daemon_mid_run_loses_nothing(world, spark):
     deployment.start_daemon()
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     retried = [r for r in runs if "dagster/parent_run_id" in r["tags"]]
-    assert retried and all(r["status"] == "SUCCESS" for r in retried), [(r["status"], r["tags"]) for r in runs]
+    assert retried and all(r["status"] == "SUCCESS" for r in retried), [
+        (r["status"], r["tags"]) for r in runs
+    ]
     for table in TABLES:
         for layer in LAYERS:
             done = {m["partition"] for m in deployment.materialised_partitions(["unit", table, layer])}
@@ -262,10 +341,23 @@ def test_stopping_the_daemon_mid_run_loses_nothing(world, spark):
 def test_a_failed_run_names_the_file_and_the_reason(world):
     _, landing, _, deployment = world
     before = {r["runId"] for r in deployment.runs()}
-    bad = pa.schema([("id", pa.string()), ("tier", pa.struct([("first", pa.string())])), ("cdc_operation_type", pa.string()),
-                     ("cdc_change_seq", pa.int64()), ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC"))])
-    write_events(landing.dir, "customers", 7, "part-struct.parquet",
-                 [event("cust-x", "INSERT", 9_000_002, at(7), tier={"first": "x"})], bad)
+    bad = pa.schema(
+        [
+            ("id", pa.string()),
+            ("tier", pa.struct([("first", pa.string())])),
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.int64()),
+            ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    write_events(
+        landing.dir,
+        "customers",
+        7,
+        "part-struct.parquet",
+        [event("cust-x", "INSERT", 9_000_002, at(7), tier={"first": "x"})],
+        bad,
+    )
     runs = deployment.wait_until_idle(RUN_TIMEOUT)
     failed = [r for r in runs if r["runId"] not in before and r["status"] == "FAILURE"]
     assert len(failed) == 1, [(r["status"], r["tags"]) for r in runs if r["runId"] not in before]

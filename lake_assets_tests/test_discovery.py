@@ -5,6 +5,7 @@ the code location is the same whatever has landed since, and loading costs no li
 import json
 import logging
 import re
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -38,8 +39,14 @@ def lake(tmp_path):
         feeds=(
             FeedConfig("unit", "unit_cdc", f"file://{unit}"),
             FeedConfig("grax", "grax_v2", f"file://{grax.landing_dir}"),
-            FeedConfig("flow", "flow_journal", f"file://{flow.landing_dir}",
-                       collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items())),
+            FeedConfig(
+                "flow",
+                "flow_journal",
+                f"file://{flow.landing_dir}",
+                collections=tuple(
+                    CollectionConfig(name, tuple(key)) for name, key in flow.collections.items()
+                ),
+            ),
         ),
     )
     config_file = tmp_path / "lake_assets.yaml"
@@ -53,11 +60,15 @@ def shape(defs: dg.Definitions) -> dict:
     assets = {}
     for key in graph.get_all_asset_keys():
         partitions = graph.get(key).partitions_def
-        first = partitions.get_first_partition_key() if isinstance(partitions, dg.TimeWindowPartitionsDefinition) else None
+        first = (
+            partitions.get_first_partition_key()
+            if isinstance(partitions, dg.TimeWindowPartitionsDefinition)
+            else None
+        )
         assets[key.to_user_string()] = first
     return {
         "assets": assets,
-        "sensors": sorted(s.name for s in defs.sensors),
+        "sensors": sorted(s.name for s in defs.sensors or ()),
         "jobs": sorted(j.name for j in defs.resolve_all_job_defs() if not j.name.startswith("__")),
     }
 
@@ -75,8 +86,11 @@ def test_loading_reads_the_pins_and_lists_no_landing(lake, monkeypatch):
     defs = build_definitions(config)
 
     assert tables_of(defs, "unit") == set(UNIT_TABLES)
-    assert tables_of(defs, "grax") == {"00D5e000000demoEAA/account", "00D5e000000demoEAA/contact",
-                                       "00D5e000000demoEAA/opportunity"}
+    assert tables_of(defs, "grax") == {
+        "00D5e000000demoEAA/account",
+        "00D5e000000demoEAA/contact",
+        "00D5e000000demoEAA/opportunity",
+    }
     assert tables_of(defs, "flow") == {"acmeco_customers", "acmeco_orders"}
     landings = tuple(feed.landing for feed in config.feeds)
     assert [uri for _, uri in touched if uri.startswith(landings)] == []
@@ -94,11 +108,15 @@ def test_definitions_stay_the_same_whatever_lands_until_discover_runs_again(lake
     assert pinned["assets"]["unit/accounts/changes"] == "2024-03-01-00"
 
     # A new table, an hour earlier than any landed, and folder names that are no table.
-    write_events(unit, "cards", 5, "part-0.parquet", [event("c", "I", 1, at(5), name="x", balance=1)], ACCOUNT_SCHEMA)
+    write_events(
+        unit, "cards", 5, "part-0.parquet", [event("c", "I", 1, at(5), name="x", balance=1)], ACCOUNT_SCHEMA
+    )
     early = unit / "accounts" / "year=2024" / "month=02" / "day=29" / "hour=23"
     early.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([event("e", "I", 1, at(0), name="x", balance=1)], schema=ACCOUNT_SCHEMA),
-                   early / "part-early.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([event("e", "I", 1, at(0), name="x", balance=1)], schema=ACCOUNT_SCHEMA),
+        early / "part-early.parquet",
+    )
     (unit / "Not A Table!").mkdir()
     (unit / "..odd").mkdir()
     assert shape(build_definitions(config)) == pinned
@@ -106,12 +124,17 @@ def test_definitions_stay_the_same_whatever_lands_until_discover_runs_again(lake
     capsys.readouterr()
     assert main(["discover", "--config", str(config_file)]) == 0
     said = capsys.readouterr().out
-    assert "unit: 4 table(s) pinned: accounts, cards (new), customers, transactions; " \
-           "hours from 2024-02-29-23 (first landed hour, pinned now)" in said, said
+    assert (
+        "unit: 4 table(s) pinned: accounts, cards (new), customers, transactions; "
+        "hours from 2024-02-29-23 (first landed hour, pinned now)" in said
+    ), said
     again = shape(build_definitions(config))
-    assert again["assets"]["unit/cards/changes"] == again["assets"]["unit/accounts/changes"] == "2024-02-29-23"
-    assert set(again["assets"]) - set(pinned["assets"]) == {f"unit/cards/{layer}" for layer in
-                                                          ("raw", "catalog", "changes", "current", "history")}
+    assert (
+        again["assets"]["unit/cards/changes"] == again["assets"]["unit/accounts/changes"] == "2024-02-29-23"
+    )
+    assert set(again["assets"]) - set(pinned["assets"]) == {
+        f"unit/cards/{layer}" for layer in ("raw", "catalog", "changes", "current", "history")
+    }
 
 
 def test_discover_pins_tables_and_first_hour_and_marks_the_new_ones(lake, capsys):
@@ -126,11 +149,18 @@ def test_discover_pins_tables_and_first_hour_and_marks_the_new_ones(lake, capsys
         "flow: 2 table(s) configured: acmeco_customers, acmeco_orders; "
         "hours from 2024-06-01-10 (first landed hour, pinned now)",
     ], first
-    lake_root = config.lake[len("file://"):]
-    assert json.loads(open(f"{lake_root}/_state/unit/tables.json").read()) == {
-        "tables": list(UNIT_TABLES), "first_hour": "2024-03-01-00"}
-    assert json.loads(open(f"{lake_root}/_state/flow/tables.json").read()) == {"tables": [], "first_hour": "2024-06-01-10"}
-    assert json.loads(open(f"{lake_root}/_state/grax/tables.json").read())["first_hour"] is None  # batches, not hours
+    lake_root = config.lake[len("file://") :]
+    assert json.loads(Path(lake_root, "_state/unit/tables.json").read_text()) == {
+        "tables": list(UNIT_TABLES),
+        "first_hour": "2024-03-01-00",
+    }
+    assert json.loads(Path(lake_root, "_state/flow/tables.json").read_text()) == {
+        "tables": [],
+        "first_hour": "2024-06-01-10",
+    }
+    assert (
+        json.loads(Path(lake_root, "_state/grax/tables.json").read_text())["first_hour"] is None
+    )  # batches, not hours
 
     assert main(["discover", "--config", str(config_file)]) == 0
     assert "(new)" not in capsys.readouterr().out
@@ -160,16 +190,20 @@ def test_with_nothing_pinned_a_feed_loads_without_tables_and_says_how_to_pin_the
     assert tables_of(defs, "flow") == {"acmeco_customers", "acmeco_orders"}  # its collections are configured
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for feed in ("unit", "grax"):
-        assert any(m.startswith(f"feed {feed}: no tables configured or pinned") and "lake-assets discover" in m
-                   for m in warnings), warnings
+        assert any(
+            m.startswith(f"feed {feed}: no tables configured or pinned") and "lake-assets discover" in m
+            for m in warnings
+        ), warnings
     # Flow's first hour is not pinned yet: its hours start today, and it says so.
-    assert any(m.startswith("feed flow: no `start` configured and no first hour pinned") for m in warnings), warnings
+    assert any(m.startswith("feed flow: no `start` configured and no first hour pinned") for m in warnings), (
+        warnings
+    )
 
 
 def test_a_damaged_pin_never_breaks_loading_and_discover_writes_it_anew(lake, caplog, capsys):
     config, config_file, _ = lake
     discover(config, config.storage())
-    lake_root = config.lake[len("file://"):]
+    lake_root = config.lake[len("file://") :]
     pins = f"{lake_root}/_state/unit/tables.json"
     with open(pins, "w") as handle:  # a hand edit that would climb out of the lake
         json.dump({"tables": ["accounts", "../../etc"], "first_hour": "2024-03-01-00"}, handle)
@@ -177,8 +211,12 @@ def test_a_damaged_pin_never_breaks_loading_and_discover_writes_it_anew(lake, ca
         defs = build_definitions(config)
     assert tables_of(defs, "unit") == set()
     assert len(tables_of(defs, "grax")) == 3  # the other feeds load as pinned
-    assert any(re.match(r"feed unit: its pinned tables cannot be read \(.*tables.json: .*'\.\./\.\./etc'", r.getMessage())
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert any(
+        re.match(
+            r"feed unit: its pinned tables cannot be read \(.*tables.json: .*'\.\./\.\./etc'", r.getMessage()
+        )
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
 
     assert main(["discover", "--config", str(config_file)]) == 0
     assert "the pin could not be read, so it was written anew" in capsys.readouterr().out
@@ -197,8 +235,14 @@ def test_discover_reports_a_landing_it_cannot_list(tmp_path, capsys):
     config_file = tmp_path / "lake_assets.yaml"
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the landing folder should be")
-    config_file.write_text(dump_config(LakeConfig(
-        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{blocked}"),))))
+    config_file.write_text(
+        dump_config(
+            LakeConfig(
+                lake=f"file://{tmp_path / 'lake'}",
+                feeds=(FeedConfig("unit", "unit_cdc", f"file://{blocked}"),),
+            )
+        )
+    )
     assert main(["discover", "--config", str(config_file)]) == 1
     captured = capsys.readouterr()
     assert captured.out.startswith("unit: no tables found under")
@@ -209,16 +253,35 @@ def test_a_run_on_a_fresh_lake_pins_and_processes_every_table(tmp_path, spark, c
     """`lake-assets run` discovers first, so a first run needs no `discover`; a table that lands
     later is pinned and processed by the next run."""
     landing = tmp_path / "landing"
-    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), name="x", balance=1)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [event("a", "I", 1, at(1), name="x", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
     config_file = tmp_path / "lake_assets.yaml"
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     config_file.write_text(dump_config(config))
     assert main(["run", "--config", str(config_file)]) == 0
     out = capsys.readouterr().out
-    assert "unit: 1 table(s) pinned: accounts (new); hours from 2024-03-01-01 (first landed hour, pinned now)" in out
+    assert (
+        "unit: 1 table(s) pinned: accounts (new); hours from 2024-03-01-01 (first landed hour, pinned now)"
+        in out
+    )
     assert re.search(r"unit\s+accounts\s+1\s+1\s+1\s+0", out), out
 
-    write_events(landing, "cards", 3, "part-0.parquet", [event("c", "I", 2, at(3), name="y", balance=2)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "cards",
+        3,
+        "part-0.parquet",
+        [event("c", "I", 2, at(3), name="y", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
     assert main(["run", "--config", str(config_file)]) == 0
     out = capsys.readouterr().out
     assert "unit: 2 table(s) pinned: accounts, cards (new)" in out
@@ -238,10 +301,18 @@ def test_the_tables_sensor_pins_a_new_table_and_asks_for_a_reload(lake):
         quiet = sensor(context)
     assert quiet.skip_message == f"no new table under {config.feeds[0].landing}"
 
-    write_events(unit, "cards", 5, "part-0.parquet", [event("c", "I", 1, at(5), name="x", balance=1)], ACCOUNT_SCHEMA)
+    write_events(
+        unit, "cards", 5, "part-0.parquet", [event("c", "I", 1, at(5), name="x", balance=1)], ACCOUNT_SCHEMA
+    )
     for _ in range(2):  # pinned by the first tick, still not loaded at the second
         with dg.build_sensor_context(resources=resources, definitions=defs) as context:
             tick = sensor(context)
-        assert tick.skip_message == "table(s) cards pinned since the code location loaded: reload it to add them"
+        assert (
+            tick.skip_message == "table(s) cards pinned since the code location loaded: reload it to add them"
+        )
     assert tables_of(build_definitions(config), "unit") == {*UNIT_TABLES, "cards"}
-    assert {s.name for s in defs.sensors} >= {"unit_tables_sensor", "grax_tables_sensor", "flow_tables_sensor"}
+    assert {s.name for s in defs.sensors} >= {
+        "unit_tables_sensor",
+        "grax_tables_sensor",
+        "flow_tables_sensor",
+    }

@@ -21,12 +21,21 @@ DOCS_REFERENCE = re.compile(r"\b(docs/[\w./-]+?\.md)(?:,\s*[\"'](.+?)[\"'])?")
 #: a measured time: `2.5 s`, `0.55-0.6 s`, `8.5 -> 6.7 s`
 TIMING = re.compile(r"\b\d+(\.\d+)? ?s\b")
 #: the pages the README lists as the specifications
-SPECIFICATIONS = ("lake-layout.md", "semantics.md", "formats/unit-cdc.md", "formats/grax-v2.md", "formats/flow-journals.md")
+SPECIFICATIONS = (
+    "lake-layout.md",
+    "semantics.md",
+    "formats/unit-cdc.md",
+    "formats/grax-v2.md",
+    "formats/flow-journals.md",
+)
 
 
 def _files(folder: str):
-    return (path for path in sorted((ROOT / folder).rglob("*"))
-            if path.is_file() and "__pycache__" not in path.parts)
+    return (
+        path
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    )
 
 
 def _comments_and_strings(path: Path):
@@ -51,7 +60,11 @@ def _passages(path: Path):
 
 
 def _headings(page: Path) -> set[str]:
-    return {line.lstrip("#").strip() for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+    return {
+        line.lstrip("#").strip()
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#")
+    }
 
 
 def test_no_file_cites_a_document_outside_the_repository():
@@ -97,7 +110,8 @@ def test_code_that_cites_profiling_leaves_the_timings_there():
     docstring that cites it says why, not how many seconds."""
     quoted = [
         f"{path.relative_to(ROOT)}:{number}: {TIMING.search(text).group(0)!r}"
-        for path in _files("lake_assets") if path.suffix == ".py"
+        for path in _files("lake_assets")
+        if path.suffix == ".py"
         for number, text in _passages(path)
         if "docs/profiling.md" in text and TIMING.search(text)
     ]

@@ -20,47 +20,79 @@ TMAX = utc(9999, 12, 31, 23, 59, 59, 999000)
 
 
 def ev(id_, op, at, seq, c1=None, c2=None, unmodified=None, purged=False):
-    return {"id": id_, "op": op, "version_at": at, "seq": seq, "c1": c1, "c2": c2, "unmodified": unmodified, "purged": purged}
+    return {
+        "id": id_,
+        "op": op,
+        "version_at": at,
+        "seq": seq,
+        "c1": c1,
+        "c2": c2,
+        "unmodified": unmodified,
+        "purged": purged,
+    }
 
 
 def table(rows):
-    return [(r["id"], r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"]) for r in rows]
+    return [
+        (r["id"], r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"])
+        for r in rows
+    ]
 
 
 def test_fivetran_seed_worked_example(spark, tmp_path):
     """Fivetran's history-mode worked example (docs/semantics.md, "Partial updates"): the existing
     table, three partial updates, the final table."""
     lake = EngineLake(spark, tmp_path)
-    lake.fold([ev("1", "insert", T[1], 1, "abc", 1), ev("1", "update", T[2], 2, "pqr", 2), ev("2", "insert", T[2], 3, "mno", 3)])
+    lake.fold(
+        [
+            ev("1", "insert", T[1], 1, "abc", 1),
+            ev("1", "update", T[2], 2, "pqr", 2),
+            ev("2", "insert", T[2], 3, "mno", 3),
+        ]
+    )
     assert table(lake.history()) == [
         ("1", "abc", 1, T[1], T[2] - MS, False),
         ("1", "pqr", 2, T[2], TMAX, True),
         ("2", "mno", 3, T[2], TMAX, True),
     ]
-    lake.fold([
-        ev("1", "update", T[3], 4, c1="xyz", unmodified=["c2"]),
-        ev("2", "update", T[4], 5, c2=1000, unmodified=["c1"]),
-        ev("1", "update", T[5], 6, c1="def", unmodified=["c2"]),
-    ])
-    assert sorted(table(lake.history())) == sorted([
-        ("1", "abc", 1, T[1], T[2] - MS, False),
-        ("1", "pqr", 2, T[2], T[3] - MS, False),
-        ("2", "mno", 3, T[2], T[4] - MS, False),
-        ("1", "def", 2, T[5], TMAX, True),
-        ("1", "xyz", 2, T[3], T[5] - MS, False),
-        ("2", "mno", 1000, T[4], TMAX, True),
-    ])
+    lake.fold(
+        [
+            ev("1", "update", T[3], 4, c1="xyz", unmodified=["c2"]),
+            ev("2", "update", T[4], 5, c2=1000, unmodified=["c1"]),
+            ev("1", "update", T[5], 6, c1="def", unmodified=["c2"]),
+        ]
+    )
+    assert sorted(table(lake.history())) == sorted(
+        [
+            ("1", "abc", 1, T[1], T[2] - MS, False),
+            ("1", "pqr", 2, T[2], T[3] - MS, False),
+            ("2", "mno", 3, T[2], T[4] - MS, False),
+            ("1", "def", 2, T[5], TMAX, True),
+            ("1", "xyz", 2, T[3], T[5] - MS, False),
+            ("2", "mno", 1000, T[4], TMAX, True),
+        ]
+    )
     assert [(r["id"], r["c1"], r["c2"]) for r in lake.current()] == [("1", "def", 2), ("2", "mno", 1000)]
 
 
 def test_deletes_late_events_and_resurrection(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
-    lake.fold([ev("a", "insert", T[1], 1, "v1"), ev("a", "delete", T[4], 4), ev("b", "insert", T[1], 2, "b1"), ev("b", "delete", T[3], 3)])
+    lake.fold(
+        [
+            ev("a", "insert", T[1], 1, "v1"),
+            ev("a", "delete", T[4], 4),
+            ev("b", "insert", T[1], 2, "b1"),
+            ev("b", "delete", T[3], 3),
+        ]
+    )
     assert lake.current() == []
     # A late older update of a deleted key must not resurrect it; it becomes a closed version.
     lake.fold([ev("a", "update", T[2], 5, "late")])
     assert lake.current() == []
-    assert table(lake.history())[:2] == [("a", "v1", None, T[1], T[2] - MS, False), ("a", "late", None, T[2], T[4], False)]
+    assert table(lake.history())[:2] == [
+        ("a", "v1", None, T[1], T[2] - MS, False),
+        ("a", "late", None, T[2], T[4], False),
+    ]
     # A newer insert does resurrect it.
     lake.fold([ev("b", "insert", T[6], 6, "back")])
     assert [(r["id"], r["c1"]) for r in lake.current()] == [("b", "back")]
@@ -70,7 +102,11 @@ def test_deletes_late_events_and_resurrection(spark, tmp_path):
 
 def test_ties_duplicates_and_refolds(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
-    batch = [ev("a", "update", T[2], 7, "seven"), ev("a", "update", T[2], 3, "three"), ev("a", "insert", T[1], 1, "one")]
+    batch = [
+        ev("a", "update", T[2], 7, "seven"),
+        ev("a", "update", T[2], 3, "three"),
+        ev("a", "insert", T[1], 1, "one"),
+    ]
     lake.fold(batch + batch)  # identical duplicates
     first = table(lake.history())
     assert first == [("a", "one", None, T[1], T[2] - MS, False), ("a", "seven", None, T[2], TMAX, True)]
@@ -82,7 +118,13 @@ def test_ties_duplicates_and_refolds(spark, tmp_path):
 
 def test_purge_erases_field_data_everywhere_but_keeps_keys(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
-    lake.fold([ev("p", "insert", T[1], 1, "secret", 42), ev("p", "update", T[2], 2, "secret2", 43), ev("q", "insert", T[1], 3, "keep")])
+    lake.fold(
+        [
+            ev("p", "insert", T[1], 1, "secret", 42),
+            ev("p", "update", T[2], 2, "secret2", 43),
+            ev("q", "insert", T[1], 3, "keep"),
+        ]
+    )
     lake.fold([ev("p", "update", T[3], 4, purged=True)])
     rows = [h for h in lake.history() if h["id"] == "p"]
     assert len(rows) == 3 and all(r["c1"] is None and r["c2"] is None and r["_purged"] for r in rows)
@@ -94,13 +136,16 @@ def test_purge_erases_field_data_everywhere_but_keeps_keys(spark, tmp_path):
 
 
 def closed_files(lake, day):
-    return {p.name for p in (Path(lake.state.history_closed[len("file://"):]) / day).glob("*.parquet")}
+    return {p.name for p in (Path(lake.state.history_closed[len("file://") :]) / day).glob("*.parquet")}
 
 
 def end_hours(lake, day, names):
     """The distinct end hours of the closed history rows in each of the named files of a day."""
-    folder = Path(lake.state.history_closed[len("file://"):]) / day
-    return [sorted({t.hour for t in pq.read_table(folder / name).column("_fivetran_end").to_pylist()}) for name in names]
+    folder = Path(lake.state.history_closed[len("file://") :]) / day
+    return [
+        sorted({t.hour for t in pq.read_table(folder / name).column("_fivetran_end").to_pylist()})
+        for name in names
+    ]
 
 
 def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
@@ -113,9 +158,17 @@ def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
     files_of_fold = []
     for n, hour in enumerate((14, 16)):
         before = closed_files(lake, "2024-01-07")
-        lake.fold([ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}") for i, k in enumerate("abc")])
+        lake.fold(
+            [
+                ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}")
+                for i, k in enumerate("abc")
+            ]
+        )
         files_of_fold.append(closed_files(lake, "2024-01-07") - before)
-    untouched = {"2024-01-06": closed_files(lake, "2024-01-06"), "2024-01-07": closed_files(lake, "2024-01-07") - files_of_fold[1]}
+    untouched = {
+        "2024-01-06": closed_files(lake, "2024-01-06"),
+        "2024-01-07": closed_files(lake, "2024-01-07") - files_of_fold[1],
+    }
     assert len(untouched["2024-01-07"]) == 2 and len(files_of_fold[1]) == 1
     report = lake.fold([ev("a", "update", utc(2024, 1, 7, 15), 999, "late")])
     assert report.late_keys == 1
@@ -136,7 +189,12 @@ def test_late_data_rewrites_only_the_closed_files_it_reaches(spark, tmp_path):
 def _fold_late_into_two_hours_of_one_day(lake):
     """a, b and c at 14:00 and 16:00 on 7 Jan, then a late version of a at 15:00."""
     for n, hour in enumerate((14, 16)):
-        lake.fold([ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}") for i, k in enumerate("abc")])
+        lake.fold(
+            [
+                ev(k, "update", utc(2024, 1, 7, hour), 100 + n * 10 + i, f"{k}@{hour}")
+                for i, k in enumerate("abc")
+            ]
+        )
     return lake.fold([ev("a", "update", utc(2024, 1, 7, 15), 999, "late")])
 
 
@@ -154,7 +212,9 @@ def test_late_data_is_placed_in_utc_whatever_the_python_time_zone(spark, tmp_pat
     assert report.touched_since == utc(2024, 1, 7, 15) and report.closed_files_rewritten == 1
     a = [h for h in table(lake.history()) if h[0] == "a"]
     assert [(h[1], h[4]) for h in a] == [
-        ("a@14", utc(2024, 1, 7, 15) - MS), ("late", utc(2024, 1, 7, 16) - MS), ("a@16", TMAX),
+        ("a@14", utc(2024, 1, 7, 15) - MS),
+        ("late", utc(2024, 1, 7, 16) - MS),
+        ("a@16", TMAX),
     ]
 
 
@@ -162,10 +222,14 @@ def test_a_settled_day_of_hour_files_is_merged_into_one_file(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     # Hourly folds on 2 Jan: each closes the versions of the hour before, in a file of that hour.
     for hour in range(12):
-        report = lake.fold([ev(k, "update", utc(2024, 1, 2, hour), hour * 10 + i, f"{k}{hour}") for i, k in enumerate("ab")])
+        report = lake.fold(
+            [ev(k, "update", utc(2024, 1, 2, hour), hour * 10 + i, f"{k}{hour}") for i, k in enumerate("ab")]
+        )
         assert report.days_compacted == []
     hour_files = closed_files(lake, "2024-01-02")
-    assert len(hour_files) == 11 and sorted(end_hours(lake, "2024-01-02", hour_files)) == [[h] for h in range(11)]
+    assert len(hour_files) == 11 and sorted(end_hours(lake, "2024-01-02", hour_files)) == [
+        [h] for h in range(11)
+    ]
     closed_on_2nd = [h for h in table(lake.history()) if h[4].date() == dt.date(2024, 1, 2)]
 
     # The first fold of 3 Jan does not reach 2 Jan: the day has settled, and its files merge.
@@ -203,7 +267,10 @@ def test_a_partial_update_closed_by_a_later_fold_still_fills_from_an_older_late_
     lake.fold([ev("a", "update", T[5], 5, c1="new", unmodified=["c2"])])
     lake.fold([ev("a", "delete", T[8], 8)])
     lake.fold([ev("a", "insert", T[1], 1, "old", 2)])
-    assert table(lake.history()) == [("a", "old", 2, T[1], T[5] - MS, False), ("a", "new", 2, T[5], T[8], False)]
+    assert table(lake.history()) == [
+        ("a", "old", 2, T[1], T[5] - MS, False),
+        ("a", "new", 2, T[5], T[8], False),
+    ]
     assert lake.current() == []
 
 
@@ -215,13 +282,18 @@ def test_an_empty_batch_leaves_the_state_as_it_was(spark, tmp_path):
     before = (lake.current(), lake.history())
     for batch in (spark.createDataFrame([], SCHEMA), spark.range(0).select()):
         report = fold(spark, lake.storage, lake.state, batch, lake.spec)
-        assert (report.batch_rows, report.events_in, report.keys_touched, report.files_written) == (0, 0, 0, [])
+        assert (report.batch_rows, report.events_in, report.keys_touched, report.files_written) == (
+            0,
+            0,
+            0,
+            [],
+        )
         assert (lake.current(), lake.history()) == before
 
 
 def _sorts_or_shuffles_above_the_cache(frame) -> list[str]:
     plan = frame._jdf.queryExecution().executedPlan().toString().splitlines()
-    above_cache = plan[:next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
+    above_cache = plan[: next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
     return [line for line in above_cache if "Sort [" in line or "Exchange " in line]
 
 
@@ -250,7 +322,9 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
         rows = merge.timeline(kept, SPEC, list(PAYLOAD), purges=True)
         assert not _sorts_or_shuffles_above_the_cache(rows)
         assert [(r["id"], r["c1"], r["c2"]) for r in rows.orderBy("id", merge.START).collect()] == [
-            ("a", "x", 1), ("a", "y", 1), ("b", "z", 2),
+            ("a", "x", 1),
+            ("a", "y", 1),
+            ("b", "z", 2),
         ]
     finally:
         cache.unpersist()
@@ -261,7 +335,9 @@ def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_pat
     cached a second time as the marked batch; a batch read from files is, once."""
     marked_frames = []
     mark = merge.mark_identical
-    monkeypatch.setattr(merge, "mark_identical", lambda *args: marked_frames.append(mark(*args)) or marked_frames[-1])
+    monkeypatch.setattr(
+        merge, "mark_identical", lambda *args: marked_frames.append(mark(*args)) or marked_frames[-1]
+    )
     rows = [as_row(ev(k, "insert", T[1], i, "x", 1)) for i, k in enumerate("abc")]
     marks_cached = {}
     for name in ("read", "kept in memory"):
@@ -272,8 +348,14 @@ def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_pat
         marked_frames.clear()
         seen = []
         # Looked at while the fold commits: whatever it cached is still held then.
-        fold(spark, lake.storage, lake.state, given, lake.spec,
-             on_commit_step=lambda step: seen.append(lake_io.is_cached(marked_frames[0])))
+        fold(
+            spark,
+            lake.storage,
+            lake.state,
+            given,
+            lake.spec,
+            on_commit_step=lambda step, seen=seen: seen.append(lake_io.is_cached(marked_frames[0])),
+        )
         marks_cached[name] = seen[0]
         given.unpersist()
     assert marks_cached == {"read": True, "kept in memory": False}
@@ -301,7 +383,11 @@ def test_a_fold_leaves_no_cached_blocks_behind(spark, tmp_path):
 def test_a_fold_at_another_time_compiles_no_new_code(spark, tmp_path):
     """Every fold stamps its rows with its own `_fivetran_synced`; the same fold at another time
     must reuse Spark's compiled stages, not generate new ones around the new time."""
-    events = [ev("a", "insert", T[1], 1, "x", 1), ev("a", "update", T[2], 2, "y", 2), ev("b", "insert", T[3], 3, "z", 3)]
+    events = [
+        ev("a", "insert", T[1], 1, "x", 1),
+        ev("a", "update", T[2], 2, "y", 2),
+        ev("b", "insert", T[3], 3, "z", 3),
+    ]
     compiled = []
     for name, synced in (("first", T[8]), ("second", T[9])):
         lake = EngineLake(spark, tmp_path / name)
@@ -331,9 +417,9 @@ def test_columns_unique_in_every_file_are_written_without_a_dictionary(spark, tm
     lake.fold([ev(k, "insert", T[1], i, "same", 7) for i, k in enumerate(keys)])
     lake.fold([ev(k, "update", T[2], 1000 + i, "same", 7) for i, k in enumerate(keys)])
 
-    current = dictionary_columns(Path(lake.state.current[len("file://"):]))
+    current = dictionary_columns(Path(lake.state.current[len("file://") :]))
     assert current["c1"] and not any(current[c] for c in ("id", "_version_at", "_seq"))
-    history = dictionary_columns(Path(lake.state.history[len("file://"):]))
+    history = dictionary_columns(Path(lake.state.history[len("file://") :]))
     assert history["c1"] and history["_fivetran_end"]  # the open rows all end at the end of time
     assert not any(history[c] for c in ("_fivetran_start", "_seq"))
 
@@ -349,4 +435,6 @@ def test_current_follows_the_open_set_even_when_every_key_is_deleted(spark, tmp_
     columns = spark.read.parquet(lake.state.current).columns
     assert columns == ["id", "c1", "c2", "_version_at", "_seq", "_source_file", "_fivetran_synced"]
     report = lake.fold([ev("a", "insert", T[3], 5, "z", 3)])
-    assert report.current_rows == 1 and [(r["id"], r["c1"], r["_version_at"]) for r in lake.current()] == [("a", "z", T[3])]
+    assert report.current_rows == 1 and [(r["id"], r["c1"], r["_version_at"]) for r in lake.current()] == [
+        ("a", "z", T[3])
+    ]

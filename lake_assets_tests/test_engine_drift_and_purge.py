@@ -3,40 +3,72 @@
 import datetime as dt
 
 import pytest
-from pyspark.sql import functions as F, types as T
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m, purges
-from lake_assets.engine.schema import union_all
+from lake_assets.engine import merge, purges
+from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
+from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
 
 
 def _frame(spark, rows, amount_type):
-    schema = T.StructType([
-        T.StructField("id", T.StringType()),
-        T.StructField("amount", amount_type),
-        T.StructField(m.OP, T.StringType()),
-        T.StructField(m.VERSION_AT, T.TimestampType()),
-        T.StructField(m.SEQ, T.LongType()),
-    ])
-    return spark.createDataFrame(rows, schema).withColumn(m.PURGED, F.lit(False)).withColumn(m.SOURCE_FILE, F.lit("f"))
+    schema = T.StructType(
+        [
+            T.StructField("id", T.StringType()),
+            T.StructField("amount", amount_type),
+            T.StructField(m.OP, T.StringType()),
+            T.StructField(m.VERSION_AT, T.TimestampType()),
+            T.StructField(m.SEQ, T.LongType()),
+        ]
+    )
+    return (
+        spark.createDataFrame(rows, schema)
+        .withColumn(m.PURGED, F.lit(False))
+        .withColumn(m.SOURCE_FILE, F.lit("f"))
+    )
 
 
 def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark, tmp_path):
     lake = EngineLake(spark, tmp_path, spec=m.TableSpec(name="ledger", keys=("id",)))
     storage = Storage()
-    fold(spark, storage, lake.state, _frame(spark, [("a", 1, "insert", utc(2024, 1, 1), 1)], T.IntegerType()), lake.spec)
-    fold(spark, storage, lake.state, _frame(spark, [("a", 2**40, "update", utc(2024, 1, 2), 2)], T.LongType()), lake.spec)
-    fold(spark, storage, lake.state, _frame(spark, [("b", 2.5, "insert", utc(2024, 1, 3), 3)], T.DoubleType()), lake.spec)
+    fold(
+        spark,
+        storage,
+        lake.state,
+        _frame(spark, [("a", 1, "insert", utc(2024, 1, 1), 1)], T.IntegerType()),
+        lake.spec,
+    )
+    fold(
+        spark,
+        storage,
+        lake.state,
+        _frame(spark, [("a", 2**40, "update", utc(2024, 1, 2), 2)], T.LongType()),
+        lake.spec,
+    )
+    fold(
+        spark,
+        storage,
+        lake.state,
+        _frame(spark, [("b", 2.5, "insert", utc(2024, 1, 3), 3)], T.DoubleType()),
+        lake.spec,
+    )
     history = lake.history()
     assert [(r["id"], r["amount"]) for r in history] == [("a", 1.0), ("a", float(2**40)), ("b", 2.5)]
     assert spark.read.parquet(lake.state.current).schema["amount"].dataType == T.DoubleType()
 
     with pytest.raises(SchemaClash, match=r"table 'ledger': column 'amount' has type double .* boolean"):
-        fold(spark, storage, lake.state, _frame(spark, [("c", True, "insert", utc(2024, 1, 4), 4)], T.BooleanType()), lake.spec)
+        fold(
+            spark,
+            storage,
+            lake.state,
+            _frame(spark, [("c", True, "insert", utc(2024, 1, 4), 4)], T.BooleanType()),
+            lake.spec,
+        )
 
 
 def test_union_all_projects_only_frames_out_of_shape(spark):
@@ -61,9 +93,14 @@ def test_union_all_projects_only_frames_out_of_shape(spark):
 def test_columns_added_and_dropped_across_folds(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     lake.fold([{"id": "a", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "old", "c2": 1}])
-    frame = spark.createDataFrame(
-        [("a", "new", "update", dt.datetime(2024, 1, 2), 2)], "id string, c3 string, _op string, _version_at timestamp, _seq long"
-    ).withColumn(m.PURGED, F.lit(False)).withColumn(m.SOURCE_FILE, F.lit("f"))
+    frame = (
+        spark.createDataFrame(
+            [("a", "new", "update", dt.datetime(2024, 1, 2), 2)],
+            "id string, c3 string, _op string, _version_at timestamp, _seq long",
+        )
+        .withColumn(m.PURGED, F.lit(False))
+        .withColumn(m.SOURCE_FILE, F.lit("f"))
+    )
     fold(spark, Storage(), lake.state, frame, lake.spec)
     rows = lake.history()
     assert [(r["c1"], r["c2"], r["c3"]) for r in rows] == [("old", 1, None), (None, None, "new")]
@@ -75,17 +112,34 @@ def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key
     storage = Storage()
     table = f"file://{tmp_path}/changes/test/things"
     log = spark.createDataFrame(
-        [("p", "secret", "h1", False), ("q", "keep", "h1", False), ("p", "secret2", "h2", False), ("q", "keep2", "h3", False),
-         ("p", None, "h4", True)],
+        [
+            ("p", "secret", "h1", False),
+            ("q", "keep", "h1", False),
+            ("p", "secret2", "h2", False),
+            ("q", "keep2", "h3", False),
+            ("p", None, "h4", True),
+        ],
         "id string, c1 string, hour string, _purged boolean",
     )
     lake_io.write_partitions(log, storage, table, "hour", ["h1", "h2", "h3", "h4"])
     staging = f"file://{tmp_path}/staging"
     purged = spark.createDataFrame([("p",)], "id string")
-    assert lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], purged, staging) == ["h1", "h2"]
-    rows = sorted(tuple(r) for r in lake_io.read_partitions(spark, storage, staging, "hour", None).select("id", "c1", "hour", "_purged").collect())
+    assert lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], purged, staging) == [
+        "h1",
+        "h2",
+    ]
+    rows = sorted(
+        tuple(r)
+        for r in lake_io.read_partitions(spark, storage, staging, "hour", None)
+        .select("id", "c1", "hour", "_purged")
+        .collect()
+    )
     assert rows == [("p", None, "h1", True), ("p", None, "h2", True), ("q", "keep", "h1", False)]
-    unchanged = lake_io.read_partitions(spark, storage, table, "hour", None).where("id = 'p' AND c1 IS NOT NULL").count()
+    unchanged = (
+        lake_io.read_partitions(spark, storage, table, "hour", None)
+        .where("id = 'p' AND c1 IS NOT NULL")
+        .count()
+    )
     assert unchanged == 2  # staged only: the caller's commit puts them in place
 
 
@@ -97,7 +151,12 @@ def _purge_commit_outcome(lake, changes):
     """(purge recorded, field data left in the change log, field data left in history) of key p."""
     ledger = purges.ledger(lake.spark, lake.storage, lake.state)
     recorded = ledger is not None and ledger.where("id = 'p'").count() > 0
-    in_log = lake_io.read_partitions(lake.spark, lake.storage, changes, "hour", None).where("id = 'p' AND c1 IS NOT NULL").count() > 0
+    in_log = (
+        lake_io.read_partitions(lake.spark, lake.storage, changes, "hour", None)
+        .where("id = 'p' AND c1 IS NOT NULL")
+        .count()
+        > 0
+    )
     in_history = any(r["c1"] is not None for r in lake.history() if r["id"] == "p")
     return recorded, in_log, in_history
 
@@ -106,14 +165,17 @@ def test_a_purge_is_recorded_and_erased_from_state_and_change_log_in_one_commit(
     """Killed at any step of the commit of the fold that first meets a purge, the next fold's
     recovery leaves all of it (recorded, erased from history and from the change log) or none of
     it (and folding the batch again does it all): never a recorded purge with field data left."""
-    created = [{"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
-               {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep"}]
+    created = [
+        {"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
+        {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep"},
+    ]
     purge = [{"id": "p", "op": "update", "version_at": utc(2024, 1, 3), "seq": 3, "purged": True}]
 
     def lake_before_the_purge(root):
         lake = EngineLake(spark, root)
         log = spark.createDataFrame([as_row(e) for e in created + purge], SCHEMA).withColumn(
-            "hour", F.when(F.col(m.PURGED), "h2").otherwise("h1"))
+            "hour", F.when(F.col(m.PURGED), "h2").otherwise("h1")
+        )
         lake_io.write_partitions(log, lake.storage, lake.state.changes, "hour", ["h1", "h2"])
         lake.fold(created, log_column="hour")
         return lake
@@ -148,10 +210,16 @@ def test_a_purged_key_is_erased_after_the_key_column_changed_type(spark):
     """The ledger keeps a key in the type it had when purged; a later batch whose key column
     drifted (number to text, or back) is still erased, and a recorded value the batch's type
     cannot hold matches nothing instead of failing the write."""
-    numbers = spark.createDataFrame([(7, "secret", False), (8, "keep", False)], "id bigint, c1 string, _purged boolean")
-    texts = spark.createDataFrame([("7", "secret", False), ("x", "keep", False)], "id string, c1 string, _purged boolean")
+    numbers = spark.createDataFrame(
+        [(7, "secret", False), (8, "keep", False)], "id bigint, c1 string, _purged boolean"
+    )
+    texts = spark.createDataFrame(
+        [("7", "secret", False), ("x", "keep", False)], "id string, c1 string, _purged boolean"
+    )
     recorded_as_text = spark.createDataFrame([("7",), ("abc",)], "id string")
     recorded_as_number = spark.createDataFrame([(7,)], "id bigint")
     for batch, recorded in ((numbers, recorded_as_text), (texts, recorded_as_number)):
-        rows = sorted((str(r["id"]), r["c1"], r["_purged"]) for r in merge.erase_keys(batch, ["id"], recorded).collect())
+        rows = sorted(
+            (str(r["id"]), r["c1"], r["_purged"]) for r in merge.erase_keys(batch, ["id"], recorded).collect()
+        )
         assert rows == sorted([("7", None, True), (str(batch.collect()[1]["id"]), "keep", False)])

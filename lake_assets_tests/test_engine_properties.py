@@ -10,7 +10,8 @@ the cost of a few folds.
 
 import datetime as dt
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from lake_assets_tests.engine_harness import PAYLOAD, EngineLake
 from lake_assets_tests.reference import reference_tables
@@ -18,7 +19,10 @@ from lake_assets_tests.reference import reference_tables
 BASE = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 # Few instants, some a millisecond apart and some across a day boundary, so ties, adjacent
 # versions and closed-day rewrites all happen.
-INSTANTS = [BASE + dt.timedelta(hours=h, milliseconds=ms) for h, ms in ((0, 0), (0, 1), (1, 0), (23, 30), (24, 0), (49, 0))]
+INSTANTS = [
+    BASE + dt.timedelta(hours=h, milliseconds=ms)
+    for h, ms in ((0, 0), (0, 1), (1, 0), (23, 30), (24, 0), (49, 0))
+]
 
 
 @st.composite
@@ -40,7 +44,9 @@ def stream(draw):
             "purged": draw(st.integers(0, 14)) == 0,
         }
         if op == "update" and draw(st.booleans()):
-            event["unmodified"] = draw(st.lists(st.sampled_from(PAYLOAD), min_size=1, max_size=2, unique=True))
+            event["unmodified"] = draw(
+                st.lists(st.sampled_from(PAYLOAD), min_size=1, max_size=2, unique=True)
+            )
             for column in event["unmodified"]:
                 event[column] = None
         events.append(event)
@@ -72,13 +78,19 @@ def check_against_reference(lake, streams):
         assert set(got_current) == set(want_current), (index, events)
         for key, want in want_current.items():
             got = got_current[key]
-            assert (got["c1"], got["c2"], got["_version_at"]) == (want["c1"], want["c2"], want["_version_at"]), (index, key, events)
+            assert (got["c1"], got["c2"], got["_version_at"]) == (
+                want["c1"],
+                want["c2"],
+                want["_version_at"],
+            ), (index, key, events)
         got_history = [
             (r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], r["c1"], r["c2"])
-            for r in history if r["id"].startswith(prefix)
+            for r in history
+            if r["id"].startswith(prefix)
         ]
         want_rows = [
-            (r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], r["c1"], r["c2"]) for r in want_history
+            (r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], r["c1"], r["c2"])
+            for r in want_history
         ]
         assert got_history == want_rows, (index, events)
 

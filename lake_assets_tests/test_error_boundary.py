@@ -39,21 +39,33 @@ def _is_ours(module, name: str) -> bool:
 
 def _raises() -> list[tuple[object, str, int, str]]:
     """(module, its name, line, raised name) of every `raise Name(...)` in the package."""
-    found = []
+    found: list[tuple[object, str, int, str]] = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        module_name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        module_name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(
+            ".__init__"
+        )
         # the code location loads the feed configuration when imported: its errors are config's
-        module = importlib.import_module("lake_assets.errors" if module_name == "lake_assets.definitions" else module_name)
-        found += [(module, module_name, node.lineno, node.exc.func.id) for node in ast.walk(ast.parse(path.read_text()))
-                  if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)]
+        module = importlib.import_module(
+            "lake_assets.errors" if module_name == "lake_assets.definitions" else module_name
+        )
+        found += [
+            (module, module_name, node.lineno, node.exc.func.id)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and isinstance(node.exc.func, ast.Name)
+        ]
     return found
 
 
 def test_every_error_raised_on_purpose_is_a_lake_assets_error():
     raised = _raises()
     assert len(raised) > 50  # the scan sees the package's raises
-    outside = [f"{module_name}:{line} raises {name}" for module, module_name, line, name in raised
-               if name not in PYTHON_PROTOCOL and not _is_ours(module, name)]
+    outside = [
+        f"{module_name}:{line} raises {name}"
+        for module, module_name, line, name in raised
+        if name not in PYTHON_PROTOCOL and not _is_ours(module, name)
+    ]
     assert outside == []
 
 

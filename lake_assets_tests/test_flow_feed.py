@@ -17,8 +17,8 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
-from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.discovered import discovered_definitions
+from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -29,12 +29,19 @@ def rows(lake: Path, layer: str, table: str) -> list[dict]:
     folder = lake / layer / "flow" / table
     if not folder.exists():
         return []
-    return duck(f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    return duck(
+        f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
+    )
 
 
 def config_for(landing, lake, collections) -> LakeConfig:
-    cols = tuple(CollectionConfig(name, tuple(key)) for name, key in collections.items())
-    return LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("flow", "flow_journal", f"file://{landing}", collections=cols),))
+    cols = tuple(CollectionConfig(name=name, key=tuple(key)) for name, key in collections.items())
+    return LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(
+            FeedConfig(name="flow", format="flow_journal", landing=f"file://{landing}", collections=cols),
+        ),
+    )
 
 
 def metadata_of(instance, table: str) -> dict:
@@ -47,7 +54,11 @@ def sample_lake(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("flow")
     sample = write_flow_landing(root / "landing")
     instance = dg.DagsterInstance.ephemeral()
-    run_feeds(config_for(sample.landing_dir, root / "lake", sample.collections), instance=instance, say=lambda _: None)
+    run_feeds(
+        config_for(sample.landing_dir, root / "lake", sample.collections),
+        instance=instance,
+        say=lambda _: None,
+    )
     return sample, root / "lake", instance
 
 
@@ -55,7 +66,9 @@ def _uuid_key(doc: dict) -> str:
     return doc["_meta"]["uuid"]
 
 
-@pytest.mark.parametrize("collection,table", [("acmeCo/orders", "acmeco_orders"), ("acmeCo/customers", "acmeco_customers")])
+@pytest.mark.parametrize(
+    "collection,table", [("acmeCo/orders", "acmeco_orders"), ("acmeCo/customers", "acmeco_customers")]
+)
 def test_every_committed_document_once_over_overlaps_and_codecs(sample_lake, collection, table):
     sample, lake, instance = sample_lake
     expected = sample.committed[collection]
@@ -73,13 +86,19 @@ def test_every_committed_document_once_over_overlaps_and_codecs(sample_lake, col
 
 def test_uncommitted_and_rolled_back_documents_never_reach_current(sample_lake):
     sample, lake, instance = sample_lake
-    excluded = {(e["collection"], _uuid_key(e["doc"])) for kind in ("rolled_back", "pending") for e in sample.excluded[kind]}
+    excluded = {
+        (e["collection"], _uuid_key(e["doc"]))
+        for kind in ("rolled_back", "pending")
+        for e in sample.excluded[kind]
+    }
     assert excluded
     from lake_assets.feeds.flow_fragments import parse_uuid
 
     for collection, table in (("acmeCo/orders", "acmeco_orders"), ("acmeCo/customers", "acmeco_customers")):
         clocks = {parse_uuid(u).order for c, u in excluded if c == collection}
-        seen = {r["_seq"] for r in rows(lake, "changes", table)} | {r["_seq"] for r in rows(lake, "current", table)}
+        seen = {r["_seq"] for r in rows(lake, "changes", table)} | {
+            r["_seq"] for r in rows(lake, "current", table)
+        }
         assert not clocks & seen, collection
     counts = metadata_of(instance, "acmeco_customers")["reader_counts"]
     assert counts["rolled_back"] >= 1 and counts["duplicates"] >= 1 and counts["acks"] >= 1
@@ -111,12 +130,24 @@ HOUR = dt.datetime(2024, 6, 1, 10, 5, tzinfo=UTC)
 
 
 def doc_line(n: int, **fields) -> bytes:
-    doc = {"id": n, "name": f"c{n}", **fields, "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * n, 0, PRODUCER), "op": "c"}}
+    doc = {
+        "id": n,
+        "name": f"c{n}",
+        **fields,
+        "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * n, 0, PRODUCER), "op": "c"},
+    }
     return json.dumps(doc).encode() + b"\n"
 
 
-def write_fragment(journal: Path, begin: int, content: bytes, *, stored: bytes | None = None, sum_of: bytes | None = None,
-                   hour: int = 10) -> Path:
+def write_fragment(
+    journal: Path,
+    begin: int,
+    content: bytes,
+    *,
+    stored: bytes | None = None,
+    sum_of: bytes | None = None,
+    hour: int = 10,
+) -> Path:
     folder = journal / "utc_date=2024-06-01" / f"utc_hour={hour:02d}"
     folder.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha1(content if sum_of is None else sum_of).hexdigest()
@@ -159,12 +190,19 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
     bad_sum = write_fragment(journal, offset, mismatch, sum_of=b"other content")
     offset += len(mismatch)
     truncated_content = doc_line(3)
-    truncated = write_fragment(journal, offset, truncated_content, stored=gzip.compress(truncated_content)[:-12])
+    truncated = write_fragment(
+        journal, offset, truncated_content, stored=gzip.compress(truncated_content)[:-12]
+    )
     offset += len(truncated_content)
     not_json = b'{"id": 4, "_meta": {"uuid": "x"\n'
     bad_json = write_fragment(journal, offset, not_json)
     offset += len(not_json)
-    keyless_content = json.dumps({"name": "no id", "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * 9, 0, PRODUCER), "op": "c"}}).encode() + b"\n"
+    keyless_content = (
+        json.dumps(
+            {"name": "no id", "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * 9, 0, PRODUCER), "op": "c"}}
+        ).encode()
+        + b"\n"
+    )
     keyless = write_fragment(journal, offset, keyless_content)
     offset += len(keyless_content) + 1000  # the next fragment starts further on: a gap
     write_fragment(journal, offset, doc_line(5))
@@ -178,8 +216,13 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
     assert "SHA-1 mismatch" in notes[uri(bad_sum)]
     assert "gzip" in notes[uri(truncated)]
     assert "not JSON" in notes[uri(bad_json)] and "offset" in notes[uri(bad_json)]
-    assert "no key ['/id']" in notes[uri(keyless)] and f"offset {offset - 1000 - len(keyless_content)}" in notes[uri(keyless)]
-    assert all(str(p.name) in text for p, text in ((bad_sum, notes[uri(bad_sum)]), (keyless, notes[uri(keyless)])))
+    assert (
+        "no key ['/id']" in notes[uri(keyless)]
+        and f"offset {offset - 1000 - len(keyless_content)}" in notes[uri(keyless)]
+    )
+    assert all(
+        str(p.name) in text for p, text in ((bad_sum, notes[uri(bad_sum)]), (keyless, notes[uri(keyless)]))
+    )
 
     metadata = metadata_of(instance, "acmeco_customers")
     assert metadata["files_quarantined"] == 4 and metadata["reconciled"] is True
@@ -187,7 +230,9 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
     assert len(in_no_fragment) == 1
     # no other fragment holds the quarantined fragments' bytes: each is lost, so each is a gap
     for path in (bad_sum, truncated, bad_json, keyless):
-        assert [g for g in metadata["gaps"] if path.name in g and "only in fragment(s) that cannot be used" in g]
+        assert [
+            g for g in metadata["gaps"] if path.name in g and "only in fragment(s) that cannot be used" in g
+        ]
     assert len(metadata["gaps"]) == 5
     assert landing_complete_passed(instance, "acmeco_customers") is False
 
@@ -275,12 +320,15 @@ def test_a_document_whose_key_is_not_a_scalar_is_quarantined_with_its_offset(spa
     assert sorted(r["id"] for r in changes) == [1, 3, 5]  # and the key column stays a number
     notes = quarantine_notes(lake)
     assert set(notes) == {uri(object_key), uri(array_key)}
-    assert f"offset {at[1]}" in notes[uri(object_key)] and "key /id is a JSON object" in notes[uri(object_key)]
+    assert (
+        f"offset {at[1]}" in notes[uri(object_key)] and "key /id is a JSON object" in notes[uri(object_key)]
+    )
     assert f"offset {at[3]}" in notes[uri(array_key)] and "key /id is a JSON array" in notes[uri(array_key)]
     metadata = metadata_of(instance, "acmeco_customers")
     assert metadata["reconciled"] is True
     assert [g.split(": ", 1)[1].split(" are")[0] for g in metadata["gaps"]] == [
-        f"bytes {at[1]}..{at[2]}", f"bytes {at[3]}..{at[4]}"
+        f"bytes {at[1]}..{at[2]}",
+        f"bytes {at[3]}..{at[4]}",
     ]
     assert landing_complete_passed(instance, "acmeco_customers") is False
 
@@ -293,7 +341,9 @@ def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeyp
     packer = zlib.compressobj(1, zlib.DEFLATED, 31)
     bomb = b"".join(packer.compress(bytes(1 << 20)) for _ in range(256)) + packer.flush()  # 256 MiB of zeros
     bombed = write_fragment(journal, at[1], docs[1], stored=bomb)
-    oversized = journal / "utc_date=2024-06-01" / "utc_hour=10" / f"{at[2]:016x}-{at[2] + 5000:016x}-{'cd' * 20}.gz"
+    oversized = (
+        journal / "utc_date=2024-06-01" / "utc_hour=10" / f"{at[2]:016x}-{at[2] + 5000:016x}-{'cd' * 20}.gz"
+    )
     oversized.write_bytes(gzip.compress(b"x" * 10))
     write_fragment(journal, at[2] + 5000, docs[3])
     monkeypatch.setattr(FlowJournalFormat, "max_fragment_bytes", 4096)  # a feed may lower the limit
@@ -322,12 +372,21 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
     strays = {}  # file -> what its quarantine reason must say
     for n, (folder, cause) in enumerate(
         [
-            ("utc_date=2024-06-01/utc_hour=25", "folder 'utc_date=2024-06-01/utc_hour=25' is not an hour folder"),
+            (
+                "utc_date=2024-06-01/utc_hour=25",
+                "folder 'utc_date=2024-06-01/utc_hour=25' is not an hour folder",
+            ),
             ("utc_date=2024-02-30/utc_hour=01", "folder 'utc_date=2024-02-30' is not a valid utc_date"),
-            ("utc_date=2024-06-01/utc_hour=7", "folder 'utc_date=2024-06-01/utc_hour=7' is not an hour folder"),
+            (
+                "utc_date=2024-06-01/utc_hour=7",
+                "folder 'utc_date=2024-06-01/utc_hour=7' is not an hour folder",
+            ),
             ("utc_date=2024-13-01/utc_hour=10", "folder 'utc_date=2024-13-01' is not a valid utc_date"),
             ("utc_date=June-1/utc_hour=10", "folder 'utc_date=June-1' is not a valid utc_date"),
-            ("utc_date=2024-06-01", "directly in 'utc_date=2024-06-01', not inside one of its utc_hour=HH folders"),
+            (
+                "utc_date=2024-06-01",
+                "directly in 'utc_date=2024-06-01', not inside one of its utc_hour=HH folders",
+            ),
             ("", "directly in journal folder 'acmeCo/customers/pivot=00'"),
         ],
         start=1,
@@ -337,7 +396,9 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(docs[n]))
         strays[uri(path)] = cause
-    nested = journal / "utc_date=2024-06-01" / "utc_hour=10" / "retry" / "copy.gz"  # a folder inside an hour folder
+    nested = (
+        journal / "utc_date=2024-06-01" / "utc_hour=10" / "retry" / "copy.gz"
+    )  # a folder inside an hour folder
     nested.parent.mkdir()
     nested.write_bytes(b"x")
     strays[uri(nested)] = "inside 'retry', a folder within hour folder 'utc_date=2024-06-01/utc_hour=10'"
@@ -360,7 +421,9 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
     assert landing_complete_passed(instance, "acmeco_customers") is False
 
     sensor = defs.resolve_sensor_def("flow_landing_sensor")
-    with dg.build_sensor_context(resources={"lake": LakeResource(root=config.lake)}, definitions=defs) as context:
+    with dg.build_sensor_context(
+        resources={"lake": LakeResource(root=config.lake)}, definitions=defs
+    ) as context:
         tick = sensor(context)
     requested = [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests]
     assert requested == [("2024-06-01-10", "2024-06-01-10")]
@@ -378,7 +441,7 @@ def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
         path.parent.mkdir(parents=True)
         path.write_bytes(good.read_bytes())
         bad.append(path)
-    fmt, storage = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),)), Storage()
+    fmt, storage = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),)), Storage()
     assert fmt.partition_keys(storage, f"file://{landing}", "acmeco_customers") == ["2024-06-01-10"]
     assert [fmt.landing_span(storage, uri(p)) for p in bad] == [None, None]
     assert fmt.landing_span(storage, uri(good)) == (1717236000000, 1717239599999)
@@ -396,7 +459,7 @@ def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
         offset += len(line)
 
     storage = CountingStorage()
-    fmt = FlowJournalFormat((CollectionConfig("acmeCo/customers", ("/id",)),))
+    fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
     files = fmt.partition_files(storage, f"file://{landing}", "acmeco_customers", "2024-06-01-12")
     assert [f.name.split("-")[0] for f in files] == [f"{len(doc_line(10)) + len(doc_line(11)):016x}"]
     assert not any("utc_hour=1" in f and not f.endswith("utc_hour=12") for f in storage.listed)
@@ -418,11 +481,15 @@ def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
     resources = {"lake": LakeResource(root=config.lake)}
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         tick = sensor(context)
-    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests] == [("2024-06-01-10", "2024-06-01-10")]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests] == [
+        ("2024-06-01-10", "2024-06-01-10")
+    ]
     write_fragment(journal, len(first), doc_line(2), hour=11)
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=tick.cursor) as context:
         later = sensor(context)
-    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in later.run_requests] == [("2024-06-01-11", "2024-06-01-11")]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in later.run_requests] == [
+        ("2024-06-01-11", "2024-06-01-11")
+    ]
 
 
 def test_the_flow_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_bucket, spark):
@@ -430,14 +497,21 @@ def test_the_flow_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
     s3 = boto3.client("s3", endpoint_url=moto_server.url, region_name="us-east-1")
     for path in sample.files:
         s3.upload_file(str(path), s3_bucket, f"flow/{path.relative_to(sample.landing_dir)}")
-    cols = (CollectionConfig("acmeCo/customers", tuple(sample.collections["acmeCo/customers"])),)
+    cols = (CollectionConfig(name="acmeCo/customers", key=tuple(sample.collections["acmeCo/customers"])),)
     config = LakeConfig(
         lake=f"s3a://{s3_bucket}/lake",
-        feeds=(FeedConfig("flow", "flow_journal", f"s3a://{s3_bucket}/flow", collections=cols),),
+        feeds=(
+            FeedConfig(
+                name="flow", format="flow_journal", landing=f"s3a://{s3_bucket}/flow", collections=cols
+            ),
+        ),
         s3=S3Config(endpoint_url=moto_server.url),
     )
     run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
-    got = sorted((r["id"], r["_seq"]) for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/flow/acmeco_customers").collect())
+    got = sorted(
+        (r["id"], r["_seq"])
+        for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/flow/acmeco_customers").collect()
+    )
     want = sorted((r["id"], r["_seq"]) for r in rows(local_lake, "current", "acmeco_customers"))
     assert got == want and got
 
@@ -447,7 +521,7 @@ def test_only_selected_logical_partitions_are_listed(tmp_path):
     for category in ("Anvils", "Rockets"):
         write_fragment(landing / "acmeCo" / "orders" / f"category={category}" / "pivot=00", 0, doc_line(1))
     storage = CountingStorage()
-    selected = CollectionConfig("acmeCo/orders", ("/id",), partitions=(("category", ("Anvils",)),))
+    selected = CollectionConfig(name="acmeCo/orders", key=("/id",), partitions=(("category", ("Anvils",)),))
     fmt = FlowJournalFormat((selected,))
     journals = fmt.journals(storage, f"file://{landing}", "acmeco_orders")
     assert [j.name for j in journals] == ["acmeCo/orders/category=Anvils/pivot=00"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import pickle
 import random
@@ -58,17 +59,14 @@ def flow_uuid(producer: str, clock: int, flags: int) -> str:
 
 
 def line(producer: str, clock: int, flags: int, ack: bool = False, **fields) -> bytes:
-    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    meta: dict[str, object] = {"uuid": flow_uuid(producer, clock, flags)}
     if ack:
         meta["ack"] = True
     return json.dumps({**fields, "_meta": meta}).encode() + b"\n"
 
 
 def name_of(begin: int, end: int, content: bytes | None = None, ext: str = ".raw") -> str:
-    if begin == end:
-        digest = ff.ZERO_SUM
-    else:
-        digest = SUM if content is None else hashlib.sha1(content).hexdigest()
+    digest = ff.ZERO_SUM if begin == end else SUM if content is None else hashlib.sha1(content).hexdigest()
     return f"{begin:016x}-{end:016x}-{digest}{ext}"
 
 
@@ -78,10 +76,11 @@ def frag(begin: int, end: int, uri: str | None = None, journal: str = "j") -> Fr
 
 
 def doc(offset: int, producer: str, clock: int, flags: int, ack: bool = False, **fields) -> Doc:
-    meta = {"uuid": flow_uuid(producer, clock, flags)}
+    uuid = flow_uuid(producer, clock, flags)
+    meta: dict[str, object] = {"uuid": uuid}
     if ack:
         meta["ack"] = True
-    return Doc(offset=offset, uri="u", uuid=parse_uuid(meta["uuid"]), doc={**fields, "_meta": meta})
+    return Doc(offset=offset, uri="u", uuid=parse_uuid(uuid), doc={**fields, "_meta": meta})
 
 
 P, Q = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
@@ -112,11 +111,23 @@ def test_name_with_folder_path_and_uppercase_hex():
 @pytest.mark.parametrize(
     "ext, codec",
     [
-        (".raw", "raw"), (".RAW", "raw"),
-        (".gz", "gzip"), (".GZ", "gzip"), (".gzip", "gzip"), (".GZip", "gzip"),
-        (".zst", "zstd"), (".ZST", "zstd"), (".zstandard", "zstd"), (".ZStandard", "zstd"),
-        (".sz", "snappy"), (".SZ", "snappy"), (".snappy", "snappy"), (".SNAPPY", "snappy"),
-        ("", "gzip_offload"), (".gzod", "gzip_offload"), (".GZOD", "gzip_offload"),
+        (".raw", "raw"),
+        (".RAW", "raw"),
+        (".gz", "gzip"),
+        (".GZ", "gzip"),
+        (".gzip", "gzip"),
+        (".GZip", "gzip"),
+        (".zst", "zstd"),
+        (".ZST", "zstd"),
+        (".zstandard", "zstd"),
+        (".ZStandard", "zstd"),
+        (".sz", "snappy"),
+        (".SZ", "snappy"),
+        (".snappy", "snappy"),
+        (".SNAPPY", "snappy"),
+        ("", "gzip_offload"),
+        (".gzod", "gzip_offload"),
+        (".GZOD", "gzip_offload"),
     ],
 )
 def test_extension_mapping(ext, codec):
@@ -246,7 +257,7 @@ def test_cover_every_byte_once_randomised():
             holes.update(range(g.begin, g.end))
         if wanted:
             assert holes | wanted == set(range(min(wanted), max(wanted) + 1))
-        for before, after in zip(pieces, pieces[1:]):
+        for before, after in itertools.pairwise(pieces):
             assert before.fragment.name.end <= after.start
 
 
@@ -300,10 +311,14 @@ def test_cover_with_failed_fragments_randomised():
         assert len(read) == len(set(read)) and set(read) == good
         for g in gaps:
             held_by = {
-                f.uri for f in fragments if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
+                f.uri
+                for f in fragments
+                if f.uri in failed and max(f.name.begin, g.begin) < min(f.name.end, g.end)
             }
             assert set(g.failed) == held_by
-            assert all(f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed)
+            assert all(
+                f.name.begin <= g.begin and g.end <= f.name.end for f in fragments if f.uri in g.failed
+            )
         holes = {b for g in gaps for b in range(g.begin, g.end)}
         assert not holes & good and lost - good <= holes
         everything = good | lost
@@ -388,7 +403,9 @@ def test_inflate_is_bounded_across_gzip_members():
 def test_a_name_declaring_more_than_the_inflate_limit_is_refused_unread():
     huge = "s3://b/j/" + name_of(0, ff.MAX_FRAGMENT_BYTES + 1, ext=".gz")
     fetched: list[str] = []
-    with pytest.raises(FragmentError, match=f"declares {ff.MAX_FRAGMENT_BYTES + 1} bytes, more than the limit"):
+    with pytest.raises(
+        FragmentError, match=f"declares {ff.MAX_FRAGMENT_BYTES + 1} bytes, more than the limit"
+    ):
         ff.read_piece(CoverPiece(ff.fragment_from_uri(huge), 0), lambda u: fetched.append(u) or b"")
     assert fetched == []
     content = line(P, 16, OUTSIDE_TXN, id=1)
@@ -443,7 +460,7 @@ def test_lines_skip_blank_lines_and_start_at_skip():
 
 
 def test_fragment_error_pickles():
-    err = pickle.loads(pickle.dumps(FragmentError("s3://x", "bad", 7)))
+    err = pickle.loads(pickle.dumps(FragmentError("s3://x", "bad", 7)))  # noqa: S301 - our own object
     assert (err.uri, err.reason, err.offset) == ("s3://x", "bad", 7)
     assert str(err) == "fragment s3://x at journal offset 7: bad"
     assert isinstance(err, ValueError)
@@ -598,8 +615,11 @@ def test_read_journal_end_to_end():
     pieces, gaps = cover(fragments)
     assert gaps == []
     assert [(p.start, p.fragment.name.end) for p in pieces] == [
-        (offsets[0], offsets[4]), (offsets[4], offsets[8]), (offsets[8], offsets[10]),
-        (offsets[10], offsets[13]), (offsets[13], offsets[15]),
+        (offsets[0], offsets[4]),
+        (offsets[4], offsets[8]),
+        (offsets[8], offsets[10]),
+        (offsets[10], offsets[13]),
+        (offsets[13], offsets[15]),
     ]
     assert pieces[1].skip == offsets[4] - offsets[2]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import re
 import uuid
@@ -35,7 +36,9 @@ def sample(request, tmp_path_factory) -> FlowSample:
 
 def inflate(path: Path) -> bytes:
     data = path.read_bytes()
-    ext = NAME.match(path.name)["ext"] or ""
+    named = NAME.match(path.name)
+    assert named is not None, path.name
+    ext = named["ext"] or ""
     if ext == ".raw":
         return data
     if ext in (".gz", ""):
@@ -72,7 +75,16 @@ def fragments(sample: FlowSample) -> list[dict]:
         assert m, path
         n = NAME.match(m["name"])
         assert n, m["name"]
-        out.append({**m.groupdict(), "begin": int(n["begin"], 16), "end": int(n["end"], 16), "sum": n["sum"], "ext": n["ext"] or "", "path": path})
+        out.append(
+            {
+                **m.groupdict(),
+                "begin": int(n["begin"], 16),
+                "end": int(n["end"], 16),
+                "sum": n["sum"],
+                "ext": n["ext"] or "",
+                "path": path,
+            }
+        )
     return out
 
 
@@ -99,7 +111,9 @@ def sequence(content: bytes) -> tuple[list[dict], list[dict], list[dict], list[d
     """A minimal Gazette-style sequencer over one journal: (delivered, rolled back, duplicates, pending)."""
     last_ack: dict[bytes, int] = {}
     pending: dict[bytes, list[tuple[int, dict]]] = defaultdict(list)
-    delivered, rolled_back, duplicates = [], [], []
+    delivered: list[dict] = []
+    rolled_back: list[dict] = []
+    duplicates: list[dict] = []
     for line in content.splitlines():
         doc = json.loads(line)
         clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])
@@ -203,12 +217,15 @@ def test_transactions_and_committed(sample):
             dups += u
             pending += p
             if any(e["journal"] == journal for e in excluded["pending"]):
-                tail = contents[journal].splitlines()[-len(p):]
+                tail = contents[journal].splitlines()[-len(p) :]
                 assert [json.loads(x) for x in tail] == p  # the pending transaction ends the journal
         committed = sample.committed[collection]
         assert sorted(map(json.dumps, delivered)) == sorted(map(json.dumps, committed))
         assert all(n == 1 for n in uuids(committed).values())
-        mine = lambda kind: [e["doc"] for e in excluded[kind] if e["collection"] == collection]
+
+        def mine(kind, collection=collection):
+            return [e["doc"] for e in excluded[kind] if e["collection"] == collection]
+
         assert uuids(rolled) == uuids(mine("rolled_back"))
         assert uuids(dups) == uuids(mine("redelivered"))
         assert uuids(pending) == uuids(mine("pending"))
@@ -226,20 +243,26 @@ def test_uuid_clocks_and_flags(sample):
     contents = journal_contents(sample)
     producers = set()
     docs = []
-    for journal, content in contents.items():
+    for content in contents.values():
         for line in content.splitlines():
             doc = json.loads(line)
             clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])
             producers.add(producer)
             assert flags in (0, 1, 2)
-            moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=(clock - GREGORIAN_OFFSET) // 10)
-            assert dt.datetime(2024, 6, 1, 10, tzinfo=dt.timezone.utc) <= moment < dt.datetime(2024, 6, 1, 16, tzinfo=dt.timezone.utc)
+            moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(
+                microseconds=(clock - GREGORIAN_OFFSET) // 10
+            )
+            assert (
+                dt.datetime(2024, 6, 1, 10, tzinfo=dt.timezone.utc)
+                <= moment
+                < dt.datetime(2024, 6, 1, 16, tzinfo=dt.timezone.utc)
+            )
             docs.append((clock, producer, doc))
     assert len(producers) == 2
     # Distinct documents of one producer have distinct clocks at least 16 apart.
     for producer in producers:
         clocks = sorted({c for c, p, d in docs if p == producer and not d["_meta"].get("ack")})
-        assert all(b - a >= 16 for a, b in zip(clocks, clocks[1:]))
+        assert all(b - a >= 16 for a, b in itertools.pairwise(clocks))
     # Rollback: an ACK of the same producer below the rolled-back documents' clocks follows them.
     for e in sample.excluded["rolled_back"]:
         clock, flags, producer = parse_uuid(e["doc"]["_meta"]["uuid"])
@@ -253,8 +276,14 @@ def test_uuid_clocks_and_flags(sample):
 
 def test_documents_shapes(sample):
     orders, customers = sample.committed["acmeCo/orders"], sample.committed["acmeCo/customers"]
-    for docs, fields in ((orders, {"id", "category", "customer", "total", "items", "shipping", "status"}), (customers, {"id", "name", "email", "tier"})):
-        clock = lambda d: parse_uuid(d["_meta"]["uuid"])[0]
+    for docs, fields in (
+        (orders, {"id", "category", "customer", "total", "items", "shipping", "status"}),
+        (customers, {"id", "name", "email", "tier"}),
+    ):
+
+        def clock(d):
+            return parse_uuid(d["_meta"]["uuid"])[0]
+
         created = {d["id"]: clock(d) for d in docs if d["_meta"]["op"] == "c"}
         for doc in docs:
             op = doc["_meta"]["op"]
@@ -268,7 +297,11 @@ def test_documents_shapes(sample):
     for doc in orders:
         if doc["_meta"]["op"] != "d":
             assert doc["category"] in ("Anvils", "Rockets")
-            assert isinstance(doc["total"], (int, float)) and isinstance(doc["items"], list) and isinstance(doc["shipping"]["address"], dict)
+            assert (
+                isinstance(doc["total"], (int, float))
+                and isinstance(doc["items"], list)
+                and isinstance(doc["shipping"]["address"], dict)
+            )
     hours = defaultdict(set)
     for doc in orders + customers:
         if doc["_meta"]["op"] == "u":
@@ -281,7 +314,10 @@ def test_deterministic_for_a_seed(tmp_path):
     a = write_flow_landing(tmp_path / "a", seed=9)
     b = write_flow_landing(tmp_path / "b", seed=9)
     c = write_flow_landing(tmp_path / "c", seed=10)
-    files = lambda s: [(p.relative_to(s.landing_dir).as_posix(), p.read_bytes()) for p in s.files]
+
+    def files(s):
+        return [(p.relative_to(s.landing_dir).as_posix(), p.read_bytes()) for p in s.files]
+
     assert files(a) == files(b)
     assert a.committed == b.committed and a.excluded == b.excluded and a.journals == b.journals
     assert files(a) != files(c)

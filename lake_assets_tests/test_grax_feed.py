@@ -38,7 +38,7 @@ def duck(sql: str):
     con.execute("SET TimeZone = 'UTC'")
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def layer_rows(lake: Path, layer: str, table: str, order: str = "Id") -> list[dict]:
@@ -50,10 +50,15 @@ def layer_rows(lake: Path, layer: str, table: str, order: str = "Id") -> list[di
 
 def column_types(lake: Path, table: str) -> dict[str, str]:
     glob = f"{lake}/history/grax/{table}/**/*.parquet"
-    return {r["column_name"]: r["column_type"] for r in duck(f"DESCRIBE SELECT * FROM read_parquet('{glob}', union_by_name = true)")}
+    return {
+        r["column_name"]: r["column_type"]
+        for r in duck(f"DESCRIBE SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+    }
 
 
-def write_file(landing: Path, obj: str, batch: str, name: str, rows: list[dict], schema: pa.Schema | None = None) -> Path:
+def write_file(
+    landing: Path, obj: str, batch: str, name: str, rows: list[dict], schema: pa.Schema | None = None
+) -> Path:
     folder = landing / "parquet" / "v2" / f"org={ORG}" / f"object={obj}" / f"batch={batch}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -62,7 +67,9 @@ def write_file(landing: Path, obj: str, batch: str, name: str, rows: list[dict],
 
 
 def process(landing: Path, lake: Path, instance=None):
-    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{lake}", feeds=(FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),)
+    )
     instance = instance or dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
     return instance
@@ -82,26 +89,52 @@ def test_the_seed_account_example(spark, tmp_path):
         {"Id": "1", "source__modified": t(4), "grax__idseq": "a", "Name": "Alice"},
         {"Id": "2", "source__modified": t(5), "grax__idseq": "q", "grax__purged": t(1)},
         {"Id": "1", "source__modified": t(5), "grax__idseq": "b", "Name": "Alicia"},
-        {"Id": "3", "source__modified": t(1), "grax__idseq": "x", "grax__deleted": t(3), "grax__deletesource": "grax",
-         "Name": "Bob", "Fax": "800-555-1212"},
+        {
+            "Id": "3",
+            "source__modified": t(1),
+            "grax__idseq": "x",
+            "grax__deleted": t(3),
+            "grax__deletesource": "grax",
+            "Name": "Bob",
+            "Fax": "800-555-1212",
+        },
         {"Id": "1", "source__modified": t(6), "grax__idseq": "c", "Name": "Allison"},
         {"Id": "4", "source__modified": t(8), "grax__idseq": "a", "grax__restoredfrom": "3", "Name": "Bob"},
-        {"Id": "4", "source__modified": t(9), "grax__idseq": "g", "grax__restoredfrom": "3", "Name": "Bill",
-         "Fax": "888-111-5555"},
+        {
+            "Id": "4",
+            "source__modified": t(9),
+            "grax__idseq": "g",
+            "grax__restoredfrom": "3",
+            "Name": "Bill",
+            "Fax": "888-111-5555",
+        },
     ]
-    schema = pa.schema([
-        ("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-        ("grax__deleted", pa.timestamp("ms", tz="UTC")), ("grax__deletesource", pa.string()),
-        ("grax__purged", pa.timestamp("ms", tz="UTC")), ("grax__restoredfrom", pa.string()),
-        ("Name", pa.string()), ("Fax", pa.string()),
-    ])
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("grax__deleted", pa.timestamp("ms", tz="UTC")),
+            ("grax__deletesource", pa.string()),
+            ("grax__purged", pa.timestamp("ms", tz="UTC")),
+            ("grax__restoredfrom", pa.string()),
+            ("Name", pa.string()),
+            ("Fax", pa.string()),
+        ]
+    )
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     write_file(landing, "Account", "05e0be100", "data-16f5e66e800.parquet", rows, schema)
     process(landing, lake)
     table = f"{ORG}/account"
 
-    current = [(r["Id"], r["Name"], r["Fax"], r["grax__restoredfrom"]) for r in layer_rows(lake, "current", table)]
-    assert current == [("1", "Allison", None, None), ("2", None, None, None), ("4", "Bill", "888-111-5555", "3")]
+    current = [
+        (r["Id"], r["Name"], r["Fax"], r["grax__restoredfrom"]) for r in layer_rows(lake, "current", table)
+    ]
+    assert current == [
+        ("1", "Allison", None, None),
+        ("2", None, None, None),
+        ("4", "Bill", "888-111-5555", "3"),
+    ]
 
     history = [
         (r["Id"], r["Name"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"])
@@ -118,7 +151,9 @@ def test_the_seed_account_example(spark, tmp_path):
     ]
     changes = layer_rows(lake, "changes", table, "Id, _version_at, _seq")
     assert [(r["Id"], r["_op"], r["batch"]) for r in changes if r["Id"] == "3"] == [
-        ("3", "update", "05e0be100"), ("3", "delete", "05e0be100")]
+        ("3", "update", "05e0be100"),
+        ("3", "delete", "05e0be100"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +180,14 @@ def test_current_matches_the_vendors_latest_version_sql(sample_lake, obj):
     )
     ours = layer_rows(lake, "current", f"{sample.org}/{obj.lower()}")
     assert [r["Id"] for r in ours] == [r["Id"] for r in vendor]
-    fields = [c for c in vendor[0] if not c.startswith("grax__") and c not in ("Id", "source__modified", "rn")
-              and not typed_copies(list(vendor[0])).get(c.rsplit("_", 1)[0])]
-    for mine, theirs in zip(ours, vendor):
+    fields = [
+        c
+        for c in vendor[0]
+        if not c.startswith("grax__")
+        and c not in ("Id", "source__modified", "rn")
+        and not typed_copies(list(vendor[0])).get(c.rsplit("_", 1)[0])
+    ]
+    for mine, theirs in zip(ours, vendor, strict=True):
         assert mine["_version_at"] == theirs["source__modified"], mine["Id"]
         for field in fields:
             # the vendor's text: the audit copy where the file had a typed copy, else the field
@@ -166,7 +206,11 @@ def test_a_purged_record_has_no_field_data_in_any_layer(sample_lake):
             if row["Id"] not in purged:
                 continue
             seen += 1
-            data = {k: v for k, v in row.items() if v is not None and k != "Id" and not k.startswith("_") and k != "batch"}
+            data = {
+                k: v
+                for k, v in row.items()
+                if v is not None and k != "Id" and not k.startswith("_") and k != "batch"
+            }
             assert data == {}, (layer, data)
             assert row["_purged"] is True or layer == "current"
     assert seen >= 3  # the key and its versions stay; only the data is gone
@@ -177,7 +221,9 @@ def test_typed_fields_follow_the_latest_type_and_keep_every_value(sample_lake):
     opportunity = layer_rows(lake, "history", f"{sample.org}/opportunity", "Id, _fivetran_start")
     types = column_types(lake, f"{sample.org}/opportunity")
     assert types["Probability"] == "DOUBLE" and types["Probability__string"] == "VARCHAR"
-    assert all(r["Probability"] == float(r["Probability__string"]) for r in opportunity if r["Probability__string"])
+    assert all(
+        r["Probability"] == float(r["Probability__string"]) for r in opportunity if r["Probability__string"]
+    )
     account = layer_rows(lake, "history", f"{sample.org}/account", "Id, _fivetran_start")
     # IsActive__c went from a boolean copy to plain text: the column follows it to text, and the
     # early boolean values stay readable in it.
@@ -186,7 +232,9 @@ def test_typed_fields_follow_the_latest_type_and_keep_every_value(sample_lake):
     typed = [r for r in account if r["IsActive__c__string"] in ("true", "false")]
     assert switched and typed
     assert all(r["IsActive__c"] == r["IsActive__c__string"] for r in typed)
-    assert types.get("Probability_i") is None and types.get("Probability_f") is None  # copies fold into one column
+    assert (
+        types.get("Probability_i") is None and types.get("Probability_f") is None
+    )  # copies fold into one column
 
 
 def test_each_batch_is_a_partition_and_the_run_reconciles(sample_lake):
@@ -204,13 +252,27 @@ def test_each_batch_is_a_partition_and_the_run_reconciles(sample_lake):
 
 def test_bad_files_and_batch_folders_are_quarantined_and_the_batch_goes_on(spark, tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    good = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A", "Amount": "5", "Amount_i": 5}]
+    good = [
+        {"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A", "Amount": "5", "Amount_i": 5}
+    ]
     write_file(landing, "Account", "000000001", "data-00000000001.parquet", good)
-    write_file(landing, "Account", "000000001", "data-00000000002.parquet",
-               [{"source__modified": t(2), "grax__idseq": "02", "Name": "no id column"}])
-    bad_typed = write_file(landing, "Account", "000000001", "data-00000000003.parquet",
-                           [{"Id": "b", "source__modified": t(2), "grax__idseq": "03", "Amount": "x", "Amount_i": "x"}])
-    corrupt = landing / "parquet/v2" / f"org={ORG}" / "object=Account/batch=000000001/data-00000000004.parquet"
+    write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000002.parquet",
+        [{"source__modified": t(2), "grax__idseq": "02", "Name": "no id column"}],
+    )
+    bad_typed = write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000003.parquet",
+        [{"Id": "b", "source__modified": t(2), "grax__idseq": "03", "Amount": "x", "Amount_i": "x"}],
+    )
+    corrupt = (
+        landing / "parquet/v2" / f"org={ORG}" / "object=Account/batch=000000001/data-00000000004.parquet"
+    )
     corrupt.write_bytes(b"PAR1 this is not parquet PAR1")
     write_file(landing, "Account", "zz-not-hex", "data-00000000005.parquet", good)
     instance = process(landing, lake)
@@ -220,9 +282,14 @@ def test_bad_files_and_batch_folders_are_quarantined_and_the_batch_goes_on(spark
     notes = {p.name: p.read_text() for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")}
     assert "missing the required column(s) ['Id']" in notes["data-00000000002.parquet.reason.json"]
     assert "not a readable Parquet file" in notes["data-00000000004.parquet.reason.json"]
-    assert "Amount_i" in notes["data-00000000003.parquet.reason.json"] and str(bad_typed) in notes["data-00000000003.parquet.reason.json"]
+    assert (
+        "Amount_i" in notes["data-00000000003.parquet.reason.json"]
+        and str(bad_typed) in notes["data-00000000003.parquet.reason.json"]
+    )
     assert "'batch=zz-not-hex' is not a hex number" in notes["data-00000000005.parquet.reason.json"]
-    metadata = instance.get_latest_materialization_event(dg.AssetKey(["grax", ORG, "account", "changes"])).asset_materialization.metadata
+    metadata = instance.get_latest_materialization_event(
+        dg.AssetKey(["grax", ORG, "account", "changes"])
+    ).asset_materialization.metadata
     assert metadata["files_listed"].value == 5 and metadata["files_read"].value == 1
     assert metadata["files_quarantined"].value == 4 and metadata["reconciled"].value is True
     assert metadata["rows_in"].value == 1 and metadata["events_out"].value == 1
@@ -237,16 +304,20 @@ def test_the_batch_scan_lists_only_the_open_batch_and_newer_ones(tmp_path):
 
     storage = CountingStorage()
     found, cursor = scan_batches(storage, fmt, uri, f"{ORG}/account", BatchCursor())
-    assert [(f.partition, f.new_names) for f in found] == [("00000000a", ("data-00000000001.parquet",)),
-                                                           ("00000000b", ("data-00000000001.parquet",))]
+    assert [(f.partition, f.new_names) for f in found] == [
+        ("00000000a", ("data-00000000001.parquet",)),
+        ("00000000b", ("data-00000000001.parquet",)),
+    ]
     found, cursor = scan_batches(storage, fmt, uri, f"{ORG}/account", cursor)
     assert found == []
     write_file(landing, "Account", "00000000b", "data-00000000002.parquet", row)  # the open batch grows
     write_file(landing, "Account", "000000010", "data-00000000003.parquet", row)  # a new batch (0x10 > 0xb)
     storage.listed.clear()
     found, cursor = scan_batches(storage, fmt, uri, f"{ORG}/account", cursor)
-    assert [(f.partition, f.new_names) for f in found] == [("00000000b", ("data-00000000002.parquet",)),
-                                                           ("000000010", ("data-00000000003.parquet",))]
+    assert [(f.partition, f.new_names) for f in found] == [
+        ("00000000b", ("data-00000000002.parquet",)),
+        ("000000010", ("data-00000000003.parquet",)),
+    ]
     assert not any(folder.endswith("batch=00000000a") for folder in storage.listed)  # closed: never relisted
     assert cursor.last == "000000010"
 
@@ -258,16 +329,27 @@ def test_the_grax_graph_runs_on_s3_through_s3a(sample_lake, moto_server, s3_buck
         s3.upload_file(str(path), s3_bucket, f"landing/{path.relative_to(sample.landing_dir)}")
     config = LakeConfig(
         lake=f"s3a://{s3_bucket}/lake",
-        feeds=(FeedConfig("grax", "grax_v2", f"s3a://{s3_bucket}/landing", objects=("Account",)),),
+        feeds=(
+            FeedConfig(
+                name="grax", format="grax_v2", landing=f"s3a://{s3_bucket}/landing", objects=("Account",)
+            ),
+        ),
     )
     config = config.replace(s3=S3Config(endpoint_url=moto_server.url))
     run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
     table = f"{sample.org}/account"
-    keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix=f"lake/current/grax/{table}/")
-            for o in page.get("Contents", [])}
+    keys = {
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=s3_bucket, Prefix=f"lake/current/grax/{table}/"
+        )
+        for o in page.get("Contents", [])
+    }
     assert any(k.endswith(".parquet") for k in keys)
     assert not any("_staging" in k or "_temporary" in k for k in keys)
-    got = sorted(r["Id"] for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/grax/{table}").collect())
+    got = sorted(
+        r["Id"] for r in spark.read.parquet(f"s3a://{s3_bucket}/lake/current/grax/{table}").collect()
+    )
     assert got == [r["Id"] for r in layer_rows(local_lake, "current", table)]
 
 
@@ -279,7 +361,10 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
     for batch in ("00000000a", "00000000b"):
         write_file(landing, "Account", batch, "data-00000000001.parquet", row)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("grax", "grax_v2", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),),
+    )
     defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("grax_batch_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
@@ -288,8 +373,11 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         first = sensor(context)
     assert [(r.partitions_def_name, list(r.partition_keys)) for r in first.dynamic_partitions_requests] == [
-        (partitions, ["00000000a", "00000000b"])]
-    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in first.run_requests] == [("00000000a", "00000000b")]
+        (partitions, ["00000000a", "00000000b"])
+    ]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in first.run_requests] == [
+        ("00000000a", "00000000b")
+    ]
 
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
         quiet = sensor(context)
@@ -298,10 +386,13 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     write_file(landing, "Account", "00000000b", "data-00000000002.parquet", row)  # the open batch grows
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=quiet.cursor) as context:
         grown = sensor(context)
-    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in grown.run_requests] == [("00000000b", "00000000b")]
+    assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in grown.run_requests] == [
+        ("00000000b", "00000000b")
+    ]
     assert grown.run_requests[0].run_key != first.run_requests[0].run_key
     assert set(grown.run_requests[0].asset_selection) == {
-        dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("catalog", "changes", "current", "history")}
+        dg.AssetKey(["grax", ORG, "account", layer]) for layer in ("catalog", "changes", "current", "history")
+    }
 
 
 def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
@@ -311,13 +402,15 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
     folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / "batch=000000001"
     folder.mkdir(parents=True)
     for index, (unit, int96) in enumerate((("ms", False), ("us", False), ("ns", False), ("us", True))):
-        table = pa.table({
-            "Id": [f"id-{unit}-{int96}"],
-            "source__modified": pa.array([moment], pa.timestamp(unit, tz="UTC")),
-            "grax__idseq": ["01"],
-            "LastReviewed__c": [moment.isoformat()],
-            "LastReviewed__c_ts": pa.array([moment], pa.timestamp(unit, tz="UTC")),
-        })
+        table = pa.table(
+            {
+                "Id": [f"id-{unit}-{int96}"],
+                "source__modified": pa.array([moment], pa.timestamp(unit, tz="UTC")),
+                "grax__idseq": ["01"],
+                "LastReviewed__c": [moment.isoformat()],
+                "LastReviewed__c_ts": pa.array([moment], pa.timestamp(unit, tz="UTC")),
+            }
+        )
         options = {"use_deprecated_int96_timestamps": True} if int96 else {"version": "2.6"}
         pq.write_table(table, folder / f"data-{index:011x}.parquet", **options)
         stored = pq.ParquetFile(folder / f"data-{index:011x}.parquet").schema.column(1).physical_type
@@ -330,7 +423,9 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
 
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake):
     sample, lake, instance = sample_lake
-    assert_read_during_the_runs({r["_ingested_at"] for r in layer_rows(lake, "changes", f"{sample.org}/account")}, instance)
+    assert_read_during_the_runs(
+        {r["_ingested_at"] for r in layer_rows(lake, "changes", f"{sample.org}/account")}, instance
+    )
 
 
 def changes_metadata(instance, table_object: str = "account") -> dict:
@@ -343,27 +438,64 @@ def test_object_folders_differing_only_in_case_are_one_table(spark, tmp_path):
     both folders are read as the table `<org>/account`, and a batch found in both holds the
     files of both."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    write_file(landing, "Account", "000000001", "data-00000000001.parquet",
-               [{"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A"}])
-    write_file(landing, "ACCOUNT", "000000001", "data-00000000001.parquet",  # same batch, same file name
-               [{"Id": "b", "source__modified": t(1), "grax__idseq": "01", "Name": "B"}])
-    write_file(landing, "ACCOUNT", "000000002", "data-00000000002.parquet",
-               [{"Id": "a", "source__modified": t(2), "grax__idseq": "02", "Name": "A2"},
-                {"Id": "c", "source__modified": t(2), "grax__idseq": "01", "Name": "C"}])
-    write_file(landing, "Account", "000000003", "data-00000000003.parquet",
-               [{"Id": "d", "source__modified": t(3), "grax__idseq": "01", "Name": "D"}])
+    write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000001.parquet",
+        [{"Id": "a", "source__modified": t(1), "grax__idseq": "01", "Name": "A"}],
+    )
+    write_file(
+        landing,
+        "ACCOUNT",
+        "000000001",
+        "data-00000000001.parquet",  # same batch, same file name
+        [{"Id": "b", "source__modified": t(1), "grax__idseq": "01", "Name": "B"}],
+    )
+    write_file(
+        landing,
+        "ACCOUNT",
+        "000000002",
+        "data-00000000002.parquet",
+        [
+            {"Id": "a", "source__modified": t(2), "grax__idseq": "02", "Name": "A2"},
+            {"Id": "c", "source__modified": t(2), "grax__idseq": "01", "Name": "C"},
+        ],
+    )
+    write_file(
+        landing,
+        "Account",
+        "000000003",
+        "data-00000000003.parquet",
+        [{"Id": "d", "source__modified": t(3), "grax__idseq": "01", "Name": "D"}],
+    )
     instance = process(landing, lake)
 
     table = f"{ORG}/account"
     assert GraxV2Format().discover_tables(CountingStorage(), f"file://{landing}") == [table]
     assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [
-        ("a", "A2"), ("b", "B"), ("c", "C"), ("d", "D")]
+        ("a", "A2"),
+        ("b", "B"),
+        ("c", "C"),
+        ("d", "D"),
+    ]
     changes = layer_rows(lake, "changes", table, "Id, _version_at")
     assert [(r["Id"], r["batch"]) for r in changes] == [
-        ("a", "000000001"), ("a", "000000002"), ("b", "000000001"), ("c", "000000002"), ("d", "000000003")]
-    assert instance.get_dynamic_partitions(batch_partitions_name("grax", table)) == ["000000001", "000000002", "000000003"]
+        ("a", "000000001"),
+        ("a", "000000002"),
+        ("b", "000000001"),
+        ("c", "000000002"),
+        ("d", "000000003"),
+    ]
+    assert instance.get_dynamic_partitions(batch_partitions_name("grax", table)) == [
+        "000000001",
+        "000000002",
+        "000000003",
+    ]
     metadata = changes_metadata(instance)
-    assert metadata["files_listed"] == 4 and metadata["files_read"] == 4 and metadata["files_quarantined"] == 0
+    assert (
+        metadata["files_listed"] == 4 and metadata["files_read"] == 4 and metadata["files_quarantined"] == 0
+    )
     assert metadata["rows_in"] == 5 and metadata["events_out"] == 5 and metadata["reconciled"] is True
 
 
@@ -386,39 +518,117 @@ def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark
     text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its
     file is set aside naming the column and the value, and the batch goes on."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    text = pa.schema([("Id", pa.string()), ("source__modified", pa.timestamp("ms", tz="UTC")), ("grax__idseq", pa.string()),
-                      ("grax__deleted", pa.string()), ("grax__purged", pa.string()), ("Name", pa.string())])
-    write_file(landing, "Account", "000000001", "data-00000000001.parquet", [
-        {"Id": "live", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "", "grax__purged": " ", "Name": "L"},
-        {"Id": "gone", "source__modified": t(1), "grax__idseq": "01", "grax__deleted": "2024-01-01T03:00:00Z", "Name": "G"},
-        {"Id": "erased", "source__modified": t(1), "grax__idseq": "01", "grax__purged": "2024-01-01 04:00:00", "Name": "E"},
-        {"Id": "plain", "source__modified": t(1), "grax__idseq": "01", "Name": "P"},
-    ], text)
-    deleted = write_file(landing, "Account", "000000001", "data-00000000002.parquet", [
-        {"Id": "d", "source__modified": t(2), "grax__idseq": "02", "Name": "D"},
-        {"Id": "d", "source__modified": t(3), "grax__idseq": "03", "grax__deleted": "yes", "Name": "D"},
-    ], text)
-    purged = write_file(landing, "Account", "000000001", "data-00000000003.parquet", [
-        {"Id": "p", "source__modified": t(2), "grax__idseq": "02", "grax__purged": "not-a-date"},
-    ], text)
+    text = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("grax__deleted", pa.string()),
+            ("grax__purged", pa.string()),
+            ("Name", pa.string()),
+        ]
+    )
+    write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000001.parquet",
+        [
+            {
+                "Id": "live",
+                "source__modified": t(1),
+                "grax__idseq": "01",
+                "grax__deleted": "",
+                "grax__purged": " ",
+                "Name": "L",
+            },
+            {
+                "Id": "gone",
+                "source__modified": t(1),
+                "grax__idseq": "01",
+                "grax__deleted": "2024-01-01T03:00:00Z",
+                "Name": "G",
+            },
+            {
+                "Id": "erased",
+                "source__modified": t(1),
+                "grax__idseq": "01",
+                "grax__purged": "2024-01-01 04:00:00",
+                "Name": "E",
+            },
+            {"Id": "plain", "source__modified": t(1), "grax__idseq": "01", "Name": "P"},
+        ],
+        text,
+    )
+    deleted = write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000002.parquet",
+        [
+            {"Id": "d", "source__modified": t(2), "grax__idseq": "02", "Name": "D"},
+            {"Id": "d", "source__modified": t(3), "grax__idseq": "03", "grax__deleted": "yes", "Name": "D"},
+        ],
+        text,
+    )
+    purged = write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000003.parquet",
+        [
+            {"Id": "p", "source__modified": t(2), "grax__idseq": "02", "grax__purged": "not-a-date"},
+        ],
+        text,
+    )
     # Spark reads a time of day alone as that time today: a delete time that would move with the run
-    time_only = write_file(landing, "Account", "000000001", "data-00000000004.parquet", [
-        {"Id": "t", "source__modified": t(2), "grax__idseq": "02", "grax__deleted": "03:00:00", "Name": "T"},
-    ], text)
+    time_only = write_file(
+        landing,
+        "Account",
+        "000000001",
+        "data-00000000004.parquet",
+        [
+            {
+                "Id": "t",
+                "source__modified": t(2),
+                "grax__idseq": "02",
+                "grax__deleted": "03:00:00",
+                "Name": "T",
+            },
+        ],
+        text,
+    )
     instance = process(landing, lake)
 
     table = f"{ORG}/account"
-    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [("erased", None), ("live", "L"), ("plain", "P")]
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [
+        ("erased", None),
+        ("live", "L"),
+        ("plain", "P"),
+    ]
     history = {r["Id"]: r for r in layer_rows(lake, "history", table)}
     assert history["gone"]["_fivetran_end"] == t(3) and history["erased"]["_purged"] is True
-    notes = {p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")}
+    notes = {
+        p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")
+    }
     assert set(notes) == {f"data-0000000000{n}.parquet.reason.json" for n in (2, 3, 4)}
     assert notes["data-00000000004.parquet.reason.json"]["file"] == f"file://{time_only}"
     assert "grax__deleted is not a time: 03:00:00" in notes["data-00000000004.parquet.reason.json"]["reason"]
-    deleted_note, purged_note = notes["data-00000000002.parquet.reason.json"], notes["data-00000000003.parquet.reason.json"]
-    assert deleted_note["file"] == f"file://{deleted}" and "grax__deleted is not a time: yes" in deleted_note["reason"]
-    assert purged_note["file"] == f"file://{purged}" and "grax__purged is not a time: not-a-date" in purged_note["reason"]
+    deleted_note, purged_note = (
+        notes["data-00000000002.parquet.reason.json"],
+        notes["data-00000000003.parquet.reason.json"],
+    )
+    assert (
+        deleted_note["file"] == f"file://{deleted}"
+        and "grax__deleted is not a time: yes" in deleted_note["reason"]
+    )
+    assert (
+        purged_note["file"] == f"file://{purged}"
+        and "grax__purged is not a time: not-a-date" in purged_note["reason"]
+    )
     metadata = changes_metadata(instance)
-    assert metadata["files_listed"] == 4 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 3
+    assert (
+        metadata["files_listed"] == 4 and metadata["files_read"] == 1 and metadata["files_quarantined"] == 3
+    )
     assert metadata["rows_in"] == 4 and metadata["events_derived"] == 1 and metadata["events_out"] == 5
     assert metadata["reconciled"] is True

@@ -6,6 +6,7 @@ Pure pyarrow: no Spark, no Dagster.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 from collections import defaultdict
 
@@ -15,14 +16,29 @@ import pytest
 
 from lake_assets.demo.grax_sample import FIELDS, GraxSample, write_grax_landing
 
-SYSTEM = ("Id", "source__modified", "grax__idseq", "grax__deleted", "grax__deletesource", "grax__purged", "grax__restoredfrom")
+SYSTEM = (
+    "Id",
+    "source__modified",
+    "grax__idseq",
+    "grax__deleted",
+    "grax__deletesource",
+    "grax__purged",
+    "grax__restoredfrom",
+)
 PATH = re.compile(
     r"^parquet/v2/org=(?P<org>[A-Za-z0-9]+)/object=(?P<object>[A-Za-z0-9_]+)"
     r"/batch=(?P<batch>[0-9a-f]{9})/data-(?P<name>[0-9a-f]{11})\.parquet$"
 )
 START_SECONDS = int(dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc).timestamp())
 TS_MS = pa.timestamp("ms", tz="UTC")
-SUFFIX_TYPES = {"_b": pa.bool_(), "_i": pa.int64(), "_f": pa.float64(), "_ts": TS_MS, "_d": pa.date32(), "_t": pa.time64("us")}
+SUFFIX_TYPES = {
+    "_b": pa.bool_(),
+    "_i": pa.int64(),
+    "_f": pa.float64(),
+    "_ts": TS_MS,
+    "_d": pa.date32(),
+    "_t": pa.time64("us"),
+}
 
 
 @pytest.fixture(scope="module", params=[(11, 6), (3, 4), (29, 9)], ids=lambda p: f"seed{p[0]}-batches{p[1]}")
@@ -82,11 +98,13 @@ def test_layout_and_names(sample):
         keys = [(int(p["batch"], 16), int(p["name"], 16)) for p in parts]
         assert keys == sorted(keys) and len(set(keys)) == len(keys), "files listed in writing order"
         names = [name for _batch, name in keys]
-        assert all(a < b for a, b in zip(names, names[1:])), "file names strictly increase across batches"
+        assert all(a < b for a, b in itertools.pairwise(names)), "file names strictly increase across batches"
         batch_keys = sorted({p["batch"] for p in parts})
         assert sample.batches[obj] == batch_keys
         numbers = [int(k, 16) for k in batch_keys]
-        assert numbers == [START_SECONDS + 43_200 * i for i in range(len(numbers))], "12-hour windows from 2024-03-01"
+        assert numbers == [START_SECONDS + 43_200 * i for i in range(len(numbers))], (
+            "12-hour windows from 2024-03-01"
+        )
         for batch_key in batch_keys:
             in_batch = [int(p["name"], 16) for p in parts if p["batch"] == batch_key]
             assert 1 <= len(in_batch) <= 3
@@ -110,7 +128,14 @@ def test_each_file_has_its_own_schema(sample):
             elif field.name in SYSTEM or pa.types.is_null(field.type):
                 assert field.type in (pa.string(), pa.null())
             else:
-                suffix = next((s for s in SUFFIX_TYPES if field.name.endswith(s) and field.name[: -len(s)] in table.column_names), None)
+                suffix = next(
+                    (
+                        s
+                        for s in SUFFIX_TYPES
+                        if field.name.endswith(s) and field.name[: -len(s)] in table.column_names
+                    ),
+                    None,
+                )
                 if suffix is None and field.name not in empty:
                     assert field.type == pa.string(), field
                 elif suffix is not None:
@@ -221,7 +246,7 @@ def test_is_active_switches_from_boolean_to_text(sample):
 
 
 def _latest(rows: list[dict]) -> dict[str, dict]:
-    out = {}
+    out: dict[str, dict] = {}
     for row in rows:
         if row["Id"] not in out or row["grax__idseq"] > out[row["Id"]]["grax__idseq"]:
             out[row["Id"]] = row
@@ -232,7 +257,11 @@ def test_deletes_at_source_and_archives(sample):
     for obj in sample.objects:
         latest = _latest(sample.rows[obj])
         for source in ("source", "grax"):
-            gone = [r for r in latest.values() if r.get("grax__deletesource") == source and "grax__purged" not in r]
+            gone = [
+                r
+                for r in latest.values()
+                if r.get("grax__deletesource") == source and "grax__purged" not in r
+            ]
             assert gone, (obj, source)
             for row in gone:
                 assert isinstance(row["grax__deleted"], dt.datetime) and _fields(row)
@@ -249,7 +278,7 @@ def test_one_purge_without_field_data(sample):
     for _f, _b, row in marked:
         assert not _fields(row), "a purged write carries no field data"
         assert row["grax__deletesource"] == "grax"
-    for f, b, r in placed:
+    for _f, _b, r in placed:
         if "grax__purged" not in r:
             assert _fields(r)
     assert max(b for _f, b in with_data) < min(b for _f, b, _r in marked), "data first, in earlier batches"
@@ -269,7 +298,9 @@ def test_one_restore_of_an_archived_record(sample):
     source_id = first["grax__restoredfrom"]
     assert source_id != first["Id"]
     source_rows = [r for r in sample.rows[obj] if r["Id"] == source_id]
-    archive = max((r for r in source_rows if r.get("grax__deletesource") == "grax"), key=lambda r: r["grax__idseq"])
+    archive = max(
+        (r for r in source_rows if r.get("grax__deletesource") == "grax"), key=lambda r: r["grax__idseq"]
+    )
     assert archive["grax__deleted"] < first["source__modified"]
     assert _fields(first) == _fields(archive)
     assert not any(r["Id"] == first["Id"] for r in sample.rows[obj] if "grax__restoredfrom" not in r)
@@ -281,19 +312,30 @@ def test_typed_copies_have_their_plain_text_column(sample):
         bases = {name for name, _kind in FIELDS[obj]}
         for row in sample.rows[obj]:
             for column in row:
-                suffix = next((s for s in SUFFIX_TYPES if column.endswith(s) and column[: -len(s)] in bases), None)
+                suffix = next(
+                    (s for s in SUFFIX_TYPES if column.endswith(s) and column[: -len(s)] in bases), None
+                )
                 if suffix is not None:
                     assert isinstance(row[column[: -len(suffix)]], str), (column, row)
                     seen.add(column)
                 elif column not in SYSTEM:
                     assert column in bases and isinstance(row[column], str), (column, row)
-    for column in ("LastReviewed__c_ts", "Birthdate_d", "CloseDate_d", "PreferredCallTime__c_t", "IsWon_b", "Amount_f"):
+    for column in (
+        "LastReviewed__c_ts",
+        "Birthdate_d",
+        "CloseDate_d",
+        "PreferredCallTime__c_t",
+        "IsWon_b",
+        "Amount_f",
+    ):
         assert column in seen
     for obj in sample.objects:
         for row in sample.rows[obj]:
             if "LastReviewed__c_ts" in row:
                 assert row["LastReviewed__c_ts"].tzinfo is not None
-                assert row["LastReviewed__c"].startswith(row["LastReviewed__c_ts"].strftime("%Y-%m-%dT%H:%M:%S"))
+                assert row["LastReviewed__c"].startswith(
+                    row["LastReviewed__c_ts"].strftime("%Y-%m-%dT%H:%M:%S")
+                )
             if "Birthdate_d" in row:
                 assert row["Birthdate"] == row["Birthdate_d"].isoformat()
 
@@ -307,7 +349,7 @@ def test_deterministic_for_a_seed(tmp_path):
     c = write_grax_landing(tmp_path / "c", seed=6, batches=4)
     assert snapshot(a) == snapshot(b)
     assert snapshot(a) != snapshot(c)
-    for path_a, path_b in zip(a.files, b.files):
+    for path_a, path_b in zip(a.files, b.files, strict=True):
         assert pq.read_table(path_a).equals(pq.read_table(path_b))
 
 

@@ -28,8 +28,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig
 from lake_assets.demo.flow_sample import build_uuid, clock_of
@@ -44,19 +44,51 @@ UTC = dt.timezone.utc
 ORG = "00Dhostile"
 
 #: payload names the lake uses itself, each with the value the vendor sent in it
-RESERVED = ["_op", "_version_at", "_seq", "_unmodified", "_purged", "_source_file", "_Ingested_At",
-            "_fivetran_start", "_fivetran_end", "_fivetran_active", "_fivetran_synced", "hour", "batch",
-            "__secret", "__file_uri", "__file_partition", "__invalid", "__derived",
-            # the empty name: Spark's JSON reader drops it
-            "",
-            # a vendor name that starts with the prefix itself is renamed too, so no two meet
-            f"{RENAMED_PREFIX}note"]
+RESERVED = [
+    "_op",
+    "_version_at",
+    "_seq",
+    "_unmodified",
+    "_purged",
+    "_source_file",
+    "_Ingested_At",
+    "_fivetran_start",
+    "_fivetran_end",
+    "_fivetran_active",
+    "_fivetran_synced",
+    "hour",
+    "batch",
+    "__secret",
+    "__file_uri",
+    "__file_partition",
+    "__invalid",
+    "__derived",
+    # the empty name: Spark's JSON reader drops it
+    "",
+    # a vendor name that starts with the prefix itself is renamed too, so no two meet
+    f"{RENAMED_PREFIX}note",
+]
 #: Flow's reader passes its own fields along in each document
 FLOW_INTERNAL = ["__op", "__clock", "__at", "__uri", "__offset", "__hour"]
-ODD = ["a`b", "a``b`", "a.b", "a b", " lead", "x=y", "semi;colon", "comma,here", "{braces}", "(parens)",
-       "new\nline", "tab\there", "ünïcødé", "日本語", "`",
-       # Spark's name for a file's metadata (the reader asks for that by its role)
-       "_metadata"]
+ODD = [
+    "a`b",
+    "a``b`",
+    "a.b",
+    "a b",
+    " lead",
+    "x=y",
+    "semi;colon",
+    "comma,here",
+    "{braces}",
+    "(parens)",
+    "new\nline",
+    "tab\there",
+    "ünïcødé",
+    "日本語",
+    "`",
+    # Spark's name for a file's metadata (the reader asks for that by its role)
+    "_metadata",
+]
 
 
 @dataclasses.dataclass
@@ -83,12 +115,13 @@ class Landed:
         query = f"SELECT * FROM read_parquet('{folder}/**/*.parquet', union_by_name = true{hive})"
         cursor = duckdb.connect().execute(query)
         names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def changes_metadata(self) -> dict:
         event = self.instance.get_latest_materialization_event(dg.AssetKey([*self.asset_prefix, "changes"]))
-        assert event is not None, "changes was never materialised"
-        return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+        materialization = event.asset_materialization if event is not None else None
+        assert materialization is not None, "changes was never materialised"
+        return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
 
     def quarantine_notes(self) -> dict[str, str]:
         """file name -> reason, from the `.reason.json` notes in the lake's quarantine."""
@@ -103,18 +136,26 @@ def _run(tmp: Path, feed: FeedConfig, table: str, key: str, asset_prefix: list[s
     try:
         run_feeds(config, instance=instance, say=lambda _: None)
         error = None
-    except Exception as exc:  # the assertion names it
+    except Exception as exc:  # noqa: BLE001 - the assertion names it
         error = exc
     return Landed(feed.name, table, key, lake, error, instance, asset_prefix)
 
 
 # --- landing each case in each feed ---------------------------------------------------------
 
+
 def _unit_file(landing: Path, hour: int, name: str, rows: list[dict]) -> None:
     folder = landing / "cols" / f"year=2024/month=03/day=01/hour={hour:02d}"
     folder.mkdir(parents=True, exist_ok=True)
-    events = [{**row, "cdc_operation_type": "U", "cdc_change_seq": hour * 100 + i,
-               "cdc_commit_timestamp": dt.datetime(2024, 3, 1, hour, i + 1, tzinfo=UTC)} for i, row in enumerate(rows)]
+    events = [
+        {
+            **row,
+            "cdc_operation_type": "U",
+            "cdc_change_seq": hour * 100 + i,
+            "cdc_commit_timestamp": dt.datetime(2024, 3, 1, hour, i + 1, tzinfo=UTC),
+        }
+        for i, row in enumerate(rows)
+    ]
     pq.write_table(pa.Table.from_pylist(events), folder / name)
 
 
@@ -122,8 +163,14 @@ def _grax_file(landing: Path, index: int, name: str, rows: list[dict]) -> None:
     batch = f"0{index + 1:x}"
     folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Cols" / f"batch={batch}"
     folder.mkdir(parents=True, exist_ok=True)
-    stamped = [{**row, "source__modified": dt.datetime(2024, 3, 1, index, i + 1, tzinfo=UTC), "grax__idseq": f"{batch}{i:04d}"}
-               for i, row in enumerate(rows)]
+    stamped = [
+        {
+            **row,
+            "source__modified": dt.datetime(2024, 3, 1, index, i + 1, tzinfo=UTC),
+            "grax__idseq": f"{batch}{i:04d}",
+        }
+        for i, row in enumerate(rows)
+    ]
     pq.write_table(pa.Table.from_pylist(stamped), folder / name)
 
 
@@ -142,9 +189,9 @@ class _Journal:
 
     def fragment(self, docs: list[dict]) -> str:
         lines = b""
-        for doc in docs:
+        for source in docs:
             self.clock += 10_000_000  # a second (100 ns units): each document its own version time
-            doc = {**doc, "_meta": {"uuid": build_uuid(self.clock, 0, PRODUCER), "op": "c"}}
+            doc = {**source, "_meta": {"uuid": build_uuid(self.clock, 0, PRODUCER), "op": "c"}}
             lines += json.dumps(doc).encode() + b"\n"
         name = f"{self.offset:016x}-{self.offset + len(lines):016x}-{hashlib.sha1(lines).hexdigest()}.gz"
         (self.folder / name).write_bytes(gzip.compress(lines))
@@ -159,18 +206,36 @@ def _land(feed: str, tmp: Path, files: list[tuple[str, list[dict]]]) -> Landed:
     if feed == "unit":
         for hour, (name, rows) in enumerate(files):
             _unit_file(landing, hour, name, [{"id": r.pop("key"), **r} for r in map(dict, rows)])
-        return _run(tmp, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"])
+        return _run(
+            tmp,
+            FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+            "cols",
+            "id",
+            ["unit", "cols"],
+        )
     if feed == "grax":
         for index, (name, rows) in enumerate(files):
             _grax_file(landing, index, name, [{"Id": r.pop("key"), **r} for r in map(dict, rows)])
-        return _run(tmp, FeedConfig("grax", "grax_v2", f"file://{landing}"), f"{ORG}/cols", "Id", ["grax", ORG, "cols"])
+        return _run(
+            tmp,
+            FeedConfig(name="grax", format="grax_v2", landing=f"file://{landing}"),
+            f"{ORG}/cols",
+            "Id",
+            ["grax", ORG, "cols"],
+        )
     journal = _Journal(landing)
     names = {}
     for name, rows in files:
         names[name] = journal.fragment([{"id": r.pop("key"), **r} for r in map(dict, rows)])
-    feed_config = FeedConfig("flow", "flow_journal", f"file://{landing}",
-                             collections=(CollectionConfig("acmeCo/cols", ("/id",)),))
-    return dataclasses.replace(_run(tmp, feed_config, "acmeco_cols", "id", ["flow", "acmeco_cols"]), fragment_names=names)
+    feed_config = FeedConfig(
+        name="flow",
+        format="flow_journal",
+        landing=f"file://{landing}",
+        collections=(CollectionConfig(name="acmeCo/cols", key=("/id",)),),
+    )
+    return dataclasses.replace(
+        _run(tmp, feed_config, "acmeco_cols", "id", ["flow", "acmeco_cols"]), fragment_names=names
+    )
 
 
 FEEDS = ["unit", "grax", "flow"]
@@ -188,11 +253,14 @@ def _assert_reconciled(landed: Landed, rows_in: int, quarantined: int) -> None:
 
 # --- reserved names -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=FEEDS)
 def reserved(request, tmp_path_factory, spark):
     names = RESERVED + (FLOW_INTERNAL if request.param == "flow" else [])
     rows = [{"key": f"k{i}", **{name: f"{name}={i}" for name in names}} for i in range(2)]
-    return _land(request.param, tmp_path_factory.mktemp(f"reserved-{request.param}"), [("part-reserved.parquet", rows)]), names
+    return _land(
+        request.param, tmp_path_factory.mktemp(f"reserved-{request.param}"), [("part-reserved.parquet", rows)]
+    ), names
 
 
 def test_reserved_payload_names_are_kept_renamed_in_every_layer(reserved):
@@ -204,13 +272,18 @@ def test_reserved_payload_names_are_kept_renamed_in_every_layer(reserved):
         assert sorted(rows) == ["k0", "k1"], layer
         for i in range(2):
             row = rows[f"k{i}"]
-            assert {name: row.get(lake_name) for name, lake_name in renamed.items()} == {n: f"{n}={i}" for n in names}, layer
+            assert {name: row.get(lake_name) for name, lake_name in renamed.items()} == {
+                n: f"{n}={i}" for n in names
+            }, layer
             if layer != "current":  # the lake's own columns keep their meaning
-                assert row["_op"] in ("insert", "update") and isinstance(row.get("_fivetran_start", row.get("_version_at")), dt.datetime)
+                assert row["_op"] in ("insert", "update") and isinstance(
+                    row.get("_fivetran_start", row.get("_version_at")), dt.datetime
+                )
     _assert_reconciled(landed, rows_in=2, quarantined=0)
 
 
 # --- names equal ignoring case --------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=FEEDS)
 def cases(request, tmp_path_factory, spark):
@@ -234,7 +307,9 @@ def test_names_equal_ignoring_case_are_one_column_across_files_and_refused_withi
     refused = landed.fragment_names.get("part-both.parquet", "part-both.parquet")
     reasons = landed.quarantine_notes()
     assert set(reasons) == {refused}
-    assert f"'{key}'" in reasons[refused] and f"'{other_key}'" in reasons[refused] and "case" in reasons[refused]
+    assert (
+        f"'{key}'" in reasons[refused] and f"'{other_key}'" in reasons[refused] and "case" in reasons[refused]
+    )
 
     current = _by_key(landed.layer("current"), landed.key)
     assert sorted(current) == ["a1", "a2", "b1"]
@@ -242,7 +317,10 @@ def test_names_equal_ignoring_case_are_one_column_across_files_and_refused_withi
     status = [c for c in next(iter(current.values())) if c.lower() == "status"]
     assert len(balance) == 1 and len(status) == 1, "one column per name, whatever its case"
     assert {k: (r[balance[0]], r[status[0]]) for k, r in current.items()} == {
-        "a1": (3, "later"), "a2": (2, None), "b1": (10, "new")}
+        "a1": (3, "later"),
+        "a2": (2, None),
+        "b1": (10, "new"),
+    }
     history = sorted((str(r[landed.key]), r[balance[0]]) for r in landed.layer("history"))
     assert history == [("a1", 1), ("a1", 3), ("a2", 2), ("b1", 10)]
     assert len(landed.layer("changes")) == 4
@@ -250,6 +328,7 @@ def test_names_equal_ignoring_case_are_one_column_across_files_and_refused_withi
 
 
 # --- odd characters -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=FEEDS)
 def odd(request, tmp_path_factory, spark):
@@ -269,8 +348,26 @@ def test_odd_characters_in_names_are_read_and_written_as_they_are(odd):
 
 # --- the rule itself ----------------------------------------------------------------------
 
-NAME_PARTS = st.sampled_from(["_", "__", "_src_", "_SRC_", "src", "hour", "Hour", "batch", "_op", "_OP", "_fivetran_start",
-                              "id", "x", "`", ".", " "])
+NAME_PARTS = st.sampled_from(
+    [
+        "_",
+        "__",
+        "_src_",
+        "_SRC_",
+        "src",
+        "hour",
+        "Hour",
+        "batch",
+        "_op",
+        "_OP",
+        "_fivetran_start",
+        "id",
+        "x",
+        "`",
+        ".",
+        " ",
+    ]
+)
 
 
 @given(st.lists(st.lists(NAME_PARTS, max_size=4).map("".join), min_size=1, max_size=8))
@@ -284,19 +381,30 @@ def test_lake_names_never_meet_and_never_take_a_reserved_name(vendor):
 
 def test_typed_copies_of_a_reserved_grax_field_stay_its_copies(spark, tmp_path):
     landing = tmp_path / "landing"
-    _grax_file(landing, 0, "data-1.parquet", [
-        {"Id": "1", "hour": "7", "hour_i": 7, "__x": "1.5", "__x_f": 1.5, "batch": "b"},
-        {"Id": "2", "hour": "8", "hour_i": 8, "__x": "2", "__x_f": 2.0, "batch": None},
-    ])
+    _grax_file(
+        landing,
+        0,
+        "data-1.parquet",
+        [
+            {"Id": "1", "hour": "7", "hour_i": 7, "__x": "1.5", "__x_f": 1.5, "batch": "b"},
+            {"Id": "2", "hour": "8", "hour_i": 8, "__x": "2", "__x_f": 2.0, "batch": None},
+        ],
+    )
     storage = Storage()
     folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Cols" / "batch=01"
-    batch = read_batch(spark, storage, GraxV2Format(), f"{ORG}/cols", {"01": data_files(storage, f"file://{folder}")})
+    batch = read_batch(
+        spark, storage, GraxV2Format(), f"{ORG}/cols", {"01": data_files(storage, f"file://{folder}")}
+    )
     assert batch.quarantined == [] and batch.reconciles
     types = {f.name: f.dataType.simpleString() for f in batch.events.schema.fields}
-    assert types["_src_hour"] == "bigint" and types["_src___x"] == "double" and types["_src_batch"] == "string"
+    assert (
+        types["_src_hour"] == "bigint" and types["_src___x"] == "double" and types["_src_batch"] == "string"
+    )
     assert "hour_i" not in types and "_src___x_f" not in types  # folded into their field
-    rows = sorted((r["Id"], r["_src_hour"], r["_src_hour__string"], r["_src___x"], r["_src_batch"])
-                  for r in batch.events.collect())
+    rows = sorted(
+        (r["Id"], r["_src_hour"], r["_src_hour__string"], r["_src___x"], r["_src_batch"])
+        for r in batch.events.collect()
+    )
     assert rows == [("1", 7, "7", 1.5, "b"), ("2", 8, "8", 2.0, None)]
 
 
@@ -304,10 +412,19 @@ def test_a_struct_with_fields_equal_ignoring_case_is_refused_naming_them(spark, 
     landing = tmp_path / "landing"
     _unit_file(landing, 0, "part-good.parquet", [{"id": "a", "address": {"city": "Oslo", "zip": "1"}}])
     _unit_file(landing, 1, "part-nested.parquet", [{"id": "b", "address": {"city": "Rome", "City": "ROME"}}])
-    landed = _run(tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"])
+    landed = _run(
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
+    )
     assert landed.error is None
     reasons = landed.quarantine_notes()
-    assert list(reasons) == ["part-nested.parquet"] and "'address.city' and 'address.City'" in reasons["part-nested.parquet"]
+    assert (
+        list(reasons) == ["part-nested.parquet"]
+        and "'address.city' and 'address.City'" in reasons["part-nested.parquet"]
+    )
     assert [(r["id"], r["address"]["city"]) for r in landed.layer("current")] == [("a", "Oslo")]
     _assert_reconciled(landed, rows_in=1, quarantined=1)
 
@@ -315,12 +432,29 @@ def test_a_struct_with_fields_equal_ignoring_case_is_refused_naming_them(spark, 
 def test_a_later_run_spelling_a_column_otherwise_folds_into_the_stored_column(spark, tmp_path):
     landing = tmp_path / "landing"
     _unit_file(landing, 0, "part-0.parquet", [{"id": "a", "Balance": 1}, {"id": "b", "Balance": 2}])
-    first = _run(tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"])
+    first = _run(
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
+    )
     assert first.error is None
     _unit_file(landing, 1, "part-1.parquet", [{"id": "a", "balance": 3}, {"id": "c", "balance": 4}])
-    landed = _run(tmp_path, FeedConfig("unit", "unit_cdc", f"file://{landing}"), "cols", "id", ["unit", "cols"])
+    landed = _run(
+        tmp_path,
+        FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),
+        "cols",
+        "id",
+        ["unit", "cols"],
+    )
     assert landed.error is None
     current = landed.layer("current")
     assert [c for c in current[0] if same_name(c) == "balance"] == ["Balance"]  # as the table first met it
     assert sorted((r["id"], r["Balance"]) for r in current) == [("a", 3), ("b", 2), ("c", 4)]
-    assert sorted((r["id"], r["Balance"]) for r in landed.layer("history")) == [("a", 1), ("a", 3), ("b", 2), ("c", 4)]
+    assert sorted((r["id"], r["Balance"]) for r in landed.layer("history")) == [
+        ("a", 1),
+        ("a", 3),
+        ("b", 2),
+        ("c", 4),
+    ]

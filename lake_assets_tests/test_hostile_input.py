@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import dagster as dg
 import pyarrow as pa
@@ -92,36 +92,53 @@ def random_bytes(landing: Path) -> list[Path]:
 def corrupt_pages_and_clashing_schema(landing: Path) -> list[Path]:
     """A file whose footer is fine but whose data pages are garbage, and in the same batch a file
     giving `balance` a type no other file's can widen into."""
-    corrupt = write_parquet(unit_hour(landing) / "part-7.parquet",
-                            [event(f"k{i}", "I", 100 + i, at(2, 7), name="x" * 50, balance=i) for i in range(200)],
-                            ACCOUNT_SCHEMA)
+    corrupt = write_parquet(
+        unit_hour(landing) / "part-7.parquet",
+        [event(f"k{i}", "I", 100 + i, at(2, 7), name="x" * 50, balance=i) for i in range(200)],
+        ACCOUNT_SCHEMA,
+    )
     footer = pq.ParquetFile(corrupt).metadata
     data = bytearray(corrupt.read_bytes())
     for group in range(footer.num_row_groups):
         for column in range(footer.num_columns):
             chunk = footer.row_group(group).column(column)
             start = chunk.data_page_offset
-            data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+            data[start : start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
     corrupt.write_bytes(bytes(data))
-    clash_schema = pa.schema([*(f for f in ACCOUNT_SCHEMA if f.name != "balance"),
-                              ("balance", pa.struct([("amount", pa.int64())]))])
-    clash = write_parquet(unit_hour(landing) / "part-8.parquet",
-                          [event("q", "I", 300, at(2, 8), name="q", balance={"amount": 1})], clash_schema)
+    clash_schema = pa.schema(
+        [
+            *(f for f in ACCOUNT_SCHEMA if f.name != "balance"),
+            ("balance", pa.struct([("amount", pa.int64())])),
+        ]
+    )
+    clash = write_parquet(
+        unit_hour(landing) / "part-8.parquet",
+        [event("q", "I", 300, at(2, 8), name="q", balance={"amount": 1})],
+        clash_schema,
+    )
     return [corrupt, clash]
 
 
 def invalid_time_folders(landing: Path) -> list[Path]:
     table = landing / "accounts"
-    folders = ["year=2024/month=03/day=01/hour=25", "year=2024/month=03/day=32/hour=01",
-               "year=2024/month=13/day=01/hour=01", "year=2024/month=02/day=30/hour=01",
-               "year=2024/month=03/day=01/hour=-1", "year=abcd/month=03/day=01/hour=01"]
-    return [good_unit_file(table / folder / "part-0.parquet", f"s{i}", 200 + i) for i, folder in enumerate(folders)]
+    folders = [
+        "year=2024/month=03/day=01/hour=25",
+        "year=2024/month=03/day=32/hour=01",
+        "year=2024/month=13/day=01/hour=01",
+        "year=2024/month=02/day=30/hour=01",
+        "year=2024/month=03/day=01/hour=-1",
+        "year=abcd/month=03/day=01/hour=01",
+    ]
+    return [
+        good_unit_file(table / folder / "part-0.parquet", f"s{i}", 200 + i)
+        for i, folder in enumerate(folders)
+    ]
 
 
 def symlink_loops(landing: Path) -> list[Path]:
     """Links back into their own folders: never followed, each reported as a stray."""
     links = [unit_hour(landing) / "loop", landing / "accounts" / "year=2024" / "again"]
-    for link, target in zip(links, (unit_hour(landing), landing / "accounts")):
+    for link, target in zip(links, (unit_hour(landing), landing / "accounts"), strict=True):
         link.symlink_to(target, target_is_directory=True)
     return links
 
@@ -132,13 +149,27 @@ def folder_named_like_a_file(landing: Path) -> list[Path]:
 
 def hour_from_1990(landing: Path) -> list[Path]:
     folder = landing / "accounts" / "year=1990" / "month=01" / "day=01" / "hour=00"
-    return [write_parquet(folder / "part-0.parquet",
-                          [event("old", "I", 1, at(0).replace(year=1990, month=1), name="old", balance=1)], ACCOUNT_SCHEMA)]
+    return [
+        write_parquet(
+            folder / "part-0.parquet",
+            [event("old", "I", 1, at(0).replace(year=1990, month=1), name="old", balance=1)],
+            ACCOUNT_SCHEMA,
+        )
+    ]
 
 
 def reserved_column_names(landing: Path) -> list[Path]:
-    rows = [{**unit_rows("r", 91)[0], "_op": "mine", "hour": 7, "__secret": "x", "_source_file": "vendor's",
-             "_fivetran_start": "v", "batch": "b"}]
+    rows = [
+        {
+            **unit_rows("r", 91)[0],
+            "_op": "mine",
+            "hour": 7,
+            "__secret": "x",
+            "_source_file": "vendor's",
+            "_fivetran_start": "v",
+            "batch": "b",
+        }
+    ]
     return [write_parquet(unit_hour(landing) / "part-6.parquet", rows)]
 
 
@@ -149,8 +180,10 @@ def id_twice_in_one_file(landing: Path) -> list[Path]:
 
 def column_case_differs_between_files(landing: Path) -> list[Path]:
     upper = [{("Balance" if k == "balance" else k): v for k, v in unit_rows("u", 93)[0].items()}]
-    return [write_parquet(unit_hour(landing) / "part-6.parquet", upper),
-            good_unit_file(unit_hour(landing, 3) / "part-6.parquet", "l", 94)]
+    return [
+        write_parquet(unit_hour(landing) / "part-6.parquet", upper),
+        good_unit_file(unit_hour(landing, 3) / "part-6.parquet", "l", 94),
+    ]
 
 
 def odd_column_names(landing: Path) -> list[Path]:
@@ -159,12 +192,22 @@ def odd_column_names(landing: Path) -> list[Path]:
 
 
 def odd_file_names(landing: Path) -> list[Path]:
-    names = ["part:1.parquet", "part #2.parquet", "part%3.parquet", "part?4.parquet", "part[5].parquet", "part{6}.parquet"]
+    names = [
+        "part:1.parquet",
+        "part #2.parquet",
+        "part%3.parquet",
+        "part?4.parquet",
+        "part[5].parquet",
+        "part{6}.parquet",
+    ]
     return [good_unit_file(unit_hour(landing) / name, f"f{i}", 400 + i) for i, name in enumerate(names)]
 
 
 def colliding_quarantine_names(landing: Path) -> list[Path]:
-    paths = [unit_hour(landing) / name for name in ("bad x.parquet", "bad_x.parquet", "bad\nx.parquet", "bad?x.parquet")]
+    paths = [
+        unit_hour(landing) / name
+        for name in ("bad x.parquet", "bad_x.parquet", "bad\nx.parquet", "bad?x.parquet")
+    ]
     for path in paths:
         path.write_bytes(b"not parquet at all")
     return paths
@@ -184,39 +227,69 @@ def text_that_is_not_utf8(landing: Path) -> list[Path]:
 
 
 def extreme_event_times(landing: Path) -> list[Path]:
-    far = [event("y9999", "I", 601, at(2).replace(year=9999, month=12, day=31), name="far", balance=1),
-           event("y0001", "I", 602, at(2).replace(year=1, month=1, day=1), name="near", balance=1)]
-    long_span = [event("long1", "I", 603, at(2).replace(month=1), name="a", balance=1),
-                 event("long2", "I", 604, at(2).replace(month=6), name="b", balance=1)]
-    return [write_parquet(unit_hour(landing) / "part-6.parquet", far, ACCOUNT_SCHEMA),
-            write_parquet(unit_hour(landing) / "part-7.parquet", long_span, ACCOUNT_SCHEMA)]
+    far = [
+        event("y9999", "I", 601, at(2).replace(year=9999, month=12, day=31), name="far", balance=1),
+        event("y0001", "I", 602, at(2).replace(year=1, month=1, day=1), name="near", balance=1),
+    ]
+    long_span = [
+        event("long1", "I", 603, at(2).replace(month=1), name="a", balance=1),
+        event("long2", "I", 604, at(2).replace(month=6), name="b", balance=1),
+    ]
+    return [
+        write_parquet(unit_hour(landing) / "part-6.parquet", far, ACCOUNT_SCHEMA),
+        write_parquet(unit_hour(landing) / "part-7.parquet", long_span, ACCOUNT_SCHEMA),
+    ]
 
 
 # --- GRAX --------------------------------------------------------------------------------------
 
 
 def object_folders_differing_in_case(landing: Path) -> list[Path]:
-    return [write_parquet(grax_batch(landing, "000000003", "ACCOUNT") / "data-00000000003.parquet",
-                          [{"Id": "9", "source__modified": grax_time(5), "grax__idseq": "e", "Name": "Upper"}], GRAX_SCHEMA)]
+    return [
+        write_parquet(
+            grax_batch(landing, "000000003", "ACCOUNT") / "data-00000000003.parquet",
+            [{"Id": "9", "source__modified": grax_time(5), "grax__idseq": "e", "Name": "Upper"}],
+            GRAX_SCHEMA,
+        )
+    ]
 
 
 def grax_marker_that_is_not_a_time(column: str) -> Callable[[Path], list[Path]]:
     def add(landing: Path) -> list[Path]:
-        rows = [{"Id": "2", "source__modified": grax_time(6), "grax__idseq": "f", "Name": "Bob", column: "yes"}]
+        rows = [
+            {"Id": "2", "source__modified": grax_time(6), "grax__idseq": "f", "Name": "Bob", column: "yes"}
+        ]
         return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", rows)]
+
     add.__name__ = f"{column}_not_a_time"
     return add
 
 
 def grax_text_that_is_not_utf8(landing: Path) -> list[Path]:
-    table = pa.table({"Id": ["8"], "source__modified": [grax_time(6)], "grax__idseq": ["h"], "Name": parquet_text(b"M\xfcller")},
-                     schema=GRAX_SCHEMA)
+    table = pa.table(
+        {
+            "Id": ["8"],
+            "source__modified": [grax_time(6)],
+            "grax__idseq": ["h"],
+            "Name": parquet_text(b"M\xfcller"),
+        },
+        schema=GRAX_SCHEMA,
+    )
     return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", table)]
 
 
 def grax_reserved_column_names(landing: Path) -> list[Path]:
-    rows = [{"Id": "7", "source__modified": grax_time(6), "grax__idseq": "g", "Name": "R", "_op": "x", "batch": "b",
-             "__derived": True}]
+    rows = [
+        {
+            "Id": "7",
+            "source__modified": grax_time(6),
+            "grax__idseq": "g",
+            "Name": "R",
+            "_op": "x",
+            "batch": "b",
+            "__derived": True,
+        }
+    ]
     return [write_parquet(grax_batch(landing, "000000003") / "data-00000000003.parquet", rows)]
 
 
@@ -232,13 +305,18 @@ def garbage_fragment_over_the_good_one(landing: Path) -> list[Path]:
     cover picks it first (it is the longest) and must fall back to the good fragment; the ten
     bytes only it claims are a gap."""
     # Its name carries the checksum of other bytes, so it does not replace the good file.
-    return [write_flow_fragment(flow_journal(landing), 0, b"garbage", end=valid_length() + 10, stored=os.urandom(300))]
+    return [
+        write_flow_fragment(
+            flow_journal(landing), 0, b"garbage", end=valid_length() + 10, stored=os.urandom(300)
+        )
+    ]
 
 
 def key_that_is_not_a_scalar(key) -> Callable[[Path], list[Path]]:
     def add(landing: Path) -> list[Path]:
         content = flow_doc(10).replace(b'"id": 10', b'"id": ' + key)
         return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
+
     add.__name__ = f"key_{key.decode()[:1]}"
     return add
 
@@ -252,8 +330,10 @@ def gzip_bomb(landing: Path) -> list[Path]:
 
 def invalid_hour_folders(landing: Path) -> list[Path]:
     content = flow_doc(12)
-    return [write_flow_fragment(flow_journal(landing), valid_length(), content, folder=folder)
-            for folder in ("utc_date=2024-06-01/utc_hour=25", "utc_date=2026-02-30/utc_hour=01")]
+    return [
+        write_flow_fragment(flow_journal(landing), valid_length(), content, folder=folder)
+        for folder in ("utc_date=2024-06-01/utc_hour=25", "utc_date=2026-02-30/utc_hour=01")
+    ]
 
 
 def flow_text_that_is_not_utf8(landing: Path) -> list[Path]:
@@ -276,13 +356,26 @@ CASES = [
     Hostile("unit", "hour_from_1990", hour_from_1990, unusable=False, read=True, complete=True),
     Hostile("unit", "reserved_column_names", reserved_column_names, unusable=False, read=True),
     Hostile("unit", "id_twice_in_one_file", id_twice_in_one_file, unusable=False),
-    Hostile("unit", "column_case_differs_between_files", column_case_differs_between_files, unusable=False, read=True),
+    Hostile(
+        "unit",
+        "column_case_differs_between_files",
+        column_case_differs_between_files,
+        unusable=False,
+        read=True,
+    ),
     Hostile("unit", "odd_column_names", odd_column_names, unusable=False, read=True),
     Hostile("unit", "odd_file_names", odd_file_names, unusable=False),
     Hostile("unit", "colliding_quarantine_names", colliding_quarantine_names),
     Hostile("unit", "text_that_is_not_utf8", text_that_is_not_utf8, unusable=False, read=True),
     Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False, read=True),
-    Hostile("grax", "object_folders_differing_in_case", object_folders_differing_in_case, unusable=False, read=True, complete=True),
+    Hostile(
+        "grax",
+        "object_folders_differing_in_case",
+        object_folders_differing_in_case,
+        unusable=False,
+        read=True,
+        complete=True,
+    ),
     Hostile("grax", "deleted_not_a_time", grax_marker_that_is_not_a_time("grax__deleted")),
     Hostile("grax", "purged_not_a_time", grax_marker_that_is_not_a_time("grax__purged")),
     Hostile("grax", "text_that_is_not_utf8", grax_text_that_is_not_utf8, unusable=False, read=True),
@@ -293,7 +386,9 @@ CASES = [
     Hostile("flow", "gzip_bomb", gzip_bomb),
     Hostile("flow", "invalid_hour_folders", invalid_hour_folders, complete=False),
     Hostile("flow", "text_that_is_not_utf8", flow_text_that_is_not_utf8, unusable=False, read=True),
-    Hostile("flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False),
+    Hostile(
+        "flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False
+    ),
 ]
 
 
@@ -337,7 +432,9 @@ def test_nothing_landed_is_lost(case: Hostile, valid_events, spark, tmp_path, mo
             assert uri(path) in notes, f"{path.name} was not set aside: {sorted(notes)}"
         assert uri(path) in notes or uri(path) in read_files, f"{path.name} was neither read nor set aside"
         if case.read:
-            assert uri(path) in read_files and uri(path) not in notes, f"{path.name} holds good data but was not read"
+            assert uri(path) in read_files and uri(path) not in notes, (
+                f"{path.name} holds good data but was not read"
+            )
     for file, note in notes.items():
         assert file in {uri(p) for p in added}, f"a valid file was set aside: {file}: {note['reason']}"
         assert note["reason"].strip(), file

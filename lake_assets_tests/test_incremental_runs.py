@@ -23,9 +23,10 @@ from pyspark.sql import SparkSession
 from lake_assets import processed
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
+from lake_assets.errors import LakeAssetsError
+from lake_assets.orchestration.execution import lake_status
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
-from lake_assets.orchestration.execution import lake_status
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Entry, Storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
@@ -36,7 +37,10 @@ class Lake:
 
     def __init__(self, root: Path):
         self.landing, self.lake = root / "landing", root / "lake"
-        self.config = LakeConfig(lake=f"file://{self.lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{self.landing}"),))
+        self.config = LakeConfig(
+            lake=f"file://{self.lake}",
+            feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{self.landing}"),),
+        )
         self.instance = dg.DagsterInstance.ephemeral()
         self.said: list[str] = []
 
@@ -51,8 +55,10 @@ class Lake:
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
-        rows = duckdb.sql(f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
-                          "hive_partitioning = true)").fetchall()
+        rows = duckdb.execute(
+            f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
+            "hive_partitioning = true)"
+        ).fetchall()
         out: dict[str, list] = {}
         for hour, id_ in rows:
             out.setdefault(hour, []).append(id_)
@@ -94,10 +100,18 @@ def test_the_command_with_nothing_new_does_not_even_load_dagster(lake, tmp_path)
     a second, so the command plans first and loads it only when there is something to run."""
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(lake.config))
-    probe = ("import sys; from lake_assets.cli import main; code = main(['run', '--config', sys.argv[1]]); "
-             "print('exit', code, 'dagster loaded' if 'dagster' in sys.modules else 'dagster not loaded')")
-    done = subprocess.run([sys.executable, "-c", probe, str(config_file)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")})
+    probe = (
+        "import sys; from lake_assets.cli import main; code = main(['run', '--config', sys.argv[1]]); "
+        "print('exit', code, 'dagster loaded' if 'dagster' in sys.modules else 'dagster not loaded')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")},
+        check=False,
+    )
     assert "nothing changed" in done.stdout, done.stdout + done.stderr
     assert done.stdout.strip().endswith("exit 0 dagster not loaded"), done.stdout + done.stderr
 
@@ -137,7 +151,9 @@ def test_all_reprocesses_every_landed_hour_and_a_range_every_hour_in_it(lake):
 def test_only_the_tables_that_changed_run(lake):
     lake.write(2, "part-0.parquet", [event("p", "I", 1, at(2, 5), name="p", balance=1)], table="payments")
     assert lake.run() == [(hour(2), hour(2))]
-    assert [line for line in lake.said if "in one run" in line] == [f"unit (payments): hours {hour(2)} .. {hour(2)} in one run"]
+    assert [line for line in lake.said if "in one run" in line] == [
+        f"unit (payments): hours {hour(2)} .. {hour(2)} in one run"
+    ]
     [run] = lake.instance.get_run_records(limit=1)
     assert {key.path[1] for key in run.dagster_run.asset_selection} == {"payments"}
     assert lake.changes("payments") == {hour(2): ["p"]}
@@ -161,7 +177,7 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
 
     with monkeypatch.context() as patch:
         patch.setattr(pipeline, "fold_into_state", fails)
-        with pytest.raises(Exception):
+        with pytest.raises(LakeAssetsError):
             lake.run()
     assert lake.run() == [(hour(4), hour(4))]
 
@@ -171,7 +187,13 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
 
 def _entry(path: Path) -> Entry:
     stat = path.stat()
-    return Entry(uri=f"file://{path}", name=path.name, is_dir=False, size=stat.st_size, mtime_ms=stat.st_mtime_ns // 1_000_000)
+    return Entry(
+        uri=f"file://{path}",
+        name=path.name,
+        is_dir=False,
+        size=stat.st_size,
+        mtime_ms=stat.st_mtime_ns // 1_000_000,
+    )
 
 
 def test_a_listing_that_shows_a_file_unchanged_since_it_was_recorded_costs_no_read(tmp_path, monkeypatch):
@@ -197,7 +219,9 @@ def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp
 # --- lake-assets status ----------------------------------------------------------------------------
 
 
-def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(lake, tmp_path, capsys, monkeypatch):
+def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(
+    lake, tmp_path, capsys, monkeypatch
+):
     bad = hour_dir(lake.landing, "accounts", 2) / "part-bad.parquet"
     bad.write_bytes(b"not parquet at all")
     assert lake.run() == [(hour(2), hour(2))]
@@ -207,9 +231,15 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(la
     assert status.last_processed == hour(3)
     assert status.pending == [{"partition": hour(6), "reason": "new: 1 file(s)", "files": 1}]
     [quarantined] = status.quarantined
-    assert quarantined["file"] == f"file://{bad}" and quarantined["partition"] == hour(2) and quarantined["reason"]
+    assert (
+        quarantined["file"] == f"file://{bad}"
+        and quarantined["partition"] == hour(2)
+        and quarantined["reason"]
+    )
     assert (status.changes_rows, status.current_rows, status.history_rows) == (3, 3, 3)
-    assert status.last_run["status"] == "SUCCESS" and status.last_run["partitions"] == f"{hour(2)} .. {hour(2)}"
+    assert (
+        status.last_run["status"] == "SUCCESS" and status.last_run["partitions"] == f"{hour(2)} .. {hour(2)}"
+    )
 
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(lake.config))
@@ -227,7 +257,10 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(la
 def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
     stray = lake.landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
     stray.parent.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([event("s", "I", 9, at(3, 9), name="s", balance=9)], schema=ACCOUNT_SCHEMA), stray)
+    pq.write_table(
+        pa.Table.from_pylist([event("s", "I", 9, at(3, 9), name="s", balance=9)], schema=ACCOUNT_SCHEMA),
+        stray,
+    )
     assert lake.run() == [(hour(3), hour(3))]  # the last hour's run reports the table's strays
     notes = list((lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json"))
     assert len(notes) == 1 and f"file://{stray}" in notes[0].read_text()

@@ -19,7 +19,8 @@ from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
-from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR, PRODUCER, doc_line, write_fragment
+from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
+from lake_assets_tests.test_flow_feed import PRODUCER, doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 FMT = UnitCdcFormat()
@@ -28,7 +29,13 @@ UNIT_HOUR = "2024-03-01-00"
 
 def _read(spark, landing: Path, fmt=FMT):
     storage = Storage()
-    return read_batch(spark, storage, fmt, "accounts", {UNIT_HOUR: data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")})
+    return read_batch(
+        spark,
+        storage,
+        fmt,
+        "accounts",
+        {UNIT_HOUR: data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")},
+    )
 
 
 def _ids(batch) -> list:
@@ -45,12 +52,15 @@ def damage_data_pages(path: Path, column: int = 1) -> None:
     chunk = pq.ParquetFile(path).metadata.row_group(0).column(column)
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(path.read_bytes())
-    data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    data[start : start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
     path.write_bytes(bytes(data))
 
 
 def _run(landing: Path, lake: Path, instance=None, **feed):
-    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", **feed),))
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}", **feed),),
+    )
     instance = instance or dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
     return instance
@@ -67,54 +77,122 @@ def _notes(lake: Path) -> list[dict]:
 
 def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
     con = duckdb.connect()
-    cur = con.execute(f"SELECT * FROM read_parquet('{lake}/{layer}/{feed}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)")
+    cur = con.execute(
+        f"SELECT * FROM read_parquet('{lake}/{layer}/{feed}/{table}/**/*.parquet', union_by_name = true, hive_partitioning = true)"
+    )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 # --- a file set aside once is never read again ----------------------------------------------------
+
 
 def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once(spark, tmp_path):
     """The clash is found when the groups are unioned, the damage only when the data is read;
     the batch is read again without the damaged file, and the clashing file stays set aside."""
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0, 1), name="a", balance=1)], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0, 2), name="b", balance=2)] * 2, ACCOUNT_SCHEMA)
-    damaged = write_events(landing, "accounts", 0, "part-damaged.parquet",
-                           [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event("a", "I", 1, at(0, 1), name="a", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-1.parquet",
+        [event("b", "I", 2, at(0, 2), name="b", balance=2)] * 2,
+        ACCOUNT_SCHEMA,
+    )
+    damaged = write_events(
+        landing,
+        "accounts",
+        0,
+        "part-damaged.parquet",
+        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
+        ACCOUNT_SCHEMA,
+    )
     damage_data_pages(damaged)
-    write_events(landing, "accounts", 0, "part-clash.parquet", [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})])
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-clash.parquet",
+        [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})],
+    )
 
     batch = _read(spark, landing)
 
     reasons = _names(batch)
     assert len(batch.quarantined) == 2 and set(reasons) == {"part-damaged.parquet", "part-clash.parquet"}
     assert "Spark could not read the file's data" in reasons["part-damaged.parquet"]
-    assert "schema does not fit the batch" in reasons["part-clash.parquet"] and "balance" in reasons["part-clash.parquet"]
+    assert (
+        "schema does not fit the batch" in reasons["part-clash.parquet"]
+        and "balance" in reasons["part-clash.parquet"]
+    )
     assert {q.rows for q in batch.quarantined} == {40, 1}
     assert _ids(batch) == ["a", "b"]
-    assert (batch.files_listed, batch.files_read, batch.rows_in, batch.events_out, batch.duplicates) == (4, 2, 3, 2, 1)
+    assert (batch.files_listed, batch.files_read, batch.rows_in, batch.events_out, batch.duplicates) == (
+        4,
+        2,
+        3,
+        2,
+        1,
+    )
     assert batch.reconciles
 
 
 def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_path):
     """Damage, a schema clash and a bad row in three files of one batch: three reasons, one each."""
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0, 1), name="a", balance=1)], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 0, "part-bad-op.parquet", [event("z", "UPSERT", 2, at(0, 2), name="z", balance=2)], ACCOUNT_SCHEMA)
-    damaged = write_events(landing, "accounts", 0, "part-damaged.parquet",
-                           [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event("a", "I", 1, at(0, 1), name="a", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-bad-op.parquet",
+        [event("z", "UPSERT", 2, at(0, 2), name="z", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
+    damaged = write_events(
+        landing,
+        "accounts",
+        0,
+        "part-damaged.parquet",
+        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
+        ACCOUNT_SCHEMA,
+    )
     damage_data_pages(damaged)
-    write_events(landing, "accounts", 0, "part-clash.parquet", [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})])
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-clash.parquet",
+        [event("c", "I", 3, at(0, 4), name="c", balance={"cents": 1})],
+    )
 
     batch = _read(spark, landing)
 
     assert sorted(_names(batch)) == ["part-bad-op.parquet", "part-clash.parquet", "part-damaged.parquet"]
-    assert len(batch.quarantined) == 3 and "unknown cdc_operation_type UPSERT" in _names(batch)["part-bad-op.parquet"]
+    assert (
+        len(batch.quarantined) == 3
+        and "unknown cdc_operation_type UPSERT" in _names(batch)["part-bad-op.parquet"]
+    )
     assert _ids(batch) == ["a"] and batch.files_read == 1 and batch.rows_in == 1 and batch.reconciles
 
 
 # --- the row equation is checked, not assumed -----------------------------------------------------
+
 
 class _LosesARow(UnitCdcFormat):
     """A feed with a bug: its normalisation drops the rows of one key."""
@@ -125,12 +203,19 @@ class _LosesARow(UnitCdcFormat):
 
 def test_a_row_lost_before_the_collapse_fails_the_reconciliation(spark, tmp_path):
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [
-        event("a", "I", 1, at(0, 1), name="a", balance=1),
-        event("a", "I", 1, at(0, 1), name="a", balance=1),  # a true duplicate
-        event("lost", "I", 2, at(0, 2), name="lost", balance=2),
-        event("b", "I", 3, at(0, 3), name="b", balance=3),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [
+            event("a", "I", 1, at(0, 1), name="a", balance=1),
+            event("a", "I", 1, at(0, 1), name="a", balance=1),  # a true duplicate
+            event("lost", "I", 2, at(0, 2), name="lost", balance=2),
+            event("b", "I", 3, at(0, 3), name="b", balance=3),
+        ],
+        ACCOUNT_SCHEMA,
+    )
 
     honest = _read(spark, landing)
     assert (honest.rows_in, honest.events_out, honest.duplicates) == (4, 3, 1) and honest.reconciles
@@ -159,9 +244,11 @@ def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark
     landing = tmp_path / "landing"
     content = doc_line(1) + doc_line(2) + doc_line(3)
     write_fragment(landing / "acmeCo" / "customers" / "pivot=00", 0, content)
-    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+    collections = (CollectionConfig(name="acmeCo/customers", key=("/id",)),)
 
-    honest = _flow_batch(spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"])
+    honest = _flow_batch(
+        spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"]
+    )
     assert (honest.rows_in, honest.events_out, honest.duplicates) == (3, 3, 0) and honest.reconciles
 
     lossy = _flow_batch(spark, _FlowLosesARow(collections), landing, "acmeco_customers", ["2024-06-01-10"])
@@ -170,6 +257,7 @@ def test_a_flow_document_lost_before_the_collapse_fails_the_reconciliation(spark
 
 
 # --- text that is not UTF-8 ------------------------------------------------------------------------
+
 
 def _text(*values) -> pa.Array:
     """A Parquet STRING column holding exactly these bytes, valid UTF-8 or not."""
@@ -192,26 +280,56 @@ def _assert_every_engine_reads(lake: Path, feed: str, table: str) -> dict[str, l
 
 def test_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark, tmp_path):
     landing, lake = tmp_path / "unit", tmp_path / "lake"
-    schema = pa.schema([
-        ("id", pa.string()), ("name", pa.string()), ("tags", pa.list_(pa.string())),
-        ("address", pa.struct([("city", pa.string()), ("zip", pa.int32())])), ("attrs", pa.map_(pa.string(), pa.string())),
-        ("cdc_operation_type", pa.string()), ("cdc_change_seq", pa.int64()), ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
-    ])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("name", pa.string()),
+            ("tags", pa.list_(pa.string())),
+            ("address", pa.struct([("city", pa.string()), ("zip", pa.int32())])),
+            ("attrs", pa.map_(pa.string(), pa.string())),
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.int64()),
+            ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
     tags = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), _text(b"ok", b"\xff", b"fine"))
-    address = pa.StructArray.from_arrays([_text(b"Z\xfcrich", b"Bern"), pa.array([8000, 3000], pa.int32())], names=["city", "zip"])
-    attrs = pa.MapArray.from_arrays(pa.array([0, 1, 2], pa.int32()), _text(b"k", b"k\xfe"), _text(b"v\xfe", b"v"))
+    address = pa.StructArray.from_arrays(
+        [_text(b"Z\xfcrich", b"Bern"), pa.array([8000, 3000], pa.int32())], names=["city", "zip"]
+    )
+    attrs = pa.MapArray.from_arrays(
+        pa.array([0, 1, 2], pa.int32()), _text(b"k", b"k\xfe"), _text(b"v\xfe", b"v")
+    )
     folder = hour_dir(landing, "accounts", 0)
     text_file = folder / "part-text.parquet"
-    pq.write_table(pa.table({
-        "id": _text(b"a", b"b"), "name": _text(b"caf\xc3", b"plain"), "tags": tags, "address": address, "attrs": attrs,
-        "cdc_operation_type": ["I", "I"], "cdc_change_seq": [1, 2],
-        "cdc_commit_timestamp": pa.array([at(0, 1), at(0, 2)], pa.timestamp("us", tz="UTC")),
-    }, schema=schema), text_file)
+    pq.write_table(
+        pa.table(
+            {
+                "id": _text(b"a", b"b"),
+                "name": _text(b"caf\xc3", b"plain"),
+                "tags": tags,
+                "address": address,
+                "attrs": attrs,
+                "cdc_operation_type": ["I", "I"],
+                "cdc_change_seq": [1, 2],
+                "cdc_commit_timestamp": pa.array([at(0, 1), at(0, 2)], pa.timestamp("us", tz="UTC")),
+            },
+            schema=schema,
+        ),
+        text_file,
+    )
     bad_key = folder / "part-bad-key.parquet"
-    pq.write_table(pa.table({
-        "id": _text(b"k\xff"), "name": ["x"], "cdc_operation_type": ["I"], "cdc_change_seq": [3],
-        "cdc_commit_timestamp": pa.array([at(0, 3)], pa.timestamp("us", tz="UTC")),
-    }), bad_key)
+    pq.write_table(
+        pa.table(
+            {
+                "id": _text(b"k\xff"),
+                "name": ["x"],
+                "cdc_operation_type": ["I"],
+                "cdc_change_seq": [3],
+                "cdc_commit_timestamp": pa.array([at(0, 3)], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+        bad_key,
+    )
     write_events(landing, "accounts", 0, "part-good.parquet", [event("c", "I", 4, at(0, 4), name="ç")])
 
     instance = _run(landing, lake)
@@ -220,11 +338,18 @@ def test_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark
     current = {r["id"]: r for r in layers["current"]}
     assert set(current) == {"a", "b", "c"} and len(layers["changes"]) == 3
     assert current["a"]["name"] == "caf\ufffd" and current["a"]["tags"] == ["ok", "\ufffd"]
-    assert current["a"]["address"] == {"city": "Z\ufffdrich", "zip": 8000} and current["a"]["attrs"] == {"k": "v\ufffd"}
+    assert current["a"]["address"] == {"city": "Z\ufffdrich", "zip": 8000} and current["a"]["attrs"] == {
+        "k": "v\ufffd"
+    }
     assert current["b"]["attrs"] == {"k\ufffd": "v"}
-    assert current["b"]["name"] == "plain" and current["b"]["tags"] == ["fine"] and current["c"]["name"] == "ç"
+    assert (
+        current["b"]["name"] == "plain" and current["b"]["tags"] == ["fine"] and current["c"]["name"] == "ç"
+    )
     [note] = _notes(lake)
-    assert note["file"] == f"file://{bad_key}" and "key column 'id' holds text that is not valid UTF-8" in note["reason"]
+    assert (
+        note["file"] == f"file://{bad_key}"
+        and "key column 'id' holds text that is not valid UTF-8" in note["reason"]
+    )
     metadata = _changes_metadata(instance)
     assert metadata["text_values_repaired"] == 5
     assert metadata["text_repaired"] == [{"file": f"file://{text_file}", "values": 5}]
@@ -234,7 +359,7 @@ def test_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark
 def _flow_line(n, raw_fields: bytes) -> bytes:
     """A document line whose fields are given as raw JSON bytes (which may not be UTF-8)."""
     meta = json.dumps({"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, PRODUCER), "op": "c"}).encode()
-    return b'{' + raw_fields + b', "_meta": ' + meta + b'}\n'
+    return b"{" + raw_fields + b', "_meta": ' + meta + b"}\n"
 
 
 def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark, tmp_path):
@@ -247,8 +372,17 @@ def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(
     )
     first = write_fragment(journal, 0, content)
     garbled_key = write_fragment(journal, len(content), _flow_line(4, b'"id": "k\xff", "name": "x"'))
-    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig(
-        "flow", "flow_journal", f"file://{landing}", collections=(CollectionConfig("acmeCo/customers", ("/id",)),)),))
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(
+            FeedConfig(
+                name="flow",
+                format="flow_journal",
+                landing=f"file://{landing}",
+                collections=(CollectionConfig(name="acmeCo/customers", key=("/id",)),),
+            ),
+        ),
+    )
     instance = dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
 
@@ -258,7 +392,10 @@ def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(
     assert current[1]["name"] == "caf\ufffd" and current[3]["name"] == "c3"
     assert json.loads(current[2]["notes"]) == {"t": "\ufffdx", "ok": "\U0001f600"}
     [note] = _notes(lake)
-    assert note["file"] == f"file://{garbled_key}" and "key ['/id'] holds text that is not valid UTF-8" in note["reason"]
+    assert (
+        note["file"] == f"file://{garbled_key}"
+        and "key ['/id'] holds text that is not valid UTF-8" in note["reason"]
+    )
     assert "offset" in note["reason"]
     metadata = _changes_metadata(instance, "flow", "acmeco_customers")
     assert metadata["text_values_repaired"] == 2 and metadata["reconciled"] is True
@@ -267,13 +404,27 @@ def test_flow_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(
 
 # --- every quarantined file keeps its own copy and reason ------------------------------------------
 
+
 def test_files_whose_names_look_alike_are_each_quarantined_with_their_own_copy_and_reason(spark, tmp_path):
     landing, lake = tmp_path / "unit", tmp_path / "lake"
-    write_events(landing, "accounts", 2, "part-good.parquet", [event("a", "I", 1, at(2), name="ok", balance=1)], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-good.parquet",
+        [event("a", "I", 1, at(2), name="ok", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
     folder = hour_dir(landing, "accounts", 2)
     bare = landing / "accounts" / "year=2024/month=3/day=1/hour=2"  # the same hour, spelled without zeros
     bare.mkdir(parents=True)
-    bad = [folder / "bad x", folder / "bad_x", folder / "bad\nx", folder / "part-corrupt.parquet", bare / "part-corrupt.parquet"]
+    bad = [
+        folder / "bad x",
+        folder / "bad_x",
+        folder / "bad\nx",
+        folder / "part-corrupt.parquet",
+        bare / "part-corrupt.parquet",
+    ]
     for n, path in enumerate(bad):
         path.write_bytes(b"not parquet %d" % n)
 
@@ -286,16 +437,29 @@ def test_files_whose_names_look_alike_are_each_quarantined_with_their_own_copy_a
     for note_path in (lake / "_quarantine").rglob("*.reason.json"):
         note = json.loads(note_path.read_text())
         copy = Path(str(note_path)[: -len(".reason.json")])
-        assert copy.read_bytes() == Path(note["file"][len("file://"):]).read_bytes()
+        assert copy.read_bytes() == Path(note["file"][len("file://") :]).read_bytes()
     metadata = _changes_metadata(instance)
-    assert metadata["files_quarantined"] == 5 and metadata["files_read"] == 1 and metadata["reconciled"] is True
+    assert (
+        metadata["files_quarantined"] == 5 and metadata["files_read"] == 1 and metadata["reconciled"] is True
+    )
     assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
 
 
 # --- names Hadoop paths dislike --------------------------------------------------------------------
 
-ODD_NAMES = ["part:1.parquet", "part[1].parquet", "part1.parquet", "part{2}.parquet", "part?3.parquet", "part*4.parquet",
-             "part%41.parquet", "part#5.parquet", "part 6.parquet", "part\\7.parquet", "a:b:c"]
+ODD_NAMES = [
+    "part:1.parquet",
+    "part[1].parquet",
+    "part1.parquet",
+    "part{2}.parquet",
+    "part?3.parquet",
+    "part*4.parquet",
+    "part%41.parquet",
+    "part#5.parquet",
+    "part 6.parquet",
+    "part\\7.parquet",
+    "a:b:c",
+]
 
 
 def test_files_whose_names_hold_path_characters_are_read(spark, tmp_path):
@@ -303,21 +467,38 @@ def test_files_whose_names_hold_path_characters_are_read(spark, tmp_path):
     would read `part1`), `%#` and spaces are escaped in URIs: each file is read as itself."""
     landing, lake = tmp_path / "unit", tmp_path / "lake"
     for seq, name in enumerate(ODD_NAMES):
-        write_events(landing, "accounts", 3, name, [event(name, "I", seq, at(3, seq), name="n", balance=seq)], ACCOUNT_SCHEMA)
+        write_events(
+            landing,
+            "accounts",
+            3,
+            name,
+            [event(name, "I", seq, at(3, seq), name="n", balance=seq)],
+            ACCOUNT_SCHEMA,
+        )
     # Hadoop cannot glob a path holding `:` at all: the file is set aside, naming the cause.
-    unreadable = write_events(landing, "accounts", 3, "x[1]:y.parquet", [event("x", "I", 99, at(3, 50))], ACCOUNT_SCHEMA)
+    unreadable = write_events(
+        landing, "accounts", 3, "x[1]:y.parquet", [event("x", "I", 99, at(3, 50))], ACCOUNT_SCHEMA
+    )
 
     instance = _run(landing, lake)
 
     [note] = _notes(lake)
-    assert note["file"] == f"file://{unreadable}" and note["reason"].startswith("Spark could not open the file (")
+    assert note["file"] == f"file://{unreadable}" and note["reason"].startswith(
+        "Spark could not open the file ("
+    )
     assert "Relative path in absolute URI" in note["reason"] and note["rows"] == 1
     changes = _lake_rows(lake, "changes", "unit", "accounts")
     folder = hour_dir(landing, "accounts", 3)
-    assert sorted((r["id"], r["_source_file"]) for r in changes) == sorted((n, f"file://{folder}/{n}") for n in ODD_NAMES)
+    assert sorted((r["id"], r["_source_file"]) for r in changes) == sorted(
+        (n, f"file://{folder}/{n}") for n in ODD_NAMES
+    )
     assert sorted(r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")) == sorted(ODD_NAMES)
     metadata = _changes_metadata(instance)
-    assert metadata["files_read"] == len(ODD_NAMES) and metadata["rows_in"] == len(ODD_NAMES) and metadata["reconciled"] is True
+    assert (
+        metadata["files_read"] == len(ODD_NAMES)
+        and metadata["rows_in"] == len(ODD_NAMES)
+        and metadata["reconciled"] is True
+    )
     assert metadata["files_quarantined"] == 1
 
 
@@ -327,7 +508,12 @@ def test_files_whose_names_hold_path_characters_are_read_from_s3(spark, moto_ser
     prefix = "unit/accounts/year=2024/month=03/day=01/hour=00"
     for seq, name in enumerate(names):
         buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist([event(name, "I", seq, at(0, seq), name="n", balance=seq)], schema=ACCOUNT_SCHEMA), buffer)
+        pq.write_table(
+            pa.Table.from_pylist(
+                [event(name, "I", seq, at(0, seq), name="n", balance=seq)], schema=ACCOUNT_SCHEMA
+            ),
+            buffer,
+        )
         client.put_object(Bucket=s3_bucket, Key=f"{prefix}/{name}", Body=buffer.getvalue())
     storage = Storage(S3Config(endpoint_url=moto_server.url))
     files = data_files(storage, f"s3a://{s3_bucket}/{prefix}")
@@ -336,8 +522,9 @@ def test_files_whose_names_hold_path_characters_are_read_from_s3(spark, moto_ser
     batch = read_batch(spark, storage, FMT, "accounts", {UNIT_HOUR: files})
 
     assert batch.quarantined == [] and batch.reconciles
-    assert sorted((r["id"], r["_source_file"]) for r in batch.events.select("id", "_source_file").collect()) == sorted(
-        (f.name, f.uri) for f in files)
+    assert sorted(
+        (r["id"], r["_source_file"]) for r in batch.events.select("id", "_source_file").collect()
+    ) == sorted((f.name, f.uri) for f in files)
     batch.events.unpersist()
 
 
@@ -345,7 +532,7 @@ def test_flow_fragments_under_folders_whose_names_hold_path_characters_are_read(
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "region=eu[1] {west}" / "pivot=00"
     write_fragment(journal, 0, doc_line(1) + doc_line(2))
-    collections = (CollectionConfig("acmeCo/customers", ("/id",)),)
+    collections = (CollectionConfig(name="acmeCo/customers", key=("/id",)),)
 
     batch = _flow_batch(spark, FlowJournalFormat(collections), landing, "acmeco_customers", ["2024-06-01-10"])
 

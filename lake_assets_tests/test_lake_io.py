@@ -17,7 +17,11 @@ def test_write_partitions_replaces_exactly_the_given_partitions(spark, tmp_path)
     table = f"file://{tmp_path / 't'}"
     storage = Storage()
     first = spark.createDataFrame([("a", "h1"), ("b", "h2"), ("c", "h3")], "id string, hour string")
-    assert lake_io.write_partitions(first, storage, table, "hour", ["h1", "h2", "h3"]) == {"h1": 1, "h2": 1, "h3": 1}
+    assert lake_io.write_partitions(first, storage, table, "hour", ["h1", "h2", "h3"]) == {
+        "h1": 1,
+        "h2": 1,
+        "h3": 1,
+    }
     again = spark.createDataFrame([("d", "h2"), ("e", "h2")], "id string, hour string")
     # h2 is replaced, h3 had no rows this time and is emptied, h1 was not part of the run.
     assert lake_io.write_partitions(again, storage, table, "hour", ["h2", "h3"]) == {"h2": 2}
@@ -48,12 +52,18 @@ def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
     only_digits = f"file://{tmp_path / 'digits'}"
     lake_io.write_partitions(frame.where("id = 'a'"), storage, only_digits, "batch", ["000000123"])
     erased = lake_io.erase_keys_in_partitions(
-        spark, storage, only_digits, "batch", ["id"], spark.createDataFrame([("a",)], "id string"), f"file://{tmp_path / 'staged'}",
+        spark,
+        storage,
+        only_digits,
+        "batch",
+        ["id"],
+        spark.createDataFrame([("a",)], "id string"),
+        f"file://{tmp_path / 'staged'}",
     )
     assert erased == ["000000123"]
     spark.conf.set(lake_io.TYPE_INFERENCE, "true")  # a session someone else configured
     try:
-        with pytest.raises(ConfigError, match="partitionColumnTypeInference.enabled=false"):
+        with pytest.raises(ConfigError, match=r"partitionColumnTypeInference\.enabled=false"):
             lake_io.read_partitions(spark, storage, table, "batch", ["000000123"])
     finally:
         spark.conf.set(lake_io.TYPE_INFERENCE, "false")
@@ -65,8 +75,16 @@ def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     at = [dt.datetime(2024, 1, 1, h, tzinfo=dt.timezone.utc) for h in range(24)]
 
     def write(name, ends, **options):
-        pq.write_table(pa.table({"id": [str(i) for i in range(len(ends))], "_end": pa.array(ends, pa.timestamp("us", tz="UTC"))}),
-                       tmp_path / name, **options)
+        pq.write_table(
+            pa.table(
+                {
+                    "id": [str(i) for i in range(len(ends))],
+                    "_end": pa.array(ends, pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            tmp_path / name,
+            **options,
+        )
         return f"file://{tmp_path / name}"
 
     older = write("older.parquet", [at[1], at[3]])
@@ -77,10 +95,22 @@ def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     other = f"file://{tmp_path / 'other.parquet'}"
     pq.write_table(pa.table({"id": ["x"]}), tmp_path / "other.parquet")
     files = [older, touching, newer, groups, unknown, other]
-    assert lake_io.files_reaching(Storage(), files, "_end", at[5]) == [touching, newer, groups, unknown, other]
+    assert lake_io.files_reaching(Storage(), files, "_end", at[5]) == [
+        touching,
+        newer,
+        groups,
+        unknown,
+        other,
+    ]
     assert lake_io.files_reaching(Storage(), files, "_end", at[10]) == [unknown, other]
     naive = at[5].replace(tzinfo=None)  # a naive bound is read as UTC
-    assert lake_io.files_reaching(Storage(), files, "_end", naive) == [touching, newer, groups, unknown, other]
+    assert lake_io.files_reaching(Storage(), files, "_end", naive) == [
+        touching,
+        newer,
+        groups,
+        unknown,
+        other,
+    ]
 
 
 def test_rows_in_files_are_counted_from_their_footers(tmp_path):
@@ -120,7 +150,9 @@ def test_spark_written_files_of_one_schema_are_read_without_a_schema_job(spark, 
     table = f"file://{tmp_path / 'log'}"
     frame = spark.createDataFrame([("a", 1, "h1"), ("b", 2, "h2")], "id string, n bigint, hour string")
     lake_io.write_partitions(frame, storage, table, "hour", ["h1", "h2"])
-    read, jobs = _jobs_during(spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h2"]))
+    read, jobs = _jobs_during(
+        spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h2"])
+    )
     assert jobs == 0
     assert read.dtypes == [("id", "string"), ("n", "bigint"), ("hour", "string")]
     assert sorted(tuple(r) for r in read.collect()) == [("a", 1, "h1"), ("b", 2, "h2")]
@@ -128,9 +160,14 @@ def test_spark_written_files_of_one_schema_are_read_without_a_schema_job(spark, 
     # A later write added a column: the footers disagree, Spark merges (one job), nothing is lost.
     grown = spark.createDataFrame([("c", 3, "x", "h3")], "id string, n bigint, note string, hour string")
     lake_io.write_partitions(grown, storage, table, "hour", ["h3"])
-    read, jobs = _jobs_during(spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h3"]))
+    read, jobs = _jobs_during(
+        spark, lambda: lake_io.read_partitions(spark, storage, table, "hour", ["h1", "h3"])
+    )
     assert jobs >= 1
-    assert sorted(tuple(r) for r in read.select("id", "n", "note", "hour").collect()) == [("a", 1, None, "h1"), ("c", 3, "x", "h3")]
+    assert sorted(tuple(r) for r in read.select("id", "n", "note", "hour").collect()) == [
+        ("a", 1, None, "h1"),
+        ("c", 3, "x", "h3"),
+    ]
 
 
 def test_a_table_summary_comes_from_the_footers_and_falls_back_to_spark_for_drift(spark, tmp_path):
@@ -147,7 +184,9 @@ def test_a_table_summary_comes_from_the_footers_and_falls_back_to_spark_for_drif
     assert jobs == 0
     rows, schema = summary
     assert rows == 3 and [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields] == [
-        ("id", "string", True), ("active", "boolean", True)]
+        ("id", "string", True),
+        ("active", "boolean", True),
+    ]
 
     spark.createDataFrame([("d", 1)], "id string, n bigint").write.parquet(f"{table}/closed/2024-01-02")
     rows, schema = lake_io.table_summary(spark, storage, table)
@@ -158,13 +197,19 @@ def test_a_table_summary_comes_from_the_footers_and_falls_back_to_spark_for_drif
 def test_a_change_log_stores_keys_event_times_and_sequences_without_a_dictionary(spark, tmp_path):
     table = tmp_path / "t"
     # Values repeated so that a dictionary would pay: only the columns named keep one.
-    rows = [(f"k{i % 10}", f"r{i % 10}", "same", dt.datetime(2024, 1, 1, 0, 0, i % 5), i % 5, "h1") for i in range(500)]
-    frame = spark.createDataFrame(rows, "id string, ref string, status string, _version_at timestamp, _seq long, hour string")
+    rows = [
+        (f"k{i % 10}", f"r{i % 10}", "same", dt.datetime(2024, 1, 1, 0, 0, i % 5), i % 5, "h1")
+        for i in range(500)
+    ]
+    frame = spark.createDataFrame(
+        rows, "id string, ref string, status string, _version_at timestamp, _seq long, hour string"
+    )
     lake_io.write_partitions(frame, Storage(), f"file://{table}", "hour", ["h1"], keys=("id",))
     (path,) = (table / "hour=h1").glob("*.parquet")
     group = pq.ParquetFile(path).metadata.row_group(0)
     with_dictionary = {
-        group.column(i).path_in_schema: any("DICTIONARY" in e for e in group.column(i).encodings) for i in range(group.num_columns)
+        group.column(i).path_in_schema: any("DICTIONARY" in e for e in group.column(i).encodings)
+        for i in range(group.num_columns)
     }
     assert with_dictionary == {"id": False, "ref": True, "status": True, "_version_at": False, "_seq": False}
 
@@ -178,7 +223,7 @@ def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, 
     pq.write_table(pa.table({"n": pa.array([1], pa.int32())}), folder / "a.parquet")
     pq.write_table(pa.table({"n": pa.array([2**40], pa.int64())}), folder / "b.parquet")
     with pytest.raises((PySparkException, Py4JJavaError)) as refused:
-        spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
+        _ = spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
     assert lake_io.SCHEMAS_DISAGREE in lake_io.error_conditions(refused.value)
 
     frame = lake_io.read_drifting(spark, Storage(), [f"file://{folder}"])
@@ -191,9 +236,8 @@ def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, 
 
 def test_frames_a_failing_block_cached_are_released(spark):
     frame = spark.range(3).persist()
-    with pytest.raises(RuntimeError, match="the step fails"):
-        with lake_io.released_after([]) as cached:
-            cached.append(frame)
-            assert frame.count() == 3 and lake_io.is_cached(frame)
-            raise RuntimeError("the step fails")
+    with pytest.raises(RuntimeError, match="the step fails"), lake_io.released_after([]) as cached:
+        cached.append(frame)
+        assert frame.count() == 3 and lake_io.is_cached(frame)
+        raise RuntimeError("the step fails")
     assert not lake_io.is_cached(frame)

@@ -1,6 +1,5 @@
 """The sensor's scanning logic: new hours, late files, run keys, pruned listing."""
 
-
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table
 from lake_assets.storage import Storage
@@ -9,7 +8,15 @@ from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 
 def _write(landing, hour, name, day=1):
-    write_events(landing, "accounts", hour, name, [event("a", "INSERT", hour, at(hour, day=day), name="n", balance=1)], ACCOUNT_SCHEMA, day=day)
+    write_events(
+        landing,
+        "accounts",
+        hour,
+        name,
+        [event("a", "INSERT", hour, at(hour, day=day), name="n", balance=1)],
+        ACCOUNT_SCHEMA,
+        day=day,
+    )
 
 
 def test_new_hours_then_only_late_files_are_reported(tmp_path):
@@ -19,10 +26,17 @@ def test_new_hours_then_only_late_files_are_reported(tmp_path):
     storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
 
     found, cursor = scan_table(storage, fmt, uri, "accounts", TableCursor(), late_hours=4)
-    assert [f.partition for f in found] == ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-01-05"]
+    assert [f.partition for f in found] == [
+        "2024-03-01-00",
+        "2024-03-01-01",
+        "2024-03-01-02",
+        "2024-03-01-05",
+    ]
     assert cursor.high_water == "2024-03-01-05"
 
-    again, cursor = scan_table(storage, fmt, uri, "accounts", decode_cursor(encode_cursor({"accounts": cursor}))["accounts"], 4)
+    again, cursor = scan_table(
+        storage, fmt, uri, "accounts", decode_cursor(encode_cursor({"accounts": cursor}))["accounts"], 4
+    )
     assert again == []
 
     _write(landing, 2, "part-late.parquet")  # 3 hours late: inside the window
@@ -52,13 +66,25 @@ def test_scan_lists_only_the_late_window_not_the_whole_history(tmp_path):
 
 
 def test_contiguous_ranges_group_consecutive_hours():
-    keys = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-01-05", "2024-03-02-00", "2024-03-01-23"]
+    keys = [
+        "2024-03-01-00",
+        "2024-03-01-01",
+        "2024-03-01-02",
+        "2024-03-01-05",
+        "2024-03-02-00",
+        "2024-03-01-23",
+    ]
     assert contiguous_ranges(keys) == [
         ("2024-03-01-00", "2024-03-01-02"),
         ("2024-03-01-05", "2024-03-01-05"),
         ("2024-03-01-23", "2024-03-02-00"),
     ]
     # Allowed gaps of hours without a key: up to 2 empty hours in a row stay in one range.
-    assert contiguous_ranges(keys, max_gap_hours=2) == [("2024-03-01-00", "2024-03-01-05"), ("2024-03-01-23", "2024-03-02-00")]
+    assert contiguous_ranges(keys, max_gap_hours=2) == [
+        ("2024-03-01-00", "2024-03-01-05"),
+        ("2024-03-01-23", "2024-03-02-00"),
+    ]
     assert contiguous_ranges(["1990-06-01-03", "2024-03-01-01"], max_gap_hours=24) == [
-        ("1990-06-01-03", "1990-06-01-03"), ("2024-03-01-01", "2024-03-01-01")]
+        ("1990-06-01-03", "1990-06-01-03"),
+        ("2024-03-01-01", "2024-03-01-01"),
+    ]

@@ -23,7 +23,7 @@ def test_a_runs_clients_are_built_once_and_not_shared_with_other_runs(tmp_path):
 
 
 def test_the_catalog_resource_holds_the_lake_it_catalogues(tmp_path):
-    feed = FeedConfig("unit", "unit_cdc", f"file://{tmp_path}/in")
+    feed = FeedConfig(name="unit", format="unit_cdc", landing=f"file://{tmp_path}/in")
     resources = resources_for(LakeConfig(lake=f"file://{tmp_path}/lake", feeds=(feed,)))
     assert resources["catalog"].lake is resources["lake"]
     assert resources["lake_io_manager"].catalog is resources["catalog"]
@@ -34,8 +34,11 @@ def test_the_catalog_resource_holds_the_lake_it_catalogues(tmp_path):
 def test_no_credential_reaches_the_resources_config(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXSECRETVALUE")
-    config = LakeConfig(lake="s3a://lake/root", feeds=(FeedConfig("unit", "unit_cdc", "s3a://landing/unit"),),
-                        s3=S3Config(endpoint_url="http://127.0.0.1:1"))
+    config = LakeConfig(
+        lake="s3a://lake/root",
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing="s3a://landing/unit"),),
+        s3=S3Config(endpoint_url="http://127.0.0.1:1"),
+    )
     resources = resources_for(config)
     resources["lake"].get_storage()  # a client made with the keys: held privately, never as config
     shown = " ".join(repr(resource) for resource in resources.values())
@@ -47,13 +50,14 @@ def test_a_batch_the_run_stored_and_did_not_fold_is_released_when_the_run_ends(t
     for hour in (3, 4):
         rows = [event("a", "I", hour, at(hour), name="x", balance=1)]
         write_events(landing, "accounts", hour, "part-0.parquet", rows, ACCOUNT_SCHEMA)
-    feed = FeedConfig("unit", "unit_cdc", f"file://{landing}")
+    feed = FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}")
     config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(feed,))
     job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     spark.catalog.clearCache()
     changes_only = [dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes")]
     result = job.execute_in_process(
-        instance=dg.DagsterInstance.ephemeral(), asset_selection=changes_only,
+        instance=dg.DagsterInstance.ephemeral(),
+        asset_selection=changes_only,
         tags={RANGE_START_TAG: "2024-03-01-03", RANGE_END_TAG: "2024-03-01-04"},
     )
     assert result.success

@@ -5,7 +5,8 @@ import threading
 import time
 
 import pytest
-from pyspark.sql import functions as F, types as T
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.engine.parallel import run_together
 
@@ -50,7 +51,7 @@ def test_a_cached_frame_read_by_concurrent_writes_is_computed_once(spark, tmp_pa
     counted_udf = F.udf(counted, T.LongType())
     frame = spark.range(0, 2000, numPartitions=4).select(counted_udf("id").alias("v")).persist()
     try:
-        evens, odds, total = run_together(
+        _evens, _odds, total = run_together(
             lambda: frame.where("v % 2 = 0").write.parquet(str(tmp_path / "evens")),
             lambda: frame.where("v % 2 = 1").write.parquet(str(tmp_path / "odds")),
             lambda: frame.agg(F.sum("v")).collect()[0][0],

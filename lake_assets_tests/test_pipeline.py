@@ -32,7 +32,9 @@ def sample(tmp_path_factory):
 def local_lake(sample, tmp_path_factory, spark):
     """The sample processed once by `run_feeds` (one ranged run), shared by the read-only tests."""
     lake = tmp_path_factory.mktemp("lake")
-    config = LakeConfig(lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}"),))
+    config = LakeConfig(
+        lake=f"file://{lake}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}"),)
+    )
     instance = dg.DagsterInstance.ephemeral()
     run_ids = run_feeds(config, instance=instance, say=lambda _: None)
     return config, lake, instance, run_ids
@@ -46,9 +48,11 @@ def duck(sql: str):
 
 def lake_rows(root: str, layer: str, table: str, order: str):
     glob = f"{root}/{layer}/unit/{table}/**/*.parquet"
-    cur = duck(f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true) ORDER BY {order}")
+    cur = duck(
+        f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true) ORDER BY {order}"
+    )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def _payload(sample, table):
@@ -60,7 +64,9 @@ def _payload(sample, table):
 def test_duckdb_reads_current_and_history_exactly_as_the_reference(sample, local_lake, table):
     _, lake, _, _ = local_lake
     payload = _payload(sample, table)
-    expected_current, expected_history = reference_tables(unit_events_to_normalised(sample.events[table]), payload=payload)
+    expected_current, expected_history = reference_tables(
+        unit_events_to_normalised(sample.events[table]), payload=payload
+    )
 
     current = lake_rows(str(lake), "current", table, "id")
     assert len(current) == len(expected_current)
@@ -71,8 +77,20 @@ def test_duckdb_reads_current_and_history_exactly_as_the_reference(sample, local
         assert row["_version_at"] == want["_version_at"]
 
     history = lake_rows(str(lake), "history", table, "id, _fivetran_start")
-    got = [(r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], *[r.get(c) for c in payload]) for r in history]
-    want = [(r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], *[r[c] for c in payload]) for r in expected_history]
+    got = [
+        (
+            r["id"],
+            r["_fivetran_start"],
+            r["_fivetran_end"],
+            r["_fivetran_active"],
+            *[r.get(c) for c in payload],
+        )
+        for r in history
+    ]
+    want = [
+        (r["id"], r["_fivetran_start"], r["_fivetran_end"], r["_fivetran_active"], *[r[c] for c in payload])
+        for r in expected_history
+    ]
     assert got == want
 
 
@@ -97,14 +115,26 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
     metadata = event.asset_materialization.metadata
     assert metadata["reconciled"].value is True
     # the run's figures land on each of its hours: the total is not shown as an hour's row count
-    assert metadata["rows_written"].value == metadata["events_out"].value and "dagster/row_count" not in metadata
+    assert (
+        metadata["rows_written"].value == metadata["events_out"].value and "dagster/row_count" not in metadata
+    )
     assert "path" in metadata and "dagster/column_schema" in metadata
     for layer in ("current", "history"):  # counted from the footers: the rows a reader gets
-        state = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", layer])).asset_materialization
-        assert state.metadata["dagster/row_count"].value == len(lake_rows(str(lake), layer, "accounts", "id")) > 0
+        state = instance.get_latest_materialization_event(
+            dg.AssetKey(["unit", "accounts", layer])
+        ).asset_materialization
+        assert (
+            state.metadata["dagster/row_count"].value
+            == len(lake_rows(str(lake), layer, "accounts", "id"))
+            > 0
+        )
         assert "dagster/column_schema" in state.metadata
     # Each table's state step folded the batch its changes step had stored, from memory.
-    handed_over = [e.message for e in instance.all_logs(run_ids[0]) if "the batch this run stored, from memory" in e.message]
+    handed_over = [
+        e.message
+        for e in instance.all_logs(run_ids[0])
+        if "the batch this run stored, from memory" in e.message
+    ]
     assert sorted(m.split(":")[0] for m in handed_over) == sorted(f"unit/{t}/changes" for t in TABLES)
     # The IO manager tells the change-log write the table's key: stored without a dictionary.
     change_files = sorted((lake / "changes" / "unit" / "accounts").rglob("*.parquet"))
@@ -112,7 +142,8 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
         "DICTIONARY" in encoding
         for path in change_files
         for group in [pq.ParquetFile(path).metadata.row_group(0)]
-        for i in range(group.num_columns) if group.column(i).path_in_schema == "id"
+        for i in range(group.num_columns)
+        if group.column(i).path_in_schema == "id"
         for encoding in group.column(i).encodings
     )
 
@@ -145,7 +176,10 @@ def test_a_stored_batch_is_handed_over_once_to_its_own_run_and_released_otherwis
 
 
 def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),),
+    )
     defs = discovered_definitions(config)
     job = defs.resolve_job_def(feed_job_name("unit"))
     hours = sample.hours["accounts"]
@@ -158,18 +192,30 @@ def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
     assert job.execute_in_process(instance=instance, partition_key=hours[2]).success
     assert job.execute_in_process(instance=instance, tags=tags).success
     again = lake_rows(str(tmp_path / "lake"), "changes", "accounts", "_seq")
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced")} for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced")} for r in rows]
+
     assert strip(again) == strip(first)
-    assert strip(lake_rows(str(tmp_path / "lake"), "history", "accounts", "id, _fivetran_start")) == strip(history_first)
+    assert strip(lake_rows(str(tmp_path / "lake"), "history", "accounts", "id, _fivetran_start")) == strip(
+        history_first
+    )
 
 
 def test_empty_partitions_and_empty_upstream_are_handled(sample, tmp_path, spark):
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),),
+    )
     job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     # An hour before anything landed: no files, no rows, still a successful materialisation.
     first = dt.datetime.strptime(sample.hours["accounts"][0], "%Y-%m-%d-%H")
     empty_hour = (first + dt.timedelta(hours=0)).strftime("%Y-%m-%d-%H")
-    missing = [h for h in (first + dt.timedelta(hours=i) for i in range(48)) if h.strftime("%Y-%m-%d-%H") not in sample.hours["accounts"]]
+    missing = [
+        h
+        for h in (first + dt.timedelta(hours=i) for i in range(48))
+        if h.strftime("%Y-%m-%d-%H") not in sample.hours["accounts"]
+    ]
     if missing:
         empty_hour = missing[0].strftime("%Y-%m-%d-%H")
         result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), partition_key=empty_hour)
@@ -188,7 +234,11 @@ def test_the_same_graph_runs_on_s3_through_s3a(sample, local_lake, moto_server, 
     _upload(client, s3_bucket, sample.landing_dir, "landing/unit")
     config = LakeConfig(
         lake=f"s3a://{s3_bucket}/lake",
-        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts", "customers")),),
+        feeds=(
+            FeedConfig(
+                "unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts", "customers")
+            ),
+        ),
     )
     from lake_assets.config import S3Config
 
@@ -197,7 +247,11 @@ def test_the_same_graph_runs_on_s3_through_s3a(sample, local_lake, moto_server, 
     run_ids = run_feeds(config, instance=instance, say=lambda _: None)
     assert len(run_ids) == 1  # the whole range of hours in one run
 
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix="lake/") for o in page.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix="lake/")
+        for o in page.get("Contents", [])
+    ]
     assert any(k.startswith("lake/changes/unit/accounts/hour=") for k in keys)
     assert not any(("_staging" in k or "_temporary" in k) and k.endswith(".parquet") for k in keys)
 
@@ -209,10 +263,18 @@ def test_the_same_graph_runs_on_s3_through_s3a(sample, local_lake, moto_server, 
         target = download / key
         target.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(s3_bucket, key, str(target))
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced", "_source_file")} for r in rows]
+
+    def strip(rows):
+        return [
+            {k: v for k, v in r.items() if k not in ("_ingested_at", "_fivetran_synced", "_source_file")}
+            for r in rows
+        ]
+
     for table in ("accounts", "customers"):
         for layer, order in (("current", "id"), ("history", "id, _fivetran_start")):
-            assert strip(lake_rows(str(download / "lake"), layer, table, order)) == strip(lake_rows(local_root, layer, table, order))
+            assert strip(lake_rows(str(download / "lake"), layer, table, order)) == strip(
+                lake_rows(local_root, layer, table, order)
+            )
 
 
 def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
@@ -221,21 +283,38 @@ def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
     from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
     landing = tmp_path / "landing"
-    write_events(landing, "accounts", 2, "part-good.parquet", [event("a", "I", 1, at(2), name="ok", balance=1)] * 2, ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        2,
+        "part-good.parquet",
+        [event("a", "I", 1, at(2), name="ok", balance=1)] * 2,
+        ACCOUNT_SCHEMA,
+    )
     (hour_dir(landing, "accounts", 2) / "part-corrupt.parquet").write_bytes(b"not parquet")
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     instance = dg.DagsterInstance.ephemeral()
     run_feeds(config, instance=instance, say=lambda _: None)
 
-    [note] = (tmp_path / "lake/_quarantine/unit/accounts/2024-03-01-02").glob("*/part-corrupt.parquet.reason.json")
+    [note] = (tmp_path / "lake/_quarantine/unit/accounts/2024-03-01-02").glob(
+        "*/part-corrupt.parquet.reason.json"
+    )
     assert json.loads(note.read_text())["reason"].startswith("not a readable Parquet file")
     assert (note.parent / "part-corrupt.parquet").read_bytes() == b"not parquet"
     run_id = instance.get_run_records()[0].dagster_run.run_id
     errors = [e.message for e in instance.all_logs(run_id) if e.level == 40 and e.message]  # logging.ERROR
     assert any("part-corrupt.parquet" in m and "not a readable Parquet file" in m for m in errors)
-    metadata = instance.get_latest_materialization_event(dg.AssetKey(["unit", "accounts", "changes"])).asset_materialization.metadata
+    metadata = instance.get_latest_materialization_event(
+        dg.AssetKey(["unit", "accounts", "changes"])
+    ).asset_materialization.metadata
     assert metadata["files_quarantined"].value == 1 and metadata["files_read"].value == 1
-    assert metadata["rows_in"].value == 2 and metadata["events_out"].value == 1 and metadata["duplicates_collapsed"].value == 1
+    assert (
+        metadata["rows_in"].value == 2
+        and metadata["events_out"].value == 1
+        and metadata["duplicates_collapsed"].value == 1
+    )
     assert metadata["dagster/row_count"].value == 1  # a run of one hour: that hour's rows
     assert lake_rows(str(tmp_path / "lake"), "current", "accounts", "id")[0]["name"] == "ok"
 
@@ -243,13 +322,23 @@ def test_bad_files_are_named_quarantined_and_the_run_goes_on(tmp_path, spark):
 def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, spark):
     import shutil
 
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig("unit", "unit_cdc", f"file://{sample.landing_dir}", tables=("accounts",)),),
+    )
     job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
     hours = sample.hours["accounts"]
     instance = dg.DagsterInstance.ephemeral()
-    result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-2]})
+    result = job.execute_in_process(
+        instance=instance, tags={RANGE_START_TAG: hours[0], RANGE_END_TAG: hours[-2]}
+    )
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(evaluations) == {"landing_complete", "current_unique_key", "history_windows", "events_reconcile"}
+    assert set(evaluations) == {
+        "landing_complete",
+        "current_unique_key",
+        "history_windows",
+        "events_reconcile",
+    }
     assert all(e.passed for e in evaluations.values()), evaluations
     assert evaluations["events_reconcile"].metadata["versions_stored"].value > 0
 
@@ -274,12 +363,16 @@ def test_every_file_no_hour_reads_is_quarantined_as_a_stray_and_fails_landing_co
 
     landing = tmp_path / "landing"
     _, expected = landing_with_strays(landing)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     instance = dg.DagsterInstance.ephemeral()
     (run_id,) = run_feeds(config, instance=instance, say=lambda _: None)
 
-    notes = {p.name[: -len(".reason.json")]: json.loads(p.read_text())
-             for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.reason.json")}
+    notes = {
+        p.name[: -len(".reason.json")]: json.loads(p.read_text())
+        for p in (tmp_path / "lake/_quarantine/unit/accounts").rglob("*.reason.json")
+    }
     assert set(notes) == set(expected)
     for name, words in expected.items():
         note = notes[name]
@@ -315,11 +408,29 @@ def test_runs_follow_the_hours_that_hold_files_not_the_years_between_them(tmp_pa
     old = dt.datetime(1990, 6, 1, 3, 15, tzinfo=dt.timezone.utc)
     old_hour = landing / f"legacy/year={old:%Y}/month={old:%m}/day={old:%d}/hour={old:%H}"
     old_hour.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([event("old", "I", 1, old, name="1990", balance=0)], schema=ACCOUNT_SCHEMA),
-                   old_hour / "part-0.parquet")
-    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 2, at(1), name="x", balance=1)], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 3, "part-0.parquet", [event("b", "I", 3, at(3), name="y", balance=2)], ACCOUNT_SCHEMA)
-    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),))
+    pq.write_table(
+        pa.Table.from_pylist([event("old", "I", 1, old, name="1990", balance=0)], schema=ACCOUNT_SCHEMA),
+        old_hour / "part-0.parquet",
+    )
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [event("a", "I", 2, at(1), name="x", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        3,
+        "part-0.parquet",
+        [event("b", "I", 3, at(3), name="y", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
     instance = dg.DagsterInstance.ephemeral()
 
     run_ids = run_feeds(config, instance=instance, say=lambda _: None)
@@ -327,9 +438,24 @@ def test_runs_follow_the_hours_that_hold_files_not_the_years_between_them(tmp_pa
     tags = [instance.get_run_by_id(r).tags for r in run_ids]
     old_key = f"{old:%Y-%m-%d-%H}"
     # A short stretch without files (hour 02) stays inside its run; 34 years do not.
-    assert sorted((t[RANGE_START_TAG], t[RANGE_END_TAG]) for t in tags) == [(old_key, old_key), ("2024-03-01-01", "2024-03-01-03")]
-    materialised = {t: instance.get_materialized_partitions(dg.AssetKey(["unit", t, "changes"])) for t in ("accounts", "legacy")}
-    assert materialised["legacy"] == materialised["accounts"] == {old_key, "2024-03-01-01", "2024-03-01-02", "2024-03-01-03"}
+    assert sorted((t[RANGE_START_TAG], t[RANGE_END_TAG]) for t in tags) == [
+        (old_key, old_key),
+        ("2024-03-01-01", "2024-03-01-03"),
+    ]
+    materialised = {
+        t: instance.get_materialized_partitions(dg.AssetKey(["unit", t, "changes"]))
+        for t in ("accounts", "legacy")
+    }
+    assert (
+        materialised["legacy"]
+        == materialised["accounts"]
+        == {old_key, "2024-03-01-01", "2024-03-01-02", "2024-03-01-03"}
+    )
     lake = str(tmp_path / "lake")
-    assert [(r["id"], r["name"]) for r in lake_rows(lake, "current", "accounts", "id")] == [("a", "x"), ("b", "y")]
-    assert [(r["id"], r["name"], r["hour"]) for r in lake_rows(lake, "changes", "legacy", "id")] == [("old", "1990", old_key)]
+    assert [(r["id"], r["name"]) for r in lake_rows(lake, "current", "accounts", "id")] == [
+        ("a", "x"),
+        ("b", "y"),
+    ]
+    assert [(r["id"], r["name"], r["hour"]) for r in lake_rows(lake, "changes", "legacy", "id")] == [
+        ("old", "1990", old_key)
+    ]

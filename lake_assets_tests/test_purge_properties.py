@@ -9,9 +9,20 @@ each layer equals a clean run over the same landed data.
 """
 
 import dagster as dg
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
-from lake_assets_tests.grax_lake import backfill, clean_run, cli, config_for, land, leaks, purge, tables, version
+from lake_assets_tests.grax_lake import (
+    backfill,
+    clean_run,
+    cli,
+    config_for,
+    land,
+    leaks,
+    purge,
+    tables,
+    version,
+)
 
 BATCHES = ["00000000a", "00000000b", "00000000c", "00000000d"]
 KEYS = ["K0", "K1", "K2", "K3"]
@@ -27,15 +38,28 @@ def landing_and_runs(draw):
             if draw(st.integers(0, 4)) == 0:
                 row = purge(key, hour, idseq)
             else:
-                row = version(key, hour, idseq, draw(st.sampled_from(["Ann", "Bob", None])), draw(st.sampled_from(["555", None])))
+                row = version(
+                    key,
+                    hour,
+                    idseq,
+                    draw(st.sampled_from(["Ann", "Bob", None])),
+                    draw(st.sampled_from(["555", None])),
+                )
             writes.append((index, row))
     # First every batch, in random ranges of a random order; then re-runs of random ranges.
     order = draw(st.permutations(range(len(BATCHES))))
     cut = draw(st.integers(1, len(BATCHES)))
-    runs = [(draw(st.sampled_from(["cli", "backfill"])), chunk) for chunk in (order[:cut], order[cut:]) if chunk]
+    runs = [
+        (draw(st.sampled_from(["cli", "backfill"])), chunk) for chunk in (order[:cut], order[cut:]) if chunk
+    ]
     for _ in range(draw(st.integers(1, 2))):
         first = draw(st.integers(0, len(BATCHES) - 1))
-        runs.append((draw(st.sampled_from(["cli", "backfill"])), list(range(first, draw(st.integers(first, len(BATCHES) - 1)) + 1))))
+        runs.append(
+            (
+                draw(st.sampled_from(["cli", "backfill"])),
+                list(range(first, draw(st.integers(first, len(BATCHES) - 1)) + 1)),
+            )
+        )
     return writes, runs
 
 
@@ -50,7 +74,12 @@ def _process(how, config, instance, batches):
 
 
 # No shrinking: each step is a Dagster run, and a failure already names the landing and the runs.
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 @given(case=landing_and_runs())
 def test_no_run_brings_a_purge_back_and_every_lake_equals_a_clean_run(spark, tmp_path_factory, case):
     writes, runs = case

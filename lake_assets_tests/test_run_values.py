@@ -13,20 +13,30 @@ from lake_assets_tests.run_value_probes import classes_compiled
 def test_a_new_value_each_run_compiles_no_new_code(spark):
     frame = spark.range(3000).select((F.col("id") % 7).alias("k"), F.lit(None).cast("timestamp").alias("at"))
     seen = []
-    for moment in (dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 1, 0, 0, 1, 5000, tzinfo=dt.timezone.utc)):
+    for moment in (
+        dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        dt.datetime(2026, 1, 1, 0, 0, 1, 5000, tzinfo=dt.timezone.utc),
+    ):
         stamped = with_run_values(frame, {"at": moment, "other": moment + dt.timedelta(hours=1)})
         before = classes_compiled(spark)
-        rows = stamped.groupBy("k").agg(
-            *[F.min(F.unix_micros(c)).alias(f"min_{c}") for c in ("at", "other")],
-            *[F.max(F.unix_micros(c)).alias(f"max_{c}") for c in ("at", "other")],
-        ).collect()
+        rows = (
+            stamped.groupBy("k")
+            .agg(
+                *[F.min(F.unix_micros(c)).alias(f"min_{c}") for c in ("at", "other")],
+                *[F.max(F.unix_micros(c)).alias(f"max_{c}") for c in ("at", "other")],
+            )
+            .collect()
+        )
         seen.append((classes_compiled(spark) - before, stamped.columns, rows))
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-    for (_, columns, rows), moment in zip(seen, (dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, 0, 0, 1, 5000))):
+    for (_, columns, rows), moment in zip(
+        seen, (dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, 0, 0, 1, 5000)), strict=True
+    ):
         micros = (moment.replace(tzinfo=dt.timezone.utc) - epoch) // dt.timedelta(microseconds=1)
         assert columns == ["k", "at", "other"]  # the existing `at` was replaced, not doubled
         assert len(rows) == 7 and all(
-            (r["min_at"], r["max_at"], r["min_other"], r["max_other"]) == (micros, micros, micros + 3_600_000_000, micros + 3_600_000_000)
+            (r["min_at"], r["max_at"], r["min_other"], r["max_other"])
+            == (micros, micros, micros + 3_600_000_000, micros + 3_600_000_000)
             for r in rows
         )
     # The first run may compile (the cache may not hold this plan yet); the second must not.

@@ -44,9 +44,17 @@ class Landings:
         self.feeds = (
             FeedConfig(name="unit", format="unit_cdc", landing=f"file://{unit.landing_dir}"),
             # the object with deletes and purges; one object is one run of its own on every path
-            FeedConfig(name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}", objects=("Account",)),
-            FeedConfig(name="flow", format="flow_journal", landing=f"file://{flow.landing_dir}",
-                       collections=tuple(CollectionConfig(name, tuple(key)) for name, key in flow.collections.items())),
+            FeedConfig(
+                name="grax", format="grax_v2", landing=f"file://{grax.landing_dir}", objects=("Account",)
+            ),
+            FeedConfig(
+                name="flow",
+                format="flow_journal",
+                landing=f"file://{flow.landing_dir}",
+                collections=tuple(
+                    CollectionConfig(name=name, key=tuple(key)) for name, key in flow.collections.items()
+                ),
+            ),
         )
         self.unit_dir = unit.landing_dir
 
@@ -76,7 +84,9 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory, moto_server):
-    started = ConnectServer(tmp_path_factory.mktemp("connect"), s3_endpoint=moto_server.url).start(sys.executable)
+    started = ConnectServer(tmp_path_factory.mktemp("connect"), s3_endpoint=moto_server.url).start(
+        sys.executable
+    )
     yield started
     started.stop()
 
@@ -87,9 +97,17 @@ def run_cli(config: LakeConfig, work: Path, env: dict[str, str] | None = None) -
     config_file = work / "lake.yaml"
     config_file.write_text(dump_config(config))
     return subprocess.run(
-        [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)], capture_output=True, text=True,
-        timeout=RUN_TIMEOUT, env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(work / "logs"), "SPARK_LOCAL_IP": "127.0.0.1",
-                                  **(env or {})},
+        [sys.executable, "-m", "lake_assets.cli", "run", "--config", str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env={
+            **os.environ,
+            "LAKE_ASSETS_LOG_DIR": str(work / "logs"),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            **(env or {}),
+        },
+        check=False,
     )
 
 
@@ -100,7 +118,9 @@ def assert_ran(done: subprocess.CompletedProcess, work: Path) -> None:
 
 def parquet_schemas(lake: Path, layer: str, feed: str, table: str) -> set[str]:
     """The Parquet schemas (physical types included: INT96 against TIMESTAMP_MICROS shows) of a table's files."""
-    return {_physical(pq.ParquetFile(path).schema) for path in (lake / layer / feed / table).rglob("*.parquet")}
+    return {
+        _physical(pq.ParquetFile(path).schema) for path in (lake / layer / feed / table).rglob("*.parquet")
+    }
 
 
 def _physical(schema: pq.ParquetSchema) -> str:
@@ -114,10 +134,13 @@ def assert_same_lake(lake: Path, reference: Path) -> None:
     assert _tables(lake) == tables
     for feed, table in tables:
         for layer in LAYERS:
-            assert parquet_schemas(lake, layer, feed, table) == parquet_schemas(reference, layer, feed, table), (
-                f"{feed}/{table}/{layer}: the Parquet schema differs from the local driver's")
+            assert parquet_schemas(lake, layer, feed, table) == parquet_schemas(
+                reference, layer, feed, table
+            ), f"{feed}/{table}/{layer}: the Parquet schema differs from the local driver's"
             rows, expected = lake_table(lake, layer, feed, table), lake_table(reference, layer, feed, table)
-            assert rows == expected, f"{feed}/{table}/{layer}: {len(rows)} rows, the local driver wrote {len(expected)}"
+            assert rows == expected, (
+                f"{feed}/{table}/{layer}: {len(rows)} rows, the local driver wrote {len(expected)}"
+            )
             assert expected, f"{feed}/{table}/{layer} is empty"
 
 
@@ -133,7 +156,9 @@ def _tables(lake: Path) -> list[tuple[str, str]]:
 
 def test_a_standalone_cluster_writes_the_lake_the_local_driver_writes(landings, local_lake, cluster):
     work = landings.root / "cluster-run"
-    config = landings.config(work / "lake", SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable)))
+    config = landings.config(
+        work / "lake", SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable))
+    )
     done = run_cli(config, work)
     assert_ran(done, work)
     assert_same_lake(work / "lake", local_lake)
@@ -163,14 +188,16 @@ def _download(client, bucket: str, prefix: str, target: Path) -> None:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):
-                path = target / item["Key"][len(prefix):].lstrip("/")
+                path = target / item["Key"][len(prefix) :].lstrip("/")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 client.download_file(bucket, item["Key"], str(path))
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize("server", ["cluster", "connect_server"])
-def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local_lake, moto_server, s3_bucket, request, server):
+def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
+    landings, local_lake, moto_server, s3_bucket, request, server
+):
     """Landing and lake on S3 (moto): a cluster's executors get s3a and the keys from the driver's
     session; a Connect server has its own s3a settings and takes the keys from its environment."""
     started = request.getfixturevalue(server)
@@ -180,34 +207,49 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(landings, local
         spark, env = SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable)), {}
     else:
         spark, env = SparkConfig(remote=started.url), {"SPARK_CONNECT_AUTHENTICATE_TOKEN": started.token}
-    config = LakeConfig(lake=f"s3a://{s3_bucket}/lake", s3=S3Config(endpoint_url=moto_server.url), spark=spark,
-                        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit"),))
+    config = LakeConfig(
+        lake=f"s3a://{s3_bucket}/lake",
+        s3=S3Config(endpoint_url=moto_server.url),
+        spark=spark,
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"s3a://{s3_bucket}/landing/unit"),),
+    )
     work = landings.root / f"{server}-s3-run"
     assert_ran(run_cli(config, work, env), work)
     _download(client, s3_bucket, "lake/", work / "lake")
     for table in ("accounts",):
         for layer in LAYERS:
-            assert parquet_schemas(work / "lake", layer, "unit", table) == parquet_schemas(local_lake, layer, "unit", table)
+            assert parquet_schemas(work / "lake", layer, "unit", table) == parquet_schemas(
+                local_lake, layer, "unit", table
+            )
             assert _without_source(lake_table(work / "lake", layer, "unit", table)) == _without_source(
-                lake_table(local_lake, layer, "unit", table)), (
-                f"unit/{table}/{layer} on S3 differs from the local driver's")
+                lake_table(local_lake, layer, "unit", table)
+            ), f"unit/{table}/{layer} on S3 differs from the local driver's"
 
 
-def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(landings, cluster):
+def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(
+    landings, cluster
+):
     """Executors running a Python without the project's packages (the system's): the session's
     first job says which module is missing and where the README tells how to provide it. The
     calling environment names the project's Python in PYSPARK_PYTHON: the configured
     `spark.pyspark.python` must still be the one the executors run."""
     system_python = "/usr/bin/python3"
-    assert Path(system_python).exists(), "this test needs the system's Python (without the project's packages)"
+    assert Path(system_python).exists(), (
+        "this test needs the system's Python (without the project's packages)"
+    )
     work = landings.root / "cluster-bare-python"
     # one attempt per task: Spark's default of four only repeats the same failure
     conf = {**cluster.spark_conf(system_python), "spark.task.maxFailures": "1"}
-    config = LakeConfig(lake=f"file://{work / 'lake'}", feeds=landings.feeds[:1],
-                        spark=SparkConfig(master=cluster.master_url, conf=conf))
+    config = LakeConfig(
+        lake=f"file://{work / 'lake'}",
+        feeds=landings.feeds[:1],
+        spark=SparkConfig(master=cluster.master_url, conf=conf),
+    )
     done = run_cli(config, work, env={"PYSPARK_PYTHON": sys.executable})
     assert done.returncode == 1, done.stdout + done.stderr
     failures = [line for line in done.stderr.splitlines() if line.startswith("lake-assets: failed:")]
     assert failures, done.stderr
-    assert all("the executors' Python cannot" in line and "pack-env" in line and "Traceback" not in line
-               for line in failures), failures
+    assert all(
+        "the executors' Python cannot" in line and "pack-env" in line and "Traceback" not in line
+        for line in failures
+    ), failures

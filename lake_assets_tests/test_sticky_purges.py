@@ -28,8 +28,18 @@ B1, B2, B3, B4 = "00000000a", "00000000b", "00000000c", "00000000d"
 def landed_with_a_purge(landing):
     """X and Y created in B1; B2 holds a later write of X with field data, then X's purge; Y
     changes in B3."""
-    land(landing, B1, "data-00000000001.parquet", [version("X", 1, "01", "Xavier", "555-0101"), version("Y", 1, "02", "Yvonne")])
-    land(landing, B2, "data-00000000002.parquet", [version("X", 2, "03", "Xavier II", "555-0303"), purge("X", 3, "04")])
+    land(
+        landing,
+        B1,
+        "data-00000000001.parquet",
+        [version("X", 1, "01", "Xavier", "555-0101"), version("Y", 1, "02", "Yvonne")],
+    )
+    land(
+        landing,
+        B2,
+        "data-00000000002.parquet",
+        [version("X", 2, "03", "Xavier II", "555-0303"), purge("X", 3, "04")],
+    )
     land(landing, B3, "data-00000000003.parquet", [version("Y", 4, "05", "Yves", "555-0505")])
     return landing
 
@@ -62,8 +72,16 @@ def rows_of_ledger(root):
     import duckdb
 
     folder = root / "_state" / FEED / TABLE / "purged"
-    return [dict(zip(("Id", "__purged_at"), r)) for r in duckdb.connect().execute(
-        f"SELECT Id, __purged_at FROM read_parquet('{folder}/*.parquet') ORDER BY Id").fetchall()] if folder.exists() else []
+    return (
+        [
+            dict(zip(("Id", "__purged_at"), r, strict=True))
+            for r in duckdb.connect()
+            .execute(f"SELECT Id, __purged_at FROM read_parquet('{folder}/*.parquet') ORDER BY Id")
+            .fetchall()
+        ]
+        if folder.exists()
+        else []
+    )
 
 
 def test_rerunning_every_batch_keeps_the_purge(clean, lake):
@@ -115,11 +133,18 @@ def test_late_files_sensor_runs_and_restores_never_bring_a_purge_back(lake, tmp_
     cli(config, instance, B1, B1)  # an old batch's late file: an operator re-runs that batch
     assert leaks(root, {"X"}) == []
 
-    land(landing, B4, "data-00000000006.parquet", [version("Z", 7, "08", "Xavier", "555-0101", grax__restoredfrom="X")])
+    land(
+        landing,
+        B4,
+        "data-00000000006.parquet",
+        [version("Z", 7, "08", "Xavier", "555-0101", grax__restoredfrom="X")],
+    )
     cursor, runs = sensor_tick(config, instance, cursor)
     assert runs == 1 and leaks(root, {"X"}) == []
     restored = [r for r in rows(root, "current") if r["Id"] == "Z"]
-    assert [field_data(r) for r in restored] == [{"Name": "Xavier", "Phone": "555-0101", "grax__restoredfrom": "X"}]
+    assert [field_data(r) for r in restored] == [
+        {"Name": "Xavier", "Phone": "555-0101", "grax__restoredfrom": "X"}
+    ]
     history_of_x = [r for r in rows(root, "history") if r["Id"] == "X"]
     assert [r["_fivetran_start"].hour for r in history_of_x] == [1, 2, 3, 6]  # every version, no data
 

@@ -19,18 +19,25 @@ HOURS = dg.HourlyPartitionsDefinition(start_date="2024-03-01-00:00")
 
 
 def _unit_table(landing: str = "file:///landing/unit") -> steps.AssetTable:
-    feed = FeedConfig("unit", "unit_cdc", landing)
+    feed = FeedConfig(name="unit", format="unit_cdc", landing=landing)
     return steps.AssetTable(feed, format_for(feed), "accounts")
 
 
 def _batch(**counts) -> Batch:
-    fields = dict(events=None, files_listed=3, files_read=2, rows_in=10, events_out=9, duplicates=1,
-                  quarantined=[Quarantined("file:///landing/unit/accounts/bad.parquet", "not Parquet")])
+    fields = {
+        "events": None,
+        "files_listed": 3,
+        "files_read": 2,
+        "rows_in": 10,
+        "events_out": 9,
+        "duplicates": 1,
+        "quarantined": [Quarantined("file:///landing/unit/accounts/bad.parquet", "not Parquet")],
+    }
     return Batch(**{**fields, **counts})
 
 
 def test_a_grouped_table_is_named_by_feed_group_and_table():
-    feed = FeedConfig("grax", "grax_v2", "s3a://bucket/grax")
+    feed = FeedConfig(name="grax", format="grax_v2", landing="s3a://bucket/grax")
     table = steps.AssetTable(feed, format_for(feed), "00D5g000004Fr0o/Account")
     assert table.label == "grax/00D5g000004Fr0o/Account"
     assert table.key("changes") == dg.AssetKey(["grax", "00D5g000004Fr0o", "Account", "changes"])
@@ -98,12 +105,22 @@ def test_the_change_log_metadata_counts_every_file_and_row():
     metadata = steps.changes_metadata(pipeline.Ingested(batch, files_catalogued=4, strays=[]))
     plain = {name: getattr(value, "value", value) for name, value in metadata.items()}
     assert plain == {
-        "files_listed": 3, "files_read": 2, "files_quarantined": 1,
+        "files_listed": 3,
+        "files_read": 2,
+        "files_quarantined": 1,
         "quarantined": [{"file": "file:///landing/unit/accounts/bad.parquet", "reason": "not Parquet"}],
-        "rows_in": 10, "events_out": 9, "duplicates_collapsed": 1, "events_derived": 0, "files_superseded": 0,
-        "gaps": ["journal bytes 10..20"], "reader_counts": {}, "text_values_repaired": 3,
+        "rows_in": 10,
+        "events_out": 9,
+        "duplicates_collapsed": 1,
+        "events_derived": 0,
+        "files_superseded": 0,
+        "gaps": ["journal bytes 10..20"],
+        "reader_counts": {},
+        "text_values_repaired": 3,
         "text_repaired": [{"file": "file:///a", "values": 1}, {"file": "file:///b", "values": 2}],
-        "reconciled": True, "stray_and_quarantine_files_catalogued": 4, "files_stray": 0,
+        "reconciled": True,
+        "stray_and_quarantine_files_catalogued": 4,
+        "files_stray": 0,
     }
 
 
@@ -147,20 +164,35 @@ def test_build_table_assets_chains_the_layers():
 
 
 def test_the_fold_figures_become_metadata_of_both_layers():
-    report = FoldReport("fold-1", events_in=7, keys_touched=3, late_keys=1, days_rewritten=["2024-03-01"],
-                        closed_files_rewritten=2, days_appended=["2024-03-02", "2024-03-03"],
-                        days_compacted=[], newly_purged=["k"])
+    report = FoldReport(
+        "fold-1",
+        events_in=7,
+        keys_touched=3,
+        late_keys=1,
+        days_rewritten=["2024-03-01"],
+        closed_files_rewritten=2,
+        days_appended=["2024-03-02", "2024-03-03"],
+        days_compacted=[],
+        newly_purged=["k"],
+    )
     assert steps.fold_metadata(report) == {
-        "events_folded": 7, "keys_touched": 3, "late_keys": 1, "closed_days_rewritten": 1,
-        "closed_files_rewritten": 2, "closed_days_appended": 2, "closed_days_compacted": 0,
+        "events_folded": 7,
+        "keys_touched": 3,
+        "late_keys": 1,
+        "closed_days_rewritten": 1,
+        "closed_files_rewritten": 2,
+        "closed_days_appended": 2,
+        "closed_days_compacted": 0,
         "keys_newly_purged": 1,
     }
 
 
 def test_each_fold_check_is_reported_on_its_layer():
-    outcomes = [checks.Outcome("current_unique_key", True, "ok", {}),
-                checks.Outcome("history_windows", False, "2 overlaps", {"keys": 2}),
-                checks.Outcome("events_reconcile", True, "ok", {})]
+    outcomes = [
+        checks.Outcome("current_unique_key", True, "ok", {}),
+        checks.Outcome("history_windows", False, "2 overlaps", {"keys": 2}),
+        checks.Outcome("events_reconcile", True, "ok", {}),
+    ]
     results = list(steps.fold_check_results(_unit_table(), outcomes))
     assert [(r.asset_key.path[-1], r.check_name, r.passed) for r in results] == [
         ("current", "current_unique_key", True),
@@ -174,7 +206,8 @@ def test_the_state_layers_as_a_reader_finds_them(tmp_path, spark):
     table, lake = _unit_table(), LakeResource(root=f"file://{tmp_path}")
     work = table.work("run-1", lake, CatalogResource(lake=lake))
     spark.createDataFrame([("a", 1), ("b", 2)], "id string, balance int").write.parquet(
-        f"{tmp_path}/current/unit/accounts")
+        f"{tmp_path}/current/unit/accounts"
+    )
     results = steps.state_materializations(table, spark, work, FoldReport("fold-1", events_in=2))
     found = {result.asset_key.path[-1]: result.metadata for result in results}
     assert found["current"]["dagster/row_count"] == 2 and found["history"]["dagster/row_count"] == 0
@@ -193,7 +226,9 @@ def test_a_batch_that_cannot_join_the_stored_table_fails_naming_its_files(spark,
     monkeypatch.setattr(pipeline, "fold_into_state", clashing)
     with pytest.raises(dg.Failure) as failed:
         steps.fold(_unit_table(), spark, None, batch, None)
-    assert failed.value.description == ("unit/accounts: the batch cannot be folded into the stored table: "
-                                        "note: string cannot join int; landed file(s) with this column: "
-                                        "file:///l/h1/a.parquet")
+    assert failed.value.description == (
+        "unit/accounts: the batch cannot be folded into the stored table: "
+        "note: string cannot join int; landed file(s) with this column: "
+        "file:///l/h1/a.parquet"
+    )
     assert failed.value.metadata["files"].value == ["file:///l/h1/a.parquet"]

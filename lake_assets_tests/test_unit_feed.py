@@ -6,17 +6,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
+from lake_assets.config import S3Config
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
 from lake_assets.engine.state import TableState
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
-from lake_assets.config import S3Config
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.storage_spy import CountingStorage
-from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, landing_with_strays, write_events
+from lake_assets_tests.unit_files import (
+    ACCOUNT_SCHEMA,
+    at,
+    event,
+    hour_dir,
+    landing_with_strays,
+    write_events,
+)
 
 FMT = UnitCdcFormat()
 
@@ -25,35 +32,68 @@ def _fold(spark, landing, hours=(0, 1, 2)):
     """The hours' batch read and folded into an empty lake beside the landing, as a run does;
     the batch, and the table's current and history rows as the lake holds them."""
     storage = Storage()
-    files = {f"2024-03-01-{h:02d}": data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}") for h in hours}
+    files = {
+        f"2024-03-01-{h:02d}": data_files(storage, f"file://{hour_dir(landing, 'accounts', h)}")
+        for h in hours
+    }
     batch = read_batch(spark, storage, FMT, "accounts", files)
     state = TableState(LakeLayout(f"file://{landing.parent / 'lake'}"), "unit", "accounts")
     fold(spark, storage, state, batch.events, FMT.table_spec("accounts"))
     current = {r["id"]: r.asDict() for r in spark.read.parquet(state.current).collect()}
-    stored = spark.read.option("recursiveFileLookup", "true").option("mergeSchema", "true").parquet(state.history)
+    stored = (
+        spark.read.option("recursiveFileLookup", "true").option("mergeSchema", "true").parquet(state.history)
+    )
     history = sorted((r.asDict() for r in stored.collect()), key=lambda r: (r["id"], r["_fivetran_start"]))
     return batch, current, history
 
 
 def test_unit_semantics_on_focused_events(spark, tmp_path):
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [
-        event("a1", "INSERT", 1, at(0, 1), name="first", balance=1),
-        # same timestamp, three writes: the greatest cdc_change_seq wins, whatever the row order
-        event("a1", "UPDATE", 4, at(0, 2), name="winner", balance=3),
-        event("a1", "UPDATE", 2, at(0, 2), name="loser", balance=2),
-        event("a1", "UPDATE", 3, at(0, 2), name="middle", balance=2),
-        event("b1", "U", 5, at(0, 3), name="first-is-an-update", balance=10),
-        event("c1", "I", 6, at(0, 4), name="to-delete", balance=7),
-    ], ACCOUNT_SCHEMA)
-    write_events(landing, "accounts", 1, "part-0.parquet", [
-        {"id": "c1", "name": None, "balance": None, "cdc_operation_type": "D", "cdc_change_seq": 7, "cdc_commit_timestamp": at(1, 5)},
-        event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [
+            event("a1", "INSERT", 1, at(0, 1), name="first", balance=1),
+            # same timestamp, three writes: the greatest cdc_change_seq wins, whatever the row order
+            event("a1", "UPDATE", 4, at(0, 2), name="winner", balance=3),
+            event("a1", "UPDATE", 2, at(0, 2), name="loser", balance=2),
+            event("a1", "UPDATE", 3, at(0, 2), name="middle", balance=2),
+            event("b1", "U", 5, at(0, 3), name="first-is-an-update", balance=10),
+            event("c1", "I", 6, at(0, 4), name="to-delete", balance=7),
+        ],
+        ACCOUNT_SCHEMA,
+    )
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [
+            {
+                "id": "c1",
+                "name": None,
+                "balance": None,
+                "cdc_operation_type": "D",
+                "cdc_change_seq": 7,
+                "cdc_commit_timestamp": at(1, 5),
+            },
+            event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     # The same file delivered twice: identical duplicates collapse.
-    write_events(landing, "accounts", 1, "part-1.parquet", [
-        event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-1.parquet",
+        [
+            event("b1", "UPDATE", 8, at(1, 6), name="second", balance=11),
+        ],
+        ACCOUNT_SCHEMA,
+    )
 
     batch, current, history = _fold(spark, landing)
 
@@ -62,29 +102,87 @@ def test_unit_semantics_on_focused_events(spark, tmp_path):
     assert current["a1"]["name"] == "winner" and current["a1"]["_seq"] == 4
     assert current["b1"]["name"] == "second"
     c1 = [h for h in history if h["id"] == "c1"]
-    assert len(c1) == 1 and c1[0]["_fivetran_end"] == at(1, 5).replace(tzinfo=None) and not c1[0]["_fivetran_active"]
+    assert (
+        len(c1) == 1
+        and c1[0]["_fivetran_end"] == at(1, 5).replace(tzinfo=None)
+        and not c1[0]["_fivetran_active"]
+    )
     a1 = [h for h in history if h["id"] == "a1"]
     assert [h["name"] for h in a1] == ["first", "winner"]
     assert a1[0]["_fivetran_end"] == at(0, 2).replace(tzinfo=None) - dt.timedelta(milliseconds=1)
-    assert a1[1]["_fivetran_end"] == dt.datetime(9999, 12, 31, 23, 59, 59, 999000) and a1[1]["_fivetran_active"]
+    assert (
+        a1[1]["_fivetran_end"] == dt.datetime(9999, 12, 31, 23, 59, 59, 999000) and a1[1]["_fivetran_active"]
+    )
     b1 = [h for h in history if h["id"] == "b1"]
     assert [h["name"] for h in b1] == ["first-is-an-update", "second"]
 
 
 def test_special_columns_in_other_encodings_are_accepted(spark, tmp_path):
     landing = tmp_path / "unit"
-    text_schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("cdc_operation_type", pa.string()),
-                             ("cdc_change_seq", pa.string()), ("cdc_commit_timestamp", pa.string())])
-    write_events(landing, "accounts", 0, "part-0.parquet", [
-        {"id": 1, "v": "a", "cdc_operation_type": "insert", "cdc_change_seq": "0001", "cdc_commit_timestamp": "2024-03-01T00:00:01Z"},
-        {"id": 1, "v": "b", "cdc_operation_type": " Update ", "cdc_change_seq": "2", "cdc_commit_timestamp": "2024-03-01 00:00:02.5"},
-    ], text_schema)
-    epoch_schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("cdc_operation_type", pa.string()),
-                              ("cdc_change_seq", pa.int32()), ("cdc_commit_timestamp", pa.int64())])
-    write_events(landing, "accounts", 1, "part-0.parquet", [
-        {"id": 1, "v": "c", "cdc_operation_type": "U", "cdc_change_seq": 3, "cdc_commit_timestamp": int(at(1).timestamp() * 1000)},
-        {"id": 2, "v": "d", "cdc_operation_type": "I", "cdc_change_seq": 4, "cdc_commit_timestamp": int(at(1, 1).timestamp())},
-    ], epoch_schema)
+    text_schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("v", pa.string()),
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.string()),
+            ("cdc_commit_timestamp", pa.string()),
+        ]
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [
+            {
+                "id": 1,
+                "v": "a",
+                "cdc_operation_type": "insert",
+                "cdc_change_seq": "0001",
+                "cdc_commit_timestamp": "2024-03-01T00:00:01Z",
+            },
+            {
+                "id": 1,
+                "v": "b",
+                "cdc_operation_type": " Update ",
+                "cdc_change_seq": "2",
+                "cdc_commit_timestamp": "2024-03-01 00:00:02.5",
+            },
+        ],
+        text_schema,
+    )
+    epoch_schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("v", pa.string()),
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.int32()),
+            ("cdc_commit_timestamp", pa.int64()),
+        ]
+    )
+    write_events(
+        landing,
+        "accounts",
+        1,
+        "part-0.parquet",
+        [
+            {
+                "id": 1,
+                "v": "c",
+                "cdc_operation_type": "U",
+                "cdc_change_seq": 3,
+                "cdc_commit_timestamp": int(at(1).timestamp() * 1000),
+            },
+            {
+                "id": 2,
+                "v": "d",
+                "cdc_operation_type": "I",
+                "cdc_change_seq": 4,
+                "cdc_commit_timestamp": int(at(1, 1).timestamp()),
+            },
+        ],
+        epoch_schema,
+    )
     batch, current, history = _fold(spark, landing, hours=(0, 1))
     assert batch.quarantined == [] and batch.reconciles
     assert current[1]["v"] == "c" and current[1]["_version_at"] == at(1).replace(tzinfo=None)
@@ -95,36 +193,78 @@ def test_special_columns_in_other_encodings_are_accepted(spark, tmp_path):
 
 def test_bad_files_are_quarantined_and_the_rest_of_the_hour_goes_on(spark, tmp_path):
     landing = tmp_path / "unit"
-    good = write_events(landing, "accounts", 0, "part-good.parquet", [
-        event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
-        event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
-    ], ACCOUNT_SCHEMA)
+    good = write_events(
+        landing,
+        "accounts",
+        0,
+        "part-good.parquet",
+        [
+            event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
+            event("a1", "INSERT", 1, at(0, 1), name="ok", balance=1),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     folder = hour_dir(landing, "accounts", 0)
     (folder / "part-corrupt.parquet").write_bytes(b"PAR1 this is not parquet at all PAR1")
     truncated = folder / "part-truncated.parquet"
     truncated.write_bytes(good.read_bytes()[:-30])
-    pq.write_table(pa.table({"name": ["no id"], "cdc_operation_type": ["I"], "cdc_change_seq": [2],
-                             "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC"))}),
-                   folder / "part-no-id.parquet")
-    pq.write_table(pa.table({"id": ["x"], "cdc_operation_type": ["I"], "cdc_change_seq": [2.5],
-                             "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC"))}),
-                   folder / "part-float-seq.parquet")
-    pq.write_table(pa.table({"id": ["y"], "cdc_operation_type": ["I"], "cdc_change_seq": [3],
-                             "cdc_commit_timestamp": [True]}),
-                   folder / "part-bool-ts.parquet")
-    write_events(landing, "accounts", 0, "part-bad-op.parquet", [
-        event("z", "UPSERT", 9, at(0, 9), name="?", balance=0),
-        event("z2", "INSERT", 10, at(0, 9), name="fine row, bad file", balance=0),
-    ], ACCOUNT_SCHEMA)
+    pq.write_table(
+        pa.table(
+            {
+                "name": ["no id"],
+                "cdc_operation_type": ["I"],
+                "cdc_change_seq": [2],
+                "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+        folder / "part-no-id.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["x"],
+                "cdc_operation_type": ["I"],
+                "cdc_change_seq": [2.5],
+                "cdc_commit_timestamp": pa.array([at(0, 2)], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+        folder / "part-float-seq.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {"id": ["y"], "cdc_operation_type": ["I"], "cdc_change_seq": [3], "cdc_commit_timestamp": [True]}
+        ),
+        folder / "part-bool-ts.parquet",
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-bad-op.parquet",
+        [
+            event("z", "UPSERT", 9, at(0, 9), name="?", balance=0),
+            event("z2", "INSERT", 10, at(0, 9), name="fine row, bad file", balance=0),
+        ],
+        ACCOUNT_SCHEMA,
+    )
 
     batch, current, _ = _fold(spark, landing, hours=(0,))
 
     reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
-    assert set(reasons) == {"part-corrupt.parquet", "part-truncated.parquet", "part-no-id.parquet",
-                            "part-float-seq.parquet", "part-bool-ts.parquet", "part-bad-op.parquet"}
+    assert set(reasons) == {
+        "part-corrupt.parquet",
+        "part-truncated.parquet",
+        "part-no-id.parquet",
+        "part-float-seq.parquet",
+        "part-bool-ts.parquet",
+        "part-bad-op.parquet",
+    }
     assert "not a readable Parquet file" in reasons["part-corrupt.parquet"]
     assert "missing the key column 'id'" in reasons["part-no-id.parquet"]
-    assert "cdc_change_seq" in reasons["part-float-seq.parquet"] and "double" in reasons["part-float-seq.parquet"]
+    assert (
+        "cdc_change_seq" in reasons["part-float-seq.parquet"]
+        and "double" in reasons["part-float-seq.parquet"]
+    )
     assert "cdc_commit_timestamp" in reasons["part-bool-ts.parquet"]
     assert "unknown cdc_operation_type UPSERT" in reasons["part-bad-op.parquet"]
     assert batch.files_listed == 7 and batch.files_read == 1
@@ -136,20 +276,40 @@ def test_a_file_whose_types_cannot_join_the_batch_is_quarantined_naming_the_colu
     landing = tmp_path / "unit"
     write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0), flag=True)])
     write_events(landing, "accounts", 0, "part-1.parquet", [event("c", "I", 3, at(0, 1), flag=False)])
-    write_events(landing, "accounts", 0, "part-2.parquet", [event("b", "I", 2, at(0), flag=dt.date(2024, 1, 1))])
+    write_events(
+        landing, "accounts", 0, "part-2.parquet", [event("b", "I", 2, at(0), flag=dt.date(2024, 1, 1))]
+    )
     batch, current, _ = _fold(spark, landing, hours=(0,))
     assert [q.uri.rsplit("/", 1)[-1] for q in batch.quarantined] == ["part-2.parquet"]
-    assert "column 'flag' has type boolean" in batch.quarantined[0].reason and "date" in batch.quarantined[0].reason
+    assert (
+        "column 'flag' has type boolean" in batch.quarantined[0].reason
+        and "date" in batch.quarantined[0].reason
+    )
     assert set(current) == {"a", "c"} and batch.reconciles and batch.files_read == 2
 
 
 def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0), old_col="x", amount=1)],
-                 pa.schema([("id", pa.string()), ("old_col", pa.string()), ("amount", pa.int32()),
-                            ("cdc_operation_type", pa.string()), ("cdc_change_seq", pa.int64()),
-                            ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC"))]))
-    write_events(landing, "accounts", 0, "part-1.parquet", [event("a", "U", 2, at(0, 5), new_col="y", amount=2**40)])
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event("a", "I", 1, at(0), old_col="x", amount=1)],
+        pa.schema(
+            [
+                ("id", pa.string()),
+                ("old_col", pa.string()),
+                ("amount", pa.int32()),
+                ("cdc_operation_type", pa.string()),
+                ("cdc_change_seq", pa.int64()),
+                ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+            ]
+        ),
+    )
+    write_events(
+        landing, "accounts", 0, "part-1.parquet", [event("a", "U", 2, at(0, 5), new_col="y", amount=2**40)]
+    )
     batch, current, history = _fold(spark, landing, hours=(0,))
     assert batch.reconciles
     row = current["a"]
@@ -166,7 +326,12 @@ def test_every_file_carries_the_partition_that_lists_it_whatever_its_folder_spel
     bare.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([event("b", "I", 2, at(7, 5))]), bare / "part-1.parquet")
     storage = Storage()
-    files = {"2024-03-04-07": [*data_files(storage, f"file://{padded.parent}"), *data_files(storage, f"file://{bare}")]}
+    files = {
+        "2024-03-04-07": [
+            *data_files(storage, f"file://{padded.parent}"),
+            *data_files(storage, f"file://{bare}"),
+        ]
+    }
     batch = read_batch(spark, storage, FMT, "accounts", files)
     keys = {r["id"]: r[FMT.partition_column] for r in batch.events.collect()}
     assert keys == {"a": "2024-03-04-07", "b": "2024-03-04-07"}
@@ -176,10 +341,17 @@ def test_reading_the_same_files_again_compiles_no_new_code(spark, tmp_path):
     """Each read stamps its events with its own `_ingested_at`; reading again must reuse Spark's
     compiled stages, not generate new ones around the new time."""
     landing = tmp_path / "unit"
-    write_events(landing, "accounts", 0, "part-0.parquet", [
-        event("a1", "INSERT", 1, at(0, 1), name="a", balance=1),
-        event("b1", "UPDATE", 2, at(0, 2), name="b", balance=2),
-    ], ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [
+            event("a1", "INSERT", 1, at(0, 1), name="a", balance=1),
+            event("b1", "UPDATE", 2, at(0, 2), name="b", balance=2),
+        ],
+        ACCOUNT_SCHEMA,
+    )
     storage = Storage()
     files = {"2024-03-01-00": data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")}
     compiled, stamps = [], []
@@ -201,7 +373,14 @@ def test_source_files_with_odd_names_are_named_as_the_catalog_names_them(spark, 
     landing = tmp_path / "unit lake"
     names = ["part 0.parquet", "a+b.parquet", "100%=c d+e.parquet"]
     for seq, name in enumerate(names):
-        write_events(landing, "accounts", 0, name, [event(f"k{seq}", "INSERT", seq, at(0, seq), name="n", balance=1)], ACCOUNT_SCHEMA)
+        write_events(
+            landing,
+            "accounts",
+            0,
+            name,
+            [event(f"k{seq}", "INSERT", seq, at(0, seq), name="n", balance=1)],
+            ACCOUNT_SCHEMA,
+        )
     storage = Storage()
     files = data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")
     batch = read_batch(spark, storage, FMT, "accounts", {"2024-03-01-00": files})
@@ -223,19 +402,26 @@ def test_an_hour_spelled_without_leading_zeros_is_one_partition_with_all_its_fil
     write_events(landing, "accounts", 9, "part-0.parquet", [event("c", "I", 3, at(9))], day=4)
     write_events(landing, "accounts", 1, "part-0.parquet", [event("d", "I", 4, at(1))], day=20)
     uri = f"file://{landing}"
-    assert FMT.partition_keys(Storage(), uri, "accounts") == ["2024-03-04-07", "2024-03-04-09", "2024-03-20-01"]
+    assert FMT.partition_keys(Storage(), uri, "accounts") == [
+        "2024-03-04-07",
+        "2024-03-04-09",
+        "2024-03-20-01",
+    ]
     storage = CountingStorage()
     files = FMT.partitions_files(storage, uri, "accounts", ["2024-03-04-07"])
     assert sorted(e.name for e in files["2024-03-04-07"]) == ["part-0.parquet", "part-1.parquet"]
     assert not [u for u in storage.listed if "day=20" in u or "hour=09" in u]
     assert FMT.partition_files(Storage(), uri, "accounts", "2024-03-04-08") == []
     since = dt.datetime(2024, 3, 4, 7)
-    assert FMT.landed_hours(Storage(), uri, "accounts", since)["2024-03-04-07"] == ("part-0.parquet", "part-1.parquet")
+    assert FMT.landed_hours(Storage(), uri, "accounts", since)["2024-03-04-07"] == (
+        "part-0.parquet",
+        "part-1.parquet",
+    )
 
 
 def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
     landing = tmp_path / "unit"
-    good, expected = landing_with_strays(landing)
+    _good, expected = landing_with_strays(landing)
     uri = f"file://{landing}"
 
     strays = FMT.stray_files(Storage(), uri, "accounts")
@@ -247,7 +433,9 @@ def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
     assert all(entry.uri.startswith(f"{uri}/accounts/") for entry, _ in strays)
     # What the hours read is unchanged: the one good file, never a link that leads nowhere.
     assert FMT.partition_keys(Storage(), uri, "accounts") == ["2024-03-01-01"]
-    assert [e.name for e in FMT.partition_files(Storage(), uri, "accounts", "2024-03-01-01")] == ["part-good.parquet"]
+    assert [e.name for e in FMT.partition_files(Storage(), uri, "accounts", "2024-03-01-01")] == [
+        "part-good.parquet"
+    ]
     assert FMT.landed_hours(Storage(), uri, "accounts", None) == {"2024-03-01-01": ("part-good.parquet",)}
 
 

@@ -16,7 +16,13 @@ def at(hour: int, minute: int = 0, second: int = 0, day: int = 1) -> dt.datetime
 
 
 def event(id_, op, seq, when, **payload):
-    return {"id": id_, **payload, "cdc_operation_type": op, "cdc_change_seq": seq, "cdc_commit_timestamp": when}
+    return {
+        "id": id_,
+        **payload,
+        "cdc_operation_type": op,
+        "cdc_change_seq": seq,
+        "cdc_commit_timestamp": when,
+    }
 
 
 def hour_dir(landing: Path, table: str, hour: int, day: int = 1) -> Path:
@@ -25,7 +31,15 @@ def hour_dir(landing: Path, table: str, hour: int, day: int = 1) -> Path:
     return folder
 
 
-def write_events(landing: Path, table: str, hour: int, name: str, rows: list[dict], schema: pa.Schema | None = None, day: int = 1) -> Path:
+def write_events(
+    landing: Path,
+    table: str,
+    hour: int,
+    name: str,
+    rows: list[dict],
+    schema: pa.Schema | None = None,
+    day: int = 1,
+) -> Path:
     path = hour_dir(landing, table, hour, day) / name
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
     return path
@@ -47,7 +61,14 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
     """A valid hour beside every kind of file that no hour reads: folders that are not valid
     times, files at the wrong depth, a folder named like a data file, symbolic link loops and
     a link that leads nowhere. Returns (the good file, {stray file name: words its reason holds})."""
-    good = write_events(landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1), name="ok", balance=1)], ACCOUNT_SCHEMA)
+    good = write_events(
+        landing,
+        "accounts",
+        1,
+        "part-good.parquet",
+        [event("a", "I", 1, at(1), name="ok", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
     table = landing / "accounts"
     hour = good.parent
     bad_folders = {
@@ -61,19 +82,27 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
         "in-year-24.parquet": ("year=24/month=03/day=01/hour=01", "year=24"),  # 2024, or the year 24?
         "in-a-stray-folder.parquet": ("misc", "misc"),
     }
-    expected = {}
+    expected: dict[str, tuple[str, ...]] = {}
     for name, (folder, words) in bad_folders.items():
         (table / folder).mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist([event(name, "I", 2, at(1))], schema=ACCOUNT_SCHEMA), table / folder / name)
+        pq.write_table(
+            pa.Table.from_pylist([event(name, "I", 2, at(1))], schema=ACCOUNT_SCHEMA), table / folder / name
+        )
         expected[name] = (words, "not a valid")
-    for name, folder in (("under-the-table.parquet", table), ("under-a-year.parquet", table / "year=2024"),
-                         ("under-a-day.parquet", table / "year=2024/month=03/day=01")):
-        (folder / name).write_bytes(good.read_bytes())
+    for name, place in (
+        ("under-the-table.parquet", table),
+        ("under-a-year.parquet", table / "year=2024"),
+        ("under-a-day.parquet", table / "year=2024/month=03/day=01"),
+    ):
+        (place / name).write_bytes(good.read_bytes())
         expected[name] = ("not inside an hour folder",)
     nested = hour / "nested.parquet"  # a folder named like a data file, as a Spark writer leaves one
     nested.mkdir()
     (nested / "part-in-a-folder.parquet").write_bytes(good.read_bytes())
-    expected["part-in-a-folder.parquet"] = ("nested.parquet", "only files directly in an hour folder are read")
+    expected["part-in-a-folder.parquet"] = (
+        "nested.parquet",
+        "only files directly in an hour folder are read",
+    )
     (hour / "up").symlink_to("..")  # a folder loop: up/hour=01/up/hour=01/…
     expected["up"] = ("symbolic link", "loop")
     (hour / "self.parquet").symlink_to("self.parquet")  # a link to itself
@@ -86,4 +115,3 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
     (table / "_temporary/0").mkdir(parents=True)
     (table / "_temporary/0/part-being-written.parquet").write_bytes(good.read_bytes())
     return good, expected
-

@@ -7,9 +7,10 @@ and reads records back.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from lake_assets.catalog.metadata import time_index_key
 from lake_assets.catalog.store import CatalogStore, best_for_latest, what_where_key
@@ -220,7 +221,8 @@ class DynamoCatalogStore(CatalogStore):
             "ConditionExpression": "#m.#id = :id AND #ct = :ct",
             "ExpressionAttributeNames": {"#m": "metadata", "#id": "id", "#ct": "create_time"},
             "ExpressionAttributeValues": {
-                ":id": {"S": retired["metadata"]["id"]}, ":ct": {"N": str(retired["create_time"])},
+                ":id": {"S": retired["metadata"]["id"]},
+                ":ct": {"N": str(retired["create_time"])},
             },
         }
         try:
@@ -229,7 +231,9 @@ class DynamoCatalogStore(CatalogStore):
                     TableName=self.latest_table, Key=self._latest_item_key(what, where), **still_retired
                 )
             else:
-                self.client.put_item(TableName=self.latest_table, Item=self._latest_item(what, where, best), **still_retired)
+                self.client.put_item(
+                    TableName=self.latest_table, Item=self._latest_item(what, where, best), **still_retired
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             pass  # a file put meanwhile is the latest now
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 from pyarrow.fs import FileType
@@ -59,13 +59,13 @@ def landing_work_id(partition: str) -> str:
     partition again finds and replaces the same records, and any run can ask for a partition's
     files by work id.
     """
-    return catalog_work_id(f"landing-{partition}")
+    return as_name(f"landing-{partition}")
 
 
 def absolute_path(uri: str) -> str:
     """The file's absolute path in its filesystem: `/abs/path` locally, `/bucket/key` on S3."""
     if uri.startswith("file://"):
-        return "/" + uri[len("file://"):].lstrip("/")
+        return "/" + uri[len("file://") :].lstrip("/")
     return "/" + uri.split("://", 1)[1]
 
 
@@ -92,7 +92,7 @@ def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[in
     try:
         with storage.open_input_file(uri) as handle:
             meta = pq.ParquetFile(handle).metadata
-    except Exception:  # not Parquet, or damaged: the caller falls back
+    except Exception:  # noqa: BLE001 - not Parquet, or damaged: the caller falls back
         return None
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     for column in columns:
@@ -135,12 +135,23 @@ def catalog_file(
     feed: str, table: str, run_id: str | None, url: str, span: tuple[int, int] | None, *, landed: bool = False
 ) -> CatalogFile:
     """A file read (`landed`) or written for a table of a feed by a run."""
-    return CatalogFile(url=url, where=catalog_where(feed), what=catalog_what(table), work_id=catalog_work_id(run_id),
-                       span=span, landed=landed)
+    return CatalogFile(
+        url=url,
+        where=catalog_where(feed),
+        what=catalog_what(table),
+        work_id=catalog_work_id(run_id),
+        span=span,
+        landed=landed,
+    )
 
 
 def written_files(
-    feed: str, table: str, run_id: str | None, storage: Storage, uris: Iterable[str], time_columns: tuple[str, ...]
+    feed: str,
+    table: str,
+    run_id: str | None,
+    storage: Storage,
+    uris: Iterable[str],
+    time_columns: tuple[str, ...],
 ) -> list[CatalogFile]:
     """Lake files a run wrote, each spanning the range of its first present time column."""
     return [catalog_file(feed, table, run_id, uri, parquet_span(storage, uri, time_columns)) for uri in uris]
@@ -154,7 +165,9 @@ MTIME_SLACK_MS = 2_000
 def unchanged_since_recorded(entry: Entry, size: int, recorded_ms: int) -> bool:
     """Whether a listed file still holds the content recorded at `recorded_ms` with `size`, as
     far as a listing can tell (same size, not modified since); if not, only its hash can say."""
-    return entry.size == size and entry.mtime_ms is not None and entry.mtime_ms <= recorded_ms - MTIME_SLACK_MS
+    return (
+        entry.size == size and entry.mtime_ms is not None and entry.mtime_ms <= recorded_ms - MTIME_SLACK_MS
+    )
 
 
 def hash_file(storage: Storage, url: str) -> str:
@@ -201,15 +214,21 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
         if info.type == FileType.NotFound:
             continue
         start, end = item.span or (datetime_to_ms(info.mtime), None)
-        out += build_retirements(url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end)
+        out += build_retirements(
+            url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end
+        )
     return out
 
 
-def landed_records(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, dict[str, dict]]:
+def landed_records(
+    store: CatalogStore, feed: str, table: str, partitions: Iterable[str]
+) -> dict[str, dict[str, dict]]:
     """partition -> URL -> the record of each landed file of the partition, as catalogued (one
     query). A file rewritten in place has a record per content; the newest one stands for it."""
     partitions = list(partitions)
-    found = store.query_by_work_ids([landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed))
+    found = store.query_by_work_ids(
+        [landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed)
+    )
     out = {}
     for partition in partitions:
         newest: dict[str, dict] = {}
@@ -223,19 +242,31 @@ def landed_records(store: CatalogStore, feed: str, table: str, partitions: Itera
 
 def retire_landed(store: CatalogStore, records: Iterable[dict]) -> None:
     """Take the records of landed files that are gone out of the catalog."""
-    store.retire([
-        retirement
-        for r in records
-        for retirement in build_retirements(url=r["url"], where=r["metadata"]["where"], what=r["metadata"]["what"],
-                                            file_id=r["metadata"]["id"], start=r["metadata"]["start"], end=r["metadata"]["end"])
-    ])
+    store.retire(
+        [
+            retirement
+            for r in records
+            for retirement in build_retirements(
+                url=r["url"],
+                where=r["metadata"]["where"],
+                what=r["metadata"]["what"],
+                file_id=r["metadata"]["id"],
+                start=r["metadata"]["start"],
+                end=r["metadata"]["end"],
+            )
+        ]
+    )
 
 
-def catalogued_partitions(store: CatalogStore, feed: str, table: str, partitions: Iterable[str]) -> dict[str, list[Entry]]:
+def catalogued_partitions(
+    store: CatalogStore, feed: str, table: str, partitions: Iterable[str]
+) -> dict[str, list[Entry]]:
     """partition -> its landed files as the catalog lists them, in name order (one query); a run
     reads each file once."""
     return {
-        partition: [Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
-                    for url, record in records.items()]
+        partition: [
+            Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
+            for url, record in records.items()
+        ]
         for partition, records in landed_records(store, feed, table, partitions).items()
     }

@@ -32,9 +32,10 @@ import operator
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from lake_assets.epoch import DAY_MS, EPOCH_MS_THRESHOLD
 from lake_assets.errors import CatalogError
@@ -42,14 +43,14 @@ from lake_assets.paths import is_name
 
 __all__ = [
     "BUCKET_MS",
+    "BUCKET_WIDTHS",
+    "FIRST_INDEXED_MS",
+    "LAST_INDEXED_MS",
     "MAX_BUCKETS",
     "METADATA_VERSION",
     "RECORD_VERSION",
     "REQUIRED_FIELDS",
     "MetadataError",
-    "BUCKET_WIDTHS",
-    "FIRST_INDEXED_MS",
-    "LAST_INDEXED_MS",
     "bucket_days",
     "buckets",
     "build_records",
@@ -209,9 +210,7 @@ def _check_name(field: str, value: Any) -> None:
     if not isinstance(value, str):
         raise MetadataError(field, f"must be a string, not {type(value).__name__}")
     if not is_name(value):
-        raise MetadataError(
-            field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'"
-        )
+        raise MetadataError(field, f"{value!r} may only contain lowercase letters, digits, '-' and '_'")
 
 
 def _check_path(path: Any) -> None:
@@ -343,7 +342,9 @@ def span_buckets(start: int, end: int) -> list[str]:
     for width in BUCKET_WIDTHS:
         if last // width - first // width < MAX_BUCKETS:
             return _labels(first, last, width)
-    raise AssertionError(f"the widest bucket ({BUCKET_WIDTHS[-1]} days) must hold the calendar in {MAX_BUCKETS}")
+    raise AssertionError(
+        f"the widest bucket ({BUCKET_WIDTHS[-1]} days) must hold the calendar in {MAX_BUCKETS}"
+    )
 
 
 def query_buckets(start: int, end: int) -> list[str]:
@@ -446,7 +447,14 @@ def build_records(
 
 
 def build_retirements(
-    *, url: str, where: str, what: str, file_id: str, start: int, end: int | None, create_time: int | None = None
+    *,
+    url: str,
+    where: str,
+    what: str,
+    file_id: str,
+    start: int,
+    end: int | None,
+    create_time: int | None = None,
 ) -> list[dict]:
     """Records saying that a file is gone: one per bucket it is indexed in, with the keys of its
     records (`time_index_key`, `range_key`) and `deleted: True`. A store takes them with
@@ -464,7 +472,14 @@ def build_retirements(
             "range_key": range_key(where, file_id),
             "create_time": created,
             "size": 0,
-            "metadata": {"version": METADATA_VERSION, "id": file_id, "start": start, "end": end, "where": where, "what": what},
+            "metadata": {
+                "version": METADATA_VERSION,
+                "id": file_id,
+                "start": start,
+                "end": end,
+                "where": where,
+                "what": what,
+            },
             "deleted": True,
         }
         for bucket in buckets({"start": start, "end": end})

@@ -12,7 +12,8 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -131,6 +132,7 @@ def _grouped(records: list[dict], field: str) -> list[tuple[str, list[dict]]]:
         groups.setdefault(record[field], []).append(record)
     return sorted(groups.items())
 
+
 class ParquetCatalogStore(CatalogStore):
     """Records as Parquet files in the lake.
 
@@ -245,8 +247,13 @@ class ParquetCatalogStore(CatalogStore):
         # The buckets from the latest down: a record's start is at most its bucket's end, so
         # once the best found starts after the next bucket ends, nothing below can beat it.
         buckets = sorted(
-            (e.name.removeprefix(_TIME_FOLDER) for e in self.storage.list(self.root) if e.is_dir and e.name.startswith(_TIME_FOLDER)),
-            key=latest_start_in, reverse=True,
+            (
+                e.name.removeprefix(_TIME_FOLDER)
+                for e in self.storage.list(self.root)
+                if e.is_dir and e.name.startswith(_TIME_FOLDER)
+            ),
+            key=latest_start_in,
+            reverse=True,
         )
         best = None
         for bucket in buckets:
@@ -296,7 +303,9 @@ class ParquetCatalogStore(CatalogStore):
         for key in candidates:
             time_key = key[0]
             if time_key not in current:
-                current[time_key] = winners(self._read_folder(self._time_folder(*bucket_and_what(time_key)), where))
+                current[time_key] = winners(
+                    self._read_folder(self._time_folder(*bucket_and_what(time_key)), where)
+                )
             record = current[time_key].get(key)
             if record is not None and record["work_id_index_key"] == work_id_index_key:
                 out.append(record)

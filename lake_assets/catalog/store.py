@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import abc
 import itertools
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from lake_assets.errors import CatalogError
 from lake_assets.catalog.metadata import (
     BUCKET_MS,
     LAST_INDEXED_MS,
@@ -50,6 +50,7 @@ from lake_assets.catalog.metadata import (
     span_buckets,
     work_id_index_key,
 )
+from lake_assets.errors import CatalogError
 from lake_assets.paths import NAME, is_name
 
 #: the fields of a record as the datalake format has them (a store keeps any others too)
@@ -100,8 +101,14 @@ def check_record(record: Any) -> dict:
     if not isinstance(work_key, str):
         raise CatalogError("work_id_index_key must be a string")
     if work_id is None:
-        if not (work_key.startswith("null") and work_key.endswith(f":{what}") and ":" not in work_key[: -len(what) - 1]):
-            raise CatalogError(f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id")
+        if not (
+            work_key.startswith("null")
+            and work_key.endswith(f":{what}")
+            and ":" not in work_key[: -len(what) - 1]
+        ):
+            raise CatalogError(
+                f"work_id_index_key {work_key!r} must be 'null<random>:{what}' for a null work_id"
+            )
     elif work_key != work_id_index_key(_check_name("metadata.work_id", work_id), what):
         raise CatalogError(f"work_id_index_key {work_key!r} must be '{work_id}:{what}'")
     return record
@@ -145,7 +152,9 @@ def _check_keys(record: Any, fields: tuple[str, ...]) -> str:
         raise CatalogError(f"time_index_key {key!r} must be '<bucket>:{what}'")
     indexed = span_buckets(start, end if end is not None else start)
     if bucket not in indexed:
-        raise CatalogError(f"time_index_key {key!r}: not one of the file's buckets {indexed[0]}..{indexed[-1]}")
+        raise CatalogError(
+            f"time_index_key {key!r}: not one of the file's buckets {indexed[0]}..{indexed[-1]}"
+        )
 
     if record["range_key"] != range_key(where, meta["id"]):
         raise CatalogError(f"range_key {record['range_key']!r} must be '{where}:<id>'")
@@ -261,7 +270,9 @@ class CatalogStore(abc.ABC):
         for retirement in batch:
             meta = retirement["metadata"]
             files = gone.setdefault((meta["what"], meta["where"]), {})
-            files[retirement["range_key"]] = max(files.get(retirement["range_key"], 0), retirement["create_time"])
+            files[retirement["range_key"]] = max(
+                files.get(retirement["range_key"], 0), retirement["create_time"]
+            )
         for (what, where), files in gone.items():
             held = self.latest(what, where)
             self._forget_latest(what, where, files)
@@ -285,7 +296,9 @@ class CatalogStore(abc.ABC):
     def query_by_work_id(self, work_id: str, what: str, where: str | None = None) -> list[dict]:
         return self.query_by_work_ids([work_id], what, where)[work_id]
 
-    def query_by_work_ids(self, work_ids: Iterable[str], what: str, where: str | None = None) -> dict[str, list[dict]]:
+    def query_by_work_ids(
+        self, work_ids: Iterable[str], what: str, where: str | None = None
+    ) -> dict[str, list[dict]]:
         """`query_by_work_id` for several work ids at once (a run over many partitions asks
         for each partition's files); a store may share reads between them."""
         work_ids = list(dict.fromkeys(work_ids))
@@ -295,7 +308,9 @@ class CatalogStore(abc.ABC):
         found = self._work_ids([work_id_index_key(w, what) for w in work_ids], where)
         return {
             work_id: _one_per_file(
-                r for r in live(found[work_id_index_key(work_id, what)]) if r["metadata"].get("work_id") is not None
+                r
+                for r in live(found[work_id_index_key(work_id, what)])
+                if r["metadata"].get("work_id") is not None
             )
             for work_id in work_ids
         }
@@ -330,7 +345,9 @@ class CatalogStore(abc.ABC):
         """Put `best` (or nothing) in place of the latest record `retired`, unless another has
         taken its place meanwhile."""
 
-    def _forget_latest(self, what: str, where: str, files: dict[str, int]) -> None:
+    def _forget_latest(  # noqa: B027 - an optional hook: most stores keep nothing to drop
+        self, what: str, where: str, files: dict[str, int]
+    ) -> None:
         """Drop what the store keeps of these retired files (range_key -> retired at) as
         candidates for latest; a store that keeps only the latest itself has nothing to drop."""
 

@@ -59,6 +59,7 @@ import json
 import random
 import uuid
 from pathlib import Path
+from typing import Any
 
 import cramjam
 
@@ -169,7 +170,15 @@ class _Flow:
         self.lines[journal].append(line)
 
     def write_doc(
-        self, p: int, when: dt.datetime, journal: str, body: dict, op: str, flags: int, before: dict | None = None, clock: int | None = None
+        self,
+        p: int,
+        when: dt.datetime,
+        journal: str,
+        body: dict,
+        op: str,
+        flags: int,
+        before: dict | None = None,
+        clock: int | None = None,
     ) -> _Line:
         clock = self.tick(p, when) if clock is None else clock
         self.lsn += self.rng.randint(8, 400)
@@ -177,7 +186,12 @@ class _Flow:
         if before is not None:
             meta["before"] = before
         table = "orders" if COLLECTION_OF[journal] == ORDERS else "customers"
-        meta["source"] = {"schema": "public", "table": table, "lsn": self.lsn, "ts_ms": int((when - EPOCH).total_seconds() * 1000)}
+        meta["source"] = {
+            "schema": "public",
+            "table": table,
+            "lsn": self.lsn,
+            "ts_ms": int((when - EPOCH).total_seconds() * 1000),
+        }
         doc = {"_meta": meta, **body}
         line = _Line(_dumps(doc), when, p, clock, flags)
         self.append(journal, line)
@@ -227,8 +241,12 @@ class _Flow:
     def new_order(self, category: str | None = None) -> dict:
         rng = self.rng
         category = category or ("Anvils" if rng.random() < 0.7 else "Rockets")
-        items = [
-            {"sku": f"{category[:3].upper()}-{rng.randint(100, 999)}", "qty": rng.randint(1, 4), "price": round(rng.uniform(4, 240), 2)}
+        items: list[dict[str, Any]] = [
+            {
+                "sku": f"{category[:3].upper()}-{rng.randint(100, 999)}",
+                "qty": rng.randint(1, 4),
+                "price": round(rng.uniform(4, 240), 2),
+            }
             for _ in range(rng.randint(1, 3))
         ]
         customer = rng.choice(sorted(self.customers)) if self.customers else "cus-0000"
@@ -251,10 +269,16 @@ class _Flow:
         """Not in another producer's open transaction (one key is never in flight twice)."""
         return self.locks.get((collection, key), self.actor) == self.actor
 
-    def order_change(self, apply: bool = True, category: str | None = None, delete: bool = False) -> tuple[str, dict, str, dict | None]:
+    def order_change(
+        self, apply: bool = True, category: str | None = None, delete: bool = False
+    ) -> tuple[str, dict, str, dict | None]:
         """(journal, body, op, before) of the next orders change; `apply=False` leaves the state alone."""
         rng = self.rng
-        live = sorted(o for o in self.orders if (category is None or self.orders[o]["category"] == category) and self.free(ORDERS, o))
+        live = sorted(
+            o
+            for o in self.orders
+            if (category is None or self.orders[o]["category"] == category) and self.free(ORDERS, o)
+        )
         roll = 0.45 if delete and live else rng.random()
         if not live or roll < 0.42:
             body = self.new_order(category)
@@ -272,7 +296,13 @@ class _Flow:
         if body["status"] != STATUSES[-1] and rng.random() < 0.75:
             body["status"] = STATUSES[STATUSES.index(body["status"]) + 1]
         else:
-            body["items"].append({"sku": f"{old['category'][:3].upper()}-{rng.randint(100, 999)}", "qty": 1, "price": round(rng.uniform(4, 240), 2)})
+            body["items"].append(
+                {
+                    "sku": f"{old['category'][:3].upper()}-{rng.randint(100, 999)}",
+                    "qty": 1,
+                    "price": round(rng.uniform(4, 240), 2),
+                }
+            )
             body["total"] = round(sum(i["qty"] * i["price"] for i in body["items"]), 2)
             body["shipping"]["method"] = rng.choice(["ground", "air", "freight"])
         if apply:
@@ -287,7 +317,12 @@ class _Flow:
             name = f"{rng.choice(['Ada', 'Brook', 'Cyd', 'Dana', 'Eli', 'Fern', 'Gus'])} {rng.choice(['Smith', 'Okafor', 'Ng', 'Diaz'])}"
             cid = f"cus-{self.next_customer:04d}"
             self.next_customer += 1
-            body = {"id": cid, "name": name, "email": f"{name.split()[0].lower()}{rng.randint(1, 99)}@example.com", "tier": "basic"}
+            body = {
+                "id": cid,
+                "name": name,
+                "email": f"{name.split()[0].lower()}{rng.randint(1, 99)}@example.com",
+                "tier": "basic",
+            }
             if apply:
                 self.customers[cid] = body
             return CUSTOMERS_J, body, "c", None
@@ -321,12 +356,19 @@ class _Flow:
         for i, (journal, body, op, before) in enumerate(changes):
             when_i = when + dt.timedelta(milliseconds=40 * i)
             clock = self.tick(p, when_i, at_least=first)
-            docs.append((journal, self.write_doc(p, when_i, journal, body, op, FLAG_CONTINUE_TXN, before, clock=clock)))
+            docs.append(
+                (
+                    journal,
+                    self.write_doc(p, when_i, journal, body, op, FLAG_CONTINUE_TXN, before, clock=clock),
+                )
+            )
         later = when + dt.timedelta(seconds=self.rng.randint(20, 50))
         for journal, line in docs:
             self.write_ack(p, later, journal, ack_clock)
             self.last_ack[(journal, p)] = ack_clock
-            self.excluded["rolled_back"].append({"collection": COLLECTION_OF[journal], "journal": journal, "doc": json.loads(line.data)})
+            self.excluded["rolled_back"].append(
+                {"collection": COLLECTION_OF[journal], "journal": journal, "doc": json.loads(line.data)}
+            )
 
     def redeliver(self, journal: str, flags: int, when: dt.datetime) -> bool:
         """Append again the line of an acknowledged document; False when there is none yet."""
@@ -336,6 +378,7 @@ class _Flow:
             for line in self.lines[journal]
             if not line.ack
             and line.flags == flags
+            and line.producer is not None
             and line.producer not in self.open
             and line.clock <= self.last_ack.get((journal, line.producer), -1)
             and json.loads(line.data)["_meta"]["uuid"] not in rolled
@@ -344,7 +387,9 @@ class _Flow:
             return False
         line = self.rng.choice(candidates)
         self.append(journal, _Line(line.data, when, line.producer, line.clock, line.flags))
-        self.excluded["redelivered"].append({"collection": COLLECTION_OF[journal], "journal": journal, "doc": json.loads(line.data)})
+        self.excluded["redelivered"].append(
+            {"collection": COLLECTION_OF[journal], "journal": journal, "doc": json.loads(line.data)}
+        )
         return True
 
     def pending_tail(self, p: int, when: dt.datetime) -> None:
@@ -352,8 +397,12 @@ class _Flow:
         for i in range(2):
             change = self.order_change(category="Rockets")
             journal, body, op, before = change
-            line = self.write_doc(p, when + dt.timedelta(seconds=3 * i), journal, body, op, FLAG_CONTINUE_TXN, before)
-            self.excluded["pending"].append({"collection": ORDERS, "journal": journal, "doc": json.loads(line.data)})
+            line = self.write_doc(
+                p, when + dt.timedelta(seconds=3 * i), journal, body, op, FLAG_CONTINUE_TXN, before
+            )
+            self.excluded["pending"].append(
+                {"collection": ORDERS, "journal": journal, "doc": json.loads(line.data)}
+            )
 
 
 def _simulate(rng: random.Random) -> _Flow:
@@ -366,7 +415,11 @@ def _simulate(rng: random.Random) -> _Flow:
         when += dt.timedelta(seconds=rng.randint(2, 20))
     flow.actor = 0
     for i in range(3):  # the first orders: Anvils, Anvils, Rockets in one transaction
-        flow.in_txn(0, when + dt.timedelta(milliseconds=30 * i), flow.order_change(category="Rockets" if i == 2 else "Anvils"))
+        flow.in_txn(
+            0,
+            when + dt.timedelta(milliseconds=30 * i),
+            flow.order_change(category="Rockets" if i == 2 else "Anvils"),
+        )
     flow.commit(0, when + dt.timedelta(milliseconds=200))
     when += dt.timedelta(seconds=rng.randint(60, 200))
     todo = {
@@ -381,9 +434,17 @@ def _simulate(rng: random.Random) -> _Flow:
         if "rollback" in todo and when >= todo["rollback"]:
             flow.rollback(1, when)
             del todo["rollback"]
-        elif "redeliver_txn" in todo and when >= todo["redeliver_txn"] and flow.redeliver(ANVILS_LO, FLAG_CONTINUE_TXN, when):
+        elif (
+            "redeliver_txn" in todo
+            and when >= todo["redeliver_txn"]
+            and flow.redeliver(ANVILS_LO, FLAG_CONTINUE_TXN, when)
+        ):
             del todo["redeliver_txn"]
-        elif "redeliver_outside" in todo and when >= todo["redeliver_outside"] and flow.redeliver(CUSTOMERS_J, FLAG_OUTSIDE_TXN, when):
+        elif (
+            "redeliver_outside" in todo
+            and when >= todo["redeliver_outside"]
+            and flow.redeliver(CUSTOMERS_J, FLAG_OUTSIDE_TXN, when)
+        ):
             del todo["redeliver_outside"]
         elif "deletes" in todo and when >= todo["deletes"]:  # at least one delete in each collection
             flow.commit(p, when)  # never a 0x0 document while the producer has a transaction open
@@ -438,10 +499,12 @@ def _fragments(flow: _Flow, rng: random.Random) -> tuple[list[_Fragment], list[_
             continue
         if len(spans) < 5:
             spans = _split(lines, rng, (2, 2))
-        assert len(spans) >= 5 and all(b - a >= 2 for a, b in spans[:-1]), "journal too short for the overlaps"
+        assert len(spans) >= 5 and all(b - a >= 2 for a, b in spans[:-1]), (
+            "journal too short for the overlaps"
+        )
         # Partial overlap: the fragment after spans[1] begins inside spans[1] instead of at its end.
         a1, b1 = spans[1]
-        a2, b2 = spans[2]
+        _a2, b2 = spans[2]
         spans[2] = (rng.randint(a1 + 1, b1 - 1), b2)
         own = [_Fragment(journal, a, b) for a, b in spans]
         # Contained: a shorter fragment with the same begin as spans[3] (as after a broker restart).
@@ -469,7 +532,9 @@ def _assign_codecs(fragments: list[_Fragment], copies: list[_Fragment], rng: ran
                 codec = "gz2"
             fragment.codec = codec
     for c in copies:
-        c.codec = next(f.codec for f in fragments if (f.journal, f.first, f.last) == (c.journal, c.first, c.last))
+        c.codec = next(
+            f.codec for f in fragments if (f.journal, f.first, f.last) == (c.journal, c.first, c.last)
+        )
 
 
 def _encode(codec: str, lines: list[bytes]) -> bytes:
@@ -509,7 +574,9 @@ def write_flow_landing(landing_dir: Path, *, seed: int = 5) -> FlowSample:
         content = b"".join(chunk)
         begin, end = offsets[fragment.journal][fragment.first], offsets[fragment.journal][fragment.last]
         assert end - begin == len(content)
-        appended = lines[fragment.first].when + dt.timedelta(seconds=rng.randint(0, 3), hours=fragment.hour_shift)
+        appended = lines[fragment.first].when + dt.timedelta(
+            seconds=rng.randint(0, 3), hours=fragment.hour_shift
+        )
         name = f"{begin:016x}-{end:016x}-{hashlib.sha1(content).hexdigest()}{EXTENSION[fragment.codec]}"
         folder = landing_dir / fragment.journal / f"utc_date={appended:%Y-%m-%d}" / f"utc_hour={appended:%H}"
         folder.mkdir(parents=True, exist_ok=True)

@@ -157,7 +157,18 @@ def batch_key(index: int) -> str:
 
 # --- values -----------------------------------------------------------------------------------
 
-_ADJ = ["Blue", "Northern", "Summit", "Bright", "Granite", "Silver", "Harbor", "Prairie", "Crescent", "Vertex"]
+_ADJ = [
+    "Blue",
+    "Northern",
+    "Summit",
+    "Bright",
+    "Granite",
+    "Silver",
+    "Harbor",
+    "Prairie",
+    "Crescent",
+    "Vertex",
+]
 _NOUN = ["Logistics", "Foods", "Analytics", "Dynamics", "Health", "Energy", "Textiles", "Robotics", "Media"]
 _INDUSTRY = ["Banking", "Retail", "Manufacturing", "Healthcare", "Technology", "Energy", "Education"]
 _FIRST = ["Ada", "Brook", "Cyd", "Dana", "Eli", "Fern", "Gus", "Hana", "Ivo", "June", "Kai", "Lena"]
@@ -232,11 +243,15 @@ def _changed_values(
         elif obj == "Contact":
             which = rng.choice(["Email", "AccountId", "PreferredCallTime__c", "LastName"])
             if which == "Email":
-                values["Email"] = f"{prev['FirstName']}.{prev['LastName']}{rng.randint(100, 999)}@example.org".lower()
+                values["Email"] = (
+                    f"{prev['FirstName']}.{prev['LastName']}{rng.randint(100, 999)}@example.org".lower()
+                )
             elif which == "AccountId":
                 values["AccountId"] = rng.choice(account_ids)
             elif which == "PreferredCallTime__c":
-                values["PreferredCallTime__c"] = dt.time(rng.randint(7, 18), rng.choice([0, 15, 30, 45]), rng.choice([0, 30]))
+                values["PreferredCallTime__c"] = dt.time(
+                    rng.randint(7, 18), rng.choice([0, 15, 30, 45]), rng.choice([0, 30])
+                )
             else:
                 values["LastName"] = rng.choice([n for n in _LAST if n != prev["LastName"]])
         else:
@@ -370,12 +385,17 @@ class _Simulation:
         rng, obj = self.rng, self.obj
         pool = self.pool
         rng.shuffle(pool)
-        planted = {"out_of_order": pool.pop(), "multi": pool.pop(), "source_delete": pool.pop(), "archive": pool.pop()}
+        planted = {
+            "out_of_order": pool.pop(),
+            "multi": pool.pop(),
+            "source_delete": pool.pop(),
+            "archive": pool.pop(),
+        }
         if obj == "Account":
             planted.update(restore_from=pool.pop(), restored=pool.pop(), purge=pool.pop())
         reserved = set(planted.values())
         backfill = pool[: int(len(pool) * 0.6)]
-        later = pool[len(backfill):]
+        later = pool[len(backfill) :]
         created_in = {b: later[b - 1 :: self.batches - 1] for b in range(1, self.batches)}
         live: list[str] = []  # non-reserved records that may change
 
@@ -398,7 +418,7 @@ class _Simulation:
             events = _merge_in_order(rng, events, self._planted_events(batch, planted))
             offsets = sorted(rng.sample(range(1, WINDOW_MS), len(events)))
             window = START + batch * WINDOW
-            for event, offset in zip(events, offsets):
+            for event, offset in zip(events, offsets, strict=True):
                 moment = window + dt.timedelta(milliseconds=offset)
                 self._apply(event, moment, batch, late, account_ids, reserved)
             for kind, id_, *_ in events:
@@ -435,7 +455,9 @@ class _Simulation:
             out.append(("purge", planted["purge"], True))
         return out
 
-    def _apply(self, event: tuple, moment: dt.datetime, batch: int, late: bool, account_ids, reserved) -> None:
+    def _apply(
+        self, event: tuple, moment: dt.datetime, batch: int, late: bool, account_ids, reserved
+    ) -> None:
         kind, id_ = event[0], event[1]
         planted = len(event) > 2 and event[2] is True
         rng, obj = self.rng, self.obj
@@ -459,7 +481,11 @@ class _Simulation:
             self._version(id_, moment, dict(self.values[event[3]]), batch, planted)
         elif kind == "purge":
             # Every version is written again, field data gone; the latest version last.
-            system = {"grax__deleted": self.deleted_at[id_], "grax__deletesource": "grax", "grax__purged": moment}
+            system = {
+                "grax__deleted": self.deleted_at[id_],
+                "grax__deletesource": "grax",
+                "grax__purged": moment,
+            }
             self.group += 1
             for modified in self.versions[id_]:
                 self._write(id_, modified, None, dict(system), batch, planted, self.group)
@@ -562,14 +588,21 @@ def _make_ids(rng: random.Random, prefix: str, count: int, taken: set[str]) -> l
     alnum = string.ascii_letters + string.digits
     ids: list[str] = []
     while len(ids) < count:
-        candidate = prefix + "5e00000" + "".join(rng.choices(alnum, k=5)) + "".join(rng.choices(string.ascii_uppercase, k=3))
+        candidate = (
+            prefix
+            + "5e00000"
+            + "".join(rng.choices(alnum, k=5))
+            + "".join(rng.choices(string.ascii_uppercase, k=3))
+        )
         if candidate not in taken:
             taken.add(candidate)
             ids.append(candidate)
     return ids
 
 
-def _write_object(landing_dir: Path, obj: str, file_batch: list[int], contents: list[list[dict]], rng: random.Random):
+def _write_object(
+    landing_dir: Path, obj: str, file_batch: list[int], contents: list[list[dict]], rng: random.Random
+):
     """Name and write an object's files; the files' paths in writing order."""
     folder = landing_dir / "parquet" / "v2" / f"org={ORG}" / f"object={obj}"
     empty_null, empty_typed = EMPTY_COLUMNS[obj]
@@ -579,7 +612,7 @@ def _write_object(landing_dir: Path, obj: str, file_batch: list[int], contents: 
         for offset in sorted(rng.sample(range(1, WINDOW_MS), file_batch.count(batch))):
             names.append(f"batch={batch_key(batch)}/data-{format(start_ms + offset, '011x')}.parquet")
     paths: list[Path] = []
-    for index, (name, file_rows) in enumerate(zip(names, contents)):
+    for index, (name, file_rows) in enumerate(zip(names, contents, strict=True)):
         if index == file_batch.index(1):  # at least one file with an Arrow null-type column
             empty = (empty_null, pa.null())
         elif index == file_batch.index(2):  # and one with a typed column that is null throughout
@@ -613,4 +646,6 @@ def write_grax_landing(landing_dir: Path, *, seed: int = 11, batches: int = 6) -
         files += _write_object(landing_dir, obj, file_batch, contents, rng)
         rows[obj] = [row for file_rows in contents for row in file_rows]
         batch_keys[obj] = sorted({batch_key(b) for b in file_batch})
-    return GraxSample(landing_dir=landing_dir, org=ORG, objects=OBJECTS, batches=batch_keys, files=files, rows=rows)
+    return GraxSample(
+        landing_dir=landing_dir, org=ORG, objects=OBJECTS, batches=batch_keys, files=files, rows=rows
+    )

@@ -20,6 +20,7 @@ import datetime as dt
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,7 +38,7 @@ class TableShape:
     columns: dict  # column -> python type
     spelling: dict  # insert/update/delete -> the word written
     ids: int
-    make: object  # (rng, id, previous values) -> values
+    make: Callable[[random.Random, str, dict | None], dict]  # (rng, id, previous values) -> values
 
 
 def _accounts(rng: random.Random, _id: str, prev: dict | None) -> dict:
@@ -76,11 +77,19 @@ SHORT = {"insert": "I", "update": "U", "delete": "D"}
 
 SHAPES = {
     "accounts": TableShape(
-        "acc", {"name": str, "status": str, "balance": int, "updated_by": str, "risk_level": str}, LONG, 60, _accounts
+        "acc",
+        {"name": str, "status": str, "balance": int, "updated_by": str, "risk_level": str},
+        LONG,
+        60,
+        _accounts,
     ),
     "customers": TableShape("cus", {"full_name": str, "email": str, "tier": str}, SHORT, 50, _customers),
     "transactions": TableShape(
-        "txn", {"account_id": str, "amount": int, "currency": str, "description": str}, LONG, 120, _transactions
+        "txn",
+        {"account_id": str, "amount": int, "currency": str, "description": str},
+        LONG,
+        120,
+        _transactions,
     ),
 }
 
@@ -108,7 +117,9 @@ def _columns_at(table: str, hour_index: int, hours: int) -> list[str]:
     return columns
 
 
-def _simulate(table: str, rng: random.Random, start: dt.datetime, hours: int, seq: list[int]) -> list[tuple[int, dict]]:
+def _simulate(
+    table: str, rng: random.Random, start: dt.datetime, hours: int, seq: list[int]
+) -> list[tuple[int, dict]]:
     """(commit hour index, row) for every change event of a table, in commit order."""
     shape = SHAPES[table]
     live: dict[str, dict] = {}
@@ -120,7 +131,7 @@ def _simulate(table: str, rng: random.Random, start: dt.datetime, hours: int, se
 
     def emit(hour: int, when: dt.datetime, op: str, id_: str, values: dict | None) -> None:
         seq[0] += rng.randint(1, 3)  # unique and increasing, with gaps like a real log
-        row = {"id": id_}
+        row: dict[str, object] = {"id": id_}
         if values is not None:
             row.update({c: values.get(c) for c in _columns_at(table, hour, hours)})
         row.update(
@@ -132,7 +143,9 @@ def _simulate(table: str, rng: random.Random, start: dt.datetime, hours: int, se
         if hour in quiet_hours:
             continue
         base = start + dt.timedelta(hours=hour)
-        moments = sorted(base + dt.timedelta(microseconds=rng.randrange(3_600_000_000)) for _ in range(rng.randint(4, 14)))
+        moments = sorted(
+            base + dt.timedelta(microseconds=rng.randrange(3_600_000_000)) for _ in range(rng.randint(4, 14))
+        )
         for when in moments:
             roll = rng.random()
             if unseen and (roll < 0.3 or not live):
@@ -162,7 +175,14 @@ def _simulate(table: str, rng: random.Random, start: dt.datetime, hours: int, se
 
 
 def _hour_folder(root: Path, table: str, moment: dt.datetime) -> Path:
-    return root / table / f"year={moment.year:04d}" / f"month={moment.month:02d}" / f"day={moment.day:02d}" / f"hour={moment.hour:02d}"
+    return (
+        root
+        / table
+        / f"year={moment.year:04d}"
+        / f"month={moment.month:02d}"
+        / f"day={moment.day:02d}"
+        / f"hour={moment.hour:02d}"
+    )
 
 
 def _write_file(folder: Path, rows: list[dict], table: str, rng: random.Random, index: int) -> Path:
@@ -171,7 +191,11 @@ def _write_file(folder: Path, rows: list[dict], table: str, rng: random.Random, 
     schema = pa.schema(
         [("id", pa.string())]
         + [(c, _ARROW_TYPES[SHAPES[table].columns[c]]) for c in present]
-        + [("cdc_operation_type", pa.string()), ("cdc_change_seq", pa.int64()), ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC"))]
+        + [
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.int64()),
+            ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+        ]
     )
     name = f"part-{index:05d}-{uuid.UUID(int=rng.getrandbits(128))}-c000.snappy.parquet"
     path = folder / name
@@ -230,7 +254,9 @@ def write_unit_landing(
             (start + dt.timedelta(hours=h)).strftime("%Y-%m-%d-%H") for h in delivered if delivered[h]
         )
         if late_rows and (start + dt.timedelta(hours=2)).strftime("%Y-%m-%d-%H") not in hours_of[table]:
-            hours_of[table] = sorted(hours_of[table] + [(start + dt.timedelta(hours=2)).strftime("%Y-%m-%d-%H")])
+            hours_of[table] = sorted(
+                hours_of[table] + [(start + dt.timedelta(hours=2)).strftime("%Y-%m-%d-%H")]
+            )
     return UnitSample(
         landing_dir=landing_dir,
         tables=tuple(tables),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyspark.sql import DataFrame, Window, functions as F
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
@@ -28,7 +29,9 @@ class Outcome:
 def current_has_unique_keys(current: DataFrame | None, spec: m.TableSpec) -> Outcome:
     if current is None:
         return Outcome("current_unique_key", True, "current is empty", {"rows": 0})
-    row = current.agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(*[col(k) for k in spec.keys]).alias("keys")).collect()[0]
+    row = current.agg(
+        F.count(F.lit(1)).alias("rows"), F.count_distinct(*[col(k) for k in spec.keys]).alias("keys")
+    ).collect()[0]
     return Outcome(
         "current_unique_key",
         row["rows"] == row["keys"],
@@ -41,7 +44,9 @@ SIDE = "__side"  # in the one pass over stored rows and batch versions: which of
 STORED, BATCH = 0, 1
 
 
-def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec) -> tuple[Outcome, int]:
+def windows_and_versions_stored(
+    rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec
+) -> tuple[Outcome, int]:
     """The `history_windows` check, and how many distinct (key, version time) of `batch` are
     among the stored rows (for `events_reconcile`), from one shuffle of both by key.
 
@@ -69,33 +74,54 @@ def windows_and_versions_stored(rows: DataFrame | None, batch: DataFrame | None,
 
     stats = marked.agg(
         versions_where(F.col(hc.end) < F.col(hc.start)).alias("inverted"),
-        versions_where(F.col("__next_start").isNotNull() & (F.col(hc.end) >= F.col("__next_start")) & (F.col("__next_op") != m.DELETE)).alias("overlapping"),
         versions_where(
             F.col("__next_start").isNotNull()
-            & ~(((F.col("__next_op") != m.DELETE) & (F.col(hc.end) == F.col("__next_start") - one_ms))
-                | ((F.col("__next_op") == m.DELETE) & (F.col(hc.end) == F.col("__next_start"))))
+            & (F.col(hc.end) >= F.col("__next_start"))
+            & (F.col("__next_op") != m.DELETE)
+        ).alias("overlapping"),
+        versions_where(
+            F.col("__next_start").isNotNull()
+            & ~(
+                ((F.col("__next_op") != m.DELETE) & (F.col(hc.end) == F.col("__next_start") - one_ms))
+                | ((F.col("__next_op") == m.DELETE) & (F.col(hc.end) == F.col("__next_start")))
+            )
         ).alias("inconsistent_end"),
         versions_where(F.col("__next_start").isNull() != F.col(hc.active)).alias("wrong_active_flag"),
         versions_where(F.lit(True)).alias("versions_checked"),
         # counted on each key's first version only, so a key counts once
-        versions_where((F.col("__active_versions") > 1) & F.coalesce(F.col("__versions_before") == 0, F.lit(True))).alias("several_active"),
+        versions_where(
+            (F.col("__active_versions") > 1) & F.coalesce(F.col("__versions_before") == 0, F.lit(True))
+        ).alias("several_active"),
         # each distinct batch version once: the first of equal ones
-        F.count(F.when((F.col(SIDE) == BATCH) & ~F.col("__repeated") & F.col("__found"), 1)).alias("batch_versions_stored"),
+        F.count(F.when((F.col(SIDE) == BATCH) & ~F.col("__repeated") & F.col("__found"), 1)).alias(
+            "batch_versions_stored"
+        ),
     ).collect()[0]
-    metadata = {k: int(stats[k]) for k in ("inverted", "overlapping", "inconsistent_end", "wrong_active_flag", "versions_checked")}
+    metadata = {
+        k: int(stats[k])
+        for k in ("inverted", "overlapping", "inconsistent_end", "wrong_active_flag", "versions_checked")
+    }
     metadata["keys_with_several_active_versions"] = int(stats["several_active"])
     bad = sum(v for k, v in metadata.items() if k != "versions_checked")
-    outcome = Outcome("history_windows", bad == 0, f"{metadata['versions_checked']} versions checked, {bad} violations", metadata)
+    outcome = Outcome(
+        "history_windows",
+        bad == 0,
+        f"{metadata['versions_checked']} versions checked, {bad} violations",
+        metadata,
+    )
     return outcome, int(stats["batch_versions_stored"])
 
 
 def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
     """Stored rows and batch versions (`SIDE`), each with what the checks read of its neighbours."""
     hc = spec.history_columns
-    stored = rows.select(*[col(k) for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE))
+    stored = rows.select(
+        *[col(k) for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE)
+    )
     if batch is not None:
         versions = batch.select(
-            *[col(k) for k in spec.keys], F.col(m.VERSION_AT).alias(hc.start),
+            *[col(k) for k in spec.keys],
+            F.col(m.VERSION_AT).alias(hc.start),
             *[F.lit(None).cast(stored.schema[c].dataType).alias(c) for c in (hc.end, hc.active, m.OP)],
             F.lit(BATCH).alias(SIDE),
         )
@@ -106,17 +132,26 @@ def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) ->
     both = Window.partitionBy(*keys).orderBy(F.col(hc.start), F.col(SIDE))
     is_delete = F.col(m.OP) == m.DELETE
     # One projection, not seven: each projection analyses the whole plan again.
-    return stored.withColumns({
-        "__next_start": F.lead(hc.start).over(side),
-        "__next_op": F.lead(m.OP).over(side),
-        "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_side),
-        "__versions_before": F.sum((~is_delete).cast("int")).over(side.rowsBetween(Window.unboundedPreceding, -1)),
-        "__repeated": F.coalesce(F.lag(hc.start).over(side) == F.col(hc.start), F.lit(False)),
-        "__found": F.coalesce((F.lag(SIDE).over(both) == STORED) & (F.lag(hc.start).over(both) == F.col(hc.start)), F.lit(False)),
-    })
+    return stored.withColumns(
+        {
+            "__next_start": F.lead(hc.start).over(side),
+            "__next_op": F.lead(m.OP).over(side),
+            "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_side),
+            "__versions_before": F.sum((~is_delete).cast("int")).over(
+                side.rowsBetween(Window.unboundedPreceding, -1)
+            ),
+            "__repeated": F.coalesce(F.lag(hc.start).over(side) == F.col(hc.start), F.lit(False)),
+            "__found": F.coalesce(
+                (F.lag(SIDE).over(both) == STORED) & (F.lag(hc.start).over(both) == F.col(hc.start)),
+                F.lit(False),
+            ),
+        }
+    )
 
 
-def batch_reconciles(batch_rows: int, identical_duplicates: int, superseded: int, stored_versions: int) -> Outcome:
+def batch_reconciles(
+    batch_rows: int, identical_duplicates: int, superseded: int, stored_versions: int
+) -> Outcome:
     """Events in = distinct versions stored + identical duplicates + superseded writes."""
     accounted = stored_versions + identical_duplicates + superseded
     return Outcome(

@@ -17,8 +17,8 @@ window of touched keys.
 
 from __future__ import annotations
 
-
-from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec, functions as F
+from pyspark.sql import Column, DataFrame, Observation, Window, WindowSpec
+from pyspark.sql import functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
@@ -54,7 +54,13 @@ def event_order(tie_break: list[Column] | None = None) -> list[Column]:
     the events once and sorts them once for the whole timeline; a window partitioned by
     (key, version) or ordered in reverse would each cost a sort of their own.
     """
-    return [F.col(m.VERSION_AT), F.col(m.SEQ), *(tie_break or []), F.col(m.SOURCE_FILE).asc_nulls_first(), F.col(m.OP)]
+    return [
+        F.col(m.VERSION_AT),
+        F.col(m.SEQ),
+        *(tie_break or []),
+        F.col(m.SOURCE_FILE).asc_nulls_first(),
+        F.col(m.OP),
+    ]
 
 
 def _per_key(spec: m.TableSpec, order: list[Column]) -> WindowSpec:
@@ -81,18 +87,22 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     keeps, and what a fold counts (versions, keys) without another pass."""
     window = _per_key(spec, event_order())
     # One projection (withColumns), not three: each projection re-analyses the whole plan.
-    return events.withColumns({
-        KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
-        LAST_OF_VERSION: _last_of_run(window, [m.VERSION_AT]),
-        FIRST_OF_KEY: F.lag(F.lit(1)).over(window).isNull(),
-    })
+    return events.withColumns(
+        {
+            KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
+            LAST_OF_VERSION: _last_of_run(window, [m.VERSION_AT]),
+            FIRST_OF_KEY: F.lag(F.lit(1)).over(window).isNull(),
+        }
+    )
 
 
 #: the metric under which `collapse_identical` reports the events it dropped
 DROPPED_IDENTICAL = "identical_dropped"
 
 
-def collapse_identical(events: DataFrame, spec: m.TableSpec, count_dropped: Observation | None = None) -> DataFrame:
+def collapse_identical(
+    events: DataFrame, spec: m.TableSpec, count_dropped: Observation | None = None
+) -> DataFrame:
     """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ.
 
     With `count_dropped`, the events the collapse drops are counted as it drops them
@@ -101,7 +111,9 @@ def collapse_identical(events: DataFrame, spec: m.TableSpec, count_dropped: Obse
     """
     marked = mark_identical(events, spec)
     if count_dropped is not None:
-        marked = marked.observe(count_dropped, F.count(F.when(~F.col(KEPT), F.lit(1))).alias(DROPPED_IDENTICAL))
+        marked = marked.observe(
+            count_dropped, F.count(F.when(~F.col(KEPT), F.lit(1))).alias(DROPPED_IDENTICAL)
+        )
     return marked.where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
 
 
@@ -112,7 +124,11 @@ def latest_write_per_version(events: DataFrame, spec: m.TableSpec, order: list[C
 
 
 def fill_unmodified(
-    events: DataFrame, spec: m.TableSpec, payload: list[str], order: list[Column], settled: Column | None = None
+    events: DataFrame,
+    spec: m.TableSpec,
+    payload: list[str],
+    order: list[Column],
+    settled: Column | None = None,
 ) -> DataFrame:
     """Columns listed in `_unmodified` take the value of the key's previous version in its life.
 
@@ -160,7 +176,7 @@ def erase_fields(frame: DataFrame, payload: list[str], erase: Column) -> DataFra
     """NULL the payload columns of rows where `erase` holds (purged keys)."""
     if not payload:
         return frame
-    types = dict((f.name, f.dataType) for f in frame.schema.fields)
+    types = {f.name: f.dataType for f in frame.schema.fields}
     return frame.select(
         *[
             F.when(erase, F.lit(None).cast(types[c])).otherwise(col(c)).alias(c) if c in payload else col(c)

@@ -47,6 +47,7 @@ def is_reserved(column: str) -> bool:
     folded = column.lower()
     return folded in _RESERVED or folded.startswith(INTERNAL_PREFIX)
 
+
 INSERT, UPDATE, DELETE = "insert", "update", "delete"
 OPERATIONS = (INSERT, UPDATE, DELETE)
 
@@ -83,6 +84,11 @@ def payload_columns(columns: list[str], keys: tuple[str, ...] | list[str]) -> li
     return [c for c in columns if c not in keys and not is_reserved(c)]
 
 
-_RESERVED = frozenset(name.lower() for name in (
-    *SYSTEM_COLUMNS, *PARTITION_COLUMNS, *dataclasses.astuple(HistoryColumns()),
-))
+_RESERVED = frozenset(
+    name.lower()
+    for name in (
+        *SYSTEM_COLUMNS,
+        *PARTITION_COLUMNS,
+        *dataclasses.astuple(HistoryColumns()),
+    )
+)

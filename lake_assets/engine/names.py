@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pyarrow as pa
-from pyspark.sql import Column, functions as F
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 from lake_assets.engine.model import is_reserved
 
@@ -38,7 +39,7 @@ def lake_name(vendor_name: str) -> str:
 
 def vendor_name(name: str) -> str:
     """The vendor's name of a lake column (`lake_name` undone)."""
-    return name[len(RENAMED_PREFIX):] if name.lower().startswith(RENAMED_PREFIX) else name
+    return name[len(RENAMED_PREFIX) :] if name.lower().startswith(RENAMED_PREFIX) else name
 
 
 def lake_schema(schema: pa.Schema) -> pa.Schema:
@@ -67,8 +68,10 @@ def case_clash(names: Iterable[str]) -> str | None:
     seen: dict[str, str] = {}
     for name in names:
         if same_name(name) in seen:
-            return (f"columns {seen[same_name(name)]!r} and {name!r}, whose names are equal ignoring case: "
-                    "Spark cannot tell them apart")
+            return (
+                f"columns {seen[same_name(name)]!r} and {name!r}, whose names are equal ignoring case: "
+                "Spark cannot tell them apart"
+            )
         seen[same_name(name)] = name
     return None
 

@@ -10,8 +10,9 @@ wait for the first).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -22,16 +23,18 @@ def _in_session(session: SparkSession | None, action: Callable[[], T]) -> Callab
     """The action, run with `session` active in its thread. A new thread starts with no active
     session in the JVM, and a query built there would be analysed with Spark's default settings
     instead of the session's (e.g. Parquet TIME columns would be refused)."""
-    jvm_session = getattr(session, "_jsparkSession", None)  # classic sessions; Connect keeps it server-side
-    if jvm_session is None:
+    # The py4j handles of classic sessions; Connect keeps its session server-side.
+    jvm_session = getattr(session, "_jsparkSession", None)
+    jvm = getattr(session, "_jvm", None)
+    if jvm_session is None or jvm is None:
         return action
 
     def run() -> T:
-        session._jvm.SparkSession.setActiveSession(jvm_session)
+        jvm.SparkSession.setActiveSession(jvm_session)
         try:
             return action()
         finally:
-            session._jvm.SparkSession.clearActiveSession()
+            jvm.SparkSession.clearActiveSession()
 
     return run
 

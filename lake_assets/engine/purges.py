@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from pyspark.sql import Column, DataFrame, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
@@ -52,7 +54,9 @@ class Erasure:
     recorded: DataFrame | None
 
     @classmethod
-    def of_table(cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]) -> "Erasure":
+    def of_table(
+        cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]
+    ) -> Erasure:
         recorded = ledger(spark, storage, state) if keys else None
         return cls(keys, recorded.select(*keys) if recorded is not None else None)
 
@@ -82,21 +86,34 @@ def newly_purged(events: DataFrame, recorded: DataFrame | None, keys: list[str])
 
 
 def stage_ledger(
-    storage: Storage, state: TableState, plan: CommitPlan, stage: str, recorded: DataFrame | None, added: DataFrame,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    stage: str,
+    recorded: DataFrame | None,
+    added: DataFrame,
     purged_at: dt.datetime,
 ) -> None:
     """Stage the ledger with the keys `added` (erased at `purged_at`) in `plan`, the commit of
     the fold that erases them: the ledger file is replaced whole."""
     new = with_run_values(added, {PURGED_AT: purged_at})
-    every = union_all("purged keys", [new] if recorded is None else [recorded, new]).dropDuplicates(list(added.columns))
+    every = union_all("purged keys", [new] if recorded is None else [recorded, new]).dropDuplicates(
+        list(added.columns)
+    )
     every.coalesce(1).write.mode("overwrite").parquet(f"{stage}/purged")
     plan.replace_folder(storage, state.purged)
     plan.stage_folder(storage, f"{stage}/purged", state.purged)
 
 
 def stage_log_erasure(
-    spark: SparkSession, storage: Storage, state: TableState, plan: CommitPlan, stage: str, column: str,
-    keys: list[str], purged: DataFrame,
+    spark: SparkSession,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    stage: str,
+    column: str,
+    keys: list[str],
+    purged: DataFrame,
 ) -> list[str]:
     """Stage in `plan` the change partitions that hold field data of the `purged` keys, those
     keys erased; returns the partitions."""

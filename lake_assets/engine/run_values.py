@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lake_assets.engine.names import quoted
 
@@ -32,7 +33,10 @@ def with_run_values(frame: DataFrame, values: dict[str, dt.datetime]) -> DataFra
     params = {f"v{index}": values[name] for index, name in enumerate(names)}
     columns = ", ".join(quoted(name) for name in names)
     # An inline table becomes a local relation: its rows are data, never folded into a literal.
-    one_row = spark.sql(f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})", args=params)
+    one_row = spark.sql(
+        f"SELECT * FROM VALUES ({', '.join(':' + p for p in params)}) AS run({columns})",  # noqa: S608 - quoted names, bound values
+        args=params,
+    )
     return frame.drop(*names).crossJoin(F.broadcast(one_row))
 
 
@@ -52,4 +56,5 @@ def text_table(spark: SparkSession, columns: list[str], rows: list[tuple[str | N
         schema = ", ".join(f"{quoted(name)} string" for name in columns)
         return spark.createDataFrame([], schema)
     values = ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
-    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(quoted(c) for c in columns)})")
+    # Every name goes through quoted() and every value through literal().
+    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(quoted(c) for c in columns)})")  # noqa: S608

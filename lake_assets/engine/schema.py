@@ -3,7 +3,9 @@ vendor that switches a field to text keeps every value as text); anything else i
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, same_name
@@ -22,7 +24,7 @@ def system_fields(*, ingested_at: bool) -> list[T.StructField]:
         T.StructField(m.PURGED, T.BooleanType()),
         T.StructField(m.SOURCE_FILE, T.StringType()),
     ]
-    return fields + [T.StructField(m.INGESTED_AT, T.TimestampType())] if ingested_at else fields
+    return [*fields, T.StructField(m.INGESTED_AT, T.TimestampType())] if ingested_at else fields
 
 
 # Each type can widen to any type later in its chain.
@@ -44,9 +46,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         return left
     if isinstance(left, T.NullType):
         return right
-    if isinstance(left, T.StringType) or isinstance(right, T.StringType):
-        if isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType):
-            return T.StringType()
+    either_text = isinstance(left, T.StringType) or isinstance(right, T.StringType)
+    if either_text and isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType):
+        return T.StringType()
     if isinstance(left, T.TimestampNTZType) and isinstance(right, T.TimestampType):
         return right
     if isinstance(left, T.TimestampType) and isinstance(right, T.TimestampNTZType):
@@ -56,7 +58,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         if isinstance(left, T.FloatType) or isinstance(right, T.FloatType):
             return T.DoubleType()
         return _NUMERIC_CHAIN[max(left_rank, right_rank)]
-    if isinstance(left, T.DecimalType) and right_rank is not None or isinstance(right, T.DecimalType) and left_rank is not None:
+    if (isinstance(left, T.DecimalType) and right_rank is not None) or (
+        isinstance(right, T.DecimalType) and left_rank is not None
+    ):
         return T.DoubleType()
     raise SchemaClash(
         f"table {table!r}: column {column!r} has type {left.simpleString()} in one place and "
@@ -95,7 +99,10 @@ def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | N
         found = present.get(same_name(field.name))
         if found is None:
             return F.lit(None).cast(field.dataType).alias(field.name)
-        if (found.name, found.dataType) == (field.name, field.dataType):  # most columns: nothing to build and analyse
+        if (found.name, found.dataType) == (
+            field.name,
+            field.dataType,
+        ):  # most columns: nothing to build and analyse
             return col(field.name)
         if found.dataType == field.dataType:
             return col(found.name).alias(field.name)
@@ -142,6 +149,6 @@ def union_all(table: str, frames: list[DataFrame]) -> DataFrame:
     schemas = [f.schema for f in frames]
     fields = unified_fields(table, schemas)
     result = conform(frames[0], fields, schemas[0])
-    for frame, schema in zip(frames[1:], schemas[1:]):
+    for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema))
     return result

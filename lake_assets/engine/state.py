@@ -34,7 +34,7 @@ import dataclasses
 import json
 import re
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage, data_files, is_hidden
@@ -149,7 +149,7 @@ class CommitPlan:
         return json.dumps({"fold_id": self.fold_id, "adds": self.adds, "deletes": self.deletes}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "CommitPlan":
+    def from_json(cls, text: str) -> CommitPlan:
         raw = json.loads(text)
         return cls(fold_id=raw["fold_id"], adds=[tuple(a) for a in raw["adds"]], deletes=list(raw["deletes"]))
 
@@ -165,7 +165,10 @@ def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -
 
 
 def commit(
-    storage: Storage, state: TableState, plan: CommitPlan, on_step: Callable[[str], None] | None = None,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    on_step: Callable[[str], None] | None = None,
     removing: Removing | None = None,
 ) -> None:
     """Record the plan, apply it, then forget it.

@@ -30,9 +30,8 @@ def format_for(feed) -> FeedFormat:
     return get_format(feed.format).configured(feed)
 
 
-def get_format(name: str) -> FeedFormat:
+def get_format(name: str | None) -> FeedFormat:
     formats = _formats()
-    try:
-        return formats[name]
-    except KeyError:
-        raise ConfigError(f"unknown feed format {name!r}; known: {sorted(formats)}") from None
+    if name is None or name not in formats:
+        raise ConfigError(f"unknown feed format {name!r}; known: {sorted(formats)}")
+    return formats[name]

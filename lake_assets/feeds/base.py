@@ -5,9 +5,12 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import re
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, functions as F, types as T
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.catalog.files import parquet_span
 from lake_assets.engine.model import TableSpec
@@ -15,6 +18,11 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD
 from lake_assets.errors import InvalidValue
 from lake_assets.storage import Entry, Storage, is_hidden
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lake_assets.ingest import Batch
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
@@ -57,11 +65,13 @@ class FeedFormat(abc.ABC):
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every partition of a table with landed files, in partition order."""
 
-    def configured(self, feed) -> "FeedFormat":
+    def configured(self, feed) -> FeedFormat:
         """The format as one feed configures it (a Flow feed names its collections)."""
         return self
 
-    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+    def landed_hours(
+        self, storage: Storage, landing: str, table: str, since: dt.datetime | None
+    ) -> dict[str, tuple[str, ...]]:
         """Hourly formats: hour key -> names of the files landed in that hour, for the hours at or
         after `since`, listing only what can hold them (the sensor's cost follows the window)."""
         raise NotImplementedError(f"{self.name} is not partitioned by hour")
@@ -82,11 +92,25 @@ class FeedFormat(abc.ABC):
         """Landed files of a table that belong to no valid partition, with the reason."""
         return []
 
+    def read_batch(
+        self,
+        spark: SparkSession,
+        storage: Storage,
+        landing: str,
+        table: str,
+        files: dict[str, list[Entry]],
+        partitions: list[str],
+    ) -> Batch:
+        """The batch of a format that reads its own files (`file_format` other than "parquet")."""
+        raise NotImplementedError(f"{self.name} files are read by the shared Parquet reader")
+
     @abc.abstractmethod
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         """The landed data files of one partition of one table."""
 
-    def partitions_files(self, storage: Storage, landing: str, table: str, partitions: list[str]) -> dict[str, list[Entry]]:
+    def partitions_files(
+        self, storage: Storage, landing: str, table: str, partitions: list[str]
+    ) -> dict[str, list[Entry]]:
         """`partition_files` of several partitions (a format may list them together)."""
         return {key: self.partition_files(storage, landing, table, key) for key in partitions}
 
@@ -110,6 +134,7 @@ class FeedFormat(abc.ABC):
 
 
 # --- time values in any encoding a vendor may choose ---------------------------------------------
+
 
 def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
@@ -138,8 +163,12 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
 #: digits, from 1000 on, as hour keys (`2024-03-01-05`) and Dagster's hourly partitions write it
 _HOURLY_LEVELS = (("year", "4"), ("month", "1,2"), ("day", "1,2"), ("hour", "1,2"))
 _FIRST_YEAR = 1000
-_LEVEL_HINTS = {"year": "year=<four digits, 1000 or later>", "month": "month=1..12",
-                "day": "day=1..the month's last day", "hour": "hour=0..23"}
+_LEVEL_HINTS = {
+    "year": "year=<four digits, 1000 or later>",
+    "month": "month=1..12",
+    "day": "day=1..the month's last day",
+    "hour": "hour=0..23",
+}
 
 
 def hour_key(moment: dt.datetime) -> str:
@@ -150,6 +179,12 @@ def parse_hour_key(key: str) -> dt.datetime:
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", key or ""):
         raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
+
+
+def _first_moment(levels: tuple[int, ...]) -> dt.datetime:
+    """The first moment of the year, month, day or hour whose leading levels these are."""
+    year, month, day, hour = (*levels, 1, 1, 0)[:4]
+    return dt.datetime(year, month, day, hour)
 
 
 def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
@@ -164,7 +199,7 @@ def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     if parts[0] < _FIRST_YEAR:
         return None
     try:
-        dt.datetime(*parts, *(1,) * (3 - len(parts)))  # a year, month or day stands for its first hour
+        _first_moment(parts)  # a year, month or day stands for its first hour
     except ValueError:
         return None
     return parts[-1]
@@ -189,14 +224,14 @@ def hour_folders(
             value = _level_value(entry.name, depth, prefix) if entry.is_dir else None
             if value is None:
                 continue
-            parts = prefix + (value,)
+            parts = (*prefix, value)
             floor, ceiling = (b[: depth + 1] if b else None for b in bounds)
             if (floor and parts < floor) or (ceiling and parts > ceiling):
                 continue
             if depth < len(_HOURLY_LEVELS) - 1:
                 descend(entry.uri, depth + 1, parts)
                 continue
-            found.setdefault(hour_key(dt.datetime(*parts)), []).append(entry.uri)
+            found.setdefault(hour_key(_first_moment(parts)), []).append(entry.uri)
 
     descend(table_uri, 0, ())
     return found
@@ -211,7 +246,7 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     """
     strays = []
     for entry in storage.walk_files(table_uri, skip=is_hidden):
-        folders = entry.uri[len(table_uri.rstrip("/")) + 1:].split("/")[:-1]
+        folders = entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1]
         reason = entry.unreadable or _why_no_hour_reads(folders)
         if reason is not None:
             strays.append((entry, reason))
@@ -231,13 +266,13 @@ def _why_no_hour_reads(folders: list[str]) -> str | None:
     if len(folders) < len(_HOURLY_LEVELS):
         return "the file is not inside an hour folder (year=/month=/day=/hour=)"
     if len(folders) > len(_HOURLY_LEVELS):
-        return (f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS):])}', a folder within hour folder "
-                f"'{'/'.join(folders[:len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read")
+        return (
+            f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS) :])}', a folder within hour folder "
+            f"'{'/'.join(folders[: len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read"
+        )
     return None
 
 
 def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:
     """Hour keys with a folder under `table_uri`, at or after `since` (see `hour_folders`)."""
     return sorted(hour_folders(storage, table_uri, since))
-
-

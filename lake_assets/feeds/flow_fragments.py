@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
 import re
 import uuid as uuidlib
 import zlib
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Iterator
 
 import cramjam
 
@@ -47,6 +48,7 @@ __all__ = [
     "ACK_TXN",
     "CODECS",
     "CONTINUE_TXN",
+    "MAX_FRAGMENT_BYTES",
     "OUTSIDE_TXN",
     "ZERO_SUM",
     "CoverPiece",
@@ -57,7 +59,6 @@ __all__ = [
     "FragmentName",
     "Gap",
     "JournalRead",
-    "MAX_FRAGMENT_BYTES",
     "Sequencer",
     "by_journal",
     "cover",
@@ -279,12 +280,16 @@ def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str
         return []
     journal = held[0].journal
     lost = [f for f in held if f.uri in failed]
-    cuts = sorted({f.name.begin for f in held} | {f.name.end for f in held} | {p.start for p in pieces}
-                  | {p.end for p in pieces})
+    cuts = sorted(
+        {f.name.begin for f in held}
+        | {f.name.end for f in held}
+        | {p.start for p in pieces}
+        | {p.end for p in pieces}
+    )
     gaps: list[Gap] = []
     read = iter(pieces)
     piece = next(read, None)
-    for begin, end in zip(cuts, cuts[1:]):
+    for begin, end in itertools.pairwise(cuts):
         while piece is not None and piece.end <= begin:
             piece = next(read, None)
         if piece is not None and piece.start <= begin:
@@ -312,6 +317,10 @@ _BUFFER_FULL = "failed to write whole buffer"
 
 def _over(uri: str, limit: int, begin: int | None) -> FragmentError:
     return FragmentError(uri, f"content inflates to more than {limit} bytes (inflating stopped there)", begin)
+
+
+#: Inflated fragment content: zstd and snappy inflate into a preallocated bytearray.
+Content = bytes | bytearray
 
 
 def _gunzip(data: bytes, uri: str, codec: str, begin: int | None, limit: int) -> bytes:
@@ -353,7 +362,7 @@ def _unpack_framed(data: bytes, uri: str, codec: str, begin: int | None, limit: 
     return out
 
 
-def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None = None) -> bytes | bytearray:
+def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None = None) -> Content:
     """The uncompressed content of a fragment's stored bytes, refused (FragmentError) when it would
     exceed `limit` bytes (zstd and snappy inflate into a buffer of that size: give the length
     expected, not a generous bound). `begin` (optional, the fragment's begin offset) is only used to
@@ -370,7 +379,7 @@ def inflate(data: bytes, codec: str, uri: str, *, limit: int, begin: int | None 
     raise FragmentError(uri, f"unknown codec {codec!r}; known: {list(CODECS)}", begin)
 
 
-def verify(content: bytes, name: FragmentName, uri: str) -> None:
+def verify(content: Content, name: FragmentName, uri: str) -> None:
     """Check the inflated content against the fragment's name: length end - begin and SHA-1 sum."""
     if len(content) != name.length:
         raise FragmentError(
@@ -383,7 +392,7 @@ def verify(content: bytes, name: FragmentName, uri: str) -> None:
         raise FragmentError(uri, f"SHA-1 mismatch: expected {name.sum}, actual {actual}", name.begin)
 
 
-def lines(content: bytes, skip: int, begin: int, uri: str) -> Iterator[tuple[int, bytes]]:
+def lines(content: Content, skip: int, begin: int, uri: str) -> Iterator[tuple[int, Content]]:
     """The newline-delimited documents of content[skip:], as (journal offset, line without newline).
 
     `skip` must fall on a document boundary; the content must end with a newline. Both are checked
@@ -399,7 +408,7 @@ def lines(content: bytes, skip: int, begin: int, uri: str) -> Iterator[tuple[int
     return _lines(content, skip, begin)
 
 
-def _lines(content: bytes, pos: int, begin: int) -> Iterator[tuple[int, bytes]]:
+def _lines(content: Content, pos: int, begin: int) -> Iterator[tuple[int, Content]]:
     size = len(content)
     while pos < size:
         newline = content.index(b"\n", pos)
@@ -479,7 +488,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _json_value(line: bytes):
+def _json_value(line: Content):
     """(the JSON value of a line, whether some of its text was not valid UTF-8)."""
     try:
         text, garbled = line.decode("utf-8-sig"), False
@@ -515,11 +524,15 @@ def _valid_text(value):
 def valid_text_fields(document: dict) -> tuple[dict, int]:
     """A `Doc.garbled` document with its text made valid UTF-8 (what was not becomes U+FFFD),
     and how many of its fields other than `_meta` had text to repair."""
-    repaired = [name for name, value in document.items() if name != "_meta" and (holds_invalid_text(name) or holds_invalid_text(value))]
+    repaired = [
+        name
+        for name, value in document.items()
+        if name != "_meta" and (holds_invalid_text(name) or holds_invalid_text(value))
+    ]
     return _valid_text(document), len(repaired)
 
 
-def parse_document(line: bytes, offset: int, uri: str) -> Doc:
+def parse_document(line: Content, offset: int, uri: str) -> Doc:
     """One JSON document line; FragmentError (with the line's offset) when it is not usable."""
     try:
         value, garbled = _json_value(line)
@@ -620,14 +633,18 @@ class JournalRead:
     gaps: list[Gap] = field(default_factory=list)
 
 
-def read_piece(piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES) -> list[Doc]:
+def read_piece(
+    piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
+) -> list[Doc]:
     """The documents of one cover piece: inflated (at most its declared length, which may not exceed
     `max_bytes`), verified, split and parsed (FragmentError if not)."""
     fragment = piece.fragment
     name = fragment.name
     if name.length > max_bytes:
         raise FragmentError(
-            fragment.uri, f"its name declares {name.length} bytes, more than the limit of {max_bytes}", name.begin
+            fragment.uri,
+            f"its name declares {name.length} bytes, more than the limit of {max_bytes}",
+            name.begin,
         )
     content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
@@ -668,4 +685,6 @@ def read_journal(fragments: list[Fragment], fetch: Callable[[str], bytes]) -> Jo
         "bytes": sum(piece.end - piece.start for piece in pieces),
         **sequencer.counts,
     }
-    return JournalRead(committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps)
+    return JournalRead(
+        committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps
+    )

@@ -40,9 +40,10 @@ from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import PlainSerializer, PlainValidator, model_validator
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from lake_assets.config_model import FeedConfig, Model, checked, expected, names, refused
+from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
@@ -50,7 +51,13 @@ from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.ingest import (
-    TEXT_REPAIRED, Batch, canonical_uri, canonical_uri_column, collapse_counted, read_landed, text_repaired_per_file,
+    TEXT_REPAIRED,
+    Batch,
+    canonical_uri,
+    canonical_uri_column,
+    collapse_counted,
+    read_landed,
+    text_repaired_per_file,
 )
 from lake_assets.lake_io import released_after
 from lake_assets.paths import safe_segment
@@ -62,10 +69,17 @@ _DATE = re.compile(r"utc_date=(\d{4}-\d{2}-\d{2})")
 _HOUR = re.compile(r"utc_hour=(\d{2})")
 
 # What each journal's task returns: documents, fragments set aside, and the task's counts.
-_OUT = pa.schema([
-    ("journal", pa.string()), ("kind", pa.string()), ("hour", pa.string()), ("uri", pa.string()),
-    ("offset", pa.int64()), ("body", pa.string()), ("reason", pa.string()),
-])
+_OUT = pa.schema(
+    [
+        ("journal", pa.string()),
+        ("kind", pa.string()),
+        ("hour", pa.string()),
+        ("uri", pa.string()),
+        ("offset", pa.int64()),
+        ("body", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
 _OUT_DDL = "journal string, kind string, hour string, uri string, offset long, body string, reason string"
 _PLAN_DDL = "journal string, uri string, skip long, order long, hour string"
 
@@ -106,8 +120,10 @@ def stray_reason(journal: str, folders: list[str]) -> str | None:
     if folder_hour(date, folders[1]) is None:
         return f"folder '{folders[0]}/{folders[1]}' is not an hour folder (utc_hour=00..23): the file is in no hour"
     if len(folders) > 2:
-        return (f"the file is inside '{'/'.join(folders[2:])}', a folder within hour folder "
-                f"'{folders[0]}/{folders[1]}'; only files directly in an hour folder are read")
+        return (
+            f"the file is inside '{'/'.join(folders[2:])}', a folder within hour folder "
+            f"'{folders[0]}/{folders[1]}'; only files directly in an hour folder are read"
+        )
     return None
 
 
@@ -118,8 +134,8 @@ def key_column(pointer: str) -> str:
 
 def _resolve(document: dict, pointer: str):
     value = document
-    for token in pointer.strip("/").split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
+    for escaped in pointer.strip("/").split("/"):
+        token = escaped.replace("~1", "/").replace("~0", "~")
         if not isinstance(value, dict) or token not in value:
             return None
         value = value[token]
@@ -128,7 +144,9 @@ def _resolve(document: dict, pointer: str):
 
 def _columns_of(document: dict, key: tuple[str, ...]) -> list[str]:
     """The columns a document becomes (`document_row`), each once."""
-    return list(dict.fromkeys([*(lake_name(name) for name in document if name != "_meta"), *map(key_column, key)]))
+    return list(
+        dict.fromkeys([*(lake_name(name) for name in document if name != "_meta"), *map(key_column, key)])
+    )
 
 
 def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
@@ -137,21 +155,25 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
     meta = body.get("_meta") or {}
     row = {
-        lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else value
+        lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":"))
+        if isinstance(value, (dict, list))
+        else value
         for name, value in body.items()
         if name != "_meta"
     }
     for pointer in key:
         row[key_column(pointer)] = _resolve(body, pointer)
-    row.update({
-        "__op": _OPS.get(meta.get("op"), m.UPDATE),  # a document without an op is an upsert
-        "__clock": doc.uuid.order,
-        "__at": doc.uuid.timestamp.isoformat(),
-        "__uri": doc.uri,
-        "__offset": doc.offset,
-        "__hour": hour,
-        **({TEXT_REPAIRED: repaired} if repaired else {}),
-    })
+    row.update(
+        {
+            "__op": _OPS.get(meta.get("op", ""), m.UPDATE),  # a document without an op is an upsert
+            "__clock": doc.uuid.order,
+            "__at": doc.uuid.timestamp.isoformat(),
+            "__uri": doc.uri,
+            "__offset": doc.offset,
+            "__hour": hour,
+            **({TEXT_REPAIRED: repaired} if repaired else {}),
+        }
+    )
     return json.dumps(row, separators=(",", ":"))
 
 
@@ -170,17 +192,23 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
         if isinstance(value, (dict, list)):
             kind = "object" if isinstance(value, dict) else "array"
             raise ff.FragmentError(
-                doc.uri, f"document key {pointer} is a JSON {kind}, not a string, number or boolean", doc.offset
+                doc.uri,
+                f"document key {pointer} is a JSON {kind}, not a string, number or boolean",
+                doc.offset,
             )
     garbled = [pointer for pointer, value in values.items() if doc.garbled and ff.holds_invalid_text(value)]
     if garbled:  # a key is an identity: repaired, two keys could become one
-        raise ff.FragmentError(doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset)
+        raise ff.FragmentError(
+            doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset
+        )
     clash = case_clash(_columns_of(doc.doc, key))
     if clash:
         raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
 
 
-def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES):
+def read_journal_task(
+    key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES
+):
     """The per-journal function Spark runs (`applyInArrow`): the cover pieces of one journal,
     with their bytes, in; committed documents, bad fragments and counts out.
 
@@ -193,15 +221,17 @@ def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str], max_by
         content = {r["uri"]: r["content"] for r in rows}
         journal = rows[0]["journal"] if rows else None
         sequencer = ff.Sequencer()
-        out = {name: [] for name in _OUT.names}
+        out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
         broken = False
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
-            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason)):
+            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
                 out[name].append(value)
 
         for r in rows:
-            fragment = ff.Fragment(uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1]))
+            fragment = ff.Fragment(
+                uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1])
+            )
             piece = ff.CoverPiece(fragment=fragment, skip=r["skip"])
             try:
                 docs = ff.read_piece(piece, content.__getitem__, max_bytes)
@@ -218,7 +248,13 @@ def read_journal_task(key: tuple[str, ...], wanted_hours: frozenset[str], max_by
                 for committed in sequencer.feed(doc):
                     # a document belongs to the hour of the record that committed it
                     if r["hour"] in wanted_hours:
-                        emit("doc", r["hour"], committed.uri, committed.offset, document_row(committed, key, r["hour"]))
+                        emit(
+                            "doc",
+                            r["hour"],
+                            committed.uri,
+                            committed.offset,
+                            document_row(committed, key, r["hour"]),
+                        )
         if not broken:
             sequencer.finish()
             emit("counts", None, body=json.dumps(sequencer.counts))
@@ -267,8 +303,10 @@ def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def _field_and_values(field: Any, values: Any) -> bool:
     return (
-        isinstance(field, str) and re.fullmatch(r"[A-Za-z0-9_]+", field) is not None
-        and isinstance(values, (list, tuple)) and len(values) > 0
+        isinstance(field, str)
+        and re.fullmatch(r"[A-Za-z0-9_]+", field) is not None
+        and isinstance(values, (list, tuple))
+        and len(values) > 0
         and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values)
     )
 
@@ -279,8 +317,15 @@ class CollectionConfig(Model):
     _positional = ("name", "key", "partitions")
 
     name: Annotated[str, checked("a collection name such as acmeCo/orders", _collection_name)]
-    key: names(Annotated[str, checked("a JSON pointer such as /id", lambda v: isinstance(v, str) and re.fullmatch(
-        r"(/[A-Za-z0-9_.-]+)+", v) is not None)])
+    key: Names[
+        Annotated[
+            str,
+            checked(
+                "a JSON pointer such as /id",
+                lambda v: isinstance(v, str) and re.fullmatch(r"(/[A-Za-z0-9_.-]+)+", v) is not None,
+            ),
+        ]
+    ]
     #: logical partitions to read, field -> accepted values; all when empty
     partitions: Annotated[
         tuple[tuple[str, tuple[str, ...]], ...],
@@ -303,15 +348,18 @@ class FlowJournalFeedConfig(FeedConfig):
     """An Estuary Flow feed: the collections to read, each with its key."""
 
     format: Literal["flow_journal"]
-    collections: names(CollectionConfig)
+    collections: Names[CollectionConfig]
 
     @model_validator(mode="after")
-    def _one_table_per_collection(self) -> "FlowJournalFeedConfig":
+    def _one_table_per_collection(self) -> FlowJournalFeedConfig:
         seen: dict[str, str] = {}
         for index, collection in enumerate(self.collections):
             if collection.table in seen:
-                raise refused(f"collections {seen[collection.table]} and {collection.name} both become table "
-                              f"{collection.table}", at=("collections", index, "name"))
+                raise refused(
+                    f"collections {seen[collection.table]} and {collection.name} both become table "
+                    f"{collection.table}",
+                    at=("collections", index, "name"),
+                )
             seen[collection.table] = collection.name
         return self
 
@@ -329,7 +377,7 @@ class FlowJournalFormat(FeedFormat):
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
 
-    def configured(self, feed) -> "FlowJournalFormat":
+    def configured(self, feed) -> FlowJournalFormat:
         return FlowJournalFormat(tuple(feed.collections or ()))
 
     def collection(self, table: str) -> CollectionConfig:
@@ -373,7 +421,11 @@ class FlowJournalFormat(FeedFormat):
         def descend(uri: str, relative: str) -> None:
             for entry in storage.list(uri):
                 child = f"{relative}/{entry.name}"
-                if not entry.is_dir or "=" not in entry.name or entry.name.startswith(("utc_date=", "utc_hour=")):
+                if (
+                    not entry.is_dir
+                    or "=" not in entry.name
+                    or entry.name.startswith(("utc_date=", "utc_hour="))
+                ):
                     misfits.append((entry, child))
                 elif entry.name.startswith("pivot="):
                     found.append(Journal(uri=entry.uri, name=child))
@@ -389,12 +441,16 @@ class FlowJournalFormat(FeedFormat):
         journals, misfits = self._collection_folders(storage, landing, table)
         strays = []
         for entry, where in misfits:
-            reason = (f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
-                      "so the file is in no journal")
-            strays += [(file, reason) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])]
+            misfit = (
+                f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
+                "so the file is in no journal"
+            )
+            strays += [
+                (file, misfit) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])
+            ]
         for journal in journals:
             for entry in storage.walk_files(journal.uri):
-                reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1:].split("/")[:-1])
+                reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
                 if reason is not None:
                     strays.append((entry, reason))
         return strays
@@ -418,7 +474,9 @@ class FlowJournalFormat(FeedFormat):
         moment = parse_hour_key(key)
         return f"{journal.uri}/utc_date={moment:%Y-%m-%d}/utc_hour={moment:%H}"
 
-    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+    def landed_hours(
+        self, storage: Storage, landing: str, table: str, since: dt.datetime | None
+    ) -> dict[str, tuple[str, ...]]:
         hours: dict[str, list[str]] = {}
         for journal in self.journals(storage, landing, table):
             for key, folder in self._hour_folders(storage, journal, since).items():
@@ -429,7 +487,7 @@ class FlowJournalFormat(FeedFormat):
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
         """A fragment's hour (of its first append) is what its path tells without inflating it;
         unknown (None) for a file outside a valid hour folder."""
-        date_folder, hour_folder = (uri.rsplit("/", 3)[-3:-1] + ["", ""])[:2]
+        date_folder, hour_folder = ([*uri.rsplit("/", 3)[-3:-1], "", ""])[:2]
         date = folder_date(date_folder)
         start = folder_hour(date, hour_folder) if date else None
         if start is None:
@@ -442,8 +500,10 @@ class FlowJournalFormat(FeedFormat):
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         return [
-            e for journal in self.journals(storage, landing, table)
-            for e in storage.list(self._hour_folder(journal, partition)) if not e.is_dir
+            e
+            for journal in self.journals(storage, landing, table)
+            for e in storage.list(self._hour_folder(journal, partition))
+            if not e.is_dir
         ]
 
     # --- reading ------------------------------------------------------------------------------
@@ -453,8 +513,13 @@ class FlowJournalFormat(FeedFormat):
         return sorted({context, *partitions})
 
     def read_batch(
-        self, spark: SparkSession, storage: Storage, landing: str, table: str,
-        files: dict[str, list[Entry]], hours: list[str],
+        self,
+        spark: SparkSession,
+        storage: Storage,
+        landing: str,
+        table: str,
+        files: dict[str, list[Entry]],
+        hours: list[str],
     ) -> Batch:
         """Committed documents of `hours`, read fragment by fragment inside Spark.
 
@@ -473,20 +538,38 @@ class FlowJournalFormat(FeedFormat):
         with released_after([]) as cached:
             outcomes, counts = self._read_until_every_piece_reads(spark, journals, task, cached)
             read, skipped, gaps = self._tally(journals, wanted, quarantined)
-            documents = [outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
-                         if retried else outcome.where(F.col("kind") == "doc") for outcome, retried in outcomes]
+            documents = [
+                outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
+                if retried
+                else outcome.where(F.col("kind") == "doc")
+                for outcome, retried in outcomes
+            ]
             bodies = functools.reduce(DataFrame.unionByName, documents).select("body") if documents else None
             rows_in = bodies.count() if bodies is not None else 0
             events = None
-            if rows_in:
-                parsed = spark.read.json(bodies)  # a one-column DataFrame of text: no RDD (Spark Connect has none)
+            if bodies is not None and rows_in:
+                # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none).
+                parsed = spark.read.json(bodies)
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
-            return Batch(None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts)
+            return Batch(
+                None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts
+            )
         collapsed = collapse_counted(events, self.table_spec(table), keep=False)
         repaired = text_repaired_per_file(events, m.SOURCE_FILE) if collapsed.text_repaired else {}
-        return Batch(collapsed.events, listed, read, rows_in, collapsed.events_out, collapsed.duplicates, quarantined,
-                     files_skipped=skipped, gaps=gaps, counts=counts, text_repaired=repaired)
+        return Batch(
+            collapsed.events,
+            listed,
+            read,
+            rows_in,
+            collapsed.events_out,
+            collapsed.duplicates,
+            quarantined,
+            files_skipped=skipped,
+            gaps=gaps,
+            counts=counts,
+            text_repaired=repaired,
+        )
 
     def _read_until_every_piece_reads(
         self, spark: SparkSession, journals: list[_JournalFragments], task, cached: list[DataFrame]
@@ -544,10 +627,10 @@ class FlowJournalFormat(FeedFormat):
             for entry in entries:
                 by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
         journals, quarantined, listed = [], [], 0
-        for journal_uri, entries in sorted(by_journal.items()):
-            name = journal_uri[len(landing.rstrip("/")) + 1:]
+        for journal_uri, keyed_entries in sorted(by_journal.items()):
+            name = journal_uri[len(landing.rstrip("/")) + 1 :]
             fragments, hour_of = [], {}
-            for key, entry in entries:
+            for key, entry in keyed_entries:
                 listed += key in wanted
                 try:
                     fragment = ff.Fragment(entry.uri, name, ff.parse_fragment_name(entry.name))
@@ -588,11 +671,17 @@ class FlowJournalFormat(FeedFormat):
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         parsed = one_column_per_name(parsed, collection.table)
         keys = [key_column(p) for p in collection.key]
-        payload = [c for c in parsed.columns if not c.startswith("__") and c not in keys and not m.is_reserved(c)]
+        payload = [
+            c for c in parsed.columns if not c.startswith("__") and c not in keys and not m.is_reserved(c)
+        ]
         return parsed.select(
             *[col(k) for k in keys],
-            *[F.when(F.col("__op") == m.DELETE, F.lit(None).cast(parsed.schema[c].dataType)).otherwise(col(c)).alias(c)
-              for c in payload],
+            *[
+                F.when(F.col("__op") == m.DELETE, F.lit(None).cast(parsed.schema[c].dataType))
+                .otherwise(col(c))
+                .alias(c)
+                for c in payload
+            ],
             F.col("__op").alias(m.OP),
             F.date_trunc("millisecond", F.to_timestamp("__at")).alias(m.VERSION_AT),
             F.col("__clock").cast("long").alias(m.SEQ),

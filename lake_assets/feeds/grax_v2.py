@@ -32,9 +32,11 @@ import re
 from typing import Annotated, Literal
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, functions as F, types as T
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from lake_assets.config_model import FeedConfig, checked, names
+from lake_assets.config_model import FeedConfig, Names, checked
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
 from lake_assets.errors import InvalidValue
@@ -54,8 +56,14 @@ STRING_COPY_SUFFIX = "__string"
 #: appended to a deleted row's idseq: greater than the row's own write, smaller than the next one
 DELETE_SEQ_SUFFIX = "~"
 
-TYPED_SUFFIXES = {"b": T.BooleanType(), "i": T.LongType(), "f": T.DoubleType(), "ts": T.TimestampType(),
-                  "t": None, "d": T.DateType()}
+TYPED_SUFFIXES: dict[str, T.DataType | None] = {
+    "b": T.BooleanType(),
+    "i": T.LongType(),
+    "f": T.DoubleType(),
+    "ts": T.TimestampType(),
+    "t": None,
+    "d": T.DateType(),
+}
 _TYPED = re.compile(r"^(?P<field>.+)_(?P<suffix>b|i|f|ts|t|d)$")
 _BATCH = re.compile(r"^[0-9a-fA-F]{1,16}$")
 _ORG = re.compile(r"^[A-Za-z0-9]{1,64}$")
@@ -94,7 +102,7 @@ def split_table(table: str) -> tuple[str, str]:
 
 def _folder_value(entry: Entry, level: str) -> str | None:
     """The value of a `<level>=<value>` folder, else None."""
-    return entry.name[len(level) + 1:] if entry.is_dir and entry.name.startswith(f"{level}=") else None
+    return entry.name[len(level) + 1 :] if entry.is_dir and entry.name.startswith(f"{level}=") else None
 
 
 def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
@@ -102,14 +110,16 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
 
     A column like `Is_b` counts as a typed copy only when `Is` is in the same file: GRAX writes
     the string value of every field that has data, so a lone `Is_b` is a field of its own.
-    Columns go by their lake names, pairs are found by the vendor's: a field `hour` (in the lake
+    Columns go by their lake Names, pairs are found by the vendor's: a field `hour` (in the lake
     `_src_hour`, a reserved name) has its copy `hour_i`.
     """
     present = set(columns)
     copies: dict[str, dict[str, str]] = {}
     for column in columns:
         match = _TYPED.match(vendor_name(column))
-        field = lake_name(match.group("field")) if match else None
+        if match is None:
+            continue
+        field = lake_name(match.group("field"))
         if field in present and field not in GRAX_COLUMNS:
             copies.setdefault(field, {})[match.group("suffix")] = column
     return copies
@@ -120,9 +130,11 @@ class GraxV2FeedConfig(FeedConfig):
     objects to take (all that landed otherwise)."""
 
     format: Literal["grax_v2"]
-    tables: names(Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]) | None = None
-    orgs: names(Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]) | None = None
-    objects: names(Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]) | None = None
+    tables: Names[Annotated[str, checked("'<org id>/<object in lower case>'", is_table)]] | None = None
+    orgs: (
+        Names[Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]] | None
+    ) = None
+    objects: Names[Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]] | None = None
 
 
 class GraxV2Format(FeedFormat):
@@ -164,11 +176,14 @@ class GraxV2Format(FeedFormat):
         org, obj = split_table(table)
         org_uri = f"{self.v2_root(storage, landing)}/org={safe_segment(org, 'org')}"
         return [
-            entry.uri for entry in storage.list(org_uri)
+            entry.uri
+            for entry in storage.list(org_uri)
             if (_folder_value(entry, "object") or "").lower() == obj
         ]
 
-    def batch_folders(self, storage: Storage, landing: str, table: str) -> tuple[dict[str, list[str]], list[Entry]]:
+    def batch_folders(
+        self, storage: Storage, landing: str, table: str
+    ) -> tuple[dict[str, list[str]], list[Entry]]:
         """({batch key: its folders, one per object folder holding it} for valid batches,
         [folders whose batch is not a hex number])."""
         valid: dict[str, list[str]] = {}
@@ -201,8 +216,11 @@ class GraxV2Format(FeedFormat):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
             raise InvalidValue(f"batch partition {partition!r} is not a hex number")
-        return [entry for folder in self.object_folders(storage, landing, table)
-                for entry in data_files(storage, f"{folder}/batch={partition}")]
+        return [
+            entry
+            for folder in self.object_folders(storage, landing, table)
+            for entry in data_files(storage, f"{folder}/batch={partition}")
+        ]
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))
@@ -230,7 +248,11 @@ class GraxV2Format(FeedFormat):
         typed_columns = {c for group in copies.values() for c in group.values()}
 
         def arrow_type(column: str):
-            return arrow_schema.field(column).type if arrow_schema is not None and column in arrow_schema.names else None
+            return (
+                arrow_schema.field(column).type
+                if arrow_schema is not None and column in arrow_schema.names
+                else None
+            )
 
         def stamp(column: str) -> Column:
             if column not in columns:
@@ -249,7 +271,9 @@ class GraxV2Format(FeedFormat):
                 payload.append(col(column).alias(column))
 
         def not_a_time(column: str) -> Column:
-            return F.concat(F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL")))
+            return F.concat(
+                F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL"))
+            )
 
         version_at = F.date_trunc("millisecond", stamp(MODIFIED))
         seq = F.col(IDSEQ).cast("string")
@@ -266,12 +290,16 @@ class GraxV2Format(FeedFormat):
                 unparsed = (F.trim(F.col(column)) != "") & stamp(column).isNull()
                 invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
         for column in sorted(typed_columns):
-            target = TYPED_SUFFIXES[_TYPED.match(column).group("suffix")]
+            typed = _TYPED.match(column)
+            target = TYPED_SUFFIXES[typed.group("suffix")] if typed else None
             if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
                 value = col(column)
                 invalid = F.when(
                     value.isNotNull() & value.try_cast(target).isNull(),
-                    F.concat(F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "), value),
+                    F.concat(
+                        F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "),
+                        value,
+                    ),
                 ).otherwise(invalid)
         versions = raw.select(
             F.col(KEY).cast("string").alias(KEY),
@@ -288,32 +316,44 @@ class GraxV2Format(FeedFormat):
             F.lit(False).alias(DERIVED),
             F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
         )
-        payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)]
+        payload_names = [
+            c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)
+        ]
         # A delete carries the key only; stamped before its version by the vendor, it still follows it.
-        deletes = versions.where(F.col("__deleted_at").isNotNull()).select(
-            *[F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
-              for c in versions.columns]
-        ).withColumn(m.OP, F.lit(m.DELETE)).withColumn(
-            m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT))
-        ).withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX))).withColumn(DERIVED, F.lit(True))
+        deletes = (
+            versions.where(F.col("__deleted_at").isNotNull())
+            .select(
+                *[
+                    F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
+                    for c in versions.columns
+                ]
+            )
+            .withColumn(m.OP, F.lit(m.DELETE))
+            .withColumn(m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT)))
+            .withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX)))
+            .withColumn(DERIVED, F.lit(True))
+        )
         return versions.unionByName(deletes).drop("__deleted_at")
 
     @staticmethod
     def _typed_field(raw: DataFrame, field: str, copies: dict[str, str], arrow_type) -> list[Column]:
         """`field` as one typed column, plus its string copy for audit."""
-        kinds = {}
+        kinds: dict[str, tuple[Column, T.DataType]] = {}
         for suffix, column in copies.items():
             dtype = raw.schema[column].dataType
             if isinstance(dtype, T.NullType):
                 continue  # a column present but empty says nothing about the type
+            target = TYPED_SUFFIXES[suffix]
             if suffix == "ts":
                 kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
-            elif TYPED_SUFFIXES[suffix] is None or isinstance(dtype, T.StringType) and suffix == "t":
+            elif target is None or (isinstance(dtype, T.StringType) and suffix == "t"):
                 kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
             else:
-                target = TYPED_SUFFIXES[suffix]
                 value = col(column)
-                kinds[column] = (value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target), target)
+                kinds[column] = (
+                    value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target),
+                    target,
+                )
         string_copy = col(field).cast("string")
         targets = {t.simpleString() for _, t in kinds.values()}
         if not kinds:
@@ -326,4 +366,3 @@ class GraxV2Format(FeedFormat):
         else:
             value = F.coalesce(*[v.cast("string") for v, _ in kinds.values()], string_copy)
         return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
-

@@ -14,13 +14,21 @@ import re
 from typing import Literal
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, functions as F, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.config_model import FeedConfig
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
-    FILE_PARTITION, FILE_URI, FeedFormat, hour_folders, hourly_strays, list_hour_folders, parse_hour_key,
+    FILE_PARTITION,
+    FILE_URI,
+    FeedFormat,
+    hour_folders,
+    hourly_strays,
+    list_hour_folders,
+    parse_hour_key,
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
@@ -32,12 +40,24 @@ SEQUENCE = "cdc_change_seq"
 COMMITTED_AT = "cdc_commit_timestamp"
 SPECIAL = (OPERATION, SEQUENCE, COMMITTED_AT)
 
-_OPS = {"INSERT": m.INSERT, "I": m.INSERT, "UPDATE": m.UPDATE, "U": m.UPDATE, "DELETE": m.DELETE, "D": m.DELETE}
+_OPS = {
+    "INSERT": m.INSERT,
+    "I": m.INSERT,
+    "UPDATE": m.UPDATE,
+    "U": m.UPDATE,
+    "DELETE": m.DELETE,
+    "D": m.DELETE,
+}
 
 
 def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
-        pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or (
+            pa.types.is_dictionary(t)
+            and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
+        )
     )
 
 
@@ -68,7 +88,9 @@ class UnitCdcFormat(FeedFormat):
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         return list_hour_folders(storage, self._table_uri(landing, table))
 
-    def landed_hours(self, storage: Storage, landing: str, table: str, since: dt.datetime | None) -> dict[str, tuple[str, ...]]:
+    def landed_hours(
+        self, storage: Storage, landing: str, table: str, since: dt.datetime | None
+    ) -> dict[str, tuple[str, ...]]:
         return {
             key: tuple(sorted(e.name for folder in folders for e in data_files(storage, folder)))
             for key, folders in hour_folders(storage, self._table_uri(landing, table), since).items()
@@ -80,14 +102,19 @@ class UnitCdcFormat(FeedFormat):
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         return self.partitions_files(storage, landing, table, [partition])[partition]
 
-    def partitions_files(self, storage: Storage, landing: str, table: str, partitions: list[str]) -> dict[str, list[Entry]]:
+    def partitions_files(
+        self, storage: Storage, landing: str, table: str, partitions: list[str]
+    ) -> dict[str, list[Entry]]:
         """The files of each hour, in every folder spelling of it (`hour=05`, `hour=5`), from
         one listing pruned to the hours' range."""
         if not partitions:
             return {}
         moments = [parse_hour_key(key) for key in partitions]
         folders = hour_folders(storage, self._table_uri(landing, table), min(moments), max(moments))
-        return {key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)] for key in partitions}
+        return {
+            key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)]
+            for key in partitions
+        }
 
     @staticmethod
     def _table_uri(landing: str, table: str) -> str:
@@ -107,7 +134,12 @@ class UnitCdcFormat(FeedFormat):
         if not (_is_whole_number(seq_type) or _is_text(seq_type)):
             return f"column '{SEQUENCE}' has type {seq_type}, expected an integer (or digits as text)"
         ts_type = schema.field(COMMITTED_AT).type
-        if not (pa.types.is_timestamp(ts_type) or pa.types.is_date(ts_type) or _is_text(ts_type) or pa.types.is_integer(ts_type)):
+        if not (
+            pa.types.is_timestamp(ts_type)
+            or pa.types.is_date(ts_type)
+            or _is_text(ts_type)
+            or pa.types.is_integer(ts_type)
+        ):
             return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
         return None
 
@@ -115,16 +147,35 @@ class UnitCdcFormat(FeedFormat):
         op_text = F.upper(F.trim(F.col(OPERATION)))
         op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
         seq_col = F.col(SEQUENCE)
-        seq = seq_col.cast("long") if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType) else F.expr(
-            f"try_cast(trim(`{SEQUENCE}`) as bigint)"
+        seq = (
+            seq_col.cast("long")
+            if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType)
+            else F.expr(f"try_cast(trim(`{SEQUENCE}`) as bigint)")
         )
         arrow_type = arrow_schema.field(COMMITTED_AT).type if arrow_schema is not None else None
-        version_at = F.date_trunc("millisecond", timestamp_column(COMMITTED_AT, raw.schema[COMMITTED_AT].dataType, arrow_type))
+        version_at = F.date_trunc(
+            "millisecond", timestamp_column(COMMITTED_AT, raw.schema[COMMITTED_AT].dataType, arrow_type)
+        )
         invalid = (
             F.when(F.col(KEY).isNull(), F.lit("id is NULL"))
-            .when(op.isNull(), F.concat(F.lit(f"unknown {OPERATION} "), F.coalesce(F.col(OPERATION), F.lit("NULL"))))
-            .when(seq.isNull(), F.concat(F.lit(f"{SEQUENCE} is not a whole number: "), F.coalesce(seq_col.cast("string"), F.lit("NULL"))))
-            .when(version_at.isNull(), F.concat(F.lit(f"{COMMITTED_AT} is not a time: "), F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL"))))
+            .when(
+                op.isNull(),
+                F.concat(F.lit(f"unknown {OPERATION} "), F.coalesce(F.col(OPERATION), F.lit("NULL"))),
+            )
+            .when(
+                seq.isNull(),
+                F.concat(
+                    F.lit(f"{SEQUENCE} is not a whole number: "),
+                    F.coalesce(seq_col.cast("string"), F.lit("NULL")),
+                ),
+            )
+            .when(
+                version_at.isNull(),
+                F.concat(
+                    F.lit(f"{COMMITTED_AT} is not a time: "),
+                    F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL")),
+                ),
+            )
         )
         payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
         return raw.select(

@@ -1,11 +1,11 @@
 """Asset factories: per configured table, `raw` (observed) → `changes` → `current` + `history`."""
 
-
 import dataclasses
 import logging
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 from pyspark.sql import DataFrame, SparkSession
@@ -243,7 +243,9 @@ def changes_asset(
         ],
     )
     def changes(
-        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource,
+        context: dg.AssetExecutionContext,
+        spark: LakeSparkResource,
+        lake: LakeResource,
         catalog: CatalogResource,
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         work = table.work(context.run.run_id, lake, catalog)
@@ -266,7 +268,7 @@ def require_reconciled(table: AssetTable, batch: Batch) -> None:
         raise dg.Failure(f"{table.label}: counts do not reconcile: {batch}")
 
 
-def changes_metadata(ingested: pipeline.Ingested) -> dict[str, object]:
+def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
     """What the change-log step counted, as the materialisation's metadata."""
     batch = ingested.batch
     return {
@@ -301,9 +303,12 @@ def landing_check(ingested: pipeline.Ingested) -> dg.AssetCheckResult:
         passed=not batch.gaps and not strays,
         severity=dg.AssetCheckSeverity.ERROR,
         description=f"{len(batch.gaps)} gap(s); {len(strays)} stray file(s) that no partition reads; "
-                    f"{len(batch.quarantined)} file(s) quarantined",
-        metadata={"gaps": dg.MetadataValue.json(batch.gaps), "files_quarantined": len(batch.quarantined),
-                  "files_stray": len(strays)},
+        f"{len(batch.quarantined)} file(s) quarantined",
+        metadata={
+            "gaps": dg.MetadataValue.json(batch.gaps),
+            "files_quarantined": len(batch.quarantined),
+            "files_stray": len(strays),
+        },
     )
 
 
@@ -314,35 +319,57 @@ def state_asset(
 
     def state_layer(key: dg.AssetKey, description: str) -> dg.AssetSpec:
         return dg.AssetSpec(
-            key, deps=[changes.key], group_name=table.group, kinds={"spark", "parquet"},
-            automation_condition=follow_upstream(), description=description,
+            key,
+            deps=[changes.key],
+            group_name=table.group,
+            kinds={"spark", "parquet"},
+            automation_condition=follow_upstream(),
+            description=description,
         )
 
     @dg.multi_asset(
         name=identifier(table.feed.name, table.name, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
         specs=[
-            state_layer(current_key, (
-                f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
-                "version by (version time, sequence); deleted keys are absent. Materialising a "
-                "partition folds that partition's change events in."
-            )),
-            state_layer(history_key, (
-                f"Every version of `{table.name}` (SCD type 2, Fivetran history mode): "
-                "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
-                "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
-                "under `active/`, closed ones under `closed/<end date>/`."
-            )),
+            state_layer(
+                current_key,
+                (
+                    f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
+                    "version by (version time, sequence); deleted keys are absent. Materialising a "
+                    "partition folds that partition's change events in."
+                ),
+            ),
+            state_layer(
+                history_key,
+                (
+                    f"Every version of `{table.name}` (SCD type 2, Fivetran history mode): "
+                    "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
+                    "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
+                    "under `active/`, closed ones under `closed/<end date>/`."
+                ),
+            ),
         ],
         check_specs=[
-            dg.AssetCheckSpec("current_unique_key", asset=current_key, blocking=True,
-                              description="One row per key in current."),
-            dg.AssetCheckSpec("history_windows", asset=history_key, blocking=True,
-                              description="Per key: at most one active version, no inverted or overlapping "
-                                          "windows, each end = next start − 1 ms or the delete time."),
-            dg.AssetCheckSpec("events_reconcile", asset=history_key, blocking=True,
-                              description="Events folded = versions stored + identical duplicates + "
-                                          "superseded writes of one version."),
+            dg.AssetCheckSpec(
+                "current_unique_key",
+                asset=current_key,
+                blocking=True,
+                description="One row per key in current.",
+            ),
+            dg.AssetCheckSpec(
+                "history_windows",
+                asset=history_key,
+                blocking=True,
+                description="Per key: at most one active version, no inverted or overlapping "
+                "windows, each end = next start − 1 ms or the delete time.",
+            ),
+            dg.AssetCheckSpec(
+                "events_reconcile",
+                asset=history_key,
+                blocking=True,
+                description="Events folded = versions stored + identical duplicates + "
+                "superseded writes of one version.",
+            ),
         ],
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
@@ -350,8 +377,11 @@ def state_asset(
         can_subset=False,
     )
     def state(
-        context: dg.AssetExecutionContext, spark: LakeSparkResource, lake: LakeResource,
-        catalog: CatalogResource, batch: DataFrame,
+        context: dg.AssetExecutionContext,
+        spark: LakeSparkResource,
+        lake: LakeResource,
+        catalog: CatalogResource,
+        batch: DataFrame,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         """Fold the change events of the materialised partitions into current and history."""
         try:
@@ -368,8 +398,9 @@ def state_asset(
     return state
 
 
-def fold(table: AssetTable, session: SparkSession, work: pipeline.TableWork, batch: DataFrame,
-         log: logging.Logger) -> FoldReport:
+def fold(
+    table: AssetTable, session: SparkSession, work: pipeline.TableWork, batch: DataFrame, log: logging.Logger
+) -> FoldReport:
     """The batch folded into the stored state; a batch that cannot join it fails the step."""
     try:
         return pipeline.fold_into_state(session, work, batch, log=log)

@@ -24,7 +24,6 @@ from lake_assets.orchestration.resources import CatalogResource, LakeResource, L
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
 from lake_assets.paths import is_s3
 
-
 AUTOMATION_SENSOR = "lake_automation"
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / ".demo" / "lake_assets.yaml"
@@ -111,11 +110,15 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
         if pins_anything(feed, fmt):
             sensors.append(build_tables_sensor(feed, fmt, pins[feed.name]))
         if not tables:
-            log.warning("feed %s: no tables configured or pinned, so it has no assets; %s", feed.name, DISCOVER_HINT)
+            log.warning(
+                "feed %s: no tables configured or pinned, so it has no assets; %s", feed.name, DISCOVER_HINT
+            )
             continue
         if fmt.partitioning == "batch":
             built = [
-                build_table_assets(feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t)))
+                build_table_assets(
+                    feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t))
+                )
                 for t in tables
             ]
             for table_assets in built:
@@ -155,7 +158,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                 default_status=dg.DefaultSensorStatus.RUNNING,
                 minimum_interval_seconds=min(f.sensor_interval_seconds for f in config.feeds),
                 description="Evaluates the assets' automation conditions: `changes`, `current` and "
-                            "`history` follow their upstream partitions, including old hours.",
+                "`history` follow their upstream partitions, including old hours.",
             )
         )
     return dg.Definitions(

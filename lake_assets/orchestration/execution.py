@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import uuid
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import dagster as dg
 
@@ -20,7 +20,12 @@ from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
 from lake_assets.errors import first_line
 from lake_assets.feeds import format_for
-from lake_assets.orchestration.definitions import batch_partitions_name, build_definitions, feed_job_name, table_job_name
+from lake_assets.orchestration.definitions import (
+    batch_partitions_name,
+    build_definitions,
+    feed_job_name,
+    table_job_name,
+)
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import PlannedRun, Progress, StepDone
@@ -31,8 +36,13 @@ def instance_for_cli() -> dg.DagsterInstance:
     return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
 
 
-def execute(config: LakeConfig, planned: list[PlannedRun], instance: dg.DagsterInstance | None, say: Callable[[str], None],
-            progress: Progress) -> tuple[list[str], list[str]]:
+def execute(
+    config: LakeConfig,
+    planned: list[PlannedRun],
+    instance: dg.DagsterInstance | None,
+    say: Callable[[str], None],
+    progress: Progress,
+) -> tuple[list[str], list[str]]:
     """Run the planned runs one after the other (a failed one stops none of the others);
     returns the run ids and a line per failure."""
     instance = instance or instance_for_cli()
@@ -41,10 +51,16 @@ def execute(config: LakeConfig, planned: list[PlannedRun], instance: dg.DagsterI
     progress.planned(planned, sum(len(_steps_of_run(run, steps)) for run in planned))
     run_ids, failures = [], []
     for run in planned:
-        selection = None if run.tables is None else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
+        selection = (
+            None
+            if run.tables is None
+            else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
+        )
         if run.batch_table is not None:
-            _register_batches(instance, run)
-        run_id, failed = _run(defs.resolve_job_def(_job_of(run)), instance, run, steps, say, selection, progress.step_done)
+            _register_batches(instance, run.feed, run.batch_table, run.batches)
+        run_id, failed = _run(
+            defs.resolve_job_def(_job_of(run)), instance, run, steps, say, selection, progress.step_done
+        )
         run_ids += [run_id] if run_id else []
         failures += failed
     return run_ids, failures
@@ -54,16 +70,22 @@ def _job_of(run: PlannedRun) -> str:
     return feed_job_name(run.feed) if run.batch_table is None else table_job_name(run.feed, run.batch_table)
 
 
-def _register_batches(instance: dg.DagsterInstance, run: PlannedRun) -> None:
+def _register_batches(instance: dg.DagsterInstance, feed: str, table: str, batches: Sequence[str]) -> None:
     """A batch table's partitions are dynamic: the batches a run takes are added first."""
-    name = batch_partitions_name(run.feed, run.batch_table)
+    name = batch_partitions_name(feed, table)
     known = set(instance.get_dynamic_partitions(name))
-    instance.add_dynamic_partitions(name, [batch for batch in run.batches if batch not in known])
+    instance.add_dynamic_partitions(name, [batch for batch in batches if batch not in known])
 
 
-def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, str], say: Callable[[str], None],
-         selection: list[dg.AssetKey] | None = None,
-         step_done: Callable[[StepDone], None] = lambda step: None) -> tuple[str | None, list[str]]:
+def _run(
+    job,
+    instance: dg.DagsterInstance,
+    run: PlannedRun,
+    steps: dict[str, str],
+    say: Callable[[str], None],
+    selection: list[dg.AssetKey] | None = None,
+    step_done: Callable[[StepDone], None] = lambda step: None,
+) -> tuple[str | None, list[str]]:
     """Execute one planned run (of the `selection` of the job's assets, if given), telling
     `step_done` each step as it ends; returns the run's id (None if Dagster refused it) and a
     line per failure."""
@@ -71,14 +93,19 @@ def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, st
     instance.add_event_listener(run_id, _step_listener(run, steps, step_done))
     try:
         result = job.execute_in_process(
-            instance=instance, tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last}, raise_on_error=False,
-            asset_selection=selection, run_id=run_id,
+            instance=instance,
+            tags={RANGE_START_TAG: run.first, RANGE_END_TAG: run.last},
+            raise_on_error=False,
+            asset_selection=selection,
+            run_id=run_id,
         )
-    except Exception as exc:  # Dagster refused the run (e.g. partitions the job lacks): reported at the end
+    except Exception as exc:  # noqa: BLE001 - Dagster refused the run (e.g. partitions the job lacks): reported at the end
         return None, [f"{run.what}: partitions {run.first} .. {run.last}: {first_line(str(exc))}"]
     for evaluation in result.get_asset_check_evaluations():
         if not evaluation.passed:
-            say(f"{_table_of(evaluation.asset_key)}: check {evaluation.check_name} failed: {evaluation.description}")
+            say(
+                f"{_table_of(evaluation.asset_key)}: check {evaluation.check_name} failed: {evaluation.description}"
+            )
     if result.success:
         say(f"{run.what}: run {result.run_id} succeeded")
         return result.run_id, []
@@ -95,8 +122,11 @@ def _run(job, instance: dg.DagsterInstance, run: PlannedRun, steps: dict[str, st
 def _steps_of_run(run: PlannedRun, steps: dict[str, str]) -> list[str]:
     """The steps a run takes: those of its tables (or of every table of its feed or table)."""
     tables = [f"{run.feed}/{table}" for table in run.tables] if run.tables is not None else [run.what]
-    return [step for step, what in steps.items() if any(what.startswith(f"{table}/") or what.startswith(f"{table}:")
-                                                        for table in tables)]
+    return [
+        step
+        for step, what in steps.items()
+        if any(what.startswith((f"{table}/", f"{table}:")) for table in tables)
+    ]
 
 
 def _step_listener(run: PlannedRun, steps: dict[str, str], step_done: Callable[[StepDone], None]):
@@ -117,8 +147,16 @@ def _step_listener(run: PlannedRun, steps: dict[str, str], step_done: Callable[[
             seconds = event.event_specific_data.duration_ms / 1000
             step_done(StepDone(what, run.first, run.last, seconds, recorded.pop(event.step_key, {})))
         elif event.is_step_failure:
-            step_done(StepDone(what, run.first, run.last, 0.0, recorded.pop(event.step_key, {}),
-                               failure=_reason(event.step_failure_data)))
+            step_done(
+                StepDone(
+                    what,
+                    run.first,
+                    run.last,
+                    0.0,
+                    recorded.pop(event.step_key, {}),
+                    failure=_reason(event.step_failure_data),
+                )
+            )
 
     return listen
 
@@ -143,7 +181,7 @@ def _what_each_step_writes(defs: dg.Definitions) -> dict[str, str]:
     named = {}
     for assets_def in defs.resolve_asset_graph().assets_defs:
         if assets_def.is_executable:
-            keys = sorted(assets_def.keys, key=lambda k: k.path)
+            keys = sorted(assets_def.keys, key=lambda k: k.to_user_string())
             named[assets_def.op.name] = f"{_table_of(keys[0])}: {'+'.join(k.path[-1] for k in keys)}"
     return named
 
@@ -170,7 +208,9 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
         fmt = format_for(feed)
         for table in feed_tables(feed, fmt, pins[feed.name]):
             status = table_status(storage, layout, feed.landing, feed.name, fmt, table)
-            job = table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
+            job = (
+                table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
+            )
             status.last_run = _last_run(instance, job, f"{feed.name}/{table}")
             found.append(status)
     return found
@@ -182,7 +222,13 @@ def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None
         run = record.dagster_run
         selected = run.asset_selection
         if not selected or any(_table_of(key) == table for key in selected):
-            return {"run_id": run.run_id, "job": job, "status": run.status.value,
-                    "started": dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc).isoformat() if record.start_time else None,
-                    "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}"}
+            return {
+                "run_id": run.run_id,
+                "job": job,
+                "status": run.status.value,
+                "started": dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc).isoformat()
+                if record.start_time
+                else None,
+                "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}",
+            }
     return None

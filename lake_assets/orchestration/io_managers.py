@@ -12,13 +12,14 @@ import threading
 
 import dagster as dg
 from pydantic import PrivateAttr
-from pyspark.sql import DataFrame, types as T
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from lake_assets import lake_io
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
-from lake_assets.pipeline import store_partitions
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
+from lake_assets.pipeline import store_partitions
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
 TABLE_KEYS_KEY = "keys"  # the table's key columns, in the asset's metadata
@@ -111,13 +112,23 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         column = self._partition_column(context.definition_metadata)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
         if not keys:
-            raise dg.Failure(f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only")
+            raise dg.Failure(
+                f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only"
+            )
         feed, *table, _ = context.asset_key.path
         table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
         state = TableState(self.lake.layout(), feed, "/".join(table))  # its purges hold for every write
         written, files = store_partitions(
-            self.lake.get_storage(), self.catalog.get_store(), location, obj, column, keys,
-            feed=feed, table=state.table, run_id=context.run_id, keys=tuple(getattr(table_keys, "value", table_keys) or ()),
+            self.lake.get_storage(),
+            self.catalog.get_store(),
+            location,
+            obj,
+            column,
+            keys,
+            feed=feed,
+            table=state.table,
+            run_id=context.run_id,
+            keys=tuple(getattr(table_keys, "value", table_keys) or ()),
             state=state,
         )
         if obj is not None and lake_io.is_cached(obj):

@@ -12,10 +12,10 @@ from lake_assets import spark as spark_settings
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.catalog.store import CatalogStore
-from lake_assets.paths import LakeLayout
 from lake_assets.config_model import S3Config
+from lake_assets.errors import ConfigError
+from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
-
 
 # Clients live in private attributes, made on first use: Dagster initialises a fresh copy of each
 # resource for every run (and every sensor tick), so a client is built once per run and never
@@ -67,6 +67,8 @@ class CatalogResource(dg.ConfigurableResource):
 
     def _open_store(self) -> CatalogStore:
         if self.store == "dynamodb":
+            if not self.table or not self.latest_table:
+                raise ConfigError("catalog: the DynamoDB store needs `table` and `latest_table`")
             return DynamoCatalogStore(
                 self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region
             )
@@ -111,7 +113,7 @@ class LakeSparkResource(LazyPySparkResource):
         use_s3: bool,
         s3_endpoint_url: str | None,
         s3_region: str,
-    ) -> "LakeSparkResource":
+    ) -> LakeSparkResource:
         conf: dict[str, Any] = spark_settings.session_conf(
             master=master,
             remote=remote,

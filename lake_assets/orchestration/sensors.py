@@ -5,7 +5,6 @@ batches are registered as dynamic partitions; the open (greatest) batch is re-ru
 files. Run keys hash the files a run covers, so the same files never run twice.
 """
 
-
 import hashlib
 
 import dagster as dg
@@ -34,24 +33,28 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 def _watching(feed: FeedConfig, tables: list[TableAssets], kind: str, description: str) -> dict:
     """What every feed's sensor is declared with: its name, how often it ticks, whether it runs
     from the start (`watch`), and the assets its runs may materialise."""
-    return dict(
-        name=f"{feed.name.replace('-', '_')}_{kind}_sensor",
-        description=description,
-        minimum_interval_seconds=feed.sensor_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
-        asset_selection=[k for t in tables for k in t.processed_keys],
-    )
+    return {
+        "name": f"{feed.name.replace('-', '_')}_{kind}_sensor",
+        "description": description,
+        "minimum_interval_seconds": feed.sensor_interval_seconds,
+        "default_status": dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
+        "asset_selection": [k for t in tables for k in t.processed_keys],
+    }
 
 
 def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
     by_name = {t.table: t for t in tables}
 
-    @dg.sensor(**_watching(
-        feed, tables, "landing",
-        f"Watches {feed.landing} for new hour folders and for files arriving up to "
-        f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
-        "range of consecutive hours, keyed by the files it saw so nothing runs twice.",
-    ))
+    @dg.sensor(
+        **_watching(
+            feed,
+            tables,
+            "landing",
+            f"Watches {feed.landing} for new hour folders and for files arriving up to "
+            f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
+            "range of consecutive hours, keyed by the files it saw so nothing runs twice.",
+        )
+    )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         storage = lake.get_storage()
         cursors = decode_cursor(context.cursor)
@@ -63,9 +66,13 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             if not found:
                 continue
             for start, end in contiguous_ranges([f.partition for f in found]):
-                run_requests.append(_range_run(feed.name, assets, [f for f in found if start <= f.partition <= end]))
+                run_requests.append(
+                    _range_run(feed.name, assets, [f for f in found if start <= f.partition <= end])
+                )
             observations.append(_observation(assets, found))
-        return dg.SensorResult(run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors))
+        return dg.SensorResult(
+            run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
+        )
 
     return landing_sensor
 
@@ -73,22 +80,29 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
 def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
     by_name = {t.table: t for t in tables}
 
-    @dg.sensor(**_watching(
-        feed, tables, "batch",
-        f"Watches {feed.landing} for new batches of every object: registers them as partitions "
-        "and requests one run per table over the new batches, and again for the open "
-        "(greatest) batch when it gains files.",
-    ))
+    @dg.sensor(
+        **_watching(
+            feed,
+            tables,
+            "batch",
+            f"Watches {feed.landing} for new batches of every object: registers them as partitions "
+            "and requests one run per table over the new batches, and again for the open "
+            "(greatest) batch when it gains files.",
+        )
+    )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         storage = lake.get_storage()
         cursors = decode_cursor(context.cursor, BatchCursor)
         run_requests, observations, additions = [], [], []
         for name, assets in sorted(by_name.items()):
-            found, cursors[name] = scan_batches(storage, fmt, feed.landing, name, cursors.get(name) or BatchCursor())
+            found, cursors[name] = scan_batches(
+                storage, fmt, feed.landing, name, cursors.get(name) or BatchCursor()
+            )
             if not found:
                 continue
-            partitions_def = assets.changes.partitions_def
-            additions.append(dg.AddDynamicPartitionsRequest(partitions_def.name, [f.partition for f in found]))
+            additions.append(
+                dg.AddDynamicPartitionsRequest(_batch_partitions(assets), [f.partition for f in found])
+            )
             # New batches follow the cursor's batch, so they form one range in partition order.
             run_requests.append(_range_run(feed.name, assets, found))
             observations.append(_observation(assets, found))
@@ -109,7 +123,7 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
     @dg.sensor(
         name=f"{feed.name.replace('-', '_')}_tables_sensor",
         description=f"Watches {feed.landing} for new tables and pins them in the lake, as "
-                    "`lake-assets discover` does; reloading the code location then adds their assets.",
+        "`lake-assets discover` does; reloading the code location then adds their assets.",
         minimum_interval_seconds=feed.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
     )
@@ -127,10 +141,20 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
         if moved:
             pinned.append(f"hours from {found.pin.first_hour}")
         if pinned:
-            return dg.SkipReason(f"{' and '.join(pinned)} pinned since the code location loaded: reload it to add them")
+            return dg.SkipReason(
+                f"{' and '.join(pinned)} pinned since the code location loaded: reload it to add them"
+            )
         return dg.SkipReason(f"no new table under {feed.landing}")
 
     return tables_sensor
+
+
+def _batch_partitions(assets: TableAssets) -> str:
+    """The name of the dynamic partitions (one per batch) a batch table's change log has."""
+    partitions = assets.changes.partitions_def
+    if isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name:
+        return partitions.name
+    raise LakeAssetsError(f"{assets.feed.name}/{assets.table}: the change log is not partitioned by batch")
 
 
 def _range_run(feed: str, assets: TableAssets, found: list[NewFiles]) -> dg.RunRequest:
