@@ -43,6 +43,8 @@ SLICE = "__slice"  # where a stored row is staged: the open set, or its end date
 OPEN = "open"
 COMPACT_AFTER_FILES = 8  # a settled closed day with more files than this is merged into one
 COMPACT_LOOKBACK_DAYS = 2  # how many days before the fold's earliest version are looked at
+#: (kind, end date) -> closed history ("history") or delete ("delete") files of that end date
+ClosedFiles = dict[tuple[str, str], list[str]]
 
 
 def _one_ms():
@@ -131,154 +133,312 @@ def fold(
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
-    keys = list(spec.keys)
-    # A frame of empty partitions may lack even the keys. With the keys present, emptiness shows
-    # in the counts below, so no job of its own is spent on it.
-    if batch is None or (not set(keys) <= set(batch.columns) and batch.isEmpty()):
+    if _nothing_to_fold(batch, spec):
         return report
-    synced_at = synced_at or dt.datetime.now(dt.timezone.utc)
-    drop = [c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT]
-    incoming = merge.with_optional_columns(batch.drop(*drop))
+    synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     ledger = purges.ledger(spark, storage, state)
     recorded = ledger.select(*keys) if ledger is not None else None
-    if recorded is not None:  # a key purged before stays purged, whatever the batch says
-        incoming = merge.erase_keys(incoming, keys, recorded)
-    marked = merge.mark_identical(incoming, spec)
-    # The marks are read by the totals, the touched keys and the timeline. A batch handed over
-    # in memory (the run's stored change batch) is already cached, collapsed and in the marks'
-    # order, so they are recomputed from it without a sort: caching them as a second copy of
-    # the batch cost more (docs/profiling.md, "Figures behind the code"). Joined with
-    # the purged keys (a table that has purges), they are computed once and kept.
-    owns_cache = not lake_io.is_cached(batch) or recorded is not None
-    if owns_cache:
-        marked = marked.persist()
-    events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
-    # Each touched key with its earliest version: its first event in the marked order (an
-    # identical copy dropped from `events` has the same version as the one kept).
-    touched = marked.where(F.col(merge.FIRST_OF_KEY)).select(*merge.key_cols(spec), F.col(m.VERSION_AT).alias(FROM))
-    open_paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
-    open_rows = _read(spark, storage, open_paths, spec)
-    open_touched = open_rows.join(touched, keys, "inner") if open_rows is not None else None
-    late_keys = open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*merge.key_cols(spec), FROM) if open_touched is not None else None
+    with lake_io.released_after([]) as cached:
+        marked = kept_marks(batch, marked_batch(batch, spec, recorded), recorded, cached)
+        events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
+        touched = touched_keys(marked, spec)
+        open_set = read_open_set(spark, storage, state, spec, touched)
+        totals = _totals(marked, open_set.rows, keys)
+        _report_counts(report, totals)
+        if report.events_in == 0:
+            return report
+        report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"])
+        rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
+        to_redo = _read(spark, storage, _files_of(rewrite), spec)
+        kept, late_window = split_closed_rows(to_redo, open_set.touched, report.late_keys, spec)
+        large = report.events_in >= LARGE_FOLD_EVENTS
+        compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
+        settled = _read(spark, storage, _files_of(compact), spec)
+        windows = key_windows(events, touched, _union([open_set.touched, late_window], spec.name), spec)
+        rows = timeline_rows(windows, spec, synced_at, batch_purges=totals["purge_markers"] > 0)
+        state_rows = laid_out(spec, [open_set.carried, rows, _erased(kept, keys, purged)], settled, large)
+        stage = state.staging(report.fold_id)
+        report.current_rows = stage_state(
+            spark, storage, spec, state_rows, stage, open_set, report.keys_touched, large=large)
+        plan = CommitPlan(report.fold_id)
+        report.log_partitions_erased = stage_purges(
+            spark, storage, state, plan, stage, ledger, purged, synced_at=synced_at, log_column=log_column)
+        report.days_appended = plan_state_commit(storage, state, plan, stage, rewrite, compact)
+        _report_closed_days(report, rewrite, compact)
+        commit(storage, state, plan, on_step=on_commit_step, removing=removing)
+    _report_files_put_in_place(report, state, [*recovered, plan], replaced=plan.deletes)
+    return report
 
-    totals = _totals(marked, open_rows, keys)
+
+def _nothing_to_fold(batch: DataFrame | None, spec: m.TableSpec) -> bool:
+    """No batch, or a frame of empty partitions that lacks even the keys. With the keys present,
+    emptiness shows in the fold's counts, so no job of its own is spent on it."""
+    return batch is None or (not set(spec.keys) <= set(batch.columns) and batch.isEmpty())
+
+
+def _without_partition_columns(batch: DataFrame) -> DataFrame:
+    return batch.drop(*[c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT])
+
+
+def _erased(frame: DataFrame | None, keys: list[str], purged: DataFrame | None) -> DataFrame | None:
+    """`frame` with the rows of the `purged` keys erased (`merge.erase_keys`), when there are any."""
+    if frame is None or purged is None:
+        return frame
+    return merge.erase_keys(frame, keys, purged)
+
+
+def marked_batch(batch: DataFrame, spec: m.TableSpec, recorded: DataFrame | None) -> DataFrame:
+    """The batch as change-model events, the keys of the ledger (`recorded`) erased (a key purged
+    before stays purged, whatever the batch says), with the marks of `merge.mark_identical`."""
+    return (
+        batch.transform(_without_partition_columns)
+        .transform(merge.with_optional_columns)
+        .transform(_erased, list(spec.keys), recorded)
+        .transform(merge.mark_identical, spec)
+    )
+
+
+def kept_marks(
+    batch: DataFrame, marked: DataFrame, recorded: DataFrame | None, cached: list[DataFrame]
+) -> DataFrame:
+    """`marked`, persisted (and added to `cached`, for the caller to release) when recomputing it
+    would cost more than keeping it.
+
+    The marks are read by the totals, the touched keys and the timeline. A batch handed over in
+    memory (the run's stored change batch) is already cached, collapsed and in the marks' order,
+    so they are recomputed from it without a sort: caching them as a second copy of the batch
+    cost more (docs/profiling.md, "Figures behind the code"). Joined with the purged keys (a
+    table that has purges), they are computed once and kept."""
+    if lake_io.is_cached(batch) and recorded is None:
+        return marked
+    cached.append(marked.persist())
+    return marked
+
+
+def touched_keys(marked: DataFrame, spec: m.TableSpec) -> DataFrame:
+    """Each touched key with its earliest version (`FROM`): its first event in the marked order
+    (an identical copy dropped from the events has the same version as the one kept)."""
+    first_events = marked.where(F.col(merge.FIRST_OF_KEY))
+    return first_events.select(*merge.key_cols(spec), F.col(m.VERSION_AT).alias(FROM))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenSet:
+    """The stored open rows (`history/active` and the open deletes), split by the batch's keys."""
+
+    paths: list[str]
+    rows: DataFrame | None = None  # all of them
+    touched: DataFrame | None = None  # those of touched keys, with the key's `FROM`
+    carried: DataFrame | None = None  # those of the other keys: carried over as they are
+
+
+def read_open_set(
+    spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, touched: DataFrame
+) -> OpenSet:
+    """The stored open rows, split by the `touched` keys (with their `FROM`)."""
+    paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
+    rows = _read(spark, storage, paths, spec)
+    if rows is None:
+        return OpenSet(paths)
+    keys = list(spec.keys)
+    return OpenSet(paths, rows, rows.join(touched, keys, "inner"), rows.join(touched, keys, "left_anti"))
+
+
+def _report_counts(report: FoldReport, totals: dict) -> None:
+    """The batch's counts (all zero, and no times, for a batch without events)."""
     report.batch_rows, report.events_in = totals["rows"], totals["events"]
-    if report.events_in == 0:
-        if owns_cache:
-            marked.unpersist()
-        return report
     report.identical_duplicates = report.batch_rows - report.events_in
     report.superseded_writes = report.events_in - totals["versions"]
     report.keys_touched = totals["keys"]
     report.touched_since = totals["since"]
     report.late_keys = totals["late_keys"]
 
-    late_window, rewrite = None, {}
-    newly_purged = purges.newly_purged(events, recorded, keys) if totals["purge_markers"] else []
-    report.newly_purged = newly_purged
-    if report.late_keys or newly_purged:
-        # Late data reaches the closed rows ending at or after its earliest version (less the
-        # millisecond between a version's end and the next start); older files stay as they
-        # are. Erasing a key's fields reaches every closed file that may hold it.
-        ending_from = None if newly_purged else _earlier(totals["late_since"], dt.timedelta(milliseconds=1))
-        rewrite = closed_files_ending_from(storage, state, spec, ending_from)
-        kept = _read(spark, storage, [uri for files in rewrite.values() for uri in files], spec)
-        if kept is not None and report.late_keys:
-            # One pass over the closed rows splits them: those the late data reaches are redone in
-            # the window, the rest are kept as they are (no anti-join of the two, no third read).
-            late = F.broadcast(late_keys) if report.late_keys <= BROADCAST_KEYS else late_keys
-            reached = F.coalesce(F.col(END) >= F.col(FROM) - _one_ms(), F.lit(False))
-            flagged = kept.join(late, keys, "left").withColumn(REACHED, reached)
-            late_window = flagged.where(F.col(REACHED)).drop(REACHED)
-            kept = flagged.where(~F.col(REACHED)).drop(REACHED, FROM)
-    else:
-        kept = None
 
-    large = report.events_in >= LARGE_FOLD_EVENTS
-    # A small fold writes its closed rows by end hour, so a day gathers a file per hour; once the
-    # folds have moved past a day, its files are merged in the same write and commit.
-    compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
-    settled = _read(spark, storage, [uri for files in compact.values() for uri in files], spec)
+def purged_now(
+    spark: SparkSession, events: DataFrame, recorded: DataFrame | None, keys: list[str], purge_markers: int
+) -> tuple[list[tuple], DataFrame | None]:
+    """The keys the batch purges for the first time (none unless it counted purge markers), and
+    the same as a frame of the key columns (None when there are none)."""
+    found = purges.newly_purged(events, recorded, keys) if purge_markers else []
+    return found, spark.createDataFrame(found, schema=events.select(*keys).schema) if found else None
 
-    # The window of every touched key: its anchor and later stored rows, plus the batch.
-    stored = _union([open_touched, late_window], spec.name)
+
+def late_keys(open_touched: DataFrame | None, spec: m.TableSpec) -> DataFrame | None:
+    """The touched keys whose batch reaches back to or before their open row (late data), with
+    their earliest batch version (`FROM`)."""
+    if open_touched is None:
+        return None
+    return open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*merge.key_cols(spec), FROM)
+
+
+def closed_files_to_redo(
+    storage: Storage, state: TableState, spec: m.TableSpec, late_since: dt.datetime | None, *, erasing: bool
+) -> ClosedFiles:
+    """(kind, end date) -> the closed files the fold rewrites. Late data (its earliest version
+    `late_since`) reaches the closed rows ending at or after that version, less the millisecond
+    between a version's end and the next start; older files stay as they are. Erasing a key's
+    fields reaches every closed file that may hold it. Without either, none."""
+    if erasing:
+        return closed_files_ending_from(storage, state, spec, None)
+    if late_since is None:
+        return {}
+    return closed_files_ending_from(storage, state, spec, _earlier(late_since, dt.timedelta(milliseconds=1)))
+
+
+def _files_of(days: ClosedFiles) -> list[str]:
+    return [uri for files in days.values() for uri in files]
+
+
+def split_closed_rows(
+    closed: DataFrame | None, open_touched: DataFrame | None, late_count: int, spec: m.TableSpec
+) -> tuple[DataFrame | None, DataFrame | None]:
+    """The closed rows of the files to redo as (kept, late window): with late data, its keys'
+    rows ending at or after (a millisecond before) their earliest batch version are redone in the
+    window, with that version (`FROM`); the rest are kept as they are. One pass over the closed
+    rows splits them: no anti-join of the two, no third read. `late_count` is the number of
+    `late_keys` of the touched keys' open rows (`open_touched`), counted by the totals."""
+    if closed is None or not late_count:
+        return closed, None
+    late = late_keys(open_touched, spec)
+    late = F.broadcast(late) if late_count <= BROADCAST_KEYS else late
+    reached = F.coalesce(F.col(END) >= F.col(FROM) - _one_ms(), F.lit(False))
+    flagged = closed.join(late, list(spec.keys), "left").withColumn(REACHED, reached)
+    return flagged.where(~F.col(REACHED)).drop(REACHED, FROM), flagged.where(F.col(REACHED)).drop(REACHED)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyWindows:
+    """The events of every touched key's window: its anchor and later stored rows, plus the batch.
+
+    `anchor` holds on the stored rows before the batch's earliest version (their values are
+    final); `tie_break` puts a stored row before the batch's copy of the same write, so that the
+    batch's copy keeps its markers. Both None when nothing is stored for the keys."""
+
+    events: DataFrame
+    anchor: Column | None = None
+    tie_break: list[Column] | None = None
+
+
+def key_windows(
+    events: DataFrame, touched: DataFrame, stored: DataFrame | None, spec: m.TableSpec
+) -> KeyWindows:
+    """The windows of the touched keys from their `stored` anchor and later rows (with `FROM`)
+    and the batch's `events`."""
     if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
         # The cached batch is already partitioned by key and sorted in the rules' event order
         # (`mark_identical` did it), and Spark keeps that order for a cached frame: with no
         # tie-break to add, the timeline's windows read it as it is, without another sort.
-        window_events, anchor, tie_break = events, None, None
-    else:
-        stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
-        window_events = union_all(spec.name, [stored, events.join(touched, keys, "inner").withColumn(ORIGIN, F.lit(1))])
-        # Stored rows before the batch's earliest version are anchors: their values are final.
-        anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
-        # A stored row and a batch event for the same write: the batch's copy keeps its markers.
-        tie_break = [F.col(ORIGIN)]
-    payload = spec.payload_columns([c for c in window_events.columns if c not in (FROM, ORIGIN)])
-    # Stored rows may carry a purge marker; a batch alone can only if it counted one.
-    may_purge = stored is not None or totals["purge_markers"] > 0
-    rows = merge.timeline(window_events, spec, payload, tie_break=tie_break, settled=anchor, purges=may_purge)
-    # The timeline is read by one write only (current follows from the staged open set), so it
-    # is computed once without being kept.
-    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
-    carried = open_rows.join(touched, keys, "left_anti") if open_rows is not None else None
+        return KeyWindows(events)
+    stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
+    batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
+    anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
+    return KeyWindows(union_all(spec.name, [stored, batch]), anchor, [F.col(ORIGIN)])
 
-    # Every stored row of the new state, open and closed, in one frame: they share a shape, so
-    # one write (one job, one read of the carried open set) lays them all out by kind and slice.
-    purged_now = spark.createDataFrame(newly_purged, schema=events.select(*keys).schema) if newly_purged else None
-    if kept is not None and purged_now is not None:
-        kept = merge.erase_keys(kept, keys, purged_now)
+
+def timeline_rows(
+    windows: KeyWindows, spec: m.TableSpec, synced_at: dt.datetime, *, batch_purges: bool
+) -> DataFrame:
+    """The touched keys' new timeline rows, synced at `synced_at`.
+
+    Stored rows may carry a purge marker; a batch alone can only if it counted one
+    (`batch_purges`). The timeline is read by one write only (current follows from the staged
+    open set), so it is computed once without being kept."""
+    payload = spec.payload_columns([c for c in windows.events.columns if c not in (FROM, ORIGIN)])
+    may_purge = windows.anchor is not None or batch_purges
+    rows = merge.timeline(
+        windows.events, spec, payload, tie_break=windows.tie_break, settled=windows.anchor, purges=may_purge)
+    return with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
+
+
+def laid_out(
+    spec: m.TableSpec, rows: list[DataFrame | None], settled: DataFrame | None, large: bool
+) -> DataFrame:
+    """Every stored row of the new state, open and closed, in one frame with its `KIND` (history
+    or delete) and `SLICE`: the open set, or the end hour (the end day for a large fold) of a
+    closed row; a settled day's rows being compacted keep their day. They share a shape, so one
+    write (one job, one read of the carried open set) lays them all out by kind and slice."""
     closed_slice = F.date_format(F.col(END), "yyyy-MM-dd" if large else "yyyy-MM-dd'T'HH")
-    state_rows = _union([
-        *[f.withColumn(SLICE, F.when(F.col(ACTIVE), F.lit(OPEN)).otherwise(closed_slice)) for f in (carried, rows, kept) if f is not None],
-        settled.withColumn(SLICE, F.date_format(F.col(END), "yyyy-MM-dd")) if settled is not None else None,
-    ], spec.name).withColumn(KIND, F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history"))
+    by_end = F.when(F.col(ACTIVE), F.lit(OPEN)).otherwise(closed_slice)
+    sliced = [f.withColumn(SLICE, by_end) for f in rows if f is not None]
+    if settled is not None:
+        sliced.append(settled.withColumn(SLICE, F.date_format(F.col(END), "yyyy-MM-dd")))
+    kind = F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history")
+    return union_all(spec.name, sliced).withColumn(KIND, kind)
 
-    fold_id = report.fold_id
-    stage = state.staging(fold_id)
+
+def _staged_slice(stage: str, kind: str, slice_: str) -> str:
+    return f"{stage}/rows/{KIND}={kind}/{SLICE}={slice_}"
+
+
+def stage_state(
+    spark: SparkSession, storage: Storage, spec: m.TableSpec, state_rows: DataFrame, stage: str,
+    open_set: OpenSet, keys_touched: int, *, large: bool,
+) -> int:
+    """Write the new state's rows (`laid_out`) under `stage`/rows and current under `stage`/current;
+    returns current's row count."""
     # The open set has at most its stored rows plus one row per new key.
-    stored_open_rows = lake_io.rows_in(storage, [uri for folder in open_paths for uri in parquet_files(storage, folder)])
-    files = max(1, (stored_open_rows + report.keys_touched) // ROWS_PER_FILE)
+    stored_open_files = [uri for folder in open_set.paths for uri in parquet_files(storage, folder)]
+    stored_open_rows = lake_io.rows_in(storage, stored_open_files)
+    files = max(1, (stored_open_rows + keys_touched) // ROWS_PER_FILE)
     _write_state_rows(state_rows, spec, f"{stage}/rows", files, large=large)
-    report.current_rows = _write_current(spark, storage, spec, state_rows, f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}",
-                                         f"{stage}/current", files)
+    staged_open = _staged_slice(stage, "history", OPEN)
+    return _write_current(spark, storage, spec, state_rows, staged_open, f"{stage}/current", files)
 
-    plan = CommitPlan(fold_id)
-    if purged_now is not None:
-        # Recorded and erased from the change log in this fold's commit: all of it, or none.
-        purges.stage_ledger(storage, state, plan, stage, ledger, purged_now, synced_at)
-        if log_column is not None:
-            report.log_partitions_erased = purges.stage_log_erasure(
-                spark, storage, state, plan, stage, log_column, keys, purged_now)
+
+def stage_purges(
+    spark: SparkSession, storage: Storage, state: TableState, plan: CommitPlan, stage: str,
+    ledger: DataFrame | None, purged: DataFrame | None, *, synced_at: dt.datetime, log_column: str | None,
+) -> list[str]:
+    """Stage in `plan` the ledger with the newly `purged` keys and, with `log_column`, the change
+    log with them erased: recorded and erased in the fold's commit, all of it or none. Returns
+    the change-log partitions erased."""
+    if purged is None:
+        return []
+    purges.stage_ledger(storage, state, plan, stage, ledger, purged, synced_at)
+    if log_column is None:
+        return []
+    keys = list(purged.columns)  # a frame of the key columns
+    return purges.stage_log_erasure(spark, storage, state, plan, stage, log_column, keys, purged)
+
+
+def plan_state_commit(
+    storage: Storage, state: TableState, plan: CommitPlan, stage: str, rewrite: ClosedFiles,
+    compact: ClosedFiles,
+) -> list[str]:
+    """Put the staged state in `plan`: the open sets and current replace theirs, the closed files
+    the fold rewrote or compacted go, and the staged closed rows join the folders of their end
+    days. Returns the closed days ("kind:day") that only gain files."""
     for staged, final in (
-        (f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}", state.history_active),
-        (f"{stage}/rows/{KIND}=delete/{SLICE}={OPEN}", state.deletes_active),
+        (_staged_slice(stage, "history", OPEN), state.history_active),
+        (_staged_slice(stage, "delete", OPEN), state.deletes_active),
         (f"{stage}/current", state.current),
     ):
         plan.replace_folder(storage, final)
         plan.stage_folder(storage, staged, final)
-    for (kind, day), files in rewrite.items():
+    for files in (*rewrite.values(), *compact.values()):
         plan.deletes.extend(files)
-        report.days_rewritten.append(f"{kind}:{day}")
-        report.closed_files_rewritten += len(files)
-    for (kind, day), files in compact.items():
-        plan.deletes.extend(files)
-        report.days_compacted.append(f"{kind}:{day}")
+    appended = []
     for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
-        staged_by_day: dict[str, list[str]] = {}
-        for entry in storage.list(f"{stage}/rows/{KIND}={kind}"):
-            if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}":
-                day = entry.name.split("=", 1)[1][:10]
-                staged_by_day.setdefault(day, []).extend(parquet_files(storage, entry.uri))
-        for day, staged in sorted(staged_by_day.items()):
+        for day, staged in sorted(_staged_closed_days(storage, stage, kind).items()):
             plan.stage_files(staged, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
-                report.days_appended.append(f"{kind}:{day}")
-    commit(storage, state, plan, on_step=on_commit_step, removing=removing)
-    _report_files_put_in_place(report, state, [*recovered, plan], replaced=plan.deletes)
-    if owns_cache:
-        marked.unpersist()
-    return report
+                appended.append(f"{kind}:{day}")
+    return appended
+
+
+def _staged_closed_days(storage: Storage, stage: str, kind: str) -> dict[str, list[str]]:
+    """End day -> the staged closed files of `kind` (a small fold stages a slice per end hour)."""
+    by_day: dict[str, list[str]] = {}
+    for entry in storage.list(f"{stage}/rows/{KIND}={kind}"):
+        if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}":
+            by_day.setdefault(entry.name.split("=", 1)[1][:10], []).extend(parquet_files(storage, entry.uri))
+    return by_day
+
+
+def _report_closed_days(report: FoldReport, rewrite: ClosedFiles, compact: ClosedFiles) -> None:
+    report.days_rewritten = [f"{kind}:{day}" for kind, day in rewrite]
+    report.closed_files_rewritten = sum(len(files) for files in rewrite.values())
+    report.days_compacted = [f"{kind}:{day}" for kind, day in compact]
 
 
 def _reaches_back(open_start: Column, earliest: Column) -> Column:
@@ -377,7 +537,7 @@ def _write_current(
 
 def closed_files_ending_from(
     storage: Storage, state: TableState, spec: m.TableSpec, ending_from: dt.datetime | None
-) -> dict[tuple[str, str], list[str]]:
+) -> ClosedFiles:
     """(kind, end date) -> the closed history and delete files that may hold rows ending at or
     after `ending_from` (every closed file when None). A fold adds new files to the days it
     closes rows in, so late data reaches the last few files of a day, not the whole day; the
@@ -397,8 +557,8 @@ def closed_files_ending_from(
 
 
 def settled_days_to_compact(
-    storage: Storage, state: TableState, since: dt.datetime, skip: dict[tuple[str, str], list[str]]
-) -> dict[tuple[str, str], list[str]]:
+    storage: Storage, state: TableState, since: dt.datetime, skip: ClosedFiles
+) -> ClosedFiles:
     """(kind, end date) -> the files of closed days that ended before `since`'s date (within
     `COMPACT_LOOKBACK_DAYS`) and hold more than `COMPACT_AFTER_FILES` files; days in `skip`
     (rewritten by the fold anyway) are left out."""
