@@ -10,14 +10,40 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, Row, functions as F
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
 
-from lake_assets.engine import fold as fold_module, merge, model as m
+from lake_assets.engine import fold as fold_module
+from lake_assets.engine import merge
+from lake_assets.engine import model as m
 from lake_assets.engine.fold import (
-    ACTIVE, END, FROM, KIND, OPEN, ORIGIN, SLICE, START, SYNCED, FoldReport, KeyWindows, OpenSet,
-    closed_files_to_redo, key_windows, kept_marks, laid_out, late_keys, marked_batch, plan_state_commit,
-    purged_now, read_open_set, settled_days_to_compact, split_closed_rows, stage_purges, stage_state,
-    timeline_rows, touched_keys,
+    ACTIVE,
+    END,
+    FROM,
+    KIND,
+    OPEN,
+    ORIGIN,
+    SLICE,
+    START,
+    SYNCED,
+    FoldReport,
+    KeyWindows,
+    OpenSet,
+    closed_files_to_redo,
+    kept_marks,
+    key_windows,
+    laid_out,
+    late_keys,
+    marked_batch,
+    plan_state_commit,
+    purged_now,
+    read_open_set,
+    settled_days_to_compact,
+    split_closed_rows,
+    stage_purges,
+    stage_state,
+    timeline_rows,
+    touched_keys,
 )
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
 from lake_assets.paths import LakeLayout
@@ -48,7 +74,8 @@ def batch_of(spark, events: list[dict]) -> DataFrame:
     return spark.createDataFrame([as_row(e) for e in events], SCHEMA)
 
 
-def timeline_row(id_, c1, start, end, op="update", seq=1, purged=False, synced=utc(2024, 2, 1)):
+def timeline_row(id_, c1, start, end, op="update", seq=1, purged=False, synced=None):
+    synced = synced or utc(2024, 2, 1)
     return (id_, c1, None, start, end, end == TMAX, synced, op, seq, None, purged, "file:///test")
 
 
@@ -58,8 +85,12 @@ def rows_of(spark, rows: list[tuple]) -> DataFrame:
 
 def stored(frame: DataFrame) -> DataFrame:
     """Timeline rows as the lake stores them (history-mode column names)."""
-    return (frame.withColumnRenamed(START, HC.start).withColumnRenamed(END, HC.end)
-            .withColumnRenamed(ACTIVE, HC.active).withColumnRenamed(SYNCED, HC.synced))
+    return (
+        frame.withColumnRenamed(START, HC.start)
+        .withColumnRenamed(END, HC.end)
+        .withColumnRenamed(ACTIVE, HC.active)
+        .withColumnRenamed(SYNCED, HC.synced)
+    )
 
 
 def lake_state(tmp_path) -> TableState:
@@ -68,9 +99,11 @@ def lake_state(tmp_path) -> TableState:
 
 def test_marked_batch_drops_partition_columns_adds_optional_ones_erases_recorded_keys_and_marks(spark):
     batch = spark.createDataFrame(
-        [("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
-         ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
-         ("b", "y", "insert", utc(2024, 1, 1), 2, "2024-01-01-00", utc(2024, 1, 2))],
+        [
+            ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
+            ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
+            ("b", "y", "insert", utc(2024, 1, 1), 2, "2024-01-01-00", utc(2024, 1, 2)),
+        ],
         f"id string, c1 string, {m.OP} string, {m.VERSION_AT} timestamp, {m.SEQ} long, hour string, "
         f"{m.INGESTED_AT} timestamp",
     )
@@ -83,7 +116,9 @@ def test_marked_batch_drops_partition_columns_adds_optional_ones_erases_recorded
     marks = marked.select("id", "c1", m.PURGED, merge.KEPT, merge.FIRST_OF_KEY)
     rows = sorted(tuple(r) for r in marks.collect())
     assert rows == [
-        ("a", "x", False, False, True), ("a", "x", False, True, False), ("b", None, True, True, True),
+        ("a", "x", False, False, True),
+        ("a", "x", False, True, False),
+        ("b", None, True, True, True),
     ]
     # Without a ledger nothing is erased.
     assert marked_batch(batch, SPEC, None).where(F.col(m.PURGED)).count() == 0
@@ -132,10 +167,14 @@ def test_a_fold_that_fails_releases_the_marks_it_cached(spark, tmp_path, monkeyp
 
 
 def test_touched_keys_are_each_key_with_its_earliest_version(spark):
-    batch = batch_of(spark, [
-        ev("a", "update", utc(2024, 1, 3), 3), ev("a", "insert", utc(2024, 1, 1), 1),
-        ev("b", "insert", utc(2024, 1, 2), 2),
-    ])
+    batch = batch_of(
+        spark,
+        [
+            ev("a", "update", utc(2024, 1, 3), 3),
+            ev("a", "insert", utc(2024, 1, 1), 1),
+            ev("b", "insert", utc(2024, 1, 2), 2),
+        ],
+    )
     touched = touched_keys(marked_batch(batch, SPEC, None), SPEC)
     got = sorted((r["id"], aware(r[FROM])) for r in touched.collect())
     assert got == [("a", utc(2024, 1, 1)), ("b", utc(2024, 1, 2))]
@@ -149,7 +188,8 @@ def test_read_open_set_splits_the_stored_open_rows_by_the_touched_keys(spark, tm
     assert read_open_set(spark, storage, state, SPEC, touched) == OpenSet([])
 
     open_rows = [
-        timeline_row("a", "a1", utc(2024, 1, 2), TMAX), timeline_row("b", "b1", utc(2024, 1, 3), TMAX),
+        timeline_row("a", "a1", utc(2024, 1, 2), TMAX),
+        timeline_row("b", "b1", utc(2024, 1, 3), TMAX),
     ]
     stored(rows_of(spark, open_rows)).write.parquet(state.history_active)
     open_set = read_open_set(spark, storage, state, SPEC, touched)
@@ -163,11 +203,14 @@ def test_read_open_set_splits_the_stored_open_rows_by_the_touched_keys(spark, tm
 
 
 def test_purged_now_is_the_marked_keys_the_ledger_does_not_hold(spark):
-    events = batch_of(spark, [
-        ev("a", "update", utc(2024, 1, 1), 1, purged=True),
-        ev("b", "update", utc(2024, 1, 1), 2, purged=True),
-        ev("c", "update", utc(2024, 1, 1), 3),
-    ])
+    events = batch_of(
+        spark,
+        [
+            ev("a", "update", utc(2024, 1, 1), 1, purged=True),
+            ev("b", "update", utc(2024, 1, 1), 2, purged=True),
+            ev("c", "update", utc(2024, 1, 1), 3),
+        ],
+    )
     recorded = spark.createDataFrame([("b",)], "id string")
 
     found, frame = purged_now(spark, events, recorded, ["id"], purge_markers=2)
@@ -179,14 +222,16 @@ def test_purged_now_is_the_marked_keys_the_ledger_does_not_hold(spark):
 
 def test_late_keys_are_those_whose_batch_reaches_back_to_their_open_row(spark):
     open_touched = spark.createDataFrame(
-        [("a", utc(2024, 1, 5), utc(2024, 1, 4)), ("b", utc(2024, 1, 5), utc(2024, 1, 5)),
-         ("c", utc(2024, 1, 5), utc(2024, 1, 6))],
+        [
+            ("a", utc(2024, 1, 5), utc(2024, 1, 4)),
+            ("b", utc(2024, 1, 5), utc(2024, 1, 5)),
+            ("c", utc(2024, 1, 5), utc(2024, 1, 6)),
+        ],
         f"id string, {START} timestamp, {FROM} timestamp",
     )
     late = late_keys(open_touched, SPEC)
     got = sorted((r["id"], aware(r[FROM])) for r in late.collect())
     assert got == [("a", utc(2024, 1, 4)), ("b", utc(2024, 1, 5))]
-    assert late_keys(None, SPEC) is None
 
 
 def _write_closed_day(spark, state: TableState, day: str, ends: list[dt.datetime]) -> list[str]:
@@ -218,11 +263,14 @@ def _max_end(spark, uri: str) -> dt.datetime:
 
 
 def test_split_closed_rows_sends_the_rows_late_data_reaches_to_the_window(spark):
-    closed = rows_of(spark, [
-        timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 1, 12)),
-        timeline_row("a", "a2", utc(2024, 1, 2), utc(2024, 1, 3) - MS),
-        timeline_row("b", "b1", utc(2024, 1, 1), utc(2024, 1, 4) - MS),
-    ])
+    closed = rows_of(
+        spark,
+        [
+            timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 1, 12)),
+            timeline_row("a", "a2", utc(2024, 1, 2), utc(2024, 1, 3) - MS),
+            timeline_row("b", "b1", utc(2024, 1, 1), utc(2024, 1, 4) - MS),
+        ],
+    )
     open_touched = spark.createDataFrame(
         [("a", utc(2024, 1, 3), utc(2024, 1, 2)), ("b", utc(2024, 1, 4), utc(2024, 1, 5))],
         f"id string, {START} timestamp, {FROM} timestamp",
@@ -245,7 +293,7 @@ def test_settled_days_to_compact_are_the_recent_days_before_the_fold_with_many_f
         (state.deletes_closed, "2024-01-04", 3),
         (state.history_closed, "2024-01-05", 3),  # the fold's own day: not settled
     ):
-        folder = Path(root[len("file://"):]) / day
+        folder = Path(root[len("file://") :]) / day
         folder.mkdir(parents=True)
         for index in range(files):
             (folder / f"part-{index}.parquet").write_bytes(b"")
@@ -261,16 +309,23 @@ def test_settled_days_to_compact_are_the_recent_days_before_the_fold_with_many_f
 
 
 def test_key_windows_join_stored_rows_and_the_batch_with_anchors_before_the_earliest_version(spark):
-    events = batch_of(spark, [
-        ev("a", "update", utc(2024, 1, 3), 5, "a3"), ev("b", "insert", utc(2024, 1, 3), 6, "b"),
-    ])
+    events = batch_of(
+        spark,
+        [
+            ev("a", "update", utc(2024, 1, 3), 5, "a3"),
+            ev("b", "insert", utc(2024, 1, 3), 6, "b"),
+        ],
+    )
     touched = spark.createDataFrame([("a", utc(2024, 1, 3))], f"id string, {FROM} timestamp")
     assert key_windows(events, touched, None, SPEC) == KeyWindows(events)
 
-    stored_rows = rows_of(spark, [
-        timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 2) - MS),
-        timeline_row("a", "a2", utc(2024, 1, 4), TMAX),
-    ]).withColumn(FROM, F.lit(utc(2024, 1, 3)))
+    stored_rows = rows_of(
+        spark,
+        [
+            timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 2) - MS),
+            timeline_row("a", "a2", utc(2024, 1, 4), TMAX),
+        ],
+    ).withColumn(FROM, F.lit(utc(2024, 1, 3)))
     windows = key_windows(events, touched, stored_rows, SPEC)
 
     rows = windows.events.select("c1", ORIGIN, windows.anchor.alias("anchor")).collect()
@@ -280,9 +335,13 @@ def test_key_windows_join_stored_rows_and_the_batch_with_anchors_before_the_earl
 
 
 def test_timeline_rows_are_the_windows_timeline_synced_at_the_folds_time(spark):
-    events = batch_of(spark, [
-        ev("a", "insert", utc(2024, 1, 1), 1, "a1"), ev("a", "update", utc(2024, 1, 2), 2, "a2"),
-    ])
+    events = batch_of(
+        spark,
+        [
+            ev("a", "insert", utc(2024, 1, 1), 1, "a1"),
+            ev("a", "update", utc(2024, 1, 2), 2, "a2"),
+        ],
+    )
     windows = KeyWindows(events.withColumn(FROM, F.lit(utc(2024, 1, 1))))
     synced = utc(2024, 2, 1)
 
@@ -290,7 +349,8 @@ def test_timeline_rows_are_the_windows_timeline_synced_at_the_folds_time(spark):
 
     assert not {FROM, ORIGIN} & set(rows.columns)
     got = sorted(
-        (r["c1"], aware(r[START]), aware(r[END]), r[ACTIVE], aware(r[SYNCED])) for r in rows.collect())
+        (r["c1"], aware(r[START]), aware(r[END]), r[ACTIVE], aware(r[SYNCED])) for r in rows.collect()
+    )
     assert got == [
         ("a1", utc(2024, 1, 1), utc(2024, 1, 2) - MS, False, synced),
         ("a2", utc(2024, 1, 2), TMAX, True, synced),
@@ -298,24 +358,32 @@ def test_timeline_rows_are_the_windows_timeline_synced_at_the_folds_time(spark):
 
 
 def test_timeline_rows_erase_a_key_the_batch_purges(spark):
-    events = batch_of(spark, [
-        ev("a", "insert", utc(2024, 1, 1), 1, "a1"), ev("a", "update", utc(2024, 1, 2), 2, purged=True),
-    ])
+    events = batch_of(
+        spark,
+        [
+            ev("a", "insert", utc(2024, 1, 1), 1, "a1"),
+            ev("a", "update", utc(2024, 1, 2), 2, purged=True),
+        ],
+    )
     rows = timeline_rows(KeyWindows(events), SPEC, utc(2024, 2, 1), batch_purges=True)
     assert sorted((r["c1"], r[m.PURGED]) for r in rows.collect()) == [(None, True), (None, True)]
 
 
 def test_laid_out_gives_each_row_its_kind_and_slice(spark):
-    rows = rows_of(spark, [
-        timeline_row("a", "open", utc(2024, 1, 1), TMAX),
-        timeline_row("a", "closed", utc(2024, 1, 1), utc(2024, 1, 2, 5, 30)),
-        timeline_row("b", None, utc(2024, 1, 2), TMAX, op="delete"),
-    ])
+    rows = rows_of(
+        spark,
+        [
+            timeline_row("a", "open", utc(2024, 1, 1), TMAX),
+            timeline_row("a", "closed", utc(2024, 1, 1), utc(2024, 1, 2, 5, 30)),
+            timeline_row("b", None, utc(2024, 1, 2), TMAX, op="delete"),
+        ],
+    )
     settled = rows_of(spark, [timeline_row("c", "settled", utc(2024, 1, 1), utc(2024, 1, 1, 7))])
 
     small = laid_out(SPEC, [rows, None], settled, large=False)
     assert sorted((r["c1"], r[KIND], r[SLICE]) for r in small.collect() if r["c1"]) == [
-        ("closed", "history", "2024-01-02T05"), ("open", "history", OPEN),
+        ("closed", "history", "2024-01-02T05"),
+        ("open", "history", OPEN),
         ("settled", "history", "2024-01-01"),
     ]
     assert [(r[KIND], r[SLICE]) for r in small.where(F.col("id") == "b").collect()] == [("delete", OPEN)]
@@ -326,20 +394,32 @@ def test_laid_out_gives_each_row_its_kind_and_slice(spark):
 def test_stage_state_writes_rows_by_kind_and_slice_and_current_from_the_open_set(spark, tmp_path):
     storage = Storage()
     stage = f"file://{tmp_path}/stage"
-    state_rows = laid_out(SPEC, [rows_of(spark, [
-        timeline_row("a", "a2", utc(2024, 1, 2), TMAX),
-        timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 2, 5)),
-        timeline_row("b", None, utc(2024, 1, 2), TMAX, op="delete"),
-        timeline_row("c", "c1", utc(2024, 1, 2), TMAX),
-    ])], None, large=False)
+    state_rows = laid_out(
+        SPEC,
+        [
+            rows_of(
+                spark,
+                [
+                    timeline_row("a", "a2", utc(2024, 1, 2), TMAX),
+                    timeline_row("a", "a1", utc(2024, 1, 1), utc(2024, 1, 2, 5)),
+                    timeline_row("b", None, utc(2024, 1, 2), TMAX, op="delete"),
+                    timeline_row("c", "c1", utc(2024, 1, 2), TMAX),
+                ],
+            )
+        ],
+        None,
+        large=False,
+    )
 
     current_rows = stage_state(
-        spark, storage, SPEC, state_rows, stage, OpenSet([]), keys_touched=3, large=False)
+        spark, storage, SPEC, state_rows, stage, OpenSet([]), keys_touched=3, large=False
+    )
 
     assert current_rows == 2
     current = spark.read.parquet(f"{stage}/current")
     assert sorted((r["id"], r["c1"], aware(r[m.VERSION_AT])) for r in current.collect()) == [
-        ("a", "a2", utc(2024, 1, 2)), ("c", "c1", utc(2024, 1, 2)),
+        ("a", "a2", utc(2024, 1, 2)),
+        ("c", "c1", utc(2024, 1, 2)),
     ]
     for kind, slice_ in (("history", OPEN), ("history", "2024-01-02T05"), ("delete", OPEN)):
         assert parquet_files(storage, f"{stage}/rows/{KIND}={kind}/{SLICE}={slice_}")
@@ -365,10 +445,13 @@ def test_plan_state_commit_replaces_the_open_sets_and_adds_the_closed_slices_to_
     stage = state.staging("f1")
     one_row = rows_of(spark, [timeline_row("a", "x", utc(2024, 1, 1), TMAX)])
     for folder in (
-        f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}", f"{stage}/rows/{KIND}=history/{SLICE}=2024-01-02T05",
+        f"{stage}/rows/{KIND}=history/{SLICE}={OPEN}",
+        f"{stage}/rows/{KIND}=history/{SLICE}=2024-01-02T05",
         f"{stage}/rows/{KIND}=history/{SLICE}=2024-01-02T06",
         f"{stage}/rows/{KIND}=history/{SLICE}=2024-01-03T01",
-        f"{stage}/rows/{KIND}=delete/{SLICE}=2024-01-01T00", f"{stage}/current", state.history_active,
+        f"{stage}/rows/{KIND}=delete/{SLICE}=2024-01-01T00",
+        f"{stage}/current",
+        state.history_active,
     ):
         one_row.coalesce(1).write.parquet(folder)
     old_active = parquet_files(storage, state.history_active)
@@ -380,13 +463,19 @@ def test_plan_state_commit_replaces_the_open_sets_and_adds_the_closed_slices_to_
 
     assert appended == ["history:2024-01-02", "delete:2024-01-01"]
     assert plan.deletes == [
-        *old_active, "file:///lake/rewritten.parquet", "file:///lake/s1.parquet", "file:///lake/s2.parquet",
+        *old_active,
+        "file:///lake/rewritten.parquet",
+        "file:///lake/s1.parquet",
+        "file:///lake/s2.parquet",
     ]
     finals = [final.rsplit("/", 1)[0] for _, final in plan.adds]
     assert finals == [
-        state.history_active, state.current,
-        f"{state.history_closed}/2024-01-02", f"{state.history_closed}/2024-01-02",
-        f"{state.history_closed}/2024-01-03", f"{state.deletes_closed}/2024-01-01",
+        state.history_active,
+        state.current,
+        f"{state.history_closed}/2024-01-02",
+        f"{state.history_closed}/2024-01-02",
+        f"{state.history_closed}/2024-01-03",
+        f"{state.deletes_closed}/2024-01-01",
     ]
 
 
@@ -395,16 +484,25 @@ def test_report_closed_days_and_counts():
     rewrite, compact = {("history", "2024-01-02"): ["x", "y"]}, {("delete", "2024-01-01"): ["z"]}
     fold_module._report_closed_days(report, rewrite, compact)
     assert (report.days_rewritten, report.closed_files_rewritten, report.days_compacted) == (
-        ["history:2024-01-02"], 2, ["delete:2024-01-01"])
+        ["history:2024-01-02"],
+        2,
+        ["delete:2024-01-01"],
+    )
     totals = {"rows": 5, "events": 4, "versions": 3, "keys": 2, "since": utc(2024, 1, 1), "late_keys": 1}
     fold_module._report_counts(report, totals)
-    counts = (report.batch_rows, report.events_in, report.identical_duplicates, report.superseded_writes,
-              report.keys_touched, report.touched_since, report.late_keys)
+    counts = (
+        report.batch_rows,
+        report.events_in,
+        report.identical_duplicates,
+        report.superseded_writes,
+        report.keys_touched,
+        report.touched_since,
+        report.late_keys,
+    )
     assert counts == (5, 4, 1, 1, 2, utc(2024, 1, 1), 1)
 
 
-def test_nothing_to_fold_without_a_batch_or_with_an_empty_frame_that_lacks_the_keys(spark):
-    assert fold_module._nothing_to_fold(None, SPEC)
+def test_nothing_to_fold_in_an_empty_frame_that_lacks_the_keys(spark):
     assert fold_module._nothing_to_fold(spark.createDataFrame([], "other string"), SPEC)
     # With the keys present, even an empty batch goes on: its emptiness shows in the counts.
     assert not fold_module._nothing_to_fold(batch_of(spark, []), SPEC)

@@ -18,17 +18,28 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Callable
+from collections.abc import Callable, Sequence
 
-from pyspark.sql import Column, DataFrame, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lake_assets import lake_io
-from lake_assets.engine import merge, model as m, purges
+from lake_assets.engine import merge, purges
+from lake_assets.engine import model as m
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
-from lake_assets.engine.state import CommitPlan, Removing, TableState, closed_days, commit, new_fold_id, parquet_files, recover
+from lake_assets.engine.state import (
+    CommitPlan,
+    Removing,
+    TableState,
+    closed_days,
+    commit,
+    new_fold_id,
+    parquet_files,
+    recover,
+)
 from lake_assets.storage import Storage
 
 FROM = "__from"
@@ -79,7 +90,10 @@ class FoldReport:
 
 
 def _report_files_put_in_place(
-    report: FoldReport, state: TableState, plans: list[CommitPlan], replaced: list[str] = (),
+    report: FoldReport,
+    state: TableState,
+    plans: list[CommitPlan],
+    replaced: Sequence[str] = (),
 ) -> None:
     """The table files and change-log files the commits of `plans` put in place and that are
     still there (a later plan's `replaced` files are gone again)."""
@@ -100,9 +114,11 @@ def from_persisted(stored: DataFrame, spec: m.TableSpec) -> DataFrame:
 
 
 def _read(spark: SparkSession, storage: Storage, paths: list[str], spec: m.TableSpec) -> DataFrame | None:
-    """Stored rows of the given folders or files, with the engine's column names."""
-    if not paths:
-        return None
+    """Stored rows of the given folders or files, with the engine's column names; None for no paths."""
+    return _read_stored(spark, storage, paths, spec) if paths else None
+
+
+def _read_stored(spark: SparkSession, storage: Storage, paths: list[str], spec: m.TableSpec) -> DataFrame:
     return from_persisted(lake_io.read_drifting(spark, storage, paths, table=spec.name), spec)
 
 
@@ -133,7 +149,7 @@ def fold(
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
-    if _nothing_to_fold(batch, spec):
+    if batch is None or _nothing_to_fold(batch, spec):
         return report
     synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     ledger = purges.ledger(spark, storage, state)
@@ -159,10 +175,12 @@ def fold(
         state_rows = laid_out(spec, [open_set.carried, rows, _erased(kept, keys, purged)], settled, large)
         stage = state.staging(report.fold_id)
         report.current_rows = stage_state(
-            spark, storage, spec, state_rows, stage, open_set, report.keys_touched, large=large)
+            spark, storage, spec, state_rows, stage, open_set, report.keys_touched, large=large
+        )
         plan = CommitPlan(report.fold_id)
         report.log_partitions_erased = stage_purges(
-            spark, storage, state, plan, stage, ledger, purged, synced_at=synced_at, log_column=log_column)
+            spark, storage, state, plan, stage, ledger, purged, synced_at=synced_at, log_column=log_column
+        )
         report.days_appended = plan_state_commit(storage, state, plan, stage, rewrite, compact)
         _report_closed_days(report, rewrite, compact)
         commit(storage, state, plan, on_step=on_commit_step, removing=removing)
@@ -170,10 +188,10 @@ def fold(
     return report
 
 
-def _nothing_to_fold(batch: DataFrame | None, spec: m.TableSpec) -> bool:
-    """No batch, or a frame of empty partitions that lacks even the keys. With the keys present,
-    emptiness shows in the fold's counts, so no job of its own is spent on it."""
-    return batch is None or (not set(spec.keys) <= set(batch.columns) and batch.isEmpty())
+def _nothing_to_fold(batch: DataFrame, spec: m.TableSpec) -> bool:
+    """A frame of empty partitions that lacks even the keys. With the keys present, emptiness
+    shows in the fold's counts, so no job of its own is spent on it."""
+    return not set(spec.keys) <= set(batch.columns) and batch.isEmpty()
 
 
 def _without_partition_columns(batch: DataFrame) -> DataFrame:
@@ -182,9 +200,11 @@ def _without_partition_columns(batch: DataFrame) -> DataFrame:
 
 def _erased(frame: DataFrame | None, keys: list[str], purged: DataFrame | None) -> DataFrame | None:
     """`frame` with the rows of the `purged` keys erased (`merge.erase_keys`), when there are any."""
-    if frame is None or purged is None:
-        return frame
-    return merge.erase_keys(frame, keys, purged)
+    return None if frame is None else _without_keys(frame, keys, purged)
+
+
+def _without_keys(frame: DataFrame, keys: list[str], purged: DataFrame | None) -> DataFrame:
+    return frame if purged is None else merge.erase_keys(frame, keys, purged)
 
 
 def marked_batch(batch: DataFrame, spec: m.TableSpec, recorded: DataFrame | None) -> DataFrame:
@@ -193,7 +213,7 @@ def marked_batch(batch: DataFrame, spec: m.TableSpec, recorded: DataFrame | None
     return (
         batch.transform(_without_partition_columns)
         .transform(merge.with_optional_columns)
-        .transform(_erased, list(spec.keys), recorded)
+        .transform(_without_keys, list(spec.keys), recorded)
         .transform(merge.mark_identical, spec)
     )
 
@@ -263,11 +283,9 @@ def purged_now(
     return found, spark.createDataFrame(found, schema=events.select(*keys).schema) if found else None
 
 
-def late_keys(open_touched: DataFrame | None, spec: m.TableSpec) -> DataFrame | None:
+def late_keys(open_touched: DataFrame, spec: m.TableSpec) -> DataFrame:
     """The touched keys whose batch reaches back to or before their open row (late data), with
     their earliest batch version (`FROM`)."""
-    if open_touched is None:
-        return None
     return open_touched.where(_reaches_back(F.col(START), F.col(FROM))).select(*merge.key_cols(spec), FROM)
 
 
@@ -297,7 +315,7 @@ def split_closed_rows(
     window, with that version (`FROM`); the rest are kept as they are. One pass over the closed
     rows splits them: no anti-join of the two, no third read. `late_count` is the number of
     `late_keys` of the touched keys' open rows (`open_touched`), counted by the totals."""
-    if closed is None or not late_count:
+    if closed is None or open_touched is None or not late_count:
         return closed, None
     late = late_keys(open_touched, spec)
     late = F.broadcast(late) if late_count <= BROADCAST_KEYS else late
@@ -346,7 +364,8 @@ def timeline_rows(
     payload = spec.payload_columns([c for c in windows.events.columns if c not in (FROM, ORIGIN)])
     may_purge = windows.anchor is not None or batch_purges
     rows = merge.timeline(
-        windows.events, spec, payload, tie_break=windows.tie_break, settled=windows.anchor, purges=may_purge)
+        windows.events, spec, payload, tie_break=windows.tie_break, settled=windows.anchor, purges=may_purge
+    )
     return with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
 
 
@@ -371,8 +390,15 @@ def _staged_slice(stage: str, kind: str, slice_: str) -> str:
 
 
 def stage_state(
-    spark: SparkSession, storage: Storage, spec: m.TableSpec, state_rows: DataFrame, stage: str,
-    open_set: OpenSet, keys_touched: int, *, large: bool,
+    spark: SparkSession,
+    storage: Storage,
+    spec: m.TableSpec,
+    state_rows: DataFrame,
+    stage: str,
+    open_set: OpenSet,
+    keys_touched: int,
+    *,
+    large: bool,
 ) -> int:
     """Write the new state's rows (`laid_out`) under `stage`/rows and current under `stage`/current;
     returns current's row count."""
@@ -386,8 +412,16 @@ def stage_state(
 
 
 def stage_purges(
-    spark: SparkSession, storage: Storage, state: TableState, plan: CommitPlan, stage: str,
-    ledger: DataFrame | None, purged: DataFrame | None, *, synced_at: dt.datetime, log_column: str | None,
+    spark: SparkSession,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    stage: str,
+    ledger: DataFrame | None,
+    purged: DataFrame | None,
+    *,
+    synced_at: dt.datetime,
+    log_column: str | None,
 ) -> list[str]:
     """Stage in `plan` the ledger with the newly `purged` keys and, with `log_column`, the change
     log with them erased: recorded and erased in the fold's commit, all of it or none. Returns
@@ -402,7 +436,11 @@ def stage_purges(
 
 
 def plan_state_commit(
-    storage: Storage, state: TableState, plan: CommitPlan, stage: str, rewrite: ClosedFiles,
+    storage: Storage,
+    state: TableState,
+    plan: CommitPlan,
+    stage: str,
+    rewrite: ClosedFiles,
     compact: ClosedFiles,
 ) -> list[str]:
     """Put the staged state in `plan`: the open sets and current replace theirs, the closed files
@@ -419,8 +457,8 @@ def plan_state_commit(
         plan.deletes.extend(files)
     appended = []
     for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
-        for day, staged in sorted(_staged_closed_days(storage, stage, kind).items()):
-            plan.stage_files(staged, f"{final_root}/{day}")
+        for day, staged_files in sorted(_staged_closed_days(storage, stage, kind).items()):
+            plan.stage_files(staged_files, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
                 appended.append(f"{kind}:{day}")
     return appended
@@ -458,7 +496,9 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
         # One start per key, so that the join cannot multiply the batch's rows in the counts.
         open_starts = open_rows.groupBy(*[col(k) for k in keys]).agg(F.max(START).alias(OPEN_FROM))
         marked = marked.join(open_starts, keys, "left")
-        late = F.col(merge.FIRST_OF_KEY) & F.coalesce(_reaches_back(F.col(OPEN_FROM), F.col(m.VERSION_AT)), F.lit(False))
+        late = F.col(merge.FIRST_OF_KEY) & F.coalesce(
+            _reaches_back(F.col(OPEN_FROM), F.col(m.VERSION_AT)), F.lit(False)
+        )
     row = marked.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
@@ -484,7 +524,11 @@ def _earlier(moment, delta: dt.timedelta):
 
 
 def _utc(micros: int | None) -> dt.datetime | None:
-    return None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+    return (
+        None
+        if micros is None
+        else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+    )
 
 
 def _plain_columns(spec: m.TableSpec) -> dict[str, str]:
@@ -496,7 +540,9 @@ def _plain_columns(spec: m.TableSpec) -> dict[str, str]:
     return lake_io.without_dictionary([*spec.keys, *m.PER_EVENT_COLUMNS, spec.history_columns.start])
 
 
-def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, open_files: int, large: bool) -> None:
+def _write_state_rows(
+    state_rows: DataFrame, spec: m.TableSpec, target: str, open_files: int, large: bool
+) -> None:
     """Stage the open set and the closed rows in one write, a folder per kind and slice.
 
     A small fold slices its closed rows by end hour, so that the next fold's late data, which
@@ -505,18 +551,30 @@ def _write_state_rows(state_rows: DataFrame, spec: m.TableSpec, target: str, ope
     fold (a backfill) slices by day and writes from each of its few partitions instead of
     shuffling everything once more."""
     payload = spec.payload_columns(state_rows.columns)
-    out = state_rows.select(*merge.history_projection(spec, payload, start=START, purged=True), F.col(KIND), F.col(SLICE))
+    out = state_rows.select(
+        *merge.history_projection(spec, payload, start=START, purged=True), F.col(KIND), F.col(SLICE)
+    )
     if not large:
         if open_files == 1:
             out = out.coalesce(1)
         else:
-            spread = F.when(F.col(SLICE) == OPEN, F.pmod(F.xxhash64(*merge.key_cols(spec)), F.lit(open_files))).otherwise(0)
+            spread = F.when(
+                F.col(SLICE) == OPEN, F.pmod(F.xxhash64(*merge.key_cols(spec)), F.lit(open_files))
+            ).otherwise(0)
             out = out.repartition(F.col(KIND), F.col(SLICE), spread)
-    out.write.options(**_plain_columns(spec)).mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE).partitionBy(KIND, SLICE).parquet(target)
+    out.write.options(**_plain_columns(spec)).mode("overwrite").option(
+        "maxRecordsPerFile", ROWS_PER_FILE
+    ).partitionBy(KIND, SLICE).parquet(target)
 
 
 def _write_current(
-    spark: SparkSession, storage: Storage, spec: m.TableSpec, state_rows: DataFrame, staged_open: str, target: str, files: int
+    spark: SparkSession,
+    storage: Storage,
+    spec: m.TableSpec,
+    state_rows: DataFrame,
+    staged_open: str,
+    target: str,
+    files: int,
 ) -> int:
     """Stage current from the staged open set, whose versions it is (its deletes are staged
     apart), and return its row count.
@@ -527,7 +585,7 @@ def _write_current(
     (docs/profiling.md, "Figures behind the code"). With no open version (every key deleted) current
     is empty, in its shape."""
     if storage.exists(staged_open):
-        open_versions = _read(spark, storage, [staged_open], spec)
+        open_versions = _read_stored(spark, storage, [staged_open], spec)
     else:
         open_versions = state_rows.limit(0)
     current = merge.current_of(open_versions, spec, spec.payload_columns(open_versions.columns))
@@ -557,11 +615,13 @@ def closed_files_ending_from(
 
 
 def settled_days_to_compact(
-    storage: Storage, state: TableState, since: dt.datetime, skip: ClosedFiles
+    storage: Storage, state: TableState, since: dt.datetime | None, skip: ClosedFiles
 ) -> ClosedFiles:
     """(kind, end date) -> the files of closed days that ended before `since`'s date (within
     `COMPACT_LOOKBACK_DAYS`) and hold more than `COMPACT_AFTER_FILES` files; days in `skip`
-    (rewritten by the fold anyway) are left out."""
+    (rewritten by the fold anyway) are left out. Nothing when no version was touched (`since` None)."""
+    if since is None:
+        return {}
     last = since.date()
     first = _earlier(last, dt.timedelta(days=COMPACT_LOOKBACK_DAYS)).isoformat()
     found = {}
