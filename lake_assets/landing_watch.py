@@ -14,8 +14,9 @@ import datetime as dt
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
 from lake_assets.storage import Storage
 
@@ -82,6 +83,29 @@ def contiguous_ranges(
                 continue
         ranges.append((key, key))
     return ranges
+
+
+def stretches_in_order(order: Sequence[str], wanted: Sequence[str]) -> list[tuple[str, ...]]:
+    """`wanted` (keys of `order`) cut into stretches that are contiguous in `order`, each one
+    partition range a run can name, in the order of their first key in `wanted`.
+
+    Dagster resolves a range run's partitions in the partitions' own order, and a dynamic
+    partitions definition (GRAX batches) keeps the order the keys were added in: batches
+    registered newest first (`--from c --to d`, then `--from a --to b`) sit as c, d, a, b, where
+    the range b .. d holds nothing. A range cut here holds exactly the wanted keys.
+    """
+    position = {key: index for index, key in enumerate(order)}
+    unknown = [key for key in wanted if key not in position]
+    if unknown:
+        raise LakeAssetsError(f"partition(s) {', '.join(unknown)} are not registered: no run can name them")
+    stretches: list[list[str]] = []
+    for key in sorted(set(wanted), key=position.__getitem__):
+        if stretches and position[stretches[-1][-1]] + 1 == position[key]:
+            stretches[-1].append(key)
+        else:
+            stretches.append([key])
+    rank = {key: index for index, key in enumerate(wanted)}
+    return [tuple(stretch) for stretch in sorted(stretches, key=lambda stretch: rank[stretch[0]])]
 
 
 def encode_cursor(cursors: dict) -> str:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.landing_watch import stretches_in_order
 from lake_assets.orchestration.definitions import batch_partitions_name, table_job_name
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -89,19 +90,23 @@ def backfill(
     last: str,
     layers=("catalog", "changes", "current", "history"),
 ) -> None:
-    """A single-run range backfill of the table's job as the UI launches it (its batches registered)."""
+    """A backfill of the batches `first` .. `last` of the table's job as the UI launches it (the
+    landed batches registered): one run per range the instance holds in a row, as Dagster's
+    single-run backfill policy cuts the partitions picked."""
     defs = discovered_definitions(config)
     name = batch_partitions_name(FEED, TABLE)
     landed = {
         p.name[len("batch=") :] for p in Path(config.feeds[0].landing[len("file://") :]).rglob("batch=*")
     }
     instance.add_dynamic_partitions(name, sorted(landed - set(instance.get_dynamic_partitions(name))))
-    result = defs.resolve_job_def(table_job_name(FEED, TABLE)).execute_in_process(
-        instance=instance,
-        tags={RANGE_START_TAG: first, RANGE_END_TAG: last},
-        asset_selection=[dg.AssetKey([FEED, *TABLE.split("/"), layer]) for layer in layers],
-    )
-    assert result.success
+    picked = sorted(batch for batch in landed if first <= batch <= last)
+    for stretch in stretches_in_order(instance.get_dynamic_partitions(name), picked):
+        result = defs.resolve_job_def(table_job_name(FEED, TABLE)).execute_in_process(
+            instance=instance,
+            tags={RANGE_START_TAG: stretch[0], RANGE_END_TAG: stretch[-1]},
+            asset_selection=[dg.AssetKey([FEED, *TABLE.split("/"), layer]) for layer in layers],
+        )
+        assert result.success
 
 
 def sensor_tick(

@@ -369,9 +369,19 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
     sensor = defs.resolve_sensor_def("grax_batch_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
     partitions = batch_partitions_name("grax", f"{ORG}/account")
+    instance = dg.DagsterInstance.ephemeral()
 
-    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-        first = sensor(context)
+    def tick(cursor=None):
+        """One tick, its new batches registered as the daemon does."""
+        with dg.build_sensor_context(
+            resources=resources, definitions=defs, instance=instance, cursor=cursor
+        ) as context:
+            result = sensor(context)
+        for request in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return result
+
+    first = tick()
     assert [(r.partitions_def_name, list(r.partition_keys)) for r in first.dynamic_partitions_requests] == [
         (partitions, ["00000000a", "00000000b"])
     ]
@@ -379,13 +389,11 @@ def test_the_batch_sensor_registers_batches_and_reruns_only_the_open_one(tmp_pat
         ("00000000a", "00000000b")
     ]
 
-    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
-        quiet = sensor(context)
+    quiet = tick(first.cursor)
     assert quiet.run_requests == [] and quiet.dynamic_partitions_requests == []
 
     write_file(landing, "Account", "00000000b", "data-00000000002.parquet", row)  # the open batch grows
-    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=quiet.cursor) as context:
-        grown = sensor(context)
+    grown = tick(quiet.cursor)
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in grown.run_requests] == [
         ("00000000b", "00000000b")
     ]

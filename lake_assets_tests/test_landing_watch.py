@@ -1,7 +1,17 @@
 """The sensor's scanning logic: new hours, late files, run keys, pruned listing."""
 
+import pytest
+
+from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
-from lake_assets.landing_watch import TableCursor, contiguous_ranges, decode_cursor, encode_cursor, scan_table
+from lake_assets.landing_watch import (
+    TableCursor,
+    contiguous_ranges,
+    decode_cursor,
+    encode_cursor,
+    scan_table,
+    stretches_in_order,
+)
 from lake_assets.storage import Storage
 from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
@@ -88,3 +98,14 @@ def test_contiguous_ranges_group_consecutive_hours():
         ("1990-06-01-03", "1990-06-01-03"),
         ("2024-03-01-01", "2024-03-01-01"),
     ]
+
+
+def test_stretches_follow_the_order_partitions_were_registered_in():
+    registered = ["c", "d", "a", "b"]  # c and d first, then a and b
+    assert stretches_in_order(registered, ["b", "c", "d"]) == [("b",), ("c", "d")]
+    assert stretches_in_order(registered, ["a", "b", "c", "d"]) == [("c", "d", "a", "b")]
+    assert stretches_in_order(registered, ["d", "a"]) == [("d", "a")]  # in a row where registered
+    assert stretches_in_order(["a", "b", "c"], ["a", "c"]) == [("a",), ("c",)]  # b is not wanted
+    assert stretches_in_order(["a"], []) == []
+    with pytest.raises(LakeAssetsError, match="x are not registered"):
+        stretches_in_order(["a"], ["a", "x"])

@@ -149,3 +149,24 @@ def test_late_files_sensor_runs_and_restores_never_bring_a_purge_back(lake, tmp_
     assert [r["_fivetran_start"].hour for r in history_of_x] == [1, 2, 3, 6]  # every version, no data
 
     assert tables(root) == clean_run(landing, tmp_path / "clean")
+
+
+def test_batches_registered_newest_first_are_still_all_processed(clean, lake, tmp_path):
+    """Dagster runs a range in the order the batches were registered, not in their own order.
+    Register B3 .. B4 first (an operator's `--from/--to`), then B1 .. B2: the instance then holds
+    B3, B4, B1, B2, where the range B2 .. B4 holds nothing. The CLI and the sensor cut their
+    runs into ranges the instance holds in a row, so every batch is still processed."""
+    config, root, instance = lake
+    land(tmp_path / "landing", B4, "data-00000000009.parquet", [version("Y", 9, "09", "Yves II")])
+    cli(config, instance, B3, B4)
+    backfill(config, instance, B1, B2)  # as the UI launches it: the landed batches are registered
+    cli(config, instance, B2, B4)  # one planned run, two Dagster runs: B2, then B3 .. B4
+    assert leaks(root, {"X"}) == []
+    expected = clean_run(tmp_path / "landing", tmp_path / "clean")
+    assert tables(root) == expected
+
+    fresh_instance = dg.DagsterInstance.ephemeral()
+    cli(config, fresh_instance, B3, B4)
+    _, runs = sensor_tick(config, fresh_instance, None)  # every batch is new to its cursor
+    assert runs == 1  # the range B3 .. B2: the instance holds B3, B4, B1, B2 in a row
+    assert leaks(root, {"X"}) == [] and tables(root) == expected

@@ -9,10 +9,11 @@ new costs a listing of the landing, not Dagster's start-up.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import dagster as dg
 
@@ -20,6 +21,7 @@ from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
 from lake_assets.errors import first_line
 from lake_assets.feeds import format_for
+from lake_assets.landing_watch import stretches_in_order
 from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
@@ -48,16 +50,15 @@ def execute(
     instance = instance or instance_for_cli()
     defs = build_definitions(config)
     steps, assets = _what_each_step_writes(defs), _assets_by_table(defs)
-    progress.planned(planned, sum(len(_steps_of_run(run, steps)) for run in planned))
+    runs = [part for run in planned for part in _as_registered_ranges(instance, run)]
+    progress.planned(runs, sum(len(_steps_of_run(run, steps)) for run in runs))
     run_ids, failures = [], []
-    for run in planned:
+    for run in runs:
         selection = (
             None
             if run.tables is None
             else [key for table in run.tables for key in assets[f"{run.feed}/{table}"]]
         )
-        if run.batch_table is not None:
-            _register_batches(instance, run.feed, run.batch_table, run.batches)
         run_id, failed = _run(
             defs.resolve_job_def(_job_of(run)), instance, run, steps, say, selection, progress.step_done
         )
@@ -70,11 +71,21 @@ def _job_of(run: PlannedRun) -> str:
     return feed_job_name(run.feed) if run.batch_table is None else table_job_name(run.feed, run.batch_table)
 
 
-def _register_batches(instance: dg.DagsterInstance, feed: str, table: str, batches: Sequence[str]) -> None:
-    """A batch table's partitions are dynamic: the batches a run takes are added first."""
-    name = batch_partitions_name(feed, table)
-    known = set(instance.get_dynamic_partitions(name))
-    instance.add_dynamic_partitions(name, [batch for batch in batches if batch not in known])
+def _as_registered_ranges(instance: dg.DagsterInstance, run: PlannedRun) -> list[PlannedRun]:
+    """A planned run as Dagster runs: one for an hourly feed; for a batch table, its batches are
+    registered (a batch table's partitions are dynamic) and the run is cut into ranges that are
+    contiguous in the order the instance holds them in, which is not always the batches' order."""
+    if run.batch_table is None:
+        return [run]
+    name = batch_partitions_name(run.feed, run.batch_table)
+    known = instance.get_dynamic_partitions(name)
+    registered = set(known)
+    added = [batch for batch in run.batches if batch not in registered]
+    instance.add_dynamic_partitions(name, added)
+    return [
+        dataclasses.replace(run, first=stretch[0], last=stretch[-1], batches=stretch)
+        for stretch in stretches_in_order([*known, *added], run.batches)
+    ]
 
 
 def _run(

@@ -110,10 +110,14 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: DataFrame | None) -> None:
         location = _table_location(self.lake, context.asset_key)
         column = self._partition_column(context.definition_metadata)
-        keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
-        if not keys:
+        if not context.has_asset_partitions:
             raise dg.Failure(
                 f"{context.asset_key.to_user_string()}: this IO manager stores partitioned assets only"
+            )
+        keys = list(context.asset_partition_keys)
+        if not keys:  # a range whose start comes after its end in Dagster's order of the partitions
+            raise dg.Failure(
+                f"{context.asset_key.to_user_string()}: the run's partition range holds no partition"
             )
         feed, *table, _ = context.asset_key.path
         table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)

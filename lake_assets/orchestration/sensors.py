@@ -22,6 +22,7 @@ from lake_assets.landing_watch import (
     encode_cursor,
     scan_batches,
     scan_table,
+    stretches_in_order,
 )
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
@@ -66,9 +67,8 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             if not found:
                 continue
             for start, end in contiguous_ranges([f.partition for f in found]):
-                run_requests.append(
-                    _range_run(feed.name, assets, [f for f in found if start <= f.partition <= end])
-                )
+                in_range = [f for f in found if start <= f.partition <= end]
+                run_requests.append(_range_run(feed.name, assets, start, end, in_range))
             observations.append(_observation(assets, found))
         return dg.SensorResult(
             run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
@@ -100,11 +100,16 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
             )
             if not found:
                 continue
-            additions.append(
-                dg.AddDynamicPartitionsRequest(_batch_partitions(assets), [f.partition for f in found])
-            )
-            # New batches follow the cursor's batch, so they form one range in partition order.
-            run_requests.append(_range_run(feed.name, assets, found))
+            partitions = _batch_partitions(assets)
+            known = context.instance.get_dynamic_partitions(partitions)
+            registered = set(known)
+            added = [f.partition for f in found if f.partition not in registered]
+            additions += [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
+            # One run per stretch the instance holds in a row: batches registered out of order
+            # (by a `--from/--to` run) make more than one.
+            for stretch in stretches_in_order([*known, *added], [f.partition for f in found]):
+                in_stretch = [f for f in found if f.partition in stretch]
+                run_requests.append(_range_run(feed.name, assets, stretch[0], stretch[-1], in_stretch))
             observations.append(_observation(assets, found))
         return dg.SensorResult(
             run_requests=run_requests,
@@ -157,9 +162,9 @@ def _batch_partitions(assets: TableAssets) -> str:
     raise LakeAssetsError(f"{assets.feed.name}/{assets.table}: the change log is not partitioned by batch")
 
 
-def _range_run(feed: str, assets: TableAssets, found: list[NewFiles]) -> dg.RunRequest:
-    """One run over the partitions with new files, keyed by every file name they hold."""
-    start, end = found[0].partition, found[-1].partition
+def _range_run(feed: str, assets: TableAssets, start: str, end: str, found: list[NewFiles]) -> dg.RunRequest:
+    """One run over the partitions `start` .. `end`, which hold the new files `found`, keyed by
+    every file name they hold."""
     digest = hashlib.sha1("".join(f"{f.partition}={f.fingerprint}" for f in found).encode()).hexdigest()[:16]
     return dg.RunRequest(
         run_key=f"{feed}:{assets.table}:{start}..{end}:{digest}",
