@@ -1,5 +1,10 @@
 """SIGKILL the folding process at random points, at least ten times; the lake stays readable
-after every kill, and the next run converges to exactly the reference tables."""
+after every kill, and the next run converges to exactly the reference tables.
+
+After a kill the next process goes on from the batch that was interrupted, as an orchestrator
+retries a failed partition, and its kill is aimed inside what it has left to fold (an exact
+commit step, or a moment within the folds' measured seconds), so every process started is a
+kill; the last run folds every batch again from the first."""
 
 import datetime as dt
 import json
@@ -54,6 +59,19 @@ def _driver(lake: Path, batches_file: Path, *extra: str) -> subprocess.Completed
     )
 
 
+def _steps_and_seconds_of_each_fold(output: str) -> tuple[list[int], list[float]]:
+    """From a driver's output: how many commit steps each fold took, and how many seconds."""
+    steps, seconds, counted = [], [], 0
+    for line in output.splitlines():
+        if line.startswith("step "):
+            counted += 1
+        elif line.startswith("folded "):
+            steps.append(counted)
+            seconds.append(float(line.rsplit(" in ", 1)[1].removesuffix(" s")))
+            counted = 0
+    return steps, seconds
+
+
 def _read(lake: Path, layer: str, order: str) -> list[tuple]:
     folder = lake / layer / "test" / "things"
     if not folder.exists():
@@ -77,9 +95,10 @@ def test_killed_folds_converge_to_the_reference(tmp_path):
     batches_file.write_text(json.dumps(batches))
     lake = tmp_path / "lake"
 
-    clean = _driver(lake, batches_file)  # counts the commit steps of an uninterrupted run
+    clean = _driver(lake, batches_file)  # counts the commit steps and seconds of each fold
     assert clean.returncode == 0, clean.stderr[-2000:]
-    total_steps = clean.stdout.count("step ")
+    steps_of, seconds_of = _steps_and_seconds_of_each_fold(clean.stdout)
+    assert len(steps_of) == len(batches) and all(steps_of)
     expected_history = _read(lake, "history", "id, _fivetran_start")
     expected_current = _read(lake, "current", "id")
 
@@ -93,15 +112,17 @@ def test_killed_folds_converge_to_the_reference(tmp_path):
         for r in want_history
     ]
 
-    lake = tmp_path / "crashed"
+    lake, progress = tmp_path / "crashed", tmp_path / "folded"
     kills = 0
     attempts = 0
     while kills < KILLS and attempts < 3 * KILLS:
         attempts += 1
+        left = slice(int(progress.read_text()) % len(batches) if progress.exists() else 0, None)
         if attempts % 2:  # an exact commit step: record, each file move or delete
-            run = _driver(lake, batches_file, "--kill-at-step", str(rng.randint(1, total_steps)))
+            kill = ["--kill-at-step", str(rng.randint(1, sum(steps_of[left])))]
         else:  # anywhere, Spark's staging writes included
-            run = _driver(lake, batches_file, "--kill-after", f"{rng.uniform(4.0, 25.0):.2f}")
+            kill = ["--kill-after", f"{rng.uniform(0.5, sum(seconds_of[left])):.2f}"]
+        run = _driver(lake, batches_file, "--progress", str(progress), *kill)
         if run.returncode == -9:
             kills += 1
             # Whatever was interrupted, every file a reader globs is whole.
@@ -111,7 +132,7 @@ def test_killed_folds_converge_to_the_reference(tmp_path):
             assert run.returncode == 0 and "DONE" in run.stdout, run.stderr[-2000:]
     assert kills >= KILLS
 
-    final = _driver(lake, batches_file)
+    final = _driver(lake, batches_file)  # every batch again, from the first
     assert final.returncode == 0, final.stderr[-2000:]
     assert _read(lake, "history", "id, _fivetran_start") == expected_history
     assert _read(lake, "current", "id") == expected_current
