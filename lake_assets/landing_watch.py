@@ -87,7 +87,7 @@ def contiguous_ranges(
 
 def stretches_in_order(order: Sequence[str], wanted: Sequence[str]) -> list[tuple[str, ...]]:
     """`wanted` (keys of `order`) cut into stretches that are contiguous in `order`, each one
-    partition range a run can name, in the order of their first key in `wanted`.
+    partition range a run can name, in the order of the earliest key of each in `wanted`.
 
     Dagster resolves a range run's partitions in the partitions' own order, and a dynamic
     partitions definition (GRAX batches) keeps the order the keys were added in: batches
@@ -104,8 +104,10 @@ def stretches_in_order(order: Sequence[str], wanted: Sequence[str]) -> list[tupl
             stretches[-1].append(key)
         else:
             stretches.append([key])
-    rank = {key: index for index, key in enumerate(wanted)}
-    return [tuple(stretch) for stretch in sorted(stretches, key=lambda stretch: rank[stretch[0]])]
+    rank: dict[str, int] = {}
+    for index, key in enumerate(wanted):
+        rank.setdefault(key, index)
+    return [tuple(s) for s in sorted(stretches, key=lambda stretch: min(rank[key] for key in stretch))]
 
 
 def encode_cursor(cursors: dict) -> str:

@@ -240,7 +240,7 @@ def _plan_batches(
             say(f"{feed.name}/{table}: no batches landed")
         if not batches:
             continue
-        say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)}) in one run")
+        say(f"{feed.name}/{table}: batches {batches[0]} .. {batches[-1]} ({len(batches)})")
         planned.append(
             PlannedRun(
                 f"{feed.name}/{table}",

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lake_assets.config import FeedConfig, LakeConfig
+from lake_assets.feeds.grax_v2 import batch_order, sort_batches
 from lake_assets.landing_watch import stretches_in_order
 from lake_assets.orchestration.definitions import batch_partitions_name, table_job_name
 from lake_assets.orchestration.resources import LakeResource
@@ -98,8 +99,8 @@ def backfill(
     landed = {
         p.name[len("batch=") :] for p in Path(config.feeds[0].landing[len("file://") :]).rglob("batch=*")
     }
-    instance.add_dynamic_partitions(name, sorted(landed - set(instance.get_dynamic_partitions(name))))
-    picked = sorted(batch for batch in landed if first <= batch <= last)
+    instance.add_dynamic_partitions(name, sort_batches(landed - set(instance.get_dynamic_partitions(name))))
+    picked = sort_batches(b for b in landed if batch_order(first) <= batch_order(b) <= batch_order(last))
     for stretch in stretches_in_order(instance.get_dynamic_partitions(name), picked):
         result = defs.resolve_job_def(table_job_name(FEED, TABLE)).execute_in_process(
             instance=instance,

@@ -107,5 +107,8 @@ def test_stretches_follow_the_order_partitions_were_registered_in():
     assert stretches_in_order(registered, ["d", "a"]) == [("d", "a")]  # in a row where registered
     assert stretches_in_order(["a", "b", "c"], ["a", "c"]) == [("a",), ("c",)]  # b is not wanted
     assert stretches_in_order(["a"], []) == []
+    assert stretches_in_order(["a", "b"], ["a", "a", "b"]) == [("a", "b")]
+    # Stretches run in the order of their earliest wanted key: (d, a) holds a, so before (b).
+    assert stretches_in_order(["d", "a", "x", "b"], ["a", "b", "d"]) == [("d", "a"), ("b",)]
     with pytest.raises(LakeAssetsError, match="x are not registered"):
         stretches_in_order(["a"], ["a", "x"])

@@ -22,7 +22,7 @@ from lake_assets_tests.grax_lake import (
     version,
 )
 
-B1, B2, B3, B4 = "00000000a", "00000000b", "00000000c", "00000000d"
+B1, B2, B3, B4, B5 = "00000000a", "00000000b", "00000000c", "00000000d", "00000000e"
 
 
 def landed_with_a_purge(landing):
@@ -167,6 +167,14 @@ def test_batches_registered_newest_first_are_still_all_processed(clean, lake, tm
 
     fresh_instance = dg.DagsterInstance.ephemeral()
     cli(config, fresh_instance, B3, B4)
-    _, runs = sensor_tick(config, fresh_instance, None)  # every batch is new to its cursor
+    cursor, runs = sensor_tick(config, fresh_instance, None)  # every batch is new to its cursor
     assert runs == 1  # the range B3 .. B2: the instance holds B3, B4, B1, B2 in a row
     assert leaks(root, {"X"}) == [] and tables(root) == expected
+
+    # The open batch B4 grows and B5 lands: B4 .. B5 is no range of the instance's order.
+    land(tmp_path / "landing", B4, "data-00000000010.parquet", [version("Y", 10, "10", "Yves III")])
+    land(tmp_path / "landing", B5, "data-00000000011.parquet", [purge("Y", 11, "11")])
+    _, runs = sensor_tick(config, fresh_instance, cursor)
+    assert runs == 2  # B4, then B5
+    assert leaks(root, {"X", "Y"}) == []
+    assert tables(root) == clean_run(tmp_path / "landing", tmp_path / "clean-again")

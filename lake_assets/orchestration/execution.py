@@ -78,13 +78,12 @@ def _as_registered_ranges(instance: dg.DagsterInstance, run: PlannedRun) -> list
     if run.batch_table is None:
         return [run]
     name = batch_partitions_name(run.feed, run.batch_table)
-    known = instance.get_dynamic_partitions(name)
-    registered = set(known)
-    added = [batch for batch in run.batches if batch not in registered]
-    instance.add_dynamic_partitions(name, added)
+    registered = set(instance.get_dynamic_partitions(name))
+    instance.add_dynamic_partitions(name, [b for b in dict.fromkeys(run.batches) if b not in registered])
+    order = instance.get_dynamic_partitions(name)  # read again: another process may have added some
     return [
         dataclasses.replace(run, first=stretch[0], last=stretch[-1], batches=stretch)
-        for stretch in stretches_in_order([*known, *added], run.batches)
+        for stretch in stretches_in_order(order, run.batches)
     ]
 
 
