@@ -155,7 +155,9 @@ def session_conf(
             # its readers), not whatever `python3` is first on PATH.
             conf["spark.pyspark.python"] = sys.executable
             conf["spark.pyspark.driver.python"] = sys.executable
-            conf["spark.driver.extraJavaOptions"] = EMBEDDED_JVM_OPTIONS
+            from lake_assets.jvm_archive import driver_java_options
+
+            conf["spark.driver.extraJavaOptions"] = driver_java_options()
             conf.update(LOCAL_DRIVER_SQL_SETTINGS)
         if use_s3:
             conf.update(S3A_DURATIONS)

@@ -529,10 +529,11 @@ def test_every_classic_session_builds_columns_without_recording_python_call_site
     assert mine["spark.python.sql.dataFrameDebugging.enabled"] == "true"
 
 
-def test_only_the_embedded_driver_gets_the_lake_jvm_options():
+def test_only_the_embedded_driver_gets_the_lake_jvm_options(monkeypatch, tmp_path):
     """The embedded driver (which runs the tasks too) gets the parallel collector; a cluster's
     driver and a Connect server keep their operator's JVM options, and a caller's own setting
-    wins over the lake's."""
+    wins over the lake's. (No class archive in this cache: `test_jvm_archive` adds one.)"""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     assert session_conf(master="local[4]")["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")

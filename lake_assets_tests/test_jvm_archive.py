@@ -1,0 +1,97 @@
+"""The embedded driver's class-data archive (`jvm_archive`): named after the JVM and the Spark
+jars it fits, used by every embedded driver once it exists, put in place only whole, and, as
+`./dev setup` made it, mapped by a driver that refuses to start without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lake_assets import jvm_archive
+from lake_assets.spark import session_conf
+
+
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_an_embedded_driver_maps_the_archive_once_it_exists(empty_cache):
+    archive = jvm_archive.archive_path()
+    assert archive is not None and archive.is_relative_to(empty_cache)
+    assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"archive")
+    options = session_conf()["spark.driver.extraJavaOptions"].split()
+    assert options == ["-XX:+UseParallelGC", f"-XX:SharedArchiveFile={archive}"]
+    # A cluster's driver and a Connect server keep their operator's options.
+    assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")
+
+
+def test_another_jvm_or_other_spark_jars_look_for_another_archive(empty_cache, monkeypatch, tmp_path):
+    mine = jvm_archive.archive_path()
+    other_java = tmp_path / "jdk" / "bin" / "java"
+    other_java.parent.mkdir(parents=True)
+    other_java.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert jvm_archive.archive_path() not in (None, mine)
+    monkeypatch.delenv("JAVA_HOME")
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "spark-core.jar").write_bytes(b"x")
+    monkeypatch.setattr(jvm_archive, "_spark_jars", lambda: jars)
+    assert jvm_archive.archive_path() not in (None, mine)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert jvm_archive.archive_path() is None
+    assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+
+
+def test_an_archive_whose_making_failed_is_never_put_in_place(empty_cache, monkeypatch):
+    """A truncated archive would crash every driver that maps it: only an archive whose dump
+    finished and that a driver started with takes the archive's name."""
+
+    def dump_then_fail_the_check(args, out, what):
+        if args[0] == "--dump":
+            with open(args[1], "wb") as partial:
+                partial.write(b"half an archive")
+            return
+        raise jvm_archive.ArchiveNotBuilt(f"the JVM class archive was not made: {what} failed")
+
+    monkeypatch.setattr(jvm_archive, "_run_step", dump_then_fail_the_check)
+    with pytest.raises(jvm_archive.ArchiveNotBuilt, match="a driver started with it"):
+        jvm_archive.build()
+    archive = jvm_archive.archive_path()
+    assert archive is not None
+    assert not archive.exists()
+    assert [p.name for p in archive.parent.iterdir() if p.suffix != ".log"] == []
+    assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+
+
+def test_set_up_goes_on_without_an_archive_saying_why(empty_cache, monkeypatch, capsys):
+    def failing_build():
+        raise jvm_archive.ArchiveNotBuilt("the JVM class archive was not made: the demo run failed")
+
+    monkeypatch.setattr(jvm_archive, "build", failing_build)
+    assert jvm_archive.main([]) == 0
+    assert "the demo run failed; Spark drivers start without it" in capsys.readouterr().err
+
+
+def test_the_archive_set_up_made_is_mapped_by_a_driver_that_requires_it():
+    """`./dev setup` (which `./dev test` runs first) made the archive for this JVM and these
+    jars; a driver started with `-Xshare:on` fails unless it maps it, and runs a query."""
+    archive = jvm_archive.archive_path()
+    assert archive is not None and archive.is_file(), (
+        f"no JVM class archive at {archive}: './dev setup' makes it (log beside it)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "lake_assets.jvm_archive", "--check", str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
