@@ -49,14 +49,17 @@ def _spark_jars() -> Path:
 def archive_path() -> Path | None:
     """Where the archive for this JVM and these Spark jars lives (None without a java).
 
-    The JDK build (its executable's path and time) and the jars (their names and sizes) name
-    it: an upgrade of either looks for a new archive rather than mapping one that no longer fits.
+    The JDK build (its executable's path and time) and the jars (their folder, names and sizes)
+    name it: an upgrade of either looks for a new archive rather than mapping one that no longer
+    fits.
     """
     java = _java()
     if java is None:
         return None
-    identity = hashlib.sha256(f"{java}:{java.stat().st_mtime_ns}".encode())
     jars = _spark_jars()
+    # The archive records the class path it was made with (the jars' folder): a virtualenv
+    # elsewhere, with the same jars, is another class path.
+    identity = hashlib.sha256(f"{java}:{java.stat().st_mtime_ns}:{jars.resolve()}".encode())
     for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
         identity.update(f"{jar.name}:{jar.stat().st_size}".encode())
     return cache_dir() / "jvm" / f"spark-classes-{identity.hexdigest()[:16]}.jsa"
