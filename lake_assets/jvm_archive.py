@@ -3,9 +3,9 @@ at set-up, then mapped into every later driver JVM instead of being read from th
 
 Every `lake-assets run`, every Dagster run worker and every test process starts a driver JVM,
 and before its first query returns that JVM has loaded some ten thousand classes from Spark's
-jars. On the 2-core machines this project runs on that was about 6 s of every process: the
-session's start went from about 10 s to 6 s and the first query from 4.5 s to 2.5 s with the
-archive (docs/profiling.md, "Figures behind the code").
+jars: on two cores, a large share of a short run. Mapped from the archive, the session starts
+and the first query returns in about half the time (docs/profiling.md, "Figures behind the
+code").
 
 The JDK (17 and later) writes the classes a JVM loaded into such an archive when it exits
 (`-XX:ArchiveClassesAtExit`). `build` runs the demo (all three feeds, a quarantined file) in a
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if archive is None or archive.is_file():
         return 0
     print(
-        f"lake_assets: making the JVM class archive {archive} (runs the demo once, ~2 min)", file=sys.stderr
+        f"lake_assets: making the JVM class archive {archive} (runs the demo once: a few minutes)",
+        file=sys.stderr,
     )
     try:
         build()
