@@ -31,21 +31,10 @@ os.environ.pop("AWS_PROFILE", None)
 
 
 def pytest_collection_modifyitems(items):
-    """`-m spark` / `-m "not spark"`: a test that asks for the SparkSession is a Spark test.
-
-    Modules marked `minutes(n)` run first, longest first. pytest-xdist hands whole modules
-    (`--dist loadfile`) to the workers in collection order, so a module of many minutes met last
-    (the deployment tests, alphabetically) ran alone at the end while the other worker idled;
-    started first, the short modules fill in around them."""
+    """`-m spark` / `-m "not spark"`: a test that asks for the SparkSession is a Spark test."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-    items.sort(key=_minutes_first)
-
-
-def _minutes_first(item) -> float:
-    marker = item.get_closest_marker("minutes")
-    return -float(marker.args[0]) if marker is not None else 0.0
 
 
 # moto's request log would bury test output.

@@ -47,8 +47,6 @@ from lake_assets_tests.hostile_landings import (
     write_parquet,
 )
 
-pytestmark = pytest.mark.minutes(5)
-
 
 @dataclasses.dataclass(frozen=True)
 class Hostile:
