@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     archive = archive_path()
     if archive is None or archive.is_file():
         return 0
+    failed = archive.with_suffix(".failed")
+    if failed.is_file():  # tried before: not again on every set-up, each a demo run long
+        return 0
     print(
         f"lake_assets: making the JVM class archive {archive} (runs the demo once: a few minutes)",
         file=sys.stderr,
@@ -167,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         build()
     except ArchiveNotBuilt as exc:
         # Drivers start without it, only slower: set-up goes on.
-        print(f"lake_assets: {exc}; Spark drivers start without it", file=sys.stderr)
+        failed.write_text(f"{exc}\n")
+        print(
+            f"lake_assets: {exc}; Spark drivers start without it (delete {failed} to try again)",
+            file=sys.stderr,
+        )
     return 0
 
 

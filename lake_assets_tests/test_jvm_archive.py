@@ -75,9 +75,19 @@ def test_set_up_goes_on_without_an_archive_saying_why(empty_cache, monkeypatch, 
     def failing_build():
         raise jvm_archive.ArchiveNotBuilt("the JVM class archive was not made: the demo run failed")
 
+    def unexpected_build():
+        raise AssertionError("a failed archive is not tried again on every set-up")
+
     monkeypatch.setattr(jvm_archive, "build", failing_build)
+    archive = jvm_archive.archive_path()
+    assert archive is not None
+    archive.parent.mkdir(parents=True)
     assert jvm_archive.main([]) == 0
-    assert "the demo run failed; Spark drivers start without it" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "the demo run failed; Spark drivers start without it" in said
+    assert str(archive.with_suffix(".failed")) in said
+    monkeypatch.setattr(jvm_archive, "build", unexpected_build)
+    assert jvm_archive.main([]) == 0
 
 
 def test_the_archive_set_up_made_is_mapped_by_a_driver_that_requires_it():
