@@ -47,7 +47,8 @@ def _spark_jars() -> Path:
 
 
 def archive_path() -> Path | None:
-    """Where the archive for this JVM and these Spark jars lives (None without a java).
+    """Where the archive for this JVM and these Spark jars lives (None without a java, or when
+    the cache's path could not be given to the JVM).
 
     The JDK build (its executable's path and time) and the jars (their folder, names and sizes)
     name it: an upgrade of either looks for a new archive rather than mapping one that no longer
@@ -62,7 +63,10 @@ def archive_path() -> Path | None:
     identity = hashlib.sha256(f"{java}:{java.stat().st_mtime_ns}:{jars.resolve()}".encode())
     for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
         identity.update(f"{jar.name}:{jar.stat().st_size}".encode())
-    return cache_dir() / "jvm" / f"spark-classes-{identity.hexdigest()[:16]}.jsa"
+    archive = cache_dir() / "jvm" / f"spark-classes-{identity.hexdigest()[:16]}.jsa"
+    # Spark splits `spark.driver.extraJavaOptions` at white space: a path holding any (or a
+    # quote) would break the driver's command line, so such a cache gets no archive.
+    return None if any(c.isspace() or c in "\"'" for c in str(archive)) else archive
 
 
 def driver_java_options() -> str:

@@ -105,3 +105,13 @@ def test_the_archive_set_up_made_is_mapped_by_a_driver_that_requires_it():
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_cache_path_with_white_space_gets_no_archive_and_the_driver_still_starts(monkeypatch, tmp_path):
+    """Spark splits the driver's JVM options at white space: an archive path holding a space
+    would leave every driver unable to start, so there is no archive there."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "my cache"))
+    assert jvm_archive.archive_path() is None
+    assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert jvm_archive.main([]) == 0
+    assert not (tmp_path / "my cache").exists()
