@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from lake_assets.errors import LakeAssetsError
-from lake_assets.spark import EMBEDDED_JVM_OPTIONS, cache_dir
+from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, EMBEDDED_JVM_OPTIONS, cache_dir
 
 
 class ArchiveNotBuilt(LakeAssetsError):
@@ -70,11 +70,14 @@ def archive_path() -> Path | None:
 
 
 def driver_java_options() -> str:
-    """The embedded driver's JVM options: the archive's, when one fits this JVM and these jars."""
+    """The embedded driver's JVM options: the lake's, the archive's when one fits this JVM and
+    these jars, and those the environment adds (`DRIVER_JAVA_OPTIONS_ENV`)."""
     archive = archive_path()
-    if archive is None or not archive.is_file():
-        return EMBEDDED_JVM_OPTIONS
-    return f"{EMBEDDED_JVM_OPTIONS} -XX:SharedArchiveFile={archive}"
+    options = [EMBEDDED_JVM_OPTIONS]
+    if archive is not None and archive.is_file():
+        options.append(f"-XX:SharedArchiveFile={archive}")
+    options.append(os.environ.get(DRIVER_JAVA_OPTIONS_ENV, "").strip())
+    return " ".join(o for o in options if o)
 
 
 def build(log: Path | None = None) -> Path | None:

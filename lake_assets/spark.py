@@ -79,6 +79,10 @@ DRIVER_SETTINGS: dict[str, str] = {
 # work on both cores at once: less CPU and a shorter run an hour (docs/profiling.md, "Figures
 # behind the code"). A cluster's JVM options are its operator's to set.
 EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
+#: More JVM options for every embedded driver this process or its children start (Dagster run
+#: workers, `lake-assets run`), appended to the lake's own. The test suite sets it: see
+#: `lake_assets_tests/conftest.py` for why.
+DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.
 # An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take

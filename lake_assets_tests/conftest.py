@@ -13,7 +13,9 @@ import os
 import pytest
 from hypothesis import settings
 
+from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV
 from lake_assets_tests.loopback import free_port
+from lake_assets_tests.spark_servers import TEST_JVM_OPTIONS
 
 # The same examples on every run by default, so a run's result does not depend on its seed;
 # `--hypothesis-profile explore` draws new ones (a failure found that way is kept in
@@ -29,12 +31,27 @@ os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
+# Set before any test starts a JVM, and inherited by every process the tests start.
+os.environ.setdefault(DRIVER_JAVA_OPTIONS_ENV, TEST_JVM_OPTIONS)
+
 
 def pytest_collection_modifyitems(items):
-    """`-m spark` / `-m "not spark"`: a test that asks for the SparkSession is a Spark test."""
+    """`-m spark` / `-m "not spark"`: a test that asks for the SparkSession is a Spark test.
+
+    Modules marked `minutes(n)` run first, longest first. pytest-xdist hands whole modules
+    (`--dist loadfile`) to the workers in collection order (`--no-loadscope-reorder`: its
+    default order is by how many tests a module holds), so a module of many minutes met last
+    (the deployment tests hold seven) ran alone at the end while the other worker idled;
+    started first, the short modules fill in around them."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+    items.sort(key=_minutes_first)
+
+
+def _minutes_first(item) -> float:
+    marker = item.get_closest_marker("minutes")
+    return -float(marker.args[0]) if marker is not None else 0.0
 
 
 # moto's request log would bury test output.

@@ -23,6 +23,16 @@ from lake_assets_tests.loopback import free_port
 
 START_TIMEOUT = 120
 
+#: The JVM options of every Spark JVM the suite starts: embedded drivers (conftest hands them
+#: on through `DRIVER_JAVA_OPTIONS_ENV`, so the CLI's, the crash test's and Dagster's run
+#: workers' get them too), a cluster's driver and executors, the Connect server. The tests run
+#: seconds of tiny queries per fresh JVM, where the JDK's optimising compiler (C2) burns more
+#: CPU than its faster code gives back, and the suite's two processes share two cores: with the
+#: quick compiler alone a fold driver needs far less CPU and finishes sooner (docs/profiling.md,
+#: "Figures behind the code"). Production drivers keep the JDK's default: a backfill's long
+#: loops need C2.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 
 class ServerFailed(RuntimeError):
     pass
@@ -165,6 +175,8 @@ class StandaloneCluster:
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.executor.memory": "2g",
             "spark.cores.max": "2",
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
         }
 
     def stop(self) -> None:
@@ -198,6 +210,7 @@ class ConnectServer:
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.driver.memory": "2g",
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
             "spark.pyspark.python": python,
         }
         if self.s3_endpoint:

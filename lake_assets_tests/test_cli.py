@@ -18,6 +18,8 @@ from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.demo.damaged import TRUNCATED_FILE
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
+pytestmark = pytest.mark.minutes(6)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -15,9 +15,12 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from lake_assets_tests.engine_harness import PAYLOAD
 from lake_assets_tests.reference import reference_tables
+
+pytestmark = pytest.mark.minutes(8)
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLS = 10

@@ -39,7 +39,7 @@ from lake_assets_tests.deployed_lake import (
 from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, wait_for
 from lake_assets_tests.unit_files import at, event, write_events
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(19)]
 
 
 @pytest.fixture(scope="module")

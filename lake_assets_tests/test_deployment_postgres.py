@@ -17,7 +17,7 @@ from lake_assets_tests.deployed_lake import (
 )
 from lake_assets_tests.deployment import ROOT, Deployment, PostgresServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
 
 
 @pytest.fixture(scope="module")

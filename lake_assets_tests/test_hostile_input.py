@@ -47,6 +47,8 @@ from lake_assets_tests.hostile_landings import (
     write_parquet,
 )
 
+pytestmark = pytest.mark.minutes(5)
+
 
 @dataclasses.dataclass(frozen=True)
 class Hostile:

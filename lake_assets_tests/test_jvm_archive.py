@@ -10,12 +10,13 @@ import sys
 import pytest
 
 from lake_assets import jvm_archive
-from lake_assets.spark import session_conf
+from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, session_conf
 
 
 @pytest.fixture
 def empty_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(DRIVER_JAVA_OPTIONS_ENV, raising=False)
     return tmp_path / "cache"
 
 
@@ -28,6 +29,20 @@ def test_an_embedded_driver_maps_the_archive_once_it_exists(empty_cache):
     options = session_conf()["spark.driver.extraJavaOptions"].split()
     assert options == ["-XX:+UseParallelGC", f"-XX:SharedArchiveFile={archive}"]
     # A cluster's driver and a Connect server keep their operator's options.
+    assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")
+
+
+def test_options_from_the_environment_follow_the_lakes_own(empty_cache, monkeypatch):
+    archive = jvm_archive.archive_path()
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"archive")
+    monkeypatch.setenv(DRIVER_JAVA_OPTIONS_ENV, " -XX:TieredStopAtLevel=1 -Xss4m ")
+    assert session_conf()["spark.driver.extraJavaOptions"].split() == [
+        "-XX:+UseParallelGC",
+        f"-XX:SharedArchiveFile={archive}",
+        "-XX:TieredStopAtLevel=1",
+        "-Xss4m",
+    ]
     assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")
 
 
@@ -111,6 +126,7 @@ def test_a_cache_path_with_white_space_gets_no_archive_and_the_driver_still_star
     """Spark splits the driver's JVM options at white space: an archive path holding a space
     would leave every driver unable to start, so there is no archive there."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "my cache"))
+    monkeypatch.delenv(DRIVER_JAVA_OPTIONS_ENV, raising=False)
     assert jvm_archive.archive_path() is None
     assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     assert jvm_archive.main([]) == 0

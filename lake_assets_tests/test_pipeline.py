@@ -18,6 +18,8 @@ from lake_assets.runner import run_feeds
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
 
+pytestmark = pytest.mark.minutes(4)
+
 TABLES = ("accounts", "customers", "transactions")
 END_OF_TIME = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
 

@@ -27,7 +27,7 @@ from lake_assets.runner import run_feeds
 from lake_assets_tests.deployed_lake import lake_table
 from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.scale_out]
+pytestmark = [pytest.mark.e2e, pytest.mark.scale_out, pytest.mark.minutes(8)]
 
 LAYERS = ("changes", "current", "history")
 RUN_TIMEOUT = 1200

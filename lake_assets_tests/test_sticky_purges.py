@@ -22,6 +22,8 @@ from lake_assets_tests.grax_lake import (
     version,
 )
 
+pytestmark = pytest.mark.minutes(3)
+
 B1, B2, B3, B4, B5 = "00000000a", "00000000b", "00000000c", "00000000d", "00000000e"
 
 
