@@ -1,4 +1,5 @@
-"""python -m benchmarks [--quick]: side-by-side figures as one JSON document, then a short table."""
+"""python -m benchmarks [--quick | --scale]: side-by-side figures as one JSON document, then a
+short table. `--scale` measures only the ten-times-the-data figures (`benchmarks.scale`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 from pathlib import Path
 
-from benchmarks import side_by_side
+from benchmarks import scale, side_by_side
+from benchmarks.unit_landing import LandingShape
 from lake_assets import spark as spark_settings
 
 # `samples`: hourly folds measured on each side (and DuckDB recomputes); their median is the
@@ -43,16 +46,24 @@ def table(figures: dict) -> str:
         )
     for name, value in figures["context"].items():
         lines.append(f"{name:<24} {value:>9}  (no goal)")
-    memory = figures["peak_driver_rss_mb"]
-    lines.append(f"{'peak driver RSS 1d/30d':<24} {memory['1d']:>5.0f} / {memory['30d']:.0f} MB")
+    memory = figures.get("peak_driver_rss_mb")
+    if memory:
+        lines.append(f"{'peak driver RSS 1d/30d':<24} {memory['1d']:>5.0f} / {memory['30d']:.0f} MB")
     lines.append(f"{'equal to DuckDB':<24} {'yes' if figures['correct'] else 'NO':>9}")
-    lines.append(f"{'hand-written equal':<24} {'yes' if figures['handwritten_correct'] else 'NO':>9}")
+    if "handwritten_correct" in figures:
+        lines.append(f"{'hand-written equal':<24} {'yes' if figures['handwritten_correct'] else 'NO':>9}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="small sizes that finish in a few minutes")
+    sizes.add_argument(
+        "--scale",
+        action="store_true",
+        help=f"the full size against {scale.FACTOR}x the rows: cost per row of a backfill and an hourly fold (long)",
+    )
     parser.add_argument(
         "--workdir", type=Path, help="where the generated data goes (default: the system temp dir)"
     )
@@ -63,8 +74,23 @@ def main() -> None:
     )
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
-    session = spark_settings.build_session(spark_settings.session_conf(app_name="lake_assets_benchmarks"))
+    memory = {"spark.driver.memory": scale.DRIVER_MEMORY} if args.scale else {}
+    session = spark_settings.build_session(
+        spark_settings.session_conf(app_name="lake_assets_benchmarks", extra=memory)
+    )
     session.sparkContext.setLogLevel("ERROR")
+    if args.scale:
+        full = SIZES["full"]
+        base = LandingShape(
+            keys=full["keys"], events_per_hour=full["rate"], hours=1, start=side_by_side.START
+        )
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            figures = {"machine": _machine(session), "size": f"1x and {scale.FACTOR}x full"}
+            figures.update(scale.run(session, Path(tmp), base, samples=full["samples"]))
+        print(json.dumps(figures, indent=2, default=str))
+        print()
+        print(table(figures))
+        return
     if args.only:
         part = side_by_side.run_part(args.only, session, workdir=args.workdir, **SIZES[size])
         print(json.dumps({"machine": _machine(session), "size": size, **part}, indent=2, default=str))

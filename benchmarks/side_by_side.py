@@ -61,14 +61,23 @@ QUICK = {"keys": 5_000, "rate": 1_000}
 PAYLOAD = ["name", "status", "amount", "note"]
 START = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 GOALS = {
-    "full_vs_floor": 2.0,
-    "dagster_overhead": 1.15,
-    "incremental_growth": 1.3,
-    "incremental_vs_duckdb": 0.3,
-    "sensor_scaling": 2.0,
+    "full_vs_floor": 4.0,
+    "full_vs_handwritten": 1.0,
+    "dagster_overhead": 1.05,
+    "incremental_growth": 1.1,
+    "incremental_vs_duckdb": 0.15,
+    "sensor_scaling": 1.2,
     "cli_noop": 3.0,
     "cli_one_hour": 1.3,
 }
+
+
+def against_goals(figures: dict[str, float], goals: dict[str, float]) -> dict[str, dict]:
+    """Each goal as printed, and whether its figure meets it."""
+    return {
+        "goals": {name: f"<= {goal}" for name, goal in goals.items()},
+        "met": {name: figures[name] <= goal for name, goal in goals.items()},
+    }
 
 
 def _hours(first: int, count: int) -> list[str]:
@@ -459,6 +468,7 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         full, inc, cli, sensor, cluster = (PARTS[name](spark, root, shape, samples) for name in PARTS)
     figures = {
         "full_vs_floor": full["full_vs_floor"],
+        "full_vs_handwritten": full["full_vs_handwritten"],
         "dagster_overhead": full["dagster_overhead"],
         "incremental_growth": inc["incremental_growth"],
         "incremental_vs_duckdb": inc["incremental_vs_duckdb"],
@@ -470,13 +480,12 @@ def run(spark: SparkSession, *, keys: int, rate: int, samples: int, workdir: Pat
         "keys": keys,
         "events_per_hour": rate,
         "figures": figures,
-        # no goal of their own: where the backfill and its goal stand against hand-written Spark
+        # no goal of their own: where hand-written Spark stands against the floor, and the cluster
         "context": {
-            **{name: full[name] for name in ("full_vs_handwritten", "handwritten_vs_floor")},
+            "handwritten_vs_floor": full["handwritten_vs_floor"],
             "cluster_vs_local": cluster["cluster_vs_local"],
         },
-        "goals": {name: f"<= {goal}" for name, goal in GOALS.items()},
-        "met": {name: figures[name] <= goal for name, goal in GOALS.items()},
+        **against_goals(figures, GOALS),
         "peak_driver_rss_mb": {
             "1d": inc["1d"]["peak_driver_rss_mb"],
             "30d": inc["30d"]["peak_driver_rss_mb"],

@@ -31,7 +31,8 @@ os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
-# Set before any test starts a JVM, and inherited by every process the tests start.
+# Set before any test starts a process, and inherited by every process the tests start (the
+# `spark` fixture's own driver, in this process, leaves it out).
 os.environ.setdefault(DRIVER_JAVA_OPTIONS_ENV, TEST_JVM_OPTIONS)
 
 
@@ -99,7 +100,12 @@ def spark(moto_server):
     """
     from lake_assets import spark as spark_settings
 
-    conf = spark_settings.session_conf(use_s3=True, s3_endpoint_url=moto_server.url)
+    # This driver lives as long as the pytest process and runs hundreds of tests' queries: the
+    # JDK's optimising compiler pays for itself here, so it keeps the JDK's default JIT (the
+    # quick-compiler option is for the short-lived drivers the tests start as processes).
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(DRIVER_JAVA_OPTIONS_ENV, raising=False)
+        conf = spark_settings.session_conf(use_s3=True, s3_endpoint_url=moto_server.url)
     session = spark_settings.build_session(conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -19,7 +19,7 @@ from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.feeds.grax_v2 import split_table
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
 from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
-from lake_assets.spark import session_conf
+from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, session_conf
 from lake_assets.storage import Storage
 
 
@@ -534,6 +534,7 @@ def test_only_the_embedded_driver_gets_the_lake_jvm_options(monkeypatch, tmp_pat
     driver and a Connect server keep their operator's JVM options, and a caller's own setting
     wins over the lake's. (No class archive in this cache: `test_jvm_archive` adds one.)"""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(DRIVER_JAVA_OPTIONS_ENV, raising=False)  # the suite sets it
     assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     assert session_conf(master="local[4]")["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     assert "spark.driver.extraJavaOptions" not in session_conf(master="spark://10.0.0.5:7077")
