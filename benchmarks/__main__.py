@@ -34,6 +34,8 @@ def _machine(session) -> dict:
         "python": platform.python_version(),
         "spark": session.version,
         "spark_master": session.sparkContext.master,
+        # what the driver's JIT, collector and class archive were: a figure depends on them
+        "driver_java_options": session.conf.get("spark.driver.extraJavaOptions", None),
         "platform": platform.platform(),
     }
 
@@ -73,6 +75,8 @@ def main() -> None:
         help="measure one part and print its timings (no goals checked)",
     )
     args = parser.parse_args()
+    if args.scale and args.only:
+        parser.error("--scale measures its own figures: it does not take --only")
     size = "quick" if args.quick else "full"
     memory = {"spark.driver.memory": scale.DRIVER_MEMORY} if args.scale else {}
     session = spark_settings.build_session(

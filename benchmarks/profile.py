@@ -133,8 +133,8 @@ def main() -> None:
     shape = LandingShape(keys=args.keys, events_per_hour=args.rate, hours=args.hours, start=sb.START)
     landing = root / "landing"
     stats = write_unit_landing(landing, sb.TABLE, shape)
-    feed = sb._feed(landing)
-    partitions = sb._landed(feed)
+    feed = sb.feed_config(landing)
+    partitions = sb.landed_hours(feed)
     print(f"{stats.rows} landed rows in {stats.files} files, {len(partitions)} hour folders; work dir {root}")
     for attempt in ("warm-up", "measured"):
         timings, executions = _run(
@@ -145,7 +145,7 @@ def main() -> None:
         hour = args.hours + offset
         write_unit_landing(landing, sb.TABLE, LandingShape(**{**shape.__dict__, "hours": 1}), first_hour=hour)
         timings, executions = _run(
-            spark, feed, root / "lake-measured", sb._hours(hour, 2), f"profile-hour-{hour}", events
+            spark, feed, root / "lake-measured", sb.hour_keys(hour, 2), f"profile-hour-{hour}", events
         )
     if args.fold_hours:
         _report(f"fold of one more hour into {args.hours} hours", timings, executions, args.top)

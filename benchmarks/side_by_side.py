@@ -80,17 +80,17 @@ def against_goals(figures: dict[str, float], goals: dict[str, float]) -> dict[st
     }
 
 
-def _hours(first: int, count: int) -> list[str]:
+def hour_keys(first: int, count: int) -> list[str]:
     return [hour_key(START + dt.timedelta(hours=h)) for h in range(first, first + count)]
 
 
-def _landed(feed: FeedConfig) -> list[str]:
+def landed_hours(feed: FeedConfig) -> list[str]:
     """Every hour folder with files: the generator's disorder puts an hour's late rows in the
     next hour's folder, so data of N hours spans N + 1 folders."""
     return format_for(feed).partition_keys(Storage(), feed.landing, TABLE)
 
 
-def _feed(landing: Path, **extra) -> FeedConfig:
+def feed_config(landing: Path, **extra) -> FeedConfig:
     return FeedConfig(
         name=FEED,
         format="unit_cdc",
@@ -201,8 +201,8 @@ def _jvm_peak_rss_mb(spark: SparkSession, reset: bool = False) -> float:
 def full_backfill(spark: SparkSession, root: Path, shape: LandingShape, rounds: int) -> dict:
     landing = root / "landing7"
     stats = write_unit_landing(landing, TABLE, shape)
-    feed = _feed(landing)
-    partitions = _landed(feed)
+    feed = feed_config(landing)
+    partitions = landed_hours(feed)
     _floor(spark, landing, root / "warm-up")  # JVM and page-cache warm-up, not measured
     timings: dict[str, list[float]] = {"floor": [], "engine": [], "dagster": [], "handwritten": []}
     # Rounds interleave the four so machine noise and warm-up fall on all of them; best of each.
@@ -261,9 +261,11 @@ def incremental(
         landing = root / f"landing{days}d"
         hours = 24 * days
         write_unit_landing(landing, TABLE, LandingShape(**{**shape.__dict__, "hours": hours}))
-        feeds[days] = _feed(landing)
+        feeds[days] = feed_config(landing)
         started = time.perf_counter()
-        run_pipeline(spark, feeds[days], root / f"lake{days}d", _landed(feeds[days]), f"bench-build-{days}d")
+        run_pipeline(
+            spark, feeds[days], root / f"lake{days}d", landed_hours(feeds[days]), f"bench-build-{days}d"
+        )
         results[days] = {
             "history_hours": hours,
             "build_seconds": round(time.perf_counter() - started, 2),
@@ -284,7 +286,9 @@ def incremental(
             _jvm_peak_rss_mb(spark, reset=True)
             started = time.perf_counter()
             # The new hour's folder, and the next one, which holds the hour's late rows.
-            run_pipeline(spark, feeds[days], root / f"lake{days}d", _hours(hour, 2), f"bench-hour-{sample}")
+            run_pipeline(
+                spark, feeds[days], root / f"lake{days}d", hour_keys(hour, 2), f"bench-hour-{sample}"
+            )
             seconds = round(time.perf_counter() - started, 3)
             results[days]["warm_up_seconds" if sample < warm_ups else "fold_one_hour_seconds"].append(seconds)
             results[days]["peak_driver_rss_mb"] = max(
@@ -317,7 +321,7 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
     nothing new, as a command of its own; and after one new hour, against the pipeline calls
     folding a new hour of the same size, alternating hours between the two sides."""
     landing, lake = root / "landing30d", root / "lake30d"
-    config = LakeConfig(lake=f"file://{lake}", feeds=(_feed(landing),))
+    config = LakeConfig(lake=f"file://{lake}", feeds=(feed_config(landing),))
     config_file = root / "cli.yaml"
     config_file.write_text(dump_config(config))
     noop = []
@@ -345,7 +349,7 @@ def cli_runs(spark: SparkSession, root: Path, shape: LandingShape, samples: int,
                 run_ids = run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
                 assert len(run_ids) == 1, "one new hour should be one run"
             else:
-                run_pipeline(spark, config.feeds[0], lake, _hours(hour, 2), f"bench-cli-{sample}")
+                run_pipeline(spark, config.feeds[0], lake, hour_keys(hour, 2), f"bench-cli-{sample}")
             if sample >= warm_ups:
                 sides[side].append(round(time.perf_counter() - started, 3))
     cli, direct = statistics.median(sides["cli"]), statistics.median(sides["pipeline"])
@@ -378,7 +382,9 @@ def cluster_vs_local(root: Path, samples: int = 2) -> dict:
                     else SparkConfig()
                 )
                 config = LakeConfig(
-                    lake=f"file://{root / f'lake-{side}-{sample}'}", feeds=(_feed(landing),), spark=spark
+                    lake=f"file://{root / f'lake-{side}-{sample}'}",
+                    feeds=(feed_config(landing),),
+                    spark=spark,
                 )
                 config_file = root / f"{side}-{sample}.yaml"
                 config_file.write_text(dump_config(config))
@@ -409,7 +415,7 @@ def sensor_scaling(root: Path, files_per_hour: int = 10) -> dict:
         landing = root / f"sensor{total}"
         hours = total // files_per_hour
         write_listing_only_landing(landing, TABLE, hours, files_per_hour, start=START)
-        feed = _feed(landing)
+        feed = feed_config(landing)
         defs = build_definitions(LakeConfig(lake=f"file://{root / 'sensor-lake'}", feeds=(feed,)))
         sensor = defs.resolve_sensor_def(f"{FEED}_landing_sensor")
         resources = {"lake": LakeResource(root=f"file://{root / 'sensor-lake'}")}

@@ -79,9 +79,10 @@ DRIVER_SETTINGS: dict[str, str] = {
 # work on both cores at once: less CPU and a shorter run an hour (docs/profiling.md, "Figures
 # behind the code"). A cluster's JVM options are its operator's to set.
 EMBEDDED_JVM_OPTIONS = "-XX:+UseParallelGC"
-#: More JVM options for every embedded driver this process or its children start (Dagster run
-#: workers, `lake-assets run`), appended to the lake's own. The test suite sets it: see
-#: `lake_assets_tests/conftest.py` for why.
+#: The environment variable whose JVM options every embedded driver this process or its
+#: children start (Dagster run workers, `lake-assets run`) gets after the lake's own; a
+#: `spark.driver.extraJavaOptions` in the config's `spark.conf` replaces both. The test suite
+#: uses it for the drivers it starts as processes (`lake_assets_tests/jvm_options.py`).
 DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.

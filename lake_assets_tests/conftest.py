@@ -14,8 +14,8 @@ import pytest
 from hypothesis import settings
 
 from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV
+from lake_assets_tests.jvm_options import TEST_JVM_OPTIONS
 from lake_assets_tests.loopback import free_port
-from lake_assets_tests.spark_servers import TEST_JVM_OPTIONS
 
 # The same examples on every run by default, so a run's result does not depend on its seed;
 # `--hypothesis-profile explore` draws new ones (a failure found that way is kept in
@@ -31,8 +31,9 @@ os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
-# Set before any test starts a process, and inherited by every process the tests start (the
-# `spark` fixture's own driver, in this process, leaves it out).
+# The quick JIT for the short-lived drivers the tests start as processes (`jvm_options` says
+# why): set before any test starts one, and inherited by all of them. The `spark` fixture's own
+# driver, in this process, leaves it out.
 os.environ.setdefault(DRIVER_JAVA_OPTIONS_ENV, TEST_JVM_OPTIONS)
 
 

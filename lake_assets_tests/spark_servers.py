@@ -23,16 +23,6 @@ from lake_assets_tests.loopback import free_port
 
 START_TIMEOUT = 120
 
-#: The JVM options of every Spark JVM the suite starts: embedded drivers (conftest hands them
-#: on through `DRIVER_JAVA_OPTIONS_ENV`, so the CLI's, the crash test's and Dagster's run
-#: workers' get them too), a cluster's driver and executors, the Connect server. The tests run
-#: seconds of tiny queries per fresh JVM, where the JDK's optimising compiler (C2) burns more
-#: CPU than its faster code gives back, and the suite's two processes share two cores: with the
-#: quick compiler alone a fold driver needs far less CPU and finishes sooner (docs/profiling.md,
-#: "Figures behind the code"). Production drivers keep the JDK's default: a backfill's long
-#: loops need C2.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-
 
 class ServerFailed(RuntimeError):
     pass
@@ -166,18 +156,20 @@ class StandaloneCluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as response:
             return json.load(response)
 
-    def spark_conf(self, python: str) -> dict[str, str]:
+    def spark_conf(self, python: str, jvm_options: str = "") -> dict[str, str]:
         """The lake's `spark.conf` for this cluster: executors run `python` (the project's
-        environment), the driver is reachable on loopback, and the app takes the worker's cores."""
-        return {
+        environment), the driver is reachable on loopback, and the app takes the worker's cores;
+        the driver and executors get `jvm_options`, if any."""
+        conf = {
             "spark.pyspark.python": python,
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.executor.memory": "2g",
             "spark.cores.max": "2",
-            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
-            "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
         }
+        if jvm_options:
+            conf["spark.driver.extraJavaOptions"] = conf["spark.executor.extraJavaOptions"] = jvm_options
+        return conf
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -195,7 +187,7 @@ class ConnectServer:
         self.url = f"sc://127.0.0.1:{self.port}"
         self.processes: list[_Process] = []
 
-    def start(self, python: str) -> ConnectServer:
+    def start(self, python: str, jvm_options: str = "") -> ConnectServer:
         spark_submit = str(Path(_find_spark_home()) / "bin" / "spark-submit")
         env = {
             **_spark_env(self.work),
@@ -210,9 +202,10 @@ class ConnectServer:
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.driver.memory": "2g",
-            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
             "spark.pyspark.python": python,
         }
+        if jvm_options:
+            conf["spark.driver.extraJavaOptions"] = jvm_options
         if self.s3_endpoint:
             conf.update(
                 {

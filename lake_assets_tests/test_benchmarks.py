@@ -42,9 +42,9 @@ def test_hours_written_together_or_one_by_one_are_the_same(tmp_path):
 def test_the_engine_and_the_duckdb_reference_agree_on_untidy_data(spark, tmp_path):
     landing = tmp_path / "landing"
     write_unit_landing(landing, sb.TABLE, SHAPE)
-    feed = sb._feed(landing)
-    sb.run_pipeline(spark, feed, tmp_path / "lake", sb._landed(feed)[:2], "first-half")
-    sb.run_pipeline(spark, feed, tmp_path / "lake", sb._landed(feed)[2:], "second-half")
+    feed = sb.feed_config(landing)
+    sb.run_pipeline(spark, feed, tmp_path / "lake", sb.landed_hours(feed)[:2], "first-half")
+    sb.run_pipeline(spark, feed, tmp_path / "lake", sb.landed_hours(feed)[2:], "second-half")
     duckdb_reference.recompute(landing, sb.TABLE, tmp_path / "reference")
     result = duckdb_reference.compare_with_lake(
         tmp_path / "reference", tmp_path / "lake", sb.FEED, sb.TABLE, sb.PAYLOAD
@@ -128,4 +128,4 @@ def test_the_handwritten_spark_backfill_agrees_with_the_duckdb_reference(spark, 
     hours = sorted(
         p.name for p in (tmp_path / "lake" / "changes" / sb.FEED / sb.TABLE).iterdir() if p.is_dir()
     )
-    assert hours == [f"hour={key}" for key in sb._landed(sb._feed(landing))] and seconds > 0
+    assert hours == [f"hour={key}" for key in sb.landed_hours(sb.feed_config(landing))] and seconds > 0

@@ -25,6 +25,7 @@ from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.runner import run_feeds
 from lake_assets_tests.deployed_lake import lake_table
+from lake_assets_tests.jvm_options import TEST_JVM_OPTIONS
 from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale_out, pytest.mark.minutes(8)]
@@ -85,7 +86,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory, moto_server):
     started = ConnectServer(tmp_path_factory.mktemp("connect"), s3_endpoint=moto_server.url).start(
-        sys.executable
+        sys.executable, TEST_JVM_OPTIONS
     )
     yield started
     started.stop()
@@ -157,7 +158,8 @@ def _tables(lake: Path) -> list[tuple[str, str]]:
 def test_a_standalone_cluster_writes_the_lake_the_local_driver_writes(landings, local_lake, cluster):
     work = landings.root / "cluster-run"
     config = landings.config(
-        work / "lake", SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable))
+        work / "lake",
+        SparkConfig(master=cluster.master_url, conf=cluster.spark_conf(sys.executable, TEST_JVM_OPTIONS)),
     )
     done = run_cli(config, work)
     assert_ran(done, work)
@@ -204,7 +206,10 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
     client = moto_server.client("s3")
     _upload(client, s3_bucket, landings.unit_dir, "landing/unit")
     if server == "cluster":
-        spark, env = SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable)), {}
+        spark, env = (
+            SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable, TEST_JVM_OPTIONS)),
+            {},
+        )
     else:
         spark, env = SparkConfig(remote=started.url), {"SPARK_CONNECT_AUTHENTICATE_TOKEN": started.token}
     config = LakeConfig(
@@ -239,7 +244,7 @@ def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_h
     )
     work = landings.root / "cluster-bare-python"
     # one attempt per task: Spark's default of four only repeats the same failure
-    conf = {**cluster.spark_conf(system_python), "spark.task.maxFailures": "1"}
+    conf = {**cluster.spark_conf(system_python, TEST_JVM_OPTIONS), "spark.task.maxFailures": "1"}
     config = LakeConfig(
         lake=f"file://{work / 'lake'}",
         feeds=landings.feeds[:1],

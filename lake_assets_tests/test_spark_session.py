@@ -9,6 +9,14 @@ def test_the_embedded_driver_collects_garbage_with_the_parallel_collector(spark)
     assert names == ["PS MarkSweep", "PS Scavenge"], names
 
 
+def test_the_test_runs_own_driver_keeps_the_jdks_default_compilers(spark):
+    """The quick-JIT option the suite gives the drivers it starts as processes must not reach
+    the pytest process's own driver, which lives for the whole run (`jvm_options`)."""
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = [str(a) for a in runtime.getInputArguments()]
+    assert not [a for a in arguments if "TieredStopAtLevel" in a], arguments
+
+
 def test_column_functions_make_no_call_site_round_trips(spark):
     """PySpark decides once per process, from the live session, whether every Column function
     records its Python call site in the JVM; the lake's session says no."""

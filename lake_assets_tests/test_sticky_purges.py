@@ -118,6 +118,7 @@ def test_a_change_log_written_before_its_fold_holds_no_purged_fields(clean, lake
     assert tables(root) == clean
 
 
+@pytest.mark.usefixtures("spark")  # its sensor ticks and runs fold in this process
 def test_late_files_sensor_runs_and_restores_never_bring_a_purge_back(lake, tmp_path):
     """Decided: a purge erases the record's data for good. A write of the same Id after the
     purge (a late file, the key written again) keeps its version in history but no field data; a
