@@ -172,7 +172,12 @@ def _diff(con: duckdb.DuckDBPyConnection, reference: str, lake_dir: Path, column
 
 
 def compare_with_lake(
-    reference_dir: Path, lake_root: Path, feed: str, table: str, payload: list[str]
+    reference_dir: Path,
+    lake_root: Path,
+    feed: str,
+    table: str,
+    payload: list[str],
+    con: duckdb.DuckDBPyConnection | None = None,
 ) -> dict:
     """Compare the lake's `current` and `history` of a table with `recompute`'s output.
 
@@ -184,7 +189,9 @@ def compare_with_lake(
     """
     root = Path(_local(lake_root))
     reference = Path(_local(reference_dir))
-    con = duckdb.connect()
+    own = con is None
+    if con is None:
+        con = duckdb.connect()
     try:
         con.execute("SET TimeZone='UTC'")
         result: dict[str, Any] = {}
@@ -195,4 +202,5 @@ def compare_with_lake(
         result["equal"] = all(result[n]["missing"] == 0 == result[n]["extra"] for n in ("current", "history"))
         return result
     finally:
-        con.close()
+        if own:
+            con.close()
