@@ -28,6 +28,8 @@ from pathlib import Path
 from lake_assets.errors import LakeAssetsError
 from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, EMBEDDED_JVM_OPTIONS, cache_dir
 
+_ARCHIVE_PREFIX = "spark-classes-"
+
 
 class ArchiveNotBuilt(LakeAssetsError):
     """The demo run that writes the archive, or the check of what it wrote, failed."""
@@ -50,20 +52,24 @@ def archive_path() -> Path | None:
     """Where the archive for this JVM and these Spark jars lives (None without a java, or when
     the cache's path could not be given to the JVM).
 
-    The JDK build (its executable's path and time) and the jars (their folder, names and sizes)
-    name it: an upgrade of either looks for a new archive rather than mapping one that no longer
-    fits.
+    The JDK build (its executable's path and time) and the jars (their folder, names, sizes and
+    times) name it: an upgrade of either looks for a new archive rather than mapping one that no
+    longer fits. The JVM refuses an archive when a jar's time differs from the one it was made
+    with, so a reinstall of the same pyspark (new file times) looks for a new one too.
     """
     java = _java()
     if java is None:
         return None
     jars = _spark_jars()
     # The archive records the class path it was made with (the jars' folder): a virtualenv
-    # elsewhere, with the same jars, is another class path.
-    identity = hashlib.sha256(f"{java}:{java.stat().st_mtime_ns}:{jars.resolve()}".encode())
+    # elsewhere, with the same jars, is another class path. The name's first part says which
+    # JVM and folder, so a new install's archive can replace the old one (`_remove_replaced`).
+    where = hashlib.sha256(f"{java}:{jars.resolve()}".encode())
+    build = hashlib.sha256(f"{java.stat().st_mtime_ns}".encode())
     for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
-        identity.update(f"{jar.name}:{jar.stat().st_size}".encode())
-    archive = cache_dir() / "jvm" / f"spark-classes-{identity.hexdigest()[:16]}.jsa"
+        stat = jar.stat()
+        build.update(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    archive = cache_dir() / "jvm" / f"{_ARCHIVE_PREFIX}{where.hexdigest()[:8]}-{build.hexdigest()[:8]}.jsa"
     # Spark splits `spark.driver.extraJavaOptions` at white space: a path holding any (or a
     # quote) would break the driver's command line, so such a cache gets no archive.
     return None if any(c.isspace() or c in "\"'" for c in str(archive)) else archive
@@ -98,7 +104,17 @@ def build(log: Path | None = None) -> Path | None:
         os.replace(partial, archive)
     finally:
         partial.unlink(missing_ok=True)
+    _remove_replaced(archive)
     return archive
+
+
+def _remove_replaced(archive: Path) -> None:
+    """Delete the archives (and their logs and failure marks) an earlier install of the same
+    JVM and jars' folder left: no driver maps them any more, and each is some 200 MB."""
+    same_place = archive.name.rsplit("-", 1)[0] + "-"
+    for old in archive.parent.glob(f"{same_place}*"):
+        if old.name.split(".")[0] != archive.stem:
+            old.unlink(missing_ok=True)
 
 
 def _run_step(args: list[str], out, what: str) -> None:

@@ -4,8 +4,10 @@ jars it fits, used by every embedded driver once it exists, put in place only wh
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +60,11 @@ def test_another_jvm_or_other_spark_jars_look_for_another_archive(empty_cache, m
     jars.mkdir()
     (jars / "spark-core.jar").write_bytes(b"x")
     monkeypatch.setattr(jvm_archive, "_spark_jars", lambda: jars)
-    assert jvm_archive.archive_path() not in (None, mine)
+    these_jars = jvm_archive.archive_path()
+    assert these_jars not in (None, mine)
+    # Reinstalled: same names and sizes, new file times, which the JVM checks when it maps.
+    os.utime(jars / "spark-core.jar", ns=(1_000_000_000, 1_000_000_000))
+    assert jvm_archive.archive_path() not in (None, mine, these_jars)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert jvm_archive.archive_path() is None
@@ -84,6 +90,29 @@ def test_an_archive_whose_making_failed_is_never_put_in_place(empty_cache, monke
     assert not archive.exists()
     assert [p.name for p in archive.parent.iterdir() if p.suffix != ".log"] == []
     assert session_conf()["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+
+
+def test_a_new_install_s_archive_replaces_the_old_one_of_the_same_place(empty_cache, monkeypatch):
+    """A reinstall of pyspark in the same virtualenv needs a new archive (the JVM checks the
+    jars' times); the old one, some 200 MB, goes. Another virtualenv's archive stays."""
+
+    def dump_and_check(args, out, what):
+        if args[0] == "--dump":
+            Path(args[1]).write_bytes(b"an archive")
+
+    monkeypatch.setattr(jvm_archive, "_run_step", dump_and_check)
+    archive = jvm_archive.archive_path()
+    assert archive is not None
+    place, _ = archive.stem.rsplit("-", 1)
+    archive.parent.mkdir(parents=True)
+    replaced = [archive.parent / f"{place}-0ld1nsta{suffix}" for suffix in (".jsa", ".log", ".failed")]
+    elsewhere = archive.parent / "spark-classes-e1sewher-0ld1nsta.jsa"
+    for path in [*replaced, elsewhere]:
+        path.write_bytes(b"old")
+    assert jvm_archive.build() == archive
+    assert archive.read_bytes() == b"an archive"
+    kept = [archive, archive.with_suffix(".log"), elsewhere]
+    assert sorted(archive.parent.iterdir()) == sorted(kept)
 
 
 def test_set_up_goes_on_without_an_archive_saying_why(empty_cache, monkeypatch, capsys):
