@@ -118,6 +118,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _running_process_groups() -> set[int]:
+    """The process groups with a process that has not exited (zombies left out)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command's closing parenthesis: state, parent, process group, ...
+            state, _parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if state not in ("Z", "X"):
+            groups.add(int(group))
+    return groups
+
+
 def command_line(pid: int) -> str:
     try:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -219,13 +233,15 @@ class Deployment:
             except ProcessLookupError:
                 pass
 
-    @staticmethod
-    def _group_alive(group: int) -> bool:
-        try:
-            os.killpg(group, 0)
-            return True
-        except ProcessLookupError:
-            return False
+    def _group_alive(self, group: int) -> bool:
+        """Whether a process of `group` still runs. Exited processes are not counted: our own
+        children are reaped here, and an orphan that no init reaps (a container's PID 1 may not)
+        stays a zombie in its group, which `killpg(group, 0)` would report as alive until the
+        deadline."""
+        for process in (self.webserver, self.daemon):
+            if process is not None:
+                process.poll()
+        return group in _running_process_groups()
 
     def _webserver_ready(self) -> bool:
         assert self.webserver is not None, "the webserver was started"
