@@ -28,8 +28,6 @@ from pathlib import Path
 from lake_assets.errors import LakeAssetsError
 from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, EMBEDDED_JVM_OPTIONS, cache_dir
 
-_ARCHIVE_PREFIX = "spark-classes-"
-
 
 class ArchiveNotBuilt(LakeAssetsError):
     """The demo run that writes the archive, or the check of what it wrote, failed."""
@@ -65,11 +63,12 @@ def archive_path() -> Path | None:
     # elsewhere, with the same jars, is another class path. The name's first part says which
     # JVM and folder, so a new install's archive can replace the old one (`_remove_replaced`).
     where = hashlib.sha256(f"{java}:{jars.resolve()}".encode())
-    build = hashlib.sha256(f"{java.stat().st_mtime_ns}".encode())
+    made_from = hashlib.sha256(f"{java.stat().st_mtime_ns}".encode())
     for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
         stat = jar.stat()
-        build.update(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    archive = cache_dir() / "jvm" / f"{_ARCHIVE_PREFIX}{where.hexdigest()[:8]}-{build.hexdigest()[:8]}.jsa"
+        made_from.update(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    name = f"spark-classes-{where.hexdigest()[:16]}-{made_from.hexdigest()[:16]}.jsa"
+    archive = cache_dir() / "jvm" / name
     # Spark splits `spark.driver.extraJavaOptions` at white space: a path holding any (or a
     # quote) would break the driver's command line, so such a cache gets no archive.
     return None if any(c.isspace() or c in "\"'" for c in str(archive)) else archive
@@ -104,17 +103,20 @@ def build(log: Path | None = None) -> Path | None:
         os.replace(partial, archive)
     finally:
         partial.unlink(missing_ok=True)
-    _remove_replaced(archive)
+    if archive_path() == archive:  # the jars did not change while it was made
+        _remove_replaced(archive)
     return archive
 
 
 def _remove_replaced(archive: Path) -> None:
     """Delete the archives (and their logs and failure marks) an earlier install of the same
-    JVM and jars' folder left: no driver maps them any more, and each is some 200 MB."""
+    JVM and jars' folder left: no new driver maps them, and each is some 200 MB. Another
+    build's `.part` file is left to it; a file that cannot be deleted stays (best effort)."""
     same_place = archive.name.rsplit("-", 1)[0] + "-"
     for old in archive.parent.glob(f"{same_place}*"):
-        if old.name.split(".")[0] != archive.stem:
-            old.unlink(missing_ok=True)
+        if old.suffix in (".jsa", ".log", ".failed") and old.stem != archive.stem:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def _run_step(args: list[str], out, what: str) -> None:

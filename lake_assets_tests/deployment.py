@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dagster_graphql import DagsterGraphQLClient
@@ -94,18 +94,20 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, every: 
         time.sleep(every)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def _processes() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, parent, process group) of every process, from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
+            # After the command's closing parenthesis (a command may hold one): state, parent,
+            # process group, ...
+            state, parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        yield int(stat.parent.name), state, int(parent), int(group)
+
+
+def _children(pid: int) -> list[int]:
+    return [child for child, _, parent, _ in _processes() if parent == pid]
 
 
 def descendants(pid: int) -> list[int]:
@@ -119,17 +121,9 @@ def descendants(pid: int) -> list[int]:
 
 
 def _running_process_groups() -> set[int]:
-    """The process groups with a process that has not exited (zombies left out)."""
-    groups = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # After the command's closing parenthesis: state, parent, process group, ...
-            state, _parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if state not in ("Z", "X"):
-            groups.add(int(group))
-    return groups
+    """The process groups with a process that has not exited: a zombie (an orphan that no init
+    reaps, as a container's first process may not) still counts for `killpg(group, 0)`."""
+    return {group for _, state, _, group in _processes() if state not in ("Z", "X")}
 
 
 def command_line(pid: int) -> str:
@@ -225,7 +219,7 @@ class Deployment:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(self._group_alive(g) for g in self._groups):
+        while time.monotonic() < deadline and self._any_group_running():
             time.sleep(0.5)
         for group in self._groups:
             try:
@@ -233,15 +227,11 @@ class Deployment:
             except ProcessLookupError:
                 pass
 
-    def _group_alive(self, group: int) -> bool:
-        """Whether a process of `group` still runs. Exited processes are not counted: our own
-        children are reaped here, and an orphan that no init reaps (a container's PID 1 may not)
-        stays a zombie in its group, which `killpg(group, 0)` would report as alive until the
-        deadline."""
+    def _any_group_running(self) -> bool:
         for process in (self.webserver, self.daemon):
             if process is not None:
-                process.poll()
-        return group in _running_process_groups()
+                process.poll()  # reaps our own children: no zombie left behind by the tests
+        return not _running_process_groups().isdisjoint(self._groups)
 
     def _webserver_ready(self) -> bool:
         assert self.webserver is not None, "the webserver was started"

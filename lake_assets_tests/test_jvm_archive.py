@@ -94,7 +94,8 @@ def test_an_archive_whose_making_failed_is_never_put_in_place(empty_cache, monke
 
 def test_a_new_install_s_archive_replaces_the_old_one_of_the_same_place(empty_cache, monkeypatch):
     """A reinstall of pyspark in the same virtualenv needs a new archive (the JVM checks the
-    jars' times); the old one, some 200 MB, goes. Another virtualenv's archive stays."""
+    jars' times); the old one, some 200 MB, goes. Another virtualenv's archive stays, and so
+    does the partial file of a build still running."""
 
     def dump_and_check(args, out, what):
         if args[0] == "--dump":
@@ -107,11 +108,12 @@ def test_a_new_install_s_archive_replaces_the_old_one_of_the_same_place(empty_ca
     archive.parent.mkdir(parents=True)
     replaced = [archive.parent / f"{place}-0ld1nsta{suffix}" for suffix in (".jsa", ".log", ".failed")]
     elsewhere = archive.parent / "spark-classes-e1sewher-0ld1nsta.jsa"
-    for path in [*replaced, elsewhere]:
+    building = archive.parent / f"{place}-0therbu1.4242.part"
+    for path in [*replaced, elsewhere, building]:
         path.write_bytes(b"old")
     assert jvm_archive.build() == archive
     assert archive.read_bytes() == b"an archive"
-    kept = [archive, archive.with_suffix(".log"), elsewhere]
+    kept = [archive, archive.with_suffix(".log"), elsewhere, building]
     assert sorted(archive.parent.iterdir()) == sorted(kept)
 
 
