@@ -110,6 +110,10 @@ def _children(pid: int) -> list[int]:
     return [child for child, _, parent, _ in _processes() if parent == pid]
 
 
+def parent_of(pid: int) -> int | None:
+    return next((parent for child, _, parent, _ in _processes() if child == pid), None)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, parents before children."""
     found, todo = [], [pid]

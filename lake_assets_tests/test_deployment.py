@@ -36,7 +36,7 @@ from lake_assets_tests.deployed_lake import (
     partitions_since,
     runs_since,
 )
-from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, wait_for
+from lake_assets_tests.deployment import ROOT, Deployment, command_line, descendants, parent_of, wait_for
 from lake_assets_tests.unit_files import at, event, write_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(19)]
@@ -309,8 +309,7 @@ def _run_worker(daemon_pid: int) -> int | None:
     """The Python process below the daemon that drives a Spark JVM: a run's worker."""
     for pid in descendants(daemon_pid):
         if "org.apache.spark.deploy.SparkSubmit" in command_line(pid):
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            return parent
+            return parent_of(pid)
     return None
 
 
