@@ -35,7 +35,7 @@ from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
 from lake_assets.quarantine import Quarantined
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, each_file
 
 INVALID = "__invalid"
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
@@ -227,8 +227,10 @@ def _vetted(storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]]) ->
     batch_files = _BatchFiles(
         {entry.uri: partition for partition, entries in files.items() for entry in entries}
     )
-    for entry in (entry for entries in files.values() for entry in entries):
-        vetted, reason = _vet(storage, fmt, entry)
+    entries = [entry for entries in files.values() for entry in entries]
+    for entry, (vetted, reason) in zip(
+        entries, each_file(lambda e: _vet(storage, fmt, e), entries), strict=True
+    ):
         if vetted is None:
             batch_files.set_aside(entry.uri, reason)
         else:

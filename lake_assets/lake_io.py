@@ -9,7 +9,6 @@ import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
@@ -26,7 +25,7 @@ from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
 from lake_assets.errors import ConfigError, InvalidValue
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, each_file
 
 if TYPE_CHECKING:
     from lake_assets.engine.purges import Erasure
@@ -228,9 +227,7 @@ def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
         with storage.open_input_file(uri) as handle:
             return pq.ParquetFile(handle).metadata
 
-    # Footer reads are small requests; on S3 their latency, not their size, is the cost.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(footer, files))
+    return each_file(footer, files)
 
 
 def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:

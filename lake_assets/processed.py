@@ -17,17 +17,14 @@ Pure storage logic: no Spark, no Dagster.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.paths import LakeLayout, join
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, each_file
 
 NOTES_FOLDER = "processed"
-#: reads of notes at once (on S3 each is a request)
-_PARALLEL_READS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +86,7 @@ def read_notes(
         body = json.loads(storage.read_bytes(entry.uri))
         return entry.name[: -len(".json")], {url: ProcessedFile(**file) for url, file in body.items()}
 
-    with concurrent.futures.ThreadPoolExecutor(_PARALLEL_READS) as pool:
-        return dict(pool.map(read, entries))
+    return dict(each_file(read, entries))
 
 
 def changed_partitions(

@@ -11,13 +11,31 @@ import builtins
 import dataclasses
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pyarrow.fs as pafs
 
 from lake_assets.config_model import S3Config
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import is_s3
+
+#: small reads (footers, notes) made at once: on S3 each is a request, whose latency, not its
+#: size, is the cost
+PARALLEL_SMALL_READS = 16
+
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+
+
+def each_file(read: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
+    """`read` applied to every item, `PARALLEL_SMALL_READS` at a time; results in `items`' order."""
+    items = list(items)
+    if len(items) < 2:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_READS, len(items))) as pool:
+        return list(pool.map(read, items))
 
 
 @dataclasses.dataclass(frozen=True)
