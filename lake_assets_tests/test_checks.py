@@ -87,9 +87,10 @@ def test_versions_stored_counts_each_batch_version_found_once(spark):
     assert checks.windows_and_versions_stored(stored, batch, SPEC)[1] == 1
 
 
-def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
+def test_the_windows_and_the_stored_versions_come_from_one_shuffle_and_one_sort(spark):
     """One pass gives both: the window faults of the stored rows are those found without a
-    batch beside them, a batch version counts once when stored, and Spark shuffles once."""
+    batch beside them, a batch version counts once when stored, and Spark shuffles and sorts
+    once."""
     stored_rows = [
         ("a", m.INSERT, at(1), ms_before(5), False),
         ("a", m.UPDATE, at(5), OPEN, True),
@@ -97,14 +98,15 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
         ("b", m.DELETE, at(20), OPEN, True),
     ]
     batch = spark.createDataFrame(
-        [("a", at(1)), ("a", at(1)), ("a", at(5)), ("a", at(7)), ("b", at(20)), ("c", at(5))],
+        # a@3 lies between two stored rows: their window is read past it
+        [("a", at(1)), ("a", at(1)), ("a", at(3)), ("a", at(5)), ("a", at(7)), ("b", at(20)), ("c", at(5))],
         f"id string, {m.VERSION_AT} timestamp",
     )
     alone = windows_check(history(spark, stored_rows))
     outcome, found = checks.windows_and_versions_stored(history(spark, stored_rows), batch, SPEC)
     assert (outcome.passed, outcome.metadata) == (alone.passed, alone.metadata)
     assert alone.metadata["inverted"] == 1 and alone.metadata["versions_checked"] == 3
-    assert found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@7 nor c@5
+    assert found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@3, a@7 nor c@5
 
     plan = (
         checks._marked_rows(history(spark, stored_rows), batch, SPEC)
@@ -113,3 +115,4 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle(spark):
         .toString()
     )
     assert plan.count("Exchange hashpartitioning") == 1, plan
+    assert plan.count("Sort [") == 1, plan

@@ -57,10 +57,9 @@ def windows_and_versions_stored(
 
     As two queries each read and shuffled the stored rows, one by key and one by key and time:
     in a backfill, every stored row twice (docs/profiling.md, "Figures behind the code"). Here the
-    batch's versions travel with the stored rows, marked by `SIDE`: the windows run per key and
-    side, a batch version is found when the row before it in (start, side) order is a stored
-    row with its start. Both windows share the key's shuffle (Spark plans them one above the
-    other, the per-side one sorting again within the partitions).
+    batch's versions travel with the stored rows, marked by `SIDE`, in one shuffle by key and
+    one sort by (start, side): a batch version is found when the row before it is a stored row
+    with its start.
     """
     if rows is None:
         return Outcome("history_windows", True, "history is empty", {}), 0
@@ -113,7 +112,11 @@ def windows_and_versions_stored(
 
 
 def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
-    """Stored rows and batch versions (`SIDE`), each with what the checks read of its neighbours."""
+    """Stored rows and batch versions (`SIDE`), each with what the checks read of its neighbours.
+
+    Every neighbour is read in one order per key, by start and then side (a stored row before
+    the batch versions of its time), so one sort serves both sides: a stored row's next stored
+    row is found by skipping the batch rows between them (`lead` ignoring NULLs)."""
     hc = spec.history_columns
     stored = rows.select(
         *[col(k) for k in spec.keys], hc.start, hc.end, hc.active, m.OP, F.lit(STORED).alias(SIDE)
@@ -126,27 +129,33 @@ def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) ->
             F.lit(BATCH).alias(SIDE),
         )
         stored = union_all(spec.name, [stored, versions])
-    keys = [col(k) for k in spec.keys]
-    side = Window.partitionBy(*keys, F.col(SIDE)).orderBy(F.col(hc.start))
-    whole_side = side.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
-    both = Window.partitionBy(*keys).orderBy(F.col(hc.start), F.col(SIDE))
-    is_delete = F.col(m.OP) == m.DELETE
+    ordered = Window.partitionBy(*[col(k) for k in spec.keys]).orderBy(F.col(hc.start), F.col(SIDE))
+    whole_key = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
+    is_stored, is_delete = F.col(SIDE) == STORED, F.col(m.OP) == m.DELETE
+    # The stored row's start and operation, NULL on a batch row: what the next stored row has.
+    stored_here = "__stored_here"
+    stored = stored.withColumn(
+        stored_here, F.when(is_stored, F.struct(F.col(hc.start).alias("start"), F.col(m.OP).alias("op")))
+    )
+    next_stored = F.expr(f"lead(`{stored_here}`, 1, NULL, true)").over(ordered)  # NULLs skipped
+    before, before_side = F.lag(hc.start).over(ordered), F.lag(SIDE).over(ordered)
+    same_start = before == F.col(hc.start)
     # One projection, not seven: each projection analyses the whole plan again.
     return stored.withColumns(
         {
-            "__next_start": F.lead(hc.start).over(side),
-            "__next_op": F.lead(m.OP).over(side),
-            "__active_versions": F.sum((F.col(hc.active) & ~is_delete).cast("int")).over(whole_side),
-            "__versions_before": F.sum((~is_delete).cast("int")).over(
-                side.rowsBetween(Window.unboundedPreceding, -1)
+            "__next_start": next_stored.getField("start"),
+            "__next_op": next_stored.getField("op"),
+            "__active_versions": F.sum((is_stored & F.col(hc.active) & ~is_delete).cast("int")).over(
+                whole_key
             ),
-            "__repeated": F.coalesce(F.lag(hc.start).over(side) == F.col(hc.start), F.lit(False)),
-            "__found": F.coalesce(
-                (F.lag(SIDE).over(both) == STORED) & (F.lag(hc.start).over(both) == F.col(hc.start)),
-                F.lit(False),
+            "__versions_before": F.sum((is_stored & ~is_delete).cast("int")).over(
+                ordered.rowsBetween(Window.unboundedPreceding, -1)
             ),
+            # batch versions of one time are next to each other, after the stored rows of that time
+            "__repeated": F.coalesce(same_start & (before_side == BATCH), F.lit(False)),
+            "__found": F.coalesce(same_start & (before_side == STORED), F.lit(False)),
         }
-    )
+    ).drop(stored_here)
 
 
 def batch_reconciles(
