@@ -91,16 +91,7 @@ DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 # improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
 # for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
 # slower (docs/profiling.md, "Figures behind the code").
-#
-# A run keeps its change batch in Spark's in-memory columnar cache (written to the change log,
-# then folded). Compressing it column by column was the largest share of filling it: in one
-# process there is memory to spare and no network for smaller blocks to save, so a local driver
-# keeps it uncompressed (docs/profiling.md, "Figures behind the code"). A cluster's executors
-# keep Spark's default.
-LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
-}
+LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes
 # ("60s") that the 3.3 connector rejects, so they are restated as milliseconds / seconds.

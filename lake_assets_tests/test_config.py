@@ -553,16 +553,6 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
 
 
-def test_a_local_driver_caches_the_change_batch_uncompressed_and_a_cluster_compresses_it():
-    """A local driver fills its in-memory cache faster uncompressed (memory is its own); a
-    cluster's executors keep Spark's default, compressed; a caller may choose either."""
-    setting = "spark.sql.inMemoryColumnarStorage.compressed"
-    assert session_conf()[setting] == "false"
-    assert setting not in session_conf(master="spark://10.0.0.5:7077")
-    assert setting not in session_conf(remote="sc://127.0.0.1:15002")
-    assert session_conf(extra={setting: "true"})[setting] == "true"
-
-
 @pytest.mark.s3
 def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_bucket):
     """S3 has no folders: an empty prefix is a landing nothing has arrived in yet; a bucket that
