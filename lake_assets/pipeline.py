@@ -293,12 +293,19 @@ def check_fold(
     session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport
 ) -> list[checks.Outcome]:
     """The table's invariants after a fold, read back from the committed files: unique keys in
-    current, consistent history windows, and every folded event accounted for."""
+    current, consistent history windows, and every folded event accounted for.
+
+    After a fold into an empty table every stored row is read back and compared with the batch's
+    versions as a summary the fold took (`checks.VersionSet`), so the batch is not shuffled
+    beside them; otherwise the rows the fold could have changed are read, with the batch."""
     spec = work.fmt.table_spec(work.table)
     state = TableState(work.layout, work.feed.name, work.table)
     current = lake_io.read_table(session, work.storage, state.current)
-    rows = stored_rows_since(session, work.storage, state, spec, report.touched_since)
-    folded = batch if report.events_in else None
+    folded: DataFrame | checks.VersionSet | None = batch if report.events_in else None
+    since = report.touched_since
+    if report.into_empty and report.batch_versions is not None:
+        folded, since = report.batch_versions, None
+    rows = stored_rows_since(session, work.storage, state, spec, since)
     # Independent queries: submitted together, their jobs share the cores.
     unique_keys, windows_and_versions = run_together(
         lambda: checks.current_has_unique_keys(current, spec),
@@ -306,7 +313,7 @@ def check_fold(
         session=session,
     )
     # run_together's list holds both results; their types are the two checks' own.
-    windows, stored_versions = cast("tuple[checks.Outcome, int]", windows_and_versions)
+    windows, stored_versions = cast("tuple[checks.Outcome, checks.StoredVersions]", windows_and_versions)
     reconciles = checks.batch_reconciles(
         report.batch_rows, report.identical_duplicates, report.superseded_writes, stored_versions
     )

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
 
 from lake_assets.engine import checks
 from lake_assets.engine import model as m
+from lake_assets.engine.fold import stored_rows_since
+from lake_assets_tests.engine_harness import SPEC as SPEC_OF_LAKE
+from lake_assets_tests.engine_harness import EngineLake
+from lake_assets_tests.test_engine import T, ev
 
 SPEC = m.TableSpec(name="accounts", keys=("id",))
 T0 = dt.datetime(2024, 1, 1)
@@ -84,7 +92,7 @@ def test_versions_stored_counts_each_batch_version_found_once(spark):
             ("d", m.INSERT, at(3), OPEN, True),  # another key at c's time: not found
         ],
     )
-    assert checks.windows_and_versions_stored(stored, batch, SPEC)[1] == 1
+    assert checks.windows_and_versions_stored(stored, batch, SPEC)[1] == checks.StoredVersions(1)
 
 
 def test_the_windows_and_the_stored_versions_come_from_one_shuffle_and_one_sort(spark):
@@ -106,7 +114,7 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle_and_one_sort(
     outcome, found = checks.windows_and_versions_stored(history(spark, stored_rows), batch, SPEC)
     assert (outcome.passed, outcome.metadata) == (alone.passed, alone.metadata)
     assert alone.metadata["inverted"] == 1 and alone.metadata["versions_checked"] == 3
-    assert found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@3, a@7 nor c@5
+    assert found.found == 3  # a@1 (twice in the batch), a@5 and b@20 (a delete); not a@3, a@7 nor c@5
 
     plan = (
         checks._marked_rows(history(spark, stored_rows), batch, SPEC)
@@ -116,3 +124,106 @@ def test_the_windows_and_the_stored_versions_come_from_one_shuffle_and_one_sort(
     )
     assert plan.count("Exchange hashpartitioning") == 1, plan
     assert plan.count("Sort [") == 1, plan
+
+
+# --- a fold into an empty table: the stored rows against the batch's versions as summaries ----------
+
+
+def summed_up(spark, pairs) -> checks.VersionSet:
+    """The summary of distinct (id, time) pairs, as the fold takes it of its batch."""
+    frame = spark.createDataFrame(pairs, f"id string, {m.VERSION_AT} timestamp")
+    row = frame.agg(*checks.VersionSet.sums(["id"], F.col(m.VERSION_AT), F.lit(True), prefix="b_")).collect()[
+        0
+    ]
+    return checks.VersionSet.of(row, prefix="b_")
+
+
+STORED = [
+    ("a", m.INSERT, at(1), ms_before(5), False),
+    ("a", m.UPDATE, at(5), at(9), False),
+    ("a", m.DELETE, at(9), OPEN, True),
+    ("b", m.INSERT, at(2), OPEN, True),
+]
+VERSIONS = [("a", at(1)), ("a", at(5)), ("a", at(9)), ("b", at(2))]
+
+
+def test_stored_rows_that_are_exactly_the_batch_versions_match_their_summary(spark):
+    outcome, stored = checks.windows_and_versions_stored(
+        history(spark, STORED), summed_up(spark, VERSIONS), SPEC
+    )
+    assert outcome.passed and outcome.metadata["versions_checked"] == 3
+    assert stored == checks.StoredVersions(4, same_set=True)
+    reconciled = checks.batch_reconciles(6, 1, 1, stored)
+    assert reconciled.passed and reconciled.metadata["stored_rows_match_batch_versions"] is True
+
+
+@pytest.mark.parametrize(
+    "stored_rows",
+    [
+        pytest.param([*STORED[:3], ("b", m.INSERT, at(3), OPEN, True)], id="a start moved, same count"),
+        pytest.param([*STORED[:3], ("c", m.INSERT, at(2), OPEN, True)], id="a key changed, same time"),
+        pytest.param(STORED[:3], id="a version missing"),
+        pytest.param([*STORED, STORED[3]], id="a version stored twice"),
+    ],
+)
+def test_stored_rows_that_differ_from_the_batch_versions_fail_the_reconciliation(spark, stored_rows):
+    _, stored = checks.windows_and_versions_stored(
+        history(spark, stored_rows), summed_up(spark, VERSIONS), SPEC
+    )
+    assert stored.same_set is False
+    # the counts alone could balance (here they do for the first two cases): the summary decides
+    reconciled = checks.batch_reconciles(6, 1, 1, checks.StoredVersions(4, stored.same_set))
+    assert not reconciled.passed
+    assert "not the batch's versions" in reconciled.description
+
+
+def test_against_a_summary_only_the_stored_rows_are_shuffled(spark, monkeypatch):
+    beside_the_stored_rows = []
+    original = checks._marked_rows
+
+    def marked_rows(rows, batch, spec):
+        beside_the_stored_rows.append(batch)
+        return original(rows, batch, spec)
+
+    monkeypatch.setattr(checks, "_marked_rows", marked_rows)
+    checks.windows_and_versions_stored(history(spark, STORED), summed_up(spark, VERSIONS), SPEC)
+    assert beside_the_stored_rows == [None]
+
+
+def test_a_fold_into_an_empty_table_sums_up_its_batch_versions_and_a_lost_file_shows(spark, tmp_path):
+    """The fold's summary of its batch matches every stored row read back; a closed file gone
+    after the commit breaks the match. A second fold, into rows already there, is not `into_empty`."""
+    lake = EngineLake(spark, tmp_path)
+    report = lake.fold(
+        [
+            ev("1", "insert", T[1], 1, "a"),
+            ev("1", "insert", T[1], 1, "a"),  # identical: collapsed
+            ev("1", "update", T[2], 2, "b"),
+            ev("1", "update", T[2], 3, "c"),  # a later write of the same version
+            ev("1", "delete", T[3], 4),
+            ev("2", "insert", T[2], 5, "x"),
+        ]
+    )
+    assert report.into_empty and report.batch_versions.count == 4
+
+    def stored_against_summary():
+        rows = stored_rows_since(spark, lake.storage, lake.state, SPEC_OF_LAKE, None)
+        return checks.windows_and_versions_stored(rows, report.batch_versions, SPEC_OF_LAKE)
+
+    outcome, stored = stored_against_summary()
+    assert outcome.passed and stored == checks.StoredVersions(4, same_set=True)
+    assert checks.batch_reconciles(
+        report.batch_rows, report.identical_duplicates, report.superseded_writes, stored
+    ).passed
+
+    [closed] = list(Path(lake.state.history_closed[len("file://") :]).rglob("*.parquet"))
+    closed.unlink()
+    assert stored_against_summary()[1].same_set is False
+
+    assert not lake.fold([ev("2", "update", T[4], 6, "y")]).into_empty
+
+
+def test_nothing_stored_for_a_batch_with_versions_does_not_match(spark):
+    _, stored = checks.windows_and_versions_stored(None, summed_up(spark, VERSIONS), SPEC)
+    assert stored == checks.StoredVersions(0, same_set=False)
+    assert not checks.batch_reconciles(4, 0, 0, stored).passed

@@ -13,8 +13,8 @@ import pytest
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from lake_assets.engine import checks, merge
 from lake_assets.engine import fold as fold_module
-from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import (
     ACTIVE,
@@ -489,7 +489,9 @@ def test_report_closed_days_and_counts():
         ["delete:2024-01-01"],
     )
     totals = {"rows": 5, "events": 4, "versions": 3, "keys": 2, "since": utc(2024, 1, 1), "late_keys": 1}
+    totals |= {"versions_count": 3, "versions_low": 11, "versions_high": 12}
     fold_module._report_counts(report, totals)
+    assert report.batch_versions == checks.VersionSet(3, 11, 12)
     counts = (
         report.batch_rows,
         report.events_in,

@@ -342,6 +342,8 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     }
     assert all(e.passed for e in evaluations.values()), evaluations
     assert evaluations["events_reconcile"].metadata["versions_stored"].value > 0
+    # into an empty table: every stored row read back is compared with the batch's versions
+    assert evaluations["events_reconcile"].metadata["stored_rows_match_batch_versions"].value is True
 
     # A stray copy of an open-set file (as a botched manual repair would leave) doubles rows
     # where the next fold's checks look: the open set and the closed files it could change.
@@ -351,6 +353,8 @@ def test_asset_checks_pass_and_a_corrupted_history_fails_them(sample, tmp_path, 
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["history_windows"].passed is False
     assert evaluations["history_windows"].metadata["overlapping"].value > 0
+    # into rows already there: each of the batch's versions is looked up among the stored rows
+    assert "stored_rows_match_batch_versions" not in evaluations["events_reconcile"].metadata
     assert not result.success  # the check is blocking
 
 

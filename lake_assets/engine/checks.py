@@ -4,18 +4,67 @@ own intermediate results), so a fault in the fold or in the commit shows up here
 Each check reads only what the last fold could have changed: the open set, and the closed files
 that may hold rows ending at or after the earliest version the fold touched. Results are plain
 data; the Dagster layer turns them into asset check results.
+
+Whether the batch's versions were stored is answered in one of two ways. After a fold into a
+table that held nothing, every stored row is one of the batch's versions, so the stored
+(key, start) pairs are compared with the batch's as summaries (`VersionSet`) and the batch is
+not read again. Otherwise the batch's versions travel with the stored rows and each is looked
+for among them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
+
+#: the 31-bit slices of a pair's 64-bit hash that a `VersionSet` sums (below 2^32 pairs, no sum overflows)
+_SLICE_MASK = 0x7FFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSet:
+    """A set of (key, version time) pairs summed up: how many, and the sums of two 31-bit
+    slices of each pair's hash. Equal sets give equal summaries; a pair missing, added or
+    changed moves the sums, and two changes cancel out with a chance of about 2^-62."""
+
+    count: int
+    low: int
+    high: int
+
+    @staticmethod
+    def sums(keys: list[str], time: Column, where: Column, prefix: str) -> list[Column]:
+        """Aggregate columns (`prefix` + count, low, high) summing up the pairs of the rows where
+        `where` holds, each row one distinct pair. Keys are hashed as text, so that a key read back
+        with a wider type hashes as it did in the batch."""
+        pair = F.xxhash64(*[col(k).cast("string") for k in keys], F.unix_micros(time))
+        counted = F.when(where, pair)
+        return [
+            F.count(counted).alias(f"{prefix}count"),
+            F.coalesce(F.sum(counted.bitwiseAND(F.lit(_SLICE_MASK))), F.lit(0)).alias(f"{prefix}low"),
+            F.coalesce(F.sum(F.shiftright(counted, 32).bitwiseAND(F.lit(_SLICE_MASK))), F.lit(0)).alias(
+                f"{prefix}high"
+            ),
+        ]
+
+    @classmethod
+    def of(cls, row, prefix: str) -> VersionSet:
+        """The summary in `row`, aggregated by `sums` with the same `prefix`."""
+        return cls(int(row[f"{prefix}count"]), int(row[f"{prefix}low"]), int(row[f"{prefix}high"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredVersions:
+    """How many of the batch's distinct versions were found among the stored rows, and, when
+    they were compared as summaries, whether the stored rows are exactly those versions."""
+
+    found: int
+    same_set: bool | None = None  # None: each version was looked up among the stored rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +94,14 @@ STORED, BATCH = 0, 1
 
 
 def windows_and_versions_stored(
-    rows: DataFrame | None, batch: DataFrame | None, spec: m.TableSpec
-) -> tuple[Outcome, int]:
+    rows: DataFrame | None, batch: DataFrame | VersionSet | None, spec: m.TableSpec
+) -> tuple[Outcome, StoredVersions]:
     """The `history_windows` check, and how many distinct (key, version time) of `batch` are
     among the stored rows (for `events_reconcile`), from one shuffle of both by key.
+
+    `batch` is the batch's events, or the summary of its distinct versions when `rows` are
+    every stored row of a table the batch was folded into empty: the stored rows are then
+    summed up alike and only they are shuffled.
 
     The windows check, over history versions and delete events (`_op`), per key in start
     order: at most one active version, no inverted window, no overlap, and each end equal to
@@ -61,10 +114,12 @@ def windows_and_versions_stored(
     one sort by (start, side): a batch version is found when the row before it is a stored row
     with its start.
     """
+    summary, versions = (batch, None) if isinstance(batch, VersionSet) else (None, batch)
     if rows is None:
-        return Outcome("history_windows", True, "history is empty", {}), 0
+        nothing = StoredVersions(0, same_set=None if summary is None else summary.count == 0)
+        return Outcome("history_windows", True, "history is empty", {}), nothing
     hc = spec.history_columns
-    marked = _marked_rows(rows, batch, spec)
+    marked = _marked_rows(rows, versions, spec)
     is_version = (F.col(SIDE) == STORED) & ~(F.col(m.OP) == m.DELETE)
     one_ms = F.expr("INTERVAL 1 MILLISECOND")
 
@@ -95,6 +150,11 @@ def windows_and_versions_stored(
         F.count(F.when((F.col(SIDE) == BATCH) & ~F.col("__repeated") & F.col("__found"), 1)).alias(
             "batch_versions_stored"
         ),
+        *(
+            VersionSet.sums(list(spec.keys), F.col(hc.start), F.col(SIDE) == STORED, prefix="stored_")
+            if summary is not None
+            else []
+        ),
     ).collect()[0]
     metadata = {
         k: int(stats[k])
@@ -108,7 +168,10 @@ def windows_and_versions_stored(
         f"{metadata['versions_checked']} versions checked, {bad} violations",
         metadata,
     )
-    return outcome, int(stats["batch_versions_stored"])
+    if summary is None:
+        return outcome, StoredVersions(int(stats["batch_versions_stored"]))
+    stored = VersionSet.of(stats, prefix="stored_")
+    return outcome, StoredVersions(min(stored.count, summary.count), same_set=stored == summary)
 
 
 def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
@@ -159,18 +222,25 @@ def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) ->
 
 
 def batch_reconciles(
-    batch_rows: int, identical_duplicates: int, superseded: int, stored_versions: int
+    batch_rows: int, identical_duplicates: int, superseded: int, stored: StoredVersions
 ) -> Outcome:
-    """Events in = distinct versions stored + identical duplicates + superseded writes."""
-    accounted = stored_versions + identical_duplicates + superseded
+    """Events in = distinct versions stored + identical duplicates + superseded writes, and the
+    stored versions are the batch's."""
+    accounted = stored.found + identical_duplicates + superseded
+    description = (
+        f"{batch_rows} events in; {stored.found} versions stored, {identical_duplicates} duplicates, "
+        f"{superseded} superseded writes"
+    )
+    metadata = {
+        "events_in": batch_rows,
+        "versions_stored": stored.found,
+        "identical_duplicates": identical_duplicates,
+        "superseded_writes": superseded,
+    }
+    if stored.same_set is not None:
+        metadata["stored_rows_match_batch_versions"] = stored.same_set
+    if stored.same_set is False:
+        description += "; the stored (key, start) pairs are not the batch's versions"
     return Outcome(
-        "events_reconcile",
-        batch_rows == accounted,
-        f"{batch_rows} events in; {stored_versions} versions stored, {identical_duplicates} duplicates, {superseded} superseded writes",
-        {
-            "events_in": batch_rows,
-            "versions_stored": stored_versions,
-            "identical_duplicates": identical_duplicates,
-            "superseded_writes": superseded,
-        },
+        "events_reconcile", batch_rows == accounted and stored.same_set is not False, description, metadata
     )

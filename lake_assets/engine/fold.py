@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from lake_assets import lake_io
 from lake_assets.engine import merge, purges
 from lake_assets.engine import model as m
+from lake_assets.engine.checks import VersionSet
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
@@ -49,6 +50,7 @@ LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written wi
 ORIGIN = "__origin"
 REACHED = "__reached"
 BROADCAST_KEYS = 200_000  # late keys up to this many are sent to every task rather than shuffled
+VERSIONS = "versions_"  # prefix of the totals that sum up the batch's versions
 KIND = "__kind"
 SLICE = "__slice"  # where a stored row is staged: the open set, or its end date (and hour)
 OPEN = "open"
@@ -80,6 +82,10 @@ class FoldReport:
     superseded_writes: int = 0
     #: the earliest version time the fold touched (state from there on was rewritten)
     touched_since: dt.datetime | None = None
+    #: the batch's distinct versions summed up; with `into_empty`, the stored rows must be exactly these
+    batch_versions: VersionSet | None = None
+    #: the table held no rows, open or closed, and no purged keys before the fold
+    into_empty: bool = False
     #: closed days whose hour slices the fold merged (they had settled: the fold does not reach them)
     days_compacted: list[str] = dataclasses.field(default_factory=list)
     #: table files the fold's commit put in place (current, history; not the engine's own state)
@@ -161,6 +167,7 @@ def fold(
         open_set = read_open_set(spark, storage, state, spec, touched)
         totals = _totals(marked, open_set.rows, keys)
         _report_counts(report, totals)
+        report.into_empty = open_set.rows is None and ledger is None and not _any_closed_days(storage, state)
         if report.events_in == 0:
             return report
         report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"])
@@ -272,6 +279,7 @@ def _report_counts(report: FoldReport, totals: dict) -> None:
     report.keys_touched = totals["keys"]
     report.touched_since = totals["since"]
     report.late_keys = totals["late_keys"]
+    report.batch_versions = VersionSet.of(totals, prefix=VERSIONS)
 
 
 def purged_now(
@@ -508,10 +516,17 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
         F.unix_micros(F.min(m.VERSION_AT)).alias("since"),
         F.count(F.when(late, 1)).alias("late_keys"),
         F.unix_micros(F.min(F.when(late, F.col(m.VERSION_AT)))).alias("late_since"),
+        *VersionSet.sums(
+            keys, F.col(m.VERSION_AT), F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), VERSIONS
+        ),
     ).collect()[0]
     # Times come back as UTC microseconds: PySpark would hand a timestamp over as a naive
     # datetime in the Python process's local zone, which is not the lake's (UTC).
     return {**row.asDict(), "since": _utc(row["since"]), "late_since": _utc(row["late_since"])}
+
+
+def _any_closed_days(storage: Storage, state: TableState) -> bool:
+    return any(closed_days(storage, root) for root in (state.history_closed, state.deletes_closed))
 
 
 def _earlier(moment, delta: dt.timedelta):
