@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,7 +39,8 @@ LAKE_SQL_SETTINGS: dict[str, str] = {
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
     # Sized for the 2-core / 24 GiB machines this project runs on: few shuffle partitions keep
-    # hourly batches from fanning out into hundreds of tiny tasks and files.
+    # hourly batches from fanning out into hundreds of tiny tasks and files. A local driver
+    # uses one per core (`local_shuffle_partitions`).
     "spark.sql.shuffle.partitions": "4",
     # Spark lists more than 32 given paths with a job of one task per path (up to 10,000): a
     # backfill hands it hundreds of landed files, and the tasks' overhead dwarfs the listing. A
@@ -88,10 +90,32 @@ DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.
 # An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take
 # tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
-# improve. On two cores with 4 shuffle partitions there is little to merge, and no executors
+# improve. With one shuffle partition per core there is nothing to merge, and no executors
 # for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
 # slower (docs/profiling.md, "Figures behind the code").
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
+
+_LOCAL_CORES = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?")
+
+
+def local_cores(master: str) -> int | None:
+    """The cores of a `local`, `local[N]` or `local[*]` master (with or without a retry count);
+    None for any other master."""
+    found = _LOCAL_CORES.fullmatch(master)
+    if found is None:
+        return None
+    cores = found.group(1) or "1"
+    return (os.cpu_count() or 1) if cores == "*" else int(cores)
+
+
+def local_shuffle_partitions(master: str) -> dict[str, str]:
+    """One shuffle partition per core of a local driver: its cores run a stage's tasks side by
+    side, so more partitions than cores only add tasks, and files to every partitioned write;
+    backfills and warm hours both ran faster with them (docs/profiling.md, "Figures behind the
+    code")."""
+    cores = local_cores(master)
+    return {} if cores is None else {"spark.sql.shuffle.partitions": str(cores)}
+
 
 # hadoop-aws 3.3.x parses these as plain numbers; Spark 4's Hadoop defaults use unit suffixes
 # ("60s") that the 3.3 connector rejects, so they are restated as milliseconds / seconds.
@@ -164,6 +188,7 @@ def session_conf(
 
             conf["spark.driver.extraJavaOptions"] = driver_java_options()
             conf.update(LOCAL_DRIVER_SQL_SETTINGS)
+            conf.update(local_shuffle_partitions(conf["spark.master"]))
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())

@@ -1,3 +1,4 @@
+import os
 import re
 
 import pytest
@@ -463,13 +464,15 @@ def test_embedded_cluster_and_connect_sessions_get_every_lake_sql_setting():
     """One list of the settings the lake's files depend on (timestamp types, Parquet TIME and
     nanosecond columns, UTC, partition values as text) goes to every kind of session alike; a
     Connect session gets no JVM or cluster settings, which are its server's."""
-    from lake_assets.spark import DRIVER_SETTINGS, LAKE_SQL_SETTINGS
+    from lake_assets.spark import DRIVER_SETTINGS, LAKE_SQL_SETTINGS, local_shuffle_partitions
 
     local, cluster = session_conf(), session_conf(master="spark://10.0.0.5:7077")
     connect = session_conf(remote="sc://127.0.0.1:15002")
     assert "spark.master" not in connect and connect["spark.remote"] == "sc://127.0.0.1:15002"
-    for conf in (local, cluster, connect):
-        assert {key: conf[key] for key in LAKE_SQL_SETTINGS} == LAKE_SQL_SETTINGS
+    # a local driver sizes its shuffles to its cores; nothing else differs
+    sized_locally = local_shuffle_partitions(local["spark.master"])
+    for conf, own in ((local, sized_locally), (cluster, {}), (connect, {})):
+        assert {key: conf[key] for key in LAKE_SQL_SETTINGS} == {**LAKE_SQL_SETTINGS, **own}
     assert LAKE_SQL_SETTINGS["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
     assert LAKE_SQL_SETTINGS["spark.sql.timeType.enabled"] == "true"
     assert not set(DRIVER_SETTINGS) & set(connect)
@@ -551,6 +554,23 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(master="spark://10.0.0.5:7077")["spark.sql.adaptive.enabled"] == "true"
     assert "spark.sql.adaptive.enabled" not in session_conf(remote="sc://127.0.0.1:15002")
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
+
+
+def test_a_local_driver_shuffles_into_one_partition_per_core():
+    partitions = "spark.sql.shuffle.partitions"
+    assert session_conf()[partitions] == "2"  # the embedded default, local[2]
+    assert session_conf(master="local[3]")[partitions] == "3"
+    assert session_conf(master="local[5,2]")[partitions] == "5"  # with a retry count
+    assert session_conf(master="local")[partitions] == "1"
+    assert session_conf(master="local[*]")[partitions] == str(os.cpu_count())
+    # a cluster, a multi-process local cluster and Spark Connect keep the lake's setting
+    for other in (
+        session_conf(master="spark://10.0.0.5:7077"),
+        session_conf(master="local-cluster[2,1,1024]"),
+        session_conf(remote="sc://127.0.0.1:15002"),
+    ):
+        assert other[partitions] == "4"
+    assert session_conf(extra={partitions: "8"})[partitions] == "8"
 
 
 @pytest.mark.s3
