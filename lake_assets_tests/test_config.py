@@ -556,6 +556,14 @@ def test_a_local_driver_plans_each_query_once_and_a_cluster_keeps_adaptive_execu
     assert session_conf(extra={"spark.sql.adaptive.enabled": "true"})["spark.sql.adaptive.enabled"] == "true"
 
 
+def test_a_driver_without_s3_writes_local_files_without_hadoop_checksum_files():
+    impl = "spark.hadoop.fs.file.impl"
+    assert session_conf()[impl] == session_conf(master="spark://10.0.0.5:7077")[impl]
+    assert session_conf()[impl] == "org.apache.hadoop.fs.RawLocalFileSystem"
+    assert impl not in session_conf(use_s3=True)  # s3a buffers through the checksummed one
+    assert impl not in session_conf(remote="sc://127.0.0.1:15002")  # the server's to choose
+
+
 def test_a_local_driver_shuffles_into_one_partition_per_core():
     partitions = "spark.sql.shuffle.partitions"
     assert session_conf()[partitions] == "2"  # the embedded default, local[2]
