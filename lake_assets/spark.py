@@ -100,12 +100,12 @@ DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 # Adaptive execution runs a query as one job per exchange and plans the rest again after each.
 # An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take
 # tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
-# improve. With one shuffle partition per core there is nothing to merge, and no executors
-# for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
+# improve. With a few shuffle partitions (one per core of a `local[N]` driver) there is little
+# to merge, and no executors for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
 # slower (docs/profiling.md, "Figures behind the code").
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
-_LOCAL_CORES = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?")
+_LOCAL_CORES = re.compile(r"local(?:\[(\d+|\*)(?:\s*,\s*\d+)?\])?")
 
 
 def local_cores(master: str) -> int | None:
@@ -115,7 +115,15 @@ def local_cores(master: str) -> int | None:
     if found is None:
         return None
     cores = found.group(1) or "1"
-    return (os.cpu_count() or 1) if cores == "*" else int(cores)
+    return _usable_cores() if cores == "*" else int(cores)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one), which
+    `local[*]` gets from the JVM too; the machine's count can be more."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def local_shuffle_partitions(master: str) -> dict[str, str]:

@@ -227,3 +227,18 @@ def test_nothing_stored_for_a_batch_with_versions_does_not_match(spark):
     _, stored = checks.windows_and_versions_stored(None, summed_up(spark, VERSIONS), SPEC)
     assert stored == checks.StoredVersions(0, same_set=False)
     assert not checks.batch_reconciles(4, 0, 0, stored).passed
+
+
+def test_keys_of_several_columns_that_differ_only_in_where_a_null_sits_do_not_match(spark):
+    spec = m.TableSpec(name="pairs", keys=("a", "b"))
+    batch = spark.createDataFrame([("x", None, at(1))], f"a string, b string, {m.VERSION_AT} timestamp")
+    row = batch.agg(
+        *checks.VersionSet.sums(["a", "b"], F.col(m.VERSION_AT), F.lit(True), prefix="b_")
+    ).collect()
+    stored = spark.createDataFrame(
+        [(None, "x", m.INSERT, at(1), OPEN, True)],
+        f"a string, b string, {m.OP} string, _fivetran_start timestamp, _fivetran_end timestamp, "
+        "_fivetran_active boolean",
+    )
+    _, found = checks.windows_and_versions_stored(stored, checks.VersionSet.of(row[0], "b_"), spec)
+    assert found.same_set is False

@@ -569,8 +569,9 @@ def test_a_local_driver_shuffles_into_one_partition_per_core():
     assert session_conf()[partitions] == "2"  # the embedded default, local[2]
     assert session_conf(master="local[3]")[partitions] == "3"
     assert session_conf(master="local[5,2]")[partitions] == "5"  # with a retry count
+    assert session_conf(master="local[6, 2]")[partitions] == "6"
     assert session_conf(master="local")[partitions] == "1"
-    assert session_conf(master="local[*]")[partitions] == str(os.cpu_count())
+    assert session_conf(master="local[*]")[partitions] == str(len(os.sched_getaffinity(0)))
     # a cluster, a multi-process local cluster and Spark Connect keep the lake's setting
     for other in (
         session_conf(master="spark://10.0.0.5:7077"),

@@ -40,9 +40,12 @@ class VersionSet:
     @staticmethod
     def sums(keys: list[str], time: Column, where: Column, prefix: str) -> list[Column]:
         """Aggregate columns (`prefix` + count, low, high) summing up the pairs of the rows where
-        `where` holds, each row one distinct pair. Keys are hashed as text, so that a key read back
-        with a wider type hashes as it did in the batch."""
-        pair = F.xxhash64(*[col(k).cast("string") for k in keys], F.unix_micros(time))
+        `where` holds, each row one distinct pair. Each key is hashed as text beside whether it is
+        NULL (the hash skips NULLs, so ("a", NULL) and (NULL, "a") would otherwise be one pair),
+        and as text an integer key hashes alike at any width."""
+        pair = F.xxhash64(
+            *[F.struct(col(k).isNull(), col(k).cast("string")) for k in keys], F.unix_micros(time)
+        )
         counted = F.when(where, pair)
         return [
             F.count(counted).alias(f"{prefix}count"),
@@ -61,7 +64,8 @@ class VersionSet:
 @dataclasses.dataclass(frozen=True)
 class StoredVersions:
     """How many of the batch's distinct versions were found among the stored rows, and, when
-    they were compared as summaries, whether the stored rows are exactly those versions."""
+    they were compared as summaries, whether the stored rows are exactly those versions (then
+    `found` is the number of stored rows, which is the number of versions when they are)."""
 
     found: int
     same_set: bool | None = None  # None: each version was looked up among the stored rows
@@ -171,7 +175,7 @@ def windows_and_versions_stored(
     if summary is None:
         return outcome, StoredVersions(int(stats["batch_versions_stored"]))
     stored = VersionSet.of(stats, prefix="stored_")
-    return outcome, StoredVersions(min(stored.count, summary.count), same_set=stored == summary)
+    return outcome, StoredVersions(stored.count, same_set=stored == summary)
 
 
 def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) -> DataFrame:
@@ -224,8 +228,9 @@ def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) ->
 def batch_reconciles(
     batch_rows: int, identical_duplicates: int, superseded: int, stored: StoredVersions
 ) -> Outcome:
-    """Events in = distinct versions stored + identical duplicates + superseded writes, and the
-    stored versions are the batch's."""
+    """Events in = distinct versions stored + identical duplicates + superseded writes, and,
+    when the stored rows were compared with the batch's versions as summaries, they are exactly
+    those versions (what decides then: the count equation follows from it)."""
     accounted = stored.found + identical_duplicates + superseded
     description = (
         f"{batch_rows} events in; {stored.found} versions stored, {identical_duplicates} duplicates, "
