@@ -101,8 +101,8 @@ DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 # An hourly fold is a dozen queries over ~10k events and a ~100k-row open set: their tasks take
 # tens of milliseconds, and the jobs and re-planning between them cost more than the plan they
 # improve. With a few shuffle partitions (one per core of a `local[N]` driver) there is little
-# to merge, and no executors for a skewed partition to be spread over. Off, a warm hourly run is faster and a backfill no
-# slower (docs/profiling.md, "Figures behind the code").
+# to merge, and no executors for a skewed partition to be spread over. Off, a warm hourly run is
+# faster and a backfill no slower (docs/profiling.md, "Figures behind the code").
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 _LOCAL_CORES = re.compile(r"local(?:\[(\d+|\*)(?:\s*,\s*\d+)?\])?")
@@ -129,8 +129,8 @@ def _usable_cores() -> int:
 def local_shuffle_partitions(master: str) -> dict[str, str]:
     """One shuffle partition per core of a local driver: its cores run a stage's tasks side by
     side, so more partitions than cores only add tasks, and files to every partitioned write;
-    backfills and warm hours both ran faster with them (docs/profiling.md, "Figures behind the
-    code")."""
+    backfills and warm hours both ran faster with one per core than with the lake's 4
+    (docs/profiling.md, "Figures behind the code")."""
     cores = local_cores(master)
     return {} if cores is None else {"spark.sql.shuffle.partitions": str(cores)}
 
