@@ -66,10 +66,17 @@ def write_notes(
     table: str,
     processed: dict[str, dict[str, ProcessedFile]],
 ) -> None:
-    """Record what each partition held when it was processed (partition -> URL -> file)."""
-    for partition, files in processed.items():
+    """Record what each partition held when it was processed (partition -> URL -> file).
+
+    A backfill writes a note per hour; on S3 each is a request, so they go out several at a
+    time, as the notes are read."""
+
+    def write(item: tuple[str, dict[str, ProcessedFile]]) -> None:
+        partition, files = item
         body = {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
         storage.write_bytes(note_uri(layout, feed, table, partition), json.dumps(body, indent=1).encode())
+
+    each_file(write, processed.items())
 
 
 def read_notes(

@@ -21,21 +21,22 @@ from lake_assets.config_model import S3Config
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import is_s3
 
-#: small reads (footers, notes) made at once: on S3 each is a request, whose latency, not its
-#: size, is the cost
-PARALLEL_SMALL_READS = 16
+#: small file requests (footers and notes read, notes written) made at once: on S3 each is a
+#: request, whose latency, not its size, is the cost
+PARALLEL_SMALL_REQUESTS = 16
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
 
 
-def each_file(read: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
-    """`read` applied to every item, `PARALLEL_SMALL_READS` at a time; results in `items`' order."""
+def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
+    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items`'
+    order. Every item is tried before the first failure is raised."""
     items = list(items)
     if len(items) < 2:
-        return [read(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_READS, len(items))) as pool:
-        return list(pool.map(read, items))
+        return [request(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_REQUESTS, len(items))) as pool:
+        return list(pool.map(request, items))
 
 
 @dataclasses.dataclass(frozen=True)

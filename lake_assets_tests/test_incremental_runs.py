@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -214,6 +216,36 @@ def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp
     assert processed.changed_partitions(storage, {hour(3): []}, {hour(2): {}}) == []
     [gone] = processed.changed_partitions(storage, {}, {hour(1): note})
     assert gone.partition == hour(1) and "removed" in gone.reason
+
+
+def test_a_backfills_notes_are_written_several_at_a_time_and_one_failure_stops_none_of_the_others(
+    tmp_path, monkeypatch
+):
+    """On S3 each note is a request: a backfill's 169 written one after another wait out 169
+    round trips."""
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    notes = {hour(h): {f"file:///x/{h}.parquet": processed.ProcessedFile(h, "abc", 5)} for h in range(12)}
+    in_flight, most, lock = 0, 0, threading.Lock()
+    original = Storage.write_bytes
+
+    def slow_write(self, uri, data):
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        time.sleep(0.05)  # a request's latency
+        with lock:
+            in_flight -= 1
+        if uri.endswith(f"{hour(3)}.json"):
+            raise OSError("the store refused one note")
+        return original(self, uri, data)
+
+    monkeypatch.setattr(Storage, "write_bytes", slow_write)
+    with pytest.raises(OSError, match="refused one note"):
+        processed.write_notes(storage, layout, "unit", "accounts", notes)
+    assert most > 1
+    written = processed.read_notes(storage, layout, "unit", "accounts")
+    assert set(written) == set(notes) - {hour(3)}
 
 
 # --- lake-assets status ----------------------------------------------------------------------------
