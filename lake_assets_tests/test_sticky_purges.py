@@ -181,3 +181,23 @@ def test_batches_registered_newest_first_are_still_all_processed(clean, lake, tm
     assert runs == 2  # B4, then B5
     assert leaks(root, {"X", "Y"}) == []
     assert tables(root) == clean_run(tmp_path / "landing", tmp_path / "clean-again")
+
+
+@pytest.mark.parametrize(
+    "marked_copy_first", [True, False], ids=["marker-in-the-file-sorting-first", "marker-last"]
+)
+def test_a_marker_on_one_of_two_identical_copies_of_a_write_purges_the_key(tmp_path, marked_copy_first):
+    """GRAX repeats rows within and across files. When only one copy of a write carries the
+    purge marker, the collapse of identical copies must keep the marker, whichever file the copy
+    it keeps comes from: the key is purged when any of its events says so."""
+    landing, root = tmp_path / "landing", tmp_path / "lake"
+    land(landing, B1, "data-00000000001.parquet", [version("X", 1, "01", "Xavier", "555-0101")])
+    copy = version("X", 2, "02", "Xavier II", "555-0202")
+    marked = {**copy, "grax__purged": copy["source__modified"]}
+    first, second = (marked, copy) if marked_copy_first else (copy, marked)
+    land(landing, B2, "data-00000000002.parquet", [first, version("Y", 2, "03", "Yvonne")])
+    land(landing, B2, "data-00000000003.parquet", [second])
+    cli(config_for(landing, root), dg.DagsterInstance.ephemeral())
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert [field_data(r) for r in rows(root, "current") if r["Id"] == "Y"] == [{"Name": "Yvonne"}]

@@ -47,8 +47,10 @@ def with_optional_columns(events: DataFrame) -> DataFrame:
 
 def event_order(tie_break: list[Column] | None = None) -> list[Column]:
     """The order every rule reads a key's events in: version time, sequence, then among writes
-    of one version and sequence the tie-break columns, the file name and the operation, so that
-    of equal writes the last one wins.
+    of one version and sequence the tie-break columns, the purge marker, the file name and the
+    operation, so that of equal writes the last one wins. A copy carrying the purge marker sorts
+    after copies without it: the collapse keeps the last copy, and a marker on any copy of a
+    write must survive it (a key is purged when any of its events says so).
 
     Every window below partitions by the key and orders by (a prefix of) this, so Spark shuffles
     the events once and sorts them once for the whole timeline; a window partitioned by
@@ -58,6 +60,7 @@ def event_order(tie_break: list[Column] | None = None) -> list[Column]:
         F.col(m.VERSION_AT),
         F.col(m.SEQ),
         *(tie_break or []),
+        F.col(m.PURGED).asc_nulls_first(),
         F.col(m.SOURCE_FILE).asc_nulls_first(),
         F.col(m.OP),
     ]
@@ -232,15 +235,25 @@ def timeline(
     one version and sequence (the greatest wins).
     """
     order = event_order(tie_break)
-    if purges:
-        events = events.withColumn(m.PURGED, purged_anywhere(spec, order))
-    else:
-        events = events.withColumn(m.PURGED, F.lit(False))
+    if not purges:
+        events = latest_write_per_version(events, spec, order)
+        events = fill_unmodified(events, spec, payload, order, settled)
+        return with_windows(events, spec, order).withColumn(m.PURGED, F.lit(False))
+    # The key's flag goes under a name of its own until the windows are done: they order by
+    # each event's own marker (`event_order`), and a column replaced midway would be another
+    # order to sort by.
+    events = events.withColumn(_KEY_PURGED, purged_anywhere(spec, order))
     events = latest_write_per_version(events, spec, order)
     events = fill_unmodified(events, spec, payload, order, settled)
-    if purges:
-        events = erase_fields(events, payload, F.col(m.PURGED))
-    return with_windows(events, spec, order)
+    events = with_windows(events, spec, order)
+    return (
+        erase_fields(events, payload, F.col(_KEY_PURGED))
+        .withColumn(m.PURGED, F.col(_KEY_PURGED))
+        .drop(_KEY_PURGED)
+    )
+
+
+_KEY_PURGED = "__key_purged"  # in `timeline`: whether any event of the row's key carries the marker
 
 
 def history_projection(spec: m.TableSpec, payload: list[str], *, start: str, purged: bool) -> list[Column]:
