@@ -333,6 +333,42 @@ def test_a_document_whose_key_is_not_a_scalar_is_quarantined_with_its_offset(spa
     assert landing_complete_passed(instance, "acmeco_customers") is False
 
 
+def test_documents_no_rule_foresaw_set_their_fragment_aside_not_the_batch(spark, tmp_path):
+    """An op that is not text (JSON has arrays and objects too) and a field nested deeper than
+    Python's parser goes each failed the whole batch, every good fragment with it, on every run."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+
+    def with_op(n: int, op) -> bytes:
+        doc = json.loads(doc_line(n))
+        doc["_meta"]["op"] = op
+        return json.dumps(doc).encode() + b"\n"
+
+    deep = doc_line(4, deep="@").replace(b'"@"', b"[" * 5000 + b"]" * 5000)
+    docs = [doc_line(1), with_op(2, ["c"]), with_op(3, {"c": 1}), deep, doc_line(5)]
+    at = [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
+    bad = {
+        write_fragment(journal, at[i], docs[i]): reason
+        for i, reason in (
+            (1, "unknown _meta.op ['c']"),
+            (2, "unknown _meta.op {'c': 1}"),
+            (3, "nested too deeply"),
+        )
+    }
+    write_fragment(journal, 0, docs[0])
+    write_fragment(journal, at[4], docs[4])
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 5]
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(path) for path in bad}
+    for path, reason in bad.items():
+        assert reason in notes[uri(path)], notes[uri(path)]
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
+
+
 def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeypatch):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

@@ -88,6 +88,8 @@ ODD = [
     "`",
     # Spark's name for a file's metadata (the reader asks for that by its role)
     "_metadata",
+    # Spark's JSON reader's default name for lines it cannot parse: it took a Flow field's value
+    "_corrupt_record",
 ]
 
 

@@ -538,6 +538,8 @@ def parse_document(line: Content, offset: int, uri: str) -> Doc:
         value, garbled = _json_value(line)
     except ValueError as e:  # JSONDecodeError is a ValueError
         raise FragmentError(uri, f"line is not JSON ({e})", offset) from None
+    except RecursionError:  # valid JSON, but nested deeper than Python's parser goes
+        raise FragmentError(uri, "line is JSON nested too deeply to read", offset) from None
     if not isinstance(value, dict):
         raise FragmentError(uri, f"line is JSON {type(value).__name__}, not an object", offset)
     meta = value.get("_meta")

@@ -36,6 +36,7 @@ import datetime as dt
 import functools
 import json
 import re
+import reprlib
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
@@ -65,6 +66,8 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
+#: Spark's column for JSON lines it cannot parse: an engine name (`__`), which vendor fields never keep
+_SPARK_CORRUPT_RECORD = "__spark_corrupt_record"
 _DATE = re.compile(r"utc_date=(\d{4}-\d{2}-\d{2})")
 _HOUR = re.compile(r"utc_hour=(\d{2})")
 
@@ -154,13 +157,16 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     arrays as JSON text) and the change-model fields the feed derives."""
     body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
     meta = body.get("_meta") or {}
-    row = {
-        lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":"))
-        if isinstance(value, (dict, list))
-        else value
-        for name, value in body.items()
-        if name != "_meta"
-    }
+    try:
+        row = {
+            lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":"))
+            if isinstance(value, (dict, list))
+            else value
+            for name, value in body.items()
+            if name != "_meta"
+        }
+    except RecursionError:  # read at the edge of the parser's depth, too deep to write out again
+        raise ff.FragmentError(doc.uri, "document nests too deeply to be written out", doc.offset) from None
     for pointer in key:
         row[key_column(pointer)] = _resolve(body, pointer)
     row.update(
@@ -182,8 +188,8 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
     can take: a known op, every key pointer resolving to a scalar (string, number, boolean) whose
     text is valid UTF-8, and no two fields whose names are equal ignoring case (Spark would take them for one column)."""
     op = doc.doc["_meta"].get("op")
-    if op is not None and op not in _OPS:
-        raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {op!r}", doc.offset)
+    if op is not None and (not isinstance(op, str) or op not in _OPS):
+        raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {reprlib.repr(op)}", doc.offset)
     values = {pointer: _resolve(doc.doc, pointer) for pointer in key}
     missing = [pointer for pointer, value in values.items() if value is None]
     if missing:
@@ -238,23 +244,28 @@ def read_journal_task(
                 for doc in docs:
                     if not doc.is_ack:
                         vet_document(doc, key)
+                if broken:
+                    continue
+                for doc in docs:
+                    for committed in sequencer.feed(doc):
+                        # a document belongs to the hour of the record that committed it
+                        if r["hour"] in wanted_hours:
+                            emit(
+                                "doc",
+                                r["hour"],
+                                committed.uri,
+                                committed.offset,
+                                document_row(committed, key, r["hour"]),
+                            )
             except ff.FragmentError as error:
                 emit("bad", r["hour"], error.uri, error.offset, None, str(error))
                 broken = True
-                continue
-            if broken:
-                continue
-            for doc in docs:
-                for committed in sequencer.feed(doc):
-                    # a document belongs to the hour of the record that committed it
-                    if r["hour"] in wanted_hours:
-                        emit(
-                            "doc",
-                            r["hour"],
-                            committed.uri,
-                            committed.offset,
-                            document_row(committed, key, r["hour"]),
-                        )
+            except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
+                unforeseen = ff.FragmentError(
+                    r["uri"], f"could not be read ({type(error).__name__}: {error})"
+                )
+                emit("bad", r["hour"], unforeseen.uri, None, None, str(unforeseen))
+                broken = True
         if not broken:
             sequencer.finish()
             emit("counts", None, body=json.dumps(sequencer.counts))
@@ -549,7 +560,15 @@ class FlowJournalFormat(FeedFormat):
             events = None
             if bodies is not None and rows_in:
                 # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none).
-                parsed = spark.read.json(bodies)
+                # Each body is JSON this reader wrote, so a line Spark cannot parse is a fault to
+                # raise, not a row to keep; and Spark's own column for such lines
+                # (`_corrupt_record` by default) takes a name no vendor field has in the lake, so
+                # a document's field of that name keeps its value.
+                parsed = (
+                    spark.read.option("mode", "FAILFAST")
+                    .option("columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD)
+                    .json(bodies)
+                )
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(
