@@ -281,18 +281,19 @@ def _union_compatible(
     column and both types, and the batch goes on.
     """
     accepted: list[DataFrame] = []
+    keys = fmt.table_spec(table).keys
     for signature, uris in sorted(files.groups().items(), key=lambda item: -len(item[1])):
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
         try:
-            union_all(table, [*accepted, frame])
+            union_all(table, [*accepted, frame], keys)
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside(uri, f"schema does not fit the batch: {clash}")
             continue
         accepted.append(frame)
-    return _with_valid_text(union_all(table, accepted), fmt.table_spec(table)) if accepted else None
+    return _with_valid_text(union_all(table, accepted, keys), fmt.table_spec(table)) if accepted else None
 
 
 def _unreadable_in_spark(

@@ -125,8 +125,10 @@ def read_drifting(
     base_path: str | None = None,
     table: str = "",
     recursive: bool = False,
+    keys: tuple[str, ...] = (),
 ) -> DataFrame:
-    """Read Parquet folders (or single `.parquet` files) whose files may disagree on column types.
+    """Read Parquet folders (or single `.parquet` files) whose files may disagree on column types
+    (`keys`: the table's key columns, widened only where no value changes).
 
     Spark's mergeSchema handles added and dropped columns but refuses a column that is int in
     one file and bigint in another; then the files are read in groups of equal schema and
@@ -160,7 +162,7 @@ def read_drifting(
             else spark.read.parquet(*uris)
         )
         frames.append(part)
-    return union_all(table, frames)
+    return union_all(table, frames, keys)
 
 
 def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:

@@ -10,7 +10,7 @@ from lake_assets import lake_io
 from lake_assets.engine import merge, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
-from lake_assets.engine.schema import union_all
+from lake_assets.engine.schema import union_all, widen
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
@@ -69,6 +69,31 @@ def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark
             _frame(spark, [("c", True, "insert", utc(2024, 1, 4), 4)], T.BooleanType()),
             lake.spec,
         )
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "widened", "as_key"),
+    [
+        (T.ByteType(), T.LongType(), T.LongType(), T.LongType()),
+        (T.IntegerType(), T.FloatType(), T.DoubleType(), T.DoubleType()),
+        (T.LongType(), T.DecimalType(20, 0), T.DecimalType(20, 0), T.DecimalType(20, 0)),
+        (T.IntegerType(), T.DecimalType(10, 2), T.DecimalType(12, 2), T.DecimalType(12, 2)),
+        (T.DecimalType(10, 2), T.DecimalType(12, 4), T.DecimalType(12, 4), T.DecimalType(12, 4)),
+        (T.DecimalType(38, 10), T.LongType(), T.DecimalType(38, 10), T.DecimalType(38, 10)),
+        # 20 whole digits and 30 after the point: no decimal holds both
+        (T.DecimalType(38, 30), T.LongType(), T.StringType(), None),
+        # a double rounds 64-bit integers beyond 2^53 and long decimals: two keys would become one
+        (T.LongType(), T.DoubleType(), T.DoubleType(), None),
+        (T.DecimalType(20, 0), T.DoubleType(), T.DoubleType(), None),
+    ],
+)
+def test_numbers_widen_into_one_type_and_keys_only_where_no_value_changes(left, right, widened, as_key):
+    assert widen("t", "c", left, right) == widened and widen("t", "c", right, left) == widened
+    if as_key is None:
+        with pytest.raises(SchemaClash, match="column 'c' has type"):
+            widen("t", "c", left, right, exact=True)
+    else:
+        assert widen("t", "c", left, right, exact=True) == as_key
 
 
 def test_union_all_projects_only_frames_out_of_shape(spark):

@@ -1,6 +1,7 @@
 """The Unit feed through the shared batch reader and the merge engine (Spark, no Dagster)."""
 
 import datetime as dt
+import decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -315,6 +316,68 @@ def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
     row = current["a"]
     assert row["old_col"] is None and row["new_col"] == "y" and row["amount"] == 2**40
     assert history[0]["old_col"] == "x" and history[0]["new_col"] is None and history[0]["amount"] == 1
+
+
+def test_keys_whose_types_meet_keep_every_value_or_their_file_is_set_aside(spark, tmp_path):
+    """Files type `id` as int64, as decimal(20,0) and as double. Widened to double, 2^53 and
+    2^53 + 1 became one key: one record vanished from current and its history merged into the
+    other's. A decimal holds both exactly; a double cannot hold every int64, so that file is
+    set aside, naming the column and both types."""
+    landing, big = tmp_path / "unit", 2**53
+
+    def schema(id_type):
+        return pa.schema(
+            [
+                ("id", id_type),
+                ("name", pa.string()),
+                ("cdc_operation_type", pa.string()),
+                ("cdc_change_seq", pa.int64()),
+                ("cdc_commit_timestamp", pa.timestamp("us", tz="UTC")),
+            ]
+        )
+
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event(big, "I", 1, at(0, 1), name="Ann")],
+        schema(pa.int64()),
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-1.parquet",
+        [event(big + 1, "I", 2, at(0, 2), name="Bob")],
+        schema(pa.int64()),
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-2.parquet",
+        [event(decimal.Decimal(7), "I", 3, at(0, 3), name="Cy")],
+        schema(pa.decimal128(20, 0)),
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-3.parquet",
+        [event(8.0, "I", 4, at(0, 4), name="Di")],
+        schema(pa.float64()),
+    )
+    batch, current, history = _fold(spark, landing, hours=(0,))
+    assert batch.reconciles
+    [(set_aside, reason)] = [(q.uri.rsplit("/", 1)[1], q.reason) for q in batch.quarantined]
+    assert set_aside == "part-3.parquet" and "column 'id'" in reason and "without changing values" in reason
+    assert {int(k): r["name"] for k, r in current.items()} == {big: "Ann", big + 1: "Bob", 7: "Cy"}
+    assert sorted((int(r["id"]), r["_fivetran_active"]) for r in history) == [
+        (7, True),
+        (big, True),
+        (big + 1, True),
+    ]
 
 
 def test_every_file_carries_the_partition_that_lists_it_whatever_its_folder_spelling(spark, tmp_path):

@@ -195,7 +195,7 @@ def _marked_rows(rows: DataFrame, batch: DataFrame | None, spec: m.TableSpec) ->
             *[F.lit(None).cast(stored.schema[c].dataType).alias(c) for c in (hc.end, hc.active, m.OP)],
             F.lit(BATCH).alias(SIDE),
         )
-        stored = union_all(spec.name, [stored, versions])
+        stored = union_all(spec.name, [stored, versions], spec.keys)
     ordered = Window.partitionBy(*[col(k) for k in spec.keys]).orderBy(F.col(hc.start), F.col(SIDE))
     whole_key = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # shares the sort
     is_stored, is_delete = F.col(SIDE) == STORED, F.col(m.OP) == m.DELETE

@@ -125,7 +125,7 @@ def _read(spark: SparkSession, storage: Storage, paths: list[str], spec: m.Table
 
 
 def _read_stored(spark: SparkSession, storage: Storage, paths: list[str], spec: m.TableSpec) -> DataFrame:
-    return from_persisted(lake_io.read_drifting(spark, storage, paths, table=spec.name), spec)
+    return from_persisted(lake_io.read_drifting(spark, storage, paths, table=spec.name, keys=spec.keys), spec)
 
 
 def _union(frames: list[DataFrame | None], table: str) -> DataFrame | None:
@@ -358,7 +358,7 @@ def key_windows(
     stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
     batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
     anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
-    return KeyWindows(union_all(spec.name, [stored, batch]), anchor, [F.col(ORIGIN)])
+    return KeyWindows(union_all(spec.name, [stored, batch], spec.keys), anchor, [F.col(ORIGIN)])
 
 
 def timeline_rows(
@@ -390,7 +390,7 @@ def laid_out(
     if settled is not None:
         sliced.append(settled.withColumn(SLICE, F.date_format(F.col(END), "yyyy-MM-dd")))
     kind = F.when(F.col(m.OP) == m.DELETE, "delete").otherwise("history")
-    return union_all(spec.name, sliced).withColumn(KIND, kind)
+    return union_all(spec.name, sliced, spec.keys).withColumn(KIND, kind)
 
 
 def _staged_slice(stage: str, kind: str, slice_: str) -> str:
@@ -660,4 +660,4 @@ def stored_rows_since(
     paths += [uri for files in closed.values() for uri in files]
     if not paths:
         return None
-    return lake_io.read_drifting(spark, storage, paths, table=spec.name)
+    return lake_io.read_drifting(spark, storage, paths, table=spec.name, keys=spec.keys)

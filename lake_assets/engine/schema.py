@@ -28,20 +28,41 @@ def system_fields(*, ingested_at: bool) -> list[T.StructField]:
 
 
 # Each type can widen to any type later in its chain.
-_NUMERIC_CHAIN = (T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType(), T.DoubleType())
+_INTEGER_CHAIN = (T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType())
+#: decimal digits that hold every value of an integer type (Spark's own mapping)
+_INTEGER_DIGITS: dict[T.DataType, int] = {
+    T.ByteType(): 3,
+    T.ShortType(): 5,
+    T.IntegerType(): 10,
+    T.LongType(): 20,
+}
+_FLOATING = (T.FloatType(), T.DoubleType())
+_DECIMAL_DIGITS = 38  # the most a Spark decimal holds
 
 
-def _rank(dtype: T.DataType) -> int | None:
-    if isinstance(dtype, T.FloatType):
-        return len(_NUMERIC_CHAIN) - 1  # float only widens to double
-    for index, candidate in enumerate(_NUMERIC_CHAIN):
-        if dtype == candidate:
-            return index
-    return None
+def _exact_decimal(left: T.DataType, right: T.DataType) -> T.DataType | None:
+    """The decimal type holding every value of two decimal or integer types, or None when no
+    decimal can (more than 38 digits)."""
+
+    def digits(dtype: T.DataType) -> tuple[int, int]:  # (integer digits, scale)
+        if isinstance(dtype, T.DecimalType):
+            return dtype.precision - dtype.scale, dtype.scale
+        return _INTEGER_DIGITS[dtype], 0
+
+    (left_whole, left_scale), (right_whole, right_scale) = digits(left), digits(right)
+    scale = max(left_scale, right_scale)
+    precision = max(left_whole, right_whole) + scale
+    return T.DecimalType(precision, scale) if precision <= _DECIMAL_DIGITS else None
 
 
-def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.DataType:
-    """The narrowest type holding both, or SchemaClash naming table, column and both types."""
+def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact: bool = False) -> T.DataType:
+    """The narrowest type holding both, or SchemaClash naming table, column and both types.
+
+    Integers widen along their chain, and integers and decimals into a decimal with room for
+    both. A 64-bit integer or a decimal meeting a floating-point number becomes a double, which
+    rounds beyond 15 significant digits: `exact` (a key column, where two values rounded alike
+    would be one record) refuses that instead. Decimals needing more than 38 digits become text,
+    or, `exact`, are refused."""
     if left == right or isinstance(right, T.NullType):
         return left
     if isinstance(left, T.NullType):
@@ -53,26 +74,41 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType) -> T.Dat
         return right
     if isinstance(left, T.TimestampType) and isinstance(right, T.TimestampNTZType):
         return left
-    left_rank, right_rank = _rank(left), _rank(right)
-    if left_rank is not None and right_rank is not None:
-        if isinstance(left, T.FloatType) or isinstance(right, T.FloatType):
-            return T.DoubleType()
-        return _NUMERIC_CHAIN[max(left_rank, right_rank)]
-    if (isinstance(left, T.DecimalType) and right_rank is not None) or (
-        isinstance(right, T.DecimalType) and left_rank is not None
-    ):
+    pair = {left, right}
+    decimal = any(isinstance(t, T.DecimalType) for t in pair)
+    if pair <= set(_INTEGER_CHAIN):
+        return _INTEGER_CHAIN[max(_INTEGER_CHAIN.index(left), _INTEGER_CHAIN.index(right))]
+    if pair <= set(_FLOATING):
         return T.DoubleType()
-    raise SchemaClash(
+    if pair & set(_FLOATING) and (pair & set(_INTEGER_CHAIN) or decimal):
+        # A double holds every 32-bit integer exactly, not every 64-bit one or every decimal.
+        if exact and (T.LongType() in pair or decimal):
+            raise _clash(table, column, left, right, "without changing values")
+        return T.DoubleType()
+    if decimal and all(isinstance(t, T.DecimalType) or t in _INTEGER_CHAIN for t in pair):
+        wide = _exact_decimal(left, right)
+        if wide is None and exact:
+            raise _clash(table, column, left, right, "within 38 digits")
+        return wide or T.StringType()
+    raise _clash(table, column, left, right)
+
+
+def _clash(table: str, column: str, left: T.DataType, right: T.DataType, how: str = "") -> SchemaClash:
+    return SchemaClash(
         f"table {table!r}: column {column!r} has type {left.simpleString()} in one place and "
-        f"{right.simpleString()} in another; these cannot be widened into one type",
+        f"{right.simpleString()} in another; these cannot be widened into one type{' ' + how if how else ''}",
         table=table,
         column=column,
     )
 
 
-def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructField]:
-    """Union of columns in first-seen order, each with its widened type. Names equal ignoring
-    case are one column (Spark could not tell them apart), spelled as first seen."""
+def unified_fields(
+    table: str, schemas: list[T.StructType], keys: tuple[str, ...] = ()
+) -> list[T.StructField]:
+    """Union of columns in first-seen order, each with its widened type (`keys` exactly, see
+    `widen`). Names equal ignoring case are one column (Spark could not tell them apart),
+    spelled as first seen."""
+    exact = {same_name(k) for k in keys}
     spelling: dict[str, str] = {}
     types: dict[str, T.DataType] = {}
     for schema in schemas:
@@ -82,7 +118,7 @@ def unified_fields(table: str, schemas: list[T.StructType]) -> list[T.StructFiel
                 spelling[name] = field.name
                 types[name] = field.dataType
             else:
-                types[name] = widen(table, spelling[name], types[name], field.dataType)
+                types[name] = widen(table, spelling[name], types[name], field.dataType, exact=name in exact)
     return [T.StructField(spelling[name], types[name], True) for name in spelling]
 
 
@@ -142,12 +178,12 @@ def one_column_per_name(frame: DataFrame, table: str) -> DataFrame:
     return by_position.select(*[merged(indexes) for indexes in groups.values()])
 
 
-def union_all(table: str, frames: list[DataFrame]) -> DataFrame:
-    """Union frames whose schemas drifted, widening types where that is lossless."""
+def union_all(table: str, frames: list[DataFrame], keys: tuple[str, ...] = ()) -> DataFrame:
+    """Union frames whose schemas drifted, widening their types (`widen`; the `keys` exactly)."""
     if len(frames) == 1:
         return frames[0]
     schemas = [f.schema for f in frames]
-    fields = unified_fields(table, schemas)
+    fields = unified_fields(table, schemas, keys)
     result = conform(frames[0], fields, schemas[0])
     for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema))

@@ -28,6 +28,7 @@ Mapping onto the change model, one landed row at a time:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Literal
 
@@ -39,7 +40,8 @@ from pyspark.sql import types as T
 from lake_assets.config_model import FeedConfig, Names, checked
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, vendor_name
-from lake_assets.errors import InvalidValue
+from lake_assets.engine.schema import widen
+from lake_assets.errors import InvalidValue, SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, timestamp_column
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage, data_files
@@ -355,14 +357,19 @@ class GraxV2Format(FeedFormat):
                     target,
                 )
         string_copy = col(field).cast("string")
-        targets = {t.simpleString() for _, t in kinds.values()}
         if not kinds:
             value = string_copy
-        elif len(targets) == 1:
-            target = next(iter(kinds.values()))[1]
-            value = F.coalesce(*[v for v, _ in kinds.values()], string_copy.try_cast(target))
-        elif targets <= {"bigint", "double"}:
-            value = F.coalesce(*[v.cast("double") for v, _ in kinds.values()], string_copy.try_cast("double"))
         else:
-            value = F.coalesce(*[v.cast("string") for v, _ in kinds.values()], string_copy)
+            target = _one_type(field, [t for _, t in kinds.values()])
+            value = F.coalesce(*[v.cast(target) for v, _ in kinds.values()], string_copy.try_cast(target))
         return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
+
+
+def _one_type(field: str, types: list[T.DataType]) -> T.DataType:
+    """The type of a field whose typed copies in one file differ: the schema drift rule's
+    widening (an integer copy and a float copy become double), and text where that rule has
+    none."""
+    try:
+        return functools.reduce(lambda left, right: widen("", field, left, right), types)
+    except SchemaClash:
+        return T.StringType()
