@@ -1,6 +1,7 @@
 """Schema drift across folds, and purges reaching the change log."""
 
 import datetime as dt
+import decimal
 
 import pytest
 from pyspark.sql import functions as F
@@ -248,3 +249,22 @@ def test_a_purged_key_is_erased_after_the_key_column_changed_type(spark):
             (str(r["id"]), r["c1"], r["_purged"]) for r in merge.erase_keys(batch, ["id"], recorded).collect()
         )
         assert rows == sorted([("7", None, True), (str(batch.collect()[1]["id"]), "keep", False)])
+
+
+def test_a_decimal_whose_precision_grows_between_folds_widens_and_keeps_every_value(spark, tmp_path):
+    """A vendor widening a decimal column (decimal(10,2) to decimal(14,4)) used to be a clash
+    against the stored table: every later fold failed."""
+    lake = EngineLake(spark, tmp_path, spec=m.TableSpec(name="ledger", keys=("id",)))
+    storage = Storage()
+    for rows, amount_type in (
+        ([("a", decimal.Decimal("12345678.91"), "insert", utc(2024, 1, 1), 1)], T.DecimalType(10, 2)),
+        ([("a", decimal.Decimal("1234567890.1234"), "update", utc(2024, 1, 2), 2)], T.DecimalType(14, 4)),
+        ([("b", 7, "insert", utc(2024, 1, 3), 3)], T.LongType()),
+    ):
+        fold(spark, storage, lake.state, _frame(spark, rows, amount_type), lake.spec)
+    assert [(r["id"], r["amount"]) for r in lake.history()] == [
+        ("a", decimal.Decimal("12345678.9100")),
+        ("a", decimal.Decimal("1234567890.1234")),
+        ("b", decimal.Decimal("7.0000")),
+    ]
+    assert spark.read.parquet(lake.state.current).schema["amount"].dataType == T.DecimalType(24, 4)
