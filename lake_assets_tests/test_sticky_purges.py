@@ -3,10 +3,13 @@ re-run, range backfill, sensor run, late file or restore puts its field data bac
 `changes`, `current` or `history`, and every layer equals a clean run over the same landed data."""
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lake_assets_tests.grax_lake import (
     FEED,
+    SCHEMA,
     TABLE,
     backfill,
     clean_run,
@@ -201,3 +204,20 @@ def test_a_marker_on_one_of_two_identical_copies_of_a_write_purges_the_key(tmp_p
     assert leaks(root, {"X"}) == []
     assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
     assert [field_data(r) for r in rows(root, "current") if r["Id"] == "Y"] == [{"Name": "Yvonne"}]
+
+
+def test_grax_columns_spelled_in_another_case_are_grax_columns(tmp_path):
+    """The lake takes names equal ignoring case for one column. A file spelling the purge marker
+    `GRAX__PURGED` (and the key `ID`) carried a purge that was read as a field named like it, and
+    the key kept its field data."""
+    landing, root = tmp_path / "landing", tmp_path / "lake"
+    land(landing, B1, "data-00000000001.parquet", [version("X", 1, "01", "Xavier", "555-0101")])
+    shouting = {name: name.upper() for name in ("Id", "grax__purged")}
+    folder = land(landing, B2, "data-00000000002.parquet", [version("Y", 2, "02", "Yvonne")]).parent
+    marked = [{shouting.get(k, k): v for k, v in purge("X", 3, "03").items()}]
+    schema = pa.schema([f.with_name(shouting.get(f.name, f.name)) for f in SCHEMA])
+    pq.write_table(pa.Table.from_pylist(marked, schema=schema), folder / "data-00000000003.parquet")
+    cli(config_for(landing, root), dg.DagsterInstance.ephemeral())
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert {r["Id"] for r in rows(root, "current")} == {"X", "Y"}

@@ -39,7 +39,7 @@ from pyspark.sql import types as T
 
 from lake_assets.config_model import FeedConfig, Names, checked
 from lake_assets.engine import model as m
-from lake_assets.engine.names import col, lake_name, vendor_name
+from lake_assets.engine.names import col, lake_name, same_name, vendor_name
 from lake_assets.engine.schema import widen
 from lake_assets.errors import InvalidValue, SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, timestamp_column
@@ -229,6 +229,8 @@ class GraxV2Format(FeedFormat):
 
     # --- files --------------------------------------------------------------------------------
     def vet_schema(self, schema: pa.Schema) -> str | None:
+        spelled = _grax_spellings(schema.names)
+        schema = pa.schema([f.with_name(spelled.get(f.name, f.name)) for f in schema])
         names = set(schema.names)
         missing = [c for c in (KEY, MODIFIED, IDSEQ) if c not in names]
         if missing:
@@ -245,6 +247,11 @@ class GraxV2Format(FeedFormat):
         return None
 
     def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
+        spelled = _grax_spellings(raw.columns)
+        if spelled:
+            raw = raw.withColumnsRenamed(spelled)
+            if arrow_schema is not None:
+                arrow_schema = pa.schema([f.with_name(spelled.get(f.name, f.name)) for f in arrow_schema])
         columns = [c for c in raw.columns if not c.startswith("__")]
         copies = typed_copies(columns)
         typed_columns = {c for group in copies.values() for c in group.values()}
@@ -373,3 +380,11 @@ def _one_type(field: str, types: list[T.DataType]) -> T.DataType:
         return functools.reduce(lambda left, right: widen("", field, left, right), types)
     except SchemaClash:
         return T.StringType()
+
+
+def _grax_spellings(names: list[str]) -> dict[str, str]:
+    """Names of GRAX's own columns spelled in another case (`GRAX__PURGED`) -> GRAX's spelling.
+    Names equal ignoring case are one column in the lake, and read as a field of the same name, a
+    purge or delete marker would be ignored without a word."""
+    grax = {same_name(c): c for c in GRAX_COLUMNS}
+    return {n: grax[same_name(n)] for n in names if same_name(n) in grax and n != grax[same_name(n)]}
