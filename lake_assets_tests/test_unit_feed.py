@@ -380,6 +380,36 @@ def test_keys_whose_types_meet_keep_every_value_or_their_file_is_set_aside(spark
     ]
 
 
+def test_nanosecond_commit_times_are_truncated_to_the_millisecond_not_rounded(spark, tmp_path):
+    """Converted through a double, 10:00:00.000999900 became .001, the same millisecond as the
+    next write, and one of two versions was gone from history."""
+    landing = tmp_path / "unit"
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("name", pa.string()),
+            ("cdc_operation_type", pa.string()),
+            ("cdc_change_seq", pa.int64()),
+            ("cdc_commit_timestamp", pa.timestamp("ns", tz="UTC")),
+        ]
+    )
+    ten = 1_717_236_000 * 10**9  # 2024-06-01 10:00:00 UTC in nanoseconds
+    rows = [
+        event("a", "I", 1, ten + 999_900, name="first"),
+        event("a", "U", 2, ten + 1_000_000, name="second"),
+        event("b", "I", 3, -1, name="just before 1970"),  # rounds down, to .999 of the year before
+    ]
+    write_events(landing, "accounts", 0, "part-0.parquet", rows, schema)
+    batch, current, history = _fold(spark, landing, hours=(0,))
+    assert batch.reconciles
+    utc_ms = dt.timezone.utc
+    assert [(r["id"], r["name"], r["_fivetran_start"].astimezone(utc_ms)) for r in history] == [
+        ("a", "first", dt.datetime(2024, 6, 1, 10, tzinfo=utc_ms)),
+        ("a", "second", dt.datetime(2024, 6, 1, 10, 0, 0, 1000, tzinfo=utc_ms)),
+        ("b", "just before 1970", dt.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=utc_ms)),
+    ]
+
+
 def test_every_file_carries_the_partition_that_lists_it_whatever_its_folder_spelling(spark, tmp_path):
     """The reader takes a file's partition from the listing it came in, once per file, not from
     its path: files of an hour folder spelled without leading zeros carry the padded key."""

@@ -148,7 +148,11 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
     if isinstance(spark_type, T.IntegralType):
         as_long = value.cast("long")
         if arrow_type is not None and pa.types.is_timestamp(arrow_type):
-            return F.timestamp_micros(F.floor(as_long / 1000).cast("long"))  # TIMESTAMP(NANOS)
+            # TIMESTAMP(NANOS) to microseconds, rounded down in whole numbers: `/` divides as
+            # doubles, which at today's epochs are 256 ns apart, and moved times near the end of
+            # a millisecond into the next one.
+            whole_micros = as_long - F.pmod(as_long, F.lit(1000))
+            return F.timestamp_micros(F.call_function("div", whole_micros, F.lit(1000)))
         return F.when(F.abs(as_long) > EPOCH_MS_THRESHOLD, F.timestamp_millis(as_long)).otherwise(
             F.timestamp_seconds(as_long)
         )
