@@ -640,3 +640,25 @@ def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark
     )
     assert metadata["rows_in"] == 4 and metadata["events_derived"] == 1 and metadata["events_out"] == 5
     assert metadata["reconciled"] is True
+
+
+def test_a_write_or_delete_dated_after_the_end_of_history_sets_its_file_aside(tmp_path):
+    """A delete opens an event at its own time: one in the year 10000 would open a window that
+    ends before it begins."""
+    from lake_assets_tests import grax_lake
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    grax_lake.land(
+        landing, "00000000a", "data-00000000001.parquet", [grax_lake.version("X", 1, "01", "Xavier")]
+    )
+    schema = pa.schema([*grax_lake.SCHEMA, ("grax__deleted", pa.string()), ("note", pa.string())])
+    folder = landing / "parquet" / "v2" / f"org={grax_lake.ORG}" / "object=Account" / "batch=00000000b"
+    folder.mkdir(parents=True)
+    far = {**grax_lake.version("X", 2, "02", "Xavier"), "grax__deleted": "10000-01-01T00:00:00Z"}
+    pq.write_table(pa.Table.from_pylist([far], schema=schema), folder / "data-00000000002.parquet")
+    grax_lake.cli(grax_lake.config_for(landing, lake), dg.DagsterInstance.ephemeral())
+    notes = [json.loads(p.read_text()) for p in (lake / "_quarantine").rglob("*.reason.json")]
+    assert [n["reason"].split(" (")[0] for n in notes] == [
+        "grax__deleted lies after 9999-12-31 23:59:59.999, where open history ends: 10000-01-01T00:00:00Z"
+    ]
+    assert [r["Name"] for r in grax_lake.rows(lake, "current")] == ["Xavier"]

@@ -400,13 +400,13 @@ def test_nanosecond_commit_times_are_truncated_to_the_millisecond_not_rounded(sp
         event("b", "I", 3, -1, name="just before 1970"),  # rounds down, to .999 of the year before
     ]
     write_events(landing, "accounts", 0, "part-0.parquet", rows, schema)
-    batch, current, history = _fold(spark, landing, hours=(0,))
+    batch, _, history = _fold(spark, landing, hours=(0,))
     assert batch.reconciles
-    utc_ms = dt.timezone.utc
-    assert [(r["id"], r["name"], r["_fivetran_start"].astimezone(utc_ms)) for r in history] == [
-        ("a", "first", dt.datetime(2024, 6, 1, 10, tzinfo=utc_ms)),
-        ("a", "second", dt.datetime(2024, 6, 1, 10, 0, 0, 1000, tzinfo=utc_ms)),
-        ("b", "just before 1970", dt.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=utc_ms)),
+    utc = dt.timezone.utc
+    assert [(r["id"], r["name"], r["_fivetran_start"].astimezone(utc)) for r in history] == [
+        ("a", "first", dt.datetime(2024, 6, 1, 10, tzinfo=utc)),
+        ("a", "second", dt.datetime(2024, 6, 1, 10, 0, 0, 1000, tzinfo=utc)),
+        ("b", "just before 1970", dt.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=utc)),
     ]
 
 
@@ -549,3 +549,45 @@ def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, 
     assert {e.name: r for e, r in strays}.keys() == set(expected) - links
     assert storage.listed == []  # one recursive listing, not a walk folder by folder
     assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]
+
+
+def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_path):
+    """History's open versions end at 9999-12-31 23:59:59.999: a version opening after it
+    failed the windows check on every run, with the good files' fold, until the file went."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-good.parquet", [event("a", "I", 1, at(0, 1), name="ok")])
+    text_schema = pa.schema(
+        [
+            *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
+            ("cdc_commit_timestamp", pa.string()),
+        ]
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-year-10000.parquet",
+        [event("b", "I", 2, "10000-01-01T00:00:00Z", name="?")],
+        text_schema,
+    )
+    micros_schema = pa.schema(
+        [
+            *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
+            ("cdc_commit_timestamp", pa.int64()),
+        ]
+    )
+    # an epoch in microseconds, read as milliseconds: the year 56134
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-micros.parquet",
+        [event("c", "I", 3, 1_709_254_800_000_000, name="?")],
+        micros_schema,
+    )
+    batch, current, history = _fold(spark, landing, hours=(0,))
+    reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
+    assert set(reasons) == {"part-year-10000.parquet", "part-micros.parquet"}
+    assert all("cdc_commit_timestamp lies after 9999-12-31 23:59:59.999" in r for r in reasons.values())
+    assert "10000-01-01T00:00:00Z" in reasons["part-year-10000.parquet"]
+    assert batch.reconciles and set(current) == {"a"} and len(history) == 1

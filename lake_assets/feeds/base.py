@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lake_assets.catalog.files import parquet_span
-from lake_assets.engine.model import TableSpec
+from lake_assets.engine.model import END_OF_TIME, TableSpec
 from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD
 from lake_assets.errors import InvalidValue
@@ -159,6 +159,18 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
     if isinstance(spark_type, T.NullType):
         return F.lit(None).cast("timestamp")
     return value.cast("timestamp")
+
+
+def after_history_ends(moment: Column, column: str) -> Column:
+    """The reason an event time cannot open a version, or NULL: it lies after the end every open
+    version's window has (`END_OF_TIME`), so its version would end before it begins (a year
+    10000, or an epoch in microseconds read as milliseconds)."""
+    return F.when(
+        moment > F.to_timestamp(F.lit(END_OF_TIME)),
+        F.concat(
+            F.lit(f"{column} lies after {END_OF_TIME}, where open history ends: "), col(column).cast("string")
+        ),
+    )
 
 
 # --- the year=/month=/day=/hour= landing layout (Unit; Hive-style hourly folders) ---------------

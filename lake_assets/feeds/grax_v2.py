@@ -42,7 +42,14 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, vendor_name
 from lake_assets.engine.schema import widen
 from lake_assets.errors import InvalidValue, SchemaClash
-from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, timestamp_column
+from lake_assets.feeds.base import (
+    DERIVED,
+    FILE_PARTITION,
+    FILE_URI,
+    FeedFormat,
+    after_history_ends,
+    timestamp_column,
+)
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Entry, Storage, data_files
 
@@ -290,7 +297,10 @@ class GraxV2Format(FeedFormat):
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
             .when(version_at.isNull(), not_a_time(MODIFIED))
+            .otherwise(after_history_ends(version_at, MODIFIED))
         )
+        if DELETED in columns:  # a delete opens its own event at its time
+            invalid = F.coalesce(invalid, after_history_ends(stamp(DELETED), DELETED))
         for column in (DELETED, PURGED):
             # A marker given as text must be a time, or empty for 'not deleted/purged': other
             # text ("yes") cannot say whether the record is gone, and read as no marker it

@@ -25,6 +25,7 @@ from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     FeedFormat,
+    after_history_ends,
     hour_folders,
     hourly_strays,
     list_hour_folders,
@@ -176,6 +177,7 @@ class UnitCdcFormat(FeedFormat):
                     F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL")),
                 ),
             )
+            .otherwise(after_history_ends(version_at, COMMITTED_AT))
         )
         payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
         return raw.select(
