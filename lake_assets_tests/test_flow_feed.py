@@ -369,6 +369,31 @@ def test_documents_no_rule_foresaw_set_their_fragment_aside_not_the_batch(spark,
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
 
 
+def test_number_keys_keep_their_values_or_their_fragment_is_set_aside(spark, tmp_path):
+    """Spark's JSON reading infers a number with a fraction, or beyond 64 bits, as a double:
+    beside one, the keys 2^53 and 2^53 + 1 both read as 2^53, and one record was gone."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    big = 2**53
+    docs = [doc_line(1, id=big), doc_line(2, id=big + 1), doc_line(3, id=1.5), doc_line(4, id=10**40)]
+    at = [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
+    write_fragment(journal, 0, b"".join(docs[:2]))
+    fraction = write_fragment(journal, at[2], docs[2])
+    too_long = write_fragment(journal, at[3], docs[3])
+
+    run_feeds(
+        config_for(landing, lake, {"acmeCo/customers": ["/id"]}),
+        instance=dg.DagsterInstance.ephemeral(),
+        say=lambda _: None,
+    )
+
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [big, big + 1]
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(fraction), uri(too_long)}
+    assert "key /id is the number 1.5" in notes[uri(fraction)]
+    assert f"key /id is the number {10**40}"[:40] in notes[uri(too_long)]
+
+
 def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeypatch):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

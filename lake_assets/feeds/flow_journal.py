@@ -183,6 +183,14 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
     return json.dumps(row, separators=(",", ":"))
 
 
+def _exact_key_number(value: object) -> bool:
+    """Whether a key value that is a number reaches Spark as that number: JSON numbers with a
+    fraction or beyond 64 bits are inferred as doubles, which round (2^53 + 1 reads as 2^53)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True  # not a number: text and booleans keep their values
+    return isinstance(value, int) and -(2**63) <= value < 2**63
+
+
 def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
     """FragmentError (naming the document's offset) unless the document is data the change model
     can take: a known op, every key pointer resolving to a scalar (string, number, boolean) whose
@@ -200,6 +208,13 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
             raise ff.FragmentError(
                 doc.uri,
                 f"document key {pointer} is a JSON {kind}, not a string, number or boolean",
+                doc.offset,
+            )
+        if not _exact_key_number(value):
+            raise ff.FragmentError(
+                doc.uri,
+                f"document key {pointer} is the number {reprlib.repr(value)}: a key number must be a whole "
+                "number of 64 bits, as other numbers are read as doubles and two keys could become one",
                 doc.offset,
             )
     garbled = [pointer for pointer, value in values.items() if doc.garbled and ff.holds_invalid_text(value)]
