@@ -556,35 +556,19 @@ def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_pa
     failed the windows check on every run, with the good files' fold, until the file went."""
     landing = tmp_path / "unit"
     write_events(landing, "accounts", 0, "part-good.parquet", [event("a", "I", 1, at(0, 1), name="ok")])
-    text_schema = pa.schema(
-        [
-            *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
-            ("cdc_commit_timestamp", pa.string()),
-        ]
-    )
-    write_events(
-        landing,
-        "accounts",
-        0,
-        "part-year-10000.parquet",
-        [event("b", "I", 2, "10000-01-01T00:00:00Z", name="?")],
-        text_schema,
-    )
-    micros_schema = pa.schema(
-        [
-            *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
-            ("cdc_commit_timestamp", pa.int64()),
-        ]
-    )
-    # an epoch in microseconds, read as milliseconds: the year 56134
-    write_events(
-        landing,
-        "accounts",
-        0,
-        "part-micros.parquet",
-        [event("c", "I", 3, 1_709_254_800_000_000, name="?")],
-        micros_schema,
-    )
+    far = {
+        "part-year-10000.parquet": (pa.string(), "10000-01-01T00:00:00Z"),
+        # an epoch in microseconds, read as milliseconds: the year 56134
+        "part-micros.parquet": (pa.int64(), 1_709_254_800_000_000),
+    }
+    for name, (commit_type, committed) in far.items():
+        schema = pa.schema(
+            [
+                *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
+                ("cdc_commit_timestamp", commit_type),
+            ]
+        )
+        write_events(landing, "accounts", 0, name, [event("b", "I", 2, committed, name="?")], schema)
     batch, current, history = _fold(spark, landing, hours=(0,))
     reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
     assert set(reasons) == {"part-year-10000.parquet", "part-micros.parquet"}
