@@ -43,6 +43,10 @@ def normalise_root_uri(uri: str, what: str) -> str:
     Returns `file:///abs/path` or `s3a://bucket/prefix` without a trailing slash.
     """
     uri = uri.strip()
+    if "#" in uri or "?" in uri:
+        # A URI parser (and Hadoop's Path) takes what follows for a fragment or a query: the
+        # lake would quietly be another folder, and two roots that differ there one lake.
+        raise ConfigError(f"{what}: {uri!r} holds '#' or '?', which a URI reads as the end of the path")
     if uri.startswith("/"):
         uri = "file://" + uri
     parsed = urlparse(uri)

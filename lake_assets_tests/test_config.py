@@ -440,6 +440,13 @@ def test_layout_builds_contract_paths():
         normalise_root_uri("file:///abs/../etc", "lake")
 
 
+@pytest.mark.parametrize("root", ["/lakes/team#1", "file:///lakes/team?1", "s3a://bucket/lakes/team#1"])
+def test_a_root_holding_a_hash_or_question_mark_is_refused_not_cut_short(root):
+    """Parsed as a URI, `/lakes/team#1` was `/lakes/team`: two lakes would have been one."""
+    with pytest.raises(ConfigError, match="holds '#' or '\\?'"):
+        normalise_root_uri(root, "lake")
+
+
 def test_flow_collections_need_keys_and_may_select_logical_partitions():
     feed = {
         "name": "flow",
