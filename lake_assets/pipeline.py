@@ -152,6 +152,30 @@ def record_processed(work: TableWork, partitions: list[str]) -> None:
     )
 
 
+def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
+    """Remove the quarantine entries of the run's partitions, and of strays (every run lists them
+    all again), that this run did not write again: their file now reads (a vendor's fixed upload)
+    or is gone. Left behind, `status` and the run summary would report a file whose rows are in
+    `changes` as set aside. Returns the notes withdrawn; their copies go too, and out of the
+    catalog."""
+    stale = [
+        entry.uri
+        for partition in [*partitions, UNPARTITIONED]
+        for entry in work.storage.walk_files(work.layout.quarantine(work.feed.name, work.table, partition))
+        if not entry.is_dir and entry.unreadable is None and entry.uri not in written
+    ]
+    if not stale:
+        return []
+    work.store.retire(
+        retirements(
+            work.storage, [catalog_file(work.feed.name, work.table, None, uri, None) for uri in stale]
+        )
+    )
+    for uri in stale:
+        work.storage.delete_file(uri)
+    return [uri for uri in stale if uri.endswith(REASON_SUFFIX)]
+
+
 @dataclasses.dataclass
 class Ingested:
     batch: Batch
@@ -188,6 +212,10 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         )
         copies += [where, where + REASON_SUFFIX]
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
+    for withdrawn in withdraw_stale_quarantine(work, partitions, set(copies)):
+        log.info(
+            f"{feed.name}/{table}: withdrew the quarantine entry {withdrawn}: its file now reads, or is gone"
+        )
     recorded = work.catalogue(
         [
             *[

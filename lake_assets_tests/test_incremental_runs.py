@@ -297,3 +297,25 @@ def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
     notes = list((lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json"))
     assert len(notes) == 1 and f"file://{stray}" in notes[0].read_text()
     assert lake.run() == []
+
+
+def test_a_quarantine_entry_goes_once_its_file_reads_or_is_gone(lake):
+    """A vendor re-uploads a truncated file whole: its rows reach `changes`, so the entry that
+    said it was set aside goes; a quarantined file removed from the landing takes its entry along."""
+    fixed = hour_dir(lake.landing, "accounts", 2) / "part-1.parquet"
+    fixed.write_bytes(b"PAR1 truncated upload")
+    gone = hour_dir(lake.landing, "accounts", 3) / "part-1.parquet"
+    gone.write_bytes(b"not parquet at all")
+    lake.run()
+    assert {q["file"] for q in lake_status(lake.config, lake.instance)[0].quarantined} == {
+        f"file://{fixed}",
+        f"file://{gone}",
+    }
+
+    lake.write(2, "part-1.parquet", [event("d", "I", 4, at(2, 9), name="d", balance=4)])
+    gone.unlink()
+    lake.run()
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.quarantined == []
+    assert not list((lake.lake / "_quarantine").rglob("*.*"))  # copies and notes alike
+    assert lake.changes()[hour(2)] == ["b", "d"]
