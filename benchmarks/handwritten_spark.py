@@ -2,8 +2,8 @@
 one short job, the way a data engineer would write it for a one-off load.
 
 It reads every landed file once (the hour from the Hive folders, as Spark discovers them),
-collapses identical re-deliveries, writes the change log by hour, keeps the last write of each
-version and writes history and current from one window per key. It has none of the rest: no
+collapses identical re-deliveries within their hour, writes the change log by hour, keeps the
+last write of each version and writes history and current from one window per key. It has none of the rest: no
 catalog, no vetting or quarantine of bad files, no reconciliation or checks read back, no commit
 protocol, no state for the next hour, no schema drift. It is the lower bound of what any Spark
 backfill that writes this lake layout costs, and so says how far from it `full_vs_floor`'s
@@ -55,10 +55,11 @@ def backfill(spark: SparkSession, landing: Path, table: str, lake: Path, feed: s
     `table`; returns the seconds it took."""
     started = time.perf_counter()
     events = _events(spark, landing / table)
-    by_key = Window.partitionBy(KEY).orderBy("_version_at", "_seq")
-    same_write = F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")) & F.lead("_seq").over(
-        by_key
-    ).eqNullSafe(F.col("_seq"))
+    # Re-deliveries collapse within their hour, as the lake's change log does.
+    by_key = Window.partitionBy(KEY).orderBy("_version_at", "_seq", "hour")
+    same_write = F.lit(True)
+    for column in ("_version_at", "_seq", "hour"):
+        same_write = same_write & F.lead(column).over(by_key).eqNullSafe(F.col(column))
     changes = (
         events.withColumn("__repeat", F.coalesce(same_write, F.lit(False)))
         .where("NOT __repeat")
@@ -73,10 +74,7 @@ def backfill(spark: SparkSession, landing: Path, table: str, lake: Path, feed: s
             F.lead("_version_at").over(by_key).eqNullSafe(F.col("_version_at")), F.lit(False)
         )
         versions = (
-            changes.drop("hour")
-            .withColumn("__superseded", same_version)
-            .where("NOT __superseded")
-            .drop("__superseded")
+            changes.withColumn("__superseded", same_version).where("NOT __superseded").drop("__superseded")
         )
         next_at, next_op = F.lead("_version_at").over(by_key), F.lead("_op").over(by_key)
         timeline = (
@@ -90,6 +88,7 @@ def backfill(spark: SparkSession, landing: Path, table: str, lake: Path, feed: s
                 }
             )
             .where(F.col("_op") != "delete")
+            .drop("hour")
             .localCheckpoint()
         )
         timeline.withColumnRenamed("_version_at", "_fivetran_start").write.mode("overwrite").parquet(

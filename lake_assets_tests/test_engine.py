@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from lake_assets import lake_io
 from lake_assets.engine import merge
@@ -310,7 +311,10 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
         ev("b", "insert", T[1], 3, "z", 2),
         ev("b", "insert", T[1], 3, "z", 2),
     ]
-    batch = spark.createDataFrame([as_row(e) for e in events], SCHEMA)
+    # b's two copies came in two deliveries: the change log keeps both, the timeline one.
+    hours = ["2024-01-01-00", "2024-01-01-00", "2024-01-01-00", "2024-01-01-01"]
+    schema = StructType([*SCHEMA.fields, StructField("hour", StringType())])
+    batch = spark.createDataFrame([(*as_row(e), h) for e, h in zip(events, hours, strict=True)], schema)
     if cached == "marked batch":
         cache = marked = merge.mark_identical(batch, SPEC).persist()
     else:
@@ -319,7 +323,7 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
     try:
         cache.count()  # as the fold's totals or the reader's count do: the cached order is known from here on
         kept = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
-        rows = merge.timeline(kept, SPEC, list(PAYLOAD), purges=True)
+        rows = merge.timeline(kept, SPEC, list(PAYLOAD), tie_break=merge.delivery_order(kept), purges=True)
         assert not _sorts_or_shuffles_above_the_cache(rows)
         assert [(r["id"], r["c1"], r["c2"]) for r in rows.orderBy("id", merge.START).collect()] == [
             ("a", "x", 1),

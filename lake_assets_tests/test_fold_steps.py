@@ -97,11 +97,12 @@ def lake_state(tmp_path) -> TableState:
     return TableState(LakeLayout(f"file://{tmp_path}"), "test", SPEC.name)
 
 
-def test_marked_batch_drops_partition_columns_adds_optional_ones_erases_recorded_keys_and_marks(spark):
+def test_marked_batch_keeps_the_delivery_adds_optional_columns_erases_recorded_keys_and_marks(spark):
     batch = spark.createDataFrame(
         [
             ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
             ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-00", utc(2024, 1, 2)),
+            ("a", "x", "insert", utc(2024, 1, 1), 1, "2024-01-01-01", utc(2024, 1, 2)),
             ("b", "y", "insert", utc(2024, 1, 1), 2, "2024-01-01-00", utc(2024, 1, 2)),
         ],
         f"id string, c1 string, {m.OP} string, {m.VERSION_AT} timestamp, {m.SEQ} long, hour string, "
@@ -111,14 +112,16 @@ def test_marked_batch_drops_partition_columns_adds_optional_ones_erases_recorded
 
     marked = marked_batch(batch, SPEC, recorded)
 
-    assert "hour" not in marked.columns and m.INGESTED_AT not in marked.columns
+    assert "hour" in marked.columns and m.INGESTED_AT not in marked.columns
     assert {m.UNMODIFIED, m.PURGED, m.SOURCE_FILE, *merge.COLLAPSE_MARKS} <= set(marked.columns)
-    marks = marked.select("id", "c1", m.PURGED, merge.KEPT, merge.FIRST_OF_KEY)
+    marks = marked.select("id", "hour", m.PURGED, merge.KEPT, merge.LAST_OF_EVENT, merge.FIRST_OF_KEY)
     rows = sorted(tuple(r) for r in marks.collect())
+    # One copy kept per delivery (hour); the event counts once, in its last delivery.
     assert rows == [
-        ("a", "x", False, False, True),
-        ("a", "x", False, True, False),
-        ("b", None, True, True, True),
+        ("a", "2024-01-01-00", False, False, False, True),
+        ("a", "2024-01-01-00", False, True, False, False),
+        ("a", "2024-01-01-01", False, True, True, False),
+        ("b", "2024-01-01-00", True, True, True, True),
     ]
     # Without a ledger nothing is erased.
     assert marked_batch(batch, SPEC, None).where(F.col(m.PURGED)).count() == 0

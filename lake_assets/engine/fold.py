@@ -201,8 +201,10 @@ def _nothing_to_fold(batch: DataFrame, spec: m.TableSpec) -> bool:
     return not set(spec.keys) <= set(batch.columns) and batch.isEmpty()
 
 
-def _without_partition_columns(batch: DataFrame) -> DataFrame:
-    return batch.drop(*[c for c in batch.columns if c in m.PARTITION_COLUMNS or c == m.INGESTED_AT])
+def _without_ingest_time(batch: DataFrame) -> DataFrame:
+    # The change log's partition column stays: it tells the deliveries of identical copies apart
+    # (`merge.mark_identical`), and no projection of stored rows takes it.
+    return batch.drop(*[c for c in batch.columns if c == m.INGESTED_AT])
 
 
 def _erased(frame: DataFrame | None, keys: list[str], purged: DataFrame | None) -> DataFrame | None:
@@ -218,7 +220,7 @@ def marked_batch(batch: DataFrame, spec: m.TableSpec, recorded: DataFrame | None
     """The batch as change-model events, the keys of the ledger (`recorded`) erased (a key purged
     before stays purged, whatever the batch says), with the marks of `merge.mark_identical`."""
     return (
-        batch.transform(_without_partition_columns)
+        batch.transform(_without_ingest_time)
         .transform(merge.with_optional_columns)
         .transform(_without_keys, list(spec.keys), recorded)
         .transform(merge.mark_identical, spec)
@@ -338,7 +340,8 @@ class KeyWindows:
 
     `anchor` holds on the stored rows before the batch's earliest version (their values are
     final); `tie_break` puts a stored row before the batch's copy of the same write, so that the
-    batch's copy keeps its markers. Both None when nothing is stored for the keys."""
+    batch's copy keeps its markers, then keeps each delivery's copies together, in the order the
+    batch was marked in. `anchor` is None when nothing is stored for the keys."""
 
     events: DataFrame
     anchor: Column | None = None
@@ -352,13 +355,14 @@ def key_windows(
     and the batch's `events`."""
     if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
         # The cached batch is already partitioned by key and sorted in the rules' event order
-        # (`mark_identical` did it), and Spark keeps that order for a cached frame: with no
-        # tie-break to add, the timeline's windows read it as it is, without another sort.
-        return KeyWindows(events)
+        # (`mark_identical` did it, the delivery as its tie-break), and Spark keeps that order
+        # for a cached frame: the timeline's windows read it as it is, without another sort.
+        return KeyWindows(events, tie_break=merge.delivery_order(events) or None)
     stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
     batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
     anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
-    return KeyWindows(union_all(spec.name, [stored, batch], spec.keys), anchor, [F.col(ORIGIN)])
+    tie_break = [F.col(ORIGIN), *merge.delivery_order(events)]
+    return KeyWindows(union_all(spec.name, [stored, batch], spec.keys), anchor, tie_break)
 
 
 def timeline_rows(
@@ -509,7 +513,7 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
         )
     row = marked.agg(
         F.count(F.lit(1)).alias("rows"),
-        F.count(F.when(F.col(merge.KEPT), 1)).alias("events"),
+        F.count(F.when(F.col(merge.LAST_OF_EVENT), 1)).alias("events"),
         F.count(F.when(F.col(merge.KEPT) & F.col(merge.LAST_OF_VERSION), 1)).alias("versions"),
         F.count(F.when(F.col(merge.FIRST_OF_KEY), 1)).alias("keys"),
         F.count(F.when(F.coalesce(F.col(m.PURGED), F.lit(False)), 1)).alias("purge_markers"),

@@ -2,7 +2,8 @@
 
 Per key, in (version time, sequence) order (docs/semantics.md, "Versions and order" and
 "History windows"):
-1. identical events collapse: one event per (key, version time, sequence);
+1. identical events collapse: one event per (key, version time, sequence) in each delivery (the
+   change log's partition), so that a partition's events do not depend on the others;
 2. several writes of one version collapse to the greatest sequence;
 3. a partial update's unmodified columns take the previous version's values; after a delete
    (or with no previous version) they are NULL;
@@ -47,8 +48,9 @@ def with_optional_columns(events: DataFrame) -> DataFrame:
 
 def event_order(tie_break: list[Column] | None = None) -> list[Column]:
     """The order every rule reads a key's events in: version time, sequence, then among writes
-    of one version and sequence the tie-break columns, the purge marker, the file name and the
-    operation, so that of equal writes the last one wins. A copy carrying the purge marker sorts
+    of one version and sequence the tie-break columns (a stored row before the batch's, the
+    delivery), the purge marker, the file name and the operation, so that of equal writes the
+    last one wins. A copy carrying the purge marker sorts
     after copies without it: the collapse keeps the last copy, and a marker on any copy of a
     write must survive it (a key is purged when any of its events says so).
 
@@ -79,20 +81,39 @@ def _last_of_run(window: WindowSpec, columns: list[str]) -> Column:
     return ~same_as_next
 
 
-KEPT = "__kept"  # the event kept of identical ones
+KEPT = "__kept"  # the copy kept of identical events delivered in one partition
+LAST_OF_EVENT = "__last_of_event"  # the last copy of its (key, version time, sequence), any partition
 LAST_OF_VERSION = "__last_of_version"  # the last write of its (key, version time)
 FIRST_OF_KEY = "__first_of_key"  # the key's first event
-COLLAPSE_MARKS = (KEPT, LAST_OF_VERSION, FIRST_OF_KEY)
+COLLAPSE_MARKS = (KEPT, LAST_OF_EVENT, LAST_OF_VERSION, FIRST_OF_KEY)
+
+
+def delivered_in(events: DataFrame) -> list[str]:
+    """The change-log partition column `events` carry (none for stored rows): the delivery
+    each event came in."""
+    return [c for c in m.PARTITION_COLUMNS if c in events.columns]
+
+
+def delivery_order(events: DataFrame) -> list[Column]:
+    """The tie-break that keeps the copies of one delivery together in `event_order`."""
+    return [F.col(c) for c in delivered_in(events)]
 
 
 def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     """`events` with the `COLLAPSE_MARKS` columns, from one sort: what `collapse_identical`
-    keeps, and what a fold counts (versions, keys) without another pass."""
-    window = _per_key(spec, event_order())
-    # One projection (withColumns), not three: each projection re-analyses the whole plan.
+    keeps, and what a fold counts (events, versions, keys) without another pass.
+
+    Copies are collapsed within their delivery only: a re-delivery in a later partition is kept
+    there too, so a partition's events are the same whichever partitions a run reads with it.
+    The delivery sorts before the purge marker, so each delivery keeps its copy with a marker.
+    """
+    delivery = delivered_in(events)
+    window = _per_key(spec, event_order(delivery_order(events)))
+    # One projection (withColumns), not several: each projection re-analyses the whole plan.
     return events.withColumns(
         {
-            KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
+            KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ, *delivery]),
+            LAST_OF_EVENT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
             LAST_OF_VERSION: _last_of_run(window, [m.VERSION_AT]),
             FIRST_OF_KEY: F.lag(F.lit(1)).over(window).isNull(),
         }
@@ -106,7 +127,8 @@ DROPPED_IDENTICAL = "identical_dropped"
 def collapse_identical(
     events: DataFrame, spec: m.TableSpec, count_dropped: Observation | None = None
 ) -> DataFrame:
-    """One event per (key, version time, sequence); a deterministic pick if re-deliveries differ.
+    """One event per (key, version time, sequence) and delivery; a deterministic pick if
+    re-deliveries differ.
 
     With `count_dropped`, the events the collapse drops are counted as it drops them
     (`DROPPED_IDENTICAL`, in the same pass), so a reader can check its row equation rather than
