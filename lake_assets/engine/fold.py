@@ -204,7 +204,7 @@ def _nothing_to_fold(batch: DataFrame, spec: m.TableSpec) -> bool:
 def _without_ingest_time(batch: DataFrame) -> DataFrame:
     # The change log's partition column stays: it tells the deliveries of identical copies apart
     # (`merge.mark_identical`), and no projection of stored rows takes it.
-    return batch.drop(*[c for c in batch.columns if c == m.INGESTED_AT])
+    return batch.drop(m.INGESTED_AT)
 
 
 def _erased(frame: DataFrame | None, keys: list[str], purged: DataFrame | None) -> DataFrame | None:

@@ -50,9 +50,9 @@ def event_order(tie_break: list[Column] | None = None) -> list[Column]:
     """The order every rule reads a key's events in: version time, sequence, then among writes
     of one version and sequence the tie-break columns (a stored row before the batch's, the
     delivery), the purge marker, the file name and the operation, so that of equal writes the
-    last one wins. A copy carrying the purge marker sorts
-    after copies without it: the collapse keeps the last copy, and a marker on any copy of a
-    write must survive it (a key is purged when any of its events says so).
+    last one wins. A copy carrying the purge marker sorts after copies without it: the collapse
+    keeps the last copy, and a marker on any copy of a write must survive it (a key is purged
+    when any of its events says so).
 
     Every window below partitions by the key and orders by (a prefix of) this, so Spark shuffles
     the events once and sorts them once for the whole timeline; a window partitioned by
