@@ -174,6 +174,35 @@ def test_the_change_log_is_the_same_whichever_hours_run_together(tmp_path, spark
     assert current == [("a",), ("b",)]
 
 
+def test_of_two_copies_of_one_write_the_same_one_wins_whichever_ran_first(tmp_path, spark):
+    """Two hours deliver one write (same id, commit time and sequence) with a field that differs:
+    current and history keep the same copy (the greater file name's) whether the hours ran
+    together, the later one first, or one of them again."""
+    copies = {h: event("a", "I", 10, at(1, 5), name=f"from-hour-{h}", balance=1) for h in (1, 2)}
+
+    def kept(lake: Lake) -> list[tuple]:
+        return duckdb.execute(
+            "SELECT name, regexp_extract(_source_file, 'hour=[0-9]+') FROM read_parquet("
+            f"'{lake.lake}/history/unit/accounts/**/*.parquet') UNION ALL SELECT name, NULL FROM "
+            f"read_parquet('{lake.lake}/current/unit/accounts/*.parquet')"
+        ).fetchall()
+
+    together, later_first = Lake(tmp_path / "together"), Lake(tmp_path / "later_first")
+    for h in (1, 2):
+        together.write(h, "part-0.parquet", [copies[h]])
+    together.run()
+    expected = [("from-hour-2", "hour=02"), ("from-hour-2", None)]
+    assert kept(together) == expected
+    later_first.write(2, "part-0.parquet", [copies[2]])
+    later_first.run()
+    later_first.write(1, "part-0.parquet", [copies[1]])
+    later_first.run()
+    assert kept(later_first) == expected
+    for h in (1, 2):
+        together.run(first=hour(h), last=hour(h))
+        assert kept(together) == expected
+
+
 def test_only_the_tables_that_changed_run(lake):
     lake.write(2, "part-0.parquet", [event("p", "I", 1, at(2, 5), name="p", balance=1)], table="payments")
     assert lake.run() == [(hour(2), hour(2))]

@@ -47,25 +47,35 @@ def with_optional_columns(events: DataFrame) -> DataFrame:
 
 
 def event_order(tie_break: list[Column] | None = None) -> list[Column]:
-    """The order every rule reads a key's events in: version time, sequence, then among writes
-    of one version and sequence the tie-break columns (a stored row before the batch's, the
-    delivery), the purge marker, the file name and the operation, so that of equal writes the
-    last one wins. A copy carrying the purge marker sorts after copies without it: the collapse
-    keeps the last copy, and a marker on any copy of a write must survive it (a key is purged
-    when any of its events says so).
+    """The order every rule reads a key's events in: version time, then `_within_version`.
 
-    Every window below partitions by the key and orders by (a prefix of) this, so Spark shuffles
-    the events once and sorts them once for the whole timeline; a window partitioned by
-    (key, version) or ordered in reverse would each cost a sort of their own.
+    Every window below partitions by the key (or by the key and version time) and orders by the
+    rest of this, so Spark shuffles the events once and sorts them once for the whole timeline;
+    a window ordered in reverse, or on other columns, would cost a sort of its own.
     """
+    return [F.col(m.VERSION_AT), *_within_version(tie_break)]
+
+
+def _within_version(tie_break: list[Column] | None) -> list[Column]:
+    """Writes of one version time: by sequence, then the tie-break columns (a stored row before
+    the batch's, the delivery), then `copy_rank`'s columns, so that within a delivery the best
+    copy of a write comes last: the collapse keeps the last copy."""
     return [
-        F.col(m.VERSION_AT),
         F.col(m.SEQ),
         *(tie_break or []),
         F.col(m.PURGED).asc_nulls_first(),
         F.col(m.SOURCE_FILE).asc_nulls_first(),
         F.col(m.OP),
     ]
+
+
+def copy_rank() -> Column:
+    """What decides between copies of one write (same key, version time and sequence) that
+    `current` and `history` keep: a copy carrying the purge marker (a marker on any copy must
+    survive: a key is purged when any of its events says so), then the greatest file name,
+    then the operation. History stores all three with the copy, so the pick is the same
+    whichever run met which copy first, and whichever partition ran last."""
+    return F.struct(F.coalesce(F.col(m.PURGED), F.lit(False)), F.col(m.SOURCE_FILE), F.col(m.OP))
 
 
 def _per_key(spec: m.TableSpec, order: list[Column]) -> WindowSpec:
@@ -142,10 +152,28 @@ def collapse_identical(
     return marked.where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
 
 
-def latest_write_per_version(events: DataFrame, spec: m.TableSpec, order: list[Column]) -> DataFrame:
-    """Several writes of one version: the greatest sequence wins (then the tie-break in `order`)."""
-    keep = _last_of_run(_per_key(spec, order), [m.VERSION_AT])
-    return events.withColumn("__keep", keep).where("__keep").drop("__keep")
+_BEST = "__best_write"  # in `latest_write_per_version`: of the version's greatest sequence, the best copy
+_KEEP = "__keep"  # in `latest_write_per_version`: the one write a version keeps
+
+
+def latest_write_per_version(
+    events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None
+) -> DataFrame:
+    """Several writes of one version: the greatest sequence wins, and of its copies the best by
+    `copy_rank`; of copies equal in that too (one file read again), the last by the tie-break.
+
+    The windows partition by key and version time and order like `event_order`, so they read
+    the events in the order they are already sorted in."""
+    version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT))
+    rank = F.struct(F.col(m.SEQ), copy_rank())
+    best = rank.eqNullSafe(F.max(rank).over(version))
+    so_far = version.orderBy(*_within_version(tie_break)).rowsBetween(
+        Window.unboundedPreceding, Window.currentRow
+    )
+    counted = F.col(_BEST).cast("int")
+    last_best = F.col(_BEST) & (F.sum(counted).over(so_far) == F.sum(counted).over(version))
+    kept = events.withColumn(_BEST, best).withColumn(_KEEP, last_best)
+    return kept.where(F.col(_KEEP)).drop(_KEEP, _BEST)
 
 
 def fill_unmodified(
@@ -253,19 +281,19 @@ def timeline(
     spares a window over whole keys.
 
     A key counts as purged when any of its writes carries the marker, superseded ones included,
-    so the flag is settled before writes of one version collapse. `tie_break` orders writes of
-    one version and sequence (the greatest wins).
+    so the flag is settled before writes of one version collapse. `tie_break` orders copies of
+    one write that `copy_rank` cannot tell apart (the last wins).
     """
     order = event_order(tie_break)
     if not purges:
-        events = latest_write_per_version(events, spec, order)
+        events = latest_write_per_version(events, spec, tie_break)
         events = fill_unmodified(events, spec, payload, order, settled)
         return with_windows(events, spec, order).withColumn(m.PURGED, F.lit(False))
     # The key's flag goes under a name of its own until the windows are done: they order by
     # each event's own marker (`event_order`), and a column replaced midway would be another
     # order to sort by.
     events = events.withColumn(_KEY_PURGED, purged_anywhere(spec, order))
-    events = latest_write_per_version(events, spec, order)
+    events = latest_write_per_version(events, spec, tie_break)
     events = fill_unmodified(events, spec, payload, order, settled)
     events = with_windows(events, spec, order)
     return (
