@@ -271,16 +271,18 @@ def _plan_hours(
             f"{feed.name}: {len(early)} hour(s) with files lie before the configured start {feed.start} "
             f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed"
         )
-    if not any(landed.values()):
+    if not any(landed.values()) and not any(selected.values()):
         say(f"{feed.name}: nothing landed under {feed.landing}")
         return []
+    # An hour whose files are all gone is still selected (its note remains): it runs once more,
+    # so that its rows leave `changes`, even when no file of the table is left at all.
     hours = sorted({hour for keys in selected.values() for hour in keys} - set(early))
     tables = tuple(table for table, keys in selected.items() if set(keys) - set(early))
     if not hours:
         return []
     whole_feed = len(tables) == len(landed)
     what = feed.name if whole_feed else f"{feed.name} ({', '.join(tables)})"
-    settled = {hour for table in tables for hour in landed[table]} - set(hours)
+    settled = {hour for table in tables for hour in landed.get(table, [])} - set(hours)
     planned = []
     for start, end in contiguous_ranges(hours, max_gap_hours=MAX_EMPTY_HOURS_IN_A_RUN, barriers=settled):
         say(f"{what}: hours {start} .. {end} in one run")

@@ -57,6 +57,8 @@ class Lake:
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
+        if not list((self.lake / "changes" / "unit" / table).rglob("*.parquet")):
+            return {}
         rows = duckdb.execute(
             f"SELECT hour, id FROM read_parquet('{self.lake}/changes/unit/{table}/**/*.parquet', "
             "hive_partitioning = true)"
@@ -142,6 +144,18 @@ def test_a_removed_file_reprocesses_its_hour_and_its_rows_leave_the_change_log(l
     (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
     assert lake.run() == [(hour(3), hour(3))]
     assert hour(3) not in lake.changes()
+    assert lake.run() == []
+
+
+def test_when_every_landed_file_is_gone_the_change_log_empties_too(lake):
+    """The last files of the landing removed, folders and all (as on S3): their hours still run
+    once more, so that their rows leave `changes`."""
+    for h in (1, 2, 3):
+        (hour_dir(lake.landing, "accounts", h) / "part-0.parquet").unlink()
+    for folder in sorted(lake.landing.rglob("*"), reverse=True):
+        folder.rmdir()
+    assert lake.run() == [(hour(1), hour(3))]
+    assert lake.changes() == {}
     assert lake.run() == []
 
 
