@@ -275,6 +275,19 @@ def test_bad_files_and_batch_folders_are_quarantined_and_the_batch_goes_on(spark
     )
     corrupt.write_bytes(b"PAR1 this is not parquet PAR1")
     write_file(landing, "Account", "zz-not-hex", "data-00000000005.parquet", good)
+    # files no batch reads: each is reported with where it lies
+    account = landing / "parquet/v2" / f"org={ORG}" / "object=Account"
+    misplaced = {
+        "object=Account": account / "loose.parquet",
+        "'batch=000000001'; only files directly": account / "batch=000000001" / "retry" / "again.parquet",
+        "folder 'misc' is not a batch folder": account / "misc" / "notes.parquet",
+        "folder 'BATCH=00000000b' is not a batch folder": account / "BATCH=00000000b" / "data.parquet",
+    }
+    for path in misplaced.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(corrupt.read_bytes())
+    dangling = account / "batch=000000001" / "data-00000000009.parquet"
+    dangling.symlink_to(account / "gone.parquet")
     instance = process(landing, lake)
 
     table = f"{ORG}/account"
@@ -287,11 +300,14 @@ def test_bad_files_and_batch_folders_are_quarantined_and_the_batch_goes_on(spark
         and str(bad_typed) in notes["data-00000000003.parquet.reason.json"]
     )
     assert "'batch=zz-not-hex' is not a hex number" in notes["data-00000000005.parquet.reason.json"]
+    for where, path in misplaced.items():
+        assert where in notes[f"{path.name}.reason.json"] and str(path) in notes[f"{path.name}.reason.json"]
+    assert str(dangling) in notes[f"{dangling.name}.reason.json"]
     metadata = instance.get_latest_materialization_event(
         dg.AssetKey(["grax", ORG, "account", "changes"])
     ).asset_materialization.metadata
-    assert metadata["files_listed"].value == 5 and metadata["files_read"].value == 1
-    assert metadata["files_quarantined"].value == 4 and metadata["reconciled"].value is True
+    assert metadata["files_listed"].value == 10 and metadata["files_read"].value == 1
+    assert metadata["files_quarantined"].value == 9 and metadata["reconciled"].value is True
     assert metadata["rows_in"].value == 1 and metadata["events_out"].value == 1
 
 

@@ -51,7 +51,7 @@ from lake_assets.feeds.base import (
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage, data_files
+from lake_assets.storage import Entry, Storage, data_files, is_hidden
 
 KEY = "Id"
 MODIFIED = "source__modified"
@@ -112,6 +112,24 @@ def split_table(table: str) -> tuple[str, str]:
 def _folder_value(entry: Entry, level: str) -> str | None:
     """The value of a `<level>=<value>` folder, else None."""
     return entry.name[len(level) + 1 :] if entry.is_dir and entry.name.startswith(f"{level}=") else None
+
+
+def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
+    """Why a file in `folders` (its path below `object_folder`) is in no batch, or None when it
+    is directly in a `batch=<hex>` folder, where a run reads it."""
+    if not folders:
+        return f"the file is directly in '{object_folder}', not inside a batch=<hex number> folder"
+    batch = folders[0].removeprefix("batch=") if folders[0].startswith("batch=") else None
+    if batch is None:
+        return f"folder '{folders[0]}' is not a batch folder (batch=<hex number>), so the file belongs to no batch"
+    if not is_batch_key(batch):
+        return f"batch folder '{folders[0]}' is not a hex number, so the file belongs to no batch"
+    if len(folders) > 1:
+        return (
+            f"the file is inside '{'/'.join(folders[1:])}', a folder within batch folder '{folders[0]}'; "
+            "only files directly in a batch folder are read"
+        )
+    return None
 
 
 def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
@@ -190,37 +208,34 @@ class GraxV2Format(FeedFormat):
             if (_folder_value(entry, "object") or "").lower() == obj
         ]
 
-    def batch_folders(
-        self, storage: Storage, landing: str, table: str
-    ) -> tuple[dict[str, list[str]], list[Entry]]:
-        """({batch key: its folders, one per object folder holding it} for valid batches,
-        [folders whose batch is not a hex number])."""
+    def batch_folders(self, storage: Storage, landing: str, table: str) -> dict[str, list[str]]:
+        """Batch key -> its folders (one per object folder holding it), for the valid batches;
+        the files of the rest are strays (`stray_files`)."""
         valid: dict[str, list[str]] = {}
-        invalid = []
         for folder in self.object_folders(storage, landing, table):
             for entry in storage.list(folder):
                 key = _folder_value(entry, "batch")
-                if key is None:
-                    continue
-                if is_batch_key(key):
+                if key is not None and is_batch_key(key):
                     valid.setdefault(key, []).append(entry.uri)
-                else:
-                    invalid.append(entry)
-        return valid, invalid
+        return valid
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
-        return sort_batches(self.batch_folders(storage, landing, table)[0])
+        return sort_batches(self.batch_folders(storage, landing, table))
 
     def partition_order(self, key: str) -> int:
         return batch_order(key)
 
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
-        _, invalid = self.batch_folders(storage, landing, table)
-        return [
-            (entry, f"batch folder '{folder.name}' is not a hex number, so the file belongs to no batch")
-            for folder in invalid
-            for entry in data_files(storage, folder.uri)
-        ]
+        """Every file under the table's object folders that no batch reads, with the reason.
+        One walk of each object folder: a run's cost, not a sensor tick's."""
+        strays = []
+        for folder in self.object_folders(storage, landing, table):
+            for entry in storage.walk_files(folder, skip=is_hidden):
+                folders = entry.uri[len(folder.rstrip("/")) + 1 :].split("/")[:-1]
+                reason = entry.unreadable or _why_no_batch_reads(folder.rsplit("/", 1)[-1], folders)
+                if reason is not None:
+                    strays.append((entry, reason))
+        return strays
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
         if not is_batch_key(partition):
