@@ -428,7 +428,7 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
 
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"
-    docs, at = journal_lines(range(1, 9))
+    docs, at = journal_lines(range(1, 10))
     write_fragment(journal, 0, docs[0])
     strays = {}  # file -> what its quarantine reason must say
     for n, (folder, cause) in enumerate(
@@ -449,6 +449,11 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
                 "directly in 'utc_date=2024-06-01', not inside one of its utc_hour=HH folders",
             ),
             ("", "directly in journal folder 'acmeCo/customers/pivot=00'"),
+            (
+                "utc_date=2999-06-01/utc_hour=10",
+                "hour folder 'acmeCo/customers/pivot=00/utc_date=2999-06-01/utc_hour=10' is dated "
+                "2999-06-01-10, after the current UTC hour",
+            ),
         ],
         start=1,
     ):

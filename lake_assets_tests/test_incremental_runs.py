@@ -7,6 +7,7 @@ took (from the runs' range tags) and what the lake holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -363,6 +364,28 @@ def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
     assert lake.run() == [(hour(3), hour(3))]  # the last hour's run reports the table's strays
     notes = list((lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json"))
     assert len(notes) == 1 and f"file://{stray}" in notes[0].read_text()
+    assert lake.run() == []
+
+
+def test_the_hour_under_way_is_read_and_a_later_dated_folder_is_reported_not_run(lake):
+    """A file of the hour under way is read like any other; a folder dated after it (a vendor's
+    clock, or local times) holds no partition yet: it is reported, and the run does not fail."""
+    now = dt.datetime.now(dt.timezone.utc)
+    future = now.replace(year=now.year + 5)
+    paths = {}
+    for name, moment in (("now", now), ("future", future)):
+        folder = lake.landing / "accounts" / moment.strftime("year=%Y/month=%m/day=%d/hour=%H")
+        folder.mkdir(parents=True)
+        paths[name] = folder / "part-0.parquet"
+        row = event(name, "I", 9, moment, name=name, balance=9)
+        pq.write_table(pa.Table.from_pylist([row], schema=ACCOUNT_SCHEMA), paths[name])
+    key = now.strftime("%Y-%m-%d-%H")
+    assert lake.run() == [(key, key)]
+    assert lake.changes()[key] == ["now"]
+    [note] = (lake.lake / "_quarantine" / "unit" / "accounts" / "_unpartitioned").rglob("*.reason.json")
+    assert (
+        f"file://{paths['future']}" in note.read_text() and "after the current UTC hour" in note.read_text()
+    )
     assert lake.run() == []
 
 

@@ -191,6 +191,24 @@ def hour_key(moment: dt.datetime) -> str:
     return moment.strftime(HOUR_KEY_FORMAT)
 
 
+def current_hour() -> dt.datetime:
+    """The hour under way, in UTC (naive, like the hours folders name): the last hour that is a
+    partition. A folder dated later holds no partition yet (`why_not_yet`)."""
+    return dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0, tzinfo=None)
+
+
+def why_not_yet(moment: dt.datetime, where: str) -> str | None:
+    """Why the files of hour folder `where` (hour `moment`) are not read yet, or None: a folder
+    dated after the hour under way (a vendor's clock, or times that are not UTC) is no
+    partition until its hour comes, so its files are reported, not read."""
+    if moment <= current_hour():
+        return None
+    return (
+        f"hour folder '{where}' is dated {hour_key(moment)}, after the current UTC hour "
+        f"{hour_key(current_hour())}: its files are read once that hour has begun"
+    )
+
+
 def parse_hour_key(key: str) -> dt.datetime:
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", key or ""):
         raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
@@ -233,6 +251,7 @@ def hour_folders(
     the whole history. Folders that are not valid times hold no hour (see `hourly_strays`).
     """
     found: dict[str, list[str]] = {}
+    until = min(until, current_hour()) if until else current_hour()  # later hours: `why_not_yet`
     bounds = [tuple(getattr(b, level) for level, _ in _HOURLY_LEVELS) if b else None for b in (since, until)]
 
     def descend(uri: str, depth: int, prefix: tuple[int, ...]) -> None:
@@ -286,7 +305,7 @@ def _why_no_hour_reads(folders: list[str]) -> str | None:
             f"the file is inside '{'/'.join(folders[len(_HOURLY_LEVELS) :])}', a folder within hour folder "
             f"'{'/'.join(folders[: len(_HOURLY_LEVELS)])}'; only files directly in an hour folder are read"
         )
-    return None
+    return why_not_yet(_first_moment(prefix), "/".join(folders))
 
 
 def list_hour_folders(storage: Storage, table_uri: str, since: dt.datetime | None = None) -> list[str]:

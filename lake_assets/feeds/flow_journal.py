@@ -50,7 +50,7 @@ from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
-from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
+from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key, why_not_yet
 from lake_assets.ingest import (
     TEXT_REPAIRED,
     Batch,
@@ -127,7 +127,8 @@ def stray_reason(journal: str, folders: list[str]) -> str | None:
             f"the file is inside '{'/'.join(folders[2:])}', a folder within hour folder "
             f"'{folders[0]}/{folders[1]}'; only files directly in an hour folder are read"
         )
-    return None
+    hour = folder_hour(date, folders[1])
+    return why_not_yet(hour, f"{journal}/{folders[0]}/{folders[1]}") if hour else None
 
 
 def key_column(pointer: str) -> str:
@@ -492,7 +493,7 @@ class FlowJournalFormat(FeedFormat):
                 continue
             for folder in storage.list(day.uri):
                 hour = folder_hour(date, folder.name) if folder.is_dir else None
-                if hour is not None and hour_key(hour) >= floor:
+                if hour is not None and floor <= hour_key(hour) and hour <= current_hour():
                     hours[hour_key(hour)] = folder.uri
         return hours
 

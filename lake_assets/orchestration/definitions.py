@@ -134,8 +134,13 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
                 sensors.append(build_batch_sensor(feed, fmt, built))
         else:
             start = first_hour(feed, pins[feed.name])
+            # The hour under way is a partition too (`end_offset=1`): its files are read as they
+            # land, and a file landing later in the hour re-runs it like any late file.
             partitions = dg.HourlyPartitionsDefinition(
-                start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT), fmt=HOUR_KEY_FORMAT, timezone="UTC"
+                start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT),
+                fmt=HOUR_KEY_FORMAT,
+                timezone="UTC",
+                end_offset=1,
             )
             built = [build_table_assets(feed, fmt, t, partitions) for t in tables]
             if built:
