@@ -537,6 +537,34 @@ def test_the_batch_scan_sees_a_late_file_named_like_one_in_the_other_case_folder
     assert found == []
 
 
+def test_a_typed_copy_that_changes_type_between_batches_keeps_the_table_going(spark, tmp_path):
+    """`Score` comes as a whole number (`Score_i`) in one batch and as a boolean (`Score_b`) in
+    the next, beside a purge: no number type holds both, so the column becomes text, every value
+    is kept and the purge goes through, instead of the table stopping at every run."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    first = [
+        {"Id": "X", "source__modified": t(1), "grax__idseq": "01", "Score": "5", "Score_i": 5},
+        {"Id": "Y", "source__modified": t(1), "grax__idseq": "02", "Score": "6", "Score_i": 6},
+    ]
+    write_file(landing, "Account", "00000000a", "data-00000000001.parquet", first)
+    process(landing, lake)
+    write_file(
+        landing,
+        "Account",
+        "00000000b",
+        "data-00000000002.parquet",
+        [{"Id": "Z", "source__modified": t(2), "grax__idseq": "03", "Score": "true", "Score_b": True}],
+    )
+    purge = [{"Id": "X", "source__modified": t(3), "grax__idseq": "04", "grax__purged": t(3)}]
+    write_file(landing, "Account", "00000000b", "data-00000000003.parquet", purge)
+    process(landing, lake)
+
+    current = {r["Id"]: r["Score"] for r in layer_rows(lake, "current", f"{ORG}/account")}
+    assert current == {"X": None, "Y": "6", "Z": "true"}
+    assert all(r["Score"] is None for r in layer_rows(lake, "history", f"{ORG}/account") if r["Id"] == "X")
+    assert not list((lake / "_quarantine").rglob("*.reason.json"))
+
+
 def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark, tmp_path):
     """`grax__deleted` / `grax__purged` are timestamps; a file may carry them as text (ISO). Empty
     text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its

@@ -62,7 +62,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact
     both. A 64-bit integer or a decimal meeting a floating-point number becomes a double, which
     rounds beyond 15 significant digits: `exact` (a key column, where two values rounded alike
     would be one record) refuses that instead. Decimals needing more than 38 digits become text,
-    or, `exact`, are refused."""
+    or, `exact`, are refused. A date meeting a timestamp becomes the timestamp (the day's first
+    instant). Any other two types (a boolean beside a number, a struct beside text) become text,
+    which keeps every value; `exact` refuses them."""
     if left == right or isinstance(right, T.NullType):
         return left
     if isinstance(left, T.NullType):
@@ -90,7 +92,12 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact
         if wide is None and exact:
             raise _clash(table, column, left, right, "within 38 digits")
         return wide or T.StringType()
-    raise _clash(table, column, left, right)
+    if exact:
+        raise _clash(table, column, left, right, "without changing values")
+    timestamps = [t for t in pair if isinstance(t, (T.TimestampType, T.TimestampNTZType))]
+    if T.DateType() in pair and timestamps:
+        return timestamps[0]
+    return T.StringType()
 
 
 def _clash(table: str, column: str, left: T.DataType, right: T.DataType, how: str = "") -> SchemaClash:
