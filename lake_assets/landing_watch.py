@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from lake_assets.errors import LakeAssetsError
-from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
+from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key
 from lake_assets.storage import Storage
 
 
@@ -45,11 +45,13 @@ def scan_table(
     storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: TableCursor, late_hours: int
 ) -> tuple[list[NewFiles], TableCursor]:
     since = None
-    if cursor.high_water is not None:
-        since = parse_hour_key(cursor.high_water) - dt.timedelta(hours=late_hours)
+    # A cursor saved while a future-dated folder counted as an hour may point past the hour under
+    # way: it is held to it, or the tick would look only at hours no listing returns yet.
+    high_water = min(cursor.high_water, hour_key(current_hour())) if cursor.high_water else None
+    if high_water is not None:
+        since = parse_hour_key(high_water) - dt.timedelta(hours=late_hours)
     found: list[NewFiles] = []
     seen = dict(cursor.seen)
-    high_water = cursor.high_water
     for key, names in sorted(fmt.landed_hours(storage, landing, table, since).items()):
         fresh = tuple(n for n in names if n not in set(seen.get(key, ())))
         if fresh:

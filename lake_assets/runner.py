@@ -218,10 +218,14 @@ def _changed_partitions(
         say(f"{feed.name}/{table}: and {len(changes) - NAMED_CHANGES} more partition(s) changed")
     chosen = {change.partition for change in changes}
     unreported = [
-        entry
-        for entry, _ in fmt.stray_files(storage, feed.landing, table)
+        (entry, reason)
+        for entry, reason in fmt.stray_files(storage, feed.landing, table)
         if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)
     ]
+    if unreported and not keys:
+        # No partition yet to run (only folders dated ahead, say): each file is named here.
+        for entry, reason in unreported:
+            say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
     if unreported and keys and not chosen:
         say(
             f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them"

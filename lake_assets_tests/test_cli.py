@@ -68,12 +68,10 @@ def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
     )
     assert main(["run", "--config", str(config)]) == 0
     # A later hour whose only file gives `flag` a type the stored table cannot widen into.
-    write_events(
-        landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag=dt.date(2024, 1, 1))]
-    )
+    write_events(landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag={"day": 1})])
     assert main(["run", "--config", str(config), "--from", "2024-03-01-02", "--to", "2024-03-01-02"]) == 1
     err = capsys.readouterr().err
-    assert "column 'flag' has type" in err and "boolean" in err and "date" in err
+    assert "column 'flag' has type" in err and "boolean" in err and "struct" in err
     assert "hour=02/part-1.parquet" in err  # the failure names the landed file to look at
 
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 1
@@ -100,7 +98,7 @@ def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_repor
     for feed, names in tables.items():
         for table in names:
             # A later hour: its file gives `flag` a type the stored table cannot widen into, or is fine.
-            flag = dt.date(2024, 1, 1) if (feed, table) in failing else False
+            flag = {"day": 1} if (feed, table) in failing else False
             write_events(
                 landings[feed], table, 2, "part-1.parquet", [event(f"{table}-2", "I", 2, at(2), flag=flag)]
             )

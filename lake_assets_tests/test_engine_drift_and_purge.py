@@ -93,11 +93,10 @@ def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark
         # a double rounds 64-bit integers beyond 2^53 and long decimals: two keys would become one
         (T.LongType(), T.DoubleType(), T.DoubleType(), None),
         (T.DecimalType(20, 0), T.DoubleType(), T.DoubleType(), None),
-        # types no number or time holds together: text keeps every value (as keys: refused)
+        # scalars no number or time holds together: text spells every value (as keys: refused)
         (T.BooleanType(), T.LongType(), T.StringType(), None),
         (T.DateType(), T.DoubleType(), T.StringType(), None),
-        (T.StructType([T.StructField("x", T.LongType())]), T.StringType(), T.StringType(), None),
-        (T.ArrayType(T.LongType()), T.ArrayType(T.StringType()), T.StringType(), None),
+        (T.BooleanType(), T.DateType(), T.StringType(), None),
         # a date is its day's first instant
         (T.DateType(), T.TimestampType(), T.TimestampType(), None),
     ],
@@ -109,6 +108,21 @@ def test_numbers_widen_into_one_type_and_keys_only_where_no_value_changes(left, 
             widen("t", "c", left, right, exact=True)
     else:
         assert widen("t", "c", left, right, exact=True) == as_key
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [
+        (T.StructType([T.StructField("x", T.LongType())]), T.StringType()),
+        (T.ArrayType(T.LongType()), T.LongType()),
+        (T.MapType(T.StringType(), T.LongType()), T.BooleanType()),
+    ],
+)
+def test_a_struct_array_or_map_meeting_another_type_is_a_clash_not_text(left, right):
+    """Spark's text of a struct (`{1, x}`) drops its field names and cannot be read back."""
+    for pair in ((left, right), (right, left)):
+        with pytest.raises(SchemaClash, match="column 'c' has type"):
+            widen("t", "c", *pair)
 
 
 def test_union_all_projects_only_frames_out_of_shape(spark):

@@ -1,5 +1,6 @@
-"""Schema drift: columns come and go, numeric types widen, text absorbs any type it meets (a
-vendor that switches a field to text keeps every value as text); anything else is a clear clash."""
+"""Schema drift: columns come and go, numeric types widen, text absorbs any scalar it meets (a
+vendor that switches a field's type keeps every value, spelled as text); what text cannot hold
+(a struct beside a number) and key types whose values widening would change are a clear clash."""
 
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact
     rounds beyond 15 significant digits: `exact` (a key column, where two values rounded alike
     would be one record) refuses that instead. Decimals needing more than 38 digits become text,
     or, `exact`, are refused. A date meeting a timestamp becomes the timestamp (the day's first
-    instant). Any other two types (a boolean beside a number, a struct beside text) become text,
-    which keeps every value; `exact` refuses them."""
+    instant). Any other two scalar types (a boolean beside a number or a date) become text, which
+    spells every value; `exact` refuses them. A struct, array or map meeting another type stays
+    a clash: text would not spell its values back."""
     if left == right or isinstance(right, T.NullType):
         return left
     if isinstance(left, T.NullType):
@@ -92,8 +94,8 @@ def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact
         if wide is None and exact:
             raise _clash(table, column, left, right, "within 38 digits")
         return wide or T.StringType()
-    if exact:
-        raise _clash(table, column, left, right, "without changing values")
+    if exact or not (isinstance(left, T.AtomicType) and isinstance(right, T.AtomicType)):
+        raise _clash(table, column, left, right, "without changing values" if exact else "")
     timestamps = [t for t in pair if isinstance(t, (T.TimestampType, T.TimestampNTZType))]
     if T.DateType() in pair and timestamps:
         return timestamps[0]

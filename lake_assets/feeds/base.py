@@ -251,7 +251,8 @@ def hour_folders(
     the whole history. Folders that are not valid times hold no hour (see `hourly_strays`).
     """
     found: dict[str, list[str]] = {}
-    until = min(until, current_hour()) if until else current_hour()  # later hours: `why_not_yet`
+    if until is None:  # a listing of what landed: later hours are no partitions yet (`why_not_yet`)
+        until = current_hour()
     bounds = [tuple(getattr(b, level) for level, _ in _HOURLY_LEVELS) if b else None for b in (since, until)]
 
     def descend(uri: str, depth: int, prefix: tuple[int, ...]) -> None:

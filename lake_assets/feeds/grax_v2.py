@@ -21,9 +21,9 @@ Mapping onto the change model, one landed row at a time:
   that a delete stamped at the version time wins over it;
 - a row with `grax__purged` carries the purge marker: the engine erases the key's field data;
 - field `X` with typed copies becomes one column `X` of the copy's type (several copies in one
-  file: double for integer + float, else text) and `X__string` keeps the vendor's string for
-  audit; a field without typed copies stays text. Across files the engine widens the types
-  (integer to double; anything meeting text becomes text), so a switch loses no value.
+  file widen as across files: double for integer + float, timestamp for date + timestamp, else
+  text) and `X__string` keeps the vendor's string for audit; a field without typed copies stays
+  text. Across files the engine widens the types the same way, so a switch loses no value.
 """
 
 from __future__ import annotations
