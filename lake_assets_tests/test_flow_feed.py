@@ -179,6 +179,43 @@ def journal_lines(numbers) -> tuple[list[bytes], list[int]]:
     return docs, [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
 
 
+def test_a_transaction_begun_hours_before_its_acknowledgement_is_committed_hour_by_hour(spark, tmp_path):
+    """Documents at 07:05 (outside a transaction), a transaction's two at 08:05, and its ACK with
+    one more document at 10:05, no fragment at 09: run hour by hour, the 10:00 run's one context
+    hour holds nothing of the journal, so it reads further back until the transaction's start."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+
+    def line(n: int, flags: int, hour: int, ack: bool = False) -> bytes:
+        uuid = build_uuid(clock_of(dt.datetime(2024, 6, 1, hour, 5, tzinfo=UTC)) + 16 * n, flags, PRODUCER)
+        doc = (
+            {"_meta": {"uuid": uuid, "ack": True}}
+            if ack
+            else {"id": n, "name": f"c{n}", "_meta": {"uuid": uuid}}
+        )
+        return json.dumps(doc).encode() + b"\n"
+
+    hours = {
+        7: line(0, 0x0, 7),
+        8: line(1, 0x1, 8) + line(2, 0x1, 8),
+        10: line(3, 0x2, 10, ack=True) + line(4, 0x0, 10),
+    }
+    config, instance, offset = (
+        config_for(landing, lake, {"acmeCo/customers": ["/id"]}),
+        dg.DagsterInstance.ephemeral(),
+        0,
+    )
+    for hour, content in hours.items():
+        write_fragment(journal, offset, content, hour=hour)
+        offset += len(content)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("2024-06-01-07", 0), ("2024-06-01-10", 1), ("2024-06-01-10", 2), ("2024-06-01-10", 4)}
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [0, 1, 2, 4]
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True  # the passes counted once
+
+
 def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

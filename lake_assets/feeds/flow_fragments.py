@@ -613,6 +613,13 @@ class Sequencer:
         producer.acked = clock
         return [doc]
 
+    def may_commit_unread(self, doc: Doc) -> bool:
+        """Whether `doc` is an ACK that may commit documents written before the first record fed:
+        its producer has no commit point (an ACK, or a document outside a transaction) among the
+        records fed so far, so its transaction may have begun before them."""
+        producer = self._producers.get(doc.uuid.producer)
+        return doc.is_ack and (producer is None or producer.acked < 0)
+
     def finish(self) -> list[Doc]:
         """Documents still pending (never acknowledged: not data), in journal order; clears them."""
         left = sorted((d for p in self._producers.values() for d in p.pending), key=lambda d: d.offset)

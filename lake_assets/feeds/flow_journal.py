@@ -37,6 +37,7 @@ import functools
 import json
 import re
 import reprlib
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
@@ -245,6 +246,8 @@ def read_journal_task(
         sequencer = ff.Sequencer()
         out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
         broken = False
+        first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
+        opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
             for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
@@ -263,6 +266,9 @@ def read_journal_task(
                 if broken:
                     continue
                 for doc in docs:
+                    first_hour.setdefault(doc.uuid.producer, r["hour"])
+                    if r["hour"] in wanted_hours and sequencer.may_commit_unread(doc):
+                        opened.add(doc.uuid.producer)
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
@@ -285,6 +291,11 @@ def read_journal_task(
         if not broken:
             sequencer.finish()
             emit("counts", None, body=json.dumps(sequencer.counts))
+            # A producer that wrote from the first hour read on, with no commit point before its
+            # ACK, may have begun its transaction earlier: the driver reads earlier hours too.
+            earliest = min(r["hour"] for r in rows)
+            if any(first_hour[producer] == earliest for producer in opened):
+                emit("opened_earlier", None)
         return pa.table(out, schema=_OUT)
 
     return run
@@ -560,10 +571,14 @@ class FlowJournalFormat(FeedFormat):
         wanted = frozenset(hours)
         journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
         task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
+
+        def reach_back(journal: _JournalFragments) -> bool:
+            return self._add_earlier_hours(storage, landing, journal)
+
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
         with released_after([]) as cached:
-            outcomes, counts = self._read_until_every_piece_reads(spark, journals, task, cached)
+            outcomes, counts = self._read_until_every_piece_reads(spark, journals, task, cached, reach_back)
             read, skipped, gaps = self._tally(journals, wanted, quarantined)
             documents = [
                 outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
@@ -607,13 +622,20 @@ class FlowJournalFormat(FeedFormat):
         )
 
     def _read_until_every_piece_reads(
-        self, spark: SparkSession, journals: list[_JournalFragments], task, cached: list[DataFrame]
+        self,
+        spark: SparkSession,
+        journals: list[_JournalFragments],
+        task,
+        cached: list[DataFrame],
+        reach_back: Callable[[_JournalFragments], bool],
     ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int]]:
         """Read the journals' covers, then again those where a fragment failed, on covers without
-        the fragments that failed, until a pass has no failure (each pass sets at least one more
-        fragment aside, so this ends). Returns each pass's output with the journals it must not be
-        taken from (read again later), and the sequencers' counts of the passes that count. Each
-        pass's output is cached, and added to `cached` for the caller to release."""
+        the fragments that failed, and those where an acknowledgement of the run's hours may
+        commit documents of earlier hours, with those hours added (`reach_back`, which says
+        whether the journal has any), until a pass needs neither (each pass sets a fragment aside
+        or reaches further back, so this ends). Returns each pass's output with the journals it
+        must not be taken from (read again later), and the sequencers' counts of the passes that
+        count. Each pass's output is cached, and added to `cached` for the caller to release."""
         outcomes: list[tuple[DataFrame, set[str]]] = []
         counts: dict[str, int] = {}
         todo = journals
@@ -623,7 +645,8 @@ class FlowJournalFormat(FeedFormat):
                 break
             outcome = self._read_journals(spark, plan, task)
             cached.append(outcome)
-            retried = self._take_notes(outcome.where(F.col("kind") != "doc").collect(), journals, counts)
+            notes = outcome.where(F.col("kind") != "doc").collect()
+            retried = self._take_notes(notes, journals, counts, reach_back)
             outcomes.append((outcome, retried))
             todo = [journal for journal in journals if journal.name in retried]
         return outcomes, counts
@@ -689,19 +712,52 @@ class FlowJournalFormat(FeedFormat):
         return pieces.join(content, "uri").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
 
     @staticmethod
-    def _take_notes(notes: list, journals: list[_JournalFragments], counts: dict[str, int]) -> set[str]:
-        """Record what a pass's notes say: fragments that failed (on their journal) and the
-        sequencers' counts (added to `counts`); returns the journals to read again."""
+    def _take_notes(
+        notes: list,
+        journals: list[_JournalFragments],
+        counts: dict[str, int],
+        reach_back: Callable[[_JournalFragments], bool],
+    ) -> set[str]:
+        """Record what a pass's notes say: fragments that failed (on their journal), journals
+        whose earlier hours are to be read too (`reach_back` adds them), and the sequencers'
+        counts of the journals not read again (added to `counts`); returns the journals to read
+        again."""
         by_name = {journal.name: journal for journal in journals}
         retry = set()
         for note in notes:
             if note["kind"] == "bad":
                 by_name[note["journal"]].failed[note["uri"]] = note["reason"]
                 retry.add(note["journal"])
-            elif note["kind"] == "counts":
+            elif note["kind"] == "opened_earlier" and reach_back(by_name[note["journal"]]):
+                retry.add(note["journal"])
+        for note in notes:
+            if note["kind"] == "counts" and note["journal"] not in retry:
                 for name, value in json.loads(note["body"]).items():
                     counts[name] = counts.get(name, 0) + value
         return retry
+
+    def _add_earlier_hours(self, storage: Storage, landing: str, journal: _JournalFragments) -> bool:
+        """Add to `journal` the fragments of as many hours before its earliest as it spans (at
+        least two), so a transaction open at the start of what was read is found in a few
+        passes however long ago it began; False when no earlier hour is landed."""
+        earliest = min(journal.hour_of.values())
+        folders = self._hour_folders(
+            storage, Journal(f"{landing.rstrip('/')}/{journal.name}", journal.name), None
+        )
+        earlier = sorted(key for key in folders if key < earliest)
+        if not earlier:
+            return False
+        for key in earlier[-max(2, len(set(journal.hour_of.values()))) :]:
+            for entry in storage.list(folders[key]):
+                if entry.is_dir:
+                    continue
+                try:
+                    fragment = ff.Fragment(entry.uri, journal.name, ff.parse_fragment_name(entry.name))
+                except ValueError:  # not a fragment: its own hour's run sets it aside
+                    continue
+                journal.fragments.append(fragment)
+                journal.hour_of[entry.uri] = key
+        return True
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         parsed = one_column_per_name(parsed, collection.table)
