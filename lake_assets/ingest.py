@@ -34,6 +34,7 @@ from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
+from lake_assets.processed import ByteRange, Reading
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage, each_file
 
@@ -65,6 +66,11 @@ class Batch:
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     #: file URI -> values of its rows whose text was not valid UTF-8 and was repaired
     text_repaired: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: another partition -> files of this batch's partitions whose rows it holds (a Flow
+    #: transaction acknowledged there): it may have to run again (`pipeline.request_reruns`)
+    committed_elsewhere: dict[str, list[ByteRange]] = dataclasses.field(default_factory=dict)
+    #: what was read of streamed landings (Flow journals), kept in the partitions' notes
+    reading: Reading | None = None
 
     def quarantine(self, item: Quarantined) -> None:
         """Set aside a file that was listed for the batch but not handed to the reader."""

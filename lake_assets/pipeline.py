@@ -141,7 +141,9 @@ def _still_recorded(entry, record: dict | None) -> bool:
 
 def record_processed(work: TableWork, partitions: list[str]) -> None:
     """Note what the landed files of `partitions` were (as catalogued) now that their fold has
-    succeeded: the next `lake-assets run` processes them again only if that changes."""
+    succeeded, with what the run's changes step read of streamed landings: the next
+    `lake-assets run` processes them again only if that changes (or a later run asks for it,
+    `request_reruns`)."""
     records = landed_records(work.store, work.feed.name, work.table, partitions)
     processed.write_notes(
         work.storage,
@@ -149,6 +151,7 @@ def record_processed(work: TableWork, partitions: list[str]) -> None:
         work.feed.name,
         work.table,
         {partition: processed.note_from_records(r) for partition, r in records.items()},
+        processed.take_reading(work.storage, work.layout, work.feed.name, work.table, partitions),
     )
 
 
@@ -182,6 +185,8 @@ class Ingested:
     files_catalogued: int  # stray landed files and quarantine copies recorded by this run
     #: landed files outside every valid partition (also in the batch's quarantined files)
     strays: list[Quarantined] = dataclasses.field(default_factory=list)
+    #: other partitions this run asked to run again (`request_reruns`)
+    reruns: list[str] = dataclasses.field(default_factory=list)
 
 
 def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_log) -> Ingested:
@@ -195,7 +200,15 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     if fmt.file_format == "parquet":
         batch = read_batch(session, storage, fmt, table, {key: catalogued[key] for key in partitions})
     else:  # the format reads its own files (Flow: journals, covers and transactions)
-        batch = fmt.read_batch(session, storage, feed.landing, table, catalogued, partitions)
+        batch = fmt.read_batch(
+            session,
+            storage,
+            feed.landing,
+            table,
+            catalogued,
+            partitions,
+            lambda: processed.noted_partitions(storage, work.layout, feed.name, table),
+        )
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
     # partition's run; each run sets them aside again, so none goes unreported.
     strays = fmt.stray_files(storage, feed.landing, table)
@@ -236,7 +249,39 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
             ],
         ]
     )
-    return Ingested(batch=batch, files_catalogued=recorded, strays=[Quarantined(e.uri, r) for e, r in strays])
+    if batch.reading is not None:
+        processed.leave_reading(storage, work.layout, feed.name, table, partitions, batch.reading)
+    return Ingested(
+        batch=batch,
+        files_catalogued=recorded,
+        strays=[Quarantined(e.uri, r) for e, r in strays],
+        reruns=request_reruns(work, batch.committed_elsewhere, log),
+    )
+
+
+def request_reruns(
+    work: TableWork, committed_elsewhere: dict[str, list[processed.ByteRange]], log=_log
+) -> list[str]:
+    """Ask the partitions that hold rows of this run's files (a Flow transaction acknowledged
+    there) to run again where their last run did not read those files: they landed after it
+    (docs/incremental-runs.md, "Runs asked for by other runs"). A partition never processed needs
+    nothing (its first run reads them), nor one whose note does not say what its run read (a
+    note older than that record). Returns the partitions asked."""
+    storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    asked = []
+    for partition, parts in sorted(committed_elsewhere.items()):
+        note = processed.read_note(storage, layout, feed, table, partition)
+        if note is None or note.reading is None:
+            continue
+        unread = [part for part in parts if not note.reading.holds(part)]
+        if not unread:
+            continue
+        more = f" and {len(unread) - 1} more" if len(unread) > 1 else ""
+        reason = f"a transaction acknowledged there holds documents of {unread[0].uri}{more}, which its last run did not read"
+        processed.request_rerun(storage, layout, feed, table, partition, reason, unread)
+        log.warning(f"{feed}/{table}: asked {partition} to run again: {reason}")
+        asked.append(partition)
+    return asked
 
 
 def store_partitions(

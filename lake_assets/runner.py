@@ -45,6 +45,11 @@ class RunFailed(LakeAssetsError):
 #: hours, a quiet night) to one run, where a run costs far more than an empty hour in it.
 MAX_EMPTY_HOURS_IN_A_RUN = 24
 
+#: Rounds of runs that partitions asked to run again (`processed.request_rerun`) get after a
+#: command's own runs. One is what a late fragment takes; each round's runs began after the
+#: requests they answer, so only a new late file asks again.
+MAX_FOLLOW_UP_ROUNDS = 3
+
 
 def _within(fmt, keys: list[str], first: str | None, last: str | None) -> list[str]:
     """The partition keys inside [first, last] (either end open), in the format's order."""
@@ -112,13 +117,37 @@ def run_feeds(
     if not planned and not failures:
         say("nothing changed since the last run: no partition to process (--all processes every one again)")
     run_ids: list[str] = []
-    if planned:
+    progress = progress or Progress()
+    asked: list[str] = []
+
+    def step_done(step: StepDone) -> None:
+        asked.extend(p for layer in step.metadata.values() for p in layer.get(processed.RERUNS_ASKED, []))
+        progress.step_done(step)
+
+    following = dataclasses.replace(progress, step_done=step_done)
+    for _ in range(1 + MAX_FOLLOW_UP_ROUNDS):
+        if not planned:
+            break
         from lake_assets.orchestration.execution import execute  # Dagster loads only when there is work
 
-        run_ids, failed = execute(config, planned, instance, say, progress or Progress())
+        asked.clear()
+        ids, failed = execute(config, planned, instance, say, following)
+        run_ids += ids
         failures += failed
+        if failed or not asked:
+            break
+        # A run asked for partitions it does not own to run again (a Flow transaction that a
+        # late fragment completed is committed in its acknowledgement's hour): done here, so
+        # the command ends with every landed row in place.
+        planned = plan_runs(config, _Selection(None, None, False, reruns_only=True), say, failures)
+    else:
+        if planned:
+            failures.append(
+                f"partitions still asked to run again after {MAX_FOLLOW_UP_ROUNDS} follow-up round(s): "
+                + ", ".join(f"{run.what} {run.first} .. {run.last}" for run in planned)
+            )
     if failures:
-        raise RunFailed(failures, run_ids)
+        raise RunFailed(list(dict.fromkeys(failures)), run_ids)  # a follow-up round plans again
     return run_ids
 
 
@@ -146,6 +175,8 @@ class _Selection:
     first: str | None
     last: str | None
     forced: bool
+    #: only the partitions a run asked to run again (a command's follow-up round)
+    reruns_only: bool = False
 
 
 #: how many changed partitions of a table a run names before summing up the rest
@@ -193,7 +224,9 @@ def _plan_feed(
             selected[table] = (
                 landed[table]
                 if selection.forced
-                else _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
+                else _changed_partitions(
+                    feed, fmt, storage, layout, table, landed[table], say, selection.reruns_only
+                )
             )
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
@@ -203,20 +236,38 @@ def _plan_feed(
 
 
 def _changed_partitions(
-    feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
+    feed,
+    fmt,
+    storage: Storage,
+    layout: LakeLayout,
+    table: str,
+    keys: list[str],
+    say: Callable[[str], None],
+    reruns_only: bool = False,
 ) -> list[str]:
-    """The partitions of a table whose landed files changed since they were processed, and the
-    last one if the table has stray files no run has reported yet (every run reports strays)."""
+    """The partitions of a table whose landed files changed since they were processed or that a
+    run asked to run again, and the last one if the table has stray files no run has reported
+    yet (every run reports strays). With `reruns_only`, only those asked to run again."""
+    reruns = processed.read_reruns(storage, layout, feed.name, table)
+    if reruns_only:
+        keys = [key for key in keys if key in reruns]
+        if not keys:
+            return []
     changes = processed.changed_partitions(
         storage,
         fmt.partitions_files(storage, feed.landing, table, keys),
         processed.read_notes(storage, layout, feed.name, table),
+        reruns,
     )
+    if reruns_only:
+        changes = [change for change in changes if change.partition in reruns]
     for change in changes[:NAMED_CHANGES]:
         say(f"{feed.name}/{table}: {change.partition}: {change.reason}")
     if len(changes) > NAMED_CHANGES:
         say(f"{feed.name}/{table}: and {len(changes) - NAMED_CHANGES} more partition(s) changed")
     chosen = {change.partition for change in changes}
+    if reruns_only:
+        return sorted(chosen, key=fmt.partition_order)
     unreported = [
         (entry, reason)
         for entry, reason in fmt.stray_files(storage, feed.landing, table)

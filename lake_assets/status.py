@@ -81,7 +81,9 @@ def table_status(
             "reason": change.reason,
             "files": len(landed.get(change.partition, [])),
         }
-        for change in processed.changed_partitions(storage, landed, notes)
+        for change in processed.changed_partitions(
+            storage, landed, notes, processed.read_reruns(storage, layout, feed, table)
+        )
     ]
     return TableStatus(
         feed=feed,

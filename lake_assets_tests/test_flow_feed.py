@@ -179,41 +179,154 @@ def journal_lines(numbers) -> tuple[list[bytes], list[int]]:
     return docs, [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
 
 
-def test_a_transaction_begun_hours_before_its_acknowledgement_is_committed_hour_by_hour(spark, tmp_path):
-    """Documents at 07:05 (outside a transaction), a transaction's two at 08:05, and its ACK with
-    one more document at 10:05, no fragment at 09: run hour by hour, the 10:00 run's one context
-    hour holds nothing of the journal, so it reads further back until the transaction's start."""
-    landing, lake = tmp_path / "landing", tmp_path / "lake"
-    journal = landing / "acmeCo" / "customers" / "pivot=00"
-
-    def line(n: int, flags: int, hour: int, ack: bool = False) -> bytes:
-        uuid = build_uuid(clock_of(dt.datetime(2024, 6, 1, hour, 5, tzinfo=UTC)) + 16 * n, flags, PRODUCER)
-        doc = (
-            {"_meta": {"uuid": uuid, "ack": True}}
-            if ack
-            else {"id": n, "name": f"c{n}", "_meta": {"uuid": uuid}}
-        )
-        return json.dumps(doc).encode() + b"\n"
-
-    hours = {
-        7: line(0, 0x0, 7),
-        8: line(1, 0x1, 8) + line(2, 0x1, 8),
-        10: line(3, 0x2, 10, ack=True) + line(4, 0x0, 10),
-    }
-    config, instance, offset = (
-        config_for(landing, lake, {"acmeCo/customers": ["/id"]}),
-        dg.DagsterInstance.ephemeral(),
-        0,
+def transaction_line(n: int, flags: int, hour: int, ack: bool = False) -> bytes:
+    """A document (or, with `ack`, an acknowledgement) of PRODUCER at hh:05 on 2024-06-01."""
+    uuid = build_uuid(clock_of(dt.datetime(2024, 6, 1, hour, 5, tzinfo=UTC)) + 16 * n, flags, PRODUCER)
+    doc = (
+        {"_meta": {"uuid": uuid, "ack": True}} if ack else {"id": n, "name": f"c{n}", "_meta": {"uuid": uuid}}
     )
-    for hour, content in hours.items():
-        write_fragment(journal, offset, content, hour=hour)
-        offset += len(content)
+    return json.dumps(doc).encode() + b"\n"
+
+
+def transaction_across_hours(ack_hour: int) -> dict[int, bytes]:
+    """Hour -> its fragment's content: a document outside a transaction at 07:05, a
+    transaction's two documents at 08:05, and its ACK with one more document at `ack_hour`:05."""
+    return {
+        7: transaction_line(0, 0x0, 7),
+        8: transaction_line(1, 0x1, 8) + transaction_line(2, 0x1, 8),
+        ack_hour: transaction_line(3, 0x2, ack_hour, ack=True) + transaction_line(4, 0x0, ack_hour),
+    }
+
+
+def offsets_of(hours: dict[int, bytes]) -> dict[int, int]:
+    """Hour -> where its fragment begins in the journal (fragments in hour order)."""
+    ordered = sorted(hours)
+    return {hour: sum(len(hours[h]) for h in ordered[: ordered.index(hour)]) for hour in ordered}
+
+
+def customers_lake(tmp_path: Path) -> tuple[Path, Path, LakeConfig, dg.DagsterInstance]:
+    """A lake of one collection keyed by `/id`: its journal's folder, the lake's, the
+    configuration and a Dagster instance."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+    return landing / "acmeCo" / "customers" / "pivot=00", lake, config, dg.DagsterInstance.ephemeral()
+
+
+def run_hour_by_hour(tmp_path: Path, hours: dict[int, bytes]) -> tuple[Path, dg.DagsterInstance]:
+    """Land each hour's fragment in turn (in journal order) and run after each: the lake's
+    folder and the instance."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    for hour, begin in offsets_of(hours).items():
+        write_fragment(journal, begin, hours[hour], hour=hour)
         run_feeds(config, instance=instance, say=lambda _: None)
+    return lake, instance
+
+
+def test_a_transaction_begun_hours_before_its_acknowledgement_is_committed_hour_by_hour(spark, tmp_path):
+    """No fragment at 09: run hour by hour, the 10:00 run's one context hour holds nothing of the
+    journal, so it reads further back until the transaction's start."""
+    lake, instance = run_hour_by_hour(tmp_path, transaction_across_hours(ack_hour=10))
 
     changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
     assert changes == {("2024-06-01-07", 0), ("2024-06-01-10", 1), ("2024-06-01-10", 2), ("2024-06-01-10", 4)}
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [0, 1, 2, 4]
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True  # the passes counted once
+
+
+def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_back(spark, tmp_path):
+    """The transaction's documents at 08:05, another producer's document at 09:05, the ACK at
+    10:05: hour 10's context hour holds records, none of the ACK's producer, which had nothing
+    pending when its ACK came (it writes an ACK only to journals it wrote to): read further back."""
+    other = build_uuid(
+        clock_of(dt.datetime(2024, 6, 1, 9, 5, tzinfo=UTC)), 0x0, bytes.fromhex("0f0e0d0c0b0a")
+    )
+    hours = {
+        **transaction_across_hours(ack_hour=10),
+        9: json.dumps({"id": 9, "name": "c9", "_meta": {"uuid": other}}).encode() + b"\n",
+    }
+    lake, _ = run_hour_by_hour(tmp_path, hours)
+
+    changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {
+        ("2024-06-01-07", 0),
+        ("2024-06-01-09", 9),
+        ("2024-06-01-10", 1),
+        ("2024-06-01-10", 2),
+        ("2024-06-01-10", 4),
+    }
+
+
+def test_a_fragment_landing_after_its_acknowledgements_hour_ran_is_committed_there(spark, tmp_path):
+    """The transaction's 08:00 fragment lands last. Hour 10 ran without it (a gap); hour 08's run
+    reads on to the ACK, asks hour 10 to run again, and the same command does so: nothing of
+    the transaction is left out, and the next command has nothing to do."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours, table = transaction_across_hours(ack_hour=10), "acmeco_customers"
+    begins = offsets_of(hours)
+    for hour in (7, 10):
+        write_fragment(journal, begins[hour], hours[hour], hour=hour)
+        run_feeds(config, instance=instance, say=lambda _: None)
+    assert {r["id"] for r in rows(lake, "changes", table)} == {0, 4}
+    assert landing_complete_passed(instance, table) is False  # hour 10 saw the hole
+
+    write_fragment(journal, begins[8], hours[8], hour=8)
+    said: list[str] = []
+    run_feeds(config, instance=instance, say=said.append)
+
+    changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", table)}
+    assert changes == {("2024-06-01-07", 0), ("2024-06-01-10", 1), ("2024-06-01-10", 2), ("2024-06-01-10", 4)}
+    assert sorted(r["id"] for r in rows(lake, "current", table)) == [0, 1, 2, 4]
+    assert any("2024-06-01-10: to run again: a transaction acknowledged there" in line for line in said), said
+    assert landing_complete_passed(instance, table) is True
+    assert not list((lake / "_state").rglob("reruns/*"))  # answered, so withdrawn
+    said.clear()
+    run_feeds(config, instance=instance, say=said.append)
+    assert any("nothing changed since the last run" in line for line in said), said
+
+
+def test_a_transaction_read_again_asks_no_hour_that_saw_it_to_run_again(spark, tmp_path):
+    """Hour 08's documents are acknowledged at 09:05. Run up to 08, their commit is not known yet;
+    09's own run commits them. Running 08 again reads on to 09, and 09, which saw them, is left
+    alone: a transaction across an hour never starts a chain of runs."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours, table = transaction_across_hours(ack_hour=9), "acmeco_customers"
+    for hour, begin in offsets_of(hours).items():
+        write_fragment(journal, begin, hours[hour], hour=hour)
+
+    run_feeds(config, instance=instance, say=lambda _: None, last="2024-06-01-08")
+    assert {r["id"] for r in rows(lake, "changes", table)} == {0}
+    run_feeds(config, instance=instance, say=lambda _: None)
+    assert {r["id"] for r in rows(lake, "changes", table)} == {0, 1, 2, 4}
+    said: list[str] = []
+    run_ids = run_feeds(
+        config, instance=instance, say=said.append, first="2024-06-01-08", last="2024-06-01-08"
+    )
+
+    assert len(run_ids) == 1 and not any("to run again" in line for line in said), said
+    assert not list((lake / "_state").rglob("reruns/*"))
+    changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", table)}
+    assert changes == {("2024-06-01-07", 0), ("2024-06-01-09", 1), ("2024-06-01-09", 2), ("2024-06-01-09", 4)}
+
+
+def test_the_landing_sensor_runs_an_hour_asked_to_run_again(tmp_path):
+    from lake_assets import processed
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+    from lake_assets.paths import LakeLayout
+    from lake_assets.storage import Storage
+
+    journal, _, config, _ = customers_lake(tmp_path)
+    write_fragment(journal, 0, doc_line(1), hour=10)
+    first = landing_sensor_tick(config)
+    storage, layout = Storage(S3Config()), LakeLayout(config.lake)
+    late = processed.ByteRange("file:///late.gz", "acmeCo/customers/pivot=00", 0, 10)
+    asked = processed.request_rerun(
+        storage, layout, "flow", "acmeco_customers", "2024-06-01-10", "a late fragment", [late]
+    )
+    [request] = landing_sensor_tick(
+        config, first.cursor
+    ).run_requests  # the hour's files are not new: only the request runs it
+    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("2024-06-01-10", "2024-06-01-10")
+    assert request.run_key.endswith(f"again:2024-06-01-10:{asked.token}")
 
 
 def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_path):
@@ -570,26 +683,31 @@ def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
     assert sorted(hours) == ["2024-06-01-14", "2024-06-01-15"]
 
 
-def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
+def landing_sensor_tick(config: LakeConfig, cursor: str | None = None) -> dg.SensorResult:
+    """One evaluation of the Flow feed's landing sensor."""
     from lake_assets.orchestration.resources import LakeResource
-    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 
-    landing = tmp_path / "landing"
-    journal = landing / "acmeCo" / "customers" / "pivot=00"
-    first = doc_line(1)
-    write_fragment(journal, 0, first, hour=10)
-    config = config_for(landing, tmp_path / "lake", {"acmeCo/customers": ["/id"]})
     defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def("flow_landing_sensor")
     resources = {"lake": LakeResource(root=config.lake)}
-    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-        tick = sensor(context)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+        result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def test_the_landing_sensor_requests_hours_with_new_fragments(tmp_path):
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    journal, _, config, _ = customers_lake(tmp_path)
+    first = doc_line(1)
+    write_fragment(journal, 0, first, hour=10)
+    tick = landing_sensor_tick(config)
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in tick.run_requests] == [
         ("2024-06-01-10", "2024-06-01-10")
     ]
     write_fragment(journal, len(first), doc_line(2), hour=11)
-    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=tick.cursor) as context:
-        later = sensor(context)
+    later = landing_sensor_tick(config, tick.cursor)
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in later.run_requests] == [
         ("2024-06-01-11", "2024-06-01-11")
     ]

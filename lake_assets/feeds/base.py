@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -100,8 +101,10 @@ class FeedFormat(abc.ABC):
         table: str,
         files: dict[str, list[Entry]],
         partitions: list[str],
+        processed_partitions: Callable[[], set[str]] = set,
     ) -> Batch:
-        """The batch of a format that reads its own files (`file_format` other than "parquet")."""
+        """The batch of a format that reads its own files (`file_format` other than "parquet");
+        `processed_partitions` lists the partitions processed before (asked only when needed)."""
         raise NotImplementedError(f"{self.name} files are read by the shared Parquet reader")
 
     @abc.abstractmethod

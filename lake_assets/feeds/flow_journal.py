@@ -63,6 +63,7 @@ from lake_assets.ingest import (
 )
 from lake_assets.lake_io import released_after
 from lake_assets.paths import safe_segment
+from lake_assets.processed import ByteRange, Reading, merged
 from lake_assets.quarantine import Quarantined
 from lake_assets.storage import Entry, Storage
 
@@ -248,6 +249,9 @@ def read_journal_task(
         broken = False
         first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
         opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
+        blind = False  # such an ACK found nothing of its producer pending: its documents are unread
+        hour_of = {r["uri"]: r["hour"] for r in rows}
+        elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
             for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
@@ -269,6 +273,7 @@ def read_journal_task(
                     first_hour.setdefault(doc.uuid.producer, r["hour"])
                     if r["hour"] in wanted_hours and sequencer.may_commit_unread(doc):
                         opened.add(doc.uuid.producer)
+                        blind = blind or not sequencer.has_pending(doc.uuid.producer)
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
@@ -279,6 +284,12 @@ def read_journal_task(
                                 committed.offset,
                                 document_row(committed, key, r["hour"]),
                             )
+                        elif (
+                            hour_of[committed.uri] in wanted_hours
+                            and (r["hour"], committed.uri) not in elsewhere
+                        ):
+                            elsewhere.add((r["hour"], committed.uri))
+                            emit("committed_elsewhere", r["hour"], committed.uri)
             except ff.FragmentError as error:
                 emit("bad", r["hour"], error.uri, error.offset, None, str(error))
                 broken = True
@@ -289,12 +300,18 @@ def read_journal_task(
                 emit("bad", r["hour"], unforeseen.uri, None, None, str(unforeseen))
                 broken = True
         if not broken:
-            sequencer.finish()
+            left = sequencer.finish()
             emit("counts", None, body=json.dumps(sequencer.counts))
-            # A producer that wrote from the first hour read on, with no commit point before its
-            # ACK, may have begun its transaction earlier: the driver reads earlier hours too.
+            # Documents of the run's hours whose transaction is still open: its end, if landed,
+            # lies in a later hour, which the driver reads too (to learn which hour commits them).
+            if any(hour_of[d.uri] in wanted_hours for d in left):
+                emit("pending_after", None)
+            # A producer with no commit point before its ACK may have begun its transaction
+            # earlier: when it wrote from the first hour read on, or when nothing of it was
+            # pending (a producer writes an ACK only to journals it wrote to in the
+            # transaction), the driver reads earlier hours too.
             earliest = min(r["hour"] for r in rows)
-            if any(first_hour[producer] == earliest for producer in opened):
+            if blind or any(first_hour[producer] == earliest for producer in opened):
                 emit("opened_earlier", None)
         return pa.table(out, schema=_OUT)
 
@@ -312,6 +329,9 @@ class _JournalFragments:
 
     def cover(self) -> tuple[list[ff.CoverPiece], list[ff.Gap]]:
         return ff.cover(self.fragments, self.failed)
+
+    def fragment(self, uri: str) -> ff.Fragment:
+        return next(f for f in self.fragments if f.uri == uri)
 
     def plan(self) -> list[tuple]:
         """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order."""
@@ -558,6 +578,7 @@ class FlowJournalFormat(FeedFormat):
         table: str,
         files: dict[str, list[Entry]],
         hours: list[str],
+        processed_partitions: Callable[[], set[str]] = set,
     ) -> Batch:
         """Committed documents of `hours`, read fragment by fragment inside Spark.
 
@@ -572,14 +593,23 @@ class FlowJournalFormat(FeedFormat):
         journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
         task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
 
-        def reach_back(journal: _JournalFragments) -> bool:
-            return self._add_earlier_hours(storage, landing, journal)
+        processed_hours = functools.cache(processed_partitions)
+
+        def reach(journal: _JournalFragments, later: bool) -> bool:
+            # Reading on only tells which later hour commits the run's documents, which matters
+            # only to an hour processed before (`pipeline.request_reruns`).
+            until = max(processed_hours(), default=None) if later else None
+            return (not later or until is not None) and self._add_hours(
+                storage, landing, journal, later, until
+            )
 
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
         with released_after([]) as cached:
-            outcomes, counts = self._read_until_every_piece_reads(spark, journals, task, cached, reach_back)
-            read, skipped, gaps = self._tally(journals, wanted, quarantined)
+            outcomes, counts, elsewhere = self._read_until_every_piece_reads(
+                spark, journals, task, cached, reach
+            )
+            read, skipped, gaps, reading = self._tally(journals, wanted, quarantined)
             documents = [
                 outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
                 if retried
@@ -603,7 +633,18 @@ class FlowJournalFormat(FeedFormat):
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(
-                None, listed, read, 0, 0, 0, quarantined, files_skipped=skipped, gaps=gaps, counts=counts
+                None,
+                listed,
+                read,
+                0,
+                0,
+                0,
+                quarantined,
+                files_skipped=skipped,
+                gaps=gaps,
+                counts=counts,
+                committed_elsewhere=elsewhere,
+                reading=reading,
             )
         collapsed = collapse_counted(events, self.table_spec(table), keep=False)
         repaired = text_repaired_per_file(events, m.SOURCE_FILE) if collapsed.text_repaired else {}
@@ -619,6 +660,8 @@ class FlowJournalFormat(FeedFormat):
             gaps=gaps,
             counts=counts,
             text_repaired=repaired,
+            committed_elsewhere=elsewhere,
+            reading=reading,
         )
 
     def _read_until_every_piece_reads(
@@ -627,17 +670,20 @@ class FlowJournalFormat(FeedFormat):
         journals: list[_JournalFragments],
         task,
         cached: list[DataFrame],
-        reach_back: Callable[[_JournalFragments], bool],
-    ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int]]:
+        reach: Callable[[_JournalFragments, bool], bool],
+    ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int], dict[str, list[ByteRange]]]:
         """Read the journals' covers, then again those where a fragment failed, on covers without
-        the fragments that failed, and those where an acknowledgement of the run's hours may
-        commit documents of earlier hours, with those hours added (`reach_back`, which says
-        whether the journal has any), until a pass needs neither (each pass sets a fragment aside
-        or reaches further back, so this ends). Returns each pass's output with the journals it
-        must not be taken from (read again later), and the sequencers' counts of the passes that
-        count. Each pass's output is cached, and added to `cached` for the caller to release."""
+        the fragments that failed; those where an acknowledgement of the run's hours may commit
+        documents of earlier hours, with those hours added; and those where documents of the
+        run's hours are still pending at the end, with later hours added (`reach`, which says
+        whether the journal has any), until a pass needs none of that (each pass sets a fragment
+        aside or reads further, so this ends). Returns each pass's output with the journals it
+        must not be taken from (read again later), the sequencers' counts of the passes that
+        count, and the other hours that commit documents of the run's hours (hour -> their
+        fragments). Each pass's output is cached, and added to `cached` for the caller to release."""
         outcomes: list[tuple[DataFrame, set[str]]] = []
         counts: dict[str, int] = {}
+        elsewhere: dict[str, list[ByteRange]] = {}
         todo = journals
         while todo:
             plan = [row for journal in todo for row in journal.plan()]
@@ -646,22 +692,30 @@ class FlowJournalFormat(FeedFormat):
             outcome = self._read_journals(spark, plan, task)
             cached.append(outcome)
             notes = outcome.where(F.col("kind") != "doc").collect()
-            retried = self._take_notes(notes, journals, counts, reach_back)
+            retried = self._take_notes(notes, journals, counts, elsewhere, reach)
             outcomes.append((outcome, retried))
             todo = [journal for journal in journals if journal.name in retried]
-        return outcomes, counts
+        return outcomes, counts, elsewhere
 
     @staticmethod
     def _tally(
         journals: list[_JournalFragments], wanted: frozenset[str], quarantined: list[Quarantined]
-    ) -> tuple[int, int, list[str]]:
-        """Files of the run's hours read and superseded, and the gaps, on the final covers; the
-        fragments that failed are added to `quarantined`."""
+    ) -> tuple[int, int, list[str], Reading]:
+        """Files of the run's hours read and superseded, the gaps up to the end of the run's own
+        fragments (a hole further on is a later hour's to report), and what was read, on the
+        final covers; the fragments of the run's hours that failed are added to `quarantined`."""
         gaps: list[str] = []
         read = skipped = 0
+        ranges: dict[str, tuple[tuple[int, int], ...]] = {}
+        set_aside: set[str] = set()
         for journal in journals:
             pieces, journal_gaps = journal.cover()
-            gaps.extend(gap.description for gap in journal_gaps)
+            own_end = max(
+                (f.name.end for f in journal.fragments if journal.hour_of[f.uri] in wanted), default=0
+            )
+            gaps.extend(gap.description for gap in journal_gaps if gap.begin < own_end)
+            ranges[journal.name] = merged([(piece.start, piece.end) for piece in pieces])
+            set_aside.update(journal.failed)
             used = {piece.fragment.uri for piece in pieces}
             for fragment in journal.fragments:
                 if journal.hour_of[fragment.uri] not in wanted:
@@ -672,7 +726,7 @@ class FlowJournalFormat(FeedFormat):
                     read += 1
                 else:
                     skipped += 1
-        return read, skipped, gaps
+        return read, skipped, gaps, Reading(ranges, frozenset(set_aside))
 
     @staticmethod
     def _journal_fragments(
@@ -716,38 +770,61 @@ class FlowJournalFormat(FeedFormat):
         notes: list,
         journals: list[_JournalFragments],
         counts: dict[str, int],
-        reach_back: Callable[[_JournalFragments], bool],
+        elsewhere: dict[str, list[ByteRange]],
+        reach: Callable[[_JournalFragments, bool], bool],
     ) -> set[str]:
         """Record what a pass's notes say: fragments that failed (on their journal), journals
-        whose earlier hours are to be read too (`reach_back` adds them), and the sequencers'
-        counts of the journals not read again (added to `counts`); returns the journals to read
-        again."""
+        whose earlier or later hours are to be read too (`reach` adds them), and, of the
+        journals not read again, the sequencers' counts (added to `counts`) and the other hours
+        that commit documents of the run's hours (added to `elsewhere`, with the fragments
+        holding them); returns the journals to read again."""
         by_name = {journal.name: journal for journal in journals}
         retry = set()
         for note in notes:
             if note["kind"] == "bad":
                 by_name[note["journal"]].failed[note["uri"]] = note["reason"]
                 retry.add(note["journal"])
-            elif note["kind"] == "opened_earlier" and reach_back(by_name[note["journal"]]):
+            elif note["kind"] in ("opened_earlier", "pending_after") and reach(
+                by_name[note["journal"]], note["kind"] == "pending_after"
+            ):
                 retry.add(note["journal"])
         for note in notes:
-            if note["kind"] == "counts" and note["journal"] not in retry:
+            if note["journal"] in retry:
+                continue
+            if note["kind"] == "counts":
                 for name, value in json.loads(note["body"]).items():
                     counts[name] = counts.get(name, 0) + value
+            elif note["kind"] == "committed_elsewhere":
+                fragment = by_name[note["journal"]].fragment(note["uri"])
+                part = ByteRange(fragment.uri, fragment.journal, fragment.name.begin, fragment.name.end)
+                elsewhere.setdefault(note["hour"], []).append(part)
         return retry
 
-    def _add_earlier_hours(self, storage: Storage, landing: str, journal: _JournalFragments) -> bool:
-        """Add to `journal` the fragments of as many hours before its earliest as it spans (at
-        least two), so a transaction open at the start of what was read is found in a few
-        passes however long ago it began; False when no earlier hour is landed."""
-        earliest = min(journal.hour_of.values())
+    def _add_hours(
+        self,
+        storage: Storage,
+        landing: str,
+        journal: _JournalFragments,
+        later: bool,
+        until: str | None = None,
+    ) -> bool:
+        """Add to `journal` the fragments of as many hours before its earliest (or after its
+        latest, up to `until`) as it spans, at least two, so a transaction open at the start (or
+        end) of what was read is found in a few passes however long it lasted; False when no
+        such hour is landed."""
+        read = set(journal.hour_of.values())
         folders = self._hour_folders(
-            storage, Journal(f"{landing.rstrip('/')}/{journal.name}", journal.name), None
+            storage,
+            Journal(f"{landing.rstrip('/')}/{journal.name}", journal.name),
+            parse_hour_key(max(read)) if later else None,
         )
-        earlier = sorted(key for key in folders if key < earliest)
-        if not earlier:
+        beyond = sorted(
+            key for key in folders if (max(read) < key <= (until or key) if later else key < min(read))
+        )
+        if not beyond:
             return False
-        for key in earlier[-max(2, len(set(journal.hour_of.values()))) :]:
+        step = max(2, len(read))
+        for key in beyond[:step] if later else beyond[-step:]:
             for entry in storage.list(folders[key]):
                 if entry.is_dir:
                     continue

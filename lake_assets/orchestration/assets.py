@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import DataFrame, SparkSession
 
-from lake_assets import lake_io, pipeline
+from lake_assets import lake_io, pipeline, processed
 from lake_assets.config import FeedConfig
 from lake_assets.engine import checks
 from lake_assets.engine.fold import FoldReport
@@ -292,6 +292,7 @@ def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
         "reconciled": batch.reconciles,
         "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
         "files_stray": len(ingested.strays),
+        processed.RERUNS_ASKED: dg.MetadataValue.json(ingested.reruns),
     }
 
 

@@ -2,13 +2,16 @@
 
 Hourly feeds: new hour folders and files arriving late in a recent hour. Batch feeds (GRAX): new
 batches are registered as dynamic partitions; the open (greatest) batch is re-run when it gains
-files. Run keys hash the files a run covers, so the same files never run twice.
+files. Run keys hash the files a run covers, so the same files never run twice. An hourly partition
+that another run asked to run again (`processed.request_rerun`) gets a run of its own, keyed by
+the request.
 """
 
 import hashlib
 
 import dagster as dg
 
+from lake_assets import processed
 from lake_assets.config import FeedConfig
 from lake_assets.discovery import Pin, describe, discover_feed, feed_tables
 from lake_assets.errors import LakeAssetsError
@@ -57,10 +60,14 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         )
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        storage = lake.get_storage()
+        storage, layout = lake.get_storage(), lake.layout()
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
+            for request in sorted(
+                processed.read_reruns(storage, layout, feed.name, name).values(), key=lambda r: r.partition
+            ):
+                run_requests.append(_rerun(feed.name, assets, request))
             found, cursors[name] = scan_table(
                 storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
             )
@@ -166,8 +173,18 @@ def _range_run(feed: str, assets: TableAssets, start: str, end: str, found: list
     """One run over the partitions `start` .. `end`, which hold the new files `found`, keyed by
     every file name they hold."""
     digest = hashlib.sha1("".join(f"{f.partition}={f.fingerprint}" for f in found).encode()).hexdigest()[:16]
+    return _whole_table_run(f"{feed}:{assets.table}:{start}..{end}:{digest}", assets, start, end)
+
+
+def _rerun(feed: str, assets: TableAssets, request: processed.RerunRequest) -> dg.RunRequest:
+    """A run of a partition another run asked to run again, keyed by that request."""
+    hour = request.partition
+    return _whole_table_run(f"{feed}:{assets.table}:again:{hour}:{request.token}", assets, hour, hour)
+
+
+def _whole_table_run(run_key: str, assets: TableAssets, start: str, end: str) -> dg.RunRequest:
     return dg.RunRequest(
-        run_key=f"{feed}:{assets.table}:{start}..{end}:{digest}",
+        run_key=run_key,
         asset_selection=assets.processed_keys,
         tags={
             RANGE_START_TAG: start,
