@@ -46,8 +46,8 @@ class RunFailed(LakeAssetsError):
 MAX_EMPTY_HOURS_IN_A_RUN = 24
 
 #: Rounds of runs that partitions asked to run again (`processed.request_rerun`) get after a
-#: command's own runs. One is what a late fragment takes; each round's runs began after the
-#: requests they answer, so only a new late file asks again.
+#: command's own runs. One is what a late fragment takes: a round's runs read what the requests
+#: name, so only a file landing meanwhile asks again.
 MAX_FOLLOW_UP_ROUNDS = 3
 
 
