@@ -34,8 +34,8 @@ from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
-from lake_assets.processed import ByteRange, Reading
 from lake_assets.quarantine import Quarantined
+from lake_assets.reruns import ByteRange, Reading
 from lake_assets.storage import Entry, Storage, each_file
 
 INVALID = "__invalid"

@@ -18,7 +18,7 @@ from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lake_assets import lake_io, processed
+from lake_assets import lake_io, processed, reruns
 from lake_assets.catalog.files import (
     catalog_file,
     catalogued_partitions,
@@ -139,11 +139,10 @@ def _still_recorded(entry, record: dict | None) -> bool:
     )
 
 
-def record_processed(work: TableWork, partitions: list[str]) -> None:
+def record_processed(work: TableWork, partitions: list[str], log=_log) -> None:
     """Note what the landed files of `partitions` were (as catalogued) now that their fold has
-    succeeded, with what the run's changes step read of streamed landings: the next
-    `lake-assets run` processes them again only if that changes (or a later run asks for it,
-    `request_reruns`)."""
+    succeeded: the next `lake-assets run` processes them again only if that changes. Requests
+    to run them again that their changes now answer are withdrawn (`reruns`)."""
     records = landed_records(work.store, work.feed.name, work.table, partitions)
     processed.write_notes(
         work.storage,
@@ -151,8 +150,15 @@ def record_processed(work: TableWork, partitions: list[str]) -> None:
         work.feed.name,
         work.table,
         {partition: processed.note_from_records(r) for partition, r in records.items()},
-        processed.take_reading(work.storage, work.layout, work.feed.name, work.table, partitions),
     )
+    reruns.withdraw_answered(work.storage, work.layout, work.feed.name, work.table, partitions, log.warning)
+
+
+def record_reading(work: TableWork, partitions: list[str], batch: Batch) -> None:
+    """Once the changes of `partitions` are stored, record what they were read from (a format
+    that reads streams: Flow journals), which tells a later run whether a late file was read."""
+    if batch.reading is not None:
+        reruns.leave_reading(work.storage, work.layout, work.feed.name, work.table, partitions, batch.reading)
 
 
 def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
@@ -200,6 +206,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     if fmt.file_format == "parquet":
         batch = read_batch(session, storage, fmt, table, {key: catalogued[key] for key in partitions})
     else:  # the format reads its own files (Flow: journals, covers and transactions)
+        standing = reruns.read_reruns(storage, work.layout, feed.name, table)
         batch = fmt.read_batch(
             session,
             storage,
@@ -207,7 +214,8 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
             table,
             catalogued,
             partitions,
-            lambda: processed.noted_partitions(storage, work.layout, feed.name, table),
+            lambda: _processed_before(work),
+            [part for key in partitions for request in standing.get(key, []) for part in request.parts],
         )
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
     # partition's run; each run sets them aside again, so none goes unreported.
@@ -249,8 +257,6 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
             ],
         ]
     )
-    if batch.reading is not None:
-        processed.leave_reading(storage, work.layout, feed.name, table, partitions, batch.reading)
     return Ingested(
         batch=batch,
         files_catalogued=recorded,
@@ -259,26 +265,34 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     )
 
 
+def _processed_before(work: TableWork) -> set[str]:
+    """Partitions whose changes were stored or folded before (two listings)."""
+    storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    return processed.noted_partitions(storage, layout, feed, table) | reruns.read_partitions(
+        storage, layout, feed, table
+    )
+
+
 def request_reruns(
-    work: TableWork, committed_elsewhere: dict[str, list[processed.ByteRange]], log=_log
+    work: TableWork, committed_elsewhere: dict[str, list[reruns.ByteRange]], log=_log
 ) -> list[str]:
     """Ask the partitions that hold rows of this run's files (a Flow transaction acknowledged
-    there) to run again where their last run did not read those files: they landed after it
-    (docs/incremental-runs.md, "Runs asked for by other runs"). A partition never processed needs
-    nothing (its first run reads them), nor one whose note does not say what its run read (a
-    note older than that record). Returns the partitions asked."""
+    there) to run again, unless the reading recorded with their stored changes holds those files'
+    bytes (docs/incremental-runs.md, "Runs asked for by other runs"). A partition with no reading
+    is asked too: if it never ran, planning takes it anyway. Returns the partitions asked."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
     asked = []
     for partition, parts in sorted(committed_elsewhere.items()):
-        note = processed.read_note(storage, layout, feed, table, partition)
-        if note is None or note.reading is None:
-            continue
-        unread = [part for part in parts if not note.reading.holds(part)]
+        reading = reruns.read_reading(storage, layout, feed, table, partition) or reruns.Reading({})
+        unread = [part for part in parts if not reading.holds(part)]
         if not unread:
             continue
         more = f" and {len(unread) - 1} more" if len(unread) > 1 else ""
-        reason = f"a transaction acknowledged there holds documents of {unread[0].uri}{more}, which its last run did not read"
-        processed.request_rerun(storage, layout, feed, table, partition, reason, unread)
+        reason = (
+            f"a transaction acknowledged there holds documents of {unread[0].uri}{more}, "
+            "which its stored changes were not read from"
+        )
+        reruns.request_rerun(storage, layout, feed, table, partition, reason, unread)
         log.warning(f"{feed}/{table}: asked {partition} to run again: {reason}")
         asked.append(partition)
     return asked

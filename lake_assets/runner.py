@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lake_assets import processed
+from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig, check_landings
 from lake_assets.discovery import Pin, describe, discover, feed_tables
 from lake_assets.errors import LakeAssetsError, first_line
@@ -45,7 +45,7 @@ class RunFailed(LakeAssetsError):
 #: hours, a quiet night) to one run, where a run costs far more than an empty hour in it.
 MAX_EMPTY_HOURS_IN_A_RUN = 24
 
-#: Rounds of runs that partitions asked to run again (`processed.request_rerun`) get after a
+#: Rounds of runs that partitions asked to run again (`reruns.request_rerun`) get after a
 #: command's own runs. One is what a late fragment takes: a round's runs read what the requests
 #: name, so only a file landing meanwhile asks again.
 MAX_FOLLOW_UP_ROUNDS = 3
@@ -121,7 +121,7 @@ def run_feeds(
     asked: list[str] = []
 
     def step_done(step: StepDone) -> None:
-        asked.extend(p for layer in step.metadata.values() for p in layer.get(processed.RERUNS_ASKED, []))
+        asked.extend(p for layer in step.metadata.values() for p in layer.get(reruns.RERUNS_ASKED, []))
         progress.step_done(step)
 
     following = dataclasses.replace(progress, step_done=step_done)
@@ -221,13 +221,12 @@ def _plan_feed(
             landed[table] = _within(
                 fmt, fmt.partition_keys(storage, feed.landing, table), selection.first, selection.last
             )
-            selected[table] = (
-                landed[table]
-                if selection.forced
-                else _changed_partitions(
-                    feed, fmt, storage, layout, table, landed[table], say, selection.reruns_only
-                )
-            )
+            if selection.forced:
+                selected[table] = landed[table]
+            elif selection.reruns_only:
+                selected[table] = _asked_partitions(feed, storage, layout, table, landed[table], say)
+            else:
+                selected[table] = _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
     if fmt.partitioning == "batch":
@@ -236,38 +235,19 @@ def _plan_feed(
 
 
 def _changed_partitions(
-    feed,
-    fmt,
-    storage: Storage,
-    layout: LakeLayout,
-    table: str,
-    keys: list[str],
-    say: Callable[[str], None],
-    reruns_only: bool = False,
+    feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
 ) -> list[str]:
     """The partitions of a table whose landed files changed since they were processed or that a
     run asked to run again, and the last one if the table has stray files no run has reported
-    yet (every run reports strays). With `reruns_only`, only those asked to run again."""
-    reruns = processed.read_reruns(storage, layout, feed.name, table)
-    if reruns_only:
-        keys = [key for key in keys if key in reruns]
-        if not keys:
-            return []
+    yet (every run reports strays)."""
     changes = processed.changed_partitions(
         storage,
         fmt.partitions_files(storage, feed.landing, table, keys),
         processed.read_notes(storage, layout, feed.name, table),
-        reruns,
+        reruns.asked(reruns.read_reruns(storage, layout, feed.name, table)),
     )
-    if reruns_only:
-        changes = [change for change in changes if change.partition in reruns]
-    for change in changes[:NAMED_CHANGES]:
-        say(f"{feed.name}/{table}: {change.partition}: {change.reason}")
-    if len(changes) > NAMED_CHANGES:
-        say(f"{feed.name}/{table}: and {len(changes) - NAMED_CHANGES} more partition(s) changed")
+    _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
-    if reruns_only:
-        return sorted(chosen, key=fmt.partition_order)
     unreported = [
         (entry, reason)
         for entry, reason in fmt.stray_files(storage, feed.landing, table)
@@ -283,6 +263,23 @@ def _changed_partitions(
         )
         chosen.add(keys[-1])
     return sorted(chosen, key=fmt.partition_order)
+
+
+def _asked_partitions(
+    feed, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
+) -> list[str]:
+    """The landed partitions of a table that a run asked to run again (a follow-up round)."""
+    asked = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table))
+    changes = [processed.Change(key, f"to run again: {asked[key]}") for key in keys if key in asked]
+    _name_changes(feed.name, table, changes, say)
+    return [change.partition for change in changes]
+
+
+def _name_changes(feed: str, table: str, changes: list[processed.Change], say: Callable[[str], None]) -> None:
+    for change in changes[:NAMED_CHANGES]:
+        say(f"{feed}/{table}: {change.partition}: {change.reason}")
+    if len(changes) > NAMED_CHANGES:
+        say(f"{feed}/{table}: and {len(changes) - NAMED_CHANGES} more partition(s) changed")
 
 
 def _plan_batches(

@@ -14,7 +14,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from lake_assets import processed
+from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
 from lake_assets.feeds import format_for
@@ -82,7 +82,7 @@ def table_status(
             "files": len(landed.get(change.partition, [])),
         }
         for change in processed.changed_partitions(
-            storage, landed, notes, processed.read_reruns(storage, layout, feed, table)
+            storage, landed, notes, reruns.asked(reruns.read_reruns(storage, layout, feed, table))
         )
     ]
     return TableStatus(

@@ -278,10 +278,40 @@ def test_a_fragment_landing_after_its_acknowledgements_hour_ran_is_committed_the
     assert sorted(r["id"] for r in rows(lake, "current", table)) == [0, 1, 2, 4]
     assert any("2024-06-01-10: to run again: a transaction acknowledged there" in line for line in said), said
     assert landing_complete_passed(instance, table) is True
-    assert not list((lake / "_state").rglob("reruns/*"))  # answered, so withdrawn
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
     said.clear()
     run_feeds(config, instance=instance, say=said.append)
     assert any("nothing changed since the last run" in line for line in said), said
+
+
+def test_the_hour_asked_to_run_again_reads_back_to_the_late_fragment(spark, tmp_path):
+    """A transaction's documents at 07:05 (landing last) and 10:05, its ACK at 11:05, another
+    producer writing at 08 and 09. Hour 11 reads back two hours to 08 and stops: its producer did
+    not write there. When 07 lands, its run reads on to the ACK and asks 11 to run again; that
+    run reads back to the fragment the request names, however far, and commits both documents."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    other = bytes.fromhex("0f0e0d0c0b0a")
+
+    def by_other(n: int, hour: int) -> bytes:
+        uuid = build_uuid(clock_of(dt.datetime(2024, 6, 1, hour, 5, tzinfo=UTC)) + 16 * n, 0x0, other)
+        return json.dumps({"id": n, "name": f"c{n}", "_meta": {"uuid": uuid}}).encode() + b"\n"
+
+    hours = {
+        6: transaction_line(0, 0x0, 6),
+        7: transaction_line(1, 0x1, 7),
+        8: by_other(8, 8),
+        9: by_other(9, 9),
+        10: transaction_line(2, 0x1, 10),
+        11: transaction_line(3, 0x2, 11, ack=True) + transaction_line(4, 0x0, 11),
+    }
+    begins = offsets_of(hours)
+    for hour in (6, 8, 9, 10, 11, 7):
+        write_fragment(journal, begins[hour], hours[hour], hour=hour)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("06", 0), ("08", 8), ("09", 9), ("11", 1), ("11", 2), ("11", 4)}
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))
 
 
 def test_a_transaction_read_again_asks_no_hour_that_saw_it_to_run_again(spark, tmp_path):
@@ -303,13 +333,13 @@ def test_a_transaction_read_again_asks_no_hour_that_saw_it_to_run_again(spark, t
     )
 
     assert len(run_ids) == 1 and not any("to run again" in line for line in said), said
-    assert not list((lake / "_state").rglob("reruns/*"))
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))
     changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", table)}
     assert changes == {("2024-06-01-07", 0), ("2024-06-01-09", 1), ("2024-06-01-09", 2), ("2024-06-01-09", 4)}
 
 
 def test_the_landing_sensor_runs_an_hour_asked_to_run_again(tmp_path):
-    from lake_assets import processed
+    from lake_assets import reruns
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
     from lake_assets.paths import LakeLayout
     from lake_assets.storage import Storage
@@ -318,15 +348,18 @@ def test_the_landing_sensor_runs_an_hour_asked_to_run_again(tmp_path):
     write_fragment(journal, 0, doc_line(1), hour=10)
     first = landing_sensor_tick(config)
     storage, layout = Storage(S3Config()), LakeLayout(config.lake)
-    late = processed.ByteRange("file:///late.gz", "acmeCo/customers/pivot=00", 0, 10)
-    asked = processed.request_rerun(
+    late = reruns.ByteRange("file:///late.gz", "acmeCo/customers/pivot=00", 0, 10)
+    reruns.request_rerun(
         storage, layout, "flow", "acmeco_customers", "2024-06-01-10", "a late fragment", [late]
     )
-    [request] = landing_sensor_tick(
-        config, first.cursor
-    ).run_requests  # the hour's files are not new: only the request runs it
+    # the hour's files are not new: only the request runs it
+    [request] = landing_sensor_tick(config, first.cursor).run_requests
     assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("2024-06-01-10", "2024-06-01-10")
-    assert request.run_key.endswith(f"again:2024-06-01-10:{asked.token}")
+    assert ":again:2024-06-01-10:" in request.run_key
+    # a second request makes a run of its own: a run already done for the first does not hide it
+    reruns.request_rerun(storage, layout, "flow", "acmeco_customers", "2024-06-01-10", "another", [late])
+    [again] = landing_sensor_tick(config, first.cursor).run_requests
+    assert again.run_key != request.run_key
 
 
 def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_path):

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from lake_assets import processed
+from lake_assets import processed, reruns
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
 from lake_assets.errors import LakeAssetsError
@@ -273,57 +273,54 @@ def test_a_listing_that_shows_a_file_unchanged_since_it_was_recorded_costs_no_re
     note = {f"file://{path}": processed.ProcessedFile(path.stat().st_size, "whatever", 2_000_000)}
     storage = Storage(S3Config())
     monkeypatch.setattr(processed, "hash_file", lambda *_: pytest.fail("an unchanged file was read"))
-    assert processed.changed_partitions(storage, {"p": [_entry(path)]}, {"p": processed.Note(note)}) == []
+    assert processed.changed_partitions(storage, {"p": [_entry(path)]}, {"p": note}) == []
 
 
 def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp_path):
     storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
     note = {"file:///x/part-0.parquet": processed.ProcessedFile(10, "abc", 5)}
-    reading = processed.Reading({"j": ((0, 10), (20, 30))}, frozenset({"file:///x/bad.gz"}))
-    processed.write_notes(storage, layout, "unit", "accounts", {hour(1): note, hour(2): {}}, reading)
-    notes = processed.read_notes(storage, layout, "unit", "accounts")
-    assert notes == {hour(1): processed.Note(note, reading), hour(2): processed.Note({}, reading)}
-    assert processed.changed_partitions(storage, {hour(3): []}, {hour(2): notes[hour(2)]}) == []
-    [gone] = processed.changed_partitions(storage, {}, {hour(1): notes[hour(1)]})
+    processed.write_notes(storage, layout, "unit", "accounts", {hour(1): note, hour(2): {}})
+    assert processed.read_notes(storage, layout, "unit", "accounts") == {hour(1): note, hour(2): {}}
+    assert processed.noted_partitions(storage, layout, "unit", "accounts") == {hour(1), hour(2)}
+    assert processed.changed_partitions(storage, {hour(3): []}, {hour(2): {}}) == []
+    [gone] = processed.changed_partitions(storage, {}, {hour(1): note})
     assert gone.partition == hour(1) and "removed" in gone.reason
 
 
-def test_a_note_written_before_notes_kept_what_was_read_still_reads(tmp_path):
-    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
-    old = {"file:///x/part-0.parquet": {"size": 10, "hash": "abc", "recorded_ms": 5}}
-    storage.write_bytes(processed.note_uri(layout, "unit", "accounts", hour(1)), json.dumps(old).encode())
-    note = processed.read_note(storage, layout, "unit", "accounts", hour(1))
-    assert note == processed.Note({"file:///x/part-0.parquet": processed.ProcessedFile(10, "abc", 5)}, None)
-
-
 def test_what_a_run_read_holds_a_file_read_from_any_copy_or_set_aside():
-    reading = processed.Reading({"j": processed.merged([(10, 20), (0, 10), (25, 30)])}, frozenset({"bad"}))
+    reading = reruns.Reading({"j": reruns.merged([(10, 20), (0, 10), (25, 30)])}, frozenset({"bad"}))
     assert reading.read == {"j": ((0, 20), (25, 30))}
-    assert reading.holds(processed.ByteRange("a", "j", 5, 20))
-    assert not reading.holds(processed.ByteRange("b", "j", 15, 26))  # bytes 20..25 were not read
-    assert not reading.holds(processed.ByteRange("c", "other", 0, 1))
-    assert reading.holds(processed.ByteRange("bad", "j", 40, 50))  # set aside: its own hour reports it
+    assert reruns.Reading.from_json(json.loads(json.dumps(reading.to_json()))) == reading
+    assert reading.holds(reruns.ByteRange("a", "j", 5, 20))
+    assert not reading.holds(reruns.ByteRange("b", "j", 15, 26))  # bytes 20..25 were not read
+    assert not reading.holds(reruns.ByteRange("c", "other", 0, 1))
+    assert reading.holds(reruns.ByteRange("bad", "j", 40, 50))  # set aside: its own hour reports it
 
 
-def test_a_request_to_run_again_stands_until_a_run_reads_what_it_names(tmp_path):
+def test_requests_to_run_again_stand_until_a_fold_whose_changes_read_what_they_name(tmp_path):
     storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
-    late = processed.ByteRange("file:///l/j/f1.gz", "j", 100, 200)
-    processed.write_notes(storage, layout, "flow", "t", {hour(1): {}}, processed.Reading({"j": ((0, 100),)}))
-    processed.request_rerun(storage, layout, "flow", "t", hour(1), "a transaction ends there", [late])
-    reruns = processed.read_reruns(storage, layout, "flow", "t")
-    notes = processed.read_notes(storage, layout, "flow", "t")
-    assert set(notes) == {hour(1)} and reruns[hour(1)].parts == (late,)
-    [change] = processed.changed_partitions(storage, {hour(1): []}, notes, reruns)
-    assert change.reason == "to run again: a transaction ends there"
-    # a second request adds its part; the token (a sensor's run key) follows the parts
-    other = processed.ByteRange("file:///l/j/f2.gz", "j", 300, 400)
-    both = processed.request_rerun(storage, layout, "flow", "t", hour(1), "another", [other])
-    assert both.parts == (late, other) and both.token != reruns[hour(1)].token
-    # a run that did not read both leaves it standing; one that did withdraws it
-    processed.write_notes(storage, layout, "flow", "t", {hour(1): {}}, processed.Reading({"j": ((0, 200),)}))
-    assert set(processed.read_reruns(storage, layout, "flow", "t")) == {hour(1)}
-    processed.write_notes(storage, layout, "flow", "t", {hour(1): {}}, processed.Reading({"j": ((0, 400),)}))
-    assert processed.read_reruns(storage, layout, "flow", "t") == {}
+    late, other = tmp_path / "f1.gz", tmp_path / "f2.gz"
+    late.write_bytes(b"x")
+    other.write_bytes(b"y")
+    first = reruns.ByteRange(f"file://{late}", "j", 100, 200)
+    second = reruns.ByteRange(f"file://{other}", "j", 300, 400)
+    reruns.request_rerun(storage, layout, "flow", "t", hour(1), "a transaction ends there", [first])
+    reruns.request_rerun(storage, layout, "flow", "t", hour(1), "another", [second])  # a file of its own
+    standing = reruns.read_reruns(storage, layout, "flow", "t")
+    assert {r.parts for r in standing[hour(1)]} == {(first,), (second,)}
+    [change] = processed.changed_partitions(storage, {hour(1): []}, {hour(1): {}}, reruns.asked(standing))
+    assert change.reason.startswith("to run again: ") and "(and 1 more request(s))" in change.reason
+
+    def fold_read(ranges: tuple[tuple[int, int], ...]) -> list[reruns.RerunRequest]:
+        reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reruns.Reading({"j": ranges}))
+        return reruns.withdraw_answered(storage, layout, "flow", "t", [hour(1)], warnings.append)
+
+    warnings: list[str] = []
+    assert fold_read(((0, 100),)) == []  # answers neither
+    assert [r.parts for r in fold_read(((0, 200),))] == [(first,)]  # answers the first only
+    other.unlink()  # the second's file is gone: nothing is left to read, so it goes too, warned
+    assert [r.parts for r in fold_read(((0, 200),))] == [(second,)]
+    assert reruns.read_reruns(storage, layout, "flow", "t") == {} and str(other) in warnings[0]
 
 
 def test_a_backfills_notes_are_written_several_at_a_time_and_one_failure_stops_none_of_the_others(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lake_assets.ingest import Batch
+    from lake_assets.reruns import ByteRange
 
 HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
@@ -101,10 +102,13 @@ class FeedFormat(abc.ABC):
         table: str,
         files: dict[str, list[Entry]],
         partitions: list[str],
-        processed_partitions: Callable[[], set[str]] = set,
+        processed_before: Callable[[], set[str]] = set,
+        must_read: Sequence[ByteRange] = (),
     ) -> Batch:
-        """The batch of a format that reads its own files (`file_format` other than "parquet");
-        `processed_partitions` lists the partitions processed before (asked only when needed)."""
+        """The batch of a format that reads its own files (`file_format` other than "parquet").
+        `processed_before` lists the partitions processed before (called only when needed);
+        `must_read` are parts of other partitions' files that runs asked these partitions to
+        read (`reruns`)."""
         raise NotImplementedError(f"{self.name} files are read by the shared Parquet reader")
 
     @abc.abstractmethod

@@ -37,7 +37,7 @@ import functools
 import json
 import re
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
@@ -63,8 +63,8 @@ from lake_assets.ingest import (
 )
 from lake_assets.lake_io import released_after
 from lake_assets.paths import safe_segment
-from lake_assets.processed import ByteRange, Reading, merged
 from lake_assets.quarantine import Quarantined
+from lake_assets.reruns import ByteRange, Reading, merged
 from lake_assets.storage import Entry, Storage
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
@@ -110,6 +110,14 @@ def folder_hour(date: dt.date, name: str) -> dt.datetime | None:
     if not match or int(match.group(1)) > 23:
         return None
     return dt.datetime(date.year, date.month, date.day, int(match.group(1)))
+
+
+def uri_hour(uri: str) -> str | None:
+    """The hour key of the `utc_date=`/`utc_hour=` folders a fragment lies in, None outside them."""
+    folders = uri.split("/")[:-1]
+    date = folder_date(folders[-2]) if len(folders) >= 2 else None
+    moment = folder_hour(date, folders[-1]) if date else None
+    return hour_key(moment) if moment else None
 
 
 def stray_reason(journal: str, folders: list[str]) -> str | None:
@@ -578,7 +586,8 @@ class FlowJournalFormat(FeedFormat):
         table: str,
         files: dict[str, list[Entry]],
         hours: list[str],
-        processed_partitions: Callable[[], set[str]] = set,
+        processed_before: Callable[[], set[str]] = set,
+        must_read: Sequence[ByteRange] = (),
     ) -> Batch:
         """Committed documents of `hours`, read fragment by fragment inside Spark.
 
@@ -593,15 +602,13 @@ class FlowJournalFormat(FeedFormat):
         journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
         task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
 
-        processed_hours = functools.cache(processed_partitions)
+        self._read_back_to_what_was_asked(storage, landing, journals, must_read)
+        last_processed = functools.cache(lambda: max(processed_before(), default=None))
 
         def reach(journal: _JournalFragments, later: bool) -> bool:
             # Reading on only tells which later hour commits the run's documents, which matters
             # only to an hour processed before (`pipeline.request_reruns`).
-            until = max(processed_hours(), default=None) if later else None
-            return (not later or until is not None) and self._add_hours(
-                storage, landing, journal, later, until
-            )
+            return self._add_hours(storage, landing, journal, later, last_processed)
 
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
@@ -806,25 +813,56 @@ class FlowJournalFormat(FeedFormat):
         landing: str,
         journal: _JournalFragments,
         later: bool,
-        until: str | None = None,
+        until: Callable[[], str | None] = lambda: None,
     ) -> bool:
         """Add to `journal` the fragments of as many hours before its earliest (or after its
-        latest, up to `until`) as it spans, at least two, so a transaction open at the start (or
-        end) of what was read is found in a few passes however long it lasted; False when no
-        such hour is landed."""
+        latest, up to `until()`) as it spans, at least two, so a transaction open at the start
+        (or end) of what was read is found in a few passes however long it lasted; False when
+        no such hour is landed."""
         read = set(journal.hour_of.values())
         folders = self._hour_folders(
-            storage,
-            Journal(f"{landing.rstrip('/')}/{journal.name}", journal.name),
-            parse_hour_key(max(read)) if later else None,
+            storage, self._journal_at(landing, journal), parse_hour_key(max(read)) if later else None
         )
-        beyond = sorted(
-            key for key in folders if (max(read) < key <= (until or key) if later else key < min(read))
-        )
+        beyond = sorted(key for key in folders if (key > max(read) if later else key < min(read)))
+        if later and beyond:  # asked only when there is something to read on into
+            last = until()
+            beyond = [key for key in beyond if last is not None and key <= last]
         if not beyond:
             return False
         step = max(2, len(read))
-        for key in beyond[:step] if later else beyond[-step:]:
+        self._add_fragments(storage, journal, folders, beyond[:step] if later else beyond[-step:])
+        return True
+
+    def _read_back_to(self, storage: Storage, landing: str, journal: _JournalFragments, hour: str) -> None:
+        """Add to `journal` the fragments of every hour from `hour` to its earliest."""
+        folders = self._hour_folders(storage, self._journal_at(landing, journal), parse_hour_key(hour))
+        earliest = min(journal.hour_of.values())
+        self._add_fragments(storage, journal, folders, [key for key in folders if key < earliest])
+
+    def _read_back_to_what_was_asked(
+        self,
+        storage: Storage,
+        landing: str,
+        journals: list[_JournalFragments],
+        must_read: Sequence[ByteRange],
+    ) -> None:
+        """Read each journal back to the hour of the earliest file a run asked these hours to
+        read (`reruns`), so the transaction it belongs to is read whole."""
+        by_name = {journal.name: journal for journal in journals if journal.hour_of}
+        for name, journal in by_name.items():
+            hours = [hour for part in must_read if part.stream == name and (hour := uri_hour(part.uri))]
+            if hours:
+                self._read_back_to(storage, landing, journal, min(hours))
+
+    @staticmethod
+    def _journal_at(landing: str, journal: _JournalFragments) -> Journal:
+        return Journal(f"{landing.rstrip('/')}/{journal.name}", journal.name)
+
+    @staticmethod
+    def _add_fragments(
+        storage: Storage, journal: _JournalFragments, folders: dict[str, str], keys: list[str]
+    ) -> None:
+        for key in keys:
             for entry in storage.list(folders[key]):
                 if entry.is_dir:
                     continue
@@ -834,7 +872,6 @@ class FlowJournalFormat(FeedFormat):
                     continue
                 journal.fragments.append(fragment)
                 journal.hour_of[entry.uri] = key
-        return True
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         parsed = one_column_per_name(parsed, collection.table)

@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import DataFrame, SparkSession
 
-from lake_assets import lake_io, pipeline, processed
+from lake_assets import lake_io, pipeline, reruns
 from lake_assets.config import FeedConfig
 from lake_assets.engine import checks
 from lake_assets.engine.fold import FoldReport
@@ -254,6 +254,9 @@ def changes_asset(
         for gap in ingested.batch.gaps:
             context.log.error(f"{table.label}: gap in the landed data: {gap}")
         yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
+        pipeline.record_reading(
+            work, list(context.partition_keys), ingested.batch
+        )  # once the output is stored
         yield landing_check(ingested)
 
     return changes
@@ -292,7 +295,7 @@ def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
         "reconciled": batch.reconciles,
         "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
         "files_stray": len(ingested.strays),
-        processed.RERUNS_ASKED: dg.MetadataValue.json(ingested.reruns),
+        reruns.RERUNS_ASKED: dg.MetadataValue.json(ingested.reruns),
     }
 
 
@@ -391,7 +394,7 @@ def state_asset(
             yield from state_materializations(table, spark.spark_session, work, report)
             outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
             if all(outcome.passed for outcome in outcomes):
-                pipeline.record_processed(work, list(context.partition_keys))
+                pipeline.record_processed(work, list(context.partition_keys), log=context.log)
             yield from fold_check_results(table, outcomes)
         finally:
             batch.unpersist()  # a batch handed over in memory (`io_managers.InMemoryHandover`)

@@ -3,15 +3,15 @@
 Hourly feeds: new hour folders and files arriving late in a recent hour. Batch feeds (GRAX): new
 batches are registered as dynamic partitions; the open (greatest) batch is re-run when it gains
 files. Run keys hash the files a run covers, so the same files never run twice. An hourly partition
-that another run asked to run again (`processed.request_rerun`) gets a run of its own, keyed by
-the request.
+that another run asked to run again (`reruns.request_rerun`) gets a run of its own, keyed by
+its standing requests.
 """
 
 import hashlib
 
 import dagster as dg
 
-from lake_assets import processed
+from lake_assets import reruns
 from lake_assets.config import FeedConfig
 from lake_assets.discovery import Pin, describe, discover_feed, feed_tables
 from lake_assets.errors import LakeAssetsError
@@ -64,10 +64,8 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
-            for request in sorted(
-                processed.read_reruns(storage, layout, feed.name, name).values(), key=lambda r: r.partition
-            ):
-                run_requests.append(_rerun(feed.name, assets, request))
+            for partition, standing in sorted(reruns.read_reruns(storage, layout, feed.name, name).items()):
+                run_requests.append(_rerun(feed.name, assets, partition, standing))
             found, cursors[name] = scan_table(
                 storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
             )
@@ -176,10 +174,11 @@ def _range_run(feed: str, assets: TableAssets, start: str, end: str, found: list
     return _whole_table_run(f"{feed}:{assets.table}:{start}..{end}:{digest}", assets, start, end)
 
 
-def _rerun(feed: str, assets: TableAssets, request: processed.RerunRequest) -> dg.RunRequest:
-    """A run of a partition another run asked to run again, keyed by that request."""
-    hour = request.partition
-    return _whole_table_run(f"{feed}:{assets.table}:again:{hour}:{request.token}", assets, hour, hour)
+def _rerun(feed: str, assets: TableAssets, hour: str, standing: list[reruns.RerunRequest]) -> dg.RunRequest:
+    """A run of an hour other runs asked to run again, keyed by their requests (each has a name
+    of its own, so a new request makes a new run)."""
+    digest = hashlib.sha1(",".join(sorted(r.name for r in standing)).encode()).hexdigest()[:16]
+    return _whole_table_run(f"{feed}:{assets.table}:again:{hour}:{digest}", assets, hour, hour)
 
 
 def _whole_table_run(run_key: str, assets: TableAssets, start: str, end: str) -> dg.RunRequest:

@@ -1,0 +1,206 @@
+"""Partitions whose rows depend on other partitions' files, and the runs that keeps asking for.
+
+A Flow document belongs to the hour of its transaction's acknowledgement, so a fragment that
+lands late in an earlier hour changes the rows of a later one, which nothing in that later hour's
+own files says. Two records make this safe, without comparing clocks (docs/incremental-runs.md,
+"Runs asked for by other runs"):
+
+- what a partition's stored changes were read from (`Reading`: per stream, the byte ranges read,
+  and the files set aside as unusable), left by the changes step once its output is stored, at
+  `<lake>/_state/<feed>/<table>/reading/<partition>.json`;
+- a request that a partition run again because its rows depend on bytes (`ByteRange`s) its
+  reading does not hold, one file per request at
+  `<lake>/_state/<feed>/<table>/reruns/<partition>/<request>.json`. Planning and the landing
+  sensor take such a partition as changed; a successful fold of it withdraws every request its
+  reading now answers (or whose file is gone).
+
+Pure storage logic: no Spark, no Dagster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+from lake_assets.paths import LakeLayout, join
+from lake_assets.processed import json_files, json_name
+from lake_assets.storage import Storage, each_file
+
+READING_FOLDER = "reading"
+RERUNS_FOLDER = "reruns"
+#: the metadata name under which a changes step lists the partitions it asked to run again
+RERUNS_ASKED = "partitions_asked_to_run_again"
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteRange:
+    """Bytes `[begin, end)` of a stream (a Flow journal) that the landed file `uri` holds."""
+
+    uri: str
+    stream: str
+    begin: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What a run read of streamed landings: per stream, the byte ranges read (merged, in
+    order), and the files it set aside as unusable (their own partition reports them)."""
+
+    read: dict[str, tuple[tuple[int, int], ...]]
+    set_aside: frozenset[str] = frozenset()
+
+    def holds(self, part: ByteRange) -> bool:
+        """Whether the run read `part`'s bytes (from it or another file holding them), or set
+        it aside."""
+        return part.uri in self.set_aside or any(
+            begin <= part.begin and part.end <= end for begin, end in self.read.get(part.stream, ())
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "read": {stream: [list(r) for r in ranges] for stream, ranges in self.read.items()},
+            "set_aside": sorted(self.set_aside),
+        }
+
+    @classmethod
+    def from_json(cls, body: dict) -> Reading:
+        return cls(
+            {stream: tuple((int(b), int(e)) for b, e in ranges) for stream, ranges in body["read"].items()},
+            frozenset(body["set_aside"]),
+        )
+
+
+def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Byte ranges joined where they touch or overlap, in order."""
+    out: list[tuple[int, int]] = []
+    for begin, end in sorted(ranges):
+        if out and begin <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((begin, end))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RerunRequest:
+    """One run's request that `partition` run again: its rows depend on `parts`."""
+
+    partition: str
+    reason: str
+    parts: tuple[ByteRange, ...]
+    #: the request's file; its name is unique, so a sensor keys its run by it
+    uri: str
+
+    @property
+    def name(self) -> str:
+        return self.uri.rsplit("/", 1)[-1][: -len(".json")]
+
+
+def reading_folder(layout: LakeLayout, feed: str, table: str) -> str:
+    return join(layout.state(feed, table), READING_FOLDER)
+
+
+def reruns_folder(layout: LakeLayout, feed: str, table: str) -> str:
+    return join(layout.state(feed, table), RERUNS_FOLDER)
+
+
+def leave_reading(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], reading: Reading
+) -> None:
+    """Record what the stored changes of `partitions` were read from (each partition's record
+    replaces the one before, so it always describes the changes stored)."""
+    body = json.dumps(reading.to_json()).encode()
+    folder = reading_folder(layout, feed, table)
+    each_file(lambda partition: storage.write_bytes(join(folder, f"{partition}.json"), body), partitions)
+
+
+def read_reading(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str
+) -> Reading | None:
+    """What the stored changes of `partition` were read from; None if not recorded."""
+    uri = join(reading_folder(layout, feed, table), f"{partition}.json")
+    return Reading.from_json(json.loads(storage.read_bytes(uri))) if storage.exists(uri) else None
+
+
+def read_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
+    """The partitions whose changes have a reading recorded (one listing)."""
+    return {json_name(entry) for entry in json_files(storage, reading_folder(layout, feed, table))}
+
+
+def request_rerun(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    partition: str,
+    reason: str,
+    parts: list[ByteRange],
+) -> RerunRequest:
+    """Ask for `partition` to run again because its rows depend on `parts`: a file of its own,
+    so no request overwrites another."""
+    body = {"reason": reason, "parts": [dataclasses.asdict(p) for p in parts]}
+    data = json.dumps(body, indent=1).encode()
+    name = f"{time.time_ns() // 1_000_000}-{hashlib.blake2b(data, digest_size=6).hexdigest()}"
+    uri = join(reruns_folder(layout, feed, table), partition, f"{name}.json")
+    storage.write_bytes(uri, data)
+    return RerunRequest(partition, reason, tuple(parts), uri)
+
+
+def read_reruns(storage: Storage, layout: LakeLayout, feed: str, table: str) -> dict[str, list[RerunRequest]]:
+    """partition -> the requests standing for it (the folder is empty but for requests not yet
+    answered)."""
+    folders = [e for e in storage.list(reruns_folder(layout, feed, table)) if e.is_dir]
+
+    def read(partition_folder) -> list[RerunRequest]:
+        requests = []
+        for entry in json_files(storage, partition_folder.uri):
+            body = json.loads(storage.read_bytes(entry.uri))
+            parts = tuple(ByteRange(**p) for p in body["parts"])
+            requests.append(RerunRequest(partition_folder.name, body["reason"], parts, entry.uri))
+        return requests
+
+    return {
+        folder.name: found for folder, found in zip(folders, each_file(read, folders), strict=True) if found
+    }
+
+
+def asked(requests: dict[str, list[RerunRequest]]) -> dict[str, str]:
+    """partition -> why it is to run again, in words."""
+    return {
+        partition: standing[0].reason
+        + (f" (and {len(standing) - 1} more request(s))" if len(standing) > 1 else "")
+        for partition, standing in requests.items()
+    }
+
+
+def withdraw_answered(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    partitions: list[str],
+    warn: Callable[[str], None],
+) -> list[RerunRequest]:
+    """After a successful fold of `partitions`, withdraw the requests of each that its recorded
+    reading answers: every part read or set aside, or its file gone (warned: nothing is left to
+    read). A request its reading does not answer stands. Returns those withdrawn."""
+    standing = read_reruns(storage, layout, feed, table)
+    withdrawn = []
+    for partition in partitions:
+        if partition not in standing:
+            continue
+        reading = read_reading(storage, layout, feed, table, partition) or Reading({})
+        for request in standing[partition]:
+            unread = [part for part in request.parts if not reading.holds(part)]
+            gone = [part for part in unread if not storage.exists(part.uri)]
+            if len(gone) < len(unread):
+                continue
+            for part in gone:
+                warn(f"{feed}/{table}: {partition} was asked to read {part.uri}, which is gone")
+            storage.delete_file(request.uri)
+            withdrawn.append(request)
+    return withdrawn
