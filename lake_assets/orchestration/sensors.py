@@ -64,11 +64,13 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
-            for partition, standing in sorted(reruns.read_reruns(storage, layout, feed.name, name).items()):
-                run_requests.append(_rerun(feed.name, assets, partition, standing))
             found, cursors[name] = scan_table(
                 storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
             )
+            # an hour asked to run again that this tick runs anyway needs no run of its own
+            for partition, standing in sorted(reruns.read_reruns(storage, layout, feed.name, name).items()):
+                if partition not in {f.partition for f in found}:
+                    run_requests.append(_rerun(feed.name, assets, partition, standing))
             if not found:
                 continue
             for start, end in contiguous_ranges([f.partition for f in found]):
