@@ -54,11 +54,18 @@ class Reading:
     set_aside: frozenset[str] = frozenset()
 
     def holds(self, part: ByteRange) -> bool:
-        """Whether the run read `part`'s bytes (from it or another file holding them), or set
-        it aside."""
-        return part.uri in self.set_aside or any(
-            begin <= part.begin and part.end <= end for begin, end in self.read.get(part.stream, ())
-        )
+        """Whether the run read `part`'s bytes (from it or another file holding them) with none
+        missing after them: what a run reads before a gap commits nothing after it, so only the
+        stretch after the stream's last gap counts."""
+        ranges = self.read.get(part.stream, ())
+        return bool(ranges) and ranges[-1][0] <= part.begin and part.end <= ranges[-1][1]
+
+    def answers(self, part: ByteRange) -> bool:
+        """Whether a run asked to read `part` did: it read its bytes, or set the file aside as
+        unusable (its own partition reports it; a repaired file is asked for again, as a file
+        set aside is not read)."""
+        read = any(begin <= part.begin and part.end <= end for begin, end in self.read.get(part.stream, ()))
+        return read or part.uri in self.set_aside
 
     def to_json(self) -> dict:
         return {
@@ -195,7 +202,7 @@ def withdraw_answered(
             continue
         reading = read_reading(storage, layout, feed, table, partition) or Reading({})
         for request in standing[partition]:
-            unread = [part for part in request.parts if not reading.holds(part)]
+            unread = [part for part in request.parts if not reading.answers(part)]
             gone = [part for part in unread if not storage.exists(part.uri)]
             if len(gone) < len(unread):
                 continue

@@ -314,6 +314,64 @@ def test_the_hour_asked_to_run_again_reads_back_to_the_late_fragment(spark, tmp_
     assert not list((lake / "_state").glob("**/reruns/**/*.json"))
 
 
+def test_a_fragment_repaired_in_place_reaches_its_acknowledgements_hour(spark, tmp_path):
+    """The transaction's 09:00 fragment first lands corrupt (set aside, a gap), then is rewritten
+    whole under the same name: hour 10, whose run read past the hole, runs again."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours = {
+        7: transaction_line(0, 0x0, 7),
+        9: transaction_line(1, 0x1, 9) + transaction_line(2, 0x1, 9),
+        10: transaction_line(3, 0x2, 10, ack=True) + transaction_line(4, 0x0, 10),
+    }
+    begins = offsets_of(hours)
+    for hour, stored in ((7, None), (9, b"not gzip at all"), (10, None), (9, None)):
+        write_fragment(journal, begins[hour], hours[hour], hour=hour, stored=stored)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("07", 0), ("10", 1), ("10", 2), ("10", 4)}
+
+
+def test_documents_before_a_gap_wait_for_its_bytes_so_a_late_rollback_holds(spark, tmp_path):
+    """A transaction at 08:05 is rolled back by an ACK at 09 (its clock below theirs), which lands
+    last; another transaction commits at 10. Hour 10's run reads across the missing hour: what is
+    pending there may be committed or rolled back by the missing bytes, so none of it is
+    committed after them; the rolled-back documents never reach `changes` or `current`."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    rollback = build_uuid(clock_of(dt.datetime(2024, 6, 1, 8, 5, tzinfo=UTC)) + 8, 0x2, PRODUCER)
+    hours = {
+        7: transaction_line(0, 0x0, 7),
+        8: transaction_line(1, 0x1, 8) + transaction_line(2, 0x1, 8),
+        9: json.dumps({"_meta": {"uuid": rollback, "ack": True}}).encode() + b"\n",
+        10: transaction_line(5, 0x1, 10)
+        + transaction_line(6, 0x1, 10)
+        + transaction_line(7, 0x2, 10, ack=True),
+    }
+    begins = offsets_of(hours)
+    for hour in (7, 8, 10, 9):
+        write_fragment(journal, begins[hour], hours[hour], hour=hour)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("07", 0), ("10", 5), ("10", 6)}
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [0, 5, 6]
+
+
+def test_a_fragment_landing_in_a_later_folder_than_its_acknowledgement_is_read_there(spark, tmp_path):
+    """The transaction's documents (journal bytes before the 10:05 ACK) land late, in folder
+    11: hour 11's run asks hour 10 to run again, and that run reads the folder it was asked to."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours = transaction_across_hours(ack_hour=10)
+    begins = offsets_of(hours)
+    for hour, folder in ((7, 7), (10, 10), (8, 11)):
+        write_fragment(journal, begins[hour], hours[hour], hour=folder)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("07", 0), ("10", 1), ("10", 2), ("10", 4)}
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))
+
+
 def test_a_transaction_read_again_asks_no_hour_that_saw_it_to_run_again(spark, tmp_path):
     """Hour 08's documents are acknowledged at 09:05. Run up to 08, their commit is not known yet;
     09's own run commits them. Running 08 again reads on to 09, and 09, which saw them, is left

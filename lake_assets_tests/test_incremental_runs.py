@@ -291,10 +291,13 @@ def test_what_a_run_read_holds_a_file_read_from_any_copy_or_set_aside():
     reading = reruns.Reading({"j": reruns.merged([(10, 20), (0, 10), (25, 30)])}, frozenset({"bad"}))
     assert reading.read == {"j": ((0, 20), (25, 30))}
     assert reruns.Reading.from_json(json.loads(json.dumps(reading.to_json()))) == reading
-    assert reading.holds(reruns.ByteRange("a", "j", 5, 20))
-    assert not reading.holds(reruns.ByteRange("b", "j", 15, 26))  # bytes 20..25 were not read
+    assert reading.holds(reruns.ByteRange("a", "j", 26, 30))
+    before_the_gap = reruns.ByteRange("a", "j", 5, 20)  # read, but nothing after 20..25 commits it
+    assert not reading.holds(before_the_gap) and reading.answers(before_the_gap)
+    assert not reading.answers(reruns.ByteRange("b", "j", 15, 26))  # bytes 20..25 were not read
     assert not reading.holds(reruns.ByteRange("c", "other", 0, 1))
-    assert reading.holds(reruns.ByteRange("bad", "j", 40, 50))  # set aside: its own hour reports it
+    set_aside = reruns.ByteRange("bad", "j", 40, 50)
+    assert not reading.holds(set_aside) and reading.answers(set_aside)  # its own hour reports it
 
 
 def test_requests_to_run_again_stand_until_a_fold_whose_changes_read_what_they_name(tmp_path):

@@ -587,6 +587,7 @@ class Sequencer:
             "rolled_back": 0,
             "duplicates": 0,
             "pending": 0,
+            "cut_by_gap": 0,
         }
 
     def feed(self, doc: Doc) -> list[Doc]:
@@ -619,6 +620,14 @@ class Sequencer:
         records fed so far, so its transaction may have begun before them."""
         producer = self._producers.get(doc.uuid.producer)
         return doc.is_ack and (producer is None or producer.acked < 0)
+
+    def cut_at_gap(self) -> None:
+        """Bytes are missing here: an ACK among them may have committed or rolled back what is
+        pending, so nothing pending is committed by what follows. Those documents are left to
+        a run that reads the missing bytes."""
+        for producer in self._producers.values():
+            self.counts["cut_by_gap"] += len(producer.pending)
+            producer.pending = []
 
     def has_pending(self, producer: str) -> bool:
         """Whether `producer` has documents waiting for an ACK among those fed."""

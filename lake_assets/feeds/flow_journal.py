@@ -259,6 +259,7 @@ def read_journal_task(
         opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
         blind = False  # such an ACK found nothing of its producer pending: its documents are unread
         hour_of = {r["uri"]: r["hour"] for r in rows}
+        read_to: int | None = None  # the journal offset read so far
         elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
@@ -270,6 +271,9 @@ def read_journal_task(
                 uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1])
             )
             piece = ff.CoverPiece(fragment=fragment, skip=r["skip"])
+            if read_to is not None and piece.start > read_to:
+                sequencer.cut_at_gap()
+            read_to = piece.end
             try:
                 docs = ff.read_piece(piece, content.__getitem__, max_bytes)
                 for doc in docs:
@@ -602,7 +606,7 @@ class FlowJournalFormat(FeedFormat):
         journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
         task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
 
-        self._read_back_to_what_was_asked(storage, landing, journals, must_read)
+        self._read_what_was_asked(storage, landing, journals, must_read)
         last_processed = functools.cache(lambda: max(processed_before(), default=None))
 
         def reach(journal: _JournalFragments, later: bool) -> bool:
@@ -839,7 +843,7 @@ class FlowJournalFormat(FeedFormat):
         earliest = min(journal.hour_of.values())
         self._add_fragments(storage, journal, folders, [key for key in folders if key < earliest])
 
-    def _read_back_to_what_was_asked(
+    def _read_what_was_asked(
         self,
         storage: Storage,
         landing: str,
@@ -847,12 +851,22 @@ class FlowJournalFormat(FeedFormat):
         must_read: Sequence[ByteRange],
     ) -> None:
         """Read each journal back to the hour of the earliest file a run asked these hours to
-        read (`reruns`), so the transaction it belongs to is read whole."""
-        by_name = {journal.name: journal for journal in journals if journal.hour_of}
-        for name, journal in by_name.items():
-            hours = [hour for part in must_read if part.stream == name and (hour := uri_hour(part.uri))]
-            if hours:
+        read (`reruns`), so the transaction it belongs to is read whole, and the hour of any
+        such file after them (a fragment that landed in a later folder)."""
+        for journal in journals:
+            hours = {
+                hour for part in must_read if part.stream == journal.name and (hour := uri_hour(part.uri))
+            }
+            read = set(journal.hour_of.values())
+            if not hours or not read:
+                continue
+            if min(hours) < min(read):
                 self._read_back_to(storage, landing, journal, min(hours))
+            later = sorted(hour for hour in hours if hour > max(read))
+            if later:
+                since = parse_hour_key(later[0])
+                folders = self._hour_folders(storage, self._journal_at(landing, journal), since)
+                self._add_fragments(storage, journal, folders, [hour for hour in later if hour in folders])
 
     @staticmethod
     def _journal_at(landing: str, journal: _JournalFragments) -> Journal:
