@@ -9,6 +9,10 @@ fold driver needs far less CPU and finishes sooner (docs/profiling.md, "Figures 
 Not for the pytest process's own driver, which runs hundreds of tests' queries and gains from C2
 (`conftest.spark`), nor for production drivers or the benchmarks, whose backfills' long loops
 need it.
+
+C1 alone gets the JDK's small code cache (48 MB): the Connect server, which compiles every
+query of the runs it serves, filled it, and a full code cache stops its SparkContext ("Out of
+space in CodeCache for adapters"). The cache is reserved at the size tiered compilation has.
 """
 
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"

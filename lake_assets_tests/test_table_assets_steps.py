@@ -121,6 +121,7 @@ def test_the_change_log_metadata_counts_every_file_and_row():
         "reconciled": True,
         "stray_and_quarantine_files_catalogued": 4,
         "files_stray": 0,
+        "partitions_asked_to_run_again": [],
     }
 
 
