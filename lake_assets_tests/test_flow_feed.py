@@ -233,10 +233,13 @@ def test_a_transaction_begun_hours_before_its_acknowledgement_is_committed_hour_
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True  # the passes counted once
 
 
-def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_back(spark, tmp_path):
+@pytest.mark.parametrize("pending", [False, True], ids=["nothing-pending", "a-document-pending"])
+def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_back(spark, tmp_path, pending):
     """The transaction's documents at 08:05, another producer's document at 09:05, the ACK at
-    10:05: hour 10's context hour holds records, none of the ACK's producer, which had nothing
-    pending when its ACK came (it writes an ACK only to journals it wrote to): read further back."""
+    10:05: hour 10's context hour holds records, none of the ACK's producer, and nothing read
+    says where its transaction began (no earlier ACK, nothing outside a transaction): read
+    further back. Whether or not a document of the transaction comes before the ACK in hour 10
+    (then the producer has documents pending when its ACK comes)."""
     other = build_uuid(
         clock_of(dt.datetime(2024, 6, 1, 9, 5, tzinfo=UTC)), 0x0, bytes.fromhex("0f0e0d0c0b0a")
     )
@@ -244,16 +247,21 @@ def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_ba
         **transaction_across_hours(ack_hour=10),
         9: json.dumps({"id": 9, "name": "c9", "_meta": {"uuid": other}}).encode() + b"\n",
     }
-    lake, _ = run_hour_by_hour(tmp_path, hours)
+    if pending:  # document 5, then the ACK, in hour 10
+        hours[10] = transaction_line(5, 0x1, 10) + transaction_line(6, 0x2, 10, ack=True)
+    lake, instance = run_hour_by_hour(tmp_path, hours)
 
     changes = {(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    last = 5 if pending else 4
     assert changes == {
         ("2024-06-01-07", 0),
         ("2024-06-01-09", 9),
         ("2024-06-01-10", 1),
         ("2024-06-01-10", 2),
-        ("2024-06-01-10", 4),
+        ("2024-06-01-10", last),
     }
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == sorted([0, 1, 2, 9, last])
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
 
 
 def test_a_fragment_landing_after_its_acknowledgements_hour_ran_is_committed_there(spark, tmp_path):

@@ -255,9 +255,7 @@ def read_journal_task(
         sequencer = ff.Sequencer()
         out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
         broken = False
-        first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
         opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
-        blind = False  # such an ACK found nothing of its producer pending: its documents are unread
         hour_of = {r["uri"]: r["hour"] for r in rows}
         read_to: int | None = None  # the journal offset read so far
         elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
@@ -282,10 +280,8 @@ def read_journal_task(
                 if broken:
                     continue
                 for doc in docs:
-                    first_hour.setdefault(doc.uuid.producer, r["hour"])
                     if r["hour"] in wanted_hours and sequencer.may_commit_unread(doc):
                         opened.add(doc.uuid.producer)
-                        blind = blind or not sequencer.has_pending(doc.uuid.producer)
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
@@ -319,11 +315,9 @@ def read_journal_task(
             if any(hour_of[d.uri] in wanted_hours for d in left):
                 emit("pending_after", None)
             # A producer with no commit point before its ACK may have begun its transaction
-            # earlier: when it wrote from the first hour read on, or when nothing of it was
-            # pending (a producer writes an ACK only to journals it wrote to in the
-            # transaction), the driver reads earlier hours too.
-            earliest = min(r["hour"] for r in rows)
-            if blind or any(first_hour[producer] == earliest for producer in opened):
+            # before what was read, whatever of it was read: the driver reads earlier hours too,
+            # until the commit point is read or the journal has no earlier hour.
+            if opened:
                 emit("opened_earlier", None)
         return pa.table(out, schema=_OUT)
 
