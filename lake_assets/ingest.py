@@ -93,15 +93,23 @@ def canonical_uri(spark_path: str) -> str:
 
 
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
-    """(schema, rows) of a usable file, or the reason it is not usable."""
+    """(schema, rows, stored types) of a usable file, or the reason it is not usable."""
     try:
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
-            schema, rows = meta.schema_arrow, meta.metadata.num_rows
+            schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
     reason = schema_case_clash(schema) or fmt.vet_schema(schema)
-    return ((schema, rows), None) if reason is None else (None, reason)
+    return ((schema, rows, stored), None) if reason is None else (None, reason)
+
+
+def _stored_types(schema: pq.ParquetSchema) -> str:
+    """Each column's Parquet physical type. Files that pyarrow reads alike, Spark may not: INT96
+    and INT64 nanoseconds are both `timestamp[ns]` to pyarrow, while Spark reads the first as a
+    timestamp and the second as a number, and fails a read of both together. So these belong to
+    a file's schema signature (`_BatchFiles.accept`)."""
+    return ",".join(f"{schema.column(i).path}:{schema.column(i).physical_type}" for i in range(len(schema)))
 
 
 def canonical_uri_column(path: str | F.Column) -> F.Column:
@@ -205,9 +213,12 @@ class _BatchFiles:
     signature_of: dict[str, str] = dataclasses.field(default_factory=dict)
     schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
     quarantined: list[Quarantined] = dataclasses.field(default_factory=list)
+    #: each file is read on its own (`groups`), once a read together failed that each read alone passed
+    apart: bool = False
 
-    def accept(self, uri: str, schema: pa.Schema, rows: int) -> None:
-        signature = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+    def accept(self, uri: str, schema: pa.Schema, rows: int, stored_types: str) -> None:
+        arrow = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        signature = f"{arrow}\nstored as {stored_types}"
         self.schemas[signature] = schema
         self.signature_of[uri] = signature
         self.rows_of[uri] = rows
@@ -218,12 +229,14 @@ class _BatchFiles:
         self.signature_of.pop(uri, None)
         self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
 
-    def groups(self) -> dict[str, list[str]]:
-        """Schema signature -> its live files."""
+    def groups(self) -> list[tuple[str, list[str]]]:
+        """(schema signature, live files read together), the largest groups first."""
+        if self.apart:
+            return [(signature, [uri]) for uri, signature in self.signature_of.items()]
         groups: dict[str, list[str]] = defaultdict(list)
         for uri, signature in self.signature_of.items():
             groups[signature].append(uri)
-        return groups
+        return sorted(groups.items(), key=lambda item: -len(item[1]))
 
     def partitions(self, uris: Iterable[str]) -> dict[str, str]:
         return {uri: self.partition_of[uri] for uri in uris}
@@ -288,7 +301,7 @@ def _union_compatible(
     """
     accepted: list[DataFrame] = []
     keys = fmt.table_spec(table).keys
-    for signature, uris in sorted(files.groups().items(), key=lambda item: -len(item[1])):
+    for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
@@ -500,7 +513,8 @@ def _read_collapsed(
 ) -> tuple[DataFrame, Collapsed] | None:
     """The live files read and collapsed: (the events before the collapse, the collapse), or
     None when no file is left. A file whose data pages turn out damaged is set aside and the
-    rest read again."""
+    rest read again. When every file reads on its own, the files are read apart: Spark read
+    files of one schema signature in a way that fits some of them only."""
     events = _union_compatible(spark, fmt, table, files)
     if events is None:
         return None
@@ -509,6 +523,9 @@ def _read_collapsed(
     except SPARK_ERRORS:
         # A file passed its footer check but its pages are damaged: find it and set it aside.
         damaged = _unreadable_in_spark(spark, fmt, table, files)
+        if not damaged and not files.apart:
+            files.apart = True
+            return _read_collapsed(spark, fmt, table, files)
         if not damaged:
             raise
         for uri, reason in damaged.items():

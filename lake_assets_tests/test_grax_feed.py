@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lake_assets import ingest
 from lake_assets.config import FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.feeds.grax_v2 import GraxV2Format, batch_order, is_batch_key, typed_copies
@@ -443,6 +444,36 @@ def test_timestamps_in_every_parquet_encoding(spark, tmp_path):
     rows = layer_rows(lake, "current", f"{ORG}/account")
     assert len(rows) == 4
     assert {(r["_version_at"], r["LastReviewed__c"]) for r in rows} == {(moment, moment)}
+
+
+@pytest.mark.parametrize("grouped_by", ["stored types", "arrow types alone"])
+def test_int96_beside_nanoseconds_without_a_zone_are_read_apart(spark, tmp_path, monkeypatch, grouped_by):
+    """Both are `timestamp[ns]` to pyarrow, but Spark reads INT96 as a timestamp and INT64
+    nanoseconds as a number: read in one Spark read, the batch failed whole, with an earlier
+    batch of the same run. Their Parquet types set them apart; and had the schema signature
+    missed it (as one that knows only arrow types does), each file would read alone, so the
+    batch's files are then read apart. Either way every row reaches the lake."""
+    if grouped_by == "arrow types alone":
+        monkeypatch.setattr(ingest, "_stored_types", lambda schema: "")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    schema = pa.schema(
+        [("Id", pa.string()), ("source__modified", pa.timestamp("ns")), ("grax__idseq", pa.string())]
+    )
+    files = {
+        ("000000001", "data-00000000001.parquet"): ("earlier", {"coerce_timestamps": "ms"}),
+        ("000000002", "data-00000000002.parquet"): ("int96", {"use_deprecated_int96_timestamps": True}),
+        ("000000002", "data-00000000003.parquet"): ("nanos", {"version": "2.6"}),
+    }
+    for hour, ((batch, name), (key, options)) in enumerate(files.items()):
+        folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={batch}"
+        folder.mkdir(parents=True, exist_ok=True)
+        row = {"Id": key, "source__modified": dt.datetime(2024, 1, 1, hour), "grax__idseq": "01"}
+        pq.write_table(pa.Table.from_pylist([row], schema=schema), folder / name, **options)
+    process(landing, lake)
+    rows = layer_rows(lake, "current", f"{ORG}/account")
+    assert {(r["Id"], r["_version_at"]) for r in rows} == {
+        (key, dt.datetime(2024, 1, 1, hour, tzinfo=UTC)) for hour, (key, _) in enumerate(files.values())
+    }
 
 
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake):
