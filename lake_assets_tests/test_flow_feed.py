@@ -264,6 +264,23 @@ def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_ba
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
 
 
+def test_reading_back_across_hour_folders_without_fragments_ends(spark, tmp_path):
+    """A producer's first transaction (no commit point before its ACK) makes the run read
+    earlier hours. The hour folders before it hold no fragment, only files that are not
+    fragments: listed once, they count as read, so the reading back ends at the first folder
+    instead of listing the same folders pass after pass."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    for hour in (5, 6):
+        folder = journal / "utc_date=2024-06-01" / f"utc_hour={hour:02d}"
+        folder.mkdir(parents=True)
+        (folder / "README.txt").write_text("not a fragment")
+    write_fragment(journal, 0, transaction_line(1, 0x1, 8) + transaction_line(2, 0x2, 8, ack=True), hour=8)
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    assert {(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")} == {("2024-06-01-08", 1)}
+    assert {Path(u).name for u in quarantine_notes(lake)} == {"README.txt"}
+
+
 def test_a_fragment_landing_after_its_acknowledgements_hour_ran_is_committed_there(spark, tmp_path):
     """The transaction's 08:00 fragment lands last. Hour 10 ran without it (a gap); hour 08's run
     reads on to the ACK, asks hour 10 to run again, and the same command does so: nothing of

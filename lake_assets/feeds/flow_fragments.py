@@ -629,6 +629,10 @@ class Sequencer:
             self.counts["cut_by_gap"] += len(producer.pending)
             producer.pending = []
 
+    def has_pending(self, producer: str) -> bool:
+        """Whether `producer` has documents waiting for an ACK among those fed."""
+        return producer in self._producers and bool(self._producers[producer].pending)
+
     def finish(self) -> list[Doc]:
         """Documents still pending (never acknowledged: not data), in journal order; clears them."""
         left = sorted((d for p in self._producers.values() for d in p.pending), key=lambda d: d.offset)

@@ -248,6 +248,9 @@ def read_journal_task(
     again on a new cover), but the remaining pieces are still checked, so that one pass finds
     every bad fragment of the cover."""
 
+    # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
+    context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
+
     def run(table: pa.Table) -> pa.Table:
         rows = table.sort_by("order").to_pylist()
         content = {r["uri"]: r["content"] for r in rows}
@@ -255,7 +258,9 @@ def read_journal_task(
         sequencer = ff.Sequencer()
         out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
         broken = False
+        first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
         opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
+        blind = False  # such an ACK found nothing of its producer pending: its documents are unread
         hour_of = {r["uri"]: r["hour"] for r in rows}
         read_to: int | None = None  # the journal offset read so far
         elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
@@ -280,8 +285,10 @@ def read_journal_task(
                 if broken:
                     continue
                 for doc in docs:
+                    first_hour.setdefault(doc.uuid.producer, r["hour"])
                     if r["hour"] in wanted_hours and sequencer.may_commit_unread(doc):
                         opened.add(doc.uuid.producer)
+                        blind = blind or not sequencer.has_pending(doc.uuid.producer)
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
@@ -315,9 +322,15 @@ def read_journal_task(
             if any(hour_of[d.uri] in wanted_hours for d in left):
                 emit("pending_after", None)
             # A producer with no commit point before its ACK may have begun its transaction
-            # before what was read, whatever of it was read: the driver reads earlier hours too,
-            # until the commit point is read or the journal has no earlier hour.
-            if opened:
+            # before what was read. The driver reads earlier hours: once whenever no more than
+            # the context hour was read before the run's hours (the producer may have been
+            # silent there in mid-transaction), and again for as long as it wrote from the first
+            # hour read on, or had nothing pending (a producer writes an ACK only to journals it
+            # wrote to in the transaction).
+            earliest = min(r["hour"] for r in rows)
+            if opened and (
+                blind or earliest >= context_hour or any(first_hour[p] == earliest for p in opened)
+            ):
                 emit("opened_earlier", None)
         return pa.table(out, schema=_OUT)
 
@@ -332,6 +345,12 @@ class _JournalFragments:
     fragments: list[ff.Fragment]
     hour_of: dict[str, str]  # fragment uri -> the hour folder it was listed in
     failed: dict[str, str] = dataclasses.field(default_factory=dict)  # fragment uri -> why it cannot be used
+    #: hour folders listed for it after the run's own, fragments or not (`_add_fragments`)
+    listed: set[str] = dataclasses.field(default_factory=set)
+
+    def hours_read(self) -> set[str]:
+        """The hours whose folders were listed: those of its fragments and those added since."""
+        return set(self.hour_of.values()) | self.listed
 
     def cover(self) -> tuple[list[ff.CoverPiece], list[ff.Gap]]:
         return ff.cover(self.fragments, self.failed)
@@ -816,8 +835,9 @@ class FlowJournalFormat(FeedFormat):
         """Add to `journal` the fragments of as many hours before its earliest (or after its
         latest, up to `until()`) as it spans, at least two, so a transaction open at the start
         (or end) of what was read is found in a few passes however long it lasted; False when
-        no such hour is landed."""
-        read = set(journal.hour_of.values())
+        no such hour is landed. Hours whose folders hold no fragment count as read, so each call
+        that returns True reads further and the passes end."""
+        read = journal.hours_read()
         folders = self._hour_folders(
             storage, self._journal_at(landing, journal), parse_hour_key(max(read)) if later else None
         )
@@ -870,6 +890,7 @@ class FlowJournalFormat(FeedFormat):
     def _add_fragments(
         storage: Storage, journal: _JournalFragments, folders: dict[str, str], keys: list[str]
     ) -> None:
+        journal.listed.update(keys)
         for key in keys:
             for entry in storage.list(folders[key]):
                 if entry.is_dir:
