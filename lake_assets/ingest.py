@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from urllib.parse import unquote
 
@@ -198,6 +198,13 @@ def _read_group(
 # --- the files of a batch, each read or set aside once ---------------------------------------------
 
 
+_STORED_AS = "\nstored as "  # in a schema signature: the arrow schema, then `_stored_types`
+
+
+def _arrow_part(signature: str) -> str:
+    return signature.split(_STORED_AS)[0]
+
+
 @dataclasses.dataclass
 class _BatchFiles:
     """The listed files of a batch: each is live (to be read) or set aside, once, with its reason.
@@ -218,7 +225,7 @@ class _BatchFiles:
 
     def accept(self, uri: str, schema: pa.Schema, rows: int, stored_types: str) -> None:
         arrow = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
-        signature = f"{arrow}\nstored as {stored_types}"
+        signature = f"{arrow}{_STORED_AS}{stored_types}"
         self.schemas[signature] = schema
         self.signature_of[uri] = signature
         self.rows_of[uri] = rows
@@ -230,13 +237,18 @@ class _BatchFiles:
         self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
 
     def groups(self) -> list[tuple[str, list[str]]]:
-        """(schema signature, live files read together), the largest groups first."""
+        """(schema signature, live files read together), those of the most common arrow schema
+        first (files of one arrow schema stored in other Parquet types are read apart, but count
+        as one schema when a clash decides which files the batch keeps), then the largest."""
         if self.apart:
-            return [(signature, [uri]) for uri, signature in self.signature_of.items()]
-        groups: dict[str, list[str]] = defaultdict(list)
-        for uri, signature in self.signature_of.items():
-            groups[signature].append(uri)
-        return sorted(groups.items(), key=lambda item: -len(item[1]))
+            pairs = [(signature, [uri]) for uri, signature in self.signature_of.items()]
+        else:
+            groups: dict[str, list[str]] = defaultdict(list)
+            for uri, signature in self.signature_of.items():
+                groups[signature].append(uri)
+            pairs = list(groups.items())
+        files_of_schema = Counter(_arrow_part(signature) for signature in self.signature_of.values())
+        return sorted(pairs, key=lambda pair: (-files_of_schema[_arrow_part(pair[0])], -len(pair[1])))
 
     def partitions(self, uris: Iterable[str]) -> dict[str, str]:
         return {uri: self.partition_of[uri] for uri in uris}

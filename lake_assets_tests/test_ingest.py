@@ -16,7 +16,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
-from lake_assets.ingest import read_batch
+from lake_assets.ingest import _BatchFiles, read_batch
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
@@ -538,3 +538,21 @@ def test_flow_fragments_under_folders_whose_names_hold_path_characters_are_read(
 
     assert batch.quarantined == [] and batch.reconciles and batch.files_read == 1
     assert sorted(r["id"] for r in batch.events.select("id").collect()) == [1, 2]
+
+
+def test_files_of_one_schema_stored_in_other_parquet_types_count_together_for_which_group_leads():
+    """A clash sets aside the files of the groups read after the first: ten files of one arrow
+    schema, split by how Parquet stores a column (read apart), still lead six of another, read
+    apart or not."""
+    decimal_schema = pa.schema([("id", pa.string()), ("amount", pa.decimal128(9, 2))])
+    text_schema = pa.schema([("id", pa.string()), ("amount", pa.string())])
+    for apart in (False, True):
+        files = _BatchFiles({})
+        for n in range(5):
+            files.accept(f"file:///fixed-{n}", decimal_schema, 1, "id:BYTE_ARRAY,amount:FIXED_LEN_BYTE_ARRAY")
+            files.accept(f"file:///int-{n}", decimal_schema, 1, "id:BYTE_ARRAY,amount:INT32")
+        for n in range(6):
+            files.accept(f"file:///text-{n}", text_schema, 1, "id:BYTE_ARRAY,amount:BYTE_ARRAY")
+        files.apart = apart
+        order = [uri.rsplit("/", 1)[1].split("-")[0] for _, uris in files.groups() for uri in uris]
+        assert set(order[:10]) == {"fixed", "int"} and set(order[10:]) == {"text"}, order
