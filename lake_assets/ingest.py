@@ -31,7 +31,7 @@ from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
-from lake_assets.engine.schema import union_all
+from lake_assets.engine.schema import unified_fields, union_all
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
 from lake_assets.quarantine import Quarantined
@@ -220,8 +220,9 @@ class _BatchFiles:
     signature_of: dict[str, str] = dataclasses.field(default_factory=dict)
     schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
     quarantined: list[Quarantined] = dataclasses.field(default_factory=list)
-    #: each file is read on its own (`groups`), once a read together failed that each read alone passed
-    apart: bool = False
+    #: signatures whose files are read one by one (`groups`): read together they failed, though
+    #: each file reads alone
+    read_apart: set[str] = dataclasses.field(default_factory=set)
 
     def accept(self, uri: str, schema: pa.Schema, rows: int, stored_types: str) -> None:
         arrow = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
@@ -239,16 +240,24 @@ class _BatchFiles:
     def groups(self) -> list[tuple[str, list[str]]]:
         """(schema signature, live files read together), those of the most common arrow schema
         first (files of one arrow schema stored in other Parquet types are read apart, but count
-        as one schema when a clash decides which files the batch keeps), then the largest."""
-        if self.apart:
-            pairs = [(signature, [uri]) for uri, signature in self.signature_of.items()]
-        else:
-            groups: dict[str, list[str]] = defaultdict(list)
-            for uri, signature in self.signature_of.items():
-                groups[signature].append(uri)
-            pairs = list(groups.items())
+        as one schema when a clash decides which files the batch keeps), then the largest. The
+        files of a signature in `read_apart` are groups of one."""
+        pairs = [
+            pair
+            for signature, uris in self.by_signature().items()
+            for pair in (
+                [(signature, [uri]) for uri in uris] if signature in self.read_apart else [(signature, uris)]
+            )
+        ]
         files_of_schema = Counter(_arrow_part(signature) for signature in self.signature_of.values())
         return sorted(pairs, key=lambda pair: (-files_of_schema[_arrow_part(pair[0])], -len(pair[1])))
+
+    def by_signature(self) -> dict[str, list[str]]:
+        """schema signature -> its live files."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for uri, signature in self.signature_of.items():
+            groups[signature].append(uri)
+        return groups
 
     def partitions(self, uris: Iterable[str]) -> dict[str, str]:
         return {uri: self.partition_of[uri] for uri in uris}
@@ -312,35 +321,66 @@ def _union_compatible(
     column and both types, and the batch goes on.
     """
     accepted: list[DataFrame] = []
+    schemas: list[T.StructType] = []
     keys = fmt.table_spec(table).keys
     for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
-        try:
-            union_all(table, [*accepted, frame], keys)
+        try:  # the schemas alone tell whether the union can be made: no union is planned per group
+            unified_fields(table, [*schemas, frame.schema], keys)
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside(uri, f"schema does not fit the batch: {clash}")
             continue
         accepted.append(frame)
+        schemas.append(frame.schema)
     return _with_valid_text(union_all(table, accepted, keys), fmt.table_spec(table)) if accepted else None
 
 
 def _unreadable_in_spark(
-    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, uris: Iterable[str]
 ) -> dict[str, str]:
-    """Find the live files whose data pages Spark cannot decode (or whose text, repaired, Spark
-    refuses: a map whose keys become equal), reading each alone."""
-    spec = fmt.table_spec(table)
+    """Those of the live files `uris` whose data pages Spark cannot decode (or whose text,
+    repaired, Spark refuses: a map whose keys become equal), reading each alone."""
     bad = {}
-    for uri, signature in list(files.signature_of.items()):
+    for uri in uris:
         try:
-            alone = _read_group(spark, fmt, files.partitions([uri]), files.schemas[signature])
-            _with_valid_text(alone, spec).write.format("noop").mode("overwrite").save()
+            _read_in_full(spark, fmt, table, files, [uri])
         except SPARK_ERRORS as exc:
             bad[uri] = f"Spark could not read the file's data ({_spark_error(exc)})"
     return bad
+
+
+def _read_in_full(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, uris: list[str]
+) -> None:
+    """Read every row of the live files `uris` (of one signature), their text made valid."""
+    frame = _read_group(spark, fmt, files.partitions(uris), files.schemas[files.signature_of[uris[0]]])
+    _with_valid_text(frame, fmt.table_spec(table)).write.format("noop").mode("overwrite").save()
+
+
+def _reads_in_spark(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, uris: list[str]
+) -> bool:
+    try:
+        _read_in_full(spark, fmt, table, files, uris)
+    except SPARK_ERRORS:
+        return False
+    return True
+
+
+def _failing_together(
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+) -> dict[str, list[str]]:
+    """signature -> its live files, for the groups of several files whose read together fails."""
+    return {
+        signature: uris
+        for signature, uris in files.by_signature().items()
+        if len(uris) > 1
+        and signature not in files.read_apart
+        and not _reads_in_spark(spark, fmt, table, files, uris)
+    }
 
 
 # --- text that other engines can read -----------------------------------------------------------
@@ -521,28 +561,33 @@ def text_repaired_per_file(events: DataFrame, file_column: str = FILE_URI) -> di
 
 
 def _read_collapsed(
-    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, earlier: Exception | None = None
 ) -> tuple[DataFrame, Collapsed] | None:
     """The live files read and collapsed: (the events before the collapse, the collapse), or
-    None when no file is left. A file whose data pages turn out damaged is set aside and the
-    rest read again. When every file reads on its own, the files are read apart: Spark read
-    files of one schema signature in a way that fits some of them only."""
+    None when no file is left.
+
+    When the read fails, the groups of one schema signature whose read together fails are
+    found. A file among them (or, when none fails, among all) whose data pages turn out
+    damaged is set aside and the rest read again. When none is damaged, the failing groups'
+    files are read one by one: Spark read them in a way that fits some of them only. `earlier`
+    is the failure that led to this read, chained to the error raised when nothing helps."""
     events = _union_compatible(spark, fmt, table, files)
     if events is None:
         return None
     try:
         return events, collapse_counted(events, fmt.table_spec(table))
-    except SPARK_ERRORS:
-        # A file passed its footer check but its pages are damaged: find it and set it aside.
-        damaged = _unreadable_in_spark(spark, fmt, table, files)
-        if not damaged and not files.apart:
-            files.apart = True
-            return _read_collapsed(spark, fmt, table, files)
-        if not damaged:
-            raise
-        for uri, reason in damaged.items():
-            files.set_aside(uri, reason)
-        return _read_collapsed(spark, fmt, table, files)
+    except SPARK_ERRORS as failure:
+        failing = _failing_together(spark, fmt, table, files)
+        suspects = [uri for uris in failing.values() for uri in uris] if failing else list(files.signature_of)
+        damaged = _unreadable_in_spark(spark, fmt, table, files, suspects)
+        if damaged:
+            for uri, reason in damaged.items():
+                files.set_aside(uri, reason)
+        elif failing:
+            files.read_apart |= failing.keys()
+        else:
+            raise failure from earlier
+        return _read_collapsed(spark, fmt, table, files, earlier=failure)
 
 
 def read_batch(

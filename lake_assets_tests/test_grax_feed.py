@@ -12,6 +12,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.errors import PySparkException
 
 from lake_assets import ingest
 from lake_assets.config import FeedConfig, LakeConfig, S3Config
@@ -20,6 +21,7 @@ from lake_assets.feeds.grax_v2 import GraxV2Format, batch_order, is_batch_key, t
 from lake_assets.landing_watch import BatchCursor, scan_batches
 from lake_assets.orchestration.definitions import batch_partitions_name
 from lake_assets.runner import run_feeds
+from lake_assets.storage import Storage, data_files
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
@@ -474,6 +476,75 @@ def test_int96_beside_nanoseconds_without_a_zone_are_read_apart(spark, tmp_path,
     assert {(r["Id"], r["_version_at"]) for r in rows} == {
         (key, dt.datetime(2024, 1, 1, hour, tzinfo=UTC)) for hour, (key, _) in enumerate(files.values())
     }
+
+
+def _int96_and_nanos_with_clean_files(landing: Path) -> dict[str, list]:
+    """One batch: an INT96 file and an INT64-nanoseconds file Spark cannot read together (both
+    `timestamp[ns]` to pyarrow), and three clean files of another schema. -> partition: files."""
+    folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / "batch=000000001"
+    folder.mkdir(parents=True)
+    stamped = pa.schema(
+        [("Id", pa.string()), ("source__modified", pa.timestamp("ns")), ("grax__idseq", pa.string())]
+    )
+    for name, options in (
+        ("int96", {"use_deprecated_int96_timestamps": True}),
+        ("nanos", {"version": "2.6"}),
+    ):
+        row = {"Id": name, "source__modified": dt.datetime(2024, 1, 1), "grax__idseq": "01"}
+        pq.write_table(pa.Table.from_pylist([row], schema=stamped), folder / f"{name}.parquet", **options)
+    for n in range(3):
+        row = {"Id": f"clean-{n}", "source__modified": t(n), "grax__idseq": "01", "Name": "A"}
+        pq.write_table(pa.Table.from_pylist([row]), folder / f"clean-{n}.parquet", coerce_timestamps="ms")
+    storage = Storage()
+    return {"000000001": data_files(storage, f"file://{folder}")}
+
+
+def test_only_the_files_of_a_schema_that_fail_read_together_are_read_apart(spark, tmp_path, monkeypatch):
+    """Had the schema signature missed a difference Spark cannot read in one read, only that
+    group's files are read one by one: the other groups are read together as before, and no
+    file of theirs is read alone looking for damage (on a batch of many files, reading each
+    alone, and planning a union of them all, would cost far more than the batch)."""
+    monkeypatch.setattr(ingest, "_stored_types", lambda schema: "")
+    files = _int96_and_nanos_with_clean_files(tmp_path / "landing")
+    read_together: list[list[str]] = []
+    read_group = ingest._read_group
+
+    def recording(spark, fmt, partition_of, schema):
+        read_together.append(sorted(uri.rsplit("/", 1)[1] for uri in partition_of))
+        return read_group(spark, fmt, partition_of, schema)
+
+    monkeypatch.setattr(ingest, "_read_group", recording)
+    batch = ingest.read_batch(spark, Storage(), GraxV2Format(), f"{ORG}/account", files)
+
+    assert batch.quarantined == [] and batch.reconciles and batch.files_read == 5
+    assert sorted(r["Id"] for r in batch.events.select("Id").collect()) == [
+        "clean-0",
+        "clean-1",
+        "clean-2",
+        "int96",
+        "nanos",
+    ]
+    clean = [f"clean-{n}.parquet" for n in range(3)]
+    assert all(uris == clean for uris in read_together if set(uris) & set(clean)), read_together
+    assert ["int96.parquet"] in read_together and ["nanos.parquet"] in read_together
+
+
+def test_a_read_that_fails_after_its_files_were_read_apart_names_the_first_failure(
+    spark, tmp_path, monkeypatch
+):
+    """When reading apart does not help either, the error raised carries the failure that led
+    to it, so the cause first seen is not lost."""
+    monkeypatch.setattr(ingest, "_stored_types", lambda schema: "")
+    files = _int96_and_nanos_with_clean_files(tmp_path / "landing")
+    failures = iter(range(1, 10))
+
+    def failing(events, spec, **_):
+        raise PySparkException(f"collapse failure {next(failures)}")
+
+    monkeypatch.setattr(ingest, "collapse_counted", failing)
+    with pytest.raises(PySparkException, match="collapse failure 2") as raised:
+        ingest.read_batch(spark, Storage(), GraxV2Format(), f"{ORG}/account", files)
+    assert "collapse failure 1" in str(raised.value.__cause__)
 
 
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake):

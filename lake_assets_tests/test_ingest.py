@@ -553,6 +553,6 @@ def test_files_of_one_schema_stored_in_other_parquet_types_count_together_for_wh
             files.accept(f"file:///int-{n}", decimal_schema, 1, "id:BYTE_ARRAY,amount:INT32")
         for n in range(6):
             files.accept(f"file:///text-{n}", text_schema, 1, "id:BYTE_ARRAY,amount:BYTE_ARRAY")
-        files.apart = apart
+        files.read_apart = set(files.signature_of.values()) if apart else set()
         order = [uri.rsplit("/", 1)[1].split("-")[0] for _, uris in files.groups() for uri in uris]
         assert set(order[:10]) == {"fixed", "int"} and set(order[10:]) == {"text"}, order
