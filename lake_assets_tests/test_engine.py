@@ -334,6 +334,39 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
         cache.unpersist()
 
 
+def test_the_latest_write_of_each_version_is_picked_in_one_window(spark):
+    """Of several writes of one version the greatest sequence wins; of its copies the one with a
+    purge marker, then the greatest file name; of copies equal in that, the last delivery; of
+    copies equal in every column of the order, exactly one. The pick reads the events in one
+    window over (key, version), the order they are sorted in, not three."""
+    rows = [  # (label, id, version, seq, purged, file, delivery)
+        ("a-old", "a", T[1], 1, False, "z", "h0"),
+        ("a-lesser-file", "a", T[1], 2, False, "a", "h1"),
+        ("a", "a", T[1], 2, False, "b", "h0"),
+        ("b-first-delivery", "b", T[1], 1, False, "x", "h0"),
+        ("b", "b", T[1], 1, False, "x", "h1"),
+        ("c", "c", T[1], 1, True, "x", "h0"),
+        ("c-unmarked", "c", T[1], 1, False, "y", "h1"),
+        ("c-marker-unset", "c", T[1], 1, None, "x", "h1"),
+        ("d", "d", T[1], 1, False, "x", "h0"),
+        ("d", "d", T[1], 1, False, "x", "h0"),
+        ("e1", "e", T[1], 1, False, "x", "h0"),
+        ("e2", "e", T[2], 1, False, "x", "h0"),
+    ]
+    schema = StructType([*SCHEMA.fields, StructField("hour", StringType())])
+    events = spark.createDataFrame(
+        [
+            (id_, label, None, "update", at, seq, None, purged, f"file:///{name}", hour)
+            for label, id_, at, seq, purged, name, hour in rows
+        ],
+        schema,
+    )
+    kept = merge.latest_write_per_version(events, SPEC, tie_break=[F.col("hour")])
+    assert sorted(r["c1"] for r in kept.collect()) == ["a", "b", "c", "d", "e1", "e2"]
+    plan = kept._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Window [") == 1, plan
+
+
 def test_a_fold_caches_a_batch_only_when_it_is_not_cached_already(spark, tmp_path, monkeypatch):
     """A batch the caller keeps in memory (the run's stored change batch, handed over) is not
     cached a second time as the marked batch; a batch read from files is, once."""

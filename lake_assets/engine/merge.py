@@ -152,28 +152,24 @@ def collapse_identical(
     return marked.where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
 
 
-_BEST = "__best_write"  # in `latest_write_per_version`: of the version's greatest sequence, the best copy
-_KEEP = "__keep"  # in `latest_write_per_version`: the one write a version keeps
-
-
 def latest_write_per_version(
     events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None
 ) -> DataFrame:
     """Several writes of one version: the greatest sequence wins, and of its copies the best by
     `copy_rank`; of copies equal in that too (one file read again), the last by the tie-break.
 
-    The windows partition by key and version time and order like `event_order`, so they read
-    the events in the order they are already sorted in."""
-    version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT))
-    rank = F.struct(F.col(m.SEQ), copy_rank())
-    best = rank.eqNullSafe(F.max(rank).over(version))
-    so_far = version.orderBy(*_within_version(tie_break)).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow
-    )
-    counted = F.col(_BEST).cast("int")
-    last_best = F.col(_BEST) & (F.sum(counted).over(so_far) == F.sum(counted).over(version))
-    kept = events.withColumn(_BEST, best).withColumn(_KEEP, last_best)
-    return kept.where(F.col(_KEEP)).drop(_KEEP, _BEST)
+    One window, partitioned by key and version time and ordered like `event_order`, so it reads
+    the events in the order they are already sorted in, and picks in one pass over them: a
+    write is kept when it ranks highest in its version (the tie-break last in the rank), and
+    the next write does not rank the same (rows equal in every column of the order)."""
+    version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*_within_version(tie_break))
+    whole_version = version.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rank = F.struct(F.col(m.SEQ), copy_rank(), *(tie_break or []))
+    kept = rank.eqNullSafe(F.max(rank).over(whole_version)) & ~F.lead(rank).over(version).eqNullSafe(rank)
+    return events.withColumn(_KEEP, kept).where(F.col(_KEEP)).drop(_KEEP)
+
+
+_KEEP = "__keep"  # in `latest_write_per_version`: the one write a version keeps
 
 
 def fill_unmodified(
