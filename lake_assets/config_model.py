@@ -75,7 +75,7 @@ def _hour(value: Any) -> bool:
         dt.datetime.strptime(value, "%Y-%m-%d-%H")
     except (TypeError, ValueError):
         return False
-    return _text(r"\d{4}-\d{2}-\d{2}-\d{2}")(value)
+    return _text(r"[0-9]{4}-[0-9]{2}-[0-9]{2}-[0-9]{2}")(value)
 
 
 def _credentials_in_url(value: str) -> bool:

@@ -29,11 +29,11 @@ from pyspark.sql import types as T
 
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
-from lake_assets.engine.names import col, lake_name, lake_schema, schema_case_clash
+from lake_assets.engine.names import col, lake_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import unified_fields, union_all
 from lake_assets.errors import SchemaClash
-from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat
+from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
 from lake_assets.storage import Entry, Storage, each_file
@@ -173,13 +173,20 @@ def _read_group(
     """Files of one schema (URI -> the partition that lists it), normalised by the feed, which
     sees every column under its lake name (`names.lake_name`)."""
     raw = read_landed(spark, "parquet", partition_of)
-    null_columns = tuple(f.name for f in schema if pa.types.is_null(f.type)) if schema is not None else ()
+    fields = {f.name: f.type for f in schema} if schema is not None else {}
+    spark_types = {f.name: f.dataType for f in raw.schema.fields}  # one schema request (Spark Connect)
 
     def as_lake_column(name: str) -> F.Column:
+        arrow_type = fields.get(name)
         # A column Parquet stores with the null type (present but empty) reaches Spark as some
         # arbitrary type; as NullType it widens into whatever type the column has elsewhere.
-        if name in null_columns:
+        if arrow_type is not None and pa.types.is_null(arrow_type):
             return F.lit(None).alias(lake_name(name))
+        # INT64 nanoseconds reach Spark as a long (spark.py); INT96, also nanoseconds to pyarrow,
+        # as a time already.
+        stored_as_long = isinstance(spark_types[name], T.LongType)
+        if isinstance(arrow_type, pa.TimestampType) and arrow_type.unit == "ns" and stored_as_long:
+            return nanoseconds_as_time(col(name), zoned=arrow_type.tz is not None).alias(lake_name(name))
         return col(name) if lake_name(name) == name else col(name).alias(lake_name(name))
 
     raw = raw.select(
@@ -191,7 +198,7 @@ def _read_group(
     # on every row, it was a large share of the read (docs/profiling.md, "Figures behind the code").
     files = text_table(spark, [FILE_URI, FILE_PARTITION], list(partition_of.items()))
     raw = raw.join(F.broadcast(files), FILE_URI, "left")
-    events = fmt.normalise(raw, lake_schema(schema) if schema is not None else None)
+    events = fmt.normalise(raw)
     return events if DERIVED in events.columns else events.withColumn(DERIVED, F.lit(False))
 
 

@@ -105,7 +105,7 @@ DRIVER_JAVA_OPTIONS_ENV = "LAKE_ASSETS_DRIVER_JAVA_OPTIONS"
 # faster and a backfill no slower (docs/profiling.md, "Figures behind the code").
 LOCAL_DRIVER_SQL_SETTINGS: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
-_LOCAL_CORES = re.compile(r"local(?:\[(\d+|\*)(?:\s*,\s*\d+)?\])?")
+_LOCAL_CORES = re.compile(r"local(?:\[([0-9]+|\*)(?:\s*,\s*[0-9]+)?\])?")
 
 
 def local_cores(master: str) -> int | None:

@@ -197,8 +197,8 @@ def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_pat
 class _LosesARow(UnitCdcFormat):
     """A feed with a bug: its normalisation drops the rows of one key."""
 
-    def normalise(self, raw, arrow_schema=None):
-        return super().normalise(raw, arrow_schema).where(F.col("id") != "lost")
+    def normalise(self, raw):
+        return super().normalise(raw).where(F.col("id") != "lost")
 
 
 def test_a_row_lost_before_the_collapse_fails_the_reconciliation(spark, tmp_path):

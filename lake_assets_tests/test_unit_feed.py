@@ -573,3 +573,105 @@ def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_pa
     assert all("cdc_commit_timestamp lies after 9999-12-31 23:59:59.999" in r for r in reasons.values())
     assert "10000-01-01T00:00:00Z" in reasons["part-year-10000.parquet"]
     assert batch.reconciles and set(current) == {"a"} and len(history) == 1
+
+
+def _with_commit_type(commit_type: pa.DataType) -> pa.Schema:
+    return pa.schema(
+        [
+            *(f for f in ACCOUNT_SCHEMA if f.name != "cdc_commit_timestamp"),
+            ("cdc_commit_timestamp", commit_type),
+        ]
+    )
+
+
+def test_event_times_before_the_year_1_or_beyond_any_time_set_their_file_aside(spark, tmp_path):
+    """A time before 0001-01-01 (a year 0 in text, an epoch of seconds far below zero) passed
+    the reader, then failed every fold of its table in the fold's own bookkeeping, holding back
+    the good files of its hour and of every hour after. An epoch too large for Spark's
+    microseconds failed the read. Each now sets its file aside with its reason."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 0, "part-good.parquet", [event("a", "I", 1, at(0, 1), name="ok")])
+    far = {
+        "part-year-0.parquet": (pa.string(), "0000-01-01 00:00:00"),
+        "part-seconds.parquet": (pa.int64(), -100_000_000_000),  # seconds: the year -1199
+        "part-huge.parquet": (pa.int64(), 9_000_000_000_000_000_000),
+    }
+    for name, (commit_type, committed) in far.items():
+        rows = [event("b", "I", 2, committed, name="?")]
+        write_events(landing, "accounts", 0, name, rows, _with_commit_type(commit_type))
+    batch, current, history = _fold(spark, landing, hours=(0,))
+    reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
+    assert set(reasons) == set(far)
+    before = "cdc_commit_timestamp lies before 0001-01-01 00:00:00, the earliest time the lake keeps"
+    assert before in reasons["part-year-0.parquet"] and "0000-01-01" in reasons["part-year-0.parquet"]
+    assert before in reasons["part-seconds.parquet"] and "-100000000000" in reasons["part-seconds.parquet"]
+    assert "cdc_commit_timestamp is not a time: 9000000000000000000" in reasons["part-huge.parquet"]
+    assert batch.reconciles and set(current) == {"a"} and len(history) == 1
+
+
+def test_epochs_in_unsigned_or_whole_decimal_columns_read_like_integers(spark, tmp_path):
+    """Spark reads an unsigned 64-bit integer as a decimal of 20 digits: an epoch of
+    milliseconds stored so was read as seconds and refused as lying after 9999."""
+    landing = tmp_path / "unit"
+    millis, seconds = int(at(0, 1).timestamp() * 1000), int(at(0, 2).timestamp())
+    stored = {
+        "part-uint64-ms.parquet": ("a", pa.uint64(), millis),
+        "part-uint64-s.parquet": ("b", pa.uint64(), seconds),
+        "part-decimal-ms.parquet": ("c", pa.decimal128(20, 0), decimal.Decimal(millis)),
+    }
+    for name, (id_, commit_type, committed) in stored.items():
+        write_events(
+            landing, "accounts", 0, name, [event(id_, "I", 1, committed)], _with_commit_type(commit_type)
+        )
+    batch, current, _ = _fold(spark, landing, hours=(0,))
+    assert batch.quarantined == [] and batch.reconciles
+    assert {k: r["_version_at"] for k, r in current.items()} == {
+        "a": at(0, 1).replace(tzinfo=None),
+        "b": at(0, 2).replace(tzinfo=None),
+        "c": at(0, 1).replace(tzinfo=None),
+    }
+
+
+def test_operations_are_trimmed_of_any_white_space_and_compared_in_ascii_case(spark, tmp_path):
+    """Tabs, line breaks and no-break spaces around an operation are trimmed, as plain spaces
+    were; a letter outside ASCII that upper-cases to an ASCII one (a dotless i) is no spelling."""
+    landing = tmp_path / "unit"
+    spelled = {"a": "\tU", "b": "U\n", "c": "\u00a0update\u00a0", "d": " d ", "e": "\u0131nsert"}
+    for n, (id_, op) in enumerate(spelled.items()):
+        write_events(landing, "accounts", 0, f"part-{id_}.parquet", [event(id_, op, n, at(0, n))])
+    batch, current, _ = _fold(spark, landing, hours=(0,))
+    reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
+    assert list(reasons) == ["part-e.parquet"] and "unknown cdc_operation_type" in reasons["part-e.parquet"]
+    assert set(current) == {"a", "b", "c"}
+
+
+def test_payload_times_in_nanoseconds_are_kept_as_times(spark, tmp_path):
+    """Spark reads Parquet nanoseconds as a number: a payload column of them was stored as a
+    count of nanoseconds, and beside microseconds of another file became text in two spellings."""
+    landing = tmp_path / "unit"
+    moment = dt.datetime(2024, 2, 1, 12, 0, 0, 123456)
+    for n, unit in enumerate(("ns", "us")):
+        schema = pa.schema(
+            [*ACCOUNT_SCHEMA, ("reviewed", pa.timestamp(unit)), ("seen", pa.timestamp(unit, "UTC"))]
+        )
+        row = event(
+            f"k{unit}", "I", n, at(0, n), reviewed=moment, seen=moment.replace(tzinfo=dt.timezone.utc)
+        )
+        write_events(landing, "accounts", n, "part-0.parquet", [row], schema)
+    batch, current, _ = _fold(spark, landing, hours=(0, 1))
+    assert batch.quarantined == [] and batch.reconciles
+    assert dict(batch.events.dtypes)["reviewed"] in ("timestamp", "timestamp_ntz")
+    assert {r["reviewed"].replace(tzinfo=None) for r in current.values()} == {moment}
+    assert {r["seen"].replace(tzinfo=None) for r in current.values()} == {moment}
+
+
+def test_folders_numbered_in_other_scripts_digits_are_no_hour(tmp_path):
+    """An hour folder named with Arabic-Indic digits (U+0660, U+0667) was read as the hour 07: a folder level takes ASCII
+    digits only, and the file is a stray."""
+    landing = tmp_path / "unit"
+    folder = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=\u0660\u0667"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([event("a", "I", 1, at(7))]), folder / "part-0.parquet")
+    uri = f"file://{landing}"
+    assert FMT.partition_keys(Storage(), uri, "accounts") == []
+    assert [entry.name for entry, _ in FMT.stray_files(Storage(), uri, "accounts")] == ["part-0.parquet"]

@@ -85,7 +85,7 @@ HASH_DIGEST_SIZE = 16
 # before the year 1.
 _POSIX_ABSOLUTE = re.compile(r"/")
 _WINDOWS_DRIVE_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]")
-_NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMERIC = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _THOUSAND = Decimal(1000)

@@ -53,6 +53,9 @@ OPERATIONS = (INSERT, UPDATE, DELETE)
 
 # Fivetran's "open" end of an active version.
 END_OF_TIME = "9999-12-31 23:59:59.999"
+# The earliest version time the lake keeps: Python's datetime (the fold's bookkeeping, Dagster's
+# metadata) and many readers of the lake have no year 0 or before.
+START_OF_TIME = "0001-01-01 00:00:00"
 
 
 @dataclasses.dataclass(frozen=True)

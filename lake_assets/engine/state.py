@@ -39,7 +39,7 @@ from collections.abc import Callable
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage, data_files, is_hidden
 
-_DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE_FOLDER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 #: Told the lake files a write is about to remove, while they can still be read (the file
 #: catalog retires their records: `pipeline`). A write that fails may have told it.

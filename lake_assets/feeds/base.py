@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import re
+import string
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -14,9 +15,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lake_assets.catalog.files import parquet_span
-from lake_assets.engine.model import END_OF_TIME, TableSpec
+from lake_assets.engine.model import END_OF_TIME, START_OF_TIME, TableSpec
 from lake_assets.engine.names import col
-from lake_assets.epoch import EPOCH_MS_THRESHOLD
+from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
 from lake_assets.storage import Entry, Storage, is_hidden
 
@@ -126,10 +127,10 @@ class FeedFormat(abc.ABC):
         """Why a file with this Parquet schema cannot be used, or None when it can."""
 
     @abc.abstractmethod
-    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame) -> DataFrame:
         """Map the vendor's rows onto the change model.
 
-        `raw` holds files of one Parquet schema (`arrow_schema`, as the files declare it), and
+        `raw` holds files of one Parquet schema (its nanosecond times already made times), and
         on every row its file's URI (`FILE_URI`) and partition (`FILE_PARTITION`), which the
         reader looks up once per file rather than parsing the path on every row.
         Returns the change-model columns (all but `_ingested_at`, which the reader adds: see
@@ -143,24 +144,36 @@ class FeedFormat(abc.ABC):
 # --- time values in any encoding a vendor may choose ---------------------------------------------
 
 
-def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataType | None = None) -> Column:
+def stripped(text: Column) -> Column:
+    """`text` without the white space at either end, any kind (tabs, line breaks, no-break
+    spaces): Spark's `trim` takes plain spaces only."""
+    return F.regexp_replace(text, r"(?U)^\s+|\s+$", "")
+
+
+def ascii_upper(text: Column) -> Column:
+    """`text` with the ASCII letters upper-cased and no other: Spark's `upper` follows Unicode,
+    which spells a dotless i (U+0131) as `I`, so "insert" spelled with it would read as `INSERT`."""
+    return F.translate(text, string.ascii_lowercase, string.ascii_uppercase)
+
+
+def timestamp_column(column: str, spark_type: T.DataType) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
-    (nanoseconds reach Spark as a long, see spark.py), INT96, ISO text, or epoch seconds/millis."""
+    (nanoseconds are made times as they are read: `ingest`), INT96, ISO text, or an integer (or
+    a decimal without fraction, as an unsigned 64-bit integer reaches Spark) of epoch seconds or
+    milliseconds. NULL when it is none of them."""
     value = col(column)
     if isinstance(spark_type, T.StringType):
-        text = F.trim(value)
+        text = stripped(value)
         # Spark reads a time of day alone ("03:00") as that time today, a moment that moves with
         # the run's date: text is a time only when it starts with its year.
         return F.when(text.rlike(r"^[+-]?[0-9]{4}"), F.try_to_timestamp(text))
-    if isinstance(spark_type, T.IntegralType):
-        as_long = value.cast("long")
-        if arrow_type is not None and pa.types.is_timestamp(arrow_type):
-            # TIMESTAMP(NANOS) to microseconds, rounded down in whole numbers: `/` divides as
-            # doubles, which at today's epochs are 256 ns apart, and moved times near the end of
-            # a millisecond into the next one.
-            whole_micros = as_long - F.pmod(as_long, F.lit(1000))
-            return F.timestamp_micros(F.call_function("div", whole_micros, F.lit(1000)))
-        return F.when(F.abs(as_long) > EPOCH_MS_THRESHOLD, F.timestamp_millis(as_long)).otherwise(
+    if isinstance(spark_type, T.IntegralType) or (
+        isinstance(spark_type, T.DecimalType) and spark_type.scale == 0
+    ):
+        as_long = value.try_cast("long")
+        in_millis = (as_long > EPOCH_MS_THRESHOLD) | (as_long < -EPOCH_MS_THRESHOLD)
+        countable = as_long.between(-LARGEST_EPOCH_MS, LARGEST_EPOCH_MS)
+        return F.when(in_millis, F.when(countable, F.timestamp_millis(as_long))).otherwise(
             F.timestamp_seconds(as_long)
         )
     if isinstance(spark_type, T.NullType):
@@ -168,15 +181,29 @@ def timestamp_column(column: str, spark_type: T.DataType, arrow_type: pa.DataTyp
     return value.cast("timestamp")
 
 
-def after_history_ends(moment: Column, column: str) -> Column:
+def nanoseconds_as_time(value: Column, *, zoned: bool) -> Column:
+    """A Parquet TIMESTAMP(NANOS), which Spark reads as a long (spark.py), as the time it is: a
+    timestamp for an instant (`zoned`), a timestamp without zone otherwise, as Spark reads the
+    other units. Rounded down to the microsecond in whole numbers: `/` divides as doubles, which
+    at today's epochs are 256 ns apart, and moved times near the end of a millisecond into the
+    next one."""
+    whole_micros = value - F.pmod(value, F.lit(1000))
+    instant = F.timestamp_micros(F.call_function("div", whole_micros, F.lit(1000)))
+    return instant if zoned else instant.cast(T.TimestampNTZType())
+
+
+def outside_history(moment: Column, column: str) -> Column:
     """The reason an event time cannot open a version, or NULL: it lies after the end every open
     version's window has (`END_OF_TIME`), so its version would end before it begins (a year
-    10000, or an epoch in microseconds read as milliseconds)."""
+    10000, or an epoch in microseconds read as milliseconds), or before the year 1
+    (`START_OF_TIME`: a year 0 in text, an epoch of seconds far below zero)."""
+    given = col(column).cast("string")
     return F.when(
         moment > F.to_timestamp(F.lit(END_OF_TIME)),
-        F.concat(
-            F.lit(f"{column} lies after {END_OF_TIME}, where open history ends: "), col(column).cast("string")
-        ),
+        F.concat(F.lit(f"{column} lies after {END_OF_TIME}, where open history ends: "), given),
+    ).when(
+        moment < F.to_timestamp(F.lit(START_OF_TIME)),
+        F.concat(F.lit(f"{column} lies before {START_OF_TIME}, the earliest time the lake keeps: "), given),
     )
 
 
@@ -217,7 +244,7 @@ def why_not_yet(moment: dt.datetime, where: str) -> str | None:
 
 
 def parse_hour_key(key: str) -> dt.datetime:
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}", key or ""):
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}-[0-9]{2}", key or ""):
         raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
     return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
@@ -233,7 +260,7 @@ def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     None when it is not a valid one: a name of another level or not a number (`year=abc`,
     `hour=-1`, `year=24`), or no such time (`hour=25`, `month=13`, `day=30` in February)."""
     level, digits = _HOURLY_LEVELS[depth]
-    match = re.fullmatch(rf"{level}=(\d{{{digits}}})", name)
+    match = re.fullmatch(rf"{level}=([0-9]{{{digits}}})", name)
     if not match:
         return None
     parts = (*prefix, int(match.group(1)))

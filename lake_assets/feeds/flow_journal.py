@@ -70,8 +70,8 @@ from lake_assets.storage import Entry, Storage
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
 #: Spark's column for JSON lines it cannot parse: an engine name (`__`), which vendor fields never keep
 _SPARK_CORRUPT_RECORD = "__spark_corrupt_record"
-_DATE = re.compile(r"utc_date=(\d{4}-\d{2}-\d{2})")
-_HOUR = re.compile(r"utc_hour=(\d{2})")
+_DATE = re.compile(r"utc_date=([0-9]{4}-[0-9]{2}-[0-9]{2})")
+_HOUR = re.compile(r"utc_hour=([0-9]{2})")
 
 # What each journal's task returns: documents, fragments set aside, and the task's counts.
 _OUT = pa.schema(
@@ -482,7 +482,7 @@ class FlowJournalFormat(FeedFormat):
     def vet_schema(self, schema: pa.Schema) -> str | None:  # fragments are not Parquet
         return None
 
-    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame) -> DataFrame:
         raise NotImplementedError("Flow fragments are read by read_batch, not as Parquet")
 
     # --- listing --------------------------------------------------------------------------------

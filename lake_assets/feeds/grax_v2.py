@@ -47,7 +47,8 @@ from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     FeedFormat,
-    after_history_ends,
+    outside_history,
+    stripped,
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
@@ -268,34 +269,25 @@ class GraxV2Format(FeedFormat):
                     return f"column '{column}' has type {kind}, expected a timestamp"
         return None
 
-    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
+    def normalise(self, raw: DataFrame) -> DataFrame:
         spelled = _grax_spellings(raw.columns)
         if spelled:
             raw = raw.withColumnsRenamed(spelled)
-            if arrow_schema is not None:
-                arrow_schema = pa.schema([f.with_name(spelled.get(f.name, f.name)) for f in arrow_schema])
         columns = [c for c in raw.columns if not c.startswith("__")]
         copies = typed_copies(columns)
         typed_columns = {c for group in copies.values() for c in group.values()}
 
-        def arrow_type(column: str):
-            return (
-                arrow_schema.field(column).type
-                if arrow_schema is not None and column in arrow_schema.names
-                else None
-            )
-
         def stamp(column: str) -> Column:
             if column not in columns:
                 return F.lit(None).cast("timestamp")
-            return timestamp_column(column, raw.schema[column].dataType, arrow_type(column))
+            return timestamp_column(column, raw.schema[column].dataType)
 
         payload: list[Column] = []
         for column in columns:
             if column in (KEY, MODIFIED, IDSEQ) or column in typed_columns:
                 continue
             if column in copies:
-                payload.extend(self._typed_field(raw, column, copies[column], arrow_type))
+                payload.extend(self._typed_field(raw, column, copies[column]))
             elif column in (DELETED, PURGED):
                 payload.append(stamp(column).alias(column))  # the markers stay readable (lineage)
             else:
@@ -312,16 +304,16 @@ class GraxV2Format(FeedFormat):
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
             .when(version_at.isNull(), not_a_time(MODIFIED))
-            .otherwise(after_history_ends(version_at, MODIFIED))
+            .otherwise(outside_history(version_at, MODIFIED))
         )
         if DELETED in columns:  # a delete opens its own event at its time
-            invalid = F.coalesce(invalid, after_history_ends(stamp(DELETED), DELETED))
+            invalid = F.coalesce(invalid, outside_history(stamp(DELETED), DELETED))
         for column in (DELETED, PURGED):
             # A marker given as text must be a time, or empty for 'not deleted/purged': other
             # text ("yes") cannot say whether the record is gone, and read as no marker it
             # would keep a deleted record live or a purged one's field data.
             if column in columns and isinstance(raw.schema[column].dataType, T.StringType):
-                unparsed = (F.trim(F.col(column)) != "") & stamp(column).isNull()
+                unparsed = (stripped(F.col(column)) != "") & stamp(column).isNull()
                 invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
         for column in sorted(typed_columns):
             typed = _TYPED.match(column)
@@ -370,7 +362,7 @@ class GraxV2Format(FeedFormat):
         return versions.unionByName(deletes).drop("__deleted_at")
 
     @staticmethod
-    def _typed_field(raw: DataFrame, field: str, copies: dict[str, str], arrow_type) -> list[Column]:
+    def _typed_field(raw: DataFrame, field: str, copies: dict[str, str]) -> list[Column]:
         """`field` as one typed column, plus its string copy for audit."""
         kinds: dict[str, tuple[Column, T.DataType]] = {}
         for suffix, column in copies.items():
@@ -379,7 +371,7 @@ class GraxV2Format(FeedFormat):
                 continue  # a column present but empty says nothing about the type
             target = TYPED_SUFFIXES[suffix]
             if suffix == "ts":
-                kinds[column] = (timestamp_column(column, dtype, arrow_type(column)), T.TimestampType())
+                kinds[column] = (timestamp_column(column, dtype), T.TimestampType())
             elif target is None or (isinstance(dtype, T.StringType) and suffix == "t"):
                 kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
             else:

@@ -25,11 +25,13 @@ from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     FeedFormat,
-    after_history_ends,
+    ascii_upper,
     hour_folders,
     hourly_strays,
     list_hour_folders,
+    outside_history,
     parse_hour_key,
+    stripped,
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
@@ -139,23 +141,22 @@ class UnitCdcFormat(FeedFormat):
             pa.types.is_timestamp(ts_type)
             or pa.types.is_date(ts_type)
             or _is_text(ts_type)
-            or pa.types.is_integer(ts_type)
+            or _is_whole_number(ts_type)
         ):
             return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
         return None
 
-    def normalise(self, raw: DataFrame, arrow_schema: pa.Schema | None = None) -> DataFrame:
-        op_text = F.upper(F.trim(F.col(OPERATION)))
+    def normalise(self, raw: DataFrame) -> DataFrame:
+        op_text = ascii_upper(stripped(F.col(OPERATION)))
         op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
         seq_col = F.col(SEQUENCE)
         seq = (
             seq_col.cast("long")
             if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType)
-            else F.expr(f"try_cast(trim(`{SEQUENCE}`) as bigint)")
+            else stripped(seq_col).try_cast("bigint")
         )
-        arrow_type = arrow_schema.field(COMMITTED_AT).type if arrow_schema is not None else None
         version_at = F.date_trunc(
-            "millisecond", timestamp_column(COMMITTED_AT, raw.schema[COMMITTED_AT].dataType, arrow_type)
+            "millisecond", timestamp_column(COMMITTED_AT, raw.schema[COMMITTED_AT].dataType)
         )
         invalid = (
             F.when(F.col(KEY).isNull(), F.lit("id is NULL"))
@@ -177,7 +178,7 @@ class UnitCdcFormat(FeedFormat):
                     F.coalesce(F.col(COMMITTED_AT).cast("string"), F.lit("NULL")),
                 ),
             )
-            .otherwise(after_history_ends(version_at, COMMITTED_AT))
+            .otherwise(outside_history(version_at, COMMITTED_AT))
         )
         payload = [c for c in raw.columns if c not in (KEY, *SPECIAL) and not m.is_reserved(c)]
         return raw.select(
