@@ -27,7 +27,7 @@ from lake_assets.console import (
     new_log_path,
     output_to,
 )
-from lake_assets.discovery import describe, discover
+from lake_assets.discovery import describe, describe_unread, discover
 from lake_assets.errors import ConfigError, LakeAssetsError
 from lake_assets.feeds.base import parse_hour_key
 from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
@@ -96,6 +96,9 @@ def cmd_discover(args: argparse.Namespace) -> int:
     failed = False
     for found in discover(config, config.storage()):
         print(describe(found))
+        unread = describe_unread(found)
+        if unread:
+            print(f"lake-assets: warning: {unread}", file=sys.stderr)
         for line in ([found.problem] if found.problem else []) + list(found.unlisted):
             print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
             failed = True

@@ -106,9 +106,9 @@ RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
 FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", is_name)]
-TableName = Annotated[
-    str, checked("a table name of lower-case letters, digits and '_'", _text(r"[a-z0-9_]+"))
-]
+#: a table name a feed's configuration may give (and a Unit table folder has)
+TABLE_NAME = r"[a-z0-9_]+"
+TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(TABLE_NAME))]
 HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
 NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
 PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is int and v >= 1)]

@@ -22,7 +22,7 @@ import logging
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.errors import InvalidValue, LakeAssetsError
 from lake_assets.feeds import format_for
-from lake_assets.feeds.base import FeedFormat, hour_key, parse_hour_key
+from lake_assets.feeds.base import FeedFormat, LandingSurvey, hour_key, parse_hour_key
 from lake_assets.paths import LakeLayout, table_segments
 from lake_assets.storage import Storage
 
@@ -152,6 +152,8 @@ class Discovery:
     replaced: str | None = None  # why the pin that was there could not be read
     problem: str | None = None  # the landing's tables could not be listed: the pin keeps its own
     unlisted: tuple[str, ...] = ()  # tables whose hours could not be listed, with the reason
+    #: what discovery met in the landing that no table reads, with the reason (`FeedFormat.survey`)
+    unread: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -174,15 +176,17 @@ def discover_feed(
     fmt = format_for(feed)
     replaced = problem = None
     unlisted: list[str] = []
+    survey = LandingSurvey([])
     try:
         before = read_pin(storage, layout, feed.name)
     except PinError as exc:  # our own file, damaged or hand-edited: discovery writes it anew
         replaced, before = str(exc), Pin()
     try:
-        found = fmt.discover_tables(storage, feed.landing) if fmt.configured_tables(feed) is None else []
+        if fmt.configured_tables(feed) is None:
+            survey = fmt.survey(storage, feed.landing)
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
-        problem, found = f"listing its tables under {feed.landing}: {_first_line(exc)}", []
-    pin = Pin(tables=tuple(sorted({*before.tables, *found})), first_hour=before.first_hour)
+        problem = f"listing its tables under {feed.landing}: {_first_line(exc)}"
+    pin = Pin(tables=tuple(sorted({*before.tables, *survey.tables})), first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
     old = set(feed_tables(feed, fmt, before))
     if fmt.partitioning == "hourly" and not feed.start:
@@ -202,6 +206,7 @@ def discover_feed(
         replaced=replaced,
         problem=problem,
         unlisted=tuple(unlisted),
+        unread=tuple(survey.unread),
     )
 
 
@@ -237,6 +242,19 @@ def describe(found: Discovery) -> str:
     if found.replaced:
         line += f" (the pin could not be read, so it was written anew: {found.replaced})"
     return line
+
+
+#: how many entries no table reads a report names before summing up the rest
+NAMED_UNREAD = 5
+
+
+def describe_unread(found: Discovery) -> str | None:
+    """One line naming what no table of the feed reads in its landing, or None when nothing."""
+    if not found.unread:
+        return None
+    named = "; ".join(found.unread[:NAMED_UNREAD])
+    more = len(found.unread) - NAMED_UNREAD
+    return f"{found.feed.name}: not read, no table's: {named}" + (f"; and {more} more" if more > 0 else "")
 
 
 def _first_line(exc: Exception) -> str:

@@ -166,6 +166,40 @@ def test_discover_pins_tables_and_first_hour_and_marks_the_new_ones(lake, capsys
     assert "(new)" not in capsys.readouterr().out
 
 
+def test_discover_names_what_in_a_landing_no_table_reads(lake, capsys):
+    """A folder whose name no table has (`Accounts`, `accounts-v2`) or a file outside every
+    table's folder was skipped without a word: discovery (and so every run) now names each with
+    the reason, and pins the tables as before. Hidden entries (`_SUCCESS`) are not data."""
+    config, config_file, unit = lake
+    for folder in ("Accounts", "accounts-v2"):
+        write_events(unit, folder, 0, "part-0.parquet", [event("x", "I", 1, at(0))], ACCOUNT_SCHEMA)
+    (unit / "stray.parquet").write_bytes(b"PAR1")
+    (unit / "_SUCCESS").write_text("")
+    grax_root = Path(config.feeds[1].landing[len("file://") :])
+    v2 = next(p for p in [grax_root / "parquet" / "v2", grax_root] if p.is_dir())
+    (v2 / "README.txt").write_text("batches below")
+    org = next(v2.glob("org=*"))
+    (org / "objects.json").write_text("{}")
+    (org / "object=bad name").mkdir()
+
+    assert main(["discover", "--config", str(config_file)]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("lake-assets: warning: ")]
+    assert len(warnings) == 2, captured.err
+    unit_line, grax_line = sorted(warnings, reverse=True)
+    assert unit_line.startswith("lake-assets: warning: unit: not read, no table's: ")
+    for name in ("Accounts/", "accounts-v2/"):
+        assert f"{config.feeds[0].landing}/{name}: no table has this name" in unit_line
+    assert "stray.parquet: a file outside every table's folder" in unit_line and "_SUCCESS" not in unit_line
+    for name in (
+        "README.txt: not an org=",
+        "objects.json: not an object=",
+        "object=bad name/: not an object=",
+    ):
+        assert name in grax_line, grax_line
+    assert "unit: 3 table(s) pinned: accounts (new), customers (new), transactions (new)" in captured.out
+
+
 def test_a_pin_only_grows(lake, capsys):
     """Partitions already materialised never fall out of the definitions when old landed files
     are cleaned up: a table stays pinned and the first hour only moves earlier."""

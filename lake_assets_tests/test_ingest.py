@@ -556,3 +556,23 @@ def test_files_of_one_schema_stored_in_other_parquet_types_count_together_for_wh
         files.read_apart = set(files.signature_of.values()) if apart else set()
         order = [uri.rsplit("/", 1)[1].split("-")[0] for _, uris in files.groups() for uri in uris]
         assert set(order[:10]) == {"fixed", "int"} and set(order[10:]) == {"text"}, order
+
+
+def test_a_run_names_what_in_the_landing_no_table_reads_and_processes_the_rest(spark, tmp_path):
+    """`lake-assets run` discovers first: a folder no table name fits is named in its output,
+    and the tables are processed as always."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0))], ACCOUNT_SCHEMA)
+    write_events(landing, "Accounts", 0, "part-0.parquet", [event("b", "I", 1, at(0))], ACCOUNT_SCHEMA)
+    lines: list[str] = []
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}"),),
+    )
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lines.append)
+    assert any(
+        line.startswith("unit: not read, no table's: ")
+        and f"file://{landing}/Accounts/: no table has" in line
+        for line in lines
+    ), lines
+    assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]

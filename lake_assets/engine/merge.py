@@ -162,8 +162,8 @@ def latest_write_per_version(
     the events in the order they are already sorted in, and picks in one pass over them: a
     write is kept when it ranks highest in its version (the tie-break last in the rank), and
     the next write does not rank the same (rows equal in every column of the order). Three
-    windows over the wide rows cost ~1 s of a 7-day backfill (docs/profiling.md, "Figures
-    behind the code")."""
+    windows over the wide rows cost measurably more (docs/profiling.md, "Figures behind the
+    code")."""
     version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*_within_version(tie_break))
     whole_version = version.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     rank = F.struct(F.col(m.SEQ), copy_rank(), *(tie_break or []))

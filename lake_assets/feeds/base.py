@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import datetime as dt
 import re
 import string
@@ -36,6 +37,15 @@ FILE_URI = "__file_uri"
 FILE_PARTITION = "__file_partition"
 
 
+@dataclasses.dataclass(frozen=True)
+class LandingSurvey:
+    """What discovery found at the top of a landing: its tables, and each entry no table reads
+    (a folder whose name no table has, a file outside every table's folder), with the reason."""
+
+    tables: list[str]
+    unread: list[str] = dataclasses.field(default_factory=list)
+
+
 class FeedFormat(abc.ABC):
     """A vendor's landing layout and file format, mapped onto the normalised change model."""
 
@@ -53,8 +63,13 @@ class FeedFormat(abc.ABC):
     config_model: type
 
     @abc.abstractmethod
+    def survey(self, storage: Storage, landing: str) -> LandingSurvey:
+        """The tables present in the landing area, and what in it no table reads (lists it:
+        `lake-assets discover` and every run, never at load)."""
+
     def discover_tables(self, storage: Storage, landing: str) -> list[str]:
-        """Table names present in the landing area (lists it: `lake-assets discover`, never at load)."""
+        """Table names present in the landing area."""
+        return self.survey(storage, landing).tables
 
     def configured_tables(self, feed) -> list[str] | None:
         """The tables the feed's configuration names, or None when discovery finds them."""

@@ -51,7 +51,14 @@ from lake_assets.engine.names import case_clash, col, lake_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
-from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key, why_not_yet
+from lake_assets.feeds.base import (
+    FeedFormat,
+    LandingSurvey,
+    current_hour,
+    hour_key,
+    parse_hour_key,
+    why_not_yet,
+)
 from lake_assets.ingest import (
     TEXT_REPAIRED,
     Batch,
@@ -469,8 +476,9 @@ class FlowJournalFormat(FeedFormat):
         except KeyError:
             raise InvalidValue(f"no Flow collection is configured for table {table!r}") from None
 
-    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
-        return sorted(self.collections)
+    def survey(self, storage: Storage, landing: str) -> LandingSurvey:
+        """The configured collections: a Flow feed's tables are named in its configuration."""
+        return LandingSurvey(sorted(self.collections))
 
     def configured_tables(self, feed) -> list[str] | None:
         """A Flow feed names its collections in the configuration: they are its tables."""

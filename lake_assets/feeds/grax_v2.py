@@ -47,6 +47,7 @@ from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     FeedFormat,
+    LandingSurvey,
     outside_history,
     stripped,
     timestamp_column,
@@ -115,6 +116,13 @@ def _folder_value(entry: Entry, level: str) -> str | None:
     return entry.name[len(level) + 1 :] if entry.is_dir and entry.name.startswith(f"{level}=") else None
 
 
+def _unread_entry(entry: Entry, expected: str) -> list[str]:
+    """The entry, with why no table reads it, unless hidden (`_SUCCESS`, `.crc`)."""
+    if is_hidden(entry.name):
+        return []
+    return [f"{entry.uri}{'/' if entry.is_dir else ''}: not {expected}, so no table reads it"]
+
+
 def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
     """Why a file in `folders` (its path below `object_folder`) is in no batch, or None when it
     is directly in a `batch=<hex>` folder, where a run reads it."""
@@ -179,18 +187,21 @@ class GraxV2Format(FeedFormat):
         nested = f"{landing}/{'/'.join(V2_PREFIX)}"
         return nested if storage.exists(nested) else landing
 
-    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
+    def survey(self, storage: Storage, landing: str) -> LandingSurvey:
         root = self.v2_root(storage, landing)
-        tables = []
+        tables, unread = [], []
         for org_entry in storage.list(root):
             org = _folder_value(org_entry, "org")
             if org is None or not _ORG.fullmatch(org):
+                unread += _unread_entry(org_entry, "an org=<Salesforce org ID> folder")
                 continue
             for obj_entry in storage.list(org_entry.uri):
                 obj = _folder_value(obj_entry, "object")
                 if obj is not None and _OBJECT.fullmatch(obj):
                     tables.append(f"{org}/{obj.lower()}")
-        return sorted(set(tables))
+                else:
+                    unread += _unread_entry(obj_entry, "an object=<Salesforce object API name> folder")
+        return LandingSurvey(sorted(set(tables)), sorted(unread))
 
     def object_folders(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every landed `object=<Object>` folder of a table, in listing order.

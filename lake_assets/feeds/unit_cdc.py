@@ -18,13 +18,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lake_assets.config_model import FeedConfig
+from lake_assets.config_model import TABLE_NAME, FeedConfig
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     FeedFormat,
+    LandingSurvey,
     ascii_upper,
     hour_folders,
     hourly_strays,
@@ -35,7 +36,7 @@ from lake_assets.feeds.base import (
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage, data_files
+from lake_assets.storage import Entry, Storage, data_files, is_hidden
 
 KEY = "id"
 OPERATION = "cdc_operation_type"
@@ -80,10 +81,18 @@ class UnitCdcFormat(FeedFormat):
     partition_column = "hour"
     time_columns = (COMMITTED_AT,)
 
-    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
-        return sorted(
-            e.name for e in storage.list(landing) if e.is_dir and re.fullmatch(r"[a-z0-9_]+", e.name)
-        )
+    def survey(self, storage: Storage, landing: str) -> LandingSurvey:
+        tables, unread = [], []
+        for entry in storage.list(landing):
+            if is_hidden(entry.name):
+                continue
+            if not entry.is_dir:
+                unread.append(f"{entry.uri}: a file outside every table's folder")
+            elif re.fullmatch(TABLE_NAME, entry.name):
+                tables.append(entry.name)
+            else:
+                unread.append(f"{entry.uri}/: no table has this name (a table folder is named {TABLE_NAME})")
+        return LandingSurvey(sorted(tables), sorted(unread))
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))

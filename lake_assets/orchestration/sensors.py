@@ -13,7 +13,7 @@ import dagster as dg
 
 from lake_assets import reruns
 from lake_assets.config import FeedConfig
-from lake_assets.discovery import Pin, describe, discover_feed, feed_tables
+from lake_assets.discovery import Pin, describe, describe_unread, discover_feed, feed_tables
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.landing_watch import (
@@ -145,6 +145,9 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
             raise LakeAssetsError(f"{feed.name}: {found.problem}")
         if found.changed:
             context.log.info(describe(found))
+        unread = describe_unread(found)
+        if unread:
+            context.log.warning(unread)
         unloaded = [t for t in found.tables if t not in feed_tables(feed, fmt, loaded)]
         moved = fmt.partitioning == "hourly" and not feed.start and found.pin.first_hour != loaded.first_hour
         pinned = []
