@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import shutil
 import sys
 import time
@@ -169,7 +170,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def _moment_ms(text: str) -> int:
     """A time argument: ISO date/time (UTC when naive) or epoch milliseconds."""
-    if text.isdigit():
+    if re.fullmatch(r"[0-9]+", text):
         return int(text)
     try:
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))

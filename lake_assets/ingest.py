@@ -328,20 +328,20 @@ def _union_compatible(
     column and both types, and the batch goes on.
     """
     accepted: list[DataFrame] = []
-    schemas: list[T.StructType] = []
+    unified = T.StructType([])  # the accepted groups' columns, widened so far
     keys = fmt.table_spec(table).keys
     for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
         try:  # the schemas alone tell whether the union can be made: no union is planned per group
-            unified_fields(table, [*schemas, frame.schema], keys)
+            widened = T.StructType(unified_fields(table, [unified, frame.schema], keys))
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside(uri, f"schema does not fit the batch: {clash}")
             continue
         accepted.append(frame)
-        schemas.append(frame.schema)
+        unified = widened
     return _with_valid_text(union_all(table, accepted, keys), fmt.table_spec(table)) if accepted else None
 
 
@@ -380,13 +380,12 @@ def _reads_in_spark(
 def _failing_together(
     spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
 ) -> dict[str, list[str]]:
-    """signature -> its live files, for the groups of several files whose read together fails."""
+    """signature -> its live files, for the groups (not read apart) whose read fails: a group of
+    one is a damaged file, found in the same round as a group Spark cannot read together."""
     return {
         signature: uris
         for signature, uris in files.by_signature().items()
-        if len(uris) > 1
-        and signature not in files.read_apart
-        and not _reads_in_spark(spark, fmt, table, files, uris)
+        if signature not in files.read_apart and not _reads_in_spark(spark, fmt, table, files, uris)
     }
 
 
@@ -592,9 +591,11 @@ def _read_collapsed(
                 files.set_aside(uri, reason)
         elif failing:
             files.read_apart |= failing.keys()
+        elif earlier is None:
+            raise
         else:
             raise failure from earlier
-        return _read_collapsed(spark, fmt, table, files, earlier=failure)
+        return _read_collapsed(spark, fmt, table, files, earlier=earlier or failure)
 
 
 def read_batch(

@@ -350,3 +350,28 @@ def test_the_tables_sensor_pins_a_new_table_and_asks_for_a_reload(lake):
         "grax_tables_sensor",
         "flow_tables_sensor",
     }
+
+
+def test_the_tables_sensor_warns_of_what_no_table_reads_once_for_each_new_set(lake, capfd):
+    """The daemon's discovery names a folder no table reads, as `lake-assets run` does, but once
+    while it stays the same, not on every tick."""
+    config, _, unit = lake
+    discover(config, config.storage())
+    defs = build_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_tables_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+
+    def tick(cursor: str | None) -> tuple[str | None, list[str]]:
+        capfd.readouterr()
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            sensor(context)
+        # A sensor context's log writes to the process's stderr.
+        said = capfd.readouterr().err.splitlines()
+        return context.cursor, [line for line in said if "WARNING" in line and "not read" in line]
+
+    quiet_cursor, warned = tick(None)
+    assert warned == []
+    write_events(unit, "Accounts", 0, "part-0.parquet", [event("x", "I", 1, at(0))], ACCOUNT_SCHEMA)
+    cursor, warned = tick(quiet_cursor)
+    assert len(warned) == 1 and "Accounts/: no table has this name" in warned[0], warned
+    assert tick(cursor) == (cursor, [])

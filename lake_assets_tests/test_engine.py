@@ -352,6 +352,14 @@ def test_the_latest_write_of_each_version_is_picked_in_one_window(spark):
         ("d", "d", T[1], 1, False, "x", "h0"),
         ("e1", "e", T[1], 1, False, "x", "h0"),
         ("e2", "e", T[2], 1, False, "x", "h0"),
+        # A marker unset (NULL) ranks as false but sorts first: equal rank must not keep two.
+        ("f-marker-unset", "f", T[1], 1, None, "b", "h0"),
+        ("f-lesser-file", "f", T[1], 1, False, "a", "h0"),
+        ("f", "f", T[1], 1, False, "b", "h0"),
+        ("g-no-sequence", "g", T[1], None, False, "x", "h0"),
+        ("g", "g", T[1], 1, False, "x", "h0"),
+        ("h-no-delivery", "h", T[1], 1, False, "x", None),
+        ("h", "h", T[1], 1, False, "x", "h0"),
     ]
     schema = StructType([*SCHEMA.fields, StructField("hour", StringType())])
     events = spark.createDataFrame(
@@ -362,7 +370,7 @@ def test_the_latest_write_of_each_version_is_picked_in_one_window(spark):
         schema,
     )
     kept = merge.latest_write_per_version(events, SPEC, tie_break=[F.col("hour")])
-    assert sorted(r["c1"] for r in kept.collect()) == ["a", "b", "c", "d", "e1", "e2"]
+    assert sorted(r["c1"] for r in kept.collect()) == ["a", "b", "c", "d", "e1", "e2", "f", "g", "h"]
     plan = kept._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Window [") == 1, plan
 

@@ -675,3 +675,21 @@ def test_folders_numbered_in_other_scripts_digits_are_no_hour(tmp_path):
     uri = f"file://{landing}"
     assert FMT.partition_keys(Storage(), uri, "accounts") == []
     assert [entry.name for entry, _ in FMT.stray_files(Storage(), uri, "accounts")] == ["part-0.parquet"]
+
+
+def test_payload_nanoseconds_at_the_edge_of_a_long_are_read(spark, tmp_path):
+    """Rounding nanoseconds down subtracted the remainder from the value, which overflowed for
+    the smallest longs: one such payload value failed the batch's read."""
+    landing = tmp_path / "unit"
+    schema = pa.schema([*ACCOUNT_SCHEMA, ("reviewed", pa.timestamp("ns"))])
+    rows = [event("a", "I", 1, at(0), reviewed=-(2**63)), event("b", "I", 2, at(0, 1), reviewed=-1)]
+    write_events(landing, "accounts", 0, "part-0.parquet", rows, schema)
+    storage = Storage()
+    files = {"2024-03-01-00": data_files(storage, f"file://{hour_dir(landing, 'accounts', 0)}")}
+    batch = read_batch(spark, storage, FMT, "accounts", files)
+    assert batch.quarantined == [] and batch.reconciles
+    micros = {
+        r["id"]: r["micros"]
+        for r in batch.events.select("id", F.unix_micros("reviewed").alias("micros")).collect()
+    }
+    assert micros == {"a": -(2**63) // 1000, "b": -1}  # rounded down

@@ -160,13 +160,14 @@ def latest_write_per_version(
 
     One window, partitioned by key and version time and ordered like `event_order`, so it reads
     the events in the order they are already sorted in, and picks in one pass over them: a
-    write is kept when it ranks highest in its version (the tie-break last in the rank), and
-    the next write does not rank the same (rows equal in every column of the order). Three
+    write is kept when it ranks highest in its version (the tie-break, then the purge marker as
+    stored, last in the rank, so that rows of equal rank are equal in every column of the
+    order, and so next to each other), and the next write does not rank the same. Three
     windows over the wide rows cost measurably more (docs/profiling.md, "Figures behind the
     code")."""
     version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*_within_version(tie_break))
     whole_version = version.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    rank = F.struct(F.col(m.SEQ), copy_rank(), *(tie_break or []))
+    rank = F.struct(F.col(m.SEQ), copy_rank(), *(tie_break or []), F.col(m.PURGED))
     kept = rank.eqNullSafe(F.max(rank).over(whole_version)) & ~F.lead(rank).over(version).eqNullSafe(rank)
     return events.withColumn(_KEEP, kept).where(F.col(_KEEP)).drop(_KEEP)
 

@@ -42,11 +42,6 @@ def vendor_name(name: str) -> str:
     return name[len(RENAMED_PREFIX) :] if name.lower().startswith(RENAMED_PREFIX) else name
 
 
-def lake_schema(schema: pa.Schema) -> pa.Schema:
-    """A landed file's Arrow schema with its columns' lake names."""
-    return pa.schema([field.with_name(lake_name(field.name)) for field in schema], metadata=schema.metadata)
-
-
 def quoted(name: str) -> str:
     """A name as a Spark SQL identifier: in backticks, a backtick inside doubled."""
     return "`" + name.replace("`", "``") + "`"

@@ -175,7 +175,8 @@ def timestamp_column(column: str, spark_type: T.DataType) -> Column:
     """A column as a timestamp, whatever the file stored: a Parquet timestamp of any unit
     (nanoseconds are made times as they are read: `ingest`), INT96, ISO text, or an integer (or
     a decimal without fraction, as an unsigned 64-bit integer reaches Spark) of epoch seconds or
-    milliseconds. NULL when it is none of them."""
+    milliseconds. NULL for a value none of these can read (text that is no time, an epoch
+    beyond what Spark's timestamps hold)."""
     value = col(column)
     if isinstance(spark_type, T.StringType):
         text = stripped(value)
@@ -201,9 +202,11 @@ def nanoseconds_as_time(value: Column, *, zoned: bool) -> Column:
     timestamp for an instant (`zoned`), a timestamp without zone otherwise, as Spark reads the
     other units. Rounded down to the microsecond in whole numbers: `/` divides as doubles, which
     at today's epochs are 256 ns apart, and moved times near the end of a millisecond into the
-    next one."""
-    whole_micros = value - F.pmod(value, F.lit(1000))
-    instant = F.timestamp_micros(F.call_function("div", whole_micros, F.lit(1000)))
+    next one. `div` rounds towards zero, so a negative value with a remainder takes one off;
+    nothing is subtracted from the value itself, which could overflow near the smallest long."""
+    truncated = F.call_function("div", value, F.lit(1000))
+    micros = truncated - ((value % 1000) < 0).cast("long")
+    instant = F.timestamp_micros(micros)
     return instant if zoned else instant.cast(T.TimestampNTZType())
 
 

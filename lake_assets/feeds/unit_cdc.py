@@ -84,12 +84,12 @@ class UnitCdcFormat(FeedFormat):
     def survey(self, storage: Storage, landing: str) -> LandingSurvey:
         tables, unread = [], []
         for entry in storage.list(landing):
-            if is_hidden(entry.name):
+            if entry.is_dir and re.fullmatch(TABLE_NAME, entry.name):
+                tables.append(entry.name)  # `_accounts` too: a table name may start with `_`
+            elif is_hidden(entry.name):
                 continue
-            if not entry.is_dir:
+            elif not entry.is_dir:
                 unread.append(f"{entry.uri}: a file outside every table's folder")
-            elif re.fullmatch(TABLE_NAME, entry.name):
-                tables.append(entry.name)
             else:
                 unread.append(f"{entry.uri}/: no table has this name (a table folder is named {TABLE_NAME})")
         return LandingSurvey(sorted(tables), sorted(unread))
@@ -160,7 +160,7 @@ class UnitCdcFormat(FeedFormat):
         op = F.coalesce(*[F.when(op_text == k, F.lit(v)) for k, v in _OPS.items()])
         seq_col = F.col(SEQUENCE)
         seq = (
-            seq_col.cast("long")
+            seq_col.try_cast("long")  # NULL beyond 64 bits (an unsigned or decimal sequence): refused
             if not isinstance(raw.schema[SEQUENCE].dataType, T.StringType)
             else stripped(seq_col).try_cast("bigint")
         )

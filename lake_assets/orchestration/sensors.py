@@ -146,8 +146,11 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
         if found.changed:
             context.log.info(describe(found))
         unread = describe_unread(found)
-        if unread:
+        # Said once for each new set of entries, not on every tick: the cursor keeps its digest.
+        unread_digest = hashlib.sha256((unread or "").encode()).hexdigest()[:16]
+        if unread and unread_digest != context.cursor:
             context.log.warning(unread)
+        context.update_cursor(unread_digest)
         unloaded = [t for t in found.tables if t not in feed_tables(feed, fmt, loaded)]
         moved = fmt.partitioning == "hourly" and not feed.start and found.pin.first_hour != loaded.first_hour
         pinned = []
