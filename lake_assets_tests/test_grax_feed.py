@@ -808,3 +808,67 @@ def test_a_write_or_delete_dated_after_the_end_of_history_sets_its_file_aside(tm
         "grax__deleted lies after 9999-12-31 23:59:59.999, where open history ends: 10000-01-01T00:00:00Z"
     ]
     assert [r["Name"] for r in grax_lake.rows(lake, "current")] == ["Xavier"]
+
+
+def test_typed_copies_stored_as_numbers_that_do_not_fit_their_type_set_their_file_aside(spark, tmp_path):
+    """A typed copy stored as a number rather than as text: a whole-number copy (`_i`) holding a
+    double beyond a long or with a fraction, or a float copy (`_f`) holding a decimal too large
+    for a double, cannot be kept as its type without changing the value. Its file is set aside
+    with a reason naming the column and the value, and the good files of the batch are read (a
+    whole double in an `_i` column is a whole number)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+
+    def row(key: str, seq: str, **fields) -> dict:
+        return {"Id": key, "source__modified": t(1), "grax__idseq": seq, **fields}
+
+    numbers = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("Score", pa.string()),
+            ("Score_i", pa.float64()),
+        ]
+    )
+    good = write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000001.parquet",
+        [row("a", "01", Score="5", Score_i=5.0)],
+        numbers,
+    )
+    too_large = write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000002.parquet",
+        [row("b", "02", Score="1e30", Score_i=1e30)],
+        numbers,
+    )
+    fraction = write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000003.parquet",
+        [row("c", "03", Score="2.5", Score_i=2.5)],
+        numbers,
+    )
+    not_a_number = write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000004.parquet",
+        [row("d", "04", Score="NaN", Score_i=float("nan"))],
+        numbers,
+    )
+    process(landing, lake)
+
+    assert {r["Id"]: r["Score"] for r in layer_rows(lake, "current", f"{ORG}/account")} == {"a": 5}
+    notes = {
+        p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")
+    }
+    for path, value in ((too_large, "1.0E30"), (fraction, "2.5"), (not_a_number, "NaN")):
+        reason = notes[f"{path.name}.reason.json"]["reason"]
+        assert "typed column 'Score_i' holds a value that is not bigint" in reason and value in reason, reason
+    assert good.name + ".reason.json" not in notes

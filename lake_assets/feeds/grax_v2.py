@@ -28,6 +28,7 @@ Mapping onto the change model, one landed row at a time:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Annotated, Literal
@@ -326,17 +327,14 @@ class GraxV2Format(FeedFormat):
             if column in columns and isinstance(raw.schema[column].dataType, T.StringType):
                 unparsed = (stripped(F.col(column)) != "") & stamp(column).isNull()
                 invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
-        for column in sorted(typed_columns):
-            typed = _TYPED.match(column)
-            target = TYPED_SUFFIXES[typed.group("suffix")] if typed else None
-            if target is not None and isinstance(raw.schema[column].dataType, T.StringType):
-                value = col(column)
+        for column, suffix in sorted((c, s) for group in copies.values() for s, c in group.items()):
+            copy = _typed_copy(raw, column, suffix)
+            if copy is not None and copy.changed is not None:
+                not_its_type = (
+                    f"typed column '{column}' holds a value that is not {copy.kind.simpleString()}: "
+                )
                 invalid = F.when(
-                    value.isNotNull() & value.try_cast(target).isNull(),
-                    F.concat(
-                        F.lit(f"typed column '{column}' holds a value that is not {target.simpleString()}: "),
-                        value,
-                    ),
+                    copy.changed, F.concat(F.lit(not_its_type), col(column).cast("string"))
                 ).otherwise(invalid)
         versions = raw.select(
             F.col(KEY).cast("string").alias(KEY),
@@ -375,29 +373,41 @@ class GraxV2Format(FeedFormat):
     @staticmethod
     def _typed_field(raw: DataFrame, field: str, copies: dict[str, str]) -> list[Column]:
         """`field` as one typed column, plus its string copy for audit."""
-        kinds: dict[str, tuple[Column, T.DataType]] = {}
-        for suffix, column in copies.items():
-            dtype = raw.schema[column].dataType
-            if isinstance(dtype, T.NullType):
-                continue  # a column present but empty says nothing about the type
-            target = TYPED_SUFFIXES[suffix]
-            if suffix == "ts":
-                kinds[column] = (timestamp_column(column, dtype), T.TimestampType())
-            elif target is None or (isinstance(dtype, T.StringType) and suffix == "t"):
-                kinds[column] = (col(column), dtype)  # time of day: as Spark reads it
-            else:
-                value = col(column)
-                kinds[column] = (
-                    value.try_cast(target) if isinstance(dtype, T.StringType) else value.cast(target),
-                    target,
-                )
+        kinds = [copy for suffix, column in copies.items() if (copy := _typed_copy(raw, column, suffix))]
         string_copy = col(field).cast("string")
         if not kinds:
             value = string_copy
         else:
-            target = _one_type(field, [t for _, t in kinds.values()])
-            value = F.coalesce(*[v.cast(target) for v, _ in kinds.values()], string_copy.try_cast(target))
+            target = _one_type(field, [copy.kind for copy in kinds])
+            value = F.coalesce(*[copy.value.cast(target) for copy in kinds], string_copy.try_cast(target))
         return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TypedCopy:
+    value: Column  # the copy as its type
+    kind: T.DataType
+    #: holds where a value could not be kept as that type unchanged (the row is invalid); None
+    #: for a time-of-day copy, kept as Spark reads it
+    changed: Column | None
+
+
+def _typed_copy(raw: DataFrame, column: str, suffix: str) -> _TypedCopy | None:
+    """A typed copy as its type, however the file stores it, or None for a column present but
+    empty (it says nothing about the type). Text must parse; a stored number must fit: a
+    whole-number copy holding a fraction, or a number beyond its type, or NaN, is not that
+    type, and converted it would change the value without a word."""
+    stored = raw.schema[column].dataType
+    if isinstance(stored, T.NullType):
+        return None
+    target, value = TYPED_SUFFIXES[suffix], col(column)
+    if target is None:
+        return _TypedCopy(value, stored, None)
+    converted = timestamp_column(column, stored) if suffix == "ts" else value.try_cast(target)
+    changed = value.isNotNull() & converted.isNull()
+    if isinstance(target, T.IntegralType) and isinstance(stored, (T.FractionalType)):
+        changed = changed | (converted.cast(stored) != value)
+    return _TypedCopy(converted, target, changed)
 
 
 def _one_type(field: str, types: list[T.DataType]) -> T.DataType:
