@@ -872,3 +872,47 @@ def test_typed_copies_stored_as_numbers_that_do_not_fit_their_type_set_their_fil
         reason = notes[f"{path.name}.reason.json"]["reason"]
         assert "typed column 'Score_i' holds a value that is not bigint" in reason and value in reason, reason
     assert good.name + ".reason.json" not in notes
+
+
+def test_typed_copies_stored_in_a_type_that_holds_no_such_values_are_refused_by_name(spark, tmp_path):
+    """A date copy stored as a number, a boolean copy as a time, a float copy as bytes, a
+    whole-number copy as a list: no value of the column is its kind, so the file is set aside
+    saying which column is stored how, and a boolean stored in a whole-number copy is read as
+    1 (a type whose values convert is read value by value)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    stored = {
+        "Born_d": (pa.int32(), 5),
+        "Flag_b": (pa.timestamp("ms", tz="UTC"), t(2)),
+        "Amount_f": (pa.binary(), b"1.5"),
+        "Count_i": (pa.list_(pa.int64()), [1]),
+        "Rank_i": (pa.bool_(), True),
+    }
+    names = {}
+    for n, (copy, (kind, value)) in enumerate(stored.items(), start=1):
+        field = copy.rsplit("_", 1)[0]
+        schema = pa.schema(
+            [
+                ("Id", pa.string()),
+                ("source__modified", pa.timestamp("ms", tz="UTC")),
+                ("grax__idseq", pa.string()),
+                (field, pa.string()),
+                (copy, kind),
+            ]
+        )
+        row = {"Id": copy, "source__modified": t(1), "grax__idseq": f"{n:02}", field: "x", copy: value}
+        names[copy] = write_file(landing, "Account", "00000000a", f"data-{n:011}.parquet", [row], schema).name
+    process(landing, lake)
+
+    assert [(r["Id"], r["Rank"]) for r in layer_rows(lake, "current", f"{ORG}/account")] == [("Rank_i", 1)]
+    notes = {
+        p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")
+    }
+    expected = {
+        "Born_d": "typed column 'Born_d' is stored as int32, which holds no date values",
+        "Flag_b": "typed column 'Flag_b' is stored as timestamp[ms, tz=UTC], which holds no boolean values",
+        "Amount_f": "typed column 'Amount_f' is stored as binary, which holds no double values",
+        "Count_i": "typed column 'Count_i' is stored as list<element: int64>, which holds no bigint values",
+    }
+    for copy, reason in expected.items():
+        assert reason in notes[f"{names[copy]}.reason.json"]["reason"]
+    assert len(notes) == len(expected)

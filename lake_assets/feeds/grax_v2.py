@@ -162,6 +162,40 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
     return copies
 
 
+#: the Parquet types (as pyarrow reads them) each kind of typed copy may be stored in: its own,
+#: text, or a type whose values convert to it (checked value by value in `_typed_copy`)
+_TYPED_STORAGE = {
+    "b": (pa.types.is_boolean, pa.types.is_integer),
+    "i": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean),
+    "f": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean),
+    "ts": (
+        pa.types.is_timestamp,
+        pa.types.is_date,
+        pa.types.is_integer,
+        pa.types.is_decimal,
+        pa.types.is_floating,
+    ),
+    "d": (pa.types.is_date, pa.types.is_timestamp),
+}
+
+
+def _typed_copy_stored_apart(schema: pa.Schema) -> str | None:
+    """Why a typed copy's column cannot hold its kind of value (a date copy stored as a number,
+    a float copy as bytes), or None."""
+    by_lake_name = {lake_name(f.name): f for f in schema}
+    copies = typed_copies(list(by_lake_name))
+    for column, suffix in sorted((c, s) for group in copies.values() for s, c in group.items()):
+        target = TYPED_SUFFIXES[suffix]
+        if target is None:
+            continue  # a time-of-day copy is kept as it is read
+        kind = by_lake_name[column].type
+        fits = (pa.types.is_null, pa.types.is_string, pa.types.is_large_string, *_TYPED_STORAGE[suffix])
+        if not any(is_kind(kind) for is_kind in fits):
+            name = by_lake_name[column].name
+            return f"typed column '{name}' is stored as {kind}, which holds no {target.simpleString()} values"
+    return None
+
+
 class GraxV2FeedConfig(FeedConfig):
     """A GRAX Data Lake v2 feed: its tables are `<org>/<object>`, and it may name the orgs and
     objects to take (all that landed otherwise)."""
@@ -279,7 +313,7 @@ class GraxV2Format(FeedFormat):
                 kind = schema.field(column).type
                 if not (pa.types.is_timestamp(kind) or pa.types.is_null(kind) or pa.types.is_string(kind)):
                     return f"column '{column}' has type {kind}, expected a timestamp"
-        return None
+        return _typed_copy_stored_apart(schema)
 
     def normalise(self, raw: DataFrame) -> DataFrame:
         spelled = _grax_spellings(raw.columns)
