@@ -916,3 +916,28 @@ def test_typed_copies_stored_in_a_type_that_holds_no_such_values_are_refused_by_
     for copy, reason in expected.items():
         assert reason in notes[f"{names[copy]}.reason.json"]["reason"]
     assert len(notes) == len(expected)
+
+
+def test_a_time_copy_stored_as_a_float_beyond_any_time_sets_its_file_aside(spark, tmp_path):
+    """Epoch seconds stored as a double are read as a time; one beyond the times Spark keeps is
+    no time: its file is set aside naming the column, and the batch's other file is read."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("When", pa.string()),
+            ("When_ts", pa.float64()),
+        ]
+    )
+    for n, (key, seconds) in enumerate((("ok", 1.7e9), ("far", 1e300)), start=1):
+        row = {"Id": key, "source__modified": t(1), "grax__idseq": f"{n:02}", "When": "w", "When_ts": seconds}
+        write_file(landing, "Account", "00000000a", f"data-{n:011}.parquet", [row], schema)
+    process(landing, lake)
+
+    current = layer_rows(lake, "current", f"{ORG}/account")
+    assert [(r["Id"], r["When"]) for r in current] == [("ok", dt.datetime.fromtimestamp(1.7e9, UTC))]
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
+    assert "typed column 'When_ts' holds a value that is not timestamp: 1.0E300" in note["reason"]
+    assert note["file"].endswith("data-00000000002.parquet")

@@ -194,7 +194,7 @@ def timestamp_column(column: str, spark_type: T.DataType) -> Column:
         )
     if isinstance(spark_type, T.NullType):
         return F.lit(None).cast("timestamp")
-    return value.cast("timestamp")
+    return value.try_cast("timestamp")  # a float beyond Spark's times is no time, not a failed read
 
 
 def nanoseconds_as_time(value: Column, *, zoned: bool) -> Column:

@@ -439,7 +439,7 @@ def _typed_copy(raw: DataFrame, column: str, suffix: str) -> _TypedCopy | None:
         return _TypedCopy(value, stored, None)
     converted = timestamp_column(column, stored) if suffix == "ts" else value.try_cast(target)
     changed = value.isNotNull() & converted.isNull()
-    if isinstance(target, T.IntegralType) and isinstance(stored, (T.FractionalType)):
+    if isinstance(target, T.IntegralType) and isinstance(stored, T.FractionalType):
         changed = changed | (converted.cast(stored) != value)
     return _TypedCopy(converted, target, changed)
 
