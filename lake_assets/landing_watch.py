@@ -143,15 +143,17 @@ def scan_batches(
     One listing of the table's batch folders, then file listings only of the batches at or after
     the cursor: closed batches (a greater one exists) are never listed again.
     """
-    keys = fmt.partition_keys(storage, landing, table)
     floor = fmt.partition_order(cursor.last) if cursor.last is not None else None
+    keys = [
+        key
+        for key in fmt.partition_keys(storage, landing, table)
+        if floor is None or fmt.partition_order(key) >= floor
+    ]
+    files = fmt.partitions_files(storage, landing, table, keys)
     found: list[NewFiles] = []
     last, open_files = cursor.last, list(cursor.open_files)
     for key in keys:
-        order = fmt.partition_order(key)
-        if floor is not None and order < floor:
-            continue
-        names = tuple(sorted(e.name for e in fmt.partition_files(storage, landing, table, key)))
+        names = tuple(sorted(e.name for e in files[key]))
         # Counted, not a set: a batch may hold one name twice (GRAX `object=Account` and
         # `object=ACCOUNT` folders), and the second copy landing late is still new.
         seen = Counter(cursor.open_files) if key == cursor.last else Counter()

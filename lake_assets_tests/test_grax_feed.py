@@ -941,3 +941,30 @@ def test_a_time_copy_stored_as_a_float_beyond_any_time_sets_its_file_aside(spark
     (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
     assert "typed column 'When_ts' holds a value that is not timestamp: 1.0E300" in note["reason"]
     assert note["file"].endswith("data-00000000002.parquet")
+
+
+def test_batch_folders_spelled_in_either_case_are_one_batch_on_every_run(spark, tmp_path):
+    """`batch=0a1` and `batch=0A1` are one hex number, so one batch: read together, stored under
+    one partition, and a run with nothing new changes nothing. As two partitions, each run wrote
+    one spelling's rows under the other's folder and the next removed them (10 of 20 rows left)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for n, batch in enumerate(("0a1", "0A1", "0b2"), start=1):
+        rows = [
+            {"Id": f"{batch}-{i}", "source__modified": t(1), "grax__idseq": f"{n}{i:02}"} for i in range(3)
+        ]
+        write_file(landing, "Account", batch, f"data-{n:011}.parquet", rows)
+    instance = dg.DagsterInstance.ephemeral()
+    for _ in range(3):
+        process(landing, lake, instance)
+        changes = duck(
+            f"SELECT batch, _source_file FROM read_parquet('{lake}/changes/grax/{ORG}/account/**/*.parquet',"
+            " hive_partitioning = true)"
+        )
+        assert len(changes) == 9
+        by_batch = {(r["batch"], r["_source_file"].rsplit("/batch=", 1)[1]) for r in changes}
+        assert by_batch == {
+            ("0a1", "0a1/data-00000000001.parquet"),
+            ("0a1", "0A1/data-00000000002.parquet"),
+            ("0b2", "0b2/data-00000000003.parquet"),
+        }
+    assert len(layer_rows(lake, "current", f"{ORG}/account")) == 9

@@ -95,7 +95,7 @@ def batch_order(key: str) -> int:
 
 
 def sort_batches(keys) -> list[str]:
-    return sorted(keys, key=batch_order)
+    return sorted(keys, key=lambda key: (batch_order(key), key))
 
 
 def is_table(value: object) -> bool:
@@ -256,14 +256,19 @@ class GraxV2Format(FeedFormat):
         ]
 
     def batch_folders(self, storage: Storage, landing: str, table: str) -> dict[str, list[str]]:
-        """Batch key -> its folders (one per object folder holding it), for the valid batches;
-        the files of the rest are strays (`stray_files`)."""
+        """Batch key -> its folders, for the valid batches; the files of the rest are strays
+        (`stray_files`).
+
+        A batch is a hex number, and hex digits have no case: `batch=0a1` and `batch=0A1` are
+        one batch, keyed in lower case, whose folders (in every object folder, in either
+        spelling) are read together. Two keys for one batch would write their rows under
+        whichever spelling ran last and remove each other's on the next run."""
         valid: dict[str, list[str]] = {}
         for folder in self.object_folders(storage, landing, table):
             for entry in storage.list(folder):
                 key = _folder_value(entry, "batch")
                 if key is not None and is_batch_key(key):
-                    valid.setdefault(key, []).append(entry.uri)
+                    valid.setdefault(key.lower(), []).append(entry.uri)
         return valid
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
@@ -285,13 +290,20 @@ class GraxV2Format(FeedFormat):
         return strays
 
     def partition_files(self, storage: Storage, landing: str, table: str, partition: str) -> list[Entry]:
-        if not is_batch_key(partition):
-            raise InvalidValue(f"batch partition {partition!r} is not a hex number")
-        return [
-            entry
-            for folder in self.object_folders(storage, landing, table)
-            for entry in data_files(storage, f"{folder}/batch={partition}")
-        ]
+        return self.partitions_files(storage, landing, table, [partition])[partition]
+
+    def partitions_files(
+        self, storage: Storage, landing: str, table: str, partitions: list[str]
+    ) -> dict[str, list[Entry]]:
+        """The files of each batch, from one listing of the table's batch folders."""
+        for partition in partitions:
+            if not is_batch_key(partition):
+                raise InvalidValue(f"batch partition {partition!r} is not a hex number")
+        folders = self.batch_folders(storage, landing, table)
+        return {
+            key: [entry for folder in folders.get(key.lower(), []) for entry in data_files(storage, folder)]
+            for key in partitions
+        }
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))
