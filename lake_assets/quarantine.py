@@ -29,9 +29,28 @@ class Quarantined:
     rows: int | None = None
 
 
+#: the longest name a quarantined copy keeps: with `REASON_SUFFIX` its note's name must stay
+#: within the 255 bytes file systems and object stores allow a name
+LONGEST_COPY_NAME = 200
+
+
 def _safe_name(name: str) -> str:
+    """The copy's name: the landed name in safe characters, cut to `LONGEST_COPY_NAME` (the
+    extension kept; the folder named by the file's id keeps cut names apart), and never ending
+    like a note, which would be taken for one."""
     cleaned = re.sub(r"[^A-Za-z0-9_.=+-]", "_", name).lstrip("._") or "file"
-    return cleaned.replace("..", "_")
+    cleaned = cleaned.replace("..", "_")
+    if len(cleaned) > LONGEST_COPY_NAME:
+        stem, dot, extension = cleaned.rpartition(".")
+        extension = extension if dot and len(extension) <= 16 else ""
+        cleaned = (
+            f"{stem[: LONGEST_COPY_NAME - len(extension) - 1]}.{extension}"
+            if extension
+            else cleaned[:LONGEST_COPY_NAME]
+        )
+    if cleaned.endswith(REASON_SUFFIX):
+        cleaned = cleaned[: -len(REASON_SUFFIX)] + "_" + REASON_SUFFIX[1:]
+    return cleaned
 
 
 def _file_id(uri: str) -> str:

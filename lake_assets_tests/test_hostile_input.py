@@ -215,6 +215,27 @@ def colliding_quarantine_names(landing: Path) -> list[Path]:
     return paths
 
 
+def long_file_name(usable: bool) -> Callable[[Path], list[Path]]:
+    """A file whose name takes 250 of the 255 bytes a name may have: its quarantine note's name
+    (the copy's plus `.reason.json`) would not fit, and the table stopped on every run."""
+
+    def add(landing: Path) -> list[Path]:
+        path = unit_hour(landing) / ("n" * 242 + ".parquet")
+        if usable:
+            return [good_unit_file(path, "long", 450)]
+        path.write_bytes(b"not parquet at all")
+        return [path]
+
+    return add
+
+
+def file_named_like_a_note(landing: Path) -> list[Path]:
+    """Its quarantined copy, named like a note beside the notes, was read as one."""
+    path = unit_hour(landing) / "export.reason.json"
+    path.write_text('{"file": "file:///elsewhere/fake.parquet", "rows": 999}')
+    return [path]
+
+
 def parquet_text(*values: bytes) -> pa.Array:
     """A Parquet STRING column holding exactly these bytes, valid UTF-8 or not."""
     return pa.array(values, pa.binary()).view(pa.string())
@@ -368,6 +389,9 @@ CASES = [
     Hostile("unit", "odd_column_names", odd_column_names, unusable=False, read=True),
     Hostile("unit", "odd_file_names", odd_file_names, unusable=False),
     Hostile("unit", "colliding_quarantine_names", colliding_quarantine_names),
+    Hostile("unit", "long_file_name_unusable", long_file_name(usable=False)),
+    Hostile("unit", "long_file_name_usable", long_file_name(usable=True), unusable=False, read=True),
+    Hostile("unit", "file_named_like_a_note", file_named_like_a_note),
     Hostile("unit", "text_that_is_not_utf8", text_that_is_not_utf8, unusable=False, read=True),
     Hostile("unit", "extreme_event_times", extreme_event_times, unusable=False, read=True),
     Hostile(
