@@ -870,3 +870,29 @@ def test_only_selected_logical_partitions_are_listed(tmp_path):
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake, table):
     _, lake, instance = sample_lake
     assert_read_during_the_runs({r["_ingested_at"] for r in rows(lake, "changes", table)}, instance)
+
+
+def test_a_field_whose_column_is_a_nested_keys_column_sets_its_fragment_aside(spark, tmp_path):
+    """With the key `/a/b` stored as column `a_b`, a document's own top-level field `a_b` (or
+    `A_B`) has nowhere to go: its value was dropped without a word. Its fragment is set aside
+    saying which field and key (or, for `A_B`, which names Spark cannot tell apart), and the
+    other fragments are read."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+
+    def line(n: int, **fields) -> bytes:
+        doc = {"a": {"b": n}, **fields, "_meta": {"uuid": build_uuid(clock_of(HOUR) + 16 * n, 0, PRODUCER)}}
+        return json.dumps(doc).encode() + b"\n"
+
+    good = line(1, name="one")
+    write_fragment(journal, 0, good)
+    clashing = line(2, a_b="top-level") + line(3, name="three")
+    set_aside = write_fragment(journal, len(good), clashing)
+    upper = line(4, A_B="upper")
+    set_aside_too = write_fragment(journal, len(good) + len(clashing), upper)
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/a/b"]}), say=lambda _: None)
+
+    assert [r["a_b"] for r in rows(lake, "changes", "acmeco_customers")] == [1]
+    notes = quarantine_notes(lake)
+    assert "a field 'a_b' whose column is the column of the key /a/b" in notes[uri(set_aside)]
+    assert "columns 'A_B' and 'a_b', whose names are equal ignoring case" in notes[uri(set_aside_too)]

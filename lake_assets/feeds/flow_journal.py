@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
-from lake_assets.engine.names import case_clash, col, lake_name
+from lake_assets.engine.names import case_clash, col, lake_name, same_name
 from lake_assets.engine.schema import one_column_per_name
 from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
@@ -240,9 +240,20 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
         raise ff.FragmentError(
             doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset
         )
-    clash = case_clash(_columns_of(doc.doc, key))
+    clash = case_clash(_columns_of(doc.doc, key)) or _field_named_like_a_key(doc.doc, key)
     if clash:
         raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
+
+
+def _field_named_like_a_key(document: dict, key: tuple[str, ...]) -> str | None:
+    """A top-level field whose column would be a nested key's (`a_b` beside the key `/a/b`):
+    the key's value takes the column, and the field's value would be dropped without a word."""
+    nested = {same_name(key_column(pointer)): pointer for pointer in key if "/" in pointer.strip("/")}
+    for name in document:
+        pointer = nested.get(same_name(lake_name(name)))
+        if name != "_meta" and pointer is not None:
+            return f"a field '{name}' whose column is the column of the key {pointer}"
+    return None
 
 
 def read_journal_task(
