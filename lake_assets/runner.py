@@ -23,7 +23,7 @@ from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import UNPARTITIONED, is_quarantined
-from lake_assets.storage import Storage
+from lake_assets.storage import Entry, Storage
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -230,6 +230,11 @@ def _plan_feed(
                 selected[table] = _asked_partitions(feed, storage, layout, table, landed[table], say)
             else:
                 selected[table] = _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
+            if not landed[table] and not selection.reruns_only:
+                # No partition to run (only folders dated ahead, say): no run reports the
+                # table's strays, so each file is named here.
+                for entry, reason in _unreported_strays(feed, fmt, storage, layout, table):
+                    say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
     if fmt.partitioning == "batch":
@@ -251,21 +256,24 @@ def _changed_partitions(
     )
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
-    unreported = [
-        (entry, reason)
-        for entry, reason in fmt.stray_files(storage, feed.landing, table)
-        if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)
-    ]
-    if unreported and not keys:
-        # No partition yet to run (only folders dated ahead, say): each file is named here.
-        for entry, reason in unreported:
-            say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
-    if unreported and keys and not chosen:
+    unreported = _unreported_strays(feed, fmt, storage, layout, table) if keys and not chosen else []
+    if unreported:
         say(
             f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them"
         )
         chosen.add(keys[-1])
     return sorted(chosen, key=fmt.partition_order)
+
+
+def _unreported_strays(
+    feed, fmt, storage: Storage, layout: LakeLayout, table: str
+) -> list[tuple[Entry, str]]:
+    """The table's stray files (with why no partition reads them) that no run has set aside yet."""
+    return [
+        (entry, reason)
+        for entry, reason in fmt.stray_files(storage, feed.landing, table)
+        if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)
+    ]
 
 
 def _asked_partitions(

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -449,3 +451,30 @@ def test_a_bad_command_line_value_is_one_line_and_exit_code_2(tmp_path, capsys, 
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == line and "Traceback" not in err
+
+
+@pytest.mark.parametrize("everything", [True, False], ids=["all", "changed"])
+def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, spark, capsys, everything):
+    """A table whose files are all strays has no partition to run, so no run sets them aside:
+    each is named with its reason by `run --all` as by a plain run, and the other table runs."""
+    landing = tmp_path / "landing"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA)
+    loose = landing / "cards" / "year=2024" / "month=03" / "day=01" / "loose.parquet"
+    bad_hour = loose.parent / "hour=99" / "bad-hour.parquet"
+    for path in (loose, bad_hour):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist([event("c", "I", 1, at(1))], schema=ACCOUNT_SCHEMA), path)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        dump_config(
+            LakeConfig(
+                lake=f"file://{tmp_path / 'lake'}",
+                feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),),
+            )
+        )
+    )
+    assert main(["run", "--config", str(config), *(["--all"] if everything else [])]) == 0
+    out = capsys.readouterr().out
+    for path in (loose, bad_hour):
+        assert f"unit/cards: file://{path} is not read: " in out, out
+    assert re.search(r"unit\s+accounts\s+1\s+1\s+1\s+0", out), out
