@@ -245,10 +245,12 @@ class _BatchFiles:
         self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
 
     def groups(self) -> list[tuple[str, list[str]]]:
-        """(schema signature, live files read together), those of the most common arrow schema
-        first (files of one arrow schema stored in other Parquet types are read apart, but count
-        as one schema when a clash decides which files the batch keeps), then the largest. The
-        files of a signature in `read_apart` are groups of one."""
+        """(schema signature, live files read together), those of the arrow schema holding the
+        most rows first, then of the most files (files of one arrow schema stored in other
+        Parquet types are read apart, but count as one schema when a clash decides which files
+        the batch keeps), then the largest. Rows, not files, come first: empty files must not
+        outvote the one that holds the data. The files of a signature in `read_apart` are groups
+        of one."""
         pairs = [
             pair
             for signature, uris in self.by_signature().items()
@@ -256,8 +258,17 @@ class _BatchFiles:
                 [(signature, [uri]) for uri in uris] if signature in self.read_apart else [(signature, uris)]
             )
         ]
-        files_of_schema = Counter(_arrow_part(signature) for signature in self.signature_of.values())
-        return sorted(pairs, key=lambda pair: (-files_of_schema[_arrow_part(pair[0])], -len(pair[1])))
+        rows_of_schema: Counter[str] = Counter()
+        files_of_schema: Counter[str] = Counter()
+        for uri, signature in self.signature_of.items():
+            rows_of_schema[_arrow_part(signature)] += self.rows_of[uri]
+            files_of_schema[_arrow_part(signature)] += 1
+
+        def weight(pair: tuple[str, list[str]]) -> tuple[int, int, int]:
+            schema = _arrow_part(pair[0])
+            return -rows_of_schema[schema], -files_of_schema[schema], -len(pair[1])
+
+        return sorted(pairs, key=weight)
 
     def by_signature(self) -> dict[str, list[str]]:
         """schema signature -> its live files."""

@@ -87,6 +87,25 @@ def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
 # --- a file set aside once is never read again ----------------------------------------------------
 
 
+def test_in_a_clash_the_files_holding_more_rows_are_kept_however_many_empty_files_disagree(spark, tmp_path):
+    """Two empty files give `balance` a struct, one file of ten rows a number: the schema with
+    the rows is kept and the empty files are set aside. Counted by files, the two empty ones
+    outvoted it and the ten rows were set aside."""
+    landing = tmp_path / "unit"
+    rows = [event(f"k{i}", "I", i, at(0, i), name="n", balance=i) for i in range(10)]
+    write_events(landing, "accounts", 0, "part-rows.parquet", rows, ACCOUNT_SCHEMA)
+    struct_schema = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.struct([("cents", pa.int64())])))
+    for name in ("part-empty-0.parquet", "part-empty-1.parquet"):
+        write_events(landing, "accounts", 0, name, [], struct_schema)
+
+    batch = _read(spark, landing)
+
+    assert sorted(_names(batch)) == ["part-empty-0.parquet", "part-empty-1.parquet"]
+    assert all("schema does not fit the batch" in reason for reason in _names(batch).values())
+    assert _ids(batch) == sorted(f"k{i}" for i in range(10))
+    batch.events.unpersist()
+
+
 def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once(spark, tmp_path):
     """The clash is found when the groups are unioned, the damage only when the data is read;
     the batch is read again without the damaged file, and the clashing file stays set aside."""
