@@ -968,3 +968,34 @@ def test_batch_folders_spelled_in_either_case_are_one_batch_on_every_run(spark, 
             ("0b2", "0b2/data-00000000003.parquet"),
         }
     assert len(layer_rows(lake, "current", f"{ORG}/account")) == 9
+
+
+def test_a_field_named_like_the_text_of_a_typed_field_sets_its_file_aside_by_name(spark, tmp_path):
+    """`Amount__string` is the column the lake keeps `Amount`'s text in when `Amount_f` comes
+    beside it: a vendor field of that name has nowhere to go. Its file is set aside saying so
+    (it was Spark's COLUMN_ALREADY_EXISTS), and the other file of the batch is read."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    base = {"source__modified": t(1), "Amount": "1.5", "Amount_f": 1.5}
+    write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000001.parquet",
+        [{"Id": "a", "grax__idseq": "01", **base}],
+    )
+    clash = write_file(
+        landing,
+        "Account",
+        "00000000a",
+        "data-00000000002.parquet",
+        [{"Id": "b", "grax__idseq": "02", **base, "Amount__string": "mine"}],
+    )
+    process(landing, lake)
+
+    assert [(r["Id"], r["Amount"]) for r in layer_rows(lake, "current", f"{ORG}/account")] == [("a", 1.5)]
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
+    assert note["file"].endswith(clash.name)
+    assert (
+        "column 'Amount__string' has the name the lake gives the text of typed field 'Amount'"
+        in note["reason"]
+    )

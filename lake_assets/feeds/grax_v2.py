@@ -180,10 +180,16 @@ _TYPED_STORAGE = {
 
 
 def _typed_copy_stored_apart(schema: pa.Schema) -> str | None:
-    """Why a typed copy's column cannot hold its kind of value (a date copy stored as a number,
-    a float copy as bytes), or None."""
+    """Why a typed field's columns cannot be read: a column named like the text the lake keeps
+    beside a typed field (`X__string` beside `X` and `X_f`), or a typed copy stored in a type
+    that holds no value of its kind (a date copy stored as a number, a float copy as bytes)."""
     by_lake_name = {lake_name(f.name): f for f in schema}
     copies = typed_copies(list(by_lake_name))
+    taken = {same_name(field + STRING_COPY_SUFFIX): field for field in copies}
+    for name in by_lake_name:
+        if same_name(name) in taken:
+            field = taken[same_name(name)]
+            return f"column '{by_lake_name[name].name}' has the name the lake gives the text of typed field '{field}'"
     for column, suffix in sorted((c, s) for group in copies.values() for s, c in group.items()):
         target = TYPED_SUFFIXES[suffix]
         if target is None:
