@@ -144,16 +144,13 @@ def scan_batches(
     the cursor: closed batches (a greater one exists) are never listed again.
     """
     floor = fmt.partition_order(cursor.last) if cursor.last is not None else None
-    keys = [
-        key
-        for key in fmt.partition_keys(storage, landing, table)
-        if floor is None or fmt.partition_order(key) >= floor
-    ]
-    files = fmt.partitions_files(storage, landing, table, keys)
+    files = fmt.landed_partitions_files(
+        storage, landing, table, lambda key: floor is None or fmt.partition_order(key) >= floor
+    )
     found: list[NewFiles] = []
     last, open_files = cursor.last, list(cursor.open_files)
-    for key in keys:
-        names = tuple(sorted(e.name for e in files[key]))
+    for key, entries in files.items():
+        names = tuple(sorted(e.name for e in entries))
         # Counted, not a set: a batch may hold one name twice (GRAX `object=Account` and
         # `object=ACCOUNT` folders), and the second copy landing late is still new.
         seen = Counter(cursor.open_files) if key == cursor.last else Counter()

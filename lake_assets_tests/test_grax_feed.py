@@ -812,10 +812,9 @@ def test_a_write_or_delete_dated_after_the_end_of_history_sets_its_file_aside(tm
 
 def test_typed_copies_stored_as_numbers_that_do_not_fit_their_type_set_their_file_aside(spark, tmp_path):
     """A typed copy stored as a number rather than as text: a whole-number copy (`_i`) holding a
-    double beyond a long or with a fraction, or a float copy (`_f`) holding a decimal too large
-    for a double, cannot be kept as its type without changing the value. Its file is set aside
-    with a reason naming the column and the value, and the good files of the batch are read (a
-    whole double in an `_i` column is a whole number)."""
+    double beyond a long, with a fraction or NaN cannot be kept as its type without changing the
+    value. Its file is set aside with a reason naming the column and the value, and the good
+    files of the batch are read (a whole double in an `_i` column is a whole number)."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
 
     def row(key: str, seq: str, **fields) -> dict:
@@ -918,37 +917,68 @@ def test_typed_copies_stored_in_a_type_that_holds_no_such_values_are_refused_by_
     assert len(notes) == len(expected)
 
 
-def test_a_time_copy_stored_as_a_float_beyond_any_time_sets_its_file_aside(spark, tmp_path):
-    """Epoch seconds stored as a double are read as a time; one beyond the times Spark keeps is
-    no time: its file is set aside naming the column, and the batch's other file is read."""
+def test_copies_that_would_change_converted_or_have_no_unit_set_their_file_aside(spark, tmp_path):
+    """A boolean copy stored as the number 2, a date copy as a time with its time of day, a
+    float copy as a long beyond 2^53 (a double rounds it), an epoch beyond any time: each
+    would change (or vanish) converted, so its file is set aside naming the column and value.
+    A time copy stored as a float is refused by its type (seconds or milliseconds, and how
+    precise, cannot be told). 0 and 1, midnight, 2^53 and epoch milliseconds are read."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    schema = pa.schema(
-        [
-            ("Id", pa.string()),
-            ("source__modified", pa.timestamp("ms", tz="UTC")),
-            ("grax__idseq", pa.string()),
-            ("When", pa.string()),
-            ("When_ts", pa.float64()),
-        ]
-    )
-    for n, (key, seconds) in enumerate((("ok", 1.7e9), ("far", 1e300)), start=1):
-        row = {"Id": key, "source__modified": t(1), "grax__idseq": f"{n:02}", "When": "w", "When_ts": seconds}
-        write_file(landing, "Account", "00000000a", f"data-{n:011}.parquet", [row], schema)
+    cases = [  # (column, stored type, good value, bad value, the bad value as the reason shows it)
+        ("Flag_b", pa.int64(), 1, 2, "2"),
+        ("Born_d", pa.timestamp("ms", tz="UTC"), t(0), t(3), "2024-01-01 03:00:00"),
+        ("Amount_f", pa.int64(), 2**53, 2**53 + 1, str(2**53 + 1)),
+        ("When_ts", pa.int64(), 1_700_000_000_000, 10**18, str(10**18)),
+    ]
+    bad_files = {}
+    for n, (column, kind, good, bad, shown) in enumerate(cases):
+        field = column.rsplit("_", 1)[0]
+        schema = pa.schema(
+            [
+                ("Id", pa.string()),
+                ("source__modified", pa.timestamp("ms", tz="UTC")),
+                ("grax__idseq", pa.string()),
+                (field, pa.string()),
+                (column, kind),
+            ]
+        )
+        for m, value in ((0, good), (1, bad)):
+            row = {
+                "Id": f"{column}-{m}",
+                "source__modified": t(1),
+                "grax__idseq": f"{n}{m}",
+                field: "x",
+                column: value,
+            }
+            path = write_file(landing, "Account", "00000000a", f"data-{2 * n + m:011}.parquet", [row], schema)
+        bad_files[path.name] = (column, shown)
+    floats = pa.schema([*list(schema)[:3], ("Seen", pa.string()), ("Seen_ts", pa.float64())])
+    row = {"Id": "float", "source__modified": t(1), "grax__idseq": "99", "Seen": "x", "Seen_ts": 1.7e9}
+    float_file = write_file(landing, "Account", "00000000a", "data-00000000099.parquet", [row], floats)
     process(landing, lake)
 
-    current = layer_rows(lake, "current", f"{ORG}/account")
-    assert [(r["Id"], r["When"]) for r in current] == [("ok", dt.datetime.fromtimestamp(1.7e9, UTC))]
-    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
-    assert "typed column 'When_ts' holds a value that is not timestamp: 1.0E300" in note["reason"]
-    assert note["file"].endswith("data-00000000002.parquet")
+    current = {r["Id"] for r in layer_rows(lake, "current", f"{ORG}/account")}
+    assert current == {f"{column}-0" for column, *_ in cases}
+    notes = {
+        p.name: json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")
+    }
+    for name, (column, shown) in bad_files.items():
+        reason = notes[f"{name}.reason.json"]["reason"]
+        assert f"typed column '{column}' holds a value that is not" in reason and shown in reason, reason
+    assert (
+        "typed column 'Seen_ts' is stored as double, which holds no timestamp values"
+        in (notes[f"{float_file.name}.reason.json"]["reason"])
+    )
+    assert len(notes) == len(cases) + 1
 
 
-def test_batch_folders_spelled_in_either_case_are_one_batch_on_every_run(spark, tmp_path):
-    """`batch=0a1` and `batch=0A1` are one hex number, so one batch: read together, stored under
-    one partition, and a run with nothing new changes nothing. As two partitions, each run wrote
-    one spelling's rows under the other's folder and the next removed them (10 of 20 rows left)."""
+def test_batch_folders_spelling_one_number_are_one_batch_on_every_run(spark, tmp_path):
+    """`batch=0a1`, `batch=0A1` and `batch=00a1` are one hex number, so one batch (keyed `00a1`,
+    the least spelling in lower case): read together, stored under one partition, and a run
+    with nothing new changes nothing. As separate partitions, each run wrote one spelling's rows
+    under another's folder and the next removed them (3 of 9 rows left)."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    for n, batch in enumerate(("0a1", "0A1", "0b2"), start=1):
+    for n, batch in enumerate(("0a1", "0A1", "00a1", "0b2"), start=1):
         rows = [
             {"Id": f"{batch}-{i}", "source__modified": t(1), "grax__idseq": f"{n}{i:02}"} for i in range(3)
         ]
@@ -960,14 +990,19 @@ def test_batch_folders_spelled_in_either_case_are_one_batch_on_every_run(spark, 
             f"SELECT batch, _source_file FROM read_parquet('{lake}/changes/grax/{ORG}/account/**/*.parquet',"
             " hive_partitioning = true)"
         )
-        assert len(changes) == 9
+        assert len(changes) == 12
         by_batch = {(r["batch"], r["_source_file"].rsplit("/batch=", 1)[1]) for r in changes}
         assert by_batch == {
-            ("0a1", "0a1/data-00000000001.parquet"),
-            ("0a1", "0A1/data-00000000002.parquet"),
-            ("0b2", "0b2/data-00000000003.parquet"),
+            ("00a1", "0a1/data-00000000001.parquet"),
+            ("00a1", "0A1/data-00000000002.parquet"),
+            ("00a1", "00a1/data-00000000003.parquet"),
+            ("0b2", "0b2/data-00000000004.parquet"),
         }
-    assert len(layer_rows(lake, "current", f"{ORG}/account")) == 9
+    assert len(layer_rows(lake, "current", f"{ORG}/account")) == 12
+    fmt = GraxV2Format()
+    assert fmt.partition_keys(Storage(), f"file://{landing}", f"{ORG}/account") == ["00a1", "0b2"]
+    # a partition registered under another spelling (before batches were keyed so) has no files
+    assert fmt.partition_files(Storage(), f"file://{landing}", f"{ORG}/account", "0A1") == []
 
 
 def test_a_field_named_like_the_text_of_a_typed_field_sets_its_file_aside_by_name(spark, tmp_path):

@@ -216,8 +216,9 @@ def colliding_quarantine_names(landing: Path) -> list[Path]:
 
 
 def long_file_name(usable: bool) -> Callable[[Path], list[Path]]:
-    """A file whose name takes 250 of the 255 bytes a name may have: its quarantine note's name
-    (the copy's plus `.reason.json`) would not fit, and the table stopped on every run."""
+    """A file whose name takes 250 of the 255 bytes a name may have. Unusable, its quarantine
+    note's name (the copy's plus `.reason.json`) did not fit, and the table stopped on every
+    run; usable, it is read like any other."""
 
     def add(landing: Path) -> list[Path]:
         path = unit_hour(landing) / ("n" * 242 + ".parquet")

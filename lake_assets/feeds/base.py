@@ -137,6 +137,14 @@ class FeedFormat(abc.ABC):
         """`partition_files` of several partitions (a format may list them together)."""
         return {key: self.partition_files(storage, landing, table, key) for key in partitions}
 
+    def landed_partitions_files(
+        self, storage: Storage, landing: str, table: str, wanted: Callable[[str], bool]
+    ) -> dict[str, list[Entry]]:
+        """The `wanted` landed partitions (in partition order) with their files: what a sensor
+        tick lists (a format may find both in one listing)."""
+        keys = [key for key in self.partition_keys(storage, landing, table) if wanted(key)]
+        return self.partitions_files(storage, landing, table, keys)
+
     @abc.abstractmethod
     def vet_schema(self, schema: pa.Schema) -> str | None:
         """Why a file with this Parquet schema cannot be used, or None when it can."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 import pyarrow as pa
@@ -95,7 +96,7 @@ def batch_order(key: str) -> int:
 
 
 def sort_batches(keys) -> list[str]:
-    return sorted(keys, key=lambda key: (batch_order(key), key))
+    return sorted(keys, key=batch_order)
 
 
 def is_table(value: object) -> bool:
@@ -168,12 +169,13 @@ _TYPED_STORAGE = {
     "b": (pa.types.is_boolean, pa.types.is_integer),
     "i": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean),
     "f": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean),
+    # epochs as whole numbers only: seconds or milliseconds by size (`timestamp_column`); a
+    # float's unit and precision are anyone's guess
     "ts": (
         pa.types.is_timestamp,
         pa.types.is_date,
         pa.types.is_integer,
-        pa.types.is_decimal,
-        pa.types.is_floating,
+        lambda kind: pa.types.is_decimal(kind) and kind.scale == 0,
     ),
     "d": (pa.types.is_date, pa.types.is_timestamp),
 }
@@ -265,17 +267,20 @@ class GraxV2Format(FeedFormat):
         """Batch key -> its folders, for the valid batches; the files of the rest are strays
         (`stray_files`).
 
-        A batch is a hex number, and hex digits have no case: `batch=0a1` and `batch=0A1` are
-        one batch, keyed in lower case, whose folders (in every object folder, in either
-        spelling) are read together. Two keys for one batch would write their rows under
-        whichever spelling ran last and remove each other's on the next run."""
-        valid: dict[str, list[str]] = {}
+        A batch is a hex number: `batch=0a1`, `batch=0A1` and `batch=00a1` are one batch, whose
+        folders (in every object folder) are read together, keyed by the least of its spellings
+        in lower case (the landed spelling itself when there is one). Two keys for one batch
+        would write their rows under whichever spelling ran last and remove each other's on the
+        next run."""
+        by_number: dict[int, tuple[str, list[str]]] = {}
         for folder in self.object_folders(storage, landing, table):
             for entry in storage.list(folder):
-                key = _folder_value(entry, "batch")
-                if key is not None and is_batch_key(key):
-                    valid.setdefault(key.lower(), []).append(entry.uri)
-        return valid
+                spelled = _folder_value(entry, "batch")
+                if spelled is None or not is_batch_key(spelled):
+                    continue
+                key, folders = by_number.get(batch_order(spelled), (spelled.lower(), []))
+                by_number[batch_order(spelled)] = (min(key, spelled.lower()), [*folders, entry.uri])
+        return dict(by_number.values())
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         return sort_batches(self.batch_folders(storage, landing, table))
@@ -305,10 +310,22 @@ class GraxV2Format(FeedFormat):
         for partition in partitions:
             if not is_batch_key(partition):
                 raise InvalidValue(f"batch partition {partition!r} is not a hex number")
+        return self._files_of(storage, self.batch_folders(storage, landing, table), partitions)
+
+    def landed_partitions_files(
+        self, storage: Storage, landing: str, table: str, wanted: Callable[[str], bool]
+    ) -> dict[str, list[Entry]]:
         folders = self.batch_folders(storage, landing, table)
+        return self._files_of(storage, folders, [key for key in sort_batches(folders) if wanted(key)])
+
+    @staticmethod
+    def _files_of(storage: Storage, folders: dict[str, list[str]], keys: list[str]) -> dict[str, list[Entry]]:
+        # Looked up as keyed: a partition registered under another spelling of a batch (before
+        # batches were keyed as `batch_folders` keys them) has no files, so its rows leave
+        # `changes` once.
         return {
-            key: [entry for folder in folders.get(key.lower(), []) for entry in data_files(storage, folder)]
-            for key in partitions
+            key: [entry for folder in folders.get(key, []) for entry in data_files(storage, folder)]
+            for key in keys
         }
 
     def table_spec(self, table: str) -> m.TableSpec:
@@ -455,11 +472,23 @@ def _typed_copy(raw: DataFrame, column: str, suffix: str) -> _TypedCopy | None:
     target, value = TYPED_SUFFIXES[suffix], col(column)
     if target is None:
         return _TypedCopy(value, stored, None)
-    converted = timestamp_column(column, stored) if suffix == "ts" else value.try_cast(target)
+    if suffix == "ts":
+        converted = timestamp_column(column, stored)
+        return _TypedCopy(converted, target, value.isNotNull() & converted.isNull())
+    converted = value.try_cast(target)
     changed = value.isNotNull() & converted.isNull()
-    if isinstance(target, T.IntegralType) and isinstance(stored, T.FractionalType):
+    if _may_change(stored, target):  # 2.5 in a whole-number copy, 2 in a boolean one, a time in a date
         changed = changed | (converted.cast(stored) != value)
     return _TypedCopy(converted, target, changed)
+
+
+def _may_change(stored: T.DataType, target: T.DataType) -> bool:
+    """Whether converting a stored value to the copy's type may change it (then it must convert
+    back to itself). Text is parsed instead; a decimal made a double is as near as a float copy
+    means to be."""
+    if isinstance(stored, (T.StringType, type(target))):
+        return False
+    return not (isinstance(stored, T.DecimalType) and isinstance(target, T.DoubleType))
 
 
 def _one_type(field: str, types: list[T.DataType]) -> T.DataType:
