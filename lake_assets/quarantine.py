@@ -14,12 +14,21 @@ import json
 import re
 
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Storage
+from lake_assets.storage import Entry, Storage
 
 #: what follows a quarantined copy's name in the name of its note
 REASON_SUFFIX = ".reason.json"
 #: the quarantine "partition" of files that belong to no partition (strays)
 UNPARTITIONED = "_unpartitioned"
+
+
+def notes_under(storage: Storage, folder: str) -> list[Entry]:
+    """The quarantine notes under a folder. A `.reason.json` beside its own note
+    (`<name>.reason.json.reason.json`) is the copy of a landed file of that name, quarantined
+    before copies were renamed so: not a note."""
+    entries = list(storage.walk_files(folder))
+    uris = {entry.uri for entry in entries}
+    return [e for e in entries if e.name.endswith(REASON_SUFFIX) and e.uri + REASON_SUFFIX not in uris]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,7 @@ def _safe_name(name: str) -> str:
             if extension
             else cleaned[:LONGEST_COPY_NAME]
         )
+    cleaned = cleaned.replace("..", "_")  # again: the cut may have joined two dots
     if cleaned.endswith(REASON_SUFFIX):
         cleaned = cleaned[: -len(REASON_SUFFIX)] + "_" + REASON_SUFFIX[1:]
     return cleaned

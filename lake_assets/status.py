@@ -20,7 +20,7 @@ from lake_assets.discovery import feed_tables, load_pins
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import REASON_SUFFIX
+from lake_assets.quarantine import notes_under
 from lake_assets.storage import Storage
 
 
@@ -60,8 +60,7 @@ def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: st
     """The notes of a table's quarantined files, oldest partition first."""
     notes = [
         json.loads(storage.read_bytes(entry.uri))
-        for entry in storage.walk_files(layout.quarantine(feed, table))
-        if entry.name.endswith(REASON_SUFFIX)
+        for entry in notes_under(storage, layout.quarantine(feed, table))
     ]
     return sorted(
         ({"file": n["file"], "partition": n.get("partition"), "reason": n["reason"]} for n in notes),
@@ -124,9 +123,7 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
                     changes=count_rows(storage, layout.table("changes", feed.name, table)),
                     current=count_rows(storage, layout.table("current", feed.name, table)),
                     history=count_rows(storage, layout.table("history", feed.name, table)),
-                    quarantined=sum(
-                        1 for e in storage.walk_files(quarantine) if e.name.endswith(REASON_SUFFIX)
-                    ),
+                    quarantined=len(notes_under(storage, quarantine)),
                 )
             )
     return rows

@@ -24,6 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from lake_assets.cli import main
+from lake_assets.quarantine import notes_under
+from lake_assets.storage import Storage
 from lake_assets_tests.hostile_landings import (
     ACCOUNT_SCHEMA,
     FEEDS,
@@ -472,3 +474,19 @@ def test_nothing_landed_is_lost(case: Hostile, valid_events, spark, tmp_path, mo
     assert materialisation_metadata(instance, feed)["reconciled"] is True
     if case.complete is not None:
         assert landing_complete_passed(instance, feed) is case.complete
+
+
+def test_a_copy_named_like_a_note_in_an_older_lake_is_not_taken_for_one(tmp_path):
+    """Before copies were renamed, a landed `x.reason.json` was copied under that name beside its
+    note `x.reason.json.reason.json`; status read the copy as a note and failed. A note whose
+    copy failed stands alone and is still a note."""
+    folder = tmp_path / "_quarantine" / "unit" / "accounts" / "2024-03-01-02"
+    (folder / "a1").mkdir(parents=True)
+    (folder / "a1" / "x.reason.json").write_text('{"rows": 999}')
+    (folder / "a1" / "x.reason.json.reason.json").write_text('{"file": "f", "reason": "r"}')
+    (folder / "b2").mkdir()
+    (folder / "b2" / "y.parquet.reason.json").write_text('{"file": "g", "reason": "copy failed"}')
+
+    notes = notes_under(Storage(), f"file://{tmp_path / '_quarantine'}")
+
+    assert sorted(e.name for e in notes) == ["x.reason.json.reason.json", "y.parquet.reason.json"]
