@@ -246,14 +246,27 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
 
 
 def _field_named_like_a_key(document: dict, key: tuple[str, ...]) -> str | None:
-    """A top-level field whose column would be a nested key's (`a_b` beside the key `/a/b`):
-    the key's value takes the column, and the field's value would be dropped without a word."""
-    nested = {same_name(key_column(pointer)): pointer for pointer in key if "/" in pointer.strip("/")}
+    """A top-level field whose column is a key's column without being that key's field (`a_b`
+    beside the key `/a/b`, `a~1b` beside the key `/a~1b`): the key's value takes the column, and
+    the field's value would be dropped without a word."""
+    taken = _key_columns_taken(key)
     for name in document:
-        pointer = nested.get(same_name(lake_name(name)))
-        if name != "_meta" and pointer is not None:
+        pointer = taken.get(same_name(lake_name(name)))
+        if name != "_meta" and pointer is not None and name != _field_of(pointer):
             return f"a field '{name}' whose column is the column of the key {pointer}"
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _key_columns_taken(key: tuple[str, ...]) -> dict[str, str]:
+    """The key's columns (as Spark compares names) -> their pointers."""
+    return {same_name(key_column(pointer)): pointer for pointer in key}
+
+
+def _field_of(pointer: str) -> str | None:
+    """The top-level field a one-token pointer names (`/a~1b` -> `a/b`), else None."""
+    tokens = pointer.strip("/").split("/")
+    return tokens[0].replace("~1", "/").replace("~0", "~") if len(tokens) == 1 else None
 
 
 def read_journal_task(
