@@ -334,9 +334,10 @@ def _union_compatible(
     """The union of the live schema groups whose column types can be widened into one, its text
     made valid.
 
-    Groups join largest first, so when a few files give a column a type the others' cannot
-    widen into (a struct where the rest have a number), those few are quarantined naming the
-    column and both types, and the batch goes on.
+    Groups join in `_BatchFiles.groups`' order (the schema holding the most rows first), so
+    when a few files give a column a type the others' cannot widen into (a struct where the rest
+    have a number), those few are quarantined naming the column and both types, and the batch
+    goes on.
     """
     accepted: list[DataFrame] = []
     unified = T.StructType([])  # the accepted groups' columns, widened so far
