@@ -163,6 +163,8 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
             )
         for item in s.quarantined:
             lines.append(f"{s.feed}/{s.table}: quarantined: {item['file']}: {item['reason']}")
+        for item in s.not_read:
+            lines.append(f"{s.feed}/{s.table}: not read yet: {item['file']}: {item['reason']}")
     return "\n".join(lines)
 
 

@@ -12,9 +12,13 @@ import datetime as dt
 import hashlib
 import json
 import re
+from typing import TYPE_CHECKING
 
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Entry, Storage
+
+if TYPE_CHECKING:
+    from lake_assets.feeds.base import FeedFormat
 
 #: what follows a quarantined copy's name in the name of its note
 REASON_SUFFIX = ".reason.json"
@@ -112,3 +116,15 @@ def quarantine_file(
     }
     storage.write_bytes(target + REASON_SUFFIX, json.dumps(note, indent=2).encode())
     return target
+
+
+def unreported_strays(
+    storage: Storage, layout: LakeLayout, fmt: FeedFormat, landing: str, feed: str, table: str
+) -> list[tuple[Entry, str]]:
+    """A table's stray files (with why no partition reads them) that no run has set aside yet:
+    those of a table without partitions, or landed since its last run."""
+    return [
+        (entry, reason)
+        for entry, reason in fmt.stray_files(storage, landing, table)
+        if not is_quarantined(storage, layout, feed, table, UNPARTITIONED, entry.uri)
+    ]

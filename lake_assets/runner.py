@@ -22,8 +22,8 @@ from lake_assets.errors import LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import UNPARTITIONED, is_quarantined
-from lake_assets.storage import Entry, Storage
+from lake_assets.quarantine import unreported_strays
+from lake_assets.storage import Storage
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -233,7 +233,7 @@ def _plan_feed(
             if not landed[table] and not selection.reruns_only:
                 # No partition to run (only folders dated ahead, say): no run reports the
                 # table's strays, so each file is named here.
-                for entry, reason in _unreported_strays(feed, fmt, storage, layout, table):
+                for entry, reason in unreported_strays(storage, layout, fmt, feed.landing, feed.name, table):
                     say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
@@ -256,24 +256,15 @@ def _changed_partitions(
     )
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
-    unreported = _unreported_strays(feed, fmt, storage, layout, table) if keys and not chosen else []
+    unreported = (
+        unreported_strays(storage, layout, fmt, feed.landing, feed.name, table) if keys and not chosen else []
+    )
     if unreported:
         say(
             f"{feed.name}/{table}: {len(unreported)} stray file(s) not reported yet: processing {keys[-1]} reports them"
         )
         chosen.add(keys[-1])
     return sorted(chosen, key=fmt.partition_order)
-
-
-def _unreported_strays(
-    feed, fmt, storage: Storage, layout: LakeLayout, table: str
-) -> list[tuple[Entry, str]]:
-    """The table's stray files (with why no partition reads them) that no run has set aside yet."""
-    return [
-        (entry, reason)
-        for entry, reason in fmt.stray_files(storage, feed.landing, table)
-        if not is_quarantined(storage, layout, feed.name, table, UNPARTITIONED, entry.uri)
-    ]
 
 
 def _asked_partitions(

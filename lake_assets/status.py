@@ -20,7 +20,7 @@ from lake_assets.discovery import feed_tables, load_pins
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import notes_under
+from lake_assets.quarantine import notes_under, unreported_strays
 from lake_assets.storage import Storage
 
 
@@ -33,6 +33,8 @@ class TableStatus:
     pending: list[dict]
     #: files set aside: file, partition, reason
     quarantined: list[dict]
+    #: stray files no run has set aside yet (a table without partitions has no run to): file, reason
+    not_read: list[dict]
     changes_rows: int
     current_rows: int
     history_rows: int
@@ -90,6 +92,10 @@ def table_status(
         last_processed=max(notes, key=fmt.partition_order) if notes else None,
         pending=pending,
         quarantined=quarantined_files(storage, layout, feed, table),
+        not_read=[
+            {"file": entry.uri, "reason": reason}
+            for entry, reason in unreported_strays(storage, layout, fmt, landing, feed, table)
+        ],
         changes_rows=count_rows(storage, layout.table("changes", feed, table)),
         current_rows=count_rows(storage, layout.table("current", feed, table)),
         history_rows=count_rows(storage, layout.table("history", feed, table)),

@@ -478,3 +478,11 @@ def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, s
     for path in (loose, bad_hour):
         assert f"unit/cards: file://{path} is not read: " in out, out
     assert re.search(r"unit\s+accounts\s+1\s+1\s+1\s+0", out), out
+    # and `status` lists them, while no run has set them aside
+    assert main(["status", "--config", str(config), "--json"]) == 0
+    cards = next(t for t in json.loads(capsys.readouterr().out) if t["table"] == "cards")
+    assert sorted(item["file"] for item in cards["not_read"]) == sorted(
+        f"file://{p}" for p in (bad_hour, loose)
+    )
+    assert main(["status", "--config", str(config)]) == 0
+    assert f"unit/cards: not read yet: file://{loose}: " in capsys.readouterr().out
