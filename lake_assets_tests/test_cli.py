@@ -25,6 +25,14 @@ pytestmark = pytest.mark.minutes(6)
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def unit_lake_config(tmp_path: Path, landing: Path) -> Path:
+    """A config file of one Unit feed over `landing`, its lake in `tmp_path / "lake"`."""
+    config = tmp_path / "c.yaml"
+    feed = FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}")
+    config.write_text(dump_config(LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=(feed,))))
+    return config
+
+
 def test_run_processes_everything_and_exits_zero(tmp_path, spark, capsys):
     landing = tmp_path / "landing"
     write_events(
@@ -59,15 +67,7 @@ def test_run_processes_everything_and_exits_zero(tmp_path, spark, capsys):
 def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
     landing = tmp_path / "landing"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        dump_config(
-            LakeConfig(
-                lake=f"file://{tmp_path / 'lake'}",
-                feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),),
-            )
-        )
-    )
+    config = unit_lake_config(tmp_path, landing)
     assert main(["run", "--config", str(config)]) == 0
     # A later hour whose only file gives `flag` a type the stored table cannot widen into.
     write_events(landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag={"day": 1})])
@@ -464,15 +464,7 @@ def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, s
     for path in (loose, bad_hour):
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([event("c", "I", 1, at(1))], schema=ACCOUNT_SCHEMA), path)
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        dump_config(
-            LakeConfig(
-                lake=f"file://{tmp_path / 'lake'}",
-                feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),),
-            )
-        )
-    )
+    config = unit_lake_config(tmp_path, landing)
     assert main(["run", "--config", str(config), *(["--all"] if everything else [])]) == 0
     out = capsys.readouterr().out
     for path in (loose, bad_hour):
