@@ -143,8 +143,8 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
             s.last_processed or "-",
             str(len(s.pending)),
             str(len(s.quarantined)),
-            str(s.current_rows),
-            str(s.history_rows),
+            _count(s.current_rows),
+            _count(s.history_rows),
             f"{s.last_run['status']} {s.last_run['started'][:19]}" if s.last_run else "-",
         )
         for s in tables
@@ -165,7 +165,12 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
             lines.append(f"{s.feed}/{s.table}: quarantined: {item['file']}: {item['reason']}")
         for item in s.not_read:
             lines.append(f"{s.feed}/{s.table}: not read yet: {item['file']}: {item['reason']}")
+        lines += [f"{s.feed}/{s.table}: damaged: {damage}" for damage in s.damaged]
     return "\n".join(lines)
+
+
+def _count(rows: int | None) -> str:
+    return "?" if rows is None else str(rows)
 
 
 def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], text_columns: int) -> str:
@@ -180,12 +185,22 @@ def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], text_column
     )
 
 
-def format_summary(rows: list[TableSummary]) -> str:
+def format_summary(tables: list[TableSummary]) -> str:
+    """Rows per layer and files quarantined, one line per table; then each damaged lake file."""
     header = ("feed", "table", "changes", "current", "history", "quarantined")
     body = [
-        (r.feed, r.table, str(r.changes), str(r.current), str(r.history), str(r.quarantined)) for r in rows
+        (
+            t.feed,
+            t.table,
+            _count(t.rows.changes),
+            _count(t.rows.current),
+            _count(t.rows.history),
+            str(t.quarantined),
+        )
+        for t in tables
     ]
-    return _table(header, body, 2)
+    damage = [f"{t.feed}/{t.table}: damaged: {damage}" for t in tables for damage in t.rows.damaged]
+    return "\n".join([_table(header, body, 2), *damage])
 
 
 def format_records(records: list[dict]) -> str:

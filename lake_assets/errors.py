@@ -28,6 +28,19 @@ class CatalogError(InvalidValue):
     a range that ends before it starts), or its store is not set up as it needs."""
 
 
+class DamagedLakeFile(LakeAssetsError):
+    """A file lake_assets wrote into the lake cannot be read: it was damaged or changed outside
+    a run. Unlike a landed file, it cannot be set aside: the table it belongs to stops."""
+
+    def __init__(self, uri: str, cause: str):
+        super().__init__(
+            f"the lake file {uri} cannot be read ({cause}); lake_assets wrote it, so it was damaged "
+            "or changed outside a run: restore it, or rebuild the table "
+            '(docs/lake-layout.md, "Rebuilding a table")'
+        )
+        self.uri = uri
+
+
 class SchemaClash(LakeAssetsError):
     """Two observations of a column have types that cannot be widened into one."""
 

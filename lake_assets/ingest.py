@@ -329,18 +329,19 @@ def _readable_group(
 
 
 def _union_compatible(
-    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles
+    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, stored: T.StructType | None
 ) -> DataFrame | None:
-    """The union of the live schema groups whose column types can be widened into one, its text
-    made valid.
+    """The union of the live schema groups whose column types can be widened into one and into
+    the `stored` table's, its text made valid.
 
     Groups join in `_BatchFiles.groups`' order (the schema holding the most rows first), so
     when a few files give a column a type the others' cannot widen into (a struct where the rest
     have a number), those few are quarantined naming the column and both types, and the batch
-    goes on.
+    goes on. The stored table's columns come first: a file the fold could not merge into it
+    would stop the table on every run until the file was removed.
     """
     accepted: list[DataFrame] = []
-    unified = T.StructType([])  # the accepted groups' columns, widened so far
+    unified = _stored_columns(stored)  # the accepted groups' columns, widened so far
     keys = fmt.table_spec(table).keys
     for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
@@ -350,11 +351,18 @@ def _union_compatible(
             widened = T.StructType(unified_fields(table, [unified, frame.schema], keys))
         except SchemaClash as clash:
             for uri in uris:
-                files.set_aside(uri, f"schema does not fit the batch: {clash}")
+                files.set_aside(uri, f"schema does not fit the batch or the stored table: {clash}")
             continue
         accepted.append(frame)
         unified = widened
     return _with_valid_text(union_all(table, accepted, keys), fmt.table_spec(table)) if accepted else None
+
+
+def _stored_columns(stored: T.StructType | None) -> T.StructType:
+    """The columns of a stored table that a batch's rows are merged into (not the lake's own)."""
+    if stored is None:
+        return T.StructType([])
+    return T.StructType([f for f in stored.fields if not m.is_reserved(f.name)])
 
 
 def _unreadable_in_spark(
@@ -579,7 +587,12 @@ def text_repaired_per_file(events: DataFrame, file_column: str = FILE_URI) -> di
 
 
 def _read_collapsed(
-    spark: SparkSession, fmt: FeedFormat, table: str, files: _BatchFiles, earlier: Exception | None = None
+    spark: SparkSession,
+    fmt: FeedFormat,
+    table: str,
+    files: _BatchFiles,
+    stored: T.StructType | None,
+    earlier: Exception | None = None,
 ) -> tuple[DataFrame, Collapsed] | None:
     """The live files read and collapsed: (the events before the collapse, the collapse), or
     None when no file is left.
@@ -589,7 +602,7 @@ def _read_collapsed(
     damaged is set aside and the rest read again. When none is damaged, the failing groups'
     files are read one by one: Spark read them in a way that fits some of them only. `earlier`
     is the failure that led to this read, chained to the error raised when nothing helps."""
-    events = _union_compatible(spark, fmt, table, files)
+    events = _union_compatible(spark, fmt, table, files, stored)
     if events is None:
         return None
     try:
@@ -607,16 +620,22 @@ def _read_collapsed(
             raise
         else:
             raise failure from earlier
-        return _read_collapsed(spark, fmt, table, files, earlier=earlier or failure)
+        return _read_collapsed(spark, fmt, table, files, stored, earlier=earlier or failure)
 
 
 def read_batch(
-    spark: SparkSession, storage: Storage, fmt: FeedFormat, table: str, files: dict[str, list[Entry]]
+    spark: SparkSession,
+    storage: Storage,
+    fmt: FeedFormat,
+    table: str,
+    files: dict[str, list[Entry]],
+    stored: T.StructType | None = None,
 ) -> Batch:
-    """The change batch of the landed Parquet files of `files` (partition -> its files)."""
+    """The change batch of the landed Parquet files of `files` (partition -> its files); a file
+    whose columns cannot be widened into the `stored` table's schema is set aside."""
     batch_files = _vetted(storage, fmt, files)
     listed = len(batch_files.partition_of)
-    read = _read_collapsed(spark, fmt, table, batch_files)
+    read = _read_collapsed(spark, fmt, table, batch_files, stored)
     if read is None:
         return Batch(None, listed, 0, 0, 0, 0, batch_files.quarantined)
     events, collapsed = read

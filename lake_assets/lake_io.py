@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
@@ -23,7 +24,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
-from lake_assets.errors import ConfigError, InvalidValue
+from lake_assets.errors import ConfigError, DamagedLakeFile, InvalidValue, first_line
 from lake_assets.paths import safe_segment
 from lake_assets.storage import Storage, each_file
 
@@ -224,12 +225,17 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
         return None
 
 
-def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
-    def footer(uri: str) -> pq.FileMetaData:
+def footer(storage: Storage, uri: str) -> pq.FileMetaData:
+    """The footer of one of the lake's own Parquet files; `DamagedLakeFile` when it cannot be read."""
+    try:
         with storage.open_input_file(uri) as handle:
             return pq.ParquetFile(handle).metadata
+    except (pa.ArrowException, OSError) as exc:
+        raise DamagedLakeFile(uri, first_line(str(exc)) or type(exc).__name__) from exc
 
-    return each_file(footer, files)
+
+def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
+    return each_file(lambda uri: footer(storage, uri), files)
 
 
 def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:

@@ -17,6 +17,7 @@ import logging
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from lake_assets import lake_io, processed, reruns
 from lake_assets.catalog.files import (
@@ -40,6 +41,7 @@ from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, parquet_files
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, read_batch
 from lake_assets.paths import LakeLayout
@@ -195,6 +197,19 @@ class Ingested:
     reruns: list[str] = dataclasses.field(default_factory=list)
 
 
+def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType | None:
+    """The schema of the table's current state, which a batch's files must fit (None before
+    the first fold). From its footers; a footer that cannot be read is no reason to stop: the
+    fold rewrites current whole, and any clash then fails the fold, naming the files."""
+    uri = work.layout.table("current", work.feed.name, work.table)
+    try:
+        summary = lake_io.table_summary(session, work.storage, uri)
+    except DamagedLakeFile as damaged:
+        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {damaged}")
+        return None
+    return summary[1] if summary else None
+
+
 def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_log) -> Ingested:
     """Read the catalogued files of `partitions` into a change batch; unusable files (and stray
     files outside every partition) are copied to quarantine with their reason and reported."""
@@ -204,7 +219,14 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
     if fmt.file_format == "parquet":
-        batch = read_batch(session, storage, fmt, table, {key: catalogued[key] for key in partitions})
+        batch = read_batch(
+            session,
+            storage,
+            fmt,
+            table,
+            {key: catalogued[key] for key in partitions},
+            _stored_schema(session, work, log),
+        )
     else:  # the format reads its own files (Flow: journals, covers and transactions)
         standing = reruns.read_reruns(storage, work.layout, feed.name, table)
         batch = fmt.read_batch(

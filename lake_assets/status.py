@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pyarrow.parquet as pq
-
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
+from lake_assets.lake_io import footer
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import notes_under, unreported_strays
 from lake_assets.storage import Storage
@@ -35,9 +35,12 @@ class TableStatus:
     quarantined: list[dict]
     #: stray files no run has set aside yet (a table without partitions has no run to): file, reason
     not_read: list[dict]
-    changes_rows: int
-    current_rows: int
-    history_rows: int
+    #: rows of each layer (None: a file of it cannot be read, named in `damaged`)
+    changes_rows: int | None
+    current_rows: int | None
+    history_rows: int | None
+    #: lake files that cannot be read, each with its cause
+    damaged: list[str]
     #: the last Dagster run of the table, when the instance keeps runs: id, job, status, started
     last_run: dict | None = None
 
@@ -51,11 +54,31 @@ def count_rows(storage: Storage, uri: str) -> int:
     Spark and pyarrow skip too). Footers only: no data page is read."""
     if not storage.exists(uri):
         return 0
-    rows = 0
-    for entry in storage.walk_files(uri, skip=lambda name: name.startswith((".", "_"))):
-        with storage.open_input_file(entry.uri) as handle:
-            rows += pq.ParquetFile(handle).metadata.num_rows
-    return rows
+    files = storage.walk_files(uri, skip=lambda name: name.startswith((".", "_")))
+    return sum(footer(storage, entry.uri).num_rows for entry in files)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRows:
+    """Rows of a table's three layers; None for a layer with a file that cannot be read, which
+    `damaged` names (a status is still given: it is how the damage is found)."""
+
+    changes: int | None
+    current: int | None
+    history: int | None
+    damaged: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, storage: Storage, layout: LakeLayout, feed: str, table: str) -> LayerRows:
+        rows: dict[str, int | None] = {}
+        damaged: list[str] = []
+        for layer in ("changes", "current", "history"):
+            try:
+                rows[layer] = count_rows(storage, layout.table(layer, feed, table))
+            except DamagedLakeFile as exc:
+                rows[layer] = None
+                damaged.append(str(exc))
+        return cls(rows["changes"], rows["current"], rows["history"], tuple(damaged))
 
 
 def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
@@ -76,6 +99,7 @@ def table_status(
     notes = processed.read_notes(storage, layout, feed, table)
     keys = fmt.partition_keys(storage, landing, table)
     landed = fmt.partitions_files(storage, landing, table, keys)
+    rows = LayerRows.of(storage, layout, feed, table)
     pending = [
         {
             "partition": change.partition,
@@ -96,9 +120,10 @@ def table_status(
             {"file": entry.uri, "reason": reason}
             for entry, reason in unreported_strays(storage, layout, fmt, landing, feed, table)
         ],
-        changes_rows=count_rows(storage, layout.table("changes", feed, table)),
-        current_rows=count_rows(storage, layout.table("current", feed, table)),
-        history_rows=count_rows(storage, layout.table("history", feed, table)),
+        changes_rows=rows.changes,
+        current_rows=rows.current,
+        history_rows=rows.history,
+        damaged=list(rows.damaged),
     )
 
 
@@ -106,9 +131,7 @@ def table_status(
 class TableSummary:
     feed: str
     table: str
-    changes: int
-    current: int
-    history: int
+    rows: LayerRows
     quarantined: int
 
 
@@ -117,19 +140,13 @@ def summarise(config: LakeConfig) -> list[TableSummary]:
     storage = config.storage()
     layout = LakeLayout(config.lake)
     pins = load_pins(config, storage)
-    rows = []
-    for feed in config.feeds:
-        fmt = format_for(feed)
-        for table in feed_tables(feed, fmt, pins[feed.name]):
-            quarantine = layout.quarantine(feed.name, table)
-            rows.append(
-                TableSummary(
-                    feed=feed.name,
-                    table=table,
-                    changes=count_rows(storage, layout.table("changes", feed.name, table)),
-                    current=count_rows(storage, layout.table("current", feed.name, table)),
-                    history=count_rows(storage, layout.table("history", feed.name, table)),
-                    quarantined=len(notes_under(storage, quarantine)),
-                )
-            )
-    return rows
+    return [
+        TableSummary(
+            feed=feed.name,
+            table=table,
+            rows=LayerRows.of(storage, layout, feed.name, table),
+            quarantined=len(notes_under(storage, layout.quarantine(feed.name, table))),
+        )
+        for feed in config.feeds
+        for table in feed_tables(feed, format_for(feed), pins[feed.name])
+    ]

@@ -61,7 +61,7 @@ query Failures($runId: ID!) {
     ... on EventConnection {
       events {
         __typename
-        ... on ExecutionStepFailureEvent { stepKey error { message } }
+        ... on ExecutionStepFailureEvent { stepKey error { message causes { message } } }
         ... on RunFailureEvent { message }
       }
     }
@@ -282,10 +282,18 @@ class Deployment:
         ]
 
     def failure_messages(self, run_id: str) -> list[str]:
-        """What the UI shows for a failed run: its step failures' errors and the run failure."""
+        """What the UI shows for a failed run: its step failures' errors (each with the errors
+        it was raised from) and the run failure."""
         events = self.query(FAILURES_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
         return [
-            (e.get("error") or {}).get("message") or e.get("message") or ""
+            "\n".join(
+                [
+                    error.get("message") or "",
+                    *(cause.get("message") or "" for cause in error.get("causes") or []),
+                ]
+            )
+            if (error := e.get("error"))
+            else e.get("message") or ""
             for e in events
             if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")
         ]

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,27 +65,86 @@ def test_run_processes_everything_and_exits_zero(tmp_path, spark, capsys):
     assert not Path("/unused").exists()
 
 
-def test_run_fails_with_a_clear_message(tmp_path, spark, capsys):
-    landing = tmp_path / "landing"
+def damage_open_history(lake: Path, feed: str, table: str) -> Path:
+    """Overwrite the one file of a table's open history (which every fold reads) with bytes that
+    are not Parquet: damage to the lake's own files, which no run can set aside."""
+    (damaged,) = (lake / "history" / feed / table / "active").glob("*.parquet")
+    damaged.write_bytes(b"not parquet")
+    return damaged
+
+
+def test_run_fails_with_a_clear_message_and_the_documented_rebuild_mends_the_table(tmp_path, spark, capsys):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
     config = unit_lake_config(tmp_path, landing)
     assert main(["run", "--config", str(config)]) == 0
-    # A later hour whose only file gives `flag` a type the stored table cannot widen into.
-    write_events(landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag={"day": 1})])
-    assert main(["run", "--config", str(config), "--from", "2024-03-01-02", "--to", "2024-03-01-02"]) == 1
-    err = capsys.readouterr().err
-    assert "column 'flag' has type" in err and "boolean" in err and "struct" in err
-    assert "hour=02/part-1.parquet" in err  # the failure names the landed file to look at
+    damaged = damage_open_history(lake, "unit", "accounts")
+    write_events(landing, "accounts", 2, "part-1.parquet", [event("b", "I", 2, at(2), flag=False)])
+    capsys.readouterr()
+
+    assert main(["run", "--config", str(config)]) == 1
+    out, err = capsys.readouterr()
+    assert f"the lake file file://{damaged} cannot be read" in err, err
+    assert 'rebuild the table (docs/lake-layout.md, "Rebuilding a table")' in err
+    # The summary is printed all the same: the damaged layer's rows are unknown, and why is said.
+    assert re.search(r"^unit\s+accounts\s+2\s+1\s+\?\s+0$", out, re.M), out
+    assert f"unit/accounts: damaged: the lake file file://{damaged} cannot be read" in out
+    assert main(["status", "--config", str(config), "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)
+    assert (status["current_rows"], status["history_rows"]) == (1, None)
+    assert [damage.split(" cannot be read")[0] for damage in status["damaged"]] == [
+        f"the lake file file://{damaged}"
+    ]
+
+    # The rebuild docs/lake-layout.md gives: the table's layers and state go, its purge ledger stays.
+    for layer in ("changes", "current", "history"):
+        shutil.rmtree(lake / layer / "unit" / "accounts")
+    for kept in (lake / "_state" / "unit" / "accounts").iterdir():
+        if kept.name != "purged":
+            shutil.rmtree(kept)
+    assert main(["run", "--config", str(config)]) == 0
+    current = duckdb.sql(
+        f"SELECT id, flag FROM read_parquet('{lake}/current/unit/accounts/*.parquet') ORDER BY id"
+    )
+    assert current.fetchall() == [("a", True), ("b", False)]
 
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml does not exist" in capsys.readouterr().err
 
 
+def test_a_file_whose_column_the_stored_table_cannot_take_is_set_aside_and_its_hour_folds(
+    tmp_path, spark, capsys
+):
+    """`flag` is stored as a boolean; a later hour's file gives it a struct, which no type holds
+    with a boolean. That file is quarantined naming the column, and the hour's other file and
+    the next hour fold (the fold would otherwise fail on every run until the file was removed)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
+    config = unit_lake_config(tmp_path, landing)
+    assert main(["run", "--config", str(config)]) == 0
+    write_events(landing, "accounts", 2, "part-struct.parquet", [event("b", "I", 2, at(2), flag={"day": 1})])
+    write_events(landing, "accounts", 2, "part-fine.parquet", [event("c", "I", 3, at(2), flag=False)])
+    write_events(landing, "accounts", 3, "part-0.parquet", [event("d", "I", 4, at(3), flag=True)])
+    capsys.readouterr()
+
+    assert main(["run", "--config", str(config)]) == 0
+    assert re.search(r"^unit\s+accounts\s+3\s+3\s+3\s+1$", capsys.readouterr().out, re.M)
+    (note,) = (lake / "_quarantine" / "unit" / "accounts" / "2024-03-01-02").rglob("*.reason.json")
+    reason = json.loads(note.read_text())
+    assert reason["file"].endswith("hour=02/part-struct.parquet")
+    assert "the stored table" in reason["reason"] and "column 'flag' has type" in reason["reason"]
+    assert "boolean" in reason["reason"] and "struct" in reason["reason"]
+    current = duckdb.sql(f"SELECT id FROM read_parquet('{lake}/current/unit/accounts/*.parquet') ORDER BY id")
+    assert [row[0] for row in current.fetchall()] == ["a", "c", "d"]
+
+
 def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_reported(tmp_path, spark, capsys):
-    """Feed `a` (tables accounts, customers) then feed `b` (accounts, orders): `a/accounts` and
-    `b/orders` fail; `a/customers` and `b/accounts` still take their new rows, and the command
-    names both failures at the end, one line each, and exits non-zero."""
+    """Feed `a` (tables accounts, customers) then feed `b` (accounts, orders): the lake files of
+    `a/accounts` and `b/orders` are damaged, so those two fail; `a/customers` and `b/accounts`
+    still take their new rows, and the command names both failures at the end, one line each,
+    and exits non-zero."""
     landings = {feed: tmp_path / f"landing-{feed}" for feed in ("a", "b")}
+    lake = tmp_path / "lake"
     failing = {("a", "accounts"), ("b", "orders")}
     tables = {"a": ("accounts", "customers"), "b": ("accounts", "orders")}
     for feed, names in tables.items():
@@ -94,15 +154,14 @@ def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_repor
             )
     config = tmp_path / "c.yaml"
     feeds = tuple(FeedConfig(feed, "unit_cdc", f"file://{landings[feed]}") for feed in tables)
-    config.write_text(dump_config(LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=feeds)))
+    config.write_text(dump_config(LakeConfig(lake=f"file://{lake}", feeds=feeds)))
     assert main(["run", "--config", str(config)]) == 0
     capsys.readouterr()
+    damaged = {(feed, table): damage_open_history(lake, feed, table) for feed, table in failing}
     for feed, names in tables.items():
         for table in names:
-            # A later hour: its file gives `flag` a type the stored table cannot widen into, or is fine.
-            flag = {"day": 1} if (feed, table) in failing else False
             write_events(
-                landings[feed], table, 2, "part-1.parquet", [event(f"{table}-2", "I", 2, at(2), flag=flag)]
+                landings[feed], table, 2, "part-1.parquet", [event(f"{table}-2", "I", 2, at(2), flag=False)]
             )
 
     assert main(["run", "--config", str(config), "--from", "2024-03-01-02", "--to", "2024-03-01-02"]) == 1
@@ -112,17 +171,15 @@ def test_a_failing_table_stops_no_other_table_or_feed_and_every_failure_is_repor
     assert len(failures) == 2, err
     for line, (feed, table) in zip(failures, sorted(failing), strict=True):
         assert line.startswith(f"lake-assets: failed: {feed}/{table}: current+history"), line
-        assert "column 'flag' has type" in line and "hour=02/part-1.parquet" in line, line
+        assert f"the lake file file://{damaged[feed, table]} cannot be read" in line, line
     for feed, names in tables.items():
         for table in names:
+            if (feed, table) in failing:
+                continue
             current = duckdb.sql(
-                f"SELECT id FROM read_parquet('{tmp_path}/lake/current/{feed}/{table}/*.parquet') ORDER BY id"
+                f"SELECT id FROM read_parquet('{lake}/current/{feed}/{table}/*.parquet') ORDER BY id"
             )
-            ids = [r[0] for r in current.fetchall()]
-            assert ids == ([f"{table}-1"] if (feed, table) in failing else [f"{table}-1", f"{table}-2"]), (
-                feed,
-                table,
-            )
+            assert [r[0] for r in current.fetchall()] == [f"{table}-1", f"{table}-2"], (feed, table)
     assert re.search(r"^b\s+orders\s+", out, re.M), out  # the summary is printed all the same
 
 

@@ -19,7 +19,7 @@ import dagster as dg
 
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
-from lake_assets.errors import first_line
+from lake_assets.errors import LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import stretches_in_order
 from lake_assets.orchestration.definitions import (
@@ -197,13 +197,23 @@ def _what_each_step_writes(defs: dg.Definitions) -> dict[str, str]:
 
 
 def _reason(failure) -> str:
-    """A step's failure in one line: its Failure's own description, else the innermost error's."""
+    """A step's failure in one line: its Failure's own description, else the message of the
+    first lake_assets error in the chain (written to be read; what it was raised from is in the
+    run's log), else the innermost error's."""
     if failure.user_failure_data is not None and failure.user_failure_data.description:
         return first_line(failure.user_failure_data.description)
+    own = _subclass_names(LakeAssetsError)  # asked now: every module that defines one is loaded
     error = failure.error
-    while error is not None and error.cause is not None:
+    while error is not None and error.cause is not None and error.cls_name not in own:
         error = error.cause
     return first_line(error.message) if error is not None else "no error recorded; see the run's event log"
+
+
+def _subclass_names(base: type[Exception]) -> set[str]:
+    names = {base.__name__}
+    for subclass in base.__subclasses__():
+        names |= _subclass_names(subclass)
+    return names
 
 
 def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) -> list[TableStatus]:
