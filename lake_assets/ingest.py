@@ -230,6 +230,9 @@ class _BatchFiles:
     #: signatures whose files are read one by one (`groups`): read together they failed, though
     #: each file reads alone
     read_apart: set[str] = dataclasses.field(default_factory=set)
+    #: file set aside for a schema clash -> its signature and rows, to make it live again should
+    #: the clash be decided anew (`reconsider_clashes`)
+    clashing: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     def accept(self, uri: str, schema: pa.Schema, rows: int, stored_types: str) -> None:
         arrow = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
@@ -243,6 +246,19 @@ class _BatchFiles:
             return  # the first reason stands
         self.signature_of.pop(uri, None)
         self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
+
+    def set_aside_for_clash(self, uri: str, reason: str) -> None:
+        self.clashing[uri] = (self.signature_of[uri], self.rows_of[uri])
+        self.set_aside(uri, reason)
+
+    def reconsider_clashes(self) -> None:
+        """Make the files set aside for a schema clash live again. Which schema a clash keeps
+        is decided by the rows the footers declare; once a file is found damaged, its rows no
+        longer count, so a file that outweighed the others must not keep them set aside."""
+        self.quarantined = [q for q in self.quarantined if q.uri not in self.clashing]
+        for uri, (signature, rows) in self.clashing.items():
+            self.signature_of[uri], self.rows_of[uri] = signature, rows
+        self.clashing.clear()
 
     def groups(self) -> list[tuple[str, list[str]]]:
         """(schema signature, live files read together), those of the arrow schema holding the
@@ -351,7 +367,7 @@ def _union_compatible(
             widened = T.StructType(unified_fields(table, [unified, frame.schema], keys))
         except SchemaClash as clash:
             for uri in uris:
-                files.set_aside(uri, f"schema does not fit the batch or the stored table: {clash}")
+                files.set_aside_for_clash(uri, f"schema does not fit the batch or the stored table: {clash}")
             continue
         accepted.append(frame)
         unified = widened
@@ -614,6 +630,7 @@ def _read_collapsed(
         if damaged:
             for uri, reason in damaged.items():
                 files.set_aside(uri, reason)
+            files.reconsider_clashes()
         elif failing:
             files.read_apart |= failing.keys()
         elif earlier is None:

@@ -164,6 +164,43 @@ def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once
     assert batch.reconciles
 
 
+def test_a_damaged_file_whose_footer_outweighs_a_clash_does_not_keep_the_good_files_aside(spark, tmp_path):
+    """The damaged file's footer declares 40 rows of one schema, two good files hold three rows
+    of another: the clash first keeps the damaged file's schema. Once the read finds it damaged
+    its rows no longer count, and the two good files are read, on every run."""
+    landing = tmp_path / "unit"
+    damaged = write_events(
+        landing,
+        "accounts",
+        0,
+        "part-damaged.parquet",
+        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
+        ACCOUNT_SCHEMA,
+    )
+    damage_data_pages(damaged)
+    write_events(
+        landing, "accounts", 0, "part-a.parquet", [event("a", "I", 1, at(0, 1), balance={"cents": 1})]
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-b.parquet",
+        [
+            event("b", "I", 2, at(0, 2), balance={"cents": 2}),
+            event("c", "I", 3, at(0, 2), balance={"cents": 3}),
+        ],
+    )
+
+    batch = _read(spark, landing)
+
+    assert list(_names(batch)) == ["part-damaged.parquet"]
+    assert "Spark could not read the file's data" in _names(batch)["part-damaged.parquet"]
+    assert _ids(batch) == ["a", "b", "c"]
+    assert (batch.files_read, batch.rows_in) == (2, 3) and batch.reconciles
+    batch.events.unpersist()
+
+
 def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_path):
     """Damage, a schema clash and a bad row in three files of one batch: three reasons, one each."""
     landing = tmp_path / "unit"
