@@ -28,8 +28,9 @@ from lake_assets.console import (
     new_log_path,
     output_to,
 )
-from lake_assets.discovery import describe, describe_unread, discover
+from lake_assets.discovery import describe, describe_unread, discover, feed_tables, load_pins
 from lake_assets.errors import ConfigError, LakeAssetsError
+from lake_assets.feeds import format_for
 from lake_assets.feeds.base import parse_hour_key
 from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
 from lake_assets.runner import Progress, RunFailed, run_feeds
@@ -236,6 +237,33 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    """Forget one table (its purge ledger kept) so that the next run rebuilds it from its landing."""
+    from lake_assets.orchestration.definitions import resources_for
+    from lake_assets.paths import LakeLayout
+    from lake_assets.pipeline import forget_table
+
+    config = load_config(args.config)
+    if args.lake:
+        config = config.with_lake(args.lake)
+    feed_name, _, table = args.table.partition("/")
+    feed = config.feed(feed_name)
+    if table not in feed_tables(feed, format_for(feed), load_pins(config, config.storage())[feed.name]):
+        raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
+    store = resources_for(config)["catalog"].get_store()
+    forgotten = forget_table(config.storage(), LakeLayout(config.lake), store, feed.name, table)
+    for uri in forgotten.removed:
+        _say(f"removed {uri}")
+    for uri in forgotten.still_catalogued:
+        _say(
+            f"warning: the catalog may still list {uri}: the damaged file's span, which places its record, is unknown"
+        )
+    _say(
+        f"{feed.name}/{table}: forgotten but its purge ledger; `lake-assets run` rebuilds it from the landing"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lake-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -300,6 +328,16 @@ def main(argv: list[str] | None = None) -> int:
         help="an extra Spark setting (repeatable), e.g. spark.pyspark.python=/path/to/python",
     )
     demo.set_defaults(func=cmd_demo)
+    rebuild = sub.add_parser(
+        "rebuild",
+        help="forget one table (its purge ledger kept) so that the next run rebuilds it from its landing",
+    )
+    rebuild.add_argument("--config", required=True, help="feed configuration YAML")
+    rebuild.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    rebuild.add_argument(
+        "--table", required=True, help="feed/table, e.g. unit/accounts or grax/00Dxx/account"
+    )
+    rebuild.set_defaults(func=cmd_rebuild)
     catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(
         dest="catalog_command", required=True
     )

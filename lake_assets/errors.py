@@ -29,8 +29,9 @@ class CatalogError(InvalidValue):
 
 
 class DamagedLakeFile(LakeAssetsError):
-    """A file lake_assets wrote into the lake cannot be read: it was damaged or changed outside
-    a run. Unlike a landed file, it cannot be set aside: the table it belongs to stops."""
+    """A file lake_assets wrote into the lake does not read as Parquet: it was damaged or changed
+    outside a run. Unlike a landed file it cannot be set aside, so a run that needs it stops
+    (only `current`, which the next fold rewrites whole without reading it, heals by itself)."""
 
     def __init__(self, uri: str, cause: str):
         super().__init__(

@@ -152,8 +152,7 @@ def read_drifting(
             raise
     groups: dict[str, list[str]] = {}
     for uri in _parquet_files(storage, paths, recursive=True):
-        with storage.open_input_file(uri) as handle:
-            signature = pq.ParquetFile(handle).schema_arrow.to_string(show_schema_metadata=False)
+        signature = footer(storage, uri).schema.to_arrow_schema().to_string(show_schema_metadata=False)
         groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
@@ -225,11 +224,27 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
         return None
 
 
+#: bytes first read from a Parquet file's end: its footer and the 8 bytes after it, nearly always
+_FOOTER_GUESS = 64 * 1024
+_PARQUET_MAGIC = b"PAR1"
+
+
 def footer(storage: Storage, uri: str) -> pq.FileMetaData:
-    """The footer of one of the lake's own Parquet files; `DamagedLakeFile` when it cannot be read."""
-    try:
-        with storage.open_input_file(uri) as handle:
-            return pq.ParquetFile(handle).metadata
+    """The footer of one of the lake's own Parquet files. Bytes that are not a footer raise
+    `DamagedLakeFile`; a failure to read them (a file gone since it was listed, the network) is
+    raised as it is, so that it is never taken for damage, which asks for a rebuild."""
+    with storage.open_input_file(uri) as handle:
+        size = handle.size()
+        end = handle.read_at(min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))
+        if size < 12 or end[-4:] != _PARQUET_MAGIC:
+            raise DamagedLakeFile(uri, f"not Parquet: its {size} bytes do not end in PAR1")
+        length = int.from_bytes(end[-8:-4], "little")
+        if length > size - 12:
+            raise DamagedLakeFile(uri, f"its footer claims {length} bytes, more than the file holds")
+        if length + 8 > len(end):
+            end = handle.read_at(length + 8, size - length - 8)
+    try:  # the footer alone, behind a leading magic: all a footer's decoding reads
+        return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
     except (pa.ArrowException, OSError) as exc:
         raise DamagedLakeFile(uri, first_line(str(exc)) or type(exc).__name__) from exc
 

@@ -40,10 +40,10 @@ from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
-from lake_assets.engine.state import TableState, parquet_files
-from lake_assets.errors import DamagedLakeFile
+from lake_assets.engine.state import TableState, is_parquet_file, parquet_files
+from lake_assets.errors import DamagedLakeFile, SchemaClash, first_line
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.ingest import Batch, read_batch
+from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.storage import Storage
@@ -93,6 +93,56 @@ class RemovedFiles:
     def retire(self) -> None:
         self.store.retire(self.pending)
         self.pending = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Forgotten:
+    """What `forget_table` removed."""
+
+    #: the folders (and files) removed
+    removed: list[str]
+    #: damaged files whose catalog records stay: a record is found by the span its file holds
+    still_catalogued: list[str]
+
+
+def forget_table(
+    storage: Storage, layout: LakeLayout, store: CatalogStore, feed: str, table: str
+) -> Forgotten:
+    """Remove what the lake holds of a table but its purge ledger, so that the next run reads
+    every landed partition again and rebuilds it (docs/lake-layout.md, "Rebuilding a table"):
+    its change log, current and history, their catalog records retired first (a removal cut
+    short leaves files the catalog does not list, which the command removes when run again,
+    never records of files that are gone); its state; a killed run's staging. The ledger stays,
+    so every key purged stays purged."""
+    state = TableState(layout, feed, table)
+    damaged = []
+    for time_columns, layers in (
+        (CHANGE_TIME_COLUMNS, [state.changes]),
+        (STATE_TIME_COLUMNS, [state.current, state.history]),
+    ):
+        files = [e.uri for layer in layers for e in storage.walk_files(layer) if is_parquet_file(e.name)]
+        readable = []
+        for uri in files:
+            try:
+                lake_io.footer(storage, uri)
+                readable.append(uri)
+            except DamagedLakeFile:
+                damaged.append(uri)
+        removed = RemovedFiles(storage, store, feed, table, time_columns)
+        removed(readable)
+        removed.retire()
+    entries = [
+        state.changes,
+        state.current,
+        state.history,
+        *(entry.uri for entry in storage.list(state.state_root) if entry.uri != state.purged),
+        state.staging_root(),
+    ]
+    gone = [uri for uri in entries if storage.exists(uri)]
+    for uri in gone:
+        storage.delete_tree(uri)
+        storage.delete_file(uri)
+    return Forgotten(gone, damaged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,13 +249,14 @@ class Ingested:
 
 def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType | None:
     """The schema of the table's current state, which a batch's files must fit (None before
-    the first fold). From its footers; a footer that cannot be read is no reason to stop: the
-    fold rewrites current whole, and any clash then fails the fold, naming the files."""
+    the first fold). From its footers. Current that cannot be read is no reason to stop: the
+    fold reads the state it is made from, not current, and rewrites it whole; a clash it meets
+    then fails the fold, naming the landed files."""
     uri = work.layout.table("current", work.feed.name, work.table)
     try:
         summary = lake_io.table_summary(session, work.storage, uri)
-    except DamagedLakeFile as damaged:
-        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {damaged}")
+    except (DamagedLakeFile, SchemaClash, *SPARK_ERRORS) as unknown:
+        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {first_line(str(unknown))}")
         return None
     return summary[1] if summary else None
 

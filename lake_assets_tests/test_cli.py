@@ -5,7 +5,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +72,7 @@ def damage_open_history(lake: Path, feed: str, table: str) -> Path:
     return damaged
 
 
-def test_run_fails_with_a_clear_message_and_the_documented_rebuild_mends_the_table(tmp_path, spark, capsys):
+def test_run_fails_with_a_clear_message_and_rebuild_mends_the_table(tmp_path, spark, capsys):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
     config = unit_lake_config(tmp_path, landing)
@@ -96,17 +95,35 @@ def test_run_fails_with_a_clear_message_and_the_documented_rebuild_mends_the_tab
         f"the lake file file://{damaged}"
     ]
 
-    # The rebuild docs/lake-layout.md gives: the table's layers and state go, its purge ledger stays.
-    for layer in ("changes", "current", "history"):
-        shutil.rmtree(lake / layer / "unit" / "accounts")
-    for kept in (lake / "_state" / "unit" / "accounts").iterdir():
-        if kept.name != "purged":
-            shutil.rmtree(kept)
+    # The rebuild docs/lake-layout.md gives: the table forgotten but its purge ledger, then a run.
+    assert main(["rebuild", "--config", str(config), "--table", "unit/accounts"]) == 0
+    out = capsys.readouterr().out
+    assert f"lake-assets: removed file://{lake}/history/unit/accounts\n" in out
+    assert f"lake-assets: warning: the catalog may still list file://{damaged}: " in out
+    assert [p.name for p in (lake / "_state" / "unit" / "accounts").iterdir()] == []
     assert main(["run", "--config", str(config)]) == 0
     current = duckdb.sql(
         f"SELECT id, flag FROM read_parquet('{lake}/current/unit/accounts/*.parquet') ORDER BY id"
     )
     assert current.fetchall() == [("a", True), ("b", False)]
+    capsys.readouterr()
+    # and the catalog lists no file that is gone
+    query = [
+        "catalog",
+        "query",
+        "--config",
+        str(config),
+        "--what",
+        "accounts",
+        "--start",
+        "0",
+        "--end",
+        "4102444800000",
+    ]
+    assert main([*query, "--json"]) == 0
+    listed = [record["url"] for record in json.loads(capsys.readouterr().out)]
+    assert any("/current/" in url for url in listed) and any("/changes/" in url for url in listed)
+    assert [url for url in listed if not Path(url.removeprefix("file://")).exists()] == [f"file://{damaged}"]
 
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml does not exist" in capsys.readouterr().err
@@ -117,12 +134,15 @@ def test_a_file_whose_column_the_stored_table_cannot_take_is_set_aside_and_its_h
 ):
     """`flag` is stored as a boolean; a later hour's file gives it a struct, which no type holds
     with a boolean. That file is quarantined naming the column, and the hour's other file and
-    the next hour fold (the fold would otherwise fail on every run until the file was removed)."""
+    the next hour fold. Judged by the batch alone, the struct file's three rows would win, the
+    two boolean files be set aside, and the fold fail on every run until the file was removed."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1), flag=True)])
     config = unit_lake_config(tmp_path, landing)
     assert main(["run", "--config", str(config)]) == 0
-    write_events(landing, "accounts", 2, "part-struct.parquet", [event("b", "I", 2, at(2), flag={"day": 1})])
+    # Three rows: more than the batch's boolean files hold, so the batch alone would keep them.
+    struct_rows = [event(f"b{day}", "I", 1 + day, at(2), flag={"day": day}) for day in range(1, 4)]
+    write_events(landing, "accounts", 2, "part-struct.parquet", struct_rows)
     write_events(landing, "accounts", 2, "part-fine.parquet", [event("c", "I", 3, at(2), flag=False)])
     write_events(landing, "accounts", 3, "part-0.parquet", [event("d", "I", 4, at(3), flag=True)])
     capsys.readouterr()

@@ -9,7 +9,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 
 from lake_assets import lake_io
-from lake_assets.errors import ConfigError
+from lake_assets.errors import ConfigError, DamagedLakeFile
 from lake_assets.storage import Storage
 
 
@@ -241,3 +241,29 @@ def test_frames_a_failing_block_cached_are_released(spark):
         assert frame.count() == 3 and lake_io.is_cached(frame)
         raise RuntimeError("the step fails")
     assert not lake_io.is_cached(frame)
+
+
+def test_a_footer_that_does_not_decode_is_damage_and_a_file_that_cannot_be_reached_is_not(tmp_path):
+    """Damage asks the user to rebuild a table, so only bytes that are not a footer are damage;
+    a footer longer than the first read (many row groups) is read whole."""
+    storage = Storage()
+    long_footer = tmp_path / "long.parquet"
+    pq.write_table(pa.table({"a": list(range(20_000))}), long_footer, row_group_size=10)
+    assert pq.ParquetFile(long_footer).metadata.serialized_size > 64 * 1024
+    assert lake_io.footer(storage, f"file://{long_footer}").num_rows == 20_000
+
+    whole = long_footer.read_bytes()
+    cases = {
+        "empty.parquet": (b"", "its 0 bytes do not end in PAR1"),
+        "text.parquet": (b"not parquet at all", "do not end in PAR1"),
+        "long_claim.parquet": (b"PAR1" + (10**6).to_bytes(4, "little") + b"PAR1", "more than the file holds"),
+        "garbled.parquet": (whole[:100] + b"\xab" * (len(whole) - 108) + whole[-8:], "thrift"),
+    }
+    for name, (content, cause) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DamagedLakeFile) as damaged:
+            lake_io.footer(storage, f"file://{tmp_path / name}")
+        assert f"the lake file file://{tmp_path / name} cannot be read" in str(damaged.value)
+        assert cause in str(damaged.value), str(damaged.value)
+    with pytest.raises(FileNotFoundError):
+        lake_io.footer(storage, f"file://{tmp_path / 'gone.parquet'}")
