@@ -23,7 +23,7 @@ import json
 
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.paths import LakeLayout, join
-from lake_assets.storage import Entry, Storage, each_file
+from lake_assets.storage import Entry, Storage, each_file, read_lake_json
 
 NOTES_FOLDER = "processed"
 
@@ -86,8 +86,10 @@ def read_notes(
     """partition -> URL -> file, for every partition processed so far."""
 
     def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
-        body = json.loads(storage.read_bytes(entry.uri))
-        return json_name(entry), {url: ProcessedFile(**file) for url, file in body.items()}
+        files = read_lake_json(
+            storage, entry.uri, lambda body: {url: ProcessedFile(**file) for url, file in body.items()}
+        )
+        return json_name(entry), files
 
     return dict(each_file(read, json_files(storage, notes_folder(layout, feed, table))))
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from lake_assets.paths import LakeLayout, join
 from lake_assets.processed import json_files, json_name
-from lake_assets.storage import Storage, each_file
+from lake_assets.storage import Storage, each_file, read_lake_json
 
 READING_FOLDER = "reading"
 RERUNS_FOLDER = "reruns"
@@ -130,7 +130,7 @@ def read_reading(
 ) -> Reading | None:
     """What the stored changes of `partition` were read from; None if not recorded."""
     uri = join(reading_folder(layout, feed, table), f"{partition}.json")
-    return Reading.from_json(json.loads(storage.read_bytes(uri))) if storage.exists(uri) else None
+    return read_lake_json(storage, uri, Reading.from_json) if storage.exists(uri) else None
 
 
 def read_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
@@ -163,12 +163,16 @@ def read_reruns(storage: Storage, layout: LakeLayout, feed: str, table: str) -> 
     folders = [e for e in storage.list(reruns_folder(layout, feed, table)) if e.is_dir]
 
     def read(partition_folder) -> list[RerunRequest]:
-        requests = []
-        for entry in json_files(storage, partition_folder.uri):
-            body = json.loads(storage.read_bytes(entry.uri))
-            parts = tuple(ByteRange(**p) for p in body["parts"])
-            requests.append(RerunRequest(partition_folder.name, body["reason"], parts, entry.uri))
-        return requests
+        def request(uri: str) -> RerunRequest:
+            return read_lake_json(
+                storage,
+                uri,
+                lambda body: RerunRequest(
+                    partition_folder.name, body["reason"], tuple(ByteRange(**p) for p in body["parts"]), uri
+                ),
+            )
+
+        return [request(entry.uri) for entry in json_files(storage, partition_folder.uri)]
 
     return {
         folder.name: found for folder, found in zip(folders, each_file(read, folders), strict=True) if found

@@ -10,7 +10,8 @@ Dagster run. `summarise` is the table a run prints at its end.
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import Callable
+from typing import TypeVar
 
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig
@@ -21,7 +22,9 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.lake_io import footer
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import notes_under, unreported_strays
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, read_lake_json
+
+_Read = TypeVar("_Read")
 
 
 @dataclasses.dataclass
@@ -84,46 +87,62 @@ class LayerRows:
 def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
     """The notes of a table's quarantined files, oldest partition first."""
     notes = [
-        json.loads(storage.read_bytes(entry.uri))
+        read_lake_json(
+            storage,
+            entry.uri,
+            lambda note: {"file": note["file"], "partition": note.get("partition"), "reason": note["reason"]},
+        )
         for entry in notes_under(storage, layout.quarantine(feed, table))
     ]
-    return sorted(
-        ({"file": n["file"], "partition": n.get("partition"), "reason": n["reason"]} for n in notes),
-        key=lambda n: (str(n["partition"]), n["file"]),
-    )
+    return sorted(notes, key=lambda n: (str(n["partition"]), n["file"]))
 
 
 def table_status(
     storage: Storage, layout: LakeLayout, landing: str, feed: str, fmt: FeedFormat, table: str
 ) -> TableStatus:
-    notes = processed.read_notes(storage, layout, feed, table)
-    keys = fmt.partition_keys(storage, landing, table)
-    landed = fmt.partitions_files(storage, landing, table, keys)
+    """Where a table stands. A damaged note of the lake leaves out what it would tell (pending
+    partitions, quarantined files) and is named in `damaged`: a status is how damage is found."""
     rows = LayerRows.of(storage, layout, feed, table)
-    pending = [
-        {
-            "partition": change.partition,
-            "reason": change.reason,
-            "files": len(landed.get(change.partition, [])),
-        }
-        for change in processed.changed_partitions(
-            storage, landed, notes, reruns.asked(reruns.read_reruns(storage, layout, feed, table))
-        )
-    ]
+    damaged = list(rows.damaged)
+
+    def known(read: Callable[[], _Read], unknown: _Read) -> _Read:
+        try:
+            return read()
+        except DamagedLakeFile as exc:
+            damaged.append(str(exc))
+            return unknown
+
+    notes = known(lambda: processed.read_notes(storage, layout, feed, table), None)
+    requests = known(lambda: reruns.read_reruns(storage, layout, feed, table), None)
+    pending = []
+    if notes is not None and requests is not None:
+        keys = fmt.partition_keys(storage, landing, table)
+        landed = fmt.partitions_files(storage, landing, table, keys)
+        pending = [
+            {
+                "partition": change.partition,
+                "reason": change.reason,
+                "files": len(landed.get(change.partition, [])),
+            }
+            for change in processed.changed_partitions(storage, landed, notes, reruns.asked(requests))
+        ]
     return TableStatus(
         feed=feed,
         table=table,
         last_processed=max(notes, key=fmt.partition_order) if notes else None,
         pending=pending,
-        quarantined=quarantined_files(storage, layout, feed, table),
-        not_read=[
-            {"file": entry.uri, "reason": reason}
-            for entry, reason in unreported_strays(storage, layout, fmt, landing, feed, table)
-        ],
+        quarantined=known(lambda: quarantined_files(storage, layout, feed, table), []),
+        not_read=known(
+            lambda: [
+                {"file": entry.uri, "reason": reason}
+                for entry, reason in unreported_strays(storage, layout, fmt, landing, feed, table)
+            ],
+            [],
+        ),
         changes_rows=rows.changes,
         current_rows=rows.current,
         history_rows=rows.history,
-        damaged=list(rows.damaged),
+        damaged=damaged,
     )
 
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
 from lake_assets.config_model import S3Config
-from lake_assets.errors import InvalidValue
+from lake_assets.errors import DamagedLakeFile, InvalidValue, first_line
 from lake_assets.paths import is_s3
 
 #: small file requests (footers and notes read, notes written) made at once: on S3 each is a
@@ -261,3 +262,21 @@ def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
     return [
         e for e in storage.list(folder_uri) if not e.is_dir and not is_hidden(e.name) and e.unreadable is None
     ]
+
+
+def read_lake_json(storage: Storage, uri: str, parse: Callable[[Any], _Result]) -> _Result:
+    """One of the lake's own JSON notes, read by `parse`. Text that is not JSON, or JSON not of
+    the shape `parse` reads, raises `DamagedLakeFile` naming the note; a failure to read it (gone,
+    the network) is raised as it is."""
+    data = storage.read_bytes(uri)
+    try:
+        return parse(json.loads(data))
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as exc:  # JSON's and UTF-8's errors are ValueErrors
+        raise DamagedLakeFile(
+            uri, f"not the note it should be: {first_line(str(exc)) or type(exc).__name__}"
+        ) from exc

@@ -31,7 +31,7 @@ from lake_assets.catalog.store import (
     what_where_key,
     winners,
 )
-from lake_assets.errors import CatalogError
+from lake_assets.errors import CatalogError, DamagedLakeFile, first_line
 from lake_assets.paths import is_s3, safe_segment
 from lake_assets.storage import Storage
 
@@ -212,7 +212,11 @@ class ParquetCatalogStore(CatalogStore):
         return [e.uri for e in sorted(names, key=lambda e: e.name)]
 
     def _read_part(self, uri: str, where: str | None = None) -> list[dict]:
-        table = pq.read_table(pa.BufferReader(self.storage.read_bytes(uri)))
+        data = self.storage.read_bytes(uri)  # a failure to read it is raised as it is: not damage
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as exc:
+            raise DamagedLakeFile(uri, first_line(str(exc)) or type(exc).__name__) from exc
         if where is not None:
             table = table.filter(pc.equal(table["meta_where"], where))
         return [_from_row(row) for row in table.to_pylist()]

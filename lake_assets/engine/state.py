@@ -36,8 +36,9 @@ import re
 import uuid
 from collections.abc import Callable
 
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Storage, data_files, is_hidden
+from lake_assets.storage import Storage, data_files, is_hidden, read_lake_json
 
 _DATE_FOLDER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -149,9 +150,21 @@ class CommitPlan:
         return json.dumps({"fold_id": self.fold_id, "adds": self.adds, "deletes": self.deletes}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> CommitPlan:
-        raw = json.loads(text)
-        return cls(fold_id=raw["fold_id"], adds=[tuple(a) for a in raw["adds"]], deletes=list(raw["deletes"]))
+    def from_json(cls, raw: dict) -> CommitPlan:
+        adds = [(str(staged), str(final)) for staged, final in raw["adds"]]
+        return cls(fold_id=str(raw["fold_id"]), adds=adds, deletes=[str(uri) for uri in raw["deletes"]])
+
+
+def _check_applicable(storage: Storage, plan: CommitPlan, record: str) -> None:
+    """A record whose staged file is gone, and not in place either, would put nothing where its
+    deletes take the table's files away: it is refused, naming it, before any file moves."""
+    for staged, final in plan.adds:
+        if not storage.exists(staged) and not storage.exists(final):
+            raise DamagedLakeFile(
+                record,
+                f"it puts {staged} in place, which is gone from staging and is not at {final}",
+                problem="cannot be applied",
+            )
 
 
 def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -> None:
@@ -200,7 +213,8 @@ def recover(storage: Storage, state: TableState, removing: Removing | None = Non
             continue
         if entry.is_dir or not entry.name.endswith(".json"):
             continue
-        plan = CommitPlan.from_json(storage.read_bytes(entry.uri).decode())
+        plan = read_lake_json(storage, entry.uri, CommitPlan.from_json)
+        _check_applicable(storage, plan, entry.uri)
         if removing is not None:
             removing(plan.deletes)
         _apply(storage, plan, lambda _: None)
