@@ -30,14 +30,16 @@ class CatalogError(InvalidValue):
 
 class DamagedLakeFile(LakeAssetsError):
     """A file lake_assets wrote into the lake (a table's Parquet, a JSON note of its state) does
-    not read as what it was written as: it was damaged or changed outside a run. Unlike a landed file it cannot be set aside, so a run that needs it stops
-    (only `current`, which the next fold rewrites whole without reading it, heals by itself)."""
+    not read as what it was written as: it was damaged or changed outside a run. Unlike a landed
+    file it cannot be set aside, so a run that needs it stops (only `current`, which the next fold
+    rewrites whole without reading it, heals by itself)."""
 
-    def __init__(self, uri: str, cause: str, problem: str = "cannot be read"):
+    REBUILD = 'restore it, or rebuild the table (docs/lake-layout.md, "Rebuilding a table")'
+
+    def __init__(self, uri: str, cause: str, problem: str = "cannot be read", remedy: str = REBUILD):
         super().__init__(
             f"the lake file {uri} {problem} ({cause}); lake_assets wrote it, so it was damaged "
-            "or changed outside a run: restore it, or rebuild the table "
-            '(docs/lake-layout.md, "Rebuilding a table")'
+            f"or changed outside a run: {remedy}"
         )
         self.uri = uri
 

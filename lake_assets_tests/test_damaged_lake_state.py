@@ -66,6 +66,34 @@ def test_a_commit_record_whose_staged_file_is_gone_is_refused_and_the_table_keep
     assert storage.read_bytes(old) == b"the table's file" and not storage.exists(final)
 
 
+@pytest.mark.parametrize("stored_again", [True, False])
+def test_a_change_log_add_gone_because_its_partition_was_stored_again_is_not_damage(tmp_path, stored_again):
+    """A fold killed mid-commit while erasing a purge from an older change-log partition; before
+    the next fold recovers, that partition is stored again (a late file), which replaces the
+    files the record's add was to replace. The add is superseded, not lost: the record is
+    finished. Had the partition's old file stayed, the add would be lost, and it is refused."""
+    storage, state = Storage(), TableState(LakeLayout(f"file://{tmp_path}"), FEED, TABLE)
+    partition = f"{state.changes}/hour=2024-03-01-01"
+    old_log = f"{partition}/part-00000-old.parquet"
+    storage.write_bytes(old_log, b"the partition's file, purged key included")
+    plan, old, final = _plan(storage, state)
+    erased = f"{state.staging('f1')}/changes/part-0.parquet"
+    storage.write_bytes(erased, b"the partition, purged key erased")
+    plan.adds.append((erased, f"{partition}/part-f1-00000.parquet"))
+    plan.deletes.append(old_log)
+    _killed_after_its_record(storage, state, plan)
+    storage.delete_tree(f"{state.staging('f1')}/changes")
+    if stored_again:
+        storage.delete_tree(partition)
+        storage.write_bytes(f"{partition}/part-00000-new.parquet", b"the partition stored again")
+        assert [p.fold_id for p in recover(storage, state)] == ["f1"]
+        assert storage.read_bytes(final) == b"the fold's file" and not storage.exists(old)
+    else:
+        with pytest.raises(DamagedLakeFile, match="cannot be applied"):
+            recover(storage, state)
+        assert storage.exists(old_log) and storage.exists(old)
+
+
 @pytest.mark.parametrize(
     "content", [b"{not json", b"[]", b"{}", b'{"fold_id": "f1", "adds": [1], "deletes": []}']
 )

@@ -216,7 +216,11 @@ class ParquetCatalogStore(CatalogStore):
         try:
             table = pq.read_table(pa.BufferReader(data))
         except (pa.ArrowException, OSError) as exc:
-            raise DamagedLakeFile(uri, first_line(str(exc)) or type(exc).__name__) from exc
+            raise DamagedLakeFile(
+                uri,
+                first_line(str(exc)) or type(exc).__name__,
+                remedy="restore it from a copy (a catalog part holds records of many tables: no table's rebuild replaces it)",
+            ) from exc
         if where is not None:
             table = table.filter(pc.equal(table["meta_where"], where))
         return [_from_row(row) for row in table.to_pylist()]

@@ -155,11 +155,21 @@ class CommitPlan:
         return cls(fold_id=str(raw["fold_id"]), adds=adds, deletes=[str(uri) for uri in raw["deletes"]])
 
 
-def _check_applicable(storage: Storage, plan: CommitPlan, record: str) -> None:
+def _check_applicable(storage: Storage, plan: CommitPlan, record: str, changes: str) -> None:
     """A record whose staged file is gone, and not in place either, would put nothing where its
-    deletes take the table's files away: it is refused, naming it, before any file moves."""
+    deletes take the table's files away: it is refused, naming it, before any file moves.
+
+    The change log (`changes`) is the one folder written before a fold recovers (a partition
+    stored again): an add there whose folder holds none of the files it replaces any more was
+    superseded by that write, not lost."""
     for staged, final in plan.adds:
-        if not storage.exists(staged) and not storage.exists(final):
+        if storage.exists(staged) or storage.exists(final):
+            continue
+        folder = f"{final.rsplit('/', 1)[0]}/"
+        replaced_since = final.startswith(f"{changes}/") and not any(
+            old.startswith(folder) and storage.exists(old) for old in plan.deletes
+        )
+        if not replaced_since:
             raise DamagedLakeFile(
                 record,
                 f"it puts {staged} in place, which is gone from staging and is not at {final}",
@@ -214,7 +224,7 @@ def recover(storage: Storage, state: TableState, removing: Removing | None = Non
         if entry.is_dir or not entry.name.endswith(".json"):
             continue
         plan = read_lake_json(storage, entry.uri, CommitPlan.from_json)
-        _check_applicable(storage, plan, entry.uri)
+        _check_applicable(storage, plan, entry.uri, state.changes)
         if removing is not None:
             removing(plan.deletes)
         _apply(storage, plan, lambda _: None)
