@@ -56,6 +56,20 @@ def damage_data_pages(path: Path, column: int = 1) -> None:
     path.write_bytes(bytes(data))
 
 
+def land_damaged_file(landing: Path) -> None:
+    """`part-damaged.parquet` in hour 0: a footer declaring 40 rows of the account schema, data
+    pages no reader can decode."""
+    damaged = write_events(
+        landing,
+        "accounts",
+        0,
+        "part-damaged.parquet",
+        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
+        ACCOUNT_SCHEMA,
+    )
+    damage_data_pages(damaged)
+
+
 def _run(landing: Path, lake: Path, instance=None, **feed):
     config = LakeConfig(
         lake=f"file://{lake}",
@@ -126,15 +140,7 @@ def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once
         [event("b", "I", 2, at(0, 2), name="b", balance=2)] * 2,
         ACCOUNT_SCHEMA,
     )
-    damaged = write_events(
-        landing,
-        "accounts",
-        0,
-        "part-damaged.parquet",
-        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
-        ACCOUNT_SCHEMA,
-    )
-    damage_data_pages(damaged)
+    land_damaged_file(landing)
     write_events(
         landing,
         "accounts",
@@ -169,15 +175,7 @@ def test_a_damaged_file_whose_footer_outweighs_a_clash_does_not_keep_the_good_fi
     of another: the clash first keeps the damaged file's schema. Once the read finds it damaged
     its rows no longer count, and the two good files are read, on every run."""
     landing = tmp_path / "unit"
-    damaged = write_events(
-        landing,
-        "accounts",
-        0,
-        "part-damaged.parquet",
-        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
-        ACCOUNT_SCHEMA,
-    )
-    damage_data_pages(damaged)
+    land_damaged_file(landing)
     write_events(
         landing, "accounts", 0, "part-a.parquet", [event("a", "I", 1, at(0, 1), balance={"cents": 1})]
     )
@@ -220,15 +218,7 @@ def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_pat
         [event("z", "UPSERT", 2, at(0, 2), name="z", balance=2)],
         ACCOUNT_SCHEMA,
     )
-    damaged = write_events(
-        landing,
-        "accounts",
-        0,
-        "part-damaged.parquet",
-        [event(f"d{i}", "I", 10 + i, at(0, 3), name=f"d{i}", balance=i) for i in range(40)],
-        ACCOUNT_SCHEMA,
-    )
-    damage_data_pages(damaged)
+    land_damaged_file(landing)
     write_events(
         landing,
         "accounts",
