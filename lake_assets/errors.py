@@ -44,6 +44,12 @@ class DamagedLakeFile(LakeAssetsError):
         self.uri = uri
 
 
+class AnotherWriter(LakeAssetsError):
+    """Something else wrote the table while this run did (one writer per table: a deployment's
+    pools see to it, but not a second process started by hand), and took away what this run had
+    made: the run stops before it changes the table."""
+
+
 class SchemaClash(LakeAssetsError):
     """Two observations of a column have types that cannot be widened into one."""
 

@@ -40,7 +40,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
-from lake_assets.engine.state import TableState, is_parquet_file, parquet_files
+from lake_assets.engine.state import TableState, is_parquet_file, parquet_files, recover
 from lake_assets.errors import DamagedLakeFile, SchemaClash, first_line
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
@@ -93,6 +93,54 @@ class RemovedFiles:
     def retire(self) -> None:
         self.store.retire(self.pending)
         self.pending = []
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitCatalog:
+    """Keeps the catalog in step with the fold commits of one table: the files a commit deletes
+    are retired once its record makes the deletes certain (they go, by this commit or by the next
+    run's recovery, which tells again any file still there); the files it put in place are recorded."""
+
+    storage: Storage
+    store: CatalogStore
+    feed: str
+    table: str
+    run_id: str | None
+    state: TableState
+
+    def _by_layer(self, uris: list[str]) -> list[tuple[tuple[str, ...], list[str]]]:
+        return [
+            (STATE_TIME_COLUMNS, [u for u in uris if self.state.publishes(u)]),
+            (CHANGE_TIME_COLUMNS, [u for u in uris if u.startswith(f"{self.state.changes}/")]),
+        ]
+
+    def retire_replaced(self, uris: list[str]) -> None:
+        for time_columns, replaced in self._by_layer(uris):
+            removed = RemovedFiles(self.storage, self.store, self.feed, self.table, time_columns)
+            removed(replaced)
+            removed.retire()
+
+    def record_put_in_place(self, uris: list[str]) -> None:
+        for time_columns, files in self._by_layer(uris):
+            if files:
+                record_files(
+                    self.store,
+                    self.storage,
+                    written_files(self.feed, self.table, self.run_id, self.storage, files, time_columns),
+                )
+
+
+def finish_interrupted_folds(commits: CommitCatalog, log=_log) -> list[str]:
+    """Finish the commits of folds of the table killed after their commit record was written
+    (`engine.state.recover`), cataloguing what they put in place; returns their fold ids."""
+    plans = recover(commits.storage, commits.state, commits.retire_replaced)
+    finals = [final for plan in plans for _, final in plan.adds]
+    commits.record_put_in_place([uri for uri in finals if commits.storage.exists(uri)])
+    if plans:
+        log.warning(
+            f"{commits.feed}/{commits.table}: finished interrupted fold(s) {[p.fold_id for p in plans]}"
+        )
+    return [plan.fold_id for plan in plans]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,11 +432,17 @@ def store_partitions(
     run_id: str | None,
     keys: tuple[str, ...] = (),
     state: TableState | None = None,
+    log=_log,
 ) -> tuple[dict[str, int], list[str]]:
     """Replace exactly `partitions` of the partitioned lake table at `location` with `frame`
     (a table keyed by `keys`), cataloguing the files written and retiring those replaced;
     returns (rows per written partition, files written). With the table's `state` (a change log),
-    the keys it recorded as purged, and those `frame` purges, are written without their field data."""
+    the keys it recorded as purged, and those `frame` purges, are written without their field data.
+
+    A fold of the table killed mid-commit is finished first: its commit may put erased change-log
+    files in place, which must land before this write replaces their partitions, never beside it."""
+    if state is not None:
+        finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
     erase = (
         purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
         if state is not None and frame is not None
@@ -406,43 +460,23 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
     """Fold a change batch into the table's current and history, erasing keys it purges for the
     first time from the change log too, cataloguing the files the fold wrote and retiring those
     it replaced."""
-    fmt, storage = work.fmt, work.storage
-    spec = fmt.table_spec(work.table)
+    fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
-
-    def retire_replaced(uris: list[str]) -> None:
-        # Called once a commit record is written: its deletes will happen, by this run or the
-        # next one's recovery, which tells again any file still there.
-        for time_columns, replaced in (
-            (STATE_TIME_COLUMNS, [u for u in uris if state.publishes(u)]),
-            (CHANGE_TIME_COLUMNS, [u for u in uris if u.startswith(f"{state.changes}/")]),
-        ):
-            removed = work.removed_files(time_columns)
-            removed(replaced)
-            removed.retire()
-
+    commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
     report = fold(
-        session, storage, state, batch, spec, log_column=fmt.partition_column, removing=retire_replaced
+        session,
+        work.storage,
+        state,
+        batch,
+        fmt.table_spec(work.table),
+        log_column=fmt.partition_column,
+        removing=commits.retire_replaced,
     )
-    work.catalogue(
-        written_files(
-            work.feed.name, work.table, work.run_id, storage, report.files_written, STATE_TIME_COLUMNS
-        )
-    )
+    commits.record_put_in_place([*report.files_written, *report.log_files_written])
     if report.newly_purged:
         log.info(
             f"purge: recorded {len(report.newly_purged)} key(s) as purged and erased their field data from the "
             f"state and from {len(report.log_partitions_erased)} change partition(s)"
-        )
-        work.catalogue(
-            written_files(
-                work.feed.name,
-                work.table,
-                work.run_id,
-                storage,
-                report.log_files_written,
-                CHANGE_TIME_COLUMNS,
-            )
         )
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")

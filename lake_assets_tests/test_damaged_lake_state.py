@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.fs as pafs
 import pytest
 
 from lake_assets import processed, reruns
+from lake_assets.console import format_status
 from lake_assets.engine.state import CommitPlan, TableState, commit, recover
-from lake_assets.errors import DamagedLakeFile
+from lake_assets.errors import AnotherWriter, DamagedLakeFile
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.paths import LakeLayout
 from lake_assets.status import table_status
@@ -66,36 +68,28 @@ def test_a_commit_record_whose_staged_file_is_gone_is_refused_and_the_table_keep
     assert storage.read_bytes(old) == b"the table's file" and not storage.exists(final)
 
 
-@pytest.mark.parametrize("stored_again", [True, False])
-def test_a_change_log_add_gone_because_its_partition_was_stored_again_is_not_damage(tmp_path, stored_again):
-    """A fold killed mid-commit while erasing a purge from an older change-log partition; before
-    the next fold recovers, that partition is stored again (a late file), which replaces the
-    files the record's add was to replace. The add is superseded, not lost: the record is
-    finished. Had the partition's old file stayed, the add would be lost, and it is refused."""
+def test_a_commit_whose_staging_another_writer_discarded_stops_before_it_changes_the_table(tmp_path):
+    """A second process writing the table (started by hand beside the daemon) recovers it, which
+    discards the first fold's staging: that fold's commit must not take the table's files away."""
     storage, state = Storage(), TableState(LakeLayout(f"file://{tmp_path}"), FEED, TABLE)
-    partition = f"{state.changes}/hour=2024-03-01-01"
-    old_log = f"{partition}/part-00000-old.parquet"
-    storage.write_bytes(old_log, b"the partition's file, purged key included")
     plan, old, final = _plan(storage, state)
-    erased = f"{state.staging('f1')}/changes/part-0.parquet"
-    storage.write_bytes(erased, b"the partition, purged key erased")
-    plan.adds.append((erased, f"{partition}/part-f1-00000.parquet"))
-    plan.deletes.append(old_log)
-    _killed_after_its_record(storage, state, plan)
-    storage.delete_tree(f"{state.staging('f1')}/changes")
-    if stored_again:
-        storage.delete_tree(partition)
-        storage.write_bytes(f"{partition}/part-00000-new.parquet", b"the partition stored again")
-        assert [p.fold_id for p in recover(storage, state)] == ["f1"]
-        assert storage.read_bytes(final) == b"the fold's file" and not storage.exists(old)
-    else:
-        with pytest.raises(DamagedLakeFile, match="cannot be applied"):
-            recover(storage, state)
-        assert storage.exists(old_log) and storage.exists(old)
+    assert recover(storage, state) == []  # the other writer's run
+
+    with pytest.raises(AnotherWriter, match="another process wrote the table meanwhile"):
+        commit(storage, state, plan)
+    assert storage.read_bytes(old) == b"the table's file" and not storage.exists(final)
+    assert storage.list(state.commits) == []
 
 
 @pytest.mark.parametrize(
-    "content", [b"{not json", b"[]", b"{}", b'{"fold_id": "f1", "adds": [1], "deletes": []}']
+    "content",
+    [
+        b"{not json",
+        b"[]",
+        b"{}",
+        b'{"fold_id": "f1", "adds": [1], "deletes": []}',
+        b'{"fold_id": "f1", "deletes": ["file:///lake/current/unit/accounts/part-1.parquet"]}',
+    ],
 )
 def test_a_commit_record_that_is_not_one_is_refused_naming_it(tmp_path, content):
     storage, state = Storage(), TableState(LakeLayout(f"file://{tmp_path}"), FEED, TABLE)
@@ -117,6 +111,53 @@ NOTES = {
 }
 
 
+class _DiesMidWrite:
+    """A local file system whose writes stop halfway, as a process killed while writing does."""
+
+    def __init__(self):
+        self._fs = pafs.LocalFileSystem()
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def open_output_stream(self, path):
+        stream = self._fs.open_output_stream(path)
+
+        class Half:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                stream.close()
+
+            def write(self, data):
+                stream.write(data[: len(data) // 2])
+                raise OSError("killed")
+
+        return Half()
+
+
+WRITTEN_NOTES = {
+    **NOTES,
+    "commit record": lambda layout: f"{TableState(layout, FEED, TABLE).commits}/f1.json",
+}
+
+
+@pytest.mark.parametrize("note", sorted(WRITTEN_NOTES))
+def test_a_note_whose_write_dies_midway_is_the_old_note_or_none(tmp_path, note):
+    layout, storage = LakeLayout(f"file://{tmp_path}"), Storage()
+    uri = WRITTEN_NOTES[note](layout)
+    storage.write_bytes(uri, b'{"the note": "as it was"}')
+    storage._local = _DiesMidWrite()
+
+    with pytest.raises(OSError, match="killed"):
+        storage.write_bytes(uri, json.dumps({"the note": "new", "padding": "x" * 100}).encode())
+
+    folder = uri.rsplit("/", 1)[0]
+    assert Storage().read_bytes(uri) == b'{"the note": "as it was"}'
+    assert [entry.name for entry in Storage().list(folder)] == [uri.rsplit("/", 1)[1]]
+
+
 @pytest.mark.parametrize("note", sorted(NOTES))
 @pytest.mark.parametrize("content", [b"\xff garbage", b"[]", b'{"x": {"size": 1}}'])
 def test_a_damaged_note_is_named_by_status_which_still_reports_the_table(tmp_path, note, content):
@@ -128,6 +169,10 @@ def test_a_damaged_note_is_named_by_status_which_still_reports_the_table(tmp_pat
 
     assert [damage.split(" (")[0] for damage in status.damaged] == [f"the lake file {uri} cannot be read"]
     assert json.dumps(status.to_json())  # still a whole status, for `status --json`
+    unknown = "quarantined" if note == "quarantine" else "pending"  # what the note would tell
+    assert getattr(status, unknown) is None, "unknown, not none"
+    header, row = format_status([status], keeps_runs=True).splitlines()[:2]
+    assert row.split()[header.split().index(unknown) - 1] == "?"  # "last processed" is two words
 
 
 def test_a_damaged_reading_note_is_refused_naming_it(tmp_path):

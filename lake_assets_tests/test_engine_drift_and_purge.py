@@ -7,13 +7,16 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lake_assets import lake_io
+from lake_assets import lake_io, pipeline
+from lake_assets.catalog.files import catalog_what
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.engine import merge, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
 from lake_assets.engine.schema import union_all, widen
+from lake_assets.engine.state import CommitPlan
 from lake_assets.errors import SchemaClash
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, read_lake_json
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
 
 
@@ -215,49 +218,94 @@ def _purge_commit_outcome(lake, changes):
     return recorded, in_log, in_history
 
 
+CREATED = [
+    {"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
+    {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep"},
+]
+PURGE = [{"id": "p", "op": "update", "version_at": utc(2024, 1, 3), "seq": 3, "purged": True}]
+
+
+def _change_log(spark):
+    """The change log of CREATED (partition h1) and PURGE (h2)."""
+    return spark.createDataFrame([as_row(e) for e in CREATED + PURGE], SCHEMA).withColumn(
+        "hour", F.when(F.col(m.PURGED), "h2").otherwise("h1")
+    )
+
+
+def _lake_before_the_purge(spark, root) -> EngineLake:
+    lake = EngineLake(spark, root)
+    lake_io.write_partitions(_change_log(spark), lake.storage, lake.state.changes, "hour", ["h1", "h2"])
+    lake.fold(CREATED, log_column="hour")
+    return lake
+
+
+def _crash_at(at: str):
+    def crash(step):
+        if step == at:
+            raise Crash(step)
+
+    return crash
+
+
 def test_a_purge_is_recorded_and_erased_from_state_and_change_log_in_one_commit(spark, tmp_path):
     """Killed at any step of the commit of the fold that first meets a purge, the next fold's
     recovery leaves all of it (recorded, erased from history and from the change log) or none of
     it (and folding the batch again does it all): never a recorded purge with field data left."""
-    created = [
-        {"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
-        {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep"},
-    ]
-    purge = [{"id": "p", "op": "update", "version_at": utc(2024, 1, 3), "seq": 3, "purged": True}]
-
-    def lake_before_the_purge(root):
-        lake = EngineLake(spark, root)
-        log = spark.createDataFrame([as_row(e) for e in created + purge], SCHEMA).withColumn(
-            "hour", F.when(F.col(m.PURGED), "h2").otherwise("h1")
-        )
-        lake_io.write_partitions(log, lake.storage, lake.state.changes, "hour", ["h1", "h2"])
-        lake.fold(created, log_column="hour")
-        return lake
-
     steps = []
-    lake = lake_before_the_purge(tmp_path / "uninterrupted")
-    lake.fold(purge, log_column="hour", on_commit_step=steps.append)
+    lake = _lake_before_the_purge(spark, tmp_path / "uninterrupted")
+    lake.fold(PURGE, log_column="hour", on_commit_step=steps.append)
     assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False)
     assert "add 0" in steps and "delete 0" in steps
 
     adds = [s for s in steps if s.startswith("add")]
     deletes = [s for s in steps if s.startswith("delete")]
     for crash_at in ("record", adds[0], adds[-1], deletes[0], deletes[-1], "forget"):
-        lake = lake_before_the_purge(tmp_path / crash_at.replace(" ", "-"))
-
-        def crash(step, at=crash_at):
-            if step == at:
-                raise Crash(step)
-
+        lake = _lake_before_the_purge(spark, tmp_path / crash_at.replace(" ", "-"))
         with pytest.raises(Crash):
-            lake.fold(purge, log_column="hour", on_commit_step=crash)
+            lake.fold(PURGE, log_column="hour", on_commit_step=_crash_at(crash_at))
         recovered = lake.fold([]).recovered_folds  # what the next fold does first
         assert len(recovered) == (0 if crash_at == "record" else 1), crash_at
         outcome = _purge_commit_outcome(lake, lake.state.changes)
         assert outcome in ((False, True, True), (True, False, False)), crash_at
         assert outcome == ((False, True, True) if crash_at == "record" else (True, False, False)), crash_at
-        lake.fold(purge, log_column="hour")
+        lake.fold(PURGE, log_column="hour")
         assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False), crash_at
+
+
+def test_a_change_log_partition_stored_again_after_a_killed_purge_commit_holds_each_row_once(spark, tmp_path):
+    """The fold that first meets a purge is killed before its commit moves any file; before the
+    next fold, h1 of the change log is stored again (a run over that hour: a late file). The
+    write finishes the killed commit first, so h1 holds each row once, the purged key erased,
+    and the files the commit put in place are catalogued; the erased copy of h1 the commit
+    staged is never moved in beside the new files."""
+    lake = _lake_before_the_purge(spark, tmp_path / "lake")
+    with pytest.raises(Crash):
+        lake.fold(PURGE, log_column="hour", on_commit_step=_crash_at("add 0"))
+    (record,) = lake.storage.list(lake.state.commits)
+    killed = read_lake_json(lake.storage, record.uri, CommitPlan)
+    store = ParquetCatalogStore(f"file://{tmp_path}/catalog", lake.storage)
+
+    pipeline.store_partitions(
+        lake.storage,
+        store,
+        lake.state.changes,
+        _change_log(spark).where("hour = 'h1'"),
+        "hour",
+        ["h1"],
+        feed="test",
+        table="things",
+        run_id="rerun",
+        keys=("id",),
+        state=lake.state,
+    )
+
+    h1 = lake_io.read_partitions(spark, lake.storage, lake.state.changes, "hour", ["h1"])
+    assert sorted(tuple(r) for r in h1.select("id", "c1").collect()) == [("p", None), ("q", "keep")]
+    assert lake.fold([]).recovered_folds == []
+    assert _purge_commit_outcome(lake, lake.state.changes) == (True, False, False)
+    catalogued = {r["url"] for r in store.query_by_work_id("rerun", catalog_what("things"))}
+    put_in_place = {final for _, final in killed.adds if lake.state.publishes(final)}
+    assert put_in_place and put_in_place <= catalogued  # recorded by the write that finished the fold
 
 
 def test_a_purged_key_is_erased_after_the_key_column_changed_type(spark):

@@ -5,7 +5,8 @@ write of the change log erases them again.
 `__purged_at`, when the lake erased it (the time of the fold that did). The fold that first meets
 a key's purge marker erases the key from the state and from every change partition that holds
 it, and records it in the ledger, all in one commit (`state.commit`): a crash leaves all of it or
-none, and the next fold finishes or redoes it.
+none, and the table's next write (its change log's, before it writes; or its fold's) finishes it,
+or the fold redoes it.
 
 From then on, every write of change partitions (a re-run of an old partition or of the purge's
 own, a range backfill, a sensor run, a late file) erases the rows of the ledger's keys, and of

@@ -36,9 +36,11 @@ import re
 import uuid
 from collections.abc import Callable
 
-from lake_assets.errors import DamagedLakeFile
+from typing_extensions import TypedDict
+
+from lake_assets.errors import AnotherWriter, DamagedLakeFile
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Storage, data_files, is_hidden, read_lake_json
+from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, is_hidden, read_lake_json
 
 _DATE_FOLDER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -149,32 +151,40 @@ class CommitPlan:
     def to_json(self) -> str:
         return json.dumps({"fold_id": self.fold_id, "adds": self.adds, "deletes": self.deletes}, indent=1)
 
-    @classmethod
-    def from_json(cls, raw: dict) -> CommitPlan:
-        adds = [(str(staged), str(final)) for staged, final in raw["adds"]]
-        return cls(fold_id=str(raw["fold_id"]), adds=adds, deletes=[str(uri) for uri in raw["deletes"]])
+
+class _CommitRecord(TypedDict):
+    """A commit record as written (`CommitPlan.to_json`): every field is required."""
+
+    fold_id: str
+    adds: list[tuple[str, str]]
+    deletes: list[str]
 
 
-def _check_applicable(storage: Storage, plan: CommitPlan, record: str, changes: str) -> None:
+def _check_applicable(storage: Storage, plan: CommitPlan, record: str) -> None:
     """A record whose staged file is gone, and not in place either, would put nothing where its
     deletes take the table's files away: it is refused, naming it, before any file moves.
-
-    The change log (`changes`) is the one folder written before a fold recovers (a partition
-    stored again): an add there whose folder holds none of the files it replaces any more was
-    superseded by that write, not lost."""
+    (Nothing writes a table's folders while one of its records is pending: a change-log write
+    finishes the table's interrupted folds first, `pipeline.store_partitions`.)"""
     for staged, final in plan.adds:
-        if storage.exists(staged) or storage.exists(final):
-            continue
-        folder = f"{final.rsplit('/', 1)[0]}/"
-        replaced_since = final.startswith(f"{changes}/") and not any(
-            old.startswith(folder) and storage.exists(old) for old in plan.deletes
-        )
-        if not replaced_since:
+        if not (storage.exists(staged) or storage.exists(final)):
             raise DamagedLakeFile(
                 record,
                 f"it puts {staged} in place, which is gone from staging and is not at {final}",
                 problem="cannot be applied",
             )
+
+
+def _check_staged(storage: Storage, state: TableState, plan: CommitPlan) -> None:
+    """Every file the plan puts in place is in its staging (one listing): a run that recovers
+    the table meanwhile (another writer) discards staging, and a commit without its files would
+    take the table's away."""
+    staged = {entry.uri for entry in storage.walk_files(state.staging(plan.fold_id))}
+    missing = [uri for uri, _ in plan.adds if uri not in staged]
+    if missing:
+        raise AnotherWriter(
+            f"{state.feed}/{state.table}: the fold's staged file {missing[0]} is gone before its commit: "
+            "another process wrote the table meanwhile; nothing was changed, run it again"
+        )
 
 
 def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -> None:
@@ -201,10 +211,9 @@ def commit(
     is written (from then on they go, by this commit or by the next run's `recover`)."""
     step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
+    _check_staged(storage, state, plan)
     step("record")
-    # Written aside then renamed, so a record is either whole or absent (an S3 put is atomic).
-    storage.write_bytes(f"{record}.tmp", plan.to_json().encode())
-    storage.move_file(f"{record}.tmp", record)
+    storage.write_bytes(record, plan.to_json().encode())  # whole or absent
     if removing is not None:
         removing(plan.deletes)
     _apply(storage, plan, step)
@@ -218,13 +227,13 @@ def recover(storage: Storage, state: TableState, removing: Removing | None = Non
     got one. `removing` is told each plan's deletes again (some may be gone already)."""
     finished = []
     for entry in storage.list(state.commits):
-        if entry.name.endswith(".json.tmp"):
+        if entry.name.endswith((".json.tmp", PARTIAL_SUFFIX)):
             storage.delete_file(entry.uri)  # never became a record: its fold never started applying
             continue
         if entry.is_dir or not entry.name.endswith(".json"):
             continue
-        plan = read_lake_json(storage, entry.uri, CommitPlan.from_json)
-        _check_applicable(storage, plan, entry.uri, state.changes)
+        plan = CommitPlan(**read_lake_json(storage, entry.uri, _CommitRecord))
+        _check_applicable(storage, plan, entry.uri)
         if removing is not None:
             removing(plan.deletes)
         _apply(storage, plan, lambda _: None)

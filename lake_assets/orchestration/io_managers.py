@@ -134,6 +134,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             run_id=context.run_id,
             keys=tuple(getattr(table_keys, "value", table_keys) or ()),
             state=state,
+            log=context.log,
         )
         if obj is not None and lake_io.is_cached(obj):
             self._handover.keep(context.run_id, context.asset_key, keys, obj)
