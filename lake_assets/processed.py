@@ -86,10 +86,7 @@ def read_notes(
     """partition -> URL -> file, for every partition processed so far."""
 
     def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
-        files = read_lake_json(
-            storage, entry.uri, lambda body: {url: ProcessedFile(**file) for url, file in body.items()}
-        )
-        return json_name(entry), files
+        return json_name(entry), read_lake_json(storage, entry.uri, dict[str, ProcessedFile])
 
     return dict(each_file(read, json_files(storage, notes_folder(layout, feed, table))))
 

@@ -14,6 +14,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
+from typing_extensions import TypedDict
+
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Entry, Storage
 
@@ -33,6 +35,14 @@ def notes_under(storage: Storage, folder: str) -> list[Entry]:
     entries = list(storage.walk_files(folder))
     uris = {entry.uri for entry in entries}
     return [e for e in entries if e.name.endswith(REASON_SUFFIX) and e.uri + REASON_SUFFIX not in uris]
+
+
+class QuarantineNote(TypedDict):
+    """What is read back of a quarantine note (it holds more: rows, run, time)."""
+
+    file: str
+    partition: str | None
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)

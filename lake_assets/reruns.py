@@ -25,6 +25,8 @@ import json
 import time
 from collections.abc import Callable
 
+from typing_extensions import TypedDict
+
 from lake_assets.paths import LakeLayout, join
 from lake_assets.processed import json_files, json_name
 from lake_assets.storage import Storage, each_file, read_lake_json
@@ -72,13 +74,6 @@ class Reading:
             "read": {stream: [list(r) for r in ranges] for stream, ranges in self.read.items()},
             "set_aside": sorted(self.set_aside),
         }
-
-    @classmethod
-    def from_json(cls, body: dict) -> Reading:
-        return cls(
-            {stream: tuple((int(b), int(e)) for b, e in ranges) for stream, ranges in body["read"].items()},
-            frozenset(body["set_aside"]),
-        )
 
 
 def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -130,12 +125,17 @@ def read_reading(
 ) -> Reading | None:
     """What the stored changes of `partition` were read from; None if not recorded."""
     uri = join(reading_folder(layout, feed, table), f"{partition}.json")
-    return read_lake_json(storage, uri, Reading.from_json) if storage.exists(uri) else None
+    return read_lake_json(storage, uri, Reading) if storage.exists(uri) else None
 
 
 def read_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
     """The partitions whose changes have a reading recorded (one listing)."""
     return {json_name(entry) for entry in json_files(storage, reading_folder(layout, feed, table))}
+
+
+class _RequestNote(TypedDict):
+    reason: str
+    parts: list[ByteRange]
 
 
 def request_rerun(
@@ -164,13 +164,8 @@ def read_reruns(storage: Storage, layout: LakeLayout, feed: str, table: str) -> 
 
     def read(partition_folder) -> list[RerunRequest]:
         def request(uri: str) -> RerunRequest:
-            return read_lake_json(
-                storage,
-                uri,
-                lambda body: RerunRequest(
-                    partition_folder.name, body["reason"], tuple(ByteRange(**p) for p in body["parts"]), uri
-                ),
-            )
+            note = read_lake_json(storage, uri, _RequestNote)
+            return RerunRequest(partition_folder.name, note["reason"], tuple(note["parts"]), uri)
 
         return [request(entry.uri) for entry in json_files(storage, partition_folder.uri)]
 

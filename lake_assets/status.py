@@ -21,7 +21,7 @@ from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.lake_io import footer
 from lake_assets.paths import LakeLayout
-from lake_assets.quarantine import notes_under, unreported_strays
+from lake_assets.quarantine import QuarantineNote, notes_under, unreported_strays
 from lake_assets.storage import Storage, read_lake_json
 
 _Read = TypeVar("_Read")
@@ -31,13 +31,15 @@ _Read = TypeVar("_Read")
 class TableStatus:
     feed: str
     table: str
+    #: the newest partition processed (None: none, or unknown, a note being damaged)
     last_processed: str | None
-    #: partitions landed but not processed yet (or changed since): partition, reason, files
-    pending: list[dict]
+    #: partitions landed but not processed yet (or changed since): partition, reason, files.
+    #: Here and below, None is unknown: a note it is read from is damaged, named in `damaged`
+    pending: list[dict] | None
     #: files set aside: file, partition, reason
-    quarantined: list[dict]
+    quarantined: list[QuarantineNote] | None
     #: stray files no run has set aside yet (a table without partitions has no run to): file, reason
-    not_read: list[dict]
+    not_read: list[dict] | None
     #: rows of each layer (None: a file of it cannot be read, named in `damaged`)
     changes_rows: int | None
     current_rows: int | None
@@ -84,14 +86,10 @@ class LayerRows:
         return cls(rows["changes"], rows["current"], rows["history"], tuple(damaged))
 
 
-def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[dict]:
+def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> list[QuarantineNote]:
     """The notes of a table's quarantined files, oldest partition first."""
     notes = [
-        read_lake_json(
-            storage,
-            entry.uri,
-            lambda note: {"file": note["file"], "partition": note.get("partition"), "reason": note["reason"]},
-        )
+        read_lake_json(storage, entry.uri, QuarantineNote)
         for entry in notes_under(storage, layout.quarantine(feed, table))
     ]
     return sorted(notes, key=lambda n: (str(n["partition"]), n["file"]))
@@ -114,7 +112,7 @@ def table_status(
 
     notes = known(lambda: processed.read_notes(storage, layout, feed, table), None)
     requests = known(lambda: reruns.read_reruns(storage, layout, feed, table), None)
-    pending = []
+    pending = None
     if notes is not None and requests is not None:
         keys = fmt.partition_keys(storage, landing, table)
         landed = fmt.partitions_files(storage, landing, table, keys)
@@ -131,13 +129,13 @@ def table_status(
         table=table,
         last_processed=max(notes, key=fmt.partition_order) if notes else None,
         pending=pending,
-        quarantined=known(lambda: quarantined_files(storage, layout, feed, table), []),
+        quarantined=known(lambda: quarantined_files(storage, layout, feed, table), None),
         not_read=known(
             lambda: [
                 {"file": entry.uri, "reason": reason}
                 for entry, reason in unreported_strays(storage, layout, fmt, landing, feed, table)
             ],
-            [],
+            None,
         ),
         changes_rows=rows.changes,
         current_rows=rows.current,

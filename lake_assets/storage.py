@@ -8,15 +8,17 @@ copying a bad file to quarantine, removing a partition folder.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
-import json
 import os
 import stat
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
+import pydantic
 
 from lake_assets.config_model import S3Config
 from lake_assets.errors import DamagedLakeFile, InvalidValue, first_line
@@ -28,6 +30,7 @@ PARALLEL_SMALL_REQUESTS = 16
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
+_Note = TypeVar("_Note")
 
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
@@ -50,6 +53,11 @@ class Entry:
     #: why the entry cannot be read or entered (a symbolic link that leads nowhere or back into
     #: its own folders, a folder that cannot be listed), else None
     unreadable: str | None = None
+
+
+#: the end of the name of a file being written aside (`Storage.write_bytes`); one that a kill
+#: left behind is never read
+PARTIAL_SUFFIX = ".partial"
 
 
 def is_hidden(name: str) -> bool:
@@ -219,11 +227,25 @@ class Storage:
         return fs.open_input_file(path)
 
     def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write a whole file: a reader, or a process killed mid-write, leaves the old file or
+        the new one, never part of it. An S3 PUT is so already; on a file system the bytes go
+        to a hidden file beside it (ignored by every listing of data), renamed over it."""
         fs, path = self.resolve(uri)
-        parent = path.rsplit("/", 1)[0]
+        parent, name = path.rsplit("/", 1)
         fs.create_dir(parent, recursive=True)
-        with fs.open_output_stream(path) as handle:
-            handle.write(data)
+        if is_s3(uri):
+            with fs.open_output_stream(path) as handle:
+                handle.write(data)
+            return
+        aside = f"{parent}/.{name}.{uuid.uuid4().hex[:12]}{PARTIAL_SUFFIX}"
+        try:
+            with fs.open_output_stream(aside) as handle:
+                handle.write(data)
+            fs.move(aside, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fs.delete_file(aside)
+            raise
 
     def copy(self, src: str, dst: str) -> None:
         src_fs, src_path = self.resolve(src)
@@ -264,19 +286,27 @@ def data_files(storage: Storage, folder_uri: str) -> list[Entry]:
     ]
 
 
-def read_lake_json(storage: Storage, uri: str, parse: Callable[[Any], _Result]) -> _Result:
-    """One of the lake's own JSON notes, read by `parse`. Text that is not JSON, or JSON not of
-    the shape `parse` reads, raises `DamagedLakeFile` naming the note; a failure to read it (gone,
-    the network) is raised as it is."""
+def read_lake_json(storage: Storage, uri: str, shape: type[_Note]) -> _Note:
+    """One of the lake's own JSON notes, read strictly as `shape` (a dataclass, TypedDict or any
+    type pydantic validates). Bytes that are not JSON, or JSON not of that shape, raise
+    `DamagedLakeFile` naming the note and the first thing wrong; a failure to read it (gone, the
+    network) is raised as it is."""
     data = storage.read_bytes(uri)
     try:
-        return parse(json.loads(data))
-    except (
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-    ) as exc:  # JSON's and UTF-8's errors are ValueErrors
+        return _note_reader(shape).validate_json(data, strict=True)
+    except pydantic.ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
         raise DamagedLakeFile(
-            uri, f"not the note it should be: {first_line(str(exc)) or type(exc).__name__}"
+            uri, f"not the note it should be: {where + ': ' if where else ''}{first_line(first['msg'])}"
         ) from exc
+
+
+#: shape -> its reader: a reader is built once (a race in the pool's threads only builds two)
+_note_readers: dict[object, pydantic.TypeAdapter[Any]] = {}
+
+
+def _note_reader(shape: type[_Note]) -> pydantic.TypeAdapter[_Note]:
+    if shape not in _note_readers:
+        _note_readers[shape] = pydantic.TypeAdapter(shape)
+    return _note_readers[shape]

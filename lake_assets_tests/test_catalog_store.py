@@ -14,7 +14,7 @@ from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import S3Config
 from lake_assets.epoch import DAY_MS
-from lake_assets.storage import Storage
+from lake_assets.storage import PARTIAL_SUFFIX, Storage
 
 HOUR_MS = 3_600_000
 _clock = itertools.count(1_700_000_000_000, 1000)
@@ -555,7 +555,7 @@ def test_parquet_files_are_plain_tables_with_flat_metadata_columns(tmp_path):
         meta["hash"],
         meta["path"],
     )
-    assert not list(tmp_path.rglob(".tmp-*"))
+    assert not list(tmp_path.rglob(f"*{PARTIAL_SUFFIX}"))  # parts are written aside and renamed
     # the latest folder keeps one part once a newer file beats the older
     store.put(make_file(2 * DAY_MS, 2 * DAY_MS + 5))
     store.put(make_file(3 * DAY_MS, 3 * DAY_MS + 5))

@@ -287,10 +287,12 @@ def test_notes_round_trip_and_partitions_without_files_or_notes_need_nothing(tmp
     assert gone.partition == hour(1) and "removed" in gone.reason
 
 
-def test_what_a_run_read_holds_a_file_read_from_any_copy_or_set_aside():
+def test_what_a_run_read_holds_a_file_read_from_any_copy_or_set_aside(tmp_path):
     reading = reruns.Reading({"j": reruns.merged([(10, 20), (0, 10), (25, 30)])}, frozenset({"bad"}))
     assert reading.read == {"j": ((0, 20), (25, 30))}
-    assert reruns.Reading.from_json(json.loads(json.dumps(reading.to_json()))) == reading
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    reruns.leave_reading(storage, layout, "flow", "accounts", [hour(1)], reading)
+    assert reruns.read_reading(storage, layout, "flow", "accounts", hour(1)) == reading
     assert reading.holds(reruns.ByteRange("a", "j", 26, 30))
     before_the_gap = reruns.ByteRange("a", "j", 5, 20)  # read, but nothing after 20..25 commits it
     assert not reading.holds(before_the_gap) and reading.answers(before_the_gap)

@@ -2,13 +2,18 @@
 re-run, range backfill, sensor run, late file or restore puts its field data back into
 `changes`, `current` or `history`, and every layer equals a clean run over the same landed data."""
 
+import shutil
+
 import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lake_assets.cli import main
+from lake_assets.config import dump_config
 from lake_assets_tests.grax_lake import (
     FEED,
+    ORG,
     SCHEMA,
     TABLE,
     backfill,
@@ -87,6 +92,27 @@ def rows_of_ledger(root):
         if folder.exists()
         else []
     )
+
+
+def test_a_rebuilt_table_keeps_its_purges_once_the_purge_batch_has_left_the_landing(lake, tmp_path, capsys):
+    """`lake-assets rebuild` forgets a table but its purge ledger: rebuilt from a landing that no
+    longer holds the batch of X's purge (B2, gone with the vendor's retention), X's field data
+    in B1 stays erased in every layer."""
+    config, root, instance = lake
+    cli(config, instance)
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(config))
+    assert main(["rebuild", "--config", str(config_file), "--table", f"{FEED}/{ORG}/nothing"]) == 1
+    assert f"feed 'grax' has no table '{ORG}/nothing'" in capsys.readouterr().err
+
+    assert main(["rebuild", "--config", str(config_file), "--table", f"{FEED}/{TABLE}"]) == 0
+    assert [rows(root, layer) for layer in ("changes", "current", "history")] == [[], [], []]
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    shutil.rmtree(tmp_path / "landing" / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}")
+    cli(config, instance)
+
+    assert {r["Id"] for r in rows(root, "current")} >= {"Y"}  # rebuilt
+    assert leaks(root, {"X"}) == []
 
 
 def test_rerunning_every_batch_keeps_the_purge(clean, lake):

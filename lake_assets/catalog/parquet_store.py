@@ -195,12 +195,7 @@ class ParquetCatalogStore(CatalogStore):
         pq.write_table(table, sink)
         name = f"part-{token}.parquet"
         uri = f"{folder}/{name}"
-        if is_s3(uri):
-            self.storage.write_bytes(uri, sink.getvalue())  # one PUT: whole or absent
-        else:
-            temp = f"{folder}/.tmp-{token}"
-            self.storage.write_bytes(temp, sink.getvalue())
-            self.storage.move_file(temp, uri)  # readers never see half a file
+        self.storage.write_bytes(uri, sink.getvalue())  # whole or absent
         return uri
 
     def _parts(self, folder: str) -> list[str]:
