@@ -260,12 +260,10 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
     bound = bound if bound.tzinfo else bound.replace(tzinfo=dt.timezone.utc)
 
     def reaches(meta: pq.FileMetaData) -> bool:
-        index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
-        if index is None:
+        maxima = _row_group_maxima(meta, column)
+        if maxima is None:
             return True
-        for group in range(meta.num_row_groups):
-            stats = meta.row_group(group).column(index).statistics
-            latest = stats.max if stats is not None and stats.has_min_max else None
+        for latest in maxima:
             if not isinstance(latest, dt.datetime):
                 return True
             if (latest if latest.tzinfo else latest.replace(tzinfo=dt.timezone.utc)) >= bound:
@@ -273,6 +271,22 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
         return False
 
     return [uri for uri, meta in zip(files, _footers(storage, files), strict=True) if reaches(meta)]
+
+
+def _row_group_maxima(meta: pq.FileMetaData, column: str) -> list | None:
+    """The largest value of a top-level `column` in each row group, from the footer's statistics
+    (None for a group without them); None when the file has no such column."""
+    index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
+    if index is None:
+        return None
+    groups = (meta.row_group(group).column(index).statistics for group in range(meta.num_row_groups))
+    return [stats.max if stats is not None and stats.has_min_max else None for stats in groups]
+
+
+def holds_true(meta: pq.FileMetaData, column: str) -> bool:
+    """Whether the footer's statistics show a true value in the boolean `column` (no data read;
+    a file without statistics shows nothing)."""
+    return any(maximum is True for maximum in _row_group_maxima(meta, column) or [])
 
 
 def rows_in(storage: Storage, files: list[str]) -> int:

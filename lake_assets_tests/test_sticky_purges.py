@@ -115,6 +115,28 @@ def test_a_rebuilt_table_keeps_its_purges_once_the_purge_batch_has_left_the_land
     assert leaks(root, {"X"}) == []
 
 
+def test_a_removed_ledger_stops_the_table_before_a_late_file_brings_a_purge_back(lake, tmp_path, capsys):
+    """The ledger deleted by hand, then a late file of X lands: the run refuses the table,
+    naming the missing ledger, before anything is written; restored, the run goes on and X
+    stays purged."""
+    config, root, instance = lake
+    cli(config, instance)
+    ledger = root / "_state" / FEED / TABLE / "purged"
+    shutil.move(ledger, tmp_path / "ledger copy")
+    land(tmp_path / "landing", B1, "data-00000000005.parquet", [version("X", 1, "07", "Xavier", "555-0707")])
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(config))
+
+    assert main(["run", "--config", str(config_file)]) == 1
+    assert f"the lake file file://{ledger} is missing (it is gone, but " in capsys.readouterr().err
+    assert leaks(root, {"X"}) == []
+
+    shutil.move(tmp_path / "ledger copy", ledger)
+    assert main(["run", "--config", str(config_file)]) == 0
+    assert leaks(root, {"X"}) == []
+    assert {r["Name"] for r in rows(root, "current")} == {None, "Yves"}
+
+
 def test_rerunning_every_batch_keeps_the_purge(clean, lake):
     """`lake-assets run` processes every landed batch again: the purge batch's re-run used to find
     the key already purged in the state and leave the re-written change log as landed."""

@@ -33,17 +33,36 @@ from lake_assets.engine import model as m
 from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.storage import Storage
 
 PURGED_AT = "__purged_at"
 
 
 def ledger(spark: SparkSession, storage: Storage, state: TableState) -> DataFrame | None:
-    """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are."""
+    """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are
+    (`check_none_purged`)."""
     files = parquet_files(storage, state.purged)
     if not files:
+        check_none_purged(storage, state)
         return None
     return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
+
+
+def check_none_purged(storage: Storage, state: TableState) -> None:
+    """An empty ledger whose table's open history holds a purged key's row was removed (by hand:
+    every purge is recorded in the commit that erases the key): without it, a late file would
+    bring the key's field data back. Its footers' statistics tell, without reading a row. A key
+    purged after its delete has no open row, so this finds most removals, not every one."""
+    for uri in parquet_files(storage, state.history_active):
+        if lake_io.holds_true(lake_io.footer(storage, uri), m.PURGED):
+            raise DamagedLakeFile(
+                state.purged,
+                f"it is gone, but {uri} holds rows of purged keys",
+                problem="is missing",
+                remedy="restore it from a copy; until then the table does not run, for a late file would "
+                'bring a purged key\'s field data back (docs/lake-layout.md, "Rebuilding a table")',
+            )
 
 
 @dataclasses.dataclass(frozen=True)
