@@ -69,9 +69,6 @@ class TableWork:
     def catalogue(self, files) -> int:
         return record_files(self.store, self.storage, files)
 
-    def removed_files(self, time_columns: tuple[str, ...]) -> RemovedFiles:
-        return RemovedFiles(self.storage, self.store, self.feed.name, self.table, time_columns)
-
 
 @dataclasses.dataclass
 class RemovedFiles:
