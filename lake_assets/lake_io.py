@@ -323,6 +323,23 @@ def without_dictionary(columns: Iterable[str]) -> dict[str, str]:
     return {f"parquet.enable.dictionary#{c}": "false" for c in columns}
 
 
+#: what Spark's writes leave in a table's folder while they run (a dynamic partition overwrite's
+#: `.spark-staging-<job>`, a plain write's `_temporary`)
+_SPARK_WRITE_FOLDERS = (".spark-staging-", "_temporary")
+
+
+def discard_unfinished_writes(storage: Storage, table_uri: str) -> list[str]:
+    """Remove what a killed Spark write left in a table's folder; returns what it removed. Spark's
+    readers skip these hidden folders, but a `**` glob (DuckDB's) reaches them, and their files
+    hold rows that were never committed. Only one write of a table runs at a time (one writer
+    per table), so none of them belongs to a write still going on."""
+    left = [entry.uri for entry in storage.list(table_uri) if entry.name.startswith(_SPARK_WRITE_FOLDERS)]
+    for uri in left:
+        storage.delete_tree(uri)
+        storage.delete_file(uri)
+    return left
+
+
 def write_partitions(
     df: DataFrame | None,
     storage: Storage,
@@ -345,6 +362,7 @@ def write_partitions(
     values = sorted(set(values))
     for value in values:
         safe_segment(f"{column}={value}", "partition")
+    discard_unfinished_writes(storage, table_uri)
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
         removing(

@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -27,6 +28,25 @@ def test_write_partitions_replaces_exactly_the_given_partitions(spark, tmp_path)
     assert lake_io.write_partitions(again, storage, table, "hour", ["h2", "h3"]) == {"h2": 2}
     rows = sorted((r["id"], r["hour"]) for r in spark.read.parquet(table).collect())
     assert rows == [("a", "h1"), ("d", "h2"), ("e", "h2")]
+
+
+def test_what_a_killed_write_left_in_the_table_is_removed_by_the_next_write(spark, tmp_path):
+    """A run killed while Spark wrote the change log leaves whole part files in the table's hidden
+    staging folder: Spark skips it, a `**` glob (DuckDB's, as the README reads the lake) does not.
+    The table's next write removes it."""
+    table, storage = tmp_path / "t", Storage()
+    rows = spark.createDataFrame([("a", "h1"), ("b", "h2")], "id string, hour string")
+    lake_io.write_partitions(rows, storage, f"file://{table}", "hour", ["h1", "h2"])
+    for leftover in (table / ".spark-staging-0f1e" / "hour=h1", table / "_temporary" / "0"):
+        leftover.mkdir(parents=True)
+        pq.write_table(pa.table({"id": ["a", "a"]}), leftover / "part-00000.parquet")
+    glob = f"SELECT count(*) FROM read_parquet('{table}/**/*.parquet')"
+    assert duckdb.sql(glob).fetchall() == [(6,)]
+
+    lake_io.write_partitions(rows.where("hour = 'h2'"), storage, f"file://{table}", "hour", ["h2"])
+
+    assert sorted(path.name for path in table.iterdir()) == ["hour=h1", "hour=h2"]
+    assert duckdb.sql(glob).fetchall() == [(2,)]
 
 
 def test_rows_outside_the_run_partitions_are_refused(spark, tmp_path):
