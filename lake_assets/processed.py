@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
 from lake_assets.storage import Entry, Storage, each_file, read_lake_json
 
@@ -81,12 +83,20 @@ def write_notes(
 
 
 def read_notes(
-    storage: Storage, layout: LakeLayout, feed: str, table: str
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    is_partition: Callable[[str], bool] = lambda _: True,
 ) -> dict[str, dict[str, ProcessedFile]]:
-    """partition -> URL -> file, for every partition processed so far."""
+    """partition -> URL -> file, for every partition processed so far. A note named like no
+    partition (`is_partition`, the feed format's test) was not written by a run: it is damage."""
 
     def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
-        return json_name(entry), read_lake_json(storage, entry.uri, dict[str, ProcessedFile])
+        partition = json_name(entry)
+        if not is_partition(partition):
+            raise DamagedLakeFile(entry.uri, f"{partition!r} names no partition of the table")
+        return partition, read_lake_json(storage, entry.uri, dict[str, ProcessedFile])
 
     return dict(each_file(read, json_files(storage, notes_folder(layout, feed, table))))
 

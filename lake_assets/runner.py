@@ -251,7 +251,7 @@ def _changed_partitions(
     changes = processed.changed_partitions(
         storage,
         fmt.partitions_files(storage, feed.landing, table, keys),
-        processed.read_notes(storage, layout, feed.name, table),
+        processed.read_notes(storage, layout, feed.name, table, fmt.is_partition_key),
         reruns.asked(reruns.read_reruns(storage, layout, feed.name, table)),
     )
     _name_changes(feed.name, table, changes, say)

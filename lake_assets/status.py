@@ -110,7 +110,7 @@ def table_status(
             damaged.append(str(exc))
             return unknown
 
-    notes = known(lambda: processed.read_notes(storage, layout, feed, table), None)
+    notes = known(lambda: processed.read_notes(storage, layout, feed, table, fmt.is_partition_key), None)
     requests = known(lambda: reruns.read_reruns(storage, layout, feed, table), None)
     pending = None
     if notes is not None and requests is not None:

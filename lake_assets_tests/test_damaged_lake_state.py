@@ -12,6 +12,7 @@ from lake_assets import processed, reruns
 from lake_assets.console import format_status
 from lake_assets.engine.state import CommitPlan, TableState, commit, recover
 from lake_assets.errors import AnotherWriter, DamagedLakeFile
+from lake_assets.feeds.grax_v2 import GraxV2Format
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.paths import LakeLayout
 from lake_assets.status import table_status
@@ -173,6 +174,23 @@ def test_a_damaged_note_is_named_by_status_which_still_reports_the_table(tmp_pat
     assert getattr(status, unknown) is None, "unknown, not none"
     header, row = format_status([status], keeps_runs=True).splitlines()[:2]
     assert row.split()[header.split().index(unknown) - 1] == "?"  # "last processed" is two words
+
+
+@pytest.mark.parametrize(
+    "fmt, table", [(UnitCdcFormat(), "accounts"), (GraxV2Format(), "org/account")], ids=["hours", "batches"]
+)
+def test_a_processed_note_named_like_no_partition_is_damage(tmp_path, fmt, table):
+    layout, storage = LakeLayout(f"file://{tmp_path / 'lake'}"), Storage()
+    uri = f"{processed.notes_folder(layout, FEED, table)}/zzz.json"
+    storage.write_bytes(uri, b"{}")
+
+    status = table_status(storage, layout, f"file://{tmp_path / 'landing'}", FEED, fmt, table)
+
+    assert status.damaged == [
+        f"the lake file {uri} cannot be read ('zzz' names no partition of the table); "
+        + status.damaged[0].split("; ", 1)[1]
+    ]
+    assert status.pending is None and status.last_processed is None
 
 
 def test_a_damaged_reading_note_is_refused_naming_it(tmp_path):

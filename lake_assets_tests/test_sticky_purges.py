@@ -115,23 +115,30 @@ def test_a_rebuilt_table_keeps_its_purges_once_the_purge_batch_has_left_the_land
     assert leaks(root, {"X"}) == []
 
 
-def test_a_removed_ledger_stops_the_table_before_a_late_file_brings_a_purge_back(lake, tmp_path, capsys):
-    """The ledger deleted by hand, then a late file of X lands: the run refuses the table,
-    naming the missing ledger, before anything is written; restored, the run goes on and X
-    stays purged."""
+@pytest.mark.parametrize("how", ["removed", "emptied"])
+def test_a_removed_ledger_stops_the_table_before_a_late_file_brings_a_purge_back(lake, tmp_path, capsys, how):
+    """The ledger removed (or its file emptied) by hand, then a late file of X lands: the run
+    refuses the table, naming the ledger, before anything is written; restored, the run goes
+    on and X stays purged."""
     config, root, instance = lake
     cli(config, instance)
     ledger = root / "_state" / FEED / TABLE / "purged"
-    shutil.move(ledger, tmp_path / "ledger copy")
+    shutil.copytree(ledger, tmp_path / "ledger copy")
+    if how == "removed":
+        shutil.rmtree(ledger)
+    else:
+        for part in ledger.glob("*.parquet"):
+            pq.write_table(pq.read_schema(part).empty_table(), part)
     land(tmp_path / "landing", B1, "data-00000000005.parquet", [version("X", 1, "07", "Xavier", "555-0707")])
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(config))
 
     assert main(["run", "--config", str(config_file)]) == 1
-    assert f"the lake file file://{ledger} is missing (it is gone, but " in capsys.readouterr().err
+    assert f"the lake file file://{ledger} is missing (it is gone or empty, but " in capsys.readouterr().err
     assert leaks(root, {"X"}) == []
 
-    shutil.move(tmp_path / "ledger copy", ledger)
+    shutil.rmtree(ledger, ignore_errors=True)
+    shutil.copytree(tmp_path / "ledger copy", ledger)
     assert main(["run", "--config", str(config_file)]) == 0
     assert leaks(root, {"X"}) == []
     assert {r["Name"] for r in rows(root, "current")} == {None, "Yves"}

@@ -43,22 +43,27 @@ def ledger(spark: SparkSession, storage: Storage, state: TableState) -> DataFram
     """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are
     (`check_none_purged`)."""
     files = parquet_files(storage, state.purged)
-    if not files:
+    if not files or lake_io.rows_in(storage, files) == 0:  # footers only
         check_none_purged(storage, state)
         return None
     return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
 
 
 def check_none_purged(storage: Storage, state: TableState) -> None:
-    """An empty ledger whose table's open history holds a purged key's row was removed (by hand:
-    every purge is recorded in the commit that erases the key): without it, a late file would
-    bring the key's field data back. Its footers' statistics tell, without reading a row. A key
-    purged after its delete has no open row, so this finds most removals, not every one."""
+    """An empty ledger (no file, or no row) whose table's open history holds a purged key's row
+    was removed or emptied by hand (every purge is recorded in the commit that erases the key):
+    without it, a late file would bring the key's field data back. Its footers' statistics
+    tell, without reading a row. A key purged after its delete has no open row, so this finds
+    most removals, not every one."""
     for uri in parquet_files(storage, state.history_active):
-        if lake_io.holds_true(lake_io.footer(storage, uri), m.PURGED):
+        try:
+            meta = lake_io.footer(storage, uri)
+        except DamagedLakeFile:
+            continue  # it shows nothing; the fold, which reads it, names it
+        if lake_io.holds_true(meta, m.PURGED):
             raise DamagedLakeFile(
                 state.purged,
-                f"it is gone, but {uri} holds rows of purged keys",
+                f"it is gone or empty, but {uri} holds rows of purged keys",
                 problem="is missing",
                 remedy="restore it from a copy; until then the table does not run, for a late file would "
                 'bring a purged key\'s field data back (docs/lake-layout.md, "Rebuilding a table")',

@@ -106,6 +106,14 @@ class FeedFormat(abc.ABC):
         """Sort key of a partition key (hour keys sort as text; batches may not)."""
         return key
 
+    def is_partition_key(self, key: str) -> bool:
+        """Whether `key` can name a partition of the format (an hour key here)."""
+        try:
+            parse_hour_key(key)
+        except InvalidValue:
+            return False
+        return True
+
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
         """Landed files of a table that belong to no valid partition, with the reason."""
         return []

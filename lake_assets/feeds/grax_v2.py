@@ -288,6 +288,9 @@ class GraxV2Format(FeedFormat):
     def partition_order(self, key: str) -> int:
         return batch_order(key)
 
+    def is_partition_key(self, key: str) -> bool:
+        return is_batch_key(key)
+
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
         """Every file under the table's object folders that no batch reads, with the reason.
         One walk of each object folder: a run's cost, not a sensor tick's."""
