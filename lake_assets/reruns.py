@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from typing_extensions import TypedDict
 
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
 from lake_assets.processed import json_files, json_name
 from lake_assets.storage import Storage, each_file, read_lake_json
@@ -157,10 +158,20 @@ def request_rerun(
     return RerunRequest(partition, reason, tuple(parts), uri)
 
 
-def read_reruns(storage: Storage, layout: LakeLayout, feed: str, table: str) -> dict[str, list[RerunRequest]]:
+def read_reruns(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    is_partition: Callable[[str], bool] = lambda _: True,
+) -> dict[str, list[RerunRequest]]:
     """partition -> the requests standing for it (the folder is empty but for requests not yet
-    answered)."""
+    answered). A folder named like no partition (`is_partition`, the feed format's test) was not
+    made by a run: it is damage."""
     folders = [e for e in storage.list(reruns_folder(layout, feed, table)) if e.is_dir]
+    for folder in folders:
+        if not is_partition(folder.name):
+            raise DamagedLakeFile(folder.uri, f"{folder.name!r} names no partition of the table")
 
     def read(partition_folder) -> list[RerunRequest]:
         def request(uri: str) -> RerunRequest:

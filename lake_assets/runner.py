@@ -252,7 +252,7 @@ def _changed_partitions(
         storage,
         fmt.partitions_files(storage, feed.landing, table, keys),
         processed.read_notes(storage, layout, feed.name, table, fmt.is_partition_key),
-        reruns.asked(reruns.read_reruns(storage, layout, feed.name, table)),
+        reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key)),
     )
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
@@ -271,6 +271,7 @@ def _asked_partitions(
     feed, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
 ) -> list[str]:
     """The landed partitions of a table that a run asked to run again (a follow-up round)."""
+    # only landed partitions are taken, so a folder named like none is no harm here
     asked = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table))
     changes = [processed.Change(key, f"to run again: {asked[key]}") for key in keys if key in asked]
     _name_changes(feed.name, table, changes, say)

@@ -111,7 +111,7 @@ def table_status(
             return unknown
 
     notes = known(lambda: processed.read_notes(storage, layout, feed, table, fmt.is_partition_key), None)
-    requests = known(lambda: reruns.read_reruns(storage, layout, feed, table), None)
+    requests = known(lambda: reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key), None)
     pending = None
     if notes is not None and requests is not None:
         keys = fmt.partition_keys(storage, landing, table)

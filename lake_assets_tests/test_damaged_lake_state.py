@@ -179,10 +179,15 @@ def test_a_damaged_note_is_named_by_status_which_still_reports_the_table(tmp_pat
 @pytest.mark.parametrize(
     "fmt, table", [(UnitCdcFormat(), "accounts"), (GraxV2Format(), "org/account")], ids=["hours", "batches"]
 )
-def test_a_processed_note_named_like_no_partition_is_damage(tmp_path, fmt, table):
+@pytest.mark.parametrize("note", ["processed", "rerun"])
+def test_a_note_named_like_no_partition_is_damage(tmp_path, fmt, table, note):
     layout, storage = LakeLayout(f"file://{tmp_path / 'lake'}"), Storage()
-    uri = f"{processed.notes_folder(layout, FEED, table)}/zzz.json"
-    storage.write_bytes(uri, b"{}")
+    if note == "processed":
+        uri = f"{processed.notes_folder(layout, FEED, table)}/zzz.json"
+        storage.write_bytes(uri, b"{}")
+    else:
+        uri = f"{reruns.reruns_folder(layout, FEED, table)}/zzz"
+        reruns.request_rerun(storage, layout, FEED, table, "zzz", "by hand", [])
 
     status = table_status(storage, layout, f"file://{tmp_path / 'landing'}", FEED, fmt, table)
 

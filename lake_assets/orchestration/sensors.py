@@ -68,7 +68,9 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
                 storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
             )
             # an hour asked to run again that this tick runs anyway needs no run of its own
-            for partition, standing in sorted(reruns.read_reruns(storage, layout, feed.name, name).items()):
+            for partition, standing in sorted(
+                reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key).items()
+            ):
                 if partition not in {f.partition for f in found}:
                     run_requests.append(_rerun(feed.name, assets, partition, standing))
             if not found:
