@@ -206,7 +206,7 @@ class Crash(Exception):
 
 def _purge_commit_outcome(lake, changes):
     """(purge recorded, field data left in the change log, field data left in history) of key p."""
-    ledger = purges.ledger(lake.spark, lake.storage, lake.state)
+    ledger = purges.ledger(lake.spark, lake.storage, lake.state, ["id"])
     recorded = ledger is not None and ledger.where("id = 'p'").count() > 0
     in_log = (
         lake_io.read_partitions(lake.spark, lake.storage, changes, "hour", None)

@@ -158,7 +158,7 @@ def fold(
     if batch is None or _nothing_to_fold(batch, spec):
         return report
     synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
-    ledger = purges.ledger(spark, storage, state)
+    ledger = purges.ledger(spark, storage, state, keys)
     recorded = ledger.select(*keys) if ledger is not None else None
     with lake_io.released_after([]) as cached:
         marked = kept_marks(batch, marked_batch(batch, spec, recorded), recorded, cached)

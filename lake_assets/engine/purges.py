@@ -16,16 +16,20 @@ written again) keeps its version but no field data: as in GRAX, a purge erases t
 a restored record is a new key (`grax__restoredfrom`).
 
 The ledger is small (purges are rare), so a write reads it with a listing and, when it holds
-keys, one small file, and applies it as a broadcast join; a table never purged pays one listing.
+keys, one small file, and applies it as a broadcast join; a table never purged pays one listing
+and the footers of `history/active` (which would show a lost ledger's keys).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import merge
@@ -38,36 +42,48 @@ from lake_assets.storage import Storage
 
 PURGED_AT = "__purged_at"
 
+_log = logging.getLogger(__name__)
 
-def ledger(spark: SparkSession, storage: Storage, state: TableState) -> DataFrame | None:
-    """The purged keys recorded for a table (key columns and `PURGED_AT`); None when none are
-    (`check_none_purged`)."""
+
+def ledger(spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]) -> DataFrame | None:
+    """The purged keys recorded for a table (its `keys` and `PURGED_AT`); None when none are.
+
+    A ledger with no file or no row while open history holds rows marked purged was removed or
+    emptied by hand, or predates the ledger: the keys of those rows are taken as the ledger
+    (`PURGED_AT` unknown), so no write brings their field data back; the next fold that records
+    a purge writes them into it."""
     files = parquet_files(storage, state.purged)
-    if not files or lake_io.rows_in(storage, files) == 0:  # footers only
-        check_none_purged(storage, state)
-        return None
-    return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
+    if files and lake_io.rows_in(storage, files) > 0:  # footers only
+        return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
+    return _purged_in_open_history(spark, storage, state, keys)
 
 
-def check_none_purged(storage: Storage, state: TableState) -> None:
-    """An empty ledger (no file, or no row) whose table's open history holds a purged key's row
-    was removed or emptied by hand (every purge is recorded in the commit that erases the key):
-    without it, a late file would bring the key's field data back. Its footers' statistics
-    tell, without reading a row. A key purged after its delete has no open row, so this finds
-    most removals, not every one."""
+def _purged_in_open_history(
+    spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]
+) -> DataFrame | None:
+    """The keys of `history/active`'s rows marked purged, read only from the files whose footers'
+    statistics show one (a table never purged reads footers, no row). A key purged after its
+    delete has no open row: this finds most of a lost ledger, not all of it."""
+    marked = []
     for uri in parquet_files(storage, state.history_active):
         try:
-            meta = lake_io.footer(storage, uri)
+            if lake_io.holds_true(lake_io.footer(storage, uri), m.PURGED):
+                marked.append(uri)
         except DamagedLakeFile:
             continue  # it shows nothing; the fold, which reads it, names it
-        if lake_io.holds_true(meta, m.PURGED):
-            raise DamagedLakeFile(
-                state.purged,
-                f"it is gone or empty, but {uri} holds rows of purged keys",
-                problem="is missing",
-                remedy="restore it from a copy; until then the table does not run, for a late file would "
-                'bring a purged key\'s field data back (docs/lake-layout.md, "Rebuilding a table")',
-            )
+    if not marked:
+        return None
+    _log.warning(
+        f"{state.feed}/{state.table}: the purge ledger {state.purged} is empty, but open history holds "
+        "purged keys: they stay purged; restore the ledger if you have a copy"
+    )
+    rows = lake_io.read_drifting(spark, storage, marked, table=f"{state.feed}/{state.table} open history")
+    return (
+        rows.where(F.col(m.PURGED))
+        .select(*keys)
+        .distinct()
+        .withColumn(PURGED_AT, F.lit(None).cast(T.TimestampType()))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +98,7 @@ class Erasure:
     def of_table(
         cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]
     ) -> Erasure:
-        recorded = ledger(spark, storage, state) if keys else None
+        recorded = ledger(spark, storage, state, keys) if keys else None
         return cls(keys, recorded.select(*keys) if recorded is not None else None)
 
     def marked_rows(self, frame: DataFrame) -> Column:

@@ -14,7 +14,7 @@ import dagster as dg
 from lake_assets import reruns
 from lake_assets.config import FeedConfig
 from lake_assets.discovery import Pin, describe, describe_unread, discover_feed, feed_tables
-from lake_assets.errors import LakeAssetsError
+from lake_assets.errors import DamagedLakeFile, LakeAssetsError
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.landing_watch import (
     BatchCursor,
@@ -67,10 +67,13 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             found, cursors[name] = scan_table(
                 storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
             )
+            try:
+                standing_requests = reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key)
+            except DamagedLakeFile as damaged:  # one table's note stops no other table's runs
+                context.log.warning(f"{feed.name}/{name}: its requests to run again are not read: {damaged}")
+                standing_requests = {}
             # an hour asked to run again that this tick runs anyway needs no run of its own
-            for partition, standing in sorted(
-                reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key).items()
-            ):
+            for partition, standing in sorted(standing_requests.items()):
                 if partition not in {f.partition for f in found}:
                     run_requests.append(_rerun(feed.name, assets, partition, standing))
             if not found:
