@@ -591,3 +591,116 @@ def test_parquet_retirements_are_rows_an_engine_can_leave_out(tmp_path):
     """).fetchall()
     assert live == [(kept[0]["metadata"]["id"],)]
     assert store.latest("accounts", "unit") == kept[0]
+
+
+def _answers(store: ParquetCatalogStore, work_ids: list[str]) -> tuple:
+    return (
+        store.query_by_time(0, 40 * DAY_MS, "accounts"),
+        store.query_by_work_ids(work_ids, "accounts"),
+        store.query_by_work_ids(work_ids, "accounts", "other"),
+        store.latest("accounts", "unit"),
+        store.latest("accounts", "other"),
+    )
+
+
+def _part_counts(root) -> list[int]:
+    return [len(list(folder.glob("part-*.parquet"))) for folder in root.rglob("*") if folder.is_dir()]
+
+
+def test_parquet_folders_merge_their_parts_and_every_query_answers_as_before(tmp_path):
+    """Hourly runs add a few parts to a day's folder each; the folder is merged before reads get
+    long, and no query can tell (re-puts, retirements, files catalogued again)."""
+    merging = ParquetCatalogStore(f"file://{tmp_path}/merged", Storage())
+    merging.merge_parts_at = 4
+    unmerged = ParquetCatalogStore(f"file://{tmp_path}/plain", Storage())
+    unmerged.merge_parts_at = 10**9
+    work_ids = [f"run-{n % 3}" for n in range(3)]
+    files = []
+    for n in range(30):
+        where = "other" if n % 4 == 0 else "unit"
+        step: list[tuple[str, list[dict]]] = [
+            (
+                "put",
+                make_file(DAY_MS + n * 60_000, DAY_MS + n * 60_000 + 5, where=where, work_id=f"run-{n % 3}"),
+            )
+        ]
+        files.append(step[0][1])
+        if n % 5 == 4:
+            step.append(("retire", gone(files[n - 3])))
+        if n % 7 == 6:  # a file catalogued again, with a later record
+            step.append(("put", [{**r, "create_time": next(_clock)} for r in files[n - 5]]))
+        for kind, records in step:
+            for store in (merging, unmerged):
+                getattr(store, kind)(records)
+        assert _answers(merging, work_ids) == _answers(unmerged, work_ids)
+    assert max(_part_counts(tmp_path / "merged")) < 4
+    assert max(_part_counts(tmp_path / "plain")) > 20
+    assert list((tmp_path / "merged").rglob("part-*~merged.parquet"))
+
+
+def test_a_merge_killed_before_it_removed_the_merged_parts_changes_no_answer(tmp_path, monkeypatch):
+    root = f"file://{tmp_path}/catalog"
+    store = ParquetCatalogStore(root, Storage())
+    store.merge_parts_at = 3
+    store.put(make_file(DAY_MS, DAY_MS + 5, work_id="run-a"))
+    first = make_file(DAY_MS + 10, DAY_MS + 15, work_id="run-a")
+    store.put(first)
+    expected = store.query_by_time(*day(1), "accounts")
+
+    class Killed(Exception):
+        pass
+
+    def killed(uri):
+        raise Killed(uri)
+
+    monkeypatch.setattr(store.storage, "delete_file", killed)
+    third = make_file(DAY_MS + 20, DAY_MS + 25, work_id="run-a")
+    with pytest.raises(Killed):
+        store.put(third)  # the merged part is written, no part it merged is removed
+    folder = tmp_path / "catalog" / "time_bucket=1" / "accounts"
+    assert len(list(folder.glob("part-*"))) == 4
+    monkeypatch.undo()
+
+    fresh = ParquetCatalogStore(root, Storage())
+    assert fresh.query_by_time(*day(1), "accounts") == [*expected, third[0]]
+    fresh.put(third)  # the killed run's put again: its work-id part had not been written
+    assert fresh.query_by_work_id("run-a", "accounts") == [*expected, third[0]]
+    fresh.merge_parts_at = 3
+    fourth = make_file(DAY_MS + 30, DAY_MS + 35, work_id="run-a")
+    fresh.put(fourth)
+    assert len(list(folder.glob("part-*"))) == 1
+    assert fresh.query_by_time(*day(1), "accounts") == [*expected, third[0], fourth[0]]
+
+
+class MergingMeanwhile(Storage):
+    """Storage whose first read of a part lets another process merge the part's folder first."""
+
+    def __init__(self, other: ParquetCatalogStore, s3: S3Config | None):
+        super().__init__(s3)
+        self.other = other
+        self.raced: list[str] = []
+
+    def read_bytes(self, uri):
+        if "/part-" in uri and not self.raced:
+            self.raced.append(uri)
+            self.other.merge_parts_at = 1
+            self.other._merge_parts(uri.rsplit("/", 1)[0])
+        return super().read_bytes(uri)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_folder_merged_while_a_query_reads_it_is_read_again(where, tmp_path, request):
+    if where == "s3":
+        s3 = S3Config(endpoint_url=request.getfixturevalue("moto_server").url)
+        root = f"s3a://{request.getfixturevalue('s3_bucket')}/lake/catalog"
+    else:
+        s3, root = None, f"file://{tmp_path}/catalog"
+    writer = ParquetCatalogStore(root, Storage(s3))
+    files = [make_file(DAY_MS + n, DAY_MS + n + 1, work_id="run-a") for n in range(5)]
+    for records in files:
+        writer.put(records)
+    racing = MergingMeanwhile(ParquetCatalogStore(root, Storage(s3)), s3)
+    reader = ParquetCatalogStore(root, racing)
+    assert reader.query_by_time(*day(1), "accounts") == [f[0] for f in files]
+    assert racing.raced  # the part it listed first was gone when it read it
+    assert len(writer.storage.list(f"{root}/time_bucket=1/accounts")) == 1

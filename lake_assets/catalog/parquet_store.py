@@ -37,6 +37,13 @@ from lake_assets.storage import Storage
 
 #: the folder name of a time bucket's records, before the bucket's label
 _TIME_FOLDER = "time_bucket="
+#: parts a time or work-id folder may hold before a put merges them into one: every hourly run
+#: adds a few, and every query reads them all (docs/lake-layout.md, "The catalog")
+MERGE_PARTS_AT = 16
+#: how a merged part's name ends: after the name of the last part it holds, before any later one
+_MERGED = "~merged"
+#: how often a read starts a folder again when a part listed in it is gone (merged meanwhile)
+_READ_ATTEMPTS = 5
 
 _KEPT = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
@@ -125,6 +132,18 @@ def _from_row(row: dict) -> dict:
     return record
 
 
+class _PartGone(Exception):
+    """A part listed in a folder was removed before it was read (merged, or beaten as latest)."""
+
+
+def _merged_name(last_part: str) -> str:
+    """The name of the part that merges a folder's parts up to `last_part`: it sorts right after
+    that part and before any part written later (tokens grow), so "the last read wins" among
+    rows of one create_time stays as it was."""
+    stem = last_part.rsplit("/", 1)[1].removesuffix(".parquet").split("~")[0]
+    return f"{stem}{_MERGED}.parquet"
+
+
 def _grouped(records: list[dict], field: str) -> list[tuple[str, list[dict]]]:
     """The records by the value of `field`, in order of that value (one part per group)."""
     groups: dict[str, list[dict]] = {}
@@ -136,7 +155,8 @@ def _grouped(records: list[dict], field: str) -> list[tuple[str, list[dict]]]:
 class ParquetCatalogStore(CatalogStore):
     """Records as Parquet files in the lake.
 
-    Layout under `root` (every part file is written once and never changed):
+    Layout under `root` (every part file is written once and never changed; once a time or
+    work-id folder holds `MERGE_PARTS_AT` parts, a put merges them into one, `_merge_parts`):
 
     * `time_bucket=<bucket>/<what>/part-<token>.parquet`: one file per put call per
       (bucket, what); a time query for a bucket and a what reads only that folder. A bucket is
@@ -162,6 +182,7 @@ class ParquetCatalogStore(CatalogStore):
 
     _token_lock = threading.Lock()
     _last_ns = 0
+    merge_parts_at = MERGE_PARTS_AT
 
     def __init__(self, root: str, storage: Storage):
         if not (root.startswith("file:///") or is_s3(root)):
@@ -190,11 +211,12 @@ class ParquetCatalogStore(CatalogStore):
     # reading and writing part files -----------------------------------------------------------
 
     def _write_part(self, folder: str, records: list[dict], token: str) -> str:
+        return self._write_rows(f"{folder}/part-{token}.parquet", records)
+
+    def _write_rows(self, uri: str, records: Iterable[dict]) -> str:
         table = pa.Table.from_pylist([_to_row(r) for r in records], schema=_SCHEMA)
         sink = io.BytesIO()
         pq.write_table(table, sink)
-        name = f"part-{token}.parquet"
-        uri = f"{folder}/{name}"
         self.storage.write_bytes(uri, sink.getvalue())  # whole or absent
         return uri
 
@@ -207,7 +229,12 @@ class ParquetCatalogStore(CatalogStore):
         return [e.uri for e in sorted(names, key=lambda e: e.name)]
 
     def _read_part(self, uri: str, where: str | None = None) -> list[dict]:
-        data = self.storage.read_bytes(uri)  # a failure to read it is raised as it is: not damage
+        try:
+            data = self.storage.read_bytes(uri)
+        except OSError:
+            if not self.storage.exists(uri):
+                raise _PartGone(uri) from None
+            raise  # a failure to read a part that is there is raised as it is: not damage
         try:
             table = pq.read_table(pa.BufferReader(data))
         except (pa.ArrowException, OSError) as exc:
@@ -220,18 +247,48 @@ class ParquetCatalogStore(CatalogStore):
             table = table.filter(pc.equal(table["meta_where"], where))
         return [_from_row(row) for row in table.to_pylist()]
 
+    def _read_part_unless_gone(self, uri: str) -> list[dict]:
+        """The rows of a part, none if another process removed it since it was listed."""
+        try:
+            return self._read_part(uri)
+        except _PartGone:
+            return []
+
     def _read_folder(self, folder: str, where: str | None = None) -> list[dict]:
-        out: list[dict] = []
-        for uri in self._parts(folder):
-            out.extend(self._read_part(uri, where))
-        return out
+        """The rows of every part of `folder`, in part order. Another process may merge the
+        parts between the listing and the reads: the folder is then listed and read again."""
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return [record for uri in self._parts(folder) for record in self._read_part(uri, where)]
+            except _PartGone:
+                continue
+        raise CatalogError(f"{folder}: its parts kept changing while they were read; try again")
+
+    def _merge_parts(self, folder: str) -> None:
+        """Merge the parts of `folder` into one once it holds `merge_parts_at`: the winning row of
+        each key (retirements too), so any reader finds what it found before. The merged part is
+        written whole before the parts it replaces are removed; a process killed between leaves
+        rows twice, which readers take once (`winners`), and the next merge takes in."""
+        parts = self._parts(folder)
+        if len(parts) < self.merge_parts_at:
+            return
+        try:
+            rows = [record for uri in parts for record in self._read_part(uri)]
+        except _PartGone:
+            return  # another process is merging this folder
+        merged = self._write_rows(f"{folder}/{_merged_name(parts[-1])}", winners(rows).values())
+        for uri in parts:
+            if uri != merged:
+                self.storage.delete_file(uri)
 
     # CatalogStore -----------------------------------------------------------------------------
 
     def _write_time_parts(self, records: list[dict], token: str) -> None:
         """One part per time folder the records (or retirements) fall in."""
         for key, group in _grouped(records, "time_index_key"):
-            self._write_part(self._time_folder(*bucket_and_what(key)), group, token)
+            folder = self._time_folder(*bucket_and_what(key))
+            self._write_part(folder, group, token)
+            self._merge_parts(folder)
 
     def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
         token = self._token()
@@ -239,7 +296,9 @@ class ParquetCatalogStore(CatalogStore):
         self._write_time_parts(records, token)
         with_work_id = [r for r in records if r["metadata"].get("work_id") is not None]
         for key, group in _grouped(with_work_id, "work_id_index_key"):
-            self._write_part(self._work_folder(key), group, token)
+            folder = self._work_folder(key)
+            self._write_part(folder, group, token)
+            self._merge_parts(folder)
         for (what, where), record in sorted(latest.items()):
             self._offer_latest(what, where, record, token)
 
@@ -268,7 +327,7 @@ class ParquetCatalogStore(CatalogStore):
     def _forget_latest(self, what: str, where: str, files: dict[str, int]) -> None:
         # A part offered after a better one stays until beaten: it must not outlive its file.
         for uri in self._parts(self._latest_folder(what, where)):
-            if all(is_retired(r, files) for r in self._read_part(uri)):
+            if all(is_retired(r, files) for r in self._read_part_unless_gone(uri)):
                 self.storage.delete_file(uri)
 
     def _replace_latest(self, what: str, where: str, retired: dict, best: dict | None) -> None:
@@ -282,7 +341,7 @@ class ParquetCatalogStore(CatalogStore):
         for uri in self._parts(folder):
             if uri == mine:
                 continue
-            rows = self._read_part(uri)
+            rows = self._read_part_unless_gone(uri)
             if all((latest_order(r), uri.rsplit("/", 1)[1]) < mine_rank for r in rows):
                 self.storage.delete_file(uri)  # beaten by the part just written, which stays
 
@@ -316,8 +375,7 @@ class ParquetCatalogStore(CatalogStore):
 
     def _latest(self, what: str, where: str) -> dict | None:
         best = None
-        for uri in self._parts(self._latest_folder(what, where)):  # in write order
-            for record in self._read_part(uri):
-                if best is None or latest_order(record) >= latest_order(best):
-                    best = record
+        for record in self._read_folder(self._latest_folder(what, where)):  # in write order
+            if best is None or latest_order(record) >= latest_order(best):
+                best = record
         return best
