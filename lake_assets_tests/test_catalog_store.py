@@ -14,6 +14,7 @@ from lake_assets.catalog.metadata import build_records, build_retirements
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import S3Config
 from lake_assets.epoch import DAY_MS
+from lake_assets.errors import DamagedLakeFile
 from lake_assets.storage import PARTIAL_SUFFIX, Storage
 
 HOUR_MS = 3_600_000
@@ -635,7 +636,7 @@ def test_parquet_folders_merge_their_parts_and_every_query_answers_as_before(tmp
         assert _answers(merging, work_ids) == _answers(unmerged, work_ids)
     assert max(_part_counts(tmp_path / "merged")) < 4
     assert max(_part_counts(tmp_path / "plain")) > 20
-    assert list((tmp_path / "merged").rglob("part-*~merged.parquet"))
+    assert list((tmp_path / "merged").rglob("part-*~merged-*.parquet"))
 
 
 def test_a_merge_killed_before_it_removed_the_merged_parts_changes_no_answer(tmp_path, monkeypatch):
@@ -704,3 +705,67 @@ def test_a_folder_merged_while_a_query_reads_it_is_read_again(where, tmp_path, r
     assert reader.query_by_time(*day(1), "accounts") == [f[0] for f in files]
     assert racing.raced  # the part it listed first was gone when it read it
     assert len(writer.storage.list(f"{root}/time_bucket=1/accounts")) == 1
+
+
+class LateWriterDuringMerge(Storage):
+    """Storage on which, just before a merge writes its merged part, another process's part lands
+    with an older token (taken before, written late) and that process merges the folder too."""
+
+    def __init__(self, late):
+        super().__init__()
+        self.late = late
+        self.happened = False
+
+    def write_bytes(self, uri, data):
+        if "~merged" in uri and not self.happened:
+            self.happened = True
+            self.late()
+        super().write_bytes(uri, data)
+
+
+def test_two_processes_merging_one_folder_from_different_listings_lose_no_row(tmp_path):
+    root = f"file://{tmp_path}/catalog"
+    folder = f"{root}/time_bucket=1/accounts"
+    late_file = make_file(DAY_MS + 50, DAY_MS + 60)
+
+    def other_process():
+        other = ParquetCatalogStore(root, Storage())
+        other.merge_parts_at = 3
+        other._write_part(folder, late_file, "00000000000000000001-" + "0" * 16)
+        other._merge_parts(folder)
+
+    store = ParquetCatalogStore(root, LateWriterDuringMerge(other_process))
+    files = [make_file(DAY_MS + n, DAY_MS + n + 1) for n in range(3)]
+    store.put(files[0])
+    store.put(files[1])
+    store.merge_parts_at = 3
+    store.put(files[2])  # its part makes three: it merges, and the other process lands meanwhile
+    assert store.storage.happened
+    found = ParquetCatalogStore(root, Storage()).query_by_time(*day(1), "accounts")
+    assert sorted(ids(found)) == sorted(ids([f[0] for f in [*files, late_file]]))
+
+
+def test_a_put_into_a_folder_with_a_damaged_part_is_whole_and_the_query_names_the_part(tmp_path):
+    root = f"file://{tmp_path}/catalog"
+    store = ParquetCatalogStore(root, Storage())
+    store.merge_parts_at = 2
+    folder = tmp_path / "catalog" / "time_bucket=1" / "accounts"
+    folder.mkdir(parents=True)
+    (folder / "part-00000000000000000001-damaged.parquet").write_bytes(b"not parquet")
+    records = make_file(DAY_MS, DAY_MS + 5, work_id="run-a")
+    store.put(records)  # the merge cannot read the damaged part: it leaves the folder alone
+    assert len(list(folder.glob("part-*"))) == 2
+    assert store.latest("accounts", "unit") == records[0]
+    assert (tmp_path / "catalog" / "work_id=run-a+3aaccounts").is_dir()
+    with pytest.raises(DamagedLakeFile, match=r"damaged\.parquet"):
+        store.query_by_time(*day(1), "accounts")
+
+
+def test_a_part_that_is_listed_but_cannot_be_read_is_an_error_not_a_merge(tmp_path):
+    root = f"file://{tmp_path}/catalog"
+    store = ParquetCatalogStore(root, Storage())
+    store.put(make_file(DAY_MS, DAY_MS + 5))
+    folder = tmp_path / "catalog" / "time_bucket=1" / "accounts"
+    (folder / "part-99999999999999999999-link.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    with pytest.raises(FileNotFoundError):
+        store.query_by_time(*day(1), "accounts")

@@ -135,13 +135,18 @@ def _from_row(row: dict) -> dict:
 class _PartGone(Exception):
     """A part listed in a folder was removed before it was read (merged, or beaten as latest)."""
 
+    def __init__(self, uri: str, cause: OSError):
+        super().__init__(uri)
+        self.uri, self.cause = uri, cause
+
 
 def _merged_name(last_part: str) -> str:
-    """The name of the part that merges a folder's parts up to `last_part`: it sorts right after
-    that part and before any part written later (tokens grow), so "the last read wins" among
-    rows of one create_time stays as it was."""
+    """A new name for the part that merges a folder's parts up to `last_part`: it sorts right
+    after that part and before any part written later (tokens grow), so "the last read wins"
+    among rows of one create_time stays as it was. It is never a name in use: two processes
+    merging at once, each from its own listing, must not write over each other's rows."""
     stem = last_part.rsplit("/", 1)[1].removesuffix(".parquet").split("~")[0]
-    return f"{stem}{_MERGED}.parquet"
+    return f"{stem}{_MERGED}-{uuid.uuid4().hex[:16]}.parquet"
 
 
 def _grouped(records: list[dict], field: str) -> list[tuple[str, list[dict]]]:
@@ -231,9 +236,9 @@ class ParquetCatalogStore(CatalogStore):
     def _read_part(self, uri: str, where: str | None = None) -> list[dict]:
         try:
             data = self.storage.read_bytes(uri)
-        except OSError:
+        except OSError as failure:
             if not self.storage.exists(uri):
-                raise _PartGone(uri) from None
+                raise _PartGone(uri, failure) from None
             raise  # a failure to read a part that is there is raised as it is: not damage
         try:
             table = pq.read_table(pa.BufferReader(data))
@@ -251,31 +256,42 @@ class ParquetCatalogStore(CatalogStore):
         """The rows of a part, none if another process removed it since it was listed."""
         try:
             return self._read_part(uri)
-        except _PartGone:
+        except _PartGone as gone:
+            self._unless_still_listed(gone)
             return []
+
+    def _unless_still_listed(self, gone: _PartGone) -> list[str]:
+        """The folder's parts listed again; a part listed still, though it could not be read, was
+        not merged away (a broken link, a listing behind the store): its read error is raised."""
+        parts = self._parts(gone.uri.rsplit("/", 1)[0])
+        if gone.uri in parts:
+            raise gone.cause
+        return parts
 
     def _read_folder(self, folder: str, where: str | None = None) -> list[dict]:
         """The rows of every part of `folder`, in part order. Another process may merge the
         parts between the listing and the reads: the folder is then listed and read again."""
+        parts = self._parts(folder)
         for _ in range(_READ_ATTEMPTS):
             try:
-                return [record for uri in self._parts(folder) for record in self._read_part(uri, where)]
-            except _PartGone:
-                continue
+                return [record for uri in parts for record in self._read_part(uri, where)]
+            except _PartGone as gone:
+                parts = self._unless_still_listed(gone)
         raise CatalogError(f"{folder}: its parts kept changing while they were read; try again")
 
     def _merge_parts(self, folder: str) -> None:
         """Merge the parts of `folder` into one once it holds `merge_parts_at`: the winning row of
         each key (retirements too), so any reader finds what it found before. The merged part is
         written whole before the parts it replaces are removed; a process killed between leaves
-        rows twice, which readers take once (`winners`), and the next merge takes in."""
+        rows twice, which readers take once (`winners`), and the next merge takes in. A part it
+        cannot read leaves the folder as it is: merging is an economy, the put must not fail."""
         parts = self._parts(folder)
         if len(parts) < self.merge_parts_at:
             return
         try:
             rows = [record for uri in parts for record in self._read_part(uri)]
-        except _PartGone:
-            return  # another process is merging this folder
+        except (_PartGone, DamagedLakeFile, OSError):
+            return  # merged meanwhile by another process, or a part a query will name
         merged = self._write_rows(f"{folder}/{_merged_name(parts[-1])}", winners(rows).values())
         for uri in parts:
             if uri != merged:
