@@ -8,6 +8,8 @@ import itertools
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
 from lake_assets.catalog.metadata import build_records, build_retirements
@@ -769,3 +771,79 @@ def test_a_part_that_is_listed_but_cannot_be_read_is_an_error_not_a_merge(tmp_pa
     (folder / "part-99999999999999999999-link.parquet").symlink_to(tmp_path / "nowhere.parquet")
     with pytest.raises(FileNotFoundError):
         store.query_by_time(*day(1), "accounts")
+
+
+#: one step of a catalog's life: a new file (day, minute, where, work id), the file at that index
+#: catalogued again (a later record, maybe another work id), or retired; `killed` makes the merge
+#: this step sets off stop after its merged part is written, before it removes a part
+_steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("new"),
+            st.integers(0, 2),
+            st.integers(0, 60),
+            st.sampled_from(["unit", "other"]),
+            st.sampled_from(["run-a", "run-b", None]),
+        ),
+        st.tuples(st.just("again"), st.integers(0, 40), st.sampled_from(["run-a", "run-c"])),
+        st.tuples(st.just("retire"), st.integers(0, 40)),
+        st.tuples(st.just("killed")),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+class KilledMidMerge(Exception):
+    pass
+
+
+class StorageKilledOnce(Storage):
+    """Storage whose next removal of a merged part's source kills the process (an exception)."""
+
+    armed = False
+
+    def delete_file(self, uri):
+        if self.armed and "/time_bucket=" in uri:
+            self.armed = False
+            raise KilledMidMerge(uri)
+        super().delete_file(uri)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_steps)
+def test_merged_and_unmerged_catalogs_answer_alike_whatever_happens(steps, tmp_path_factory):
+    """Property: a catalog merging its folders at two parts and one never merging answer every
+    query alike after every step, through re-puts, retirements and merges killed midway (the
+    killed put is made again, as the run that made it would)."""
+    base = tmp_path_factory.mktemp("catalogs")
+    killing = StorageKilledOnce()
+    merging = ParquetCatalogStore(f"file://{base}/merged", killing)
+    merging.merge_parts_at = 2
+    unmerged = ParquetCatalogStore(f"file://{base}/plain", Storage())
+    unmerged.merge_parts_at = 10**9
+    files: list[list[dict]] = []
+    for step in steps:
+        if step[0] == "killed":
+            killing.armed = True
+            continue
+        if step[0] == "new":
+            _, day_no, minute, where, work_id = step
+            start = (day_no + 1) * DAY_MS + minute * 60_000
+            files.append(make_file(start, start + 5, where=where, work_id=work_id))
+            kind, records = "put", files[-1]
+        elif not files:
+            continue
+        elif step[0] == "again":
+            records = [{**r, "create_time": next(_clock)} for r in files[step[1] % len(files)]]
+            kind = "put"
+        else:
+            kind, records = "retire", gone(files[step[1] % len(files)])
+        for store in (merging, unmerged):
+            try:
+                getattr(store, kind)(records)
+            except KilledMidMerge:
+                getattr(store, kind)(records)  # the run again
+        assert _answers(merging, ["run-a", "run-b", "run-c"]) == _answers(
+            unmerged, ["run-a", "run-b", "run-c"]
+        ), step
