@@ -132,8 +132,9 @@ def _from_row(row: dict) -> dict:
     return record
 
 
-class _PartGone(Exception):
-    """A part listed in a folder was removed before it was read (merged, or beaten as latest)."""
+class _PartGone(CatalogError):
+    """A part listed in a folder was removed before it was read (merged, or beaten as latest).
+    Caught in this module: every reader lists the folder again or passes over the part."""
 
     def __init__(self, uri: str, cause: OSError):
         super().__init__(uri)
