@@ -40,7 +40,7 @@ _TIME_FOLDER = "time_bucket="
 #: parts a time or work-id folder may hold before a put merges them into one: every hourly run
 #: adds a few, and every query reads them all (docs/lake-layout.md, "The catalog")
 MERGE_PARTS_AT = 16
-#: how a merged part's name ends: after the name of the last part it holds, before any later one
+#: marks a merged part: its name is the last merged part's token, this, then a random part
 _MERGED = "~merged"
 #: how often a read starts a folder again when a part listed in it is gone (merged meanwhile)
 _READ_ATTEMPTS = 5
