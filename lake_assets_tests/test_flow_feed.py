@@ -896,3 +896,51 @@ def test_a_field_whose_column_is_a_nested_keys_column_sets_its_fragment_aside(sp
     notes = quarantine_notes(lake)
     assert "a field 'a_b' whose column is the column of the key /a/b" in notes[uri(set_aside)]
     assert "columns 'A_B' and 'a_b', whose names are equal ignoring case" in notes[uri(set_aside_too)]
+
+
+def test_values_spark_would_refuse_or_change_make_their_columns_text_and_stop_nothing(spark, tmp_path):
+    """Spark's JSON reading takes `""` for a value of any type: beside numbers or booleans it read
+    the column as those and then refused the `""`, and the table failed on every run, its good
+    journals with it. An integer of more than 38 digits read as a double (rounded), and a number
+    past a double's range as infinity (or, too small, zero), without a word. A UUID dated past
+    what a 64-bit sequence orders failed the table too."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    collection = landing / "acmeCo" / "customers"
+    forty_one_digits = "1" * 41
+
+    def raw_line(n: int, fields: str, *, at: dt.datetime = HOUR) -> bytes:
+        meta = {"uuid": build_uuid(clock_of(at) + 16 * n, 0, PRODUCER), "op": "c"}
+        return f'{{"id": {n}, {fields}, "_meta": {json.dumps(meta)}}}\n'.encode()
+
+    write_fragment(collection / "pivot=00", 0, doc_line(1, amount=5, flag=True, big=7, tiny=1.5, huge=2.5))
+    write_fragment(
+        collection / "pivot=01",
+        0,
+        raw_line(2, f'"amount": "", "flag": "", "big": {forty_one_digits}, "tiny": 1e-400, "huge": -1e400'),
+    )
+    far = write_fragment(
+        collection / "pivot=02", 0, raw_line(3, '"amount": 1', at=dt.datetime(3500, 1, 1, tzinfo=UTC))
+    )
+    key = write_fragment(
+        collection / "pivot=03", 0, raw_line(4, '"amount": 1').replace(b'"id": 4', b'"id": 1e400')
+    )
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    changed = {r["id"]: r for r in rows(lake, "changes", "acmeco_customers")}
+    assert sorted(changed) == [1, 2]
+    values = {c: (changed[1][c], changed[2][c]) for c in ("amount", "flag", "big", "tiny", "huge")}
+    assert values == {
+        "amount": ("5", ""),
+        "flag": ("true", ""),
+        "big": ("7", forty_one_digits),
+        "tiny": ("1.5", "1e-400"),
+        "huge": ("2.5", "-1e400"),
+    }
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2]
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(far), uri(key)}
+    assert "dated on or after 3409-07-08" in notes[uri(far)]
+    assert "key /id is the number '1e400'" in notes[uri(key)]
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True

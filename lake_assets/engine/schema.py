@@ -38,7 +38,7 @@ _INTEGER_DIGITS: dict[T.DataType, int] = {
     T.LongType(): 20,
 }
 _FLOATING = (T.FloatType(), T.DoubleType())
-_DECIMAL_DIGITS = 38  # the most a Spark decimal holds
+DECIMAL_DIGITS = 38  # the most a Spark decimal holds
 
 
 def _exact_decimal(left: T.DataType, right: T.DataType) -> T.DataType | None:
@@ -53,7 +53,7 @@ def _exact_decimal(left: T.DataType, right: T.DataType) -> T.DataType | None:
     (left_whole, left_scale), (right_whole, right_scale) = digits(left), digits(right)
     scale = max(left_scale, right_scale)
     precision = max(left_whole, right_whole) + scale
-    return T.DecimalType(precision, scale) if precision <= _DECIMAL_DIGITS else None
+    return T.DecimalType(precision, scale) if precision <= DECIMAL_DIGITS else None
 
 
 def widen(table: str, column: str, left: T.DataType, right: T.DataType, *, exact: bool = False) -> T.DataType:

@@ -34,6 +34,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import math
 import re
 import uuid as uuidlib
 import zlib
@@ -441,15 +442,25 @@ class FlowUuid:
     @property
     def timestamp(self) -> dt.datetime:
         """UTC time of the clock, microsecond precision (truncated)."""
-        return _GREGORIAN_EPOCH + dt.timedelta(microseconds=self.clock // 10)
+        return _clock_time(self.clock)
 
     @property
     def is_ack(self) -> bool:
         return bool(self.flags & ACK_TXN)
 
 
+def _clock_time(clock: int) -> dt.datetime:
+    return _GREGORIAN_EPOCH + dt.timedelta(microseconds=clock // 10)
+
+
+#: the first UUID time whose producer clock (`FlowUuid.order`) no longer fits a signed 64-bit
+#: sequence (`_seq`), in the year 3409
+_LAST_CLOCK = 2**59
+
+
 def parse_uuid(text: str) -> FlowUuid:
-    """Decode a Flow `_meta.uuid`; ValueError unless it is an RFC 4122 version-1 UUID."""
+    """Decode a Flow `_meta.uuid`; ValueError unless it is an RFC 4122 version-1 UUID whose time
+    the lake's 64-bit sequence can order."""
     if not isinstance(text, str):
         raise InvalidValue(f"uuid must be a string, got {type(text).__name__}")
     try:
@@ -458,6 +469,11 @@ def parse_uuid(text: str) -> FlowUuid:
         raise InvalidValue(f"invalid uuid {text!r}") from None
     if u.variant != uuidlib.RFC_4122 or u.version != 1:
         raise InvalidValue(f"uuid {text!r} is not a version-1 UUID")
+    if u.time >= _LAST_CLOCK:
+        raise InvalidValue(
+            f"uuid {text!r} is dated on or after {_clock_time(_LAST_CLOCK):%Y-%m-%d}, past what the "
+            "lake's 64-bit sequence orders"
+        )
     raw = u.bytes
     return FlowUuid(
         clock=u.time,
@@ -494,10 +510,24 @@ def _json_value(line: Content):
         text, garbled = line.decode("utf-8-sig"), False
     except UnicodeDecodeError:
         text, garbled = line.decode("utf-8-sig", "surrogateescape"), True
-    value = json.loads(text, parse_constant=_refuse_constant)
+    value = json.loads(text, parse_constant=_refuse_constant, parse_float=_float_or_text)
     if not garbled and b"\\u" in line and _ESCAPED_SURROGATE.search(line):
         garbled = holds_invalid_text(value)
     return value, garbled
+
+
+class NumberText(str):
+    """A JSON number no double holds, kept as the text it was written in: past a double's range
+    it would read as infinity, and too small for one as zero, each without a word. A payload
+    value like this makes its column text (docs/formats/flow-journals.md); a key, a refusal."""
+
+
+def _float_or_text(literal: str) -> float | NumberText:
+    value = float(literal)
+    mantissa = literal.lower().partition("e")[0]
+    if math.isinf(value) or (value == 0 and any(digit in mantissa for digit in "123456789")):
+        return NumberText(literal)
+    return value
 
 
 def holds_invalid_text(value) -> bool:

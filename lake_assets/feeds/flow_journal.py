@@ -44,11 +44,12 @@ import pyarrow as pa
 from pydantic import PlainSerializer, PlainValidator, model_validator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name, same_name
-from lake_assets.engine.schema import one_column_per_name
+from lake_assets.engine.schema import DECIMAL_DIGITS, one_column_per_name
 from lake_assets.errors import InvalidValue
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import (
@@ -170,19 +171,26 @@ def _columns_of(document: dict, key: tuple[str, ...]) -> list[str]:
     )
 
 
-def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
-    """One committed document as a flat JSON object: key columns, top-level fields (objects and
-    arrays as JSON text) and the change-model fields the feed derives."""
+def _column_value(value: Any) -> Any:
+    """A top-level field's value as its column takes it: objects and arrays as JSON text, and an
+    integer with more digits than a decimal holds as its digits (Spark would read it as a
+    double, which rounds), so that its column becomes text and no value changes."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**DECIMAL_DIGITS:
+        return str(value)
+    return value
+
+
+def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> tuple[str, list[str]]:
+    """One committed document as a flat JSON object (key columns, top-level fields and the
+    change-model fields the feed derives), and its columns holding empty text: Spark's reading
+    of JSON takes `""` for a value of any type, and would then refuse it in a column of numbers
+    or booleans (`FlowJournalFormat._parsed`)."""
     body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
     meta = body.get("_meta") or {}
     try:
-        row = {
-            lake_name(name): json.dumps(value, sort_keys=True, separators=(",", ":"))
-            if isinstance(value, (dict, list))
-            else value
-            for name, value in body.items()
-            if name != "_meta"
-        }
+        row = {lake_name(name): _column_value(value) for name, value in body.items() if name != "_meta"}
     except RecursionError:  # read at the edge of the parser's depth, too deep to write out again
         raise ff.FragmentError(doc.uri, "document nests too deeply to be written out", doc.offset) from None
     for pointer in key:
@@ -198,12 +206,14 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> str:
             **({TEXT_REPAIRED: repaired} if repaired else {}),
         }
     )
-    return json.dumps(row, separators=(",", ":"))
+    return json.dumps(row, separators=(",", ":")), [column for column, value in row.items() if value == ""]
 
 
 def _exact_key_number(value: object) -> bool:
     """Whether a key value that is a number reaches Spark as that number: JSON numbers with a
     fraction or beyond 64 bits are inferred as doubles, which round (2^53 + 1 reads as 2^53)."""
+    if isinstance(value, ff.NumberText):
+        return False  # a number no double holds
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return True  # not a number: text and booleans keep their values
     return isinstance(value, int) and -(2**63) <= value < 2**63
@@ -295,6 +305,7 @@ def read_journal_task(
         hour_of = {r["uri"]: r["hour"] for r in rows}
         read_to: int | None = None  # the journal offset read so far
         elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
+        empty_text: set[str] = set()  # columns of emitted documents holding "" (`document_row`)
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
             for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
@@ -323,13 +334,9 @@ def read_journal_task(
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
-                            emit(
-                                "doc",
-                                r["hour"],
-                                committed.uri,
-                                committed.offset,
-                                document_row(committed, key, r["hour"]),
-                            )
+                            body, empty = document_row(committed, key, r["hour"])
+                            empty_text.update(empty)
+                            emit("doc", r["hour"], committed.uri, committed.offset, body)
                         elif (
                             hour_of[committed.uri] in wanted_hours
                             and (r["hour"], committed.uri) not in elsewhere
@@ -348,6 +355,8 @@ def read_journal_task(
         if not broken:
             left = sequencer.finish()
             emit("counts", None, body=json.dumps(sequencer.counts))
+            if empty_text:
+                emit("empty_text", None, body=json.dumps(sorted(empty_text)))
             # Documents of the run's hours whose transaction is still open: its end, if landed,
             # lies in a later hour, which the driver reads too (to learn which hour commits them).
             if any(hour_of[d.uri] in wanted_hours for d in left):
@@ -395,6 +404,18 @@ class _JournalFragments:
             (self.name, p.fragment.uri, p.skip, order, self.hour_of[p.fragment.uri])
             for order, p in enumerate(self.cover()[0])
         ]
+
+
+@dataclasses.dataclass
+class _PassNotes:
+    """What the notes of the documents a read takes say, over its passes."""
+
+    #: the sequencers' counts
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: other hours that commit documents of the run's hours -> the fragments holding them
+    elsewhere: dict[str, list[ByteRange]] = dataclasses.field(default_factory=dict)
+    #: columns holding empty text in some document (`document_row`)
+    empty_text: set[str] = dataclasses.field(default_factory=set)
 
 
 def _collection_name(value: Any) -> bool:
@@ -662,9 +683,7 @@ class FlowJournalFormat(FeedFormat):
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
         with released_after([]) as cached:
-            outcomes, counts, elsewhere = self._read_until_every_piece_reads(
-                spark, journals, task, cached, reach
-            )
+            outcomes, found = self._read_until_every_piece_reads(spark, journals, task, cached, reach)
             read, skipped, gaps, reading = self._tally(journals, wanted, quarantined)
             documents = [
                 outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
@@ -676,16 +695,7 @@ class FlowJournalFormat(FeedFormat):
             rows_in = bodies.count() if bodies is not None else 0
             events = None
             if bodies is not None and rows_in:
-                # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none).
-                # Each body is JSON this reader wrote, so a line Spark cannot parse is a fault to
-                # raise, not a row to keep; and Spark's own column for such lines
-                # (`_corrupt_record` by default) takes a name no vendor field has in the lake, so
-                # a document's field of that name keeps its value.
-                parsed = (
-                    spark.read.option("mode", "FAILFAST")
-                    .option("columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD)
-                    .json(bodies)
-                )
+                parsed = self._parsed(spark, bodies, found.empty_text)
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(
@@ -698,8 +708,8 @@ class FlowJournalFormat(FeedFormat):
                 quarantined,
                 files_skipped=skipped,
                 gaps=gaps,
-                counts=counts,
-                committed_elsewhere=elsewhere,
+                counts=found.counts,
+                committed_elsewhere=found.elsewhere,
                 reading=reading,
             )
         collapsed = collapse_counted(events, self.table_spec(table), keep=False)
@@ -714,9 +724,9 @@ class FlowJournalFormat(FeedFormat):
             quarantined,
             files_skipped=skipped,
             gaps=gaps,
-            counts=counts,
+            counts=found.counts,
             text_repaired=repaired,
-            committed_elsewhere=elsewhere,
+            committed_elsewhere=found.elsewhere,
             reading=reading,
         )
 
@@ -727,19 +737,18 @@ class FlowJournalFormat(FeedFormat):
         task,
         cached: list[DataFrame],
         reach: Callable[[_JournalFragments, bool], bool],
-    ) -> tuple[list[tuple[DataFrame, set[str]]], dict[str, int], dict[str, list[ByteRange]]]:
+    ) -> tuple[list[tuple[DataFrame, set[str]]], _PassNotes]:
         """Read the journals' covers, then again those where a fragment failed, on covers without
         the fragments that failed; those where an acknowledgement of the run's hours may commit
         documents of earlier hours, with those hours added; and those where documents of the
         run's hours are still pending at the end, with later hours added (`reach`, which says
         whether the journal has any), until a pass needs none of that (each pass sets a fragment
         aside or reads further, so this ends). Returns each pass's output with the journals it
-        must not be taken from (read again later), the sequencers' counts of the passes that
-        count, and the other hours that commit documents of the run's hours (hour -> their
-        fragments). Each pass's output is cached, and added to `cached` for the caller to release."""
+        must not be taken from (read again later), and what the notes of the documents taken
+        say (`_PassNotes`). Each pass's output is cached, and added to `cached` for the caller to
+        release."""
         outcomes: list[tuple[DataFrame, set[str]]] = []
-        counts: dict[str, int] = {}
-        elsewhere: dict[str, list[ByteRange]] = {}
+        found = _PassNotes()
         todo = journals
         while todo:
             plan = [row for journal in todo for row in journal.plan()]
@@ -748,10 +757,10 @@ class FlowJournalFormat(FeedFormat):
             outcome = self._read_journals(spark, plan, task)
             cached.append(outcome)
             notes = outcome.where(F.col("kind") != "doc").collect()
-            retried = self._take_notes(notes, journals, counts, elsewhere, reach)
+            retried = self._take_notes(notes, journals, found, reach)
             outcomes.append((outcome, retried))
             todo = [journal for journal in journals if journal.name in retried]
-        return outcomes, counts, elsewhere
+        return outcomes, found
 
     @staticmethod
     def _tally(
@@ -825,15 +834,12 @@ class FlowJournalFormat(FeedFormat):
     def _take_notes(
         notes: list,
         journals: list[_JournalFragments],
-        counts: dict[str, int],
-        elsewhere: dict[str, list[ByteRange]],
+        found: _PassNotes,
         reach: Callable[[_JournalFragments, bool], bool],
     ) -> set[str]:
         """Record what a pass's notes say: fragments that failed (on their journal), journals
         whose earlier or later hours are to be read too (`reach` adds them), and, of the
-        journals not read again, the sequencers' counts (added to `counts`) and the other hours
-        that commit documents of the run's hours (added to `elsewhere`, with the fragments
-        holding them); returns the journals to read again."""
+        journals not read again, what `found` collects; returns the journals to read again."""
         by_name = {journal.name: journal for journal in journals}
         retry = set()
         for note in notes:
@@ -849,11 +855,13 @@ class FlowJournalFormat(FeedFormat):
                 continue
             if note["kind"] == "counts":
                 for name, value in json.loads(note["body"]).items():
-                    counts[name] = counts.get(name, 0) + value
+                    found.counts[name] = found.counts.get(name, 0) + value
+            elif note["kind"] == "empty_text":
+                found.empty_text.update(json.loads(note["body"]))
             elif note["kind"] == "committed_elsewhere":
                 fragment = by_name[note["journal"]].fragment(note["uri"])
                 part = ByteRange(fragment.uri, fragment.journal, fragment.name.begin, fragment.name.end)
-                elsewhere.setdefault(note["hour"], []).append(part)
+                found.elsewhere.setdefault(note["hour"], []).append(part)
         return retry
 
     def _add_hours(
@@ -933,6 +941,33 @@ class FlowJournalFormat(FeedFormat):
                     continue
                 journal.fragments.append(fragment)
                 journal.hour_of[entry.uri] = key
+
+    @staticmethod
+    def _parsed(spark: SparkSession, bodies: DataFrame, empty_text: set[str]) -> DataFrame:
+        """The documents' rows (`document_row`'s JSON), in the types Spark reads them in, but
+        for a column holding empty text somewhere (`empty_text`): Spark takes `""` for a value of
+        any type, so beside numbers or booleans it reads the column as those and then refuses
+        the `""`. Such a column is text, every value spelled as the document wrote it, as when
+        text meets a number in any other document (docs/formats/flow-journals.md)."""
+        # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none). Each body
+        # is JSON this reader wrote, so a line Spark cannot parse is a fault to raise, not a row
+        # to keep; and Spark's own column for such lines (`_corrupt_record` by default) takes a
+        # name no vendor field has in the lake, so a document's field of that name keeps its value.
+        reader = spark.read.option("mode", "FAILFAST").option(
+            "columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD
+        )
+        parsed = reader.json(bodies)
+        as_text = [
+            field.name
+            for field in parsed.schema.fields
+            if field.name in empty_text and not isinstance(field.dataType, T.StringType)
+        ]
+        if not as_text:
+            return parsed
+        schema = T.StructType(
+            [T.StructField(f.name, T.StringType()) if f.name in as_text else f for f in parsed.schema.fields]
+        )
+        return reader.schema(schema).json(bodies)
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         parsed = one_column_per_name(parsed, collection.table)
