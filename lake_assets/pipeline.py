@@ -437,9 +437,12 @@ def store_partitions(
     the keys it recorded as purged, and those `frame` purges, are written without their field data.
 
     A fold of the table killed mid-commit is finished first: its commit may put erased change-log
-    files in place, which must land before this write replaces their partitions, never beside it."""
+    files in place, which must land before this write replaces their partitions, never beside it.
+    The partitions' processed notes go before the write (`processed.forget_notes`), so that a
+    run killed while it replaces them leaves them to the next run."""
     if state is not None:
         finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
+        processed.forget_notes(storage, state.layout, feed, table, partitions)
     erase = (
         purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
         if state is not None and frame is not None

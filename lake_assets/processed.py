@@ -101,6 +101,17 @@ def read_notes(
     return dict(each_file(read, json_files(storage, notes_folder(layout, feed, table))))
 
 
+def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]) -> None:
+    """Remove the notes of `partitions`, before their stored changes are replaced.
+
+    Spark replaces a partition's folder by deleting it and then moving the new one in: a run
+    killed between the two leaves the partition without its changes. Without its note the
+    next run processes it again, as it would a new one; with it, planning would find nothing
+    changed and the rows would stay lost. The fold's success writes the notes again."""
+    noted = noted_partitions(storage, layout, feed, table)
+    each_file(storage.delete_file, [note_uri(layout, feed, table, p) for p in partitions if p in noted])
+
+
 def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
     """The partitions processed so far (one listing, no note read)."""
     return {json_name(entry) for entry in json_files(storage, notes_folder(layout, feed, table))}

@@ -252,6 +252,33 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
     assert lake.run() == [(hour(4), hour(4))]
 
 
+def test_a_run_killed_while_it_replaces_a_processed_hours_changes_leaves_the_hour_to_the_next_run(
+    lake, monkeypatch
+):
+    """Spark replaces a partition's folder by deleting it and then moving the new one in. A run
+    killed in between (here, an error at that moment) left the hour without its changes while its
+    processed note still matched the landing: the next run found nothing to do, and the rows
+    stayed lost."""
+    from lake_assets import lake_io
+
+    real_write = lake_io.write_partitions
+
+    def killed_between_delete_and_rename(df, storage, table_uri, column, values, *args, **kwargs):
+        for value in values:
+            storage.delete_tree(f"{table_uri}/{column}={value}")
+        raise RuntimeError("killed in the middle of the change log's commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lake_io, "write_partitions", killed_between_delete_and_rename)
+        with pytest.raises(LakeAssetsError):
+            lake.run(first=hour(3), last=hour(3))
+    assert hour(3) not in lake.changes()
+    assert lake_io.write_partitions is real_write
+    assert lake.run() == [(hour(3), hour(3))]
+    assert lake.changes()[hour(3)] == ["c"]
+    assert lake.run() == []
+
+
 # --- the rule itself, on listings ------------------------------------------------------------------
 
 
