@@ -92,16 +92,39 @@ def canonical_uri(spark_path: str) -> str:
     return path
 
 
+#: The most one column of one row group of a landed file may decode to, as its footer says.
+#: Spark decodes a column chunk's dictionary whole, in one task's memory: a small file whose one
+#: value or dictionary inflates to gigabytes (a decompression bomb) would end the JVM, and with
+#: it every table of the run. Far above what a change file's row group holds per column.
+MAX_COLUMN_CHUNK_BYTES = 1 << 30
+
+
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
     """(schema, rows, stored types) of a usable file, or the reason it is not usable."""
     try:
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
             schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
+            too_large = _column_chunk_too_large(meta.metadata)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-    reason = schema_case_clash(schema) or fmt.vet_schema(schema)
+    reason = too_large or schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows, stored), None) if reason is None else (None, reason)
+
+
+def _column_chunk_too_large(meta: pq.FileMetaData) -> str | None:
+    """Why a file's footer says it decodes to more than a read can hold, or None."""
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.total_uncompressed_size > MAX_COLUMN_CHUNK_BYTES:
+                return (
+                    f"column '{chunk.path_in_schema}' of row group {group} decodes to "
+                    f"{chunk.total_uncompressed_size} bytes ({chunk.total_compressed_size} stored), more than "
+                    f"the {MAX_COLUMN_CHUNK_BYTES} a landed file's column chunk may hold"
+                )
+    return None
 
 
 def _stored_types(schema: pq.ParquetSchema) -> str:

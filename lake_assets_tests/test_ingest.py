@@ -56,6 +56,18 @@ def damage_data_pages(path: Path, column: int = 1) -> None:
     path.write_bytes(bytes(data))
 
 
+def land_good_file(landing: Path) -> None:
+    """`part-0.parquet` in hour 0: one insert of the key "a"."""
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event("a", "I", 1, at(0, 1), name="a", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+
+
 def land_damaged_file(landing: Path) -> None:
     """`part-damaged.parquet` in hour 0: a footer declaring 40 rows of the account schema, data
     pages no reader can decode."""
@@ -124,14 +136,7 @@ def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once
     """The clash is found when the groups are unioned, the damage only when the data is read;
     the batch is read again without the damaged file, and the clashing file stays set aside."""
     landing = tmp_path / "unit"
-    write_events(
-        landing,
-        "accounts",
-        0,
-        "part-0.parquet",
-        [event("a", "I", 1, at(0, 1), name="a", balance=1)],
-        ACCOUNT_SCHEMA,
-    )
+    land_good_file(landing)
     write_events(
         landing,
         "accounts",
@@ -202,14 +207,7 @@ def test_a_damaged_file_whose_footer_outweighs_a_clash_does_not_keep_the_good_fi
 def test_a_damaged_file_with_bad_rows_beside_it_is_set_aside_once(spark, tmp_path):
     """Damage, a schema clash and a bad row in three files of one batch: three reasons, one each."""
     landing = tmp_path / "unit"
-    write_events(
-        landing,
-        "accounts",
-        0,
-        "part-0.parquet",
-        [event("a", "I", 1, at(0, 1), name="a", balance=1)],
-        ACCOUNT_SCHEMA,
-    )
+    land_good_file(landing)
     write_events(
         landing,
         "accounts",
@@ -622,3 +620,27 @@ def test_a_run_names_what_in_the_landing_no_table_reads_and_processes_the_rest(s
         for line in lines
     ), lines
     assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
+
+
+def test_a_file_whose_column_decodes_past_the_bound_is_set_aside_from_its_footer(
+    spark, tmp_path, monkeypatch
+):
+    """A small file whose one value inflates to gigabytes (a dictionary of 1.5 GB of text in a
+    47 KB file) ran the driver out of memory: the JVM ended and every table of the run failed,
+    naming no file. Its footer says what it decodes to, so it is set aside before any read (the
+    bound lowered here so that the test stays small)."""
+    from lake_assets import ingest
+
+    monkeypatch.setattr(ingest, "MAX_COLUMN_CHUNK_BYTES", 256 * 1024)
+    landing = tmp_path / "unit"
+    land_good_file(landing)
+    bomb = [event("b", "I", 2, at(0, 2), name="x" * 400_000, balance=2)] * 3
+    write_events(landing, "accounts", 0, "part-bomb.parquet", bomb, ACCOUNT_SCHEMA)
+    assert (hour_dir(landing, "accounts", 0) / "part-bomb.parquet").stat().st_size < 256 * 1024
+
+    batch = _read(spark, landing)
+
+    assert _ids(batch) == ["a"]
+    reason = _names(batch)["part-bomb.parquet"]
+    assert "column 'name' of row group 0 decodes to" in reason and f"the {256 * 1024} a landed" in reason
+    assert batch.reconciles
