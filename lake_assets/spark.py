@@ -8,6 +8,7 @@ Secrets are not part of it; `s3a_secret_conf` reads them from the environment at
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import sys
@@ -268,6 +269,8 @@ def build_session(conf: Mapping[str, str]):
         atexit.register(session.stop)
         apply_sql_settings(session, {k: v for k, v in settings.items() if k != "spark.app.name"})
     else:
+        if driver_ended():
+            forget_ended_driver()
         builder = SparkSession.builder
         worker_python = settings.get("spark.pyspark.python")
         if worker_python:
@@ -285,6 +288,42 @@ def build_session(conf: Mapping[str, str]):
 
     prepare_executors(session)
     return session
+
+
+def driver_ended(session=None) -> bool:
+    """Whether the driver JVM this process started has ended (killed, or out of memory), or, given
+    a `session`, whether that session's driver has: every call to it would fail to connect. A
+    Spark Connect session's driver is the server's, never this process's."""
+    from pyspark import SparkContext
+
+    if session is not None:
+        context = getattr(session, "_sc", None)  # a classic session's context; Connect has none
+        if context is None:
+            return False
+        if context is not SparkContext._active_spark_context:
+            return True  # forgotten after it ended (`forget_ended_driver`)
+    process = getattr(SparkContext._gateway, "proc", None)  # the JVM PySpark launched, if it did
+    return process is not None and process.poll() is not None
+
+
+def forget_ended_driver() -> None:
+    """Forget the session, context and gateway of an ended driver, so that the next session starts
+    a new JVM. PySpark keeps them at class level and would hand them out again (`getOrCreate`),
+    and offers no public call that works once the JVM is gone, so one table's run that ended the
+    JVM would fail every table after it in this process."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = SparkContext._gateway
+    with SparkContext._lock:
+        SparkContext._active_spark_context = None
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    if gateway is not None:
+        with contextlib.suppress(Exception):  # its sockets, on this side only: the other end is gone
+            gateway.close()
 
 
 def connect_url(remote: str) -> str:

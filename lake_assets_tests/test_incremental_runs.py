@@ -279,6 +279,65 @@ def test_a_run_killed_while_it_replaces_a_processed_hours_changes_leaves_the_hou
     assert lake.run() == []
 
 
+_DRIVER_ENDS_IN_ONE_TABLE = """
+import json, os, signal, sys
+from pathlib import Path
+import dagster as dg
+from lake_assets import pipeline
+from lake_assets.errors import LakeAssetsError
+from lake_assets.runner import run_feeds
+from lake_assets_tests.test_incremental_runs import Lake
+from lake_assets_tests.unit_files import at, event
+
+lake = Lake(Path(sys.argv[1]))
+lake.write(1, "part-0.parquet", [event("a", "I", 1, at(1, 5), name="a", balance=1)], table="accounts")
+lake.write(1, "part-0.parquet", [event("b", "I", 1, at(1, 5), name="b", balance=1)], table="bombs")
+real_ingest, ended = pipeline.ingest, []
+
+def ingest(session, work, partitions, **options):
+    if not ended:  # the first table read ends the driver, as running it out of memory would
+        from pyspark import SparkContext
+        ended.append(work.table)
+        os.kill(SparkContext._gateway.proc.pid, signal.SIGKILL)
+        SparkContext._gateway.proc.wait()
+    return real_ingest(session, work, partitions, **options)
+
+pipeline.ingest = ingest
+try:
+    lake.run()
+    failure = None
+except LakeAssetsError as error:
+    failure = str(error)
+first = {table: sorted(lake.changes(table).get("2024-03-01-01", [])) for table in ("accounts", "bombs")}
+lake.run()
+again = {table: sorted(lake.changes(table).get("2024-03-01-01", [])) for table in ("accounts", "bombs")}
+print(json.dumps({"ended": ended[0], "failure": failure, "first": first, "again": again}))
+"""
+
+
+def test_a_table_whose_step_ends_the_driver_stops_no_other_table_of_the_run(tmp_path, spark):
+    """Every step of a command's runs shares the process's Spark session. A table whose read ended
+    the driver JVM (a file running it out of memory) failed every table after it, in every feed,
+    each naming a refused connection: PySpark kept handing out the ended session. Its own step
+    fails; the steps after it get a new driver (here the driver is killed as the first table
+    is read, in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER_ENDS_IN_ONE_TABLE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "LAKE_ASSETS_LOG_DIR": str(tmp_path / "logs")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    ended, other = outcome["ended"], ({"accounts", "bombs"} - {outcome["ended"]}).pop()
+    assert f"unit/{ended}" in outcome["failure"] and f"unit/{other}" not in outcome["failure"]
+    assert outcome["first"][other] == [other[0]] and outcome["first"][ended] == []
+    assert outcome["again"] == {"accounts": ["a"], "bombs": ["b"]}
+
+
 # --- the rule itself, on listings ------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.pipeline import store_partitions
+from lake_assets.spark import driver_ended
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
 TABLE_KEYS_KEY = "keys"  # the table's key columns, in the asset's metadata
@@ -66,14 +67,18 @@ class InMemoryHandover:
             previous = self._kept.pop(tuple(key.path), None)
             self._kept[tuple(key.path)] = (run_id, tuple(partitions), frame)
         if previous is not None and previous[2] is not frame:
-            previous[2].unpersist()
+            _release(previous[2])
 
     def take(self, run_id: str, key: dg.AssetKey, partitions: list[str] | None) -> DataFrame | None:
+        """The batch kept for this run's step, or None: the step then reads the stored files (so
+        too when the driver that kept it has ended since)."""
         with self._lock:
             kept = self._kept.pop(tuple(key.path), None)
         if kept is None:
             return None
         kept_run, kept_partitions, frame = kept
+        if driver_ended(frame.sparkSession):
+            return None
         if kept_run == run_id and partitions is not None and kept_partitions == tuple(partitions):
             return frame
         frame.unpersist()
@@ -84,7 +89,13 @@ class InMemoryHandover:
         with self._lock:
             kept, self._kept = list(self._kept.values()), {}
         for _, _, frame in kept:
-            frame.unpersist()
+            _release(frame)
+
+
+def _release(frame: DataFrame) -> None:
+    """Free a kept batch's memory, unless its driver has ended (and the memory with it)."""
+    if not driver_ended(frame.sparkSession):
+        frame.unpersist()
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
