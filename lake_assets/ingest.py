@@ -517,22 +517,28 @@ def _with_valid_text(events: DataFrame, spec) -> DataFrame:
     """
     schema = events.schema
     payload = [c for c in spec.payload_columns(events.columns) if _holds_text(schema[c].dataType)]
-    keys = [k for k in spec.keys if k in events.columns and isinstance(schema[k].dataType, T.StringType)]
-    if not payload and not keys:
+    keys = [k for k in spec.keys if k in events.columns]
+    text_keys = [k for k in keys if isinstance(schema[k].dataType, T.StringType)]
+    float_keys = [k for k in keys if isinstance(schema[k].dataType, (T.FloatType, T.DoubleType))]
+    if not payload and not text_keys and not float_keys:
         return events
     repairs = {c: _valid_text(col(c), schema[c].dataType) for c in payload}
-    bad_key = (
-        F.coalesce(
-            *[
-                F.when(
-                    ~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8")
-                )
-                for k in keys
-            ]
-        )
-        if keys
-        else F.lit(None).cast("string")
-    )
+    key_reasons = [
+        *[
+            F.when(~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8"))
+            for k in text_keys
+        ],
+        # Spark takes every NaN for one value, and -0.0 for 0.0, when it groups, joins or sorts:
+        # two such keys would be one record.
+        *[
+            F.when(
+                F.isnan(col(k)) | ((col(k) == 0) & col(k).cast("string").startswith("-")),
+                F.lit(f"key column '{k}' holds NaN or -0.0, which Spark takes for the same key as another"),
+            )
+            for k in float_keys
+        ],
+    ]
+    bad_key = F.coalesce(*key_reasons) if key_reasons else F.lit(None).cast("string")
     repaired_values = sum((flag.cast("int") for _, flag in repairs.values()), F.lit(0))
     return events.withColumns(
         {

@@ -644,3 +644,31 @@ def test_a_file_whose_column_decodes_past_the_bound_is_set_aside_from_its_footer
     reason = _names(batch)["part-bomb.parquet"]
     assert "column 'name' of row group 0 decodes to" in reason and f"the {256 * 1024} a landed" in reason
     assert batch.reconciles
+
+
+def test_floating_point_keys_spark_would_take_for_another_set_their_file_aside(spark, tmp_path):
+    """Spark takes every NaN for one value, and -0.0 for 0.0, when it groups, joins and sorts: the
+    keys 0.0 and -0.0 (and two NaNs) became one record in `current`, one version closing the
+    other's, though `changes` held both."""
+    landing = tmp_path / "unit"
+    schema = ACCOUNT_SCHEMA.set(0, pa.field("id", pa.float64()))
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-0.parquet",
+        [event(0.0, "I", 1, at(0, 1), name="zero"), event(1.5, "I", 2, at(0, 2), name="one and a half")],
+        schema,
+    )
+    write_events(
+        landing, "accounts", 0, "part-negative-zero.parquet", [event(-0.0, "I", 3, at(0, 3))], schema
+    )
+    write_events(landing, "accounts", 0, "part-nan.parquet", [event(float("nan"), "I", 4, at(0, 4))], schema)
+
+    batch = _read(spark, landing)
+
+    assert _ids(batch) == [0.0, 1.5]
+    reasons = _names(batch)
+    assert set(reasons) == {"part-negative-zero.parquet", "part-nan.parquet"}
+    assert all("key column 'id' holds NaN or -0.0" in reason for reason in reasons.values())
+    assert batch.reconciles
