@@ -69,13 +69,19 @@ def _within_version(tie_break: list[Column] | None) -> list[Column]:
     ]
 
 
-def copy_rank() -> Column:
+def copy_rank(tie_break: list[Column] | None = None) -> Column:
     """What decides between copies of one write (same key, version time and sequence) that
     `current` and `history` keep: a copy carrying the purge marker (a marker on any copy must
     survive: a key is purged when any of its events says so), then the greatest file name,
-    then the operation. History stores all three with the copy, so the pick is the same
-    whichever run met which copy first, and whichever partition ran last."""
-    return F.struct(F.coalesce(F.col(m.PURGED), F.lit(False)), F.col(m.SOURCE_FILE), F.col(m.OP))
+    then, of copies from one file, the one read last (`tie_break`: a stored copy before the
+    batch's), then the operation. History stores all three with the copy, so the pick is the same
+    whichever run met which copy first, and whichever partition ran last. A file rewritten in
+    place is the vendor's correction of it: its new copy of a write wins over the one folded
+    from it before, as if the old content had never landed (one run over the landing as it is
+    now keeps only the new one)."""
+    return F.struct(
+        F.coalesce(F.col(m.PURGED), F.lit(False)), F.col(m.SOURCE_FILE), *(tie_break or []), F.col(m.OP)
+    )
 
 
 def _per_key(spec: m.TableSpec, order: list[Column]) -> WindowSpec:
@@ -156,18 +162,18 @@ def latest_write_per_version(
     events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None
 ) -> DataFrame:
     """Several writes of one version: the greatest sequence wins, and of its copies the best by
-    `copy_rank`; of copies equal in that too (one file read again), the last by the tie-break.
+    `copy_rank` (with the tie-break between copies of one file).
 
     One window, partitioned by key and version time and ordered like `event_order`, so it reads
     the events in the order they are already sorted in, and picks in one pass over them: a
-    write is kept when it ranks highest in its version (the tie-break, then the purge marker as
-    stored, last in the rank, so that rows of equal rank are equal in every column of the
-    order, and so next to each other), and the next write does not rank the same. Three
+    write is kept when it ranks highest in its version (the rank holds every column of the
+    order, the purge marker as stored last, so that rows of equal rank are equal in every
+    column of the order, and so next to each other), and the next write does not rank the same. Three
     windows over the wide rows cost measurably more (docs/profiling.md, "Figures behind the
     code")."""
     version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*_within_version(tie_break))
     whole_version = version.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    rank = F.struct(F.col(m.SEQ), copy_rank(), *(tie_break or []), F.col(m.PURGED))
+    rank = F.struct(F.col(m.SEQ), copy_rank(tie_break), F.col(m.PURGED))
     kept = rank.eqNullSafe(F.max(rank).over(whole_version)) & ~F.lead(rank).over(version).eqNullSafe(rank)
     return events.withColumn(_KEEP, kept).where(F.col(_KEEP)).drop(_KEEP)
 
