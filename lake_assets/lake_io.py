@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -349,6 +349,7 @@ def write_partitions(
     keys: Iterable[str] = (),
     erase: Erasure | None = None,
     removing: Removing | None = None,
+    replacing: Callable[[list[str]], None] | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -357,7 +358,8 @@ def write_partitions(
     `keys` (the table's key columns), event times and sequences are stored without a Parquet
     dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
     With `erase` (a change log's purges), purged keys' field data is erased from the rows first.
-    `removing` is told the files the write replaces, before it writes.
+    `removing` is told the files the write replaces, before it writes; `replacing`, the
+    partitions whose folders Spark is about to replace (delete, then move the new one in).
     """
     values = sorted(set(values))
     for value in values:
@@ -386,6 +388,8 @@ def write_partitions(
         if erase is not None:
             df = erase.apply(df, sum(r["marked"] for r in counted))
         if counts:
+            if replacing is not None:
+                replacing(sorted(counts))
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))

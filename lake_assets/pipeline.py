@@ -13,6 +13,7 @@ them directly to measure what Dagster adds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import cast
 
@@ -438,18 +439,24 @@ def store_partitions(
 
     A fold of the table killed mid-commit is finished first: its commit may put erased change-log
     files in place, which must land before this write replaces their partitions, never beside it.
-    The partitions' processed notes go before the write (`processed.forget_notes`), so that a
-    run killed while it replaces them leaves them to the next run."""
+    The processed notes of the partitions Spark replaces go just before (`processed.forget_notes`),
+    so that a run killed while it replaces them leaves them to the next run."""
     if state is not None:
         finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
-        processed.forget_notes(storage, state.layout, feed, table, partitions)
+    replacing = (
+        functools.partial(processed.forget_notes, storage, state.layout, feed, table)
+        if state is not None
+        else None
+    )
     erase = (
         purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
         if state is not None and frame is not None
         else None
     )
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
-    written = lake_io.write_partitions(frame, storage, location, column, partitions, keys, erase, removed)
+    written = lake_io.write_partitions(
+        frame, storage, location, column, partitions, keys, erase, removed, replacing
+    )
     files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()

@@ -102,14 +102,15 @@ def read_notes(
 
 
 def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]) -> None:
-    """Remove the notes of `partitions`, before their stored changes are replaced.
+    """Remove the notes of `partitions`, before Spark replaces their stored changes.
 
     Spark replaces a partition's folder by deleting it and then moving the new one in: a run
     killed between the two leaves the partition without its changes. Without its note the
     next run processes it again, as it would a new one; with it, planning would find nothing
-    changed and the rows would stay lost. The fold's success writes the notes again."""
-    noted = noted_partitions(storage, layout, feed, table)
-    each_file(storage.delete_file, [note_uri(layout, feed, table, p) for p in partitions if p in noted])
+    changed and the rows would stay lost. The fold's success writes the notes again. (A
+    partition only emptied keeps its note: its files are gone, and the note is what makes the
+    next run empty it if this one does not.)"""
+    each_file(storage.delete_file, [note_uri(layout, feed, table, p) for p in partitions])
 
 
 def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:

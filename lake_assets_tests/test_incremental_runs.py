@@ -301,19 +301,44 @@ def test_a_run_killed_while_it_replaces_a_processed_hours_changes_leaves_the_hou
 
     real_write = lake_io.write_partitions
 
-    def killed_between_delete_and_rename(df, storage, table_uri, column, values, *args, **kwargs):
-        for value in values:
-            storage.delete_tree(f"{table_uri}/{column}={value}")
-        raise RuntimeError("killed in the middle of the change log's commit")
+    def killed_between_delete_and_rename(df, storage, table_uri, column, values, *args):
+        def then_killed(partitions: list[str]) -> None:
+            args[-1](partitions)  # what the run does before Spark replaces them
+            for value in partitions:
+                storage.delete_tree(f"{table_uri}/{column}={value}")
+            raise RuntimeError("killed in the middle of the change log's commit")
+
+        return real_write(df, storage, table_uri, column, values, *args[:-1], then_killed)
 
     with monkeypatch.context() as patch:
         patch.setattr(lake_io, "write_partitions", killed_between_delete_and_rename)
         with pytest.raises(LakeAssetsError):
             lake.run(first=hour(3), last=hour(3))
     assert hour(3) not in lake.changes()
-    assert lake_io.write_partitions is real_write
     assert lake.run() == [(hour(3), hour(3))]
     assert lake.changes()[hour(3)] == ["c"]
+    assert lake.run() == []
+
+
+def test_a_run_killed_before_it_empties_an_hour_whose_files_are_gone_leaves_it_to_the_next_run(
+    lake, monkeypatch
+):
+    """An hour whose landed files are all gone is processed only because its note says it held
+    some: the note must outlive a run killed before it emptied the hour."""
+    from lake_assets import lake_io
+
+    (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
+
+    def killed(*_, **__):
+        raise RuntimeError("killed before the change log was written")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lake_io, "write_partitions", killed)
+        with pytest.raises(LakeAssetsError):
+            lake.run()
+    assert lake.changes()[hour(3)] == ["c"]
+    assert lake.run() == [(hour(3), hour(3))]
+    assert hour(3) not in lake.changes()
     assert lake.run() == []
 
 
