@@ -944,3 +944,33 @@ def test_values_spark_would_refuse_or_change_make_their_columns_text_and_stop_no
     assert "dated on or after 3409-07-08" in notes[uri(far)]
     assert "key /id is the number '1e400'" in notes[uri(key)]
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
+
+
+def test_fields_spelled_alike_but_for_case_are_one_column_holding_every_value(spark, tmp_path):
+    """Spark's reading of JSON merges `totalAmount` and `totalamount` into one column, and then
+    (given the schema, as a column holding empty text is) read the values of one spelling only:
+    every value spelled the other way became NULL, with no word."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs = [
+        doc_line(1, totalAmount=5),
+        doc_line(2, totalamount=7),
+        doc_line(3, totalamount=""),
+        doc_line(4, Region="eu", z=1),
+        doc_line(5, region="us", z=2),
+    ]
+    write_fragment(journal, 0, b"".join(docs))
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    current = {r["id"]: r for r in rows(lake, "current", "acmeco_customers")}
+    assert {c for c in current[1] if c.lower() in ("totalamount", "region")} == {"totalAmount", "Region"}
+    assert [(current[n]["totalAmount"], current[n]["Region"]) for n in (1, 2, 3, 4, 5)] == [
+        ("5", None),
+        ("7", None),
+        ("", None),
+        (None, "eu"),
+        (None, "us"),
+    ]
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True

@@ -38,7 +38,7 @@ import json
 import re
 import reprlib
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import pyarrow as pa
 from pydantic import PlainSerializer, PlainValidator, model_validator
@@ -182,19 +182,34 @@ def _column_value(value: Any) -> Any:
     return value
 
 
-def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> tuple[str, list[str]]:
-    """One committed document as a flat JSON object (key columns, top-level fields and the
-    change-model fields the feed derives), and its columns holding empty text: Spark's reading
-    of JSON takes `""` for a value of any type, and would then refuse it in a column of numbers
-    or booleans (`FlowJournalFormat._parsed`)."""
+class DocumentRow(NamedTuple):
+    """A committed document as `FlowJournalFormat._parsed` reads it."""
+
+    #: a flat JSON object: key columns, top-level fields and the change-model fields the feed
+    #: derives, each column under its name folded to one case (`names.same_name`)
+    json: str
+    #: the folded columns holding empty text: Spark's reading of JSON takes `""` for a value of
+    #: any type, and would then refuse it in a column of numbers or booleans
+    empty_text: list[str]
+    #: folded column -> its spelling in this document. Spark's reading of JSON merges fields
+    #: spelled alike but for case into one column, then reads the values of one spelling only
+    spellings: dict[str, str]
+
+
+def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> DocumentRow:
+    """One committed document as the row `FlowJournalFormat._parsed` reads."""
     body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
     meta = body.get("_meta") or {}
     try:
-        row = {lake_name(name): _column_value(value) for name, value in body.items() if name != "_meta"}
+        fields = {lake_name(name): _column_value(value) for name, value in body.items() if name != "_meta"}
     except RecursionError:  # read at the edge of the parser's depth, too deep to write out again
         raise ff.FragmentError(doc.uri, "document nests too deeply to be written out", doc.offset) from None
     for pointer in key:
-        row[key_column(pointer)] = _resolve(body, pointer)
+        fields[key_column(pointer)] = _resolve(body, pointer)
+    # One spelling per folded name: a document spelling two alike is refused (`vet_document`).
+    row = {same_name(column): value for column, value in fields.items()}
+    spellings = {same_name(column): column for column in fields}
+    empty_text = [column for column, value in row.items() if value == ""]
     row.update(
         {
             "__op": _OPS.get(meta.get("op", ""), m.UPDATE),  # a document without an op is an upsert
@@ -206,7 +221,7 @@ def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> tuple[str, lis
             **({TEXT_REPAIRED: repaired} if repaired else {}),
         }
     )
-    return json.dumps(row, separators=(",", ":")), [column for column, value in row.items() if value == ""]
+    return DocumentRow(json.dumps(row, separators=(",", ":")), empty_text, spellings)
 
 
 def _exact_key_number(value: object) -> bool:
@@ -305,7 +320,8 @@ def read_journal_task(
         hour_of = {r["uri"]: r["hour"] for r in rows}
         read_to: int | None = None  # the journal offset read so far
         elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
-        empty_text: set[str] = set()  # columns of emitted documents holding "" (`document_row`)
+        empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
+        spellings: dict[str, str] = {}  # folded column -> its first spelling in sort order
 
         def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
             for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
@@ -334,9 +350,10 @@ def read_journal_task(
                     for committed in sequencer.feed(doc):
                         # a document belongs to the hour of the record that committed it
                         if r["hour"] in wanted_hours:
-                            body, empty = document_row(committed, key, r["hour"])
-                            empty_text.update(empty)
-                            emit("doc", r["hour"], committed.uri, committed.offset, body)
+                            row = document_row(committed, key, r["hour"])
+                            empty_text.update(row.empty_text)
+                            _keep_first_spellings(spellings, row.spellings)
+                            emit("doc", r["hour"], committed.uri, committed.offset, row.json)
                         elif (
                             hour_of[committed.uri] in wanted_hours
                             and (r["hour"], committed.uri) not in elsewhere
@@ -357,6 +374,7 @@ def read_journal_task(
             emit("counts", None, body=json.dumps(sequencer.counts))
             if empty_text:
                 emit("empty_text", None, body=json.dumps(sorted(empty_text)))
+            emit("spellings", None, body=json.dumps(spellings))
             # Documents of the run's hours whose transaction is still open: its end, if landed,
             # lies in a later hour, which the driver reads too (to learn which hour commits them).
             if any(hour_of[d.uri] in wanted_hours for d in left):
@@ -414,8 +432,18 @@ class _PassNotes:
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     #: other hours that commit documents of the run's hours -> the fragments holding them
     elsewhere: dict[str, list[ByteRange]] = dataclasses.field(default_factory=dict)
-    #: columns holding empty text in some document (`document_row`)
+    #: folded columns holding empty text in some document (`DocumentRow`)
     empty_text: set[str] = dataclasses.field(default_factory=set)
+    #: folded column -> the spelling its column takes (`DocumentRow`)
+    spellings: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
+    """Merge `found` spellings into `kept`, keeping of two the first in sort order: the one
+    Spark's reading of JSON listed first when the spellings were columns apart."""
+    for folded, spelling in found.items():
+        if folded not in kept or spelling < kept[folded]:
+            kept[folded] = spelling
 
 
 def _collection_name(value: Any) -> bool:
@@ -695,7 +723,7 @@ class FlowJournalFormat(FeedFormat):
             rows_in = bodies.count() if bodies is not None else 0
             events = None
             if bodies is not None and rows_in:
-                parsed = self._parsed(spark, bodies, found.empty_text)
+                parsed = self._parsed(spark, bodies, found)
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
         if events is None:
             return Batch(
@@ -858,6 +886,8 @@ class FlowJournalFormat(FeedFormat):
                     found.counts[name] = found.counts.get(name, 0) + value
             elif note["kind"] == "empty_text":
                 found.empty_text.update(json.loads(note["body"]))
+            elif note["kind"] == "spellings":
+                _keep_first_spellings(found.spellings, json.loads(note["body"]))
             elif note["kind"] == "committed_elsewhere":
                 fragment = by_name[note["journal"]].fragment(note["uri"])
                 part = ByteRange(fragment.uri, fragment.journal, fragment.name.begin, fragment.name.end)
@@ -943,12 +973,13 @@ class FlowJournalFormat(FeedFormat):
                 journal.hour_of[entry.uri] = key
 
     @staticmethod
-    def _parsed(spark: SparkSession, bodies: DataFrame, empty_text: set[str]) -> DataFrame:
-        """The documents' rows (`document_row`'s JSON), in the types Spark reads them in, but
-        for a column holding empty text somewhere (`empty_text`): Spark takes `""` for a value of
-        any type, so beside numbers or booleans it reads the column as those and then refuses
-        the `""`. Such a column is text, every value spelled as the document wrote it, as when
-        text meets a number in any other document (docs/formats/flow-journals.md)."""
+    def _parsed(spark: SparkSession, bodies: DataFrame, found: _PassNotes) -> DataFrame:
+        """The documents' rows (`DocumentRow.json`), each column spelled as `found.spellings`
+        says, in the types Spark reads them in, but for a column holding empty text somewhere
+        (`found.empty_text`): Spark takes `""` for a value of any type, so beside numbers or
+        booleans it reads the column as those and then refuses the `""`. Such a column is text,
+        every value spelled as the document wrote it, as when text meets a number in any other
+        document (docs/formats/flow-journals.md)."""
         # `bodies` is a one-column DataFrame of text: no RDD (Spark Connect has none). Each body
         # is JSON this reader wrote, so a line Spark cannot parse is a fault to raise, not a row
         # to keep; and Spark's own column for such lines (`_corrupt_record` by default) takes a
@@ -960,14 +991,22 @@ class FlowJournalFormat(FeedFormat):
         as_text = [
             field.name
             for field in parsed.schema.fields
-            if field.name in empty_text and not isinstance(field.dataType, T.StringType)
+            if field.name in found.empty_text and not isinstance(field.dataType, T.StringType)
         ]
-        if not as_text:
-            return parsed
-        schema = T.StructType(
-            [T.StructField(f.name, T.StringType()) if f.name in as_text else f for f in parsed.schema.fields]
-        )
-        return reader.schema(schema).json(bodies)
+        if as_text:
+            schema = T.StructType(
+                [
+                    T.StructField(f.name, T.StringType()) if f.name in as_text else f
+                    for f in parsed.schema.fields
+                ]
+            )
+            parsed = reader.schema(schema).json(bodies)
+        respelled = {
+            column: found.spellings[column]
+            for column in parsed.columns
+            if found.spellings.get(column, column) != column
+        }
+        return parsed.withColumnsRenamed(respelled) if respelled else parsed
 
     def _events(self, parsed: DataFrame, collection: CollectionConfig) -> DataFrame:
         parsed = one_column_per_name(parsed, collection.table)
