@@ -92,11 +92,14 @@ def canonical_uri(spark_path: str) -> str:
     return path
 
 
-#: The most one column of one row group of a landed file may decode to, as its footer says.
-#: Spark decodes a column chunk's dictionary whole, in one task's memory: a small file whose one
-#: value or dictionary inflates to gigabytes (a decompression bomb) would end the JVM, and with
-#: it every table of the run. Far above what a change file's row group holds per column.
-MAX_COLUMN_CHUNK_BYTES = 1 << 30
+#: A column of one row group of a landed file that its footer says decodes to more than this,
+#: at more than `BOMB_RATIO` times its stored size, is a decompression bomb: a small file whose
+#: one value or dictionary inflates to gigabytes. Spark decodes a column chunk's dictionary
+#: whole, in one task's memory, so such a file would end the JVM (with it every table of the
+#: run, until `spark.driver_ended` starts another). A large column that is large on disk too,
+#: or that compresses as data does, is read: Spark decodes its data pages one at a time.
+BOMB_BYTES = 256 << 20
+BOMB_RATIO = 100
 
 
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
@@ -105,24 +108,25 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
             schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
-            too_large = _column_chunk_too_large(meta.metadata)
+            bomb = _decompression_bomb(meta.metadata)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-    reason = too_large or schema_case_clash(schema) or fmt.vet_schema(schema)
+    reason = bomb or schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows, stored), None) if reason is None else (None, reason)
 
 
-def _column_chunk_too_large(meta: pq.FileMetaData) -> str | None:
-    """Why a file's footer says it decodes to more than a read can hold, or None."""
+def _decompression_bomb(meta: pq.FileMetaData) -> str | None:
+    """Why a file's footer says it is a decompression bomb (`BOMB_BYTES`), or None."""
     for group in range(meta.num_row_groups):
         row_group = meta.row_group(group)
         for index in range(row_group.num_columns):
             chunk = row_group.column(index)
-            if chunk.total_uncompressed_size > MAX_COLUMN_CHUNK_BYTES:
+            decoded, stored = chunk.total_uncompressed_size, max(chunk.total_compressed_size, 1)
+            if decoded > BOMB_BYTES and decoded > BOMB_RATIO * stored:
                 return (
-                    f"column '{chunk.path_in_schema}' of row group {group} decodes to "
-                    f"{chunk.total_uncompressed_size} bytes ({chunk.total_compressed_size} stored), more than "
-                    f"the {MAX_COLUMN_CHUNK_BYTES} a landed file's column chunk may hold"
+                    f"column '{chunk.path_in_schema}' of row group {group} decodes to {decoded} bytes from "
+                    f"{stored} stored, a decompression bomb (more than {BOMB_BYTES} bytes at more than "
+                    f"{BOMB_RATIO} times the stored size)"
                 )
     return None
 

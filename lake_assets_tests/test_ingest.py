@@ -4,6 +4,7 @@ would confuse and names Hadoop paths dislike."""
 
 import io
 import json
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -622,7 +623,7 @@ def test_a_run_names_what_in_the_landing_no_table_reads_and_processes_the_rest(s
     assert [r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")] == ["a"]
 
 
-def test_a_file_whose_column_decodes_past_the_bound_is_set_aside_from_its_footer(
+def test_a_decompression_bomb_is_set_aside_from_its_footer_and_a_large_column_is_read(
     spark, tmp_path, monkeypatch
 ):
     """A small file whose one value inflates to gigabytes (a dictionary of 1.5 GB of text in a
@@ -631,18 +632,26 @@ def test_a_file_whose_column_decodes_past_the_bound_is_set_aside_from_its_footer
     bound lowered here so that the test stays small)."""
     from lake_assets import ingest
 
-    monkeypatch.setattr(ingest, "MAX_COLUMN_CHUNK_BYTES", 256 * 1024)
+    monkeypatch.setattr(ingest, "BOMB_BYTES", 256 * 1024)
     landing = tmp_path / "unit"
     land_good_file(landing)
     bomb = [event("b", "I", 2, at(0, 2), name="x" * 400_000, balance=2)] * 3
-    write_events(landing, "accounts", 0, "part-bomb.parquet", bomb, ACCOUNT_SCHEMA)
+    pq.write_table(
+        pa.Table.from_pylist(bomb, schema=ACCOUNT_SCHEMA),
+        hour_dir(landing, "accounts", 0) / "part-bomb.parquet",
+        compression="zstd",
+    )
+    # As large decoded, but as large stored: data, not a bomb (its text does not compress).
+    varied = [event("c", "I", 3, at(0, 3), name=os.urandom(200_000).hex(), balance=3)]
+    write_events(landing, "accounts", 0, "part-large.parquet", varied, ACCOUNT_SCHEMA)
     assert (hour_dir(landing, "accounts", 0) / "part-bomb.parquet").stat().st_size < 256 * 1024
 
     batch = _read(spark, landing)
 
-    assert _ids(batch) == ["a"]
+    assert _ids(batch) == ["a", "c"]
     reason = _names(batch)["part-bomb.parquet"]
-    assert "column 'name' of row group 0 decodes to" in reason and f"the {256 * 1024} a landed" in reason
+    assert "column 'name' of row group 0 decodes to" in reason and "a decompression bomb" in reason
+    assert list(_names(batch)) == ["part-bomb.parquet"]
     assert batch.reconciles
 
 
