@@ -6,7 +6,7 @@ validate rows, and set aside any file with a bad row. Nothing is dropped silentl
 either read or quarantined with a reason, once, and the counts reconcile
 (rows in good files + events a feed derives from them = events out + duplicates collapsed),
 each side counted on its own: rows in from the footers, duplicates where the collapse drops them.
-Text that is not valid UTF-8 is repaired (see `_with_valid_text`), because other engines refuse
+Text that is not valid UTF-8 is repaired (see `_with_valid_text_and_keys`), because other engines refuse
 a whole table over one such value.
 """
 
@@ -398,7 +398,11 @@ def _union_compatible(
             continue
         accepted.append(frame)
         unified = widened
-    return _with_valid_text(union_all(table, accepted, keys), fmt.table_spec(table)) if accepted else None
+    return (
+        _with_valid_text_and_keys(union_all(table, accepted, keys), fmt.table_spec(table))
+        if accepted
+        else None
+    )
 
 
 def _stored_columns(stored: T.StructType | None) -> T.StructType:
@@ -427,7 +431,7 @@ def _read_in_full(
 ) -> None:
     """Read every row of the live files `uris` (of one signature), their text made valid."""
     frame = _read_group(spark, fmt, files.partitions(uris), files.schemas[files.signature_of[uris[0]]])
-    _with_valid_text(frame, fmt.table_spec(table)).write.format("noop").mode("overwrite").save()
+    _with_valid_text_and_keys(frame, fmt.table_spec(table)).write.format("noop").mode("overwrite").save()
 
 
 def _reads_in_spark(
@@ -510,39 +514,49 @@ def _valid_text(value: Column, kind: T.DataType) -> tuple[Column, Column]:
     return value, F.lit(False)
 
 
-def _with_valid_text(events: DataFrame, spec) -> DataFrame:
-    """Events whose text every engine can read, with `TEXT_REPAIRED` counting the values repaired.
+def _key_reasons(schema: T.StructType, keys: list[str]) -> list[Column]:
+    """Per key column that can hold one, why a row's key is not an identity the lake can keep
+    (NULL when it is): text that is not UTF-8 (repaired, two keys could become one), and NaN or
+    -0.0, which Spark takes for every other NaN and for 0.0 when it groups, joins and sorts."""
+    reasons = []
+    for k in keys:
+        kind = schema[k].dataType
+        if isinstance(kind, T.StringType):
+            reasons.append(
+                F.when(
+                    ~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8")
+                )
+            )
+        elif isinstance(kind, (T.FloatType, T.DoubleType)):
+            negative_zero = (col(k) == 0) & col(k).cast("string").startswith("-")
+            reasons.append(
+                F.when(
+                    F.isnan(col(k)) | negative_zero,
+                    F.lit(
+                        f"key column '{k}' holds NaN or -0.0, which Spark takes for the same key as another"
+                    ),
+                )
+            )
+    return reasons
+
+
+def _with_valid_text_and_keys(events: DataFrame, spec) -> DataFrame:
+    """Events whose text every engine can read, with `TEXT_REPAIRED` counting the values repaired,
+    and whose keys are identities (`_key_reasons`).
 
     A Parquet string column may hold bytes that are not UTF-8; Spark passes them through, and
     DuckDB and pyarrow then refuse the whole table. Payload text is repaired (each invalid
     sequence becomes U+FFFD) and the row kept. A key is an identity, not a value: repaired, two
     different keys could become one, so an event whose key text is not UTF-8 is invalid, and its
-    file is quarantined.
+    file is quarantined; so is one whose floating-point key is NaN or -0.0.
     """
     schema = events.schema
     payload = [c for c in spec.payload_columns(events.columns) if _holds_text(schema[c].dataType)]
-    keys = [k for k in spec.keys if k in events.columns]
-    text_keys = [k for k in keys if isinstance(schema[k].dataType, T.StringType)]
-    float_keys = [k for k in keys if isinstance(schema[k].dataType, (T.FloatType, T.DoubleType))]
-    if not payload and not text_keys and not float_keys:
+    reasons = _key_reasons(schema, [k for k in spec.keys if k in events.columns])
+    if not payload and not reasons:
         return events
     repairs = {c: _valid_text(col(c), schema[c].dataType) for c in payload}
-    key_reasons = [
-        *[
-            F.when(~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8"))
-            for k in text_keys
-        ],
-        # Spark takes every NaN for one value, and -0.0 for 0.0, when it groups, joins or sorts:
-        # two such keys would be one record.
-        *[
-            F.when(
-                F.isnan(col(k)) | ((col(k) == 0) & col(k).cast("string").startswith("-")),
-                F.lit(f"key column '{k}' holds NaN or -0.0, which Spark takes for the same key as another"),
-            )
-            for k in float_keys
-        ],
-    ]
-    bad_key = F.coalesce(*key_reasons) if key_reasons else F.lit(None).cast("string")
+    bad_key = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     repaired_values = sum((flag.cast("int") for _, flag in repairs.values()), F.lit(0))
     return events.withColumns(
         {

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -269,8 +271,10 @@ def build_session(conf: Mapping[str, str]):
         atexit.register(session.stop)
         apply_sql_settings(session, {k: v for k, v in settings.items() if k != "spark.app.name"})
     else:
-        if driver_ended():
-            forget_ended_driver()
+        with DRIVER_LOCK:
+            if driver_ended():
+                logging.getLogger(__name__).warning("the Spark driver JVM had ended: starting a new one")
+                forget_ended_driver()
         builder = SparkSession.builder
         worker_python = settings.get("spark.pyspark.python")
         if worker_python:
@@ -290,10 +294,15 @@ def build_session(conf: Mapping[str, str]):
     return session
 
 
+#: held while a session is checked and, its driver ended, forgotten and built again
+DRIVER_LOCK = threading.RLock()
+
+
 def driver_ended(session=None) -> bool:
     """Whether the driver JVM this process started has ended (killed, or out of memory), or, given
     a `session`, whether that session's driver has: every call to it would fail to connect. A
-    Spark Connect session's driver is the server's, never this process's."""
+    Spark Connect session's driver is the server's, never this process's; a driver whose JVM
+    this process did not launch (a `spark-submit` that started Python) is never taken for ended."""
     from pyspark import SparkContext
 
     if session is not None:
@@ -324,6 +333,13 @@ def forget_ended_driver() -> None:
     if gateway is not None:
         with contextlib.suppress(Exception):  # its sockets, on this side only: the other end is gone
             gateway.close()
+
+
+def release_cached(frame) -> None:
+    """Free a cached frame's memory, unless its driver has ended (and the memory with it): a call
+    to an ended driver would fail, and replace the error that ended it in a step's failure."""
+    if not driver_ended(frame.sparkSession):
+        frame.unpersist()
 
 
 def connect_url(remote: str) -> str:

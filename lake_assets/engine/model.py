@@ -13,8 +13,8 @@ and these system columns:
 | `_source_file`  | string          | URI of the landed file the event came from                    |
 | `_ingested_at`  | timestamp       | when lake_assets read it                                      |
 
-These names, the four history-mode columns (`_fivetran_start`, `_end`, `_active`, `_synced`),
-the partition columns and every name starting with `__` (the engine's working columns) are the
+These names, the four history-mode columns (`_fivetran_start`, `_fivetran_end`,
+`_fivetran_active`, `_fivetran_synced`), the partition columns and every name starting with `__` (the engine's working columns) are the
 lake's own, compared ignoring case as Spark compares names: a vendor column named like one of them is kept under another name
 (`engine.names.lake_name`), never dropped and never mistaken for the lake's.
 """

@@ -455,7 +455,7 @@ def _clock_time(clock: int) -> dt.datetime:
 
 #: the first UUID time whose producer clock (`FlowUuid.order`) no longer fits a signed 64-bit
 #: sequence (`_seq`), in the year 3409
-_LAST_CLOCK = 2**59
+_FIRST_UNORDERED_CLOCK = 2**59
 
 
 def parse_uuid(text: str) -> FlowUuid:
@@ -469,9 +469,9 @@ def parse_uuid(text: str) -> FlowUuid:
         raise InvalidValue(f"invalid uuid {text!r}") from None
     if u.variant != uuidlib.RFC_4122 or u.version != 1:
         raise InvalidValue(f"uuid {text!r} is not a version-1 UUID")
-    if u.time >= _LAST_CLOCK:
+    if u.time >= _FIRST_UNORDERED_CLOCK:
         raise InvalidValue(
-            f"uuid {text!r} is dated on or after {_clock_time(_LAST_CLOCK):%Y-%m-%d}, past what the "
+            f"uuid {text!r} is dated on or after {_clock_time(_FIRST_UNORDERED_CLOCK):%Y-%m-%d}, past what the "
             "lake's 64-bit sequence orders"
         )
     raw = u.bytes
@@ -524,10 +524,12 @@ class NumberText(str):
 
 def _float_or_text(literal: str) -> float | NumberText:
     value = float(literal)
-    mantissa = literal.lower().partition("e")[0]
-    if math.isinf(value) or (value == 0 and any(digit in mantissa for digit in "123456789")):
+    if math.isinf(value) or (value == 0 and _NONZERO_DIGIT.search(literal.lower().partition("e")[0])):
         return NumberText(literal)
     return value
+
+
+_NONZERO_DIGIT = re.compile("[1-9]")
 
 
 def holds_invalid_text(value) -> bool:

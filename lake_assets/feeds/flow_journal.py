@@ -254,9 +254,10 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
                 doc.offset,
             )
         if not _exact_key_number(value):
+            number = value if isinstance(value, ff.NumberText) else reprlib.repr(value)  # as written
             raise ff.FragmentError(
                 doc.uri,
-                f"document key {pointer} is the number {reprlib.repr(value)}: a key number must be a whole "
+                f"document key {pointer} is the number {number}: a key number must be a whole "
                 "number of 64 bits, as other numbers are read as doubles and two keys could become one",
                 doc.offset,
             )

@@ -21,6 +21,7 @@ from lake_assets.ingest import Batch
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
+from lake_assets.spark import release_cached
 
 # Single-run backfills are a design requirement; Dagster marks `backfill_policy` beta and would
 # repeat that for every asset on every load (webserver, daemon, each run), burying real warnings.
@@ -397,7 +398,7 @@ def state_asset(
                 pipeline.record_processed(work, list(context.partition_keys), log=context.log)
             yield from fold_check_results(table, outcomes)
         finally:
-            batch.unpersist()  # a batch handed over in memory (`io_managers.InMemoryHandover`)
+            release_cached(batch)  # a batch handed over in memory (`io_managers.InMemoryHandover`)
 
     return state
 

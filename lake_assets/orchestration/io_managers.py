@@ -20,7 +20,7 @@ from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.pipeline import store_partitions
-from lake_assets.spark import driver_ended
+from lake_assets.spark import driver_ended, release_cached
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
 TABLE_KEYS_KEY = "keys"  # the table's key columns, in the asset's metadata
@@ -67,7 +67,7 @@ class InMemoryHandover:
             previous = self._kept.pop(tuple(key.path), None)
             self._kept[tuple(key.path)] = (run_id, tuple(partitions), frame)
         if previous is not None and previous[2] is not frame:
-            _release(previous[2])
+            release_cached(previous[2])
 
     def take(self, run_id: str, key: dg.AssetKey, partitions: list[str] | None) -> DataFrame | None:
         """The batch kept for this run's step, or None: the step then reads the stored files (so
@@ -89,13 +89,7 @@ class InMemoryHandover:
         with self._lock:
             kept, self._kept = list(self._kept.values()), {}
         for _, _, frame in kept:
-            _release(frame)
-
-
-def _release(frame: DataFrame) -> None:
-    """Free a kept batch's memory, unless its driver has ended (and the memory with it)."""
-    if not driver_ended(frame.sparkSession):
-        frame.unpersist()
+            release_cached(frame)
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):

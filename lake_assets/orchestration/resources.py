@@ -95,9 +95,10 @@ class LakeSparkResource(LazyPySparkResource):
     def spark_session(self) -> Any:
         """The session, built on first use by the lake's builder, and again when its driver has
         ended (a table's step that ran it out of memory fails; the steps after it get a new one)."""
-        if self._lake_session is None or spark_settings.driver_ended(self._lake_session):
-            self._lake_session = spark_settings.build_session(self.spark_config)
-        return self._lake_session
+        with spark_settings.DRIVER_LOCK:
+            if self._lake_session is None or spark_settings.driver_ended(self._lake_session):
+                self._lake_session = spark_settings.build_session(self.spark_config)
+            return self._lake_session
 
     @property
     def spark_context(self) -> Any:
