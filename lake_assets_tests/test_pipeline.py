@@ -181,6 +181,30 @@ def test_a_stored_batch_is_handed_over_once_to_its_own_run_and_released_otherwis
     newer.unpersist()
 
 
+def test_a_batch_kept_by_a_driver_that_has_ended_is_neither_handed_over_nor_released(spark, monkeypatch):
+    """After a step ended the driver JVM, a batch it kept cannot be read or freed: the next step
+    reads the stored files instead, and releasing it asks nothing of the dead JVM (a call that
+    failed and hid the error that ended it)."""
+    from lake_assets import spark as spark_settings
+    from lake_assets.orchestration import io_managers
+
+    handover, key = InMemoryHandover(), dg.AssetKey(["unit", "accounts", "changes"])
+    kept, other = spark.range(3).persist(), spark.range(4).persist()
+    handover.keep("run-1", key, ["h1"], kept)
+    handover.keep("run-1", dg.AssetKey(["unit", "cards", "changes"]), ["h1"], other)
+    unpersisted: list = []
+    monkeypatch.setattr(io_managers, "driver_ended", lambda session: True)
+    monkeypatch.setattr(spark_settings, "driver_ended", lambda session: True)
+    monkeypatch.setattr(type(kept), "unpersist", lambda frame, *_: unpersisted.append(frame))
+
+    assert handover.take("run-1", key, ["h1"]) is None
+    handover.release_all()
+    assert unpersisted == []
+    monkeypatch.undo()
+    kept.unpersist()
+    other.unpersist()
+
+
 def test_rerunning_a_partition_replaces_exactly_it(sample, tmp_path, spark):
     config = LakeConfig(
         lake=f"file://{tmp_path / 'lake'}",
