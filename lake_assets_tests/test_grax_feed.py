@@ -1034,3 +1034,28 @@ def test_a_field_named_like_the_text_of_a_typed_field_sets_its_file_aside_by_nam
         "column 'Amount__string' has the name the lake gives the text of typed field 'Amount'"
         in note["reason"]
     )
+
+
+def test_dictionary_encoded_and_large_text_ids_are_read_like_plain_text(spark, tmp_path):
+    """pyarrow writes a categorical column as a dictionary of strings, which Spark reads as text;
+    a file whose `Id` or `grax__idseq` was one was quarantined as "expected a string"."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / "batch=000000001"
+    folder.mkdir(parents=True)
+    for index, kind in enumerate((pa.dictionary(pa.int32(), pa.string()), pa.large_string(), pa.string())):
+        table = pa.table(
+            {
+                "Id": pa.array([f"id-{index}"]).cast(kind),
+                "source__modified": pa.array([t(1)], pa.timestamp("ms", tz="UTC")),
+                "grax__idseq": pa.array(["01"]).cast(kind),
+                "Name": [f"name-{index}"],
+            }
+        )
+        pq.write_table(table, folder / f"data-{index:011x}.parquet")
+    instance = process(landing, lake)
+    assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", f"{ORG}/account")] == [
+        ("id-0", "name-0"),
+        ("id-1", "name-1"),
+        ("id-2", "name-2"),
+    ]
+    assert changes_metadata(instance)["files_quarantined"] == 0

@@ -46,6 +46,14 @@ class LandingSurvey:
     unread: list[str] = dataclasses.field(default_factory=list)
 
 
+def is_text_type(t: pa.DataType) -> bool:
+    """Whether a landed column of this Arrow type holds text: a string, a large string, or either
+    dictionary-encoded (as pyarrow writes a categorical column), all of which Spark reads as text."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
 class FeedFormat(abc.ABC):
     """A vendor's landing layout and file format, mapped onto the normalised change model."""
 

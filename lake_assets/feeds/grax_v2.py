@@ -50,6 +50,7 @@ from lake_assets.feeds.base import (
     FILE_URI,
     FeedFormat,
     LandingSurvey,
+    is_text_type,
     outside_history,
     stripped,
     timestamp_column,
@@ -344,12 +345,12 @@ class GraxV2Format(FeedFormat):
             return f"missing the required column(s) {missing}"
         for column in (KEY, IDSEQ):
             kind = schema.field(column).type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+            if not (is_text_type(kind) or pa.types.is_null(kind)):
                 return f"column '{column}' has type {kind}, expected a string"
         for column in (MODIFIED, DELETED, PURGED):
             if column in names:
                 kind = schema.field(column).type
-                if not (pa.types.is_timestamp(kind) or pa.types.is_null(kind) or pa.types.is_string(kind)):
+                if not (pa.types.is_timestamp(kind) or pa.types.is_null(kind) or is_text_type(kind)):
                     return f"column '{column}' has type {kind}, expected a timestamp"
         return _typed_copy_stored_apart(schema)
 

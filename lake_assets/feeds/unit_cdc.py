@@ -29,6 +29,7 @@ from lake_assets.feeds.base import (
     ascii_upper,
     hour_folders,
     hourly_strays,
+    is_text_type,
     list_hour_folders,
     outside_history,
     parse_hour_key,
@@ -52,17 +53,6 @@ _OPS = {
     "DELETE": m.DELETE,
     "D": m.DELETE,
 }
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or (
-            pa.types.is_dictionary(t)
-            and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
-        )
-    )
 
 
 def _is_whole_number(t: pa.DataType) -> bool:
@@ -140,16 +130,16 @@ class UnitCdcFormat(FeedFormat):
         if missing:
             return f"missing special column(s) {missing}"
         op_type = schema.field(OPERATION).type
-        if not _is_text(op_type):
+        if not is_text_type(op_type):
             return f"column '{OPERATION}' has type {op_type}, expected a string"
         seq_type = schema.field(SEQUENCE).type
-        if not (_is_whole_number(seq_type) or _is_text(seq_type)):
+        if not (_is_whole_number(seq_type) or is_text_type(seq_type)):
             return f"column '{SEQUENCE}' has type {seq_type}, expected an integer (or digits as text)"
         ts_type = schema.field(COMMITTED_AT).type
         if not (
             pa.types.is_timestamp(ts_type)
             or pa.types.is_date(ts_type)
-            or _is_text(ts_type)
+            or is_text_type(ts_type)
             or _is_whole_number(ts_type)
         ):
             return f"column '{COMMITTED_AT}' has type {ts_type}, expected a timestamp (or ISO text or epoch number)"
