@@ -323,7 +323,7 @@ def forget_ended_driver() -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    gateway = SparkContext._gateway
+    gateway, context = SparkContext._gateway, SparkContext._active_spark_context
     with SparkContext._lock:
         SparkContext._active_spark_context = None
         SparkContext._gateway = None
@@ -333,6 +333,13 @@ def forget_ended_driver() -> None:
     if gateway is not None:
         with contextlib.suppress(Exception):  # its sockets, on this side only: the other end is gone
             gateway.close()
+    # The ended context's accumulator server (a socket and a thread of this process) is what
+    # `SparkContext.stop` would close after its call to the JVM, which cannot be made now.
+    server = getattr(context, "_accumulatorServer", None)
+    if context is not None and server is not None:
+        context._accumulatorServer = None  # type: ignore[assignment]
+        with contextlib.suppress(Exception):
+            server.shutdown()
 
 
 def release_cached(frame) -> None:

@@ -374,7 +374,9 @@ except LakeAssetsError as error:
 first = {table: sorted(lake.changes(table).get("2024-03-01-01", [])) for table in ("accounts", "bombs")}
 lake.run()
 again = {table: sorted(lake.changes(table).get("2024-03-01-01", [])) for table in ("accounts", "bombs")}
-print(json.dumps({"ended": ended[0], "failure": failure, "first": first, "again": again}))
+import threading  # each driver's accumulator server is a thread of this process
+servers = sum("serve_forever" in thread.name for thread in threading.enumerate())
+print(json.dumps({"ended": ended[0], "failure": failure, "first": first, "again": again, "servers": servers}))
 """
 
 
@@ -383,7 +385,7 @@ def test_a_table_whose_step_ends_the_driver_stops_no_other_table_of_the_run(tmp_
     the driver JVM (a file running it out of memory) failed every table after it, in every feed,
     each naming a refused connection: PySpark kept handing out the ended session. Its own step
     fails; the steps after it get a new driver (here the driver is killed as the first table
-    is read, in a process of its own)."""
+    is read, in a process of its own), and what the ended one left in this process is closed."""
     done = subprocess.run(
         [sys.executable, "-c", _DRIVER_ENDS_IN_ONE_TABLE, str(tmp_path)],
         capture_output=True,
@@ -399,6 +401,7 @@ def test_a_table_whose_step_ends_the_driver_stops_no_other_table_of_the_run(tmp_
     assert f"unit/{ended}" in outcome["failure"] and f"unit/{other}" not in outcome["failure"]
     assert outcome["first"][other] == [other[0]] and outcome["first"][ended] == []
     assert outcome["again"] == {"accounts": ["a"], "bombs": ["b"]}
+    assert outcome["servers"] == 1, "the ended driver's accumulator server is still running"
 
 
 # --- the rule itself, on listings ------------------------------------------------------------------
