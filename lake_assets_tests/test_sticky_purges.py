@@ -115,11 +115,11 @@ def test_a_rebuilt_table_keeps_its_purges_once_the_purge_batch_has_left_the_land
     assert leaks(root, {"X"}) == []
 
 
-@pytest.mark.parametrize("how", ["removed", "emptied"])
+@pytest.mark.parametrize("how", ["removed", "emptied", "cut short"])
 def test_a_lost_ledger_is_taken_from_open_history_and_a_late_file_brings_no_purge_back(lake, tmp_path, how):
-    """The ledger removed (or its file emptied) by hand, or a lake written before there was one,
-    then a late file of X lands: open history still marks X purged, so X is taken as purged and
-    the late file's field data goes into no layer."""
+    """The ledger removed, emptied or cut short by hand (X's row gone, another key's kept), or a
+    lake written before there was one, then a late file of X lands: open history still marks X
+    purged, so X is taken as purged and the late file's field data goes into no layer."""
     config, root, instance = lake
     cli(config, instance)
     ledger = root / "_state" / FEED / TABLE / "purged"
@@ -127,7 +127,10 @@ def test_a_lost_ledger_is_taken_from_open_history_and_a_late_file_brings_no_purg
         shutil.rmtree(ledger)
     else:
         for part in ledger.glob("*.parquet"):
-            pq.write_table(pq.read_schema(part).empty_table(), part)
+            table = pq.read_table(part)  # X's row alone
+            ids = table.schema.get_field_index("Id")
+            kept = table.slice(0, 0) if how == "emptied" else table.set_column(ids, "Id", pa.array(["Z"]))
+            pq.write_table(kept, part)
     land(tmp_path / "landing", B1, "data-00000000005.parquet", [version("X", 1, "07", "Xavier", "555-0707")])
 
     cli(config, instance)

@@ -16,8 +16,9 @@ written again) keeps its version but no field data: as in GRAX, a purge erases t
 a restored record is a new key (`grax__restoredfrom`).
 
 The ledger is small (purges are rare), so a write reads it with a listing and, when it holds
-keys, one small file, and applies it as a broadcast join; a table never purged pays one listing
-and the footers of `history/active` (which would show a lost ledger's keys).
+keys, one small file, and applies it as a broadcast join; every write also reads the footers of
+`history/active` (which show the keys of a ledger lost or cut short), and the rows of the files
+whose footers show a purged row: a table never purged pays one listing and the footers.
 """
 
 from __future__ import annotations
@@ -48,22 +49,30 @@ _log = logging.getLogger(__name__)
 def ledger(spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]) -> DataFrame | None:
     """The purged keys recorded for a table (its `keys` and `PURGED_AT`); None when none are.
 
-    A ledger with no file or no row while open history holds rows marked purged was removed or
-    emptied by hand, or predates the ledger: the keys of those rows are taken as the ledger
-    (`PURGED_AT` unknown), so no write brings their field data back; the next fold that records
-    a purge writes them into it."""
+    The keys of open history's rows marked purged are always added to it (`PURGED_AT` unknown):
+    a ledger removed, emptied or cut short by hand, or a lake written before there was one, then
+    still keeps every purge open history shows, so no write brings their field data back; the
+    next fold that records a purge writes them into the ledger."""
     files = parquet_files(storage, state.purged)
+    recorded = None
     if files and lake_io.rows_in(storage, files) > 0:  # footers only
-        return lake_io.read_drifting(spark, storage, files, table=f"{state.feed}/{state.table} purged keys")
-    return _purged_in_open_history(spark, storage, state, keys)
+        recorded = lake_io.read_drifting(
+            spark, storage, files, table=f"{state.feed}/{state.table} purged keys"
+        )
+    shown = _purged_in_open_history(spark, storage, state, keys, recorded is None)
+    if recorded is None or shown is None:
+        return recorded if shown is None else shown
+    missing = shown.join(merge.keys_typed_as(recorded, shown, list(keys)), list(keys), "left_anti")
+    return union_all("purged keys", [recorded, missing])
 
 
 def _purged_in_open_history(
-    spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]
+    spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str], ledger_lost: bool
 ) -> DataFrame | None:
     """The keys of `history/active`'s rows marked purged, read only from the files whose footers'
     statistics show one (a table never purged reads footers, no row). A key purged after its
-    delete has no open row: this finds most of a lost ledger, not all of it."""
+    delete has no open row: this finds most of a lost ledger, not all of it. With `ledger_lost`
+    (no ledger, or none with a row) finding any is logged."""
     marked = []
     for uri in parquet_files(storage, state.history_active):
         try:
@@ -73,10 +82,11 @@ def _purged_in_open_history(
             continue  # it shows nothing; the fold, which reads it, names it
     if not marked:
         return None
-    _log.warning(
-        f"{state.feed}/{state.table}: the purge ledger {state.purged} is empty, but open history holds "
-        "purged keys: they stay purged; restore the ledger if you have a copy"
-    )
+    if ledger_lost:
+        _log.warning(
+            f"{state.feed}/{state.table}: the purge ledger {state.purged} is empty, but open history holds "
+            "purged keys: they stay purged; restore the ledger if you have a copy"
+        )
     rows = lake_io.read_drifting(spark, storage, marked, table=f"{state.feed}/{state.table} open history")
     return (
         rows.where(F.col(m.PURGED))
