@@ -275,6 +275,8 @@ class _BatchFiles:
         self.quarantined.append(Quarantined(uri, reason, self.rows_of.pop(uri, None)))
 
     def set_aside_for_clash(self, uri: str, reason: str) -> None:
+        if uri not in self.signature_of:
+            return  # set aside already (Spark could not open it): its reason stands, no clash can revive it
         self.clashing[uri] = (self.signature_of[uri], self.rows_of[uri])
         self.set_aside(uri, reason)
 

@@ -133,6 +133,30 @@ def test_in_a_clash_the_files_holding_more_rows_are_kept_however_many_empty_file
     batch.events.unpersist()
 
 
+def test_a_file_spark_cannot_open_in_a_clashing_group_keeps_its_own_reason(spark, tmp_path):
+    """Two files give `balance` a struct, where the file holding the rows has a number; Spark
+    cannot open one of the two (its name). It was set aside, then the group's clash set aside
+    every file of the group again, and the first failed on a KeyError: the table stopped on
+    every run. Each is set aside once, with its own reason."""
+    landing = tmp_path / "unit"
+    rows = [event(f"k{i}", "I", i, at(0, i), name="n", balance=i) for i in range(10)]
+    write_events(landing, "accounts", 0, "part-rows.parquet", rows, ACCOUNT_SCHEMA)
+    struct_schema = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.struct([("cents", pa.int64())])))
+    for name in ("part-clash.parquet", "x[1]:y.parquet"):
+        write_events(
+            landing, "accounts", 0, name, [event(name, "I", 1, at(0, 1), balance={"cents": 1})], struct_schema
+        )
+
+    batch = _read(spark, landing)
+
+    reasons = _names(batch)
+    assert sorted(reasons) == ["part-clash.parquet", "x[1]:y.parquet"]
+    assert "schema does not fit the batch" in reasons["part-clash.parquet"]
+    assert reasons["x[1]:y.parquet"].startswith("Spark could not open the file (")
+    assert _ids(batch) == sorted(f"k{i}" for i in range(10))
+    batch.events.unpersist()
+
+
 def test_a_damaged_file_and_a_clashing_file_in_one_batch_are_each_set_aside_once(spark, tmp_path):
     """The clash is found when the groups are unioned, the damage only when the data is read;
     the batch is read again without the damaged file, and the clashing file stays set aside."""
