@@ -9,7 +9,6 @@ echoed.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from collections.abc import Callable
@@ -19,8 +18,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from lake_assets.errors import ConfigError
-from lake_assets.paths import is_name, normalise_root_uri
+from lake_assets.errors import ConfigError, InvalidValue
+from lake_assets.paths import is_name, normalise_root_uri, parse_hour_key
 
 #: where credentials go instead of the configuration file
 CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
@@ -72,10 +71,10 @@ def _text(pattern: str) -> Callable[[Any], bool]:
 
 def _hour(value: Any) -> bool:
     try:
-        dt.datetime.strptime(value, "%Y-%m-%d-%H")
-    except (TypeError, ValueError):
+        parse_hour_key(value)
+    except InvalidValue:
         return False
-    return _text(r"[0-9]{4}-[0-9]{2}-[0-9]{2}-[0-9]{2}")(value)
+    return True
 
 
 def _credentials_in_url(value: str) -> bool:

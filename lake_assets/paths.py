@@ -6,6 +6,7 @@ file's name) goes through `safe_segment`, so a crafted name can never climb out 
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
@@ -18,6 +19,22 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
 _NAME_CHARACTERS = "a-z0-9_-"
 NAME = re.compile(f"[{_NAME_CHARACTERS}]+")
 _NOT_NAME_CHARACTER = re.compile(f"[^{_NAME_CHARACTERS}]")
+
+
+#: an hour partition's key: the hour, in UTC (`2024-01-31-05`)
+HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
+_HOUR_KEY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}-[0-9]{2}")
+
+
+def parse_hour_key(key: object) -> dt.datetime:
+    """The hour an hour partition key names; InvalidValue for a key of another shape, or of
+    this shape naming no hour (`2024-13-01-00`)."""
+    if not isinstance(key, str) or not _HOUR_KEY.fullmatch(key):
+        raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
+    try:
+        return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
+    except ValueError:
+        raise InvalidValue(f"hour partition key {key!r} names no hour of the calendar") from None
 
 
 def is_name(value: object) -> bool:

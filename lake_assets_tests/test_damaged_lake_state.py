@@ -180,19 +180,22 @@ def test_a_damaged_note_is_named_by_status_which_still_reports_the_table(tmp_pat
     "fmt, table", [(UnitCdcFormat(), "accounts"), (GraxV2Format(), "org/account")], ids=["hours", "batches"]
 )
 @pytest.mark.parametrize("note", ["processed", "rerun"])
-def test_a_note_named_like_no_partition_is_damage(tmp_path, fmt, table, note):
+@pytest.mark.parametrize("name", ["zzz", "2024-13-01-00", "2024-02-30-24"])
+def test_a_note_named_like_no_partition_is_damage(tmp_path, fmt, table, note, name):
+    """Shaped like an hour key but naming no hour (month 13), a name stopped `status` and a
+    feed's sensor tick with Python's own ValueError, where it is damage like any other name."""
     layout, storage = LakeLayout(f"file://{tmp_path / 'lake'}"), Storage()
     if note == "processed":
-        uri = f"{processed.notes_folder(layout, FEED, table)}/zzz.json"
+        uri = f"{processed.notes_folder(layout, FEED, table)}/{name}.json"
         storage.write_bytes(uri, b"{}")
     else:
-        uri = f"{reruns.reruns_folder(layout, FEED, table)}/zzz"
-        reruns.request_rerun(storage, layout, FEED, table, "zzz", "by hand", [])
+        uri = f"{reruns.reruns_folder(layout, FEED, table)}/{name}"
+        reruns.request_rerun(storage, layout, FEED, table, name, "by hand", [])
 
     status = table_status(storage, layout, f"file://{tmp_path / 'landing'}", FEED, fmt, table)
 
     assert status.damaged == [
-        f"the lake file {uri} cannot be read ('zzz' names no partition of the table); "
+        f"the lake file {uri} cannot be read ({name!r} names no partition of the table); "
         + status.damaged[0].split("; ", 1)[1]
     ]
     assert status.pending is None and status.last_processed is None

@@ -20,6 +20,7 @@ from lake_assets.engine.model import END_OF_TIME, START_OF_TIME, TableSpec
 from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
+from lake_assets.paths import HOUR_KEY_FORMAT, parse_hour_key
 from lake_assets.storage import Entry, Storage, is_hidden
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from lake_assets.ingest import Batch
     from lake_assets.reruns import ByteRange
 
-HOUR_KEY_FORMAT = "%Y-%m-%d-%H"
 #: set by `normalise` on events derived in addition to a landed row's own event
 DERIVED = "__derived"
 #: given to `normalise` on every row: the landed file's URI as listed (and catalogued)
@@ -283,12 +283,6 @@ def why_not_yet(moment: dt.datetime, where: str) -> str | None:
         f"hour folder '{where}' is dated {hour_key(moment)}, after the current UTC hour "
         f"{hour_key(current_hour())}: its files are read once that hour has begun"
     )
-
-
-def parse_hour_key(key: str) -> dt.datetime:
-    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}-[0-9]{2}", key or ""):
-        raise InvalidValue(f"hour partition key {key!r} must look like 2024-01-31-05")
-    return dt.datetime.strptime(key, HOUR_KEY_FORMAT)
 
 
 def _first_moment(levels: tuple[int, ...]) -> dt.datetime:
