@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
 import yaml
-from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, PrivateAttr, ValidationError, model_validator
 
 from lake_assets.config_model import (
     CREDENTIALS_COME_FROM_THE_ENVIRONMENT,
@@ -52,6 +52,7 @@ from lake_assets.config_model import (
     explain,
     looks_secret,
     refused,
+    without_credentials_in_url,
 )
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
@@ -92,7 +93,7 @@ def _spark_setting(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (str, int, float)):
-        return str(value)
+        return without_credentials_in_url(str(value))
     raise expected("a text, number or true/false setting value")
 
 
@@ -118,7 +119,7 @@ def _connect_url(value: Any) -> str:
 
 
 class SparkConfig(Model):
-    master: Text | None = None
+    master: Annotated[Text, AfterValidator(without_credentials_in_url)] | None = None
     remote: Annotated[str, PlainValidator(_connect_url)] | None = None
     conf: dict[
         Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]

@@ -28,7 +28,7 @@ CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
 )
 #: a setting name that looks like it holds a credential
 SECRET_NAME = re.compile(
-    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session)[._-]?key",
+    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key",
     re.IGNORECASE,
 )
 #: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
@@ -77,15 +77,17 @@ def _hour(value: Any) -> bool:
     return True
 
 
-def _credentials_in_url(value: str) -> bool:
-    return "@" in urlsplit(value.strip()).netloc
+def without_credentials_in_url(value: str) -> str:
+    """`value`, unless it is a URL with a user or password in it (refused, without echoing it)."""
+    if "@" in urlsplit(value.strip()).netloc:
+        raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    return value
 
 
 def _root_uri(value: Any) -> str:
     if not isinstance(value, str):
         raise expected(ROOT_URI)
-    if _credentials_in_url(value):
-        raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    without_credentials_in_url(value)
     try:
         return normalise_root_uri(value, "uri")
     except ConfigError:
@@ -95,9 +97,7 @@ def _root_uri(value: Any) -> str:
 def _endpoint(value: Any) -> str:
     if not _text(r"https?://[^\s/]+(/\S*)?")(value):
         raise expected("an http:// or https:// URL")
-    if _credentials_in_url(value):
-        raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
-    return value
+    return without_credentials_in_url(value)
 
 
 ROOT_URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..')"

@@ -293,6 +293,31 @@ ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SEC
             },
             "spark.conf['spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net']",
         ),
+        # S3's customer-supplied encryption key (SSE-C), under its current and its older name
+        (
+            {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.encryption.key": "wJalrXSECRET"}}},
+            "spark.conf['spark.hadoop.fs.s3a.encryption.key']",
+        ),
+        (
+            {
+                "lake": "/lake",
+                "spark": {"conf": {"spark.hadoop.fs.s3a.server-side-encryption.key": "wJalrXSECRET"}},
+            },
+            "spark.conf['spark.hadoop.fs.s3a.server-side-encryption.key']",
+        ),
+        (
+            {
+                "lake": "/lake",
+                "spark": {
+                    "conf": {"spark.hadoop.fs.s3a.endpoint": "https://AKIAEXAMPLE:wJalrXSECRET@minio:9000"}
+                },
+            },
+            "spark.conf['spark.hadoop.fs.s3a.endpoint']",
+        ),
+        (
+            {"lake": "/lake", "spark": {"master": "spark://AKIAEXAMPLE:wJalrXSECRET@master:7077"}},
+            "spark.master",
+        ),
     ],
 )
 def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
