@@ -159,12 +159,16 @@ class LakeConfig(Model):
     def _feeds_have_their_own_names_and_landings(self) -> LakeConfig:
         seen: dict[str, int] = {}
         for index, feed in enumerate(self.feeds):
-            if feed.name in seen:
+            # Dagster's names (jobs, sensors, pools) spell a feed's `-` as `_`
+            as_dagster_name = feed.name.replace("-", "_")
+            if as_dagster_name in seen:
+                taken = self.feeds[seen[as_dagster_name]].name
+                alike = "" if taken == feed.name else f" ({taken!r}: Dagster names spell '-' as '_')"
                 raise refused(
-                    f"the feed name {feed.name!r} is already used by feeds[{seen[feed.name]}]",
+                    f"the feed name {feed.name!r} is already used by feeds[{seen[as_dagster_name]}]{alike}",
                     at=("feeds", index, "name"),
                 )
-            seen[feed.name] = index
+            seen[as_dagster_name] = index
             overlap = _overlap(self.lake, feed.landing)
             if overlap:
                 raise refused(

@@ -197,6 +197,19 @@ def test_format_specific_mistakes_name_their_key():
     assert problems({"lake": "/lake", "feeds": [GOOD_FEED, GOOD_FEED]}) == [
         "feeds[1].name: the feed name 'good' is already used by feeds[0]",
     ]
+    # `unit-eu` and `unit_eu` would give two feeds one job, sensor and writer pool in Dagster
+    assert problems(
+        {
+            "lake": "/lake",
+            "feeds": [
+                {**GOOD_FEED, "name": "unit-eu", "landing": "/landing/a"},
+                {**GOOD_FEED, "name": "unit_eu", "landing": "/landing/b"},
+            ],
+        }
+    ) == [
+        "feeds[1].name: the feed name 'unit_eu' is already used by feeds[0] "
+        "('unit-eu': Dagster names spell '-' as '_')",
+    ]
     assert problems({"lake": "/lake", "catalog": {"store": "dynamodb", "table": "records"}}) == [
         "catalog.latest_table: required for a dynamodb catalog",
     ]
