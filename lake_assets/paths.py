@@ -92,10 +92,13 @@ def join(root: str, *segments: str) -> str:
 
 def table_segments(table: str) -> list[str]:
     """A table name is one segment (`accounts`) or, for feeds that group tables, two
-    (`<org>/<object>`); each is validated."""
-    parts = table.split("/")
+    (`<org>/<object>`); each is validated, and holds no `.` (no feed's table has one, and the
+    files beside a feed's table folders, `tables.json`, are named with one)."""
+    parts = table.split("/") if isinstance(table, str) else []
     if not 1 <= len(parts) <= 2:
         raise UnsafePathError(f"table {table!r} must be 'name' or 'group/name'")
+    if "." in table:
+        raise UnsafePathError(f"table {table!r} has a '.', which no table name has")
     return [safe_segment(p, "table") for p in parts]
 
 
