@@ -20,7 +20,7 @@ import json
 import logging
 
 from lake_assets.config import FeedConfig, LakeConfig
-from lake_assets.errors import InvalidValue, LakeAssetsError
+from lake_assets.errors import InvalidValue, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat, LandingSurvey, hour_key, parse_hour_key
 from lake_assets.paths import LakeLayout, table_segments
@@ -183,7 +183,7 @@ def discover_feed(
         if fmt.configured_tables(feed) is None:
             survey = fmt.survey(storage, feed.landing)
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
-        problem = f"listing its tables under {feed.landing}: {_first_line(exc)}"
+        problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
     pin = Pin(tables=tuple(sorted({*before.tables, *survey.tables})), first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
     old = set(feed_tables(feed, fmt, before))
@@ -218,7 +218,7 @@ def _first_landed_hour(
         try:
             firsts += fmt.partition_keys(storage, feed.landing, table)[:1]
         except Exception as exc:  # noqa: BLE001 - reported; the other tables are still listed
-            unlisted.append(f"{table}: listing its hours: {_first_line(exc)}")
+            unlisted.append(f"{table}: listing its hours: {first_line(exc)}")
     return min(firsts, default=None), unlisted
 
 
@@ -253,8 +253,3 @@ def describe_unread(found: Discovery) -> str | None:
     named = "; ".join(found.unread[:NAMED_UNREAD])
     more = len(found.unread) - NAMED_UNREAD
     return f"{found.feed.name}: not read, no table's: {named}" + (f"; and {more} more" if more > 0 else "")
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -5,9 +5,15 @@ class LakeAssetsError(Exception):
     """Base class for every error lake_assets raises on purpose."""
 
 
-def first_line(text: str) -> str:
-    """An error's message as one line: its first line that is not blank."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+def first_line(error: str | BaseException, limit: int | None = None) -> str:
+    """An error's message as one line: its first line that is not blank (for an exception
+    without a message, its type's name), cut at `limit` characters (py4j errors carry the
+    JVM's whole stack)."""
+    text = str(error)
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not line and isinstance(error, BaseException):
+        line = type(error).__name__
+    return line[:limit] if limit is not None else line
 
 
 class ConfigError(LakeAssetsError):

@@ -32,7 +32,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import unified_fields, union_all
-from lake_assets.errors import SchemaClash
+from lake_assets.errors import SchemaClash, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
@@ -342,12 +342,6 @@ def _vetted(storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]]) ->
     return batch_files
 
 
-def _spark_error(exc: Exception) -> str:
-    """The first line of a Spark error (py4j wraps the JVM's; its first line names the cause)."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
 def _readable_group(
     spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, signature: str, uris: list[str]
 ) -> DataFrame | None:
@@ -364,7 +358,7 @@ def _readable_group(
         try:
             _read_group(spark, fmt, files.partitions([uri]), schema)
         except SPARK_ERRORS as exc:
-            unopened[uri] = f"Spark could not open the file ({_spark_error(exc)})"
+            unopened[uri] = f"Spark could not open the file ({first_line(exc, limit=300)})"
     if not unopened:
         raise failure
     for uri, reason in unopened.items():
@@ -424,7 +418,7 @@ def _unreadable_in_spark(
         try:
             _read_in_full(spark, fmt, table, files, [uri])
         except SPARK_ERRORS as exc:
-            bad[uri] = f"Spark could not read the file's data ({_spark_error(exc)})"
+            bad[uri] = f"Spark could not read the file's data ({first_line(exc, limit=300)})"
     return bad
 
 

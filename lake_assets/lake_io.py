@@ -246,7 +246,7 @@ def footer(storage: Storage, uri: str) -> pq.FileMetaData:
     try:  # the footer alone, behind a leading magic: all a footer's decoding reads
         return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
     except (pa.ArrowException, OSError) as exc:
-        raise DamagedLakeFile(uri, first_line(str(exc)) or type(exc).__name__) from exc
+        raise DamagedLakeFile(uri, first_line(exc)) from exc
 
 
 def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:

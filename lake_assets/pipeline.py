@@ -302,7 +302,7 @@ def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType 
     try:
         summary = lake_io.table_summary(session, work.storage, uri)
     except (DamagedLakeFile, SchemaClash, *SPARK_ERRORS) as unknown:
-        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {first_line(str(unknown))}")
+        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {first_line(unknown)}")
         return None
     return summary[1] if summary else None
 

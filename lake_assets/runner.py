@@ -216,7 +216,7 @@ def _plan_feed(
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pin)
     except Exception as exc:  # noqa: BLE001 - reported at the end; the other feeds go on
-        failures.append(f"{feed.name}: listing its tables: {first_line(str(exc))}")
+        failures.append(f"{feed.name}: listing its tables: {first_line(exc)}")
         return []
     landed, selected = {}, {}
     for table in tables:
@@ -236,7 +236,7 @@ def _plan_feed(
                 for entry, reason in unreported_strays(storage, layout, fmt, feed.landing, feed.name, table):
                     say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
-            failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(str(exc))}")
+            failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(exc)}")
     if fmt.partitioning == "batch":
         return _plan_batches(feed, landed, selected, say)
     return _plan_hours(feed, landed, selected, say, failures)

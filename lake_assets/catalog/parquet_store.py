@@ -246,7 +246,7 @@ class ParquetCatalogStore(CatalogStore):
         except (pa.ArrowException, OSError) as exc:
             raise DamagedLakeFile(
                 uri,
-                first_line(str(exc)) or type(exc).__name__,
+                first_line(exc),
                 remedy="restore it from a copy (a catalog part holds records of many tables: no table's rebuild replaces it)",
             ) from exc
         if where is not None:

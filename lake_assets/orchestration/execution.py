@@ -110,7 +110,7 @@ def _run(
             run_id=run_id,
         )
     except Exception as exc:  # noqa: BLE001 - Dagster refused the run (e.g. partitions the job lacks): reported at the end
-        return None, [f"{run.what}: partitions {run.first} .. {run.last}: {first_line(str(exc))}"]
+        return None, [f"{run.what}: partitions {run.first} .. {run.last}: {first_line(exc)}"]
     for evaluation in result.get_asset_check_evaluations():
         if not evaluation.passed:
             say(
