@@ -148,6 +148,7 @@ def run_pipeline(
             keys=work.fmt.table_spec(TABLE).keys,
             state=TableState(work.layout, FEED, TABLE),
         )
+        pipeline.record_stored(work, partitions, ingested)
     with _timed(timings, "fold"):
         # What the IO manager hands the state step of the same run: the stored batch, in memory.
         batch = ingested.batch.events

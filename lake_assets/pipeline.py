@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 from lake_assets import lake_io, processed, reruns
 from lake_assets.catalog.files import (
     catalog_file,
-    catalogued_partitions,
+    catalogued_entries,
     landed_records,
     landing_work_id,
     retire_landed,
@@ -238,25 +238,31 @@ def _still_recorded(entry, record: dict | None) -> bool:
 
 
 def record_processed(work: TableWork, partitions: list[str], log=_log) -> None:
-    """Note what the landed files of `partitions` were (as catalogued) now that their fold has
-    succeeded: the next `lake-assets run` processes them again only if that changes. Requests
-    to run them again that their changes now answer are withdrawn (`reruns`)."""
-    records = landed_records(work.store, work.feed.name, work.table, partitions)
-    processed.write_notes(
-        work.storage,
-        work.layout,
-        work.feed.name,
-        work.table,
-        {partition: processed.note_from_records(r) for partition, r in records.items()},
-    )
-    reruns.withdraw_answered(work.storage, work.layout, work.feed.name, work.table, partitions, log.warning)
+    """Note, now that their fold has succeeded, which landed files the stored changes of
+    `partitions` were read from (`record_stored`): the next `lake-assets run` processes them
+    again only if that changes. A file catalogued after the read (a run of the catalog alone,
+    or of another run) is not in it, so it is read then. A partition with no such note (its
+    changes stored before there were any) gets no processed note: the next run processes it.
+    Requests to run them again that their changes now answer are withdrawn (`reruns`)."""
+    storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    stored = processed.read_stored_notes(storage, layout, feed, table, partitions)
+    for partition in sorted(set(partitions) - set(stored)):
+        log.info(
+            f"{feed}/{table}: {partition} is not noted as processed: what its changes were read from is unknown"
+        )
+    processed.write_notes(storage, layout, feed, table, stored)
+    reruns.withdraw_answered(storage, layout, feed, table, partitions, log.warning)
 
 
-def record_reading(work: TableWork, partitions: list[str], batch: Batch) -> None:
-    """Once the changes of `partitions` are stored, record what they were read from (a format
-    that reads streams: Flow journals), which tells a later run whether a late file was read."""
-    if batch.reading is not None:
-        reruns.leave_reading(work.storage, work.layout, work.feed.name, work.table, partitions, batch.reading)
+def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) -> None:
+    """Once the changes of `partitions` are stored, record what they were read from: the
+    catalogued landed files (`processed.STORED_FOLDER`, which their fold's success makes the
+    processed notes) and, for a format that reads streams (Flow journals), the byte ranges,
+    which tell a later run whether a late file was read."""
+    storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    processed.write_notes(storage, layout, feed, table, ingested.read_from, folder=processed.STORED_FOLDER)
+    if ingested.batch.reading is not None:
+        reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
 
 
 def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
@@ -291,6 +297,8 @@ class Ingested:
     strays: list[Quarantined] = dataclasses.field(default_factory=list)
     #: other partitions this run asked to run again (`request_reruns`)
     reruns: list[str] = dataclasses.field(default_factory=list)
+    #: partition -> the catalogued landed files the batch was read from (`record_stored`)
+    read_from: dict[str, dict[str, processed.ProcessedFile]] = dataclasses.field(default_factory=dict)
 
 
 def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType | None:
@@ -312,7 +320,8 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     files outside every partition) are copied to quarantine with their reason and reported."""
     fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
     # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
-    catalogued = catalogued_partitions(work.store, feed.name, table, fmt.read_partitions(partitions))
+    records = landed_records(work.store, feed.name, table, fmt.read_partitions(partitions))
+    catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
     if fmt.file_format == "parquet":
@@ -381,6 +390,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         files_catalogued=recorded,
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=request_reruns(work, batch.committed_elsewhere, log),
+        read_from={key: processed.note_from_records(records[key]) for key in partitions},
     )
 
 

@@ -1,9 +1,13 @@
 """Which landed partitions changed since they were last processed: what makes a daily
 `lake-assets run` cost what changed, not the landing's whole history.
 
-When a partition's fold has succeeded, the catalog's records of the landed files it read (URL,
-size, hash, when each was recorded) are kept in a small note,
-`<lake>/_state/<feed>/<table>/processed/<partition>.json`. Planning a run compares a listing of
+When a partition's changes are stored, the catalog's records of the landed files they were read
+from (URL, size, hash, when each was recorded) are kept in a small note,
+`<lake>/_state/<feed>/<table>/stored/<partition>.json`; when the fold of those changes has
+succeeded, that note becomes the partition's processed note,
+`<lake>/_state/<feed>/<table>/processed/<partition>.json`. The note says what was read, not what
+the catalog holds by then: a file catalogued after the read (a run over the catalog alone, or a
+concurrent one) is not taken for processed. Planning a run compares a listing of
 the landing with those notes (see docs/incremental-runs.md):
 - a partition with files and no note is new;
 - a partition whose file names differ from its note's gained or lost files (a partition whose
@@ -28,6 +32,8 @@ from lake_assets.paths import LakeLayout, join
 from lake_assets.storage import Entry, Storage, each_file, read_lake_json
 
 NOTES_FOLDER = "processed"
+#: the landed files each partition's stored changes were read from (processed once folded)
+STORED_FOLDER = "stored"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +52,12 @@ class Change:
     reason: str
 
 
-def notes_folder(layout: LakeLayout, feed: str, table: str) -> str:
-    return join(layout.state(feed, table), NOTES_FOLDER)
+def notes_folder(layout: LakeLayout, feed: str, table: str, folder: str = NOTES_FOLDER) -> str:
+    return join(layout.state(feed, table), folder)
 
 
-def note_uri(layout: LakeLayout, feed: str, table: str, partition: str) -> str:
-    return join(notes_folder(layout, feed, table), f"{partition}.json")
+def note_uri(layout: LakeLayout, feed: str, table: str, partition: str, folder: str = NOTES_FOLDER) -> str:
+    return join(notes_folder(layout, feed, table, folder), f"{partition}.json")
 
 
 def note_from_records(records: dict[str, dict]) -> dict[str, ProcessedFile]:
@@ -68,8 +74,10 @@ def write_notes(
     feed: str,
     table: str,
     processed: dict[str, dict[str, ProcessedFile]],
+    folder: str = NOTES_FOLDER,
 ) -> None:
-    """Record what each partition held when it was processed (partition -> URL -> file).
+    """Record what each partition held when it was processed (partition -> URL -> file), or,
+    in `STORED_FOLDER`, what its stored changes were read from.
 
     A backfill writes a note per hour; on S3 each is a request, so they go out several at a
     time, as the notes are read."""
@@ -77,7 +85,9 @@ def write_notes(
     def write(item: tuple[str, dict[str, ProcessedFile]]) -> None:
         partition, files = item
         body = {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
-        storage.write_bytes(note_uri(layout, feed, table, partition), json.dumps(body, indent=1).encode())
+        storage.write_bytes(
+            note_uri(layout, feed, table, partition, folder), json.dumps(body, indent=1).encode()
+        )
 
     each_file(write, processed.items())
 
@@ -91,6 +101,22 @@ def read_notes(
 ) -> dict[str, dict[str, ProcessedFile]]:
     """partition -> URL -> file, for every partition processed so far. A note named like no
     partition (`is_partition`, the feed format's test) was not written by a run: it is damage."""
+    return _read_notes(json_files(storage, notes_folder(layout, feed, table)), storage, is_partition)
+
+
+def read_stored_notes(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]
+) -> dict[str, dict[str, ProcessedFile]]:
+    """partition -> URL -> file the stored changes of each of `partitions` were read from, for
+    those that have a note (a partition whose changes were stored before these notes has none)."""
+    wanted = set(partitions)
+    folder = notes_folder(layout, feed, table, STORED_FOLDER)
+    return _read_notes([e for e in json_files(storage, folder) if json_name(e) in wanted], storage)
+
+
+def _read_notes(
+    entries: list[Entry], storage: Storage, is_partition: Callable[[str], bool] = lambda _: True
+) -> dict[str, dict[str, ProcessedFile]]:
 
     def read(entry: Entry) -> tuple[str, dict[str, ProcessedFile]]:
         partition = json_name(entry)
@@ -98,11 +124,12 @@ def read_notes(
             raise DamagedLakeFile(entry.uri, f"{partition!r} names no partition of the table")
         return partition, read_lake_json(storage, entry.uri, dict[str, ProcessedFile])
 
-    return dict(each_file(read, json_files(storage, notes_folder(layout, feed, table))))
+    return dict(each_file(read, entries))
 
 
 def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]) -> None:
-    """Remove the notes of `partitions`, before Spark replaces their stored changes.
+    """Remove the notes of `partitions` (processed, and what their stored changes were read
+    from), before Spark replaces their stored changes.
 
     Spark replaces a partition's folder by deleting it and then moving the new one in: a run
     killed between the two leaves the partition without its changes. Without its note the
@@ -110,7 +137,14 @@ def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, pa
     changed and the rows would stay lost. The fold's success writes the notes again. (A
     partition only emptied keeps its note: its files are gone, and the note is what makes the
     next run empty it if this one does not.)"""
-    each_file(storage.delete_file, [note_uri(layout, feed, table, p) for p in partitions])
+    each_file(
+        storage.delete_file,
+        [
+            note_uri(layout, feed, table, p, folder)
+            for p in partitions
+            for folder in (NOTES_FOLDER, STORED_FOLDER)
+        ],
+    )
 
 
 def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_partitions
+from lake_assets.catalog.files import catalog_what, catalog_where, catalogued_entries, landed_records
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.epoch import DAY_MS
 from lake_assets.orchestration.definitions import feed_job_name, resources_for
@@ -23,7 +23,7 @@ HOUR_1, HOUR_2 = "2024-03-01-01", "2024-03-01-02"
 
 def catalogued_landing(store, feed: str, table: str, partition: str):
     """The landed files of one partition as the catalog lists them, in name order."""
-    return catalogued_partitions(store, feed, table, [partition])[partition]
+    return catalogued_entries(landed_records(store, feed, table, [partition]))[partition]
 
 
 def _key(layer: str) -> dg.AssetKey:

@@ -342,6 +342,53 @@ def test_a_run_killed_before_it_empties_an_hour_whose_files_are_gone_leaves_it_t
     assert lake.run() == []
 
 
+@pytest.mark.parametrize("later", ["catalog, then state alone", "catalog during the changes step"])
+def test_a_file_catalogued_after_the_changes_were_read_is_not_noted_as_processed(lake, later, monkeypatch):
+    """The processed note says what the folded changes were read from, not what the catalog
+    holds when the fold ends. From the UI: the catalog of an hour materialised alone after a file
+    landed, then its current and history alone (they fold the stored changes, which lack the
+    file); or another run's catalog step while this run read the hour. The note listed the new
+    file, and the next `lake-assets run` found nothing changed: its rows were in no layer."""
+    from lake_assets import pipeline
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    job = discovered_definitions(lake.config).resolve_job_def(feed_job_name("unit"))
+    selected = {
+        layer: dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "current", "history")
+    }
+    lake.write(1, "part-1.parquet", [event("z", "I", 9, at(1, 30), name="z", balance=9)])
+    if later == "catalog, then state alone":
+        for layers in (["catalog"], ["current", "history"]):
+            done = job.execute_in_process(
+                instance=lake.instance, partition_key=hour(1), asset_selection=[selected[x] for x in layers]
+            )
+            assert done.success
+    else:
+        real_ingest = pipeline.ingest
+
+        def ingest_then_catalogue(session, work, partitions, **options):
+            ingested = real_ingest(session, work, partitions, **options)
+            pipeline.catalogue_landing(work, partitions)  # as another run's catalog step would
+            return ingested
+
+        with monkeypatch.context() as patch:
+            patch.setattr(pipeline, "ingest", ingest_then_catalogue)
+            done = job.execute_in_process(
+                instance=lake.instance,
+                partition_key=hour(1),
+                asset_selection=[
+                    dg.AssetKey(["unit", "accounts", x]) for x in ("changes", "current", "history")
+                ],
+            )
+            assert done.success
+    assert "z" not in lake.changes().get(hour(1), [])
+
+    assert lake.run() == [(hour(1), hour(1))]
+    assert lake.changes()[hour(1)] == ["a", "z"]
+    assert lake.run() == []
+
+
 _DRIVER_ENDS_IN_ONE_TABLE = """
 import json, os, signal, sys
 from pathlib import Path

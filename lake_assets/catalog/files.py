@@ -258,15 +258,13 @@ def retire_landed(store: CatalogStore, records: Iterable[dict]) -> None:
     )
 
 
-def catalogued_partitions(
-    store: CatalogStore, feed: str, table: str, partitions: Iterable[str]
-) -> dict[str, list[Entry]]:
-    """partition -> its landed files as the catalog lists them, in name order (one query); a run
-    reads each file once."""
+def catalogued_entries(records: dict[str, dict[str, dict]]) -> dict[str, list[Entry]]:
+    """partition -> its landed files as the catalog lists them (`landed_records`), in name
+    order; a run reads each file once."""
     return {
         partition: [
             Entry(uri=url, name=url.rsplit("/", 1)[-1], is_dir=False, size=int(record["size"]), mtime_ms=None)
-            for url, record in records.items()
+            for url, record in by_url.items()
         ]
-        for partition, records in landed_records(store, feed, table, partitions).items()
+        for partition, by_url in records.items()
     }

@@ -255,9 +255,7 @@ def changes_asset(
         for gap in ingested.batch.gaps:
             context.log.error(f"{table.label}: gap in the landed data: {gap}")
         yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
-        pipeline.record_reading(
-            work, list(context.partition_keys), ingested.batch
-        )  # once the output is stored
+        pipeline.record_stored(work, list(context.partition_keys), ingested)  # once the output is stored
         yield landing_check(ingested)
 
     return changes
