@@ -1059,3 +1059,40 @@ def test_dictionary_encoded_and_large_text_ids_are_read_like_plain_text(spark, t
         ("id-2", "name-2"),
     ]
     assert changes_metadata(instance)["files_quarantined"] == 0
+
+
+def test_a_batch_key_typed_in_upper_case_in_the_ui_touches_no_other_batchs_files(tmp_path, spark):
+    """`0A1` added as a partition in the UI, where the landed batch is `batch=0a1` (batch keys are
+    lower case). The work id a batch's files are catalogued under is written in lower case, so
+    `0A1`'s catalog step found `0a1`'s records, listed no file of its own for them and retired
+    them all; a later run of `0a1`'s changes alone then emptied them. `0A1` names no files: its
+    run reads, records and retires nothing, and `0a1` keeps its catalog and its changes."""
+    from lake_assets.catalog.files import landed_records
+    from lake_assets.orchestration.definitions import resources_for, table_job_name
+    from lake_assets_tests import grax_lake
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    grax_lake.land(landing, "0a1", "part-0.parquet", [grax_lake.version("001", 1, "0001", name="Acme")])
+    config, instance = grax_lake.config_for(landing, lake), dg.DagsterInstance.ephemeral()
+    grax_lake.cli(config, instance)
+    store = resources_for(config)["catalog"].get_store()
+
+    def catalogued() -> list[str]:
+        records = landed_records(store, grax_lake.FEED, grax_lake.TABLE, ["0a1"])["0a1"]
+        return [url.rsplit("/", 1)[-1] for url in records]
+
+    def changes() -> list[tuple]:
+        return sorted((r["Id"], r["batch"]) for r in grax_lake.rows(lake, "changes"))
+
+    assert catalogued() == ["part-0.parquet"] and changes() == [("001", "0a1")]
+    instance.add_dynamic_partitions(batch_partitions_name(grax_lake.FEED, grax_lake.TABLE), ["0A1"])
+    job = discovered_definitions(config).resolve_job_def(table_job_name(grax_lake.FEED, grax_lake.TABLE))
+    assert job.execute_in_process(instance=instance, partition_key="0A1").success
+    assert catalogued() == ["part-0.parquet"] and changes() == [("001", "0a1")]
+
+    layers = [
+        dg.AssetKey([grax_lake.FEED, *grax_lake.TABLE.split("/"), x])
+        for x in ("changes", "current", "history")
+    ]
+    assert job.execute_in_process(instance=instance, partition_key="0a1", asset_selection=layers).success
+    assert changes() == [("001", "0a1")]

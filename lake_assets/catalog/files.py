@@ -52,6 +52,14 @@ def catalog_work_id(run_id: str | None) -> str | None:
     return as_name(run_id) if run_id else None
 
 
+def names_its_work(partition: str) -> bool:
+    """Whether `partition` is spelled as its work id spells it. A work id is a name (lower case):
+    a key typed in another case (`0A1`, a GRAX batch added by hand in the UI, where batches
+    are keyed `0a1`) shares the work id of the key as landed, but none of its files are its own:
+    it has no records, and a run of it catalogues and retires none."""
+    return landing_work_id(partition) == f"landing-{partition}"
+
+
 def landing_work_id(partition: str) -> str:
     """The work id of a landed file: the vendor's batch it arrived in (an hour or a batch key).
 
@@ -229,8 +237,11 @@ def landed_records(
     found = store.query_by_work_ids(
         [landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed)
     )
-    out = {}
+    out: dict[str, dict[str, dict]] = {}
     for partition in partitions:
+        if not names_its_work(partition):
+            out[partition] = {}
+            continue
         newest: dict[str, dict] = {}
         for record in found[landing_work_id(partition)]:
             seen = newest.get(record["url"])
