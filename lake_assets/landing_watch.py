@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key
@@ -25,6 +26,10 @@ from lake_assets.storage import Storage
 class TableCursor:
     high_water: str | None = None
     seen: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: the table's first partition when the cursor was saved: hours before it were left out,
+    #: so a first partition moved earlier since (a reload after discovery pinned an earlier
+    #: hour) makes the next scan look back to them
+    first_hour: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,18 +46,45 @@ class NewFiles:
         return hashlib.sha1("\n".join(self.all_names).encode()).hexdigest()[:16]
 
 
+class TableScan(NamedTuple):
+    found: list[NewFiles]
+    cursor: TableCursor
+    #: hours holding files before the table's first partition, which no run can name
+    before_start: list[str]
+
+
 def scan_table(
-    storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: TableCursor, late_hours: int
-) -> tuple[list[NewFiles], TableCursor]:
-    since = None
+    storage: Storage,
+    fmt: FeedFormat,
+    landing: str,
+    table: str,
+    cursor: TableCursor,
+    late_hours: int,
+    first_hour: str | None = None,
+) -> TableScan:
+    """The files new since `cursor` in the hours from `late_hours` before its high water on,
+    and in the hours a `first_hour` (the table's first partition) moved earlier than the
+    cursor's uncovers. Hours before `first_hour` are never found (no run could name them) nor
+    remembered: they are returned as `before_start` on every scan that lists them."""
+    since = window = None
     # A cursor saved while a future-dated folder counted as an hour may point past the hour under
     # way: it is held to it, or the tick would look only at hours no listing returns yet.
     high_water = min(cursor.high_water, hour_key(current_hour())) if cursor.high_water else None
     if high_water is not None:
         since = parse_hour_key(high_water) - dt.timedelta(hours=late_hours)
+        window = hour_key(since)
+    uncovered = (cursor.first_hour or "") if first_hour and first_hour < (cursor.first_hour or "") else ""
+    if since is not None and first_hour and uncovered:
+        since = min(since, parse_hour_key(first_hour))
     found: list[NewFiles] = []
+    before_start: list[str] = []
     seen = dict(cursor.seen)
     for key, names in sorted(fmt.landed_hours(storage, landing, table, since).items()):
+        if first_hour and key < first_hour:
+            before_start += [key] if names else []
+            continue
+        if window is not None and key < window and key >= uncovered:
+            continue  # looked at by the scans before (listed only to reach the uncovered hours)
         fresh = tuple(n for n in names if n not in set(seen.get(key, ())))
         if fresh:
             found.append(NewFiles(table, key, fresh, names))
@@ -62,7 +94,7 @@ def scan_table(
     if high_water is not None:
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
-    return found, TableCursor(high_water=high_water, seen=seen)
+    return TableScan(found, TableCursor(high_water, seen, first_hour), before_start)
 
 
 def contiguous_ranges(

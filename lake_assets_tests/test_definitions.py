@@ -160,6 +160,32 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
     }
 
 
+def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(tmp_path, capfd):
+    """With `start` after the first landed hours, the sensor asked for one run over 03..05,
+    which Dagster refused whole (03 is no partition): 04 and 05 were never run, and the next
+    tick asked for nothing. The hours from `start` run; the others are named in the tick's log."""
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    config = config.replace(feeds=[config.feeds[0].model_copy(update={"start": "2024-03-01-04"})])
+    defs = discovered_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_landing_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        result = sensor(context)
+    assert {
+        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG])
+        for r in result.run_requests
+    } == {
+        ("accounts", "2024-03-01-04", "2024-03-01-05"),
+        ("accounts", "2024-03-01-09", "2024-03-01-09"),
+        ("cards", "2024-03-01-04", "2024-03-01-04"),
+    }
+    assert (
+        "unit/accounts: 1 hour(s) with files before the first partition 2024-03-01-04 are not run: "
+        "2024-03-01-03." in capfd.readouterr().err
+    )
+
+
 def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     """A ranged run that wrote every layer must not make the automation re-run its older hours.
 

@@ -35,7 +35,7 @@ def test_new_hours_then_only_late_files_are_reported(tmp_path):
         _write(landing, hour, "part-0.parquet")
     storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
 
-    found, cursor = scan_table(storage, fmt, uri, "accounts", TableCursor(), late_hours=4)
+    found, cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), late_hours=4)
     assert [f.partition for f in found] == [
         "2024-03-01-00",
         "2024-03-01-01",
@@ -44,14 +44,14 @@ def test_new_hours_then_only_late_files_are_reported(tmp_path):
     ]
     assert cursor.high_water == "2024-03-01-05"
 
-    again, cursor = scan_table(
+    again, cursor, _ = scan_table(
         storage, fmt, uri, "accounts", decode_cursor(encode_cursor({"accounts": cursor}))["accounts"], 4
     )
     assert again == []
 
     _write(landing, 2, "part-late.parquet")  # 3 hours late: inside the window
     _write(landing, 6, "part-0.parquet")
-    found, cursor = scan_table(storage, fmt, uri, "accounts", cursor, 4)
+    found, cursor, _ = scan_table(storage, fmt, uri, "accounts", cursor, 4)
     assert [(f.partition, f.new_names) for f in found] == [
         ("2024-03-01-02", ("part-late.parquet",)),
         ("2024-03-01-06", ("part-0.parquet",)),
@@ -67,7 +67,7 @@ def test_scan_lists_only_the_late_window_not_the_whole_history(tmp_path):
         for hour in (0, 12):
             _write(landing, hour, "part-0.parquet", day=day)
     storage, fmt, uri = CountingStorage(), UnitCdcFormat(), f"file://{landing}"
-    _, cursor = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4)
+    _, cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4)
     full = len(storage.listed)
     storage.listed.clear()
     scan_table(storage, fmt, uri, "accounts", cursor, 4)
@@ -112,3 +112,26 @@ def test_stretches_follow_the_order_partitions_were_registered_in():
     assert stretches_in_order(["d", "a", "x", "b"], ["a", "b", "d"]) == [("d", "a"), ("b",)]
     with pytest.raises(LakeAssetsError, match="x are not registered"):
         stretches_in_order(["a"], ["a", "x"])
+
+
+def test_hours_before_the_first_partition_are_never_found_until_it_moves_back_to_them(tmp_path):
+    """A sensor's range over hours before the table's first partition failed whole (valid hours
+    too), and the cursor remembered the hours, so no later tick asked for them again. They are
+    now reported on every scan, and a first partition moved earlier (discovery pinned an earlier
+    hour; a reload) uncovers them, and only them, however far the cursor has moved on."""
+    landing = tmp_path / "unit"
+    for hour in (0, 1, 2):
+        _write(landing, hour, "part-0.parquet")
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+
+    found, cursor, before = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4, "2024-03-01-01")
+    assert [f.partition for f in found] == ["2024-03-01-01", "2024-03-01-02"]
+    assert before == ["2024-03-01-00"] and "2024-03-01-00" not in cursor.seen
+    for hour in range(3, 12):
+        _write(landing, hour, "part-0.parquet")
+    found, cursor, before = scan_table(storage, fmt, uri, "accounts", cursor, 4, "2024-03-01-01")
+    assert [f.partition for f in found] == [f"2024-03-01-{h:02d}" for h in range(3, 12)]
+
+    found, cursor, before = scan_table(storage, fmt, uri, "accounts", cursor, 4, "2024-03-01-00")
+    assert [f.partition for f in found] == ["2024-03-01-00"] and before == []
+    assert scan_table(storage, fmt, uri, "accounts", cursor, 4, "2024-03-01-00").found == []

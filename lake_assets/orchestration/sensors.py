@@ -15,7 +15,7 @@ from lake_assets import reruns
 from lake_assets.config import FeedConfig
 from lake_assets.discovery import Pin, describe, describe_unread, discover_feed, feed_tables
 from lake_assets.errors import DamagedLakeFile, LakeAssetsError
-from lake_assets.feeds.base import FeedFormat
+from lake_assets.feeds.base import FeedFormat, hour_key
 from lake_assets.landing_watch import (
     BatchCursor,
     NewFiles,
@@ -64,9 +64,17 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
-            found, cursors[name] = scan_table(
-                storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours
+            first = _first_hour(assets)
+            found, cursors[name], before_start = scan_table(
+                storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours, first
             )
+            if before_start:
+                context.log.warning(
+                    f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
+                    f"partition {first} are not run: {describe_hours(before_start)}. `lake-assets "
+                    "discover` (or the tables sensor) pins the first landed hour, and a reload of the "
+                    "code location takes them in; an explicit `start` in the configuration leaves them out"
+                )
             try:
                 standing_requests = reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key)
             except DamagedLakeFile as damaged:  # one table's note stops no other table's runs
@@ -87,6 +95,20 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         )
 
     return landing_sensor
+
+
+def _first_hour(assets: TableAssets) -> str | None:
+    """The key of a table's first hourly partition (None for other partitions)."""
+    partitions = assets.changes.partitions_def
+    if isinstance(partitions, dg.TimeWindowPartitionsDefinition):
+        return hour_key(partitions.start.replace(tzinfo=None))
+    return None
+
+
+def describe_hours(keys: list[str], shown: int = 5) -> str:
+    """The first hour keys, and how many more."""
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
 
 
 def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAssets]) -> dg.SensorDefinition:
