@@ -357,8 +357,12 @@ def test_a_file_catalogued_after_the_changes_were_read_is_not_noted_as_processed
     selected = {
         layer: dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "current", "history")
     }
-    lake.write(1, "part-1.parquet", [event("z", "I", 9, at(1, 30), name="z", balance=9)])
+
+    def land_z():
+        lake.write(1, "part-1.parquet", [event("z", "I", 9, at(1, 30), name="z", balance=9)])
+
     if later == "catalog, then state alone":
+        land_z()
         for layers in (["catalog"], ["current", "history"]):
             done = job.execute_in_process(
                 instance=lake.instance, partition_key=hour(1), asset_selection=[selected[x] for x in layers]
@@ -369,6 +373,7 @@ def test_a_file_catalogued_after_the_changes_were_read_is_not_noted_as_processed
 
         def ingest_then_catalogue(session, work, partitions, **options):
             ingested = real_ingest(session, work, partitions, **options)
+            land_z()
             pipeline.catalogue_landing(work, partitions)  # as another run's catalog step would
             return ingested
 
@@ -386,6 +391,27 @@ def test_a_file_catalogued_after_the_changes_were_read_is_not_noted_as_processed
 
     assert lake.run() == [(hour(1), hour(1))]
     assert lake.changes()[hour(1)] == ["a", "z"]
+    assert lake.run() == []
+
+
+def test_changes_materialised_without_their_catalog_read_what_landed_since(lake):
+    """From the UI, `changes` (and the state) of an hour materialised without its `catalog`: the
+    step read the files the catalog last listed, missed one landed since, and its landing
+    check passed. The step now catalogues the landing first when its run does not."""
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    job = discovered_definitions(lake.config).resolve_job_def(feed_job_name("unit"))
+    lake.write(1, "part-1.parquet", [event("z", "I", 9, at(1, 30), name="z", balance=9)])
+    done = job.execute_in_process(
+        instance=lake.instance,
+        partition_key=hour(1),
+        asset_selection=[dg.AssetKey(["unit", "accounts", x]) for x in ("changes", "current", "history")],
+    )
+    assert done.success
+    assert lake.changes()[hour(1)] == ["a", "z"]
+    [check] = [e for e in done.get_asset_check_evaluations() if e.check_name == "landing_complete"]
+    assert check.passed
     assert lake.run() == []
 
 

@@ -228,8 +228,9 @@ def changes_asset(
         description=(
             f"Every change event of `{table.name}` once, normalised (`_op`, `_version_at`, `_seq`, "
             f"`_source_file`…), partitioned like the landing area by `{fmt.partition_column}`. "
-            "Reads the files the landing catalog lists for its partitions. Unreadable files are "
-            "quarantined with their reason; the rest of the batch goes on."
+            "Reads the files the landing catalog lists for its partitions (catalogued first when "
+            "the run does not materialise the catalog). Unreadable files are quarantined with "
+            "their reason; the rest of the batch goes on."
         ),
         check_specs=[
             dg.AssetCheckSpec(
@@ -250,15 +251,28 @@ def changes_asset(
         catalog: CatalogResource,
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         work = table.work(context.run.run_id, lake, catalog)
-        ingested = pipeline.ingest(spark.spark_session, work, list(context.partition_keys), log=context.log)
+        partitions = list(context.partition_keys)
+        if not _runs_with(context, landing_catalog.key):
+            # Materialised without its catalog (from the UI, or by automation): the catalog may
+            # not know of files landed since it was last materialised; this run would read none
+            # of them, and its landing check could not tell.
+            landed = pipeline.catalogue_landing(work, partitions)
+            context.log.info(f"{table.label}: catalogued the landing first: {catalogue_metadata(landed)}")
+        ingested = pipeline.ingest(spark.spark_session, work, partitions, log=context.log)
         require_reconciled(table, ingested.batch)
         for gap in ingested.batch.gaps:
             context.log.error(f"{table.label}: gap in the landed data: {gap}")
         yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
-        pipeline.record_stored(work, list(context.partition_keys), ingested)  # once the output is stored
+        pipeline.record_stored(work, partitions, ingested)  # once the output is stored
         yield landing_check(ingested)
 
     return changes
+
+
+def _runs_with(context: dg.AssetExecutionContext, key: dg.AssetKey) -> bool:
+    """Whether the run materialises the asset `key` too (a run of a whole job selects all)."""
+    selection = context.run.asset_selection
+    return selection is None or key in selection
 
 
 LANDING_COMPLETE = "landing_complete"
