@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key
-from lake_assets.storage import Storage
+from lake_assets.storage import Entry, Storage
 
 
 @dataclasses.dataclass
@@ -34,16 +34,24 @@ class TableCursor:
 
 @dataclasses.dataclass(frozen=True)
 class NewFiles:
-    """Files that appeared in one partition since the last scan."""
+    """Files that appeared, were rewritten or went in one partition since the last scan."""
 
     table: str
     partition: str
-    new_names: tuple[str, ...]
+    new_names: tuple[str, ...]  # new or rewritten
+    #: every file the partition holds now, as `landed_version` tells them apart
     all_names: tuple[str, ...]
+    gone: int = 0  # files it held at the last scan and no longer does
 
     @property
     def fingerprint(self) -> str:
         return hashlib.sha1("\n".join(self.all_names).encode()).hexdigest()[:16]
+
+
+def landed_version(entry: Entry) -> str:
+    """A landed file as the sensor remembers it: its name, size and modification time, so that
+    a file rewritten in place (a vendor's correction) is new again."""
+    return json.dumps([entry.name, entry.size, entry.mtime_ms])
 
 
 class TableScan(NamedTuple):
@@ -79,18 +87,28 @@ def scan_table(
     found: list[NewFiles] = []
     before_start: list[str] = []
     seen = dict(cursor.seen)
-    for key, names in sorted(fmt.landed_hours(storage, landing, table, since).items()):
+    listed = fmt.landed_hours(storage, landing, table, since)
+    # An hour remembered but no longer listed lost every file: a run empties it. (A cursor held
+    # to the hour under way may remember later hours, which no listing returns yet.)
+    emptied = {key for key in seen if key not in listed and key <= hour_key(current_hour())}
+    for key in sorted({*listed, *emptied}):
+        files = listed.get(key, ())
         if first_hour and key < first_hour:
-            before_start += [key] if names else []
+            before_start += [key] if files else []
             continue
         if window is not None and key < window and key >= uncovered:
             continue  # looked at by the scans before (listed only to reach the uncovered hours)
-        fresh = tuple(n for n in names if n not in set(seen.get(key, ())))
-        if fresh:
-            found.append(NewFiles(table, key, fresh, names))
-        if names:
-            seen[key] = list(names)
+        versions = {landed_version(entry): entry.name for entry in files}
+        remembered = set(seen.get(key, ()))
+        fresh = tuple(sorted(name for version, name in versions.items() if version not in remembered))
+        gone = len(remembered - versions.keys())
+        if fresh or gone:
+            found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), gone))
+        if versions:
+            seen[key] = sorted(versions)
             high_water = max(high_water or key, key)
+        else:
+            seen.pop(key, None)
     if high_water is not None:
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}

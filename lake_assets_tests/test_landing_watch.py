@@ -1,5 +1,8 @@
 """The sensor's scanning logic: new hours, late files, run keys, pruned listing."""
 
+import json
+import os
+
 import pytest
 
 from lake_assets.errors import LakeAssetsError
@@ -18,7 +21,7 @@ from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
 
 def _write(landing, hour, name, day=1):
-    write_events(
+    return write_events(
         landing,
         "accounts",
         hour,
@@ -56,7 +59,10 @@ def test_new_hours_then_only_late_files_are_reported(tmp_path):
         ("2024-03-01-02", ("part-late.parquet",)),
         ("2024-03-01-06", ("part-0.parquet",)),
     ]
-    assert found[0].all_names == ("part-0.parquet", "part-late.parquet")
+    assert [json.loads(version)[0] for version in found[0].all_names] == [
+        "part-0.parquet",
+        "part-late.parquet",
+    ]
     # Hours older than the window are forgotten, so the cursor stays small.
     assert min(cursor.seen) >= "2024-03-01-02"
 
@@ -135,3 +141,29 @@ def test_hours_before_the_first_partition_are_never_found_until_it_moves_back_to
     found, cursor, before = scan_table(storage, fmt, uri, "accounts", cursor, 4, "2024-03-01-00")
     assert [f.partition for f in found] == ["2024-03-01-00"] and before == []
     assert scan_table(storage, fmt, uri, "accounts", cursor, 4, "2024-03-01-00").found == []
+
+
+def test_a_file_rewritten_in_place_or_removed_makes_its_hour_run_again(tmp_path):
+    """A vendor's correction rewrites a file under its name; a file taken back is removed. The
+    sensor compared names only, so neither ever ran: the hour's changes kept the old rows."""
+    landing = tmp_path / "unit"
+    for hour in (0, 1, 2):
+        _write(landing, hour, "part-0.parquet")
+    _write(landing, 1, "part-1.parquet")
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+    _, cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4)
+    assert scan_table(storage, fmt, uri, "accounts", cursor, 4).found == []
+
+    rewritten = _write(landing, 0, "part-0.parquet")
+    os.utime(rewritten, (1_900_000_000, 1_900_000_000))  # rewritten later, whatever its size
+    (landing / "accounts/year=2024/month=03/day=01/hour=01/part-1.parquet").unlink()
+    for part in (landing / "accounts/year=2024/month=03/day=01/hour=02").iterdir():
+        part.unlink()
+    found, cursor, _ = scan_table(storage, fmt, uri, "accounts", cursor, 4)
+
+    assert [(f.partition, f.new_names, f.gone) for f in found] == [
+        ("2024-03-01-00", ("part-0.parquet",), 1),
+        ("2024-03-01-01", (), 1),
+        ("2024-03-01-02", (), 1),
+    ]
+    assert scan_table(storage, fmt, uri, "accounts", cursor, 4).found == []

@@ -97,9 +97,10 @@ class FeedFormat(abc.ABC):
 
     def landed_hours(
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
-    ) -> dict[str, tuple[str, ...]]:
-        """Hourly formats: hour key -> names of the files landed in that hour, for the hours at or
-        after `since`, listing only what can hold them (the sensor's cost follows the window)."""
+    ) -> dict[str, tuple[Entry, ...]]:
+        """Hourly formats: hour key -> the files landed in that hour (named as the format tells
+        them apart, in name order), for the hours at or after `since`, listing only what can
+        hold them (the sensor's cost follows the window)."""
         raise NotImplementedError(f"{self.name} is not partitioned by hour")
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:

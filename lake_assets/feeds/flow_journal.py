@@ -641,13 +641,17 @@ class FlowJournalFormat(FeedFormat):
 
     def landed_hours(
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
-    ) -> dict[str, tuple[str, ...]]:
-        hours: dict[str, list[str]] = {}
+    ) -> dict[str, tuple[Entry, ...]]:
+        hours: dict[str, list[Entry]] = {}
         for journal in self.journals(storage, landing, table):
             for key, folder in self._hour_folders(storage, journal, since).items():
-                names = [f"{journal.name}/{e.name}" for e in storage.list(folder) if not e.is_dir]
-                hours.setdefault(key, []).extend(names)
-        return {k: tuple(sorted(v)) for k, v in hours.items() if v}
+                files = [
+                    dataclasses.replace(e, name=f"{journal.name}/{e.name}")
+                    for e in storage.list(folder)
+                    if not e.is_dir
+                ]
+                hours.setdefault(key, []).extend(files)
+        return {k: tuple(sorted(v, key=lambda e: e.name)) for k, v in hours.items() if v}
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
         """A fragment's hour (of its first append) is what its path tells without inflating it;

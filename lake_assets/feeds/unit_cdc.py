@@ -92,9 +92,11 @@ class UnitCdcFormat(FeedFormat):
 
     def landed_hours(
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
-    ) -> dict[str, tuple[str, ...]]:
+    ) -> dict[str, tuple[Entry, ...]]:
         return {
-            key: tuple(sorted(e.name for folder in folders for e in data_files(storage, folder)))
+            key: tuple(
+                sorted((e for folder in folders for e in data_files(storage, folder)), key=lambda e: e.name)
+            )
             for key, folders in hour_folders(storage, self._table_uri(landing, table), since).items()
         }
 
