@@ -40,6 +40,7 @@ import yaml
 from pydantic import AfterValidator, Field, PlainValidator, PrivateAttr, ValidationError, model_validator
 
 from lake_assets.config_model import (
+    AWS_CREDENTIAL_VARIABLES,
     CREDENTIALS_COME_FROM_THE_ENVIRONMENT,
     EndpointUrl,
     FeedConfig,
@@ -317,8 +318,7 @@ def resolved_config(config: LakeConfig, environ: Mapping[str, str] | None = None
     resolved = config.model_dump(mode="json", exclude_none=True)
     uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
     credentials = {
-        name: ("set (redacted)" if environ.get(name) else "not set")
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+        name: ("set (redacted)" if environ.get(name) else "not set") for name in AWS_CREDENTIAL_VARIABLES
     }
     resolved["s3"]["credentials_from_environment"] = (
         credentials if uses_s3 else "not used (no s3a:// location)"

@@ -9,7 +9,9 @@ echoed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
@@ -26,6 +28,28 @@ CREDENTIALS_COME_FROM_THE_ENVIRONMENT = (
     "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally "
     "AWS_SESSION_TOKEN), never from the configuration file"
 )
+#: the environment variables S3 credentials come from: key, secret, and a session's token
+AWS_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+#: the AWS region of S3 (and of a DynamoDB catalog) when none is configured
+DEFAULT_REGION = "us-east-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class AwsCredentials:
+    """S3 credentials from the environment; never shown (no value in its repr)."""
+
+    key: str = dataclasses.field(repr=False)
+    secret: str = dataclasses.field(repr=False)
+    token: str | None = dataclasses.field(repr=False, default=None)
+
+
+def aws_credentials_from_environment() -> AwsCredentials | None:
+    """The S3 credentials the environment holds, or None without both a key and a secret (the
+    connector then finds credentials its own way: an instance profile, a role)."""
+    key, secret, token = (os.environ.get(name) for name in AWS_CREDENTIAL_VARIABLES)
+    return AwsCredentials(key, secret, token or None) if key and secret else None
+
+
 #: a setting name that looks like it holds a credential
 SECRET_NAME = re.compile(
     r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key",
@@ -158,7 +182,7 @@ class S3Config(Model):
     environment, never from this file."""
 
     endpoint_url: EndpointUrl | None = None
-    region: Text = "us-east-1"
+    region: Text = DEFAULT_REGION
 
 
 class FeedConfig(Model):

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from lake_assets.config_model import DEFAULT_REGION, aws_credentials_from_environment
 from lake_assets.errors import ConfigError
 
 S3A_JAR_NAMES = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")
@@ -182,7 +183,7 @@ def session_conf(
     extra: Mapping[str, str] | None = None,
     use_s3: bool = False,
     s3_endpoint_url: str | None = None,
-    s3_region: str = "us-east-1",
+    s3_region: str = DEFAULT_REGION,
     app_name: str = "lake_assets",
 ) -> dict[str, str]:
     """Spark settings for the lake. `remote` (Spark Connect) wins over `master`. A Connect
@@ -238,14 +239,15 @@ def is_local(master: str) -> bool:
 
 def s3a_secret_conf() -> dict[str, str]:
     """Access keys for s3a from the environment; kept out of every displayed config."""
-    key = os.environ.get("AWS_ACCESS_KEY_ID")
-    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if not key or not secret:
+    credentials = aws_credentials_from_environment()
+    if credentials is None:
         return {}
-    conf = {"spark.hadoop.fs.s3a.access.key": key, "spark.hadoop.fs.s3a.secret.key": secret}
-    token = os.environ.get("AWS_SESSION_TOKEN")
-    if token:
-        conf["spark.hadoop.fs.s3a.session.token"] = token
+    conf = {
+        "spark.hadoop.fs.s3a.access.key": credentials.key,
+        "spark.hadoop.fs.s3a.secret.key": credentials.secret,
+    }
+    if credentials.token:
+        conf["spark.hadoop.fs.s3a.session.token"] = credentials.token
         conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
             "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
         )

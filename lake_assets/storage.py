@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pyarrow.fs as pafs
 import pydantic
 
-from lake_assets.config_model import S3Config
+from lake_assets.config_model import S3Config, aws_credentials_from_environment
 from lake_assets.errors import DamagedLakeFile, InvalidValue, first_line
 from lake_assets.paths import is_s3
 
@@ -79,11 +79,10 @@ class Storage:
         if self._s3 is None:
             settings = self._s3_settings
             kwargs: dict = {"region": settings.region}
-            key = os.environ.get("AWS_ACCESS_KEY_ID")
-            secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
-            if key and secret:
+            credentials = aws_credentials_from_environment()
+            if credentials is not None:
                 kwargs.update(
-                    access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN")
+                    access_key=credentials.key, secret_key=credentials.secret, session_token=credentials.token
                 )
             if settings.endpoint_url:
                 scheme, _, host = settings.endpoint_url.partition("://")

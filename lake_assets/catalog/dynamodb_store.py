@@ -14,6 +14,7 @@ from typing import Any
 
 from lake_assets.catalog.metadata import time_index_key
 from lake_assets.catalog.store import CatalogStore, best_for_latest, what_where_key
+from lake_assets.config_model import DEFAULT_REGION
 from lake_assets.errors import CatalogError
 
 
@@ -58,7 +59,7 @@ class DynamoCatalogStore(CatalogStore):
         latest_table: str,
         *,
         endpoint_url: str | None = None,
-        region: str = "us-east-1",
+        region: str = DEFAULT_REGION,
         page_size: int | None = None,
         write_threads: int = 8,
     ):

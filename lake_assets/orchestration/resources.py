@@ -12,7 +12,7 @@ from lake_assets import spark as spark_settings
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.catalog.store import CatalogStore
-from lake_assets.config_model import S3Config
+from lake_assets.config_model import DEFAULT_REGION, S3Config
 from lake_assets.errors import ConfigError
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
@@ -34,7 +34,7 @@ class LakeResource(dg.ConfigurableResource):
 
     root: str
     s3_endpoint_url: str | None = None
-    s3_region: str = "us-east-1"
+    s3_region: str = DEFAULT_REGION
 
     _storage: Storage | None = PrivateAttr(default=None)
 
@@ -56,7 +56,7 @@ class CatalogResource(dg.ConfigurableResource):
     table: str | None = None
     latest_table: str | None = None
     endpoint_url: str | None = None
-    region: str = "us-east-1"
+    region: str = DEFAULT_REGION
 
     _store: CatalogStore | None = PrivateAttr(default=None)
 
