@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -52,7 +51,9 @@ def aws_credentials_from_environment() -> AwsCredentials | None:
 
 #: a setting name that looks like it holds a credential
 SECRET_NAME = re.compile(
-    r"secret|passw(or)?d|token|credential|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key",
+    r"secret|passw(or)?d|token|credential"
+    # a key, not a setting about keys (`spark.io.encryption.keySizeBits`)
+    r"|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key([._-]|$)",
     re.IGNORECASE,
 )
 #: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
@@ -101,9 +102,14 @@ def _hour(value: Any) -> bool:
     return True
 
 
+#: a URL with a user (and password) before its host, anywhere in a value: a list of URLs, or a
+#: URL inside another (`k8s://https://user:password@host`)
+_URL_WITH_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s,;@]*@")
+
+
 def without_credentials_in_url(value: str) -> str:
-    """`value`, unless it is a URL with a user or password in it (refused, without echoing it)."""
-    if "@" in urlsplit(value.strip()).netloc:
+    """`value`, unless a URL in it has a user or password (refused, without echoing it)."""
+    if _URL_WITH_CREDENTIALS.search(value):
         raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
     return value
 

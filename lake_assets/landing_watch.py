@@ -1,7 +1,8 @@
 """Noticing new landed files cheaply: the pure logic behind the landing sensors.
 
 Per table the cursor keeps a high-water hour and, for the hours still inside the late window
-(`late_hours` before the high-water hour), the names of the files already seen. A scan lists
+(`late_hours` before the high-water hour), the files already seen, each as its name, size and
+modification time (`landed_version`), so that a file rewritten in place or removed is noticed. A scan lists
 only the hour folders at or after the window's start (pruning whole years, months and days), so
 its cost follows the window, not the length of the landing history.
 """
@@ -41,11 +42,17 @@ class NewFiles:
     new_names: tuple[str, ...]  # new or rewritten
     #: every file the partition holds now, as `landed_version` tells them apart
     all_names: tuple[str, ...]
-    gone: int = 0  # files it held at the last scan and no longer does
+    #: the files (as `landed_version` tells them apart) it held at the last scan and no longer
+    #: does: removed, or replaced by a rewrite
+    removed: tuple[str, ...] = ()
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha1("\n".join(self.all_names).encode()).hexdigest()[:16]
+        """What a run of the partition is keyed by: the files it holds and, for a removal, the
+        files removed (else a removal that brings the files back to a set already run would
+        get that run's key, which Dagster does not run again)."""
+        text = "\n".join([*self.all_names, *(f"-{version}" for version in self.removed)])
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def landed_version(entry: Entry) -> str:
@@ -99,11 +106,9 @@ def scan_table(
         if window is not None and key < window and key >= uncovered:
             continue  # looked at by the scans before (listed only to reach the uncovered hours)
         versions = {landed_version(entry): entry.name for entry in files}
-        remembered = set(seen.get(key, ()))
-        fresh = tuple(sorted(name for version, name in versions.items() if version not in remembered))
-        gone = len(remembered - versions.keys())
-        if fresh or gone:
-            found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), gone))
+        fresh, removed = _compared(versions, seen.get(key, ()))
+        if fresh or removed:
+            found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         if versions:
             seen[key] = sorted(versions)
             high_water = max(high_water or key, key)
@@ -113,6 +118,26 @@ def scan_table(
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
     return TableScan(found, TableCursor(high_water, seen, first_hour), before_start)
+
+
+def _compared(versions: dict[str, str], remembered: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the files new or rewritten since the last scan, and the versions of the files
+    removed since. A cursor saved before versions were remembered holds names alone: a file
+    of such a name counts as seen, whatever its version, so an upgrade runs nothing again."""
+    remembered = set(remembered)
+    names_alone = {entry for entry in remembered if not entry.startswith("[")}
+    names_now = set(versions.values())
+    fresh = tuple(
+        sorted(
+            name
+            for version, name in versions.items()
+            if version not in remembered and name not in names_alone
+        )
+    )
+    removed = tuple(
+        sorted(e for e in remembered - versions.keys() if e not in names_alone or e not in names_now)
+    )
+    return fresh, removed
 
 
 def contiguous_ranges(

@@ -331,6 +331,19 @@ ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SEC
             {"lake": "/lake", "spark": {"master": "spark://AKIAEXAMPLE:wJalrXSECRET@master:7077"}},
             "spark.master",
         ),
+        (
+            {"lake": "/lake", "spark": {"master": "k8s://https://AKIAEXAMPLE:wJalrXSECRET@api:6443"}},
+            "spark.master",
+        ),
+        (  # a list of URLs, the one with credentials not first
+            {
+                "lake": "/lake",
+                "spark": {
+                    "conf": {"spark.jars.repositories": "https://repo,https://AKIAEXAMPLE:wJalrXSECRET@repo2"}
+                },
+            },
+            "spark.conf['spark.jars.repositories']",
+        ),
     ],
 )
 def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
@@ -354,11 +367,19 @@ def test_a_spark_connect_token_is_refused_without_repeating_it():
 def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
     conf = {
         "spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",
+        # settings about keys, not keys
+        "spark.io.encryption.keySizeBits": 256,
+        "spark.io.encryption.keygen.algorithm": "HmacSHA256",
         "spark.executor.cores": 4,
         "spark.sql.adaptive.enabled": True,
     }
     config = parse_config({"lake": "/lake", "spark": {"conf": conf}})
-    assert config.spark.conf == {**conf, "spark.executor.cores": "4", "spark.sql.adaptive.enabled": "true"}
+    assert config.spark.conf == {
+        **conf,
+        "spark.io.encryption.keySizeBits": "256",
+        "spark.executor.cores": "4",
+        "spark.sql.adaptive.enabled": "true",
+    }
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):

@@ -161,9 +161,55 @@ def test_a_file_rewritten_in_place_or_removed_makes_its_hour_run_again(tmp_path)
         part.unlink()
     found, cursor, _ = scan_table(storage, fmt, uri, "accounts", cursor, 4)
 
-    assert [(f.partition, f.new_names, f.gone) for f in found] == [
+    assert [(f.partition, f.new_names, len(f.removed)) for f in found] == [
         ("2024-03-01-00", ("part-0.parquet",), 1),
         ("2024-03-01-01", (), 1),
         ("2024-03-01-02", (), 1),
     ]
     assert scan_table(storage, fmt, uri, "accounts", cursor, 4).found == []
+
+
+def test_a_removal_back_to_files_already_run_gets_a_run_key_of_its_own(tmp_path):
+    """Hour 0 ran with `a`, then with `a` and a wrong late `b`; the vendor removes `b`. Keyed by
+    the files the hour holds, the removal's run had the first run's key, which Dagster does not
+    run again, and `b`'s rows stayed."""
+    landing = tmp_path / "unit"
+    _write(landing, 0, "part-a.parquet")
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+    [first], cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4)
+    late = _write(landing, 0, "part-b.parquet")
+    [second], cursor, _ = scan_table(storage, fmt, uri, "accounts", cursor, 4)
+    late.unlink()
+    [removal], cursor, _ = scan_table(storage, fmt, uri, "accounts", cursor, 4)
+
+    assert removal.all_names == first.all_names and len(removal.removed) == 1
+    assert len({first.fingerprint, second.fingerprint, removal.fingerprint}) == 3
+
+
+def test_a_cursor_saved_with_names_alone_runs_nothing_again_after_an_upgrade(tmp_path):
+    """Cursors saved before the sensor remembered sizes and times hold names: their files count
+    as seen (else every hour of the late window ran again), and a name gone is a removal."""
+    landing = tmp_path / "unit"
+    for name in ("part-0.parquet", "part-1.parquet"):
+        _write(landing, 0, name)
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+    saved = decode_cursor(
+        json.dumps(
+            {
+                "accounts": {
+                    "high_water": "2024-03-01-00",
+                    "seen": {"2024-03-01-00": ["part-0.parquet", "part-1.parquet"]},
+                }
+            }
+        )
+    )["accounts"]
+
+    found, cursor, _ = scan_table(storage, fmt, uri, "accounts", saved, 4)
+    assert found == [] and [json.loads(v)[0] for v in cursor.seen["2024-03-01-00"]] == [
+        "part-0.parquet",
+        "part-1.parquet",
+    ]
+
+    saved.seen["2024-03-01-00"].append("part-gone.parquet")
+    [removal], _, _ = scan_table(storage, fmt, uri, "accounts", saved, 4)
+    assert removal.new_names == () and removal.removed == ("part-gone.parquet",)

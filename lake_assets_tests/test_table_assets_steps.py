@@ -164,6 +164,32 @@ def test_build_table_assets_chains_the_layers():
     assert built.changes.asset_deps[built.changes.key] == {built.landing_catalog.key}
 
 
+@pytest.mark.parametrize(
+    "selection, steps_run, catalogues",
+    [
+        (None, None, False),  # the whole job
+        ("catalog changes state", None, False),
+        ("changes state", None, True),  # from the UI, or by automation
+        ("catalog changes state", ["changes", "state"], True),  # a retry from failure
+    ],
+)
+def test_changes_catalogue_the_landing_first_unless_the_run_executes_the_catalog_step(
+    selection, steps_run, catalogues
+):
+    from types import SimpleNamespace
+
+    table = _unit_table()
+    built = steps.build_table_assets(table.feed, table.fmt, table.name, HOURS)
+    by_layer = {"catalog": built.landing_catalog, "changes": built.changes, "state": built.state}
+    run = SimpleNamespace(
+        asset_selection=None
+        if selection is None
+        else {k for x in selection.split() for k in by_layer[x].keys},
+        step_keys_to_execute=None if steps_run is None else [by_layer[x].op.name for x in steps_run],
+    )
+    assert steps.runs_step_of(SimpleNamespace(run=run), built.landing_catalog) is not catalogues
+
+
 def test_the_fold_figures_become_metadata_of_both_layers():
     report = FoldReport(
         "fold-1",

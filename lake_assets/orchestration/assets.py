@@ -252,7 +252,7 @@ def changes_asset(
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         work = table.work(context.run.run_id, lake, catalog)
         partitions = list(context.partition_keys)
-        if not _runs_with(context, landing_catalog.key):
+        if not runs_step_of(context, landing_catalog):
             # Materialised without its catalog (from the UI, or by automation): the catalog may
             # not know of files landed since it was last materialised; this run would read none
             # of them, and its landing check could not tell.
@@ -269,10 +269,13 @@ def changes_asset(
     return changes
 
 
-def _runs_with(context: dg.AssetExecutionContext, key: dg.AssetKey) -> bool:
-    """Whether the run materialises the asset `key` too (a run of a whole job selects all)."""
-    selection = context.run.asset_selection
-    return selection is None or key in selection
+def runs_step_of(context: dg.AssetExecutionContext, asset: dg.AssetsDefinition) -> bool:
+    """Whether this run executes `asset`'s step too: it selects the asset (a run of a whole job
+    selects all), and, re-executing another run (from failure: the run retries' default), takes
+    its step again."""
+    run = context.run
+    selected = run.asset_selection is None or asset.key in run.asset_selection
+    return selected and (run.step_keys_to_execute is None or asset.op.name in run.step_keys_to_execute)
 
 
 LANDING_COMPLETE = "landing_complete"

@@ -234,7 +234,7 @@ def _observation(assets: TableAssets, found: list[NewFiles]) -> dg.AssetObservat
         asset_key=assets.raw.key,
         metadata={
             "new_files": sum(len(f.new_names) for f in found),
-            "files_gone": sum(f.gone for f in found),
+            "files_removed_or_rewritten": sum(len(f.removed) for f in found),
             "partitions_with_new_files": dg.MetadataValue.json([f.partition for f in found]),
         },
     )
