@@ -56,13 +56,14 @@ def test_changes_read_the_files_the_catalog_lists_not_the_landing_folder(tmp_pat
     assert [e.name for e in catalogued] == ["part-0.parquet"]
     assert catalogued_landing(store, "unit", "accounts", HOUR_2) == []  # not catalogued yet
 
-    # A file lands after the catalog ran: a run of the downstream layers alone does not see it…
+    # A file lands after the catalog ran: a run of the downstream layers alone brings the catalog
+    # up to date first (it does not run the catalog step), then reads what the catalog lists…
     write_events(landing, "accounts", 1, "part-1.parquet", [event("c", "I", 3, at(1, 9))], ACCOUNT_SCHEMA)
     downstream = [_key("changes"), _key("current"), _key("history")]
     assert job.execute_in_process(instance=instance, partition_key=HOUR_1, asset_selection=downstream).success
-    assert _changed_ids(tmp_path / "lake", HOUR_1) == ["a"]
+    assert _changed_ids(tmp_path / "lake", HOUR_1) == ["a", "c"]
 
-    # …until the catalog partition is brought up to date; then the same run reads both files.
+    # …as a run with the catalog step does.
     assert job.execute_in_process(
         instance=instance, partition_key=HOUR_1, asset_selection=[_key("catalog"), *downstream]
     ).success
