@@ -350,6 +350,7 @@ def write_partitions(
     erase: Erasure | None = None,
     removing: Removing | None = None,
     replacing: Callable[[list[str]], None] | None = None,
+    emptying: Callable[[list[str]], None] | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions `values` of a table with the rows of `df`.
 
@@ -359,7 +360,8 @@ def write_partitions(
     dictionary: in a change-log partition most keys change once, so they differ on nearly every row.
     With `erase` (a change log's purges), purged keys' field data is erased from the rows first.
     `removing` is told the files the write replaces, before it writes; `replacing`, the
-    partitions whose folders Spark is about to replace (delete, then move the new one in).
+    partitions whose folders Spark is about to replace (delete, then move the new one in);
+    `emptying`, the stored partitions about to be removed.
     """
     values = sorted(set(values))
     for value in values:
@@ -401,9 +403,11 @@ def write_partitions(
                 .partitionBy(column)
                 .parquet(table_uri)
             )
-    for value in values:
-        if value not in counts:
-            storage.delete_tree(f"{table_uri}/{column}={value}")
+    emptied = [v for v in values if v not in counts and storage.exists(f"{table_uri}/{column}={v}")]
+    if emptied and emptying is not None:
+        emptying(emptied)
+    for value in emptied:
+        storage.delete_tree(f"{table_uri}/{column}={value}")
     return counts
 
 

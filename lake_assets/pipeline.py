@@ -458,6 +458,7 @@ def store_partitions(
         if state is not None
         else None
     )
+    emptying = functools.partial(_ask_to_finish_emptying, storage, state, log) if state is not None else None
     erase = (
         purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
         if state is not None and frame is not None
@@ -465,12 +466,33 @@ def store_partitions(
     )
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
     written = lake_io.write_partitions(
-        frame, storage, location, column, partitions, keys, erase, removed, replacing
+        frame, storage, location, column, partitions, keys, erase, removed, replacing, emptying
     )
     files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()
     return written, files
+
+
+def _ask_to_finish_emptying(storage: Storage, state: TableState, log, partitions: list[str]) -> None:
+    """Before the stored changes of `partitions` (whose landed files are all gone) are removed,
+    ask for each to run again; the fold's success withdraws the request. Killed after the
+    removal, the run leaves the partition's processed note naming the files it held: were the
+    same files to land again, planning would find the partition unchanged, and their rows would
+    never return to `changes`. The request makes the next run take it whatever lands."""
+    for partition in partitions:
+        reruns.request_rerun(
+            storage,
+            state.layout,
+            state.feed,
+            state.table,
+            partition,
+            "its stored changes are being removed (its landed files are gone)",
+            [],
+        )
+    log.info(
+        f"{state.feed}/{state.table}: removing the changes of {len(partitions)} partition(s) with no landed file"
+    )
 
 
 def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, log=_log) -> FoldReport:

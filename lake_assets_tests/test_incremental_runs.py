@@ -276,9 +276,14 @@ def test_a_run_bridges_empty_hours_but_not_hours_that_need_no_processing(lake):
 
 
 def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
-    from lake_assets import pipeline
-
     lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    run_with_the_fold_failing(lake, monkeypatch)
+    assert lake.run() == [(hour(4), hour(4))]
+
+
+def run_with_the_fold_failing(lake: Lake, monkeypatch) -> None:
+    """A run whose changes are stored and whose fold fails (as a run killed before it would)."""
+    from lake_assets import pipeline
 
     def fails(*_, **__):
         raise RuntimeError("the fold broke")
@@ -287,7 +292,6 @@ def test_a_failed_fold_leaves_its_hours_to_the_next_run(lake, monkeypatch):
         patch.setattr(pipeline, "fold_into_state", fails)
         with pytest.raises(LakeAssetsError):
             lake.run()
-    assert lake.run() == [(hour(4), hour(4))]
 
 
 def test_a_run_killed_while_it_replaces_a_processed_hours_changes_leaves_the_hour_to_the_next_run(
@@ -412,6 +416,26 @@ def test_changes_materialised_without_their_catalog_read_what_landed_since(lake)
     assert lake.changes()[hour(1)] == ["a", "z"]
     [check] = [e for e in done.get_asset_check_evaluations() if e.check_name == "landing_complete"]
     assert check.passed
+    assert lake.run() == []
+
+
+def test_a_run_killed_after_it_emptied_an_hour_leaves_it_to_the_next_run_whatever_lands(
+    lake, tmp_path, monkeypatch
+):
+    """An hour's only file removed: the run empties the hour's changes and is killed before its
+    fold. The hour's note still names the file; the vendor lands the same file again (same name,
+    size and content): planning found the hour unchanged, and its rows never came back."""
+    import shutil
+
+    landed = hour_dir(lake.landing, "accounts", 3) / "part-0.parquet"
+    shutil.copy(landed, tmp_path / "kept.parquet")
+    landed.unlink()
+    run_with_the_fold_failing(lake, monkeypatch)
+    assert hour(3) not in lake.changes()
+    shutil.copy(tmp_path / "kept.parquet", landed)  # the same bytes, landed again
+
+    assert lake.run() == [(hour(3), hour(3))]
+    assert lake.changes()[hour(3)] == ["c"]
     assert lake.run() == []
 
 
