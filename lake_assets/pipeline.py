@@ -466,7 +466,16 @@ def store_partitions(
     )
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
     written = lake_io.write_partitions(
-        frame, storage, location, column, partitions, keys, erase, removed, replacing, emptying
+        frame,
+        storage,
+        location,
+        column,
+        partitions,
+        keys,
+        erase,
+        removed,
+        replacing=replacing,
+        emptying=emptying,
     )
     files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))

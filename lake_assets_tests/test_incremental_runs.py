@@ -305,14 +305,14 @@ def test_a_run_killed_while_it_replaces_a_processed_hours_changes_leaves_the_hou
 
     real_write = lake_io.write_partitions
 
-    def killed_between_delete_and_rename(df, storage, table_uri, column, values, *args):
+    def killed_between_delete_and_rename(df, storage, table_uri, column, values, *args, replacing, **kwargs):
         def then_killed(partitions: list[str]) -> None:
-            args[-1](partitions)  # what the run does before Spark replaces them
+            replacing(partitions)  # what the run does before Spark replaces them
             for value in partitions:
                 storage.delete_tree(f"{table_uri}/{column}={value}")
             raise RuntimeError("killed in the middle of the change log's commit")
 
-        return real_write(df, storage, table_uri, column, values, *args[:-1], then_killed)
+        return real_write(df, storage, table_uri, column, values, *args, replacing=then_killed, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(lake_io, "write_partitions", killed_between_delete_and_rename)
