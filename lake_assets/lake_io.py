@@ -26,7 +26,7 @@ from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
 from lake_assets.errors import ConfigError, DamagedLakeFile, InvalidValue, first_line
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Storage, each_file
+from lake_assets.storage import FILE_ERRORS, Storage, each_file
 
 if TYPE_CHECKING:
     from lake_assets.engine.purges import Erasure
@@ -245,7 +245,7 @@ def footer(storage: Storage, uri: str) -> pq.FileMetaData:
             end = handle.read_at(length + 8, size - length - 8)
     try:  # the footer alone, behind a leading magic: all a footer's decoding reads
         return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
-    except (pa.ArrowException, OSError) as exc:
+    except FILE_ERRORS as exc:
         raise DamagedLakeFile(uri, first_line(exc)) from exc
 
 

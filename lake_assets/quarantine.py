@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import TypedDict
 
+from lake_assets.errors import first_line
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import FILE_ERRORS, Entry, Storage
 
 if TYPE_CHECKING:
     from lake_assets.feeds.base import FeedFormat
@@ -84,7 +85,7 @@ def _file_id(uri: str) -> str:
 
 def quarantine_copy(layout: LakeLayout, feed: str, table: str, partition: str, uri: str) -> str:
     """Where the quarantine copy of a landed file goes (its reason beside it, `.reason.json`)."""
-    return f"{layout.quarantine(feed, table, partition)}/{_file_id(uri)}/{_safe_name(uri.rsplit('/', 1)[-1])}"
+    return f"{layout.quarantine(feed, table, partition)}/{_file_id(uri)}/{_safe_name(uri.rstrip('/').rsplit('/', 1)[-1])}"
 
 
 def is_quarantined(
@@ -112,8 +113,8 @@ def quarantine_file(
     target = quarantine_copy(layout, feed, table, partition, item.uri)
     try:
         storage.copy(item.uri, target)
-    except OSError as exc:  # the file may be gone or unreadable; the note still records it
-        item = dataclasses.replace(item, reason=f"{item.reason} (copy failed: {exc})")
+    except FILE_ERRORS as exc:  # the file may be gone or unreadable; the note still records it
+        item = dataclasses.replace(item, reason=f"{item.reason} (copy failed: {first_line(exc)})")
     note = {
         "file": item.uri,
         "reason": item.reason,

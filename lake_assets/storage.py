@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pydantic
 
@@ -60,6 +61,34 @@ class Entry:
 PARTIAL_SUFFIX = ".partial"
 
 
+#: what reading, writing or decoding a file through pyarrow raises: OSError, or pyarrow's own
+#: errors (`ArrowInvalid` for an S3 path with an empty segment, for a footer that does not decode)
+FILE_ERRORS = (OSError, pa.ArrowException)
+
+#: S3 key segments that no Hadoop path can name
+_UNNAMEABLE_SEGMENTS = ("", ".", "..")
+
+
+def _nameable(path: str) -> bool:
+    """Whether pyarrow (and Hadoop) can name the object at `path` (bucket/key) as it is."""
+    return not any(s in _UNNAMEABLE_SEGMENTS for s in path.split("/")[1:])
+
+
+def _unnameable_key(segments: list[str], size: int) -> str | None:
+    """Why an S3 object whose key below the listed folder is `segments` cannot be read, or None."""
+    if segments[-1] == "":
+        return (
+            f"an S3 object whose key ends in '/' but holds {size} bytes: s3a and Spark take such a key "
+            "for a folder marker, so it cannot be read"
+        )
+    if any(s in _UNNAMEABLE_SEGMENTS for s in segments):
+        return (
+            "an S3 key with an empty, '.' or '..' path segment: a Hadoop path cannot name it, so Spark "
+            "cannot read it (copy it to a plain key)"
+        )
+    return None
+
+
 def is_hidden(name: str) -> bool:
     """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not data:
     the Hadoop convention Spark, Hive and Athena follow too."""
@@ -73,6 +102,7 @@ class Storage:
     def __init__(self, s3: S3Config | None = None):
         self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
+        self._s3_keys: Any = None  # a boto3 client, made on first use
         self._local = pafs.LocalFileSystem()
 
     def _s3_fs(self) -> pafs.FileSystem:
@@ -173,17 +203,71 @@ class Storage:
         """
         fs, path = self.resolve(uri)
         if fs is not self._local:
-            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
-            for info in sorted(infos, key=lambda i: i.path):
-                relative = info.path[len(path.rstrip("/")) + 1 :]
-                if info.type == pafs.FileType.File and not any(skip(part) for part in relative.split("/")):
-                    yield self._entry(self._uri(uri, relative), info)
+            yield from self._walk_s3(uri, path, skip)
             return
         try:
             top = os.stat(path)
         except FileNotFoundError:
             return
         yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip)
+
+    def _walk_s3(self, uri: str, path: str, skip: Callable[[str], bool]) -> Iterator[Entry]:
+        """Every object under the prefix, from the bucket's own listing of its keys.
+
+        An S3 key is any text, and some cannot be a Hadoop path: a key with an empty, `.` or `..`
+        segment (`hour=00//x`, `hour=00/./x`), or one that ends in `/` yet holds data (s3a and
+        Spark take it for a folder marker). pyarrow's listing hides both (the first as hidden
+        names or a folder, the second as a plain file), so the keys are listed here as they are,
+        and such an object comes out with `unreadable` set: reported, never silently passed
+        over. An empty key ending in `/` is a folder marker, not data."""
+        bucket, _, prefix = path.partition("/")
+        prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
+        pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for listed in page.get("Contents", []):
+                relative = listed["Key"][len(prefix) :]
+                segments = relative.split("/")
+                if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
+                    continue
+                size = int(listed["Size"])
+                if segments[-1] == "" and size == 0:
+                    continue  # a folder marker
+                entry = Entry(
+                    uri=f"{uri.rstrip('/')}/{relative}",
+                    name=next((s for s in reversed(segments) if s), relative),
+                    is_dir=False,
+                    size=size,
+                    mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                )
+                yield dataclasses.replace(entry, unreadable=_unnameable_key(segments, size))
+
+    def _s3_client(self):
+        """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow) with
+        the environment's credentials: the one listing pyarrow cannot make (`_walk_s3`)."""
+        if self._s3_keys is None:
+            import boto3
+            import botocore.config
+
+            settings = self._s3_settings
+            credentials = aws_credentials_from_environment()
+            keys = (
+                {}
+                if credentials is None
+                else {
+                    "aws_access_key_id": credentials.key,
+                    "aws_secret_access_key": credentials.secret,
+                    "aws_session_token": credentials.token,
+                }
+            )
+            style = {"addressing_style": "path"} if settings.endpoint_url else {}
+            self._s3_keys = boto3.client(
+                "s3",
+                endpoint_url=settings.endpoint_url,
+                region_name=settings.region,
+                config=botocore.config.Config(s3=style),
+                **keys,
+            )
+        return self._s3_keys
 
     def _walk_local(
         self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool]
@@ -218,6 +302,9 @@ class Storage:
 
     def read_bytes(self, uri: str) -> bytes:
         fs, path = self.resolve(uri)
+        if fs is not self._local and not _nameable(path):  # pyarrow would refuse or alter the key
+            bucket, _, key = path.partition("/")
+            return self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
         with fs.open_input_stream(path) as handle:
             return handle.read()
 
@@ -249,7 +336,7 @@ class Storage:
     def copy(self, src: str, dst: str) -> None:
         src_fs, src_path = self.resolve(src)
         dst_fs, dst_path = self.resolve(dst)
-        if src_fs is dst_fs:
+        if src_fs is dst_fs and _nameable(src_path):
             dst_fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
             dst_fs.copy_file(src_path, dst_path)
         else:

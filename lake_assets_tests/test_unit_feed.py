@@ -552,6 +552,50 @@ def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, 
     assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]
 
 
+def test_s3_keys_no_hadoop_path_can_name_are_strays_and_quarantined_with_their_bytes(
+    tmp_path, moto_server, s3_bucket
+):
+    """An S3 key is any text. A key with an empty, `.` or `..` segment, or one ending in `/`
+    that holds data, is no file Spark can read: pyarrow's listing showed the first kind as
+    hidden names and the second as a plain file in its hour, so no hour read them and no stray
+    scan reported them (a run exited 0 without their rows), and copying `hour=00//x` to
+    quarantine raised and stopped the table. Each is now a stray with its reason, copied whole."""
+    from lake_assets.quarantine import Quarantined, quarantine_file
+
+    landing = tmp_path / "unit"
+    good = write_events(
+        landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1), name="ok")], ACCOUNT_SCHEMA
+    )
+    s3 = moto_server.client("s3")
+    hour = good.parent.relative_to(landing).as_posix()
+    s3.upload_file(str(good), s3_bucket, f"unit/{hour}/part-good.parquet")
+    unnameable = {
+        f"{hour}//empty-segment.parquet": "an empty, '.' or '..' path segment",
+        f"{hour}/./dot.parquet": "an empty, '.' or '..' path segment",
+        f"{hour}/../{hour.rsplit('/', 1)[-1]}/dot-dot.parquet": "an empty, '.' or '..' path segment",
+        f"{hour}/slash.parquet/": "ends in '/' but holds",
+    }
+    for key in unnameable:
+        s3.put_object(Bucket=s3_bucket, Key=f"unit/{key}", Body=good.read_bytes())
+    s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}/marker/", Body=b"")  # a folder marker: not data
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/unit"
+
+    strays = {e.uri: (e, reason) for e, reason in FMT.stray_files(storage, uri, "accounts")}
+
+    assert set(strays) == {f"{uri}/{key}" for key in unnameable}
+    for key, words in unnameable.items():
+        assert words in strays[f"{uri}/{key}"][1], strays[f"{uri}/{key}"]
+    assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]
+    layout = LakeLayout(f"s3a://{s3_bucket}/lake")
+    for entry, reason in strays.values():
+        copy = quarantine_file(
+            storage, layout, "unit", "accounts", "_unpartitioned", Quarantined(entry.uri, reason), None
+        )
+        assert storage.read_bytes(copy) == good.read_bytes(), entry.uri
+        assert "copy failed" not in storage.read_bytes(copy + ".reason.json").decode()
+
+
 def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_path):
     """History's open versions end at 9999-12-31 23:59:59.999: a version opening after it
     failed the windows check on every run, with the good files' fold, until the file went."""

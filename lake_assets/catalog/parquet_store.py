@@ -33,7 +33,7 @@ from lake_assets.catalog.store import (
 )
 from lake_assets.errors import CatalogError, DamagedLakeFile, first_line
 from lake_assets.paths import is_s3, safe_segment
-from lake_assets.storage import Storage
+from lake_assets.storage import FILE_ERRORS, Storage
 
 #: the folder name of a time bucket's records, before the bucket's label
 _TIME_FOLDER = "time_bucket="
@@ -243,7 +243,7 @@ class ParquetCatalogStore(CatalogStore):
             raise  # a failure to read a part that is there is raised as it is: not damage
         try:
             table = pq.read_table(pa.BufferReader(data))
-        except (pa.ArrowException, OSError) as exc:
+        except FILE_ERRORS as exc:
             raise DamagedLakeFile(
                 uri,
                 first_line(exc),

@@ -616,8 +616,8 @@ class FlowJournalFormat(FeedFormat):
         for journal in journals:
             for entry in storage.walk_files(journal.uri):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
-                if reason is not None:
-                    strays.append((entry, reason))
+                if reason is not None:  # a file no hour lists: why it cannot be read says most
+                    strays.append((entry, entry.unreadable or reason))
         return strays
 
     def _hour_folders(self, storage: Storage, journal: Journal, since: dt.datetime | None) -> dict[str, str]:
