@@ -59,7 +59,7 @@ from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
 from lake_assets.feeds.flow_journal import CollectionConfig
 from lake_assets.paths import is_s3
-from lake_assets.storage import Storage
+from lake_assets.storage import FILE_ERRORS, Storage
 
 __all__ = [
     "CatalogConfig",
@@ -235,7 +235,14 @@ class _ConfigLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
                 continue
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, str):  # `~:`, `1:`, `on:` (a YAML 1.1 true): every key is a name
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} is not text (quote it if it is meant as a name)",
+                    key_node.start_mark,
+                )
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
                 )
@@ -337,7 +344,7 @@ def check_landings(config: LakeConfig, storage) -> None:
             where = "s3a://" + where[len("s3a://") :].split("/", 1)[0]
         try:
             found = storage.exists(where)
-        except OSError as exc:
+        except FILE_ERRORS as exc:
             problems.append(f"feeds[{index}].landing: {where} cannot be read: {' '.join(str(exc).split())}")
             continue
         if not found:

@@ -104,7 +104,10 @@ def _hour(value: Any) -> bool:
 
 #: a URL with a user (and password) before its host, anywhere in a value: a list of URLs, or a
 #: URL inside another (`k8s://https://user:password@host`)
-_URL_WITH_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s,;@]*@")
+_URL_WITH_CREDENTIALS = re.compile(
+    # a user (`scheme://user@`), or a user and a password, which may hold '/' (AWS secret keys do)
+    r"[A-Za-z][A-Za-z0-9+.-]*://([^/\s,;@]*|[^/\s,;@:]*:[^\s,;@]*)@"
+)
 
 
 def without_credentials_in_url(value: str) -> str:
@@ -139,8 +142,16 @@ FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and
 TABLE_NAME = r"[a-z0-9_]+"
 TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(TABLE_NAME))]
 HourKey = Annotated[str, checked("an hour like 2024-01-31-00 (year-month-day-hour, UTC)", _hour)]
-NonNegativeInt = Annotated[int, checked("an integer ≥ 0", lambda v: type(v) is int and v >= 0)]
-PositiveInt = Annotated[int, checked("an integer ≥ 1", lambda v: type(v) is int and v >= 1)]
+
+#: hours an hour folder may still gain files: ten years at most (further back, the sensor's look
+#: back would pass the first year a date can hold)
+LateHours = Annotated[
+    int, checked("an integer from 0 to 87,600 (ten years)", lambda v: type(v) is int and 0 <= v <= 87_600)
+]
+#: seconds between two looks at a landing: a day at most
+SensorInterval = Annotated[
+    int, checked("an integer from 1 to 86,400 (a day)", lambda v: type(v) is int and 1 <= v <= 86_400)
+]
 Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
 
 
@@ -205,9 +216,9 @@ class FeedConfig(Model):
     #: first hourly partition; discovered when omitted
     start: HourKey | None = None
     #: how long an hour folder may still gain files
-    late_hours: NonNegativeInt = 4
+    late_hours: LateHours = 4
     #: how often the daemon looks for new files
-    sensor_interval_seconds: PositiveInt = 30
+    sensor_interval_seconds: SensorInterval = 30
     #: false: the landing sensor starts stopped (backfills only)
     watch: Flag = True
     # Options of other formats, None here so that code may ask any feed for them.

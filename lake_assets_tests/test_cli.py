@@ -428,7 +428,10 @@ def test_config_check_prints_the_resolved_configuration_with_credentials_redacte
 @pytest.mark.parametrize(
     "extra, line",
     [
-        (", late_hours: true", "feeds[0].late_hours: expected an integer ≥ 0, got true"),
+        (
+            ", late_hours: true",
+            "feeds[0].late_hours: expected an integer from 0 to 87,600 (ten years), got true",
+        ),
         (", watch: 'off'", "feeds[0].watch: expected true or false, got 'off'"),
         (
             ", colour: blue",

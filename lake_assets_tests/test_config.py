@@ -65,13 +65,32 @@ def problems(raw) -> list[str]:
         ({"landing": None}, "feeds[1].landing: required"),
         ({"landing": "relative/path"}, "feeds[1].landing: expected " + URI + ", got 'relative/path'"),
         ({"landing": "file:///a/../etc"}, "feeds[1].landing: expected " + URI + ", got 'file:///a/../etc'"),
-        ({"late_hours": True}, "feeds[1].late_hours: expected an integer ≥ 0, got true"),
-        ({"late_hours": -1}, "feeds[1].late_hours: expected an integer ≥ 0, got -1"),
-        ({"late_hours": "4"}, "feeds[1].late_hours: expected an integer ≥ 0, got '4'"),
-        ({"sensor_interval_seconds": 0}, "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 0"),
+        (
+            {"late_hours": True},
+            "feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got true",
+        ),
+        ({"late_hours": -1}, "feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got -1"),
+        (
+            {"late_hours": "4"},
+            "feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got '4'",
+        ),
+        # further back than ten years, the landing sensor's look back passed the year 1 and
+        # every tick of the feed's sensor failed
+        (
+            {"late_hours": 20_000_000},
+            "feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got 20000000",
+        ),
+        (
+            {"sensor_interval_seconds": 86_401},
+            "feeds[1].sensor_interval_seconds: expected an integer from 1 to 86,400 (a day), got 86401",
+        ),
+        (
+            {"sensor_interval_seconds": 0},
+            "feeds[1].sensor_interval_seconds: expected an integer from 1 to 86,400 (a day), got 0",
+        ),
         (
             {"sensor_interval_seconds": 1.5},
-            "feeds[1].sensor_interval_seconds: expected an integer ≥ 1, got 1.5",
+            "feeds[1].sensor_interval_seconds: expected an integer from 1 to 86,400 (a day), got 1.5",
         ),
         ({"watch": "no"}, "feeds[1].watch: expected true or false, got 'no'"),
         ({"watch": 1}, "feeds[1].watch: expected true or false, got 1"),
@@ -121,7 +140,7 @@ def test_every_mistake_of_a_file_is_reported_one_per_line():
     }
     assert problems(raw) == [
         "lake: expected " + URI + ", got 'lake'",
-        "feeds[1].late_hours: expected an integer ≥ 0, got true",
+        "feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got true",
         "feeds[1].watch: expected true or false, got 'yes'",
         "feeds[2]: expected a mapping (key: value), got 'unit'",
         "spark.conf['spark.executor.memory']: expected a text, number or true/false setting value, got [\"8g\"]",
@@ -335,6 +354,22 @@ ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SEC
             {"lake": "/lake", "spark": {"master": "k8s://https://AKIAEXAMPLE:wJalrXSECRET@api:6443"}},
             "spark.master",
         ),
+        # AWS secret keys hold '/' and '+': the user's part ends at the '@', not at a '/'
+        ({"lake": "s3a://AKIAEXAMPLE:wJalrX/K7MD+ENG/bPxRSECRET@bucket/lake"}, "lake"),
+        (
+            {
+                "lake": "/lake",
+                "feeds": [{**GOOD_FEED, "landing": "s3a://AKIAEXAMPLE:wJalrX/SECRET@vendor/unit"}],
+            },
+            "feeds[0].landing",
+        ),
+        (
+            {
+                "lake": "/lake",
+                "spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": "http://AKIAEXAMPLE:a/wJalrXSECRET@m"}},
+            },
+            "spark.conf['spark.hadoop.fs.s3a.endpoint']",
+        ),
         (  # a list of URLs, the one with credentials not first
             {
                 "lake": "/lake",
@@ -401,7 +436,7 @@ def test_a_file_path_prefixes_each_line(tmp_path):
         tmp_path,
         "lake: /lake\nfeeds:\n  - {name: good, format: unit_cdc, landing: /l}\n"
         "  - {name: unit, format: unit_cdc, landing: /x, late_hours: true}\n",
-    ) == ("c.yaml: feeds[1].late_hours: expected an integer ≥ 0, got true")
+    ) == ("c.yaml: feeds[1].late_hours: expected an integer from 0 to 87,600 (ten years), got true")
 
 
 def test_yaml_mistakes_are_one_line_with_the_place(tmp_path):
@@ -410,6 +445,13 @@ def test_yaml_mistakes_are_one_line_with_the_place(tmp_path):
     )
     assert file_problem(tmp_path, "lake: /lake\nlake: /other\n") == (
         "c.yaml: not valid YAML: line 2, column 1: the key 'lake' is given twice in one mapping"
+    )
+    # a key YAML reads as null, a number or a truth value was a TypeError's traceback
+    assert file_problem(tmp_path, "lake: /lake\n~: 3\n") == (
+        "c.yaml: not valid YAML: line 2, column 1: the key None is not text (quote it if it is meant as a name)"
+    )
+    assert file_problem(tmp_path, "lake: /lake\nspark: {conf: {on: x}}\n") == (
+        "c.yaml: not valid YAML: line 2, column 16: the key True is not text (quote it if it is meant as a name)"
     )
     assert file_problem(tmp_path, b"lake: /l\xe4ke\n") == "c.yaml: not UTF-8 text (line 1)"
     assert file_problem(tmp_path, "!!python/object/apply:os.system [echo hi]\n").startswith(
@@ -658,11 +700,15 @@ def test_an_s3_landing_needs_its_bucket_but_not_yet_any_file(moto_server, s3_buc
         feeds=(
             FeedConfig("empty", "unit_cdc", f"s3a://{s3_bucket}/nothing/yet"),
             FeedConfig("typo", "unit_cdc", f"s3a://{s3_bucket}-typo/unit"),
+            # pyarrow refuses the name with its own error, not an OSError: that was a traceback
+            FeedConfig("port", "unit_cdc", "s3a://vendor:443/unit"),
         ),
     )
     with pytest.raises(ConfigError) as raised:
         check_landings(config, Storage(S3Config(endpoint_url=moto_server.url)))
-    assert str(raised.value) == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"
+    typo, port = str(raised.value).splitlines()
+    assert typo == f"feeds[1].landing: s3a://{s3_bucket}-typo does not exist"
+    assert port.startswith("feeds[2].landing: s3a://vendor:443 cannot be read: "), port
 
 
 @pytest.mark.parametrize(
