@@ -31,7 +31,7 @@ from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
-from lake_assets.engine.schema import unified_fields, union_all
+from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
 from lake_assets.errors import SchemaClash, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
@@ -139,8 +139,10 @@ def _stored_types(schema: pq.ParquetSchema) -> str:
     return ",".join(f"{schema.column(i).path}:{schema.column(i).physical_type}" for i in range(len(schema)))
 
 
-def canonical_uri_column(path: str | F.Column) -> F.Column:
-    """`canonical_uri` as a Spark expression.
+def canonical_uri_column(path: str | F.Column, *, encoded: bool = True) -> F.Column:
+    """`canonical_uri` as a Spark expression; `encoded`: the path is URL-encoded, as
+    `_metadata.file_path` is (the `binaryFile` source's `path` is not: a folder `a%20b` is
+    spelled as it is, and decoding it would name another file).
 
     It runs on every row of a read, for a value that is the same for the whole file, so the
     common case is kept to cheap tests: no decoding without a `%`, and the `file:` prefix
@@ -148,9 +150,13 @@ def canonical_uri_column(path: str | F.Column) -> F.Column:
     Spark's `url_decode` (form decoding) would turn into a space and `unquote` keeps.
     """
     spark_path = F.col(path) if isinstance(path, str) else path
-    decoded = F.when(
-        spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))
-    ).otherwise(spark_path)
+    decoded = (
+        F.when(
+            spark_path.contains("%"), F.url_decode(F.replace(spark_path, F.lit("+"), F.lit("%2B")))
+        ).otherwise(spark_path)
+        if encoded
+        else spark_path
+    )
     canonical_prefix = decoded.startswith("file:///") & ~decoded.startswith("file:////")
     return F.when(
         decoded.startswith("file:") & ~canonical_prefix, F.regexp_replace(decoded, r"^file:/+", "file:///")
@@ -455,61 +461,6 @@ def _failing_together(
 # --- text that other engines can read -----------------------------------------------------------
 
 
-def _holds_text(kind: T.DataType) -> bool:
-    if isinstance(kind, T.StringType):
-        return True
-    if isinstance(kind, T.StructType):
-        return any(_holds_text(f.dataType) for f in kind.fields)
-    if isinstance(kind, T.ArrayType):
-        return _holds_text(kind.elementType)
-    if isinstance(kind, T.MapType):
-        return _holds_text(kind.keyType) or _holds_text(kind.valueType)
-    return False
-
-
-def _any(flags: list[Column]) -> Column:
-    found = F.lit(False)
-    for flag in flags:
-        found = found | F.coalesce(flag, F.lit(False))
-    return found
-
-
-def _valid_text(value: Column, kind: T.DataType) -> tuple[Column, Column]:
-    """`value` (of type `kind`) with all text in it valid UTF-8, each invalid sequence replaced by
-    U+FFFD; and whether anything in it had to be."""
-    if isinstance(kind, T.StringType):
-        return F.make_valid_utf8(value), F.coalesce(~F.is_valid_utf8(value), F.lit(False))
-    if isinstance(kind, T.StructType):
-        fields = {
-            f.name: _valid_text(value.getField(f.name), f.dataType)
-            if _holds_text(f.dataType)
-            else (value.getField(f.name), None)
-            for f in kind.fields
-        }
-        rebuilt = F.struct(*[repaired.alias(name) for name, (repaired, _) in fields.items()])
-        return F.when(value.isNotNull(), rebuilt), _any(
-            [flag for _, flag in fields.values() if flag is not None]
-        )
-    if isinstance(kind, T.ArrayType):
-        return (
-            F.transform(value, lambda item: _valid_text(item, kind.elementType)[0]),
-            F.coalesce(F.exists(value, lambda item: _valid_text(item, kind.elementType)[1]), F.lit(False)),
-        )
-    if isinstance(kind, T.MapType):
-        # A repaired key may equal another key of the map: Spark then fails the read of that
-        # file, and the file is quarantined with Spark's reason.
-        keys, values = kind.keyType, kind.valueType
-        repaired, flags = value, []
-        if _holds_text(keys):
-            repaired = F.transform_keys(repaired, lambda k, _: _valid_text(k, keys)[0])
-            flags.append(F.exists(F.map_keys(value), lambda k: _valid_text(k, keys)[1]))
-        if _holds_text(values):
-            repaired = F.transform_values(repaired, lambda _, v: _valid_text(v, values)[0])
-            flags.append(F.exists(F.map_values(value), lambda v: _valid_text(v, values)[1]))
-        return repaired, _any(flags)
-    return value, F.lit(False)
-
-
 def _key_reasons(schema: T.StructType, keys: list[str]) -> list[Column]:
     """Per key column that can hold one, why a row's key is not an identity the lake can keep
     (NULL when it is): text that is not UTF-8 (repaired, two keys could become one), and NaN or
@@ -547,11 +498,11 @@ def _with_valid_text_and_keys(events: DataFrame, spec) -> DataFrame:
     file is quarantined; so is one whose floating-point key is NaN or -0.0.
     """
     schema = events.schema
-    payload = [c for c in spec.payload_columns(events.columns) if _holds_text(schema[c].dataType)]
+    payload = [c for c in spec.payload_columns(events.columns) if holds_text(schema[c].dataType)]
     reasons = _key_reasons(schema, [k for k in spec.keys if k in events.columns])
     if not payload and not reasons:
         return events
-    repairs = {c: _valid_text(col(c), schema[c].dataType) for c in payload}
+    repairs = {c: valid_text(col(c), schema[c].dataType) for c in payload}
     bad_key = F.coalesce(*reasons) if reasons else F.lit(None).cast("string")
     repaired_values = sum((flag.cast("int") for _, flag in repairs.values()), F.lit(0))
     return events.withColumns(

@@ -163,6 +163,38 @@ def test_columns_added_and_dropped_across_folds(spark, tmp_path):
     assert [(r["c1"], r["c2"], r["c3"]) for r in rows] == [("old", 1, None), (None, None, "new")]
 
 
+@pytest.mark.parametrize("first, second", [("text", "bytes"), ("bytes", "text")])
+def test_bytes_meeting_text_in_a_later_fold_become_valid_utf8_text(spark, tmp_path, first, second):
+    """A column stored as text by one fold and given as bytes by a later one (or the other way
+    round) widens to text. A batch's own text is repaired as it is read; bytes cast to text in
+    the fold were not, and the table's files held text that is not UTF-8, which pyarrow and
+    DuckDB refuse for the whole table."""
+    import pyarrow.parquet as pq
+
+    lake = EngineLake(spark, tmp_path)
+    values = {"text": ("a", "ok"), "bytes": ("b", bytearray(b"M\xfcller\xff"))}
+
+    def batch(kind, day):
+        key, value = values[kind]
+        type_name = "string" if kind == "text" else "binary"
+        return (
+            spark.createDataFrame(
+                [(key, value, "insert", dt.datetime(2024, 1, day), 1)],
+                f"id string, blob {type_name}, _op string, _version_at timestamp, _seq long",
+            )
+            .withColumn(m.PURGED, F.lit(False))
+            .withColumn(m.SOURCE_FILE, F.lit("f"))
+        )
+
+    fold(spark, Storage(), lake.state, batch(first, 1), lake.spec)
+    fold(spark, Storage(), lake.state, batch(second, 2), lake.spec)
+
+    for folder in (lake.state.current, lake.state.history):
+        for path in (tmp_path / folder[len(f"file://{tmp_path}/") :]).rglob("*.parquet"):
+            pq.read_table(path)  # raised on text that is not UTF-8
+    assert {r["id"]: r["blob"] for r in lake.current()} == {"a": "ok", "b": "M\ufffdller\ufffd"}
+
+
 def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key(spark, tmp_path):
     """Partitions holding the key's field data (or its rows without the marker) are staged with
     the key erased; a partition where the key is erased already, or absent, is left alone."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import boto3
 import dagster as dg
+import pyarrow as pa
 import pytest
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
@@ -974,3 +975,43 @@ def test_fields_spelled_alike_but_for_case_are_one_column_holding_every_value(sp
         (None, "us"),
     ]
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
+
+
+def test_journals_under_partition_folders_flow_escapes_are_read(spark, tmp_path):
+    """Flow names a logical partition's folder with its value URL-escaped (`Anvils%20Co`) or,
+    for a number, `true` or null, as `%_42`. The fragments' paths, as Spark's binary read gives
+    them, are not encoded; they were decoded all the same: an escaped folder named another file,
+    so its fragments were dropped from the read without a word (and noted as processed), and
+    `%_42` failed the whole collection on every run."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folders = ("category=plain", "category=Anvils%20Co", "category=%_42", "category=a+b%2Fc")
+    for index, folder in enumerate(folders):
+        journal = landing / "acmeCo" / "customers" / folder / "pivot=00"
+        write_fragment(journal, 0, b"".join(doc_line(10 * index + n, folder=folder) for n in range(3)))
+    instance = dg.DagsterInstance.ephemeral()
+
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    stored = rows(lake, "changes", "acmeco_customers")
+    assert sorted((r["folder"], r["id"]) for r in stored) == sorted(
+        (folder, 10 * index + n) for index, folder in enumerate(folders) for n in range(3)
+    )
+    assert quarantine_notes(lake) == {}
+    assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
+
+
+def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped():
+    """The journal task gets each cover piece beside its file's bytes (a left join): a piece
+    without bytes (a path the read spelled otherwise) is a bad fragment with its reason."""
+    from lake_assets.feeds.flow_journal import read_journal_task
+
+    docs, _ = journal_lines([1, 2])
+    content = b"".join(docs)
+    name = f"{0:016x}-{len(content):016x}-{hashlib.sha1(content).hexdigest()}.gz"
+    piece = {"journal": "j", "uri": f"file:///l/j/utc_date=2024-06-01/utc_hour=10/{name}", "skip": 0}
+    table = pa.Table.from_pylist([{**piece, "order": 0, "hour": "2024-06-01-10", "content": None}])
+
+    out = read_journal_task(("/id",), frozenset({"2024-06-01-10"}))(table).to_pylist()
+
+    assert [(r["kind"], r["uri"]) for r in out] == [("bad", piece["uri"])]
+    assert "returned no bytes for this path" in out[0]["reason"]

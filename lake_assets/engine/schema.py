@@ -4,7 +4,7 @@ vendor that switches a field's type keeps every value, spelled as text); what te
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -151,7 +151,12 @@ def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | N
             return col(field.name)
         if found.dataType == field.dataType:
             return col(found.name).alias(field.name)
-        return col(found.name).cast(field.dataType).alias(field.name)
+        cast = col(found.name).cast(field.dataType)
+        if holds(found.dataType, T.BinaryType) and holds_text(field.dataType):
+            # bytes become text as they are, UTF-8 or not: repaired, as a batch's text is
+            # (docs/bad-input.md), or other engines could not read the table
+            cast = valid_text(cast, field.dataType)[0]
+        return cast.alias(field.name)
 
     return df.select(*[select(f) for f in fields])
 
@@ -197,3 +202,66 @@ def union_all(table: str, frames: list[DataFrame], keys: tuple[str, ...] = ()) -
     for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema))
     return result
+
+
+# --- text that other engines can read -----------------------------------------------------------
+
+
+def holds(kind: T.DataType, leaf: type[T.DataType]) -> bool:
+    """Whether a value of type `kind` holds a `leaf` value, at its top or nested."""
+    if isinstance(kind, leaf):
+        return True
+    if isinstance(kind, T.StructType):
+        return any(holds(f.dataType, leaf) for f in kind.fields)
+    if isinstance(kind, T.ArrayType):
+        return holds(kind.elementType, leaf)
+    if isinstance(kind, T.MapType):
+        return holds(kind.keyType, leaf) or holds(kind.valueType, leaf)
+    return False
+
+
+def holds_text(kind: T.DataType) -> bool:
+    return holds(kind, T.StringType)
+
+
+def _any(flags: list[Column]) -> Column:
+    found = F.lit(False)
+    for flag in flags:
+        found = found | F.coalesce(flag, F.lit(False))
+    return found
+
+
+def valid_text(value: Column, kind: T.DataType) -> tuple[Column, Column]:
+    """`value` (of type `kind`) with all text in it valid UTF-8, each invalid sequence replaced by
+    U+FFFD; and whether anything in it had to be."""
+    if isinstance(kind, T.StringType):
+        return F.make_valid_utf8(value), F.coalesce(~F.is_valid_utf8(value), F.lit(False))
+    if isinstance(kind, T.StructType):
+        fields = {
+            f.name: valid_text(value.getField(f.name), f.dataType)
+            if holds_text(f.dataType)
+            else (value.getField(f.name), None)
+            for f in kind.fields
+        }
+        rebuilt = F.struct(*[repaired.alias(name) for name, (repaired, _) in fields.items()])
+        return F.when(value.isNotNull(), rebuilt), _any(
+            [flag for _, flag in fields.values() if flag is not None]
+        )
+    if isinstance(kind, T.ArrayType):
+        return (
+            F.transform(value, lambda item: valid_text(item, kind.elementType)[0]),
+            F.coalesce(F.exists(value, lambda item: valid_text(item, kind.elementType)[1]), F.lit(False)),
+        )
+    if isinstance(kind, T.MapType):
+        # A repaired key may equal another key of the map: Spark then fails the read of that
+        # file, and the file is quarantined with Spark's reason.
+        keys, values = kind.keyType, kind.valueType
+        repaired, flags = value, []
+        if holds_text(keys):
+            repaired = F.transform_keys(repaired, lambda k, _: valid_text(k, keys)[0])
+            flags.append(F.exists(F.map_keys(value), lambda k: valid_text(k, keys)[1]))
+        if holds_text(values):
+            repaired = F.transform_values(repaired, lambda _, v: valid_text(v, values)[0])
+            flags.append(F.exists(F.map_values(value), lambda v: valid_text(v, values)[1]))
+        return repaired, _any(flags)
+    return value, F.lit(False)

@@ -337,6 +337,8 @@ def read_journal_task(
                 sequencer.cut_at_gap()
             read_to = piece.end
             try:
+                if content[r["uri"]] is None:
+                    raise ff.FragmentError(r["uri"], "the landing's read returned no bytes for this path")
                 docs = ff.read_piece(piece, content.__getitem__, max_bytes)
                 for doc in docs:
                     if not doc.is_ack:
@@ -859,9 +861,11 @@ class FlowJournalFormat(FeedFormat):
         journal, persisted: its notes are collected before its documents are read."""
         pieces = spark.createDataFrame(plan, _PLAN_DDL)
         content = read_landed(spark, "binaryFile", sorted({p[1] for p in plan})).select(
-            canonical_uri_column("path").alias("uri"), "content"
+            canonical_uri_column("path", encoded=False).alias("uri"), "content"
         )
-        return pieces.join(content, "uri").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
+        # A piece whose file the read did not return keeps its row (no content): the task
+        # reports its fragment as bad, where an inner join would drop it without a word.
+        return pieces.join(content, "uri", "left").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
 
     @staticmethod
     def _take_notes(
