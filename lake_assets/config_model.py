@@ -105,8 +105,12 @@ def _hour(value: Any) -> bool:
 #: a URL with a user (and password) before its host, anywhere in a value: a list of URLs, or a
 #: URL inside another (`k8s://https://user:password@host`)
 _URL_WITH_CREDENTIALS = re.compile(
-    # a user (`scheme://user@`), or a user and a password, which may hold '/' (AWS secret keys do)
-    r"[A-Za-z][A-Za-z0-9+.-]*://([^/\s,;@]*|[^/\s,;@:]*:[^\s,;@]*)@"
+    r"[A-Za-z][A-Za-z0-9+.-]*://("
+    r"[^/\s,;@]*"  # a user (`scheme://user@host`)
+    # or a user and a password, which may hold '/' (AWS secret keys do), unless what follows the
+    # ':' is a port (`host:5432/db?user=a@b`, `host:8020/user/alice@REALM`)
+    r"|[^/\s,;@:]*:(?!\d{1,5}(?:[/?#]|$))[^\s,;@?#]*"
+    r")@"
 )
 
 

@@ -24,6 +24,11 @@ class UnsafePathError(LakeAssetsError):
     """A path segment built from external input (partition key, file name) is not safe."""
 
 
+class StorageRequestError(LakeAssetsError, OSError):
+    """A request to object storage failed in a client library that raises its own errors
+    (boto3's): an OSError too, as every caller of `storage.Storage` expects pyarrow's to be."""
+
+
 class InvalidValue(LakeAssetsError, ValueError):
     """A value (a name, key, URI, record or file's content) does not have the form it must have.
     A ValueError too, so code that checks a value by catching ValueError keeps working."""

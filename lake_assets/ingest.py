@@ -401,7 +401,9 @@ def _union_compatible(
         accepted.append(frame)
         unified = widened
     return (
-        _with_valid_text_and_keys(union_all(table, accepted, keys), fmt.table_spec(table))
+        # The batch's text is checked, repaired and counted after the union, bytes that became text
+        # with it (a key's set its file aside): none is repaired on the way.
+        _with_valid_text_and_keys(union_all(table, accepted, keys, repair_text=False), fmt.table_spec(table))
         if accepted
         else None
     )

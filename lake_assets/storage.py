@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pydantic
 
 from lake_assets.config_model import S3Config, aws_credentials_from_environment
-from lake_assets.errors import DamagedLakeFile, InvalidValue, first_line
+from lake_assets.errors import DamagedLakeFile, InvalidValue, StorageRequestError, first_line
 from lake_assets.paths import is_s3
 
 #: small file requests (footers and notes read, notes written) made at once: on S3 each is a
@@ -67,6 +67,23 @@ FILE_ERRORS = (OSError, pa.ArrowException)
 
 #: S3 key segments that no Hadoop path can name
 _UNNAMEABLE_SEGMENTS = ("", ".", "..")
+
+
+@contextlib.contextmanager
+def _s3_request(what: str, *, absent_is_empty: bool = False) -> Iterator[None]:
+    """boto3's errors as OSErrors (`StorageRequestError`: what every caller of `Storage`
+    handles, as pyarrow's S3 client raises them); with `absent_is_empty`, a bucket that does not
+    exist ends the block quietly."""
+    import botocore.exceptions
+
+    try:
+        yield
+    except botocore.exceptions.ClientError as error:
+        if absent_is_empty and error.response.get("Error", {}).get("Code") == "NoSuchBucket":
+            return
+        raise StorageRequestError(f"{what}: {first_line(error)}") from error
+    except botocore.exceptions.BotoCoreError as error:
+        raise StorageRequestError(f"{what}: {first_line(error)}") from error
 
 
 def _nameable(path: str) -> bool:
@@ -216,56 +233,62 @@ class Storage:
 
         An S3 key is any text, and some cannot be a Hadoop path: a key with an empty, `.` or `..`
         segment (`hour=00//x`, `hour=00/./x`), or one that ends in `/` yet holds data (s3a and
-        Spark take it for a folder marker). pyarrow's listing hides both (the first as hidden
-        names or a folder, the second as a plain file), so the keys are listed here as they are,
-        and such an object comes out with `unreadable` set: reported, never silently passed
-        over. An empty key ending in `/` is a folder marker, not data."""
+        Spark take it for a folder marker). pyarrow's listing passes them on as if they were
+        plain files (or, for `.` and `..`, as hidden folders), so the keys are listed here as
+        they are, and such an object comes out with `unreadable` set: reported, never read as
+        something else or passed over. An empty key ending in `/` is a folder marker, not data.
+        A bucket that does not exist lists as empty, as pyarrow's listing does."""
         bucket, _, prefix = path.partition("/")
         prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
         pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for page in pages:
-            for listed in page.get("Contents", []):
-                relative = listed["Key"][len(prefix) :]
-                segments = relative.split("/")
-                if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
-                    continue
-                size = int(listed["Size"])
-                if segments[-1] == "" and size == 0:
-                    continue  # a folder marker
-                entry = Entry(
-                    uri=f"{uri.rstrip('/')}/{relative}",
-                    name=next((s for s in reversed(segments) if s), relative),
-                    is_dir=False,
-                    size=size,
-                    mtime_ms=int(listed["LastModified"].timestamp() * 1000),
-                )
-                yield dataclasses.replace(entry, unreadable=_unnameable_key(segments, size))
+        with _s3_request(f"listing {uri}", absent_is_empty=True):
+            for page in pages:
+                for listed in page.get("Contents", []):
+                    relative = listed["Key"][len(prefix) :]
+                    segments = relative.split("/")
+                    if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
+                        continue
+                    size = int(listed["Size"])
+                    if segments[-1] == "" and size == 0:
+                        continue  # a folder marker
+                    entry = Entry(
+                        uri=f"{uri.rstrip('/')}/{relative}",
+                        name=next((s for s in reversed(segments) if s), relative),
+                        is_dir=False,
+                        size=size,
+                        mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                    )
+                    yield dataclasses.replace(entry, unreadable=_unnameable_key(segments, size))
 
     def _s3_client(self):
-        """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow) with
-        the environment's credentials: the one listing pyarrow cannot make (`_walk_s3`)."""
+        """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the
+        environment's credentials, else boto3's own chain (a profile, an instance role), else
+        none at all (a public bucket), as pyarrow's client finds them."""
         if self._s3_keys is None:
             import boto3
+            import botocore
             import botocore.config
 
             settings = self._s3_settings
             credentials = aws_credentials_from_environment()
-            keys = (
-                {}
+            session = (
+                boto3.Session()
                 if credentials is None
-                else {
-                    "aws_access_key_id": credentials.key,
-                    "aws_secret_access_key": credentials.secret,
-                    "aws_session_token": credentials.token,
-                }
+                else boto3.Session(
+                    aws_access_key_id=credentials.key,
+                    aws_secret_access_key=credentials.secret,
+                    aws_session_token=credentials.token,
+                )
+            )
+            signing = (
+                {} if session.get_credentials() is not None else {"signature_version": botocore.UNSIGNED}
             )
             style = {"addressing_style": "path"} if settings.endpoint_url else {}
-            self._s3_keys = boto3.client(
+            self._s3_keys = session.client(
                 "s3",
                 endpoint_url=settings.endpoint_url,
                 region_name=settings.region,
-                config=botocore.config.Config(s3=style),
-                **keys,
+                config=botocore.config.Config(s3=style, **signing),
             )
         return self._s3_keys
 
@@ -304,7 +327,8 @@ class Storage:
         fs, path = self.resolve(uri)
         if fs is not self._local and not _nameable(path):  # pyarrow would refuse or alter the key
             bucket, _, key = path.partition("/")
-            return self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            with _s3_request(f"reading {uri}"):
+                return self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
         with fs.open_input_stream(path) as handle:
             return handle.read()
 

@@ -399,6 +399,17 @@ def test_a_spark_connect_token_is_refused_without_repeating_it():
     ).spark.remote == ("sc://connect:15002/;user_id=etl")
 
 
+def test_urls_with_a_port_and_an_at_sign_after_it_are_not_taken_for_credentials():
+    """`host:port` is not `user:password`, even with an '@' later in the path or query."""
+    conf = {
+        "spark.sql.catalog.meta.url": "jdbc:postgresql://db.example.com:5432/meta?user=admin@db",
+        "spark.hadoop.fs.defaultFS": "hdfs://nn:8020/user/alice@REALM",
+        "spark.jars.repositories": "https://npm.corp:4873/@scope/pkg,http://host:8080/?email=a@b.c",
+        "spark.driver.extraJavaOptions": "-Dx=http://host:80/a|ops@corp.com",
+    }
+    assert parse_config({"lake": "s3a://bucket/lake@x", "spark": {"conf": conf}}).spark.conf == conf
+
+
 def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
     conf = {
         "spark.hadoop.fs.s3a.aws.credentials.provider": "com.amazonaws.auth.InstanceProfileCredentialsProvider",

@@ -18,6 +18,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
+from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.hostile_landings import duck
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
@@ -426,7 +427,6 @@ def test_the_landing_sensor_runs_an_hour_asked_to_run_again(tmp_path):
     from lake_assets import reruns
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
     from lake_assets.paths import LakeLayout
-    from lake_assets.storage import Storage
 
     journal, _, config, _ = customers_lake(tmp_path)
     write_fragment(journal, 0, doc_line(1), hour=10)
@@ -763,8 +763,6 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
 
 
 def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
-    from lake_assets.storage import Storage
-
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "pivot=00"
     good = write_fragment(journal, 0, doc_line(1))
@@ -1015,3 +1013,27 @@ def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped()
 
     assert [(r["kind"], r["uri"]) for r in out] == [("bad", piece["uri"])]
     assert "returned no bytes for this path" in out[0]["reason"]
+
+
+def test_an_s3_hour_folder_key_holding_data_is_a_stray(moto_server, s3_bucket):
+    """On S3 an hour folder's own key (`…/utc_hour=10/`) can hold data: s3a takes it for a folder
+    marker and no hour lists it, so it is reported; an empty one is a marker and is not."""
+    s3 = moto_server.client("s3")
+    hour = "acmeCo/customers/pivot=00/utc_date=2024-06-01/utc_hour=10/"
+    content = doc_line(1)
+    name = f"{0:016x}-{len(content):016x}-{hashlib.sha1(content).hexdigest()}.gz"
+    s3.put_object(Bucket=s3_bucket, Key=hour + name, Body=gzip.compress(content))
+    s3.put_object(Bucket=s3_bucket, Key=hour, Body=gzip.compress(content))
+    s3.put_object(Bucket=s3_bucket, Key="acmeCo/customers/pivot=00/utc_date=2024-06-01/", Body=b"")
+    fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+
+    strays = fmt.stray_files(storage, f"s3a://{s3_bucket}", "acmeco_customers")
+
+    assert [(e.uri, r) for e, r in strays] == [
+        (f"s3a://{s3_bucket}/{hour}", strays[0][1])
+    ] and "ends in '/' but holds" in strays[0][1]
+    assert [
+        e.name
+        for e in fmt.partition_files(storage, f"s3a://{s3_bucket}", "acmeco_customers", "2024-06-01-10")
+    ] == [name]

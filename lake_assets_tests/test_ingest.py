@@ -425,6 +425,45 @@ def test_text_that_is_not_utf8_is_repaired_and_every_engine_reads_the_lake(spark
     assert metadata["reconciled"] is True and metadata["rows_in"] == 3 and metadata["files_quarantined"] == 1
 
 
+def test_bytes_that_become_text_in_one_batch_are_checked_and_counted_like_text(spark, tmp_path):
+    """Files storing `id` or `name` as bytes beside files storing them as text: the batch's
+    union makes them text, then the key check and the repair count see them as delivered (a
+    repair on the way would have merged the keys b'\\xff' and b'\\xfe' into one key U+FFFD
+    without a word, and counted no repair)."""
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    folder = hour_dir(landing, "accounts", 0)
+
+    def write(name, ids, names, seq):
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(ids, pa.binary() if isinstance(ids[0], bytes) else pa.string()),
+                    "name": pa.array(names, pa.binary() if isinstance(names[0], bytes) else pa.string()),
+                    "cdc_operation_type": ["I"] * len(ids),
+                    "cdc_change_seq": list(range(seq, seq + len(ids))),
+                    "cdc_commit_timestamp": pa.array([at(0, 1)] * len(ids), pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            folder / name,
+        )
+        return f"file://{folder / name}"
+
+    bytes_keys = write("part-bytes-keys.parquet", [b"\xff", b"\xfe"], ["x", "y"], 1)
+    bytes_names = write("part-bytes-names.parquet", ["a"], [b"M\xfcller"], 3)
+    write("part-text.parquet", ["b"], ["plain"], 4)
+
+    instance = _run(landing, lake)
+
+    layers = _assert_every_engine_reads(lake, "unit", "accounts")
+    assert {r["id"]: r["name"] for r in layers["current"]} == {"a": "M\ufffdller", "b": "plain"}
+    [note] = _notes(lake)
+    assert (
+        note["file"] == bytes_keys and "key column 'id' holds text that is not valid UTF-8" in note["reason"]
+    )
+    metadata = _changes_metadata(instance)
+    assert metadata["text_repaired"] == [{"file": bytes_names, "values": 1}]
+
+
 def _flow_line(n, raw_fields: bytes) -> bytes:
     """A document line whose fields are given as raw JSON bytes (which may not be UTF-8)."""
     meta = json.dumps({"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, PRODUCER), "op": "c"}).encode()

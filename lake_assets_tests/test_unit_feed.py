@@ -594,6 +594,13 @@ def test_s3_keys_no_hadoop_path_can_name_are_strays_and_quarantined_with_their_b
         )
         assert storage.read_bytes(copy) == good.read_bytes(), entry.uri
         assert "copy failed" not in storage.read_bytes(copy + ".reason.json").decode()
+    # one deleted between the listing and its copy: the note says so, and nothing is raised
+    gone = f"{uri}/{hour}//empty-segment.parquet"
+    s3.delete_object(Bucket=s3_bucket, Key=f"unit/{hour}//empty-segment.parquet")
+    copy = quarantine_file(storage, layout, "unit", "accounts", "_gone", Quarantined(gone, "stray"), None)
+    assert "(copy failed: reading " in storage.read_bytes(copy + ".reason.json").decode()
+    # and a bucket that does not exist walks as empty, as pyarrow's listing did
+    assert list(storage.walk_files(f"s3a://{s3_bucket}-none/unit")) == []
 
 
 def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_path):

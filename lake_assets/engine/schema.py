@@ -131,10 +131,21 @@ def unified_fields(
     return [T.StructField(spelling[name], types[name], True) for name in spelling]
 
 
-def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | None = None) -> DataFrame:
+def conform(
+    df: DataFrame,
+    fields: list[T.StructField],
+    schema: T.StructType | None = None,
+    *,
+    keys: tuple[str, ...] = (),
+    repair_text: bool = True,
+) -> DataFrame:
     """Select `fields` from `df`: cast to the target type, spelled as the field is, NULL where
     the column is absent. `schema` is `df`'s, when the caller has it (asking a deep plan for it
-    costs an analysis)."""
+    costs an analysis).
+
+    Bytes cast to text are cast as they are, UTF-8 or not; with `repair_text` those of a column
+    other than `keys` are repaired, as a batch's text is (docs/bad-input.md), or other engines
+    could not read the table. A key's bytes are never repaired: two keys could become one."""
     schema = schema or df.schema
     present = {same_name(f.name): f for f in schema.fields}
     if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in fields]:
@@ -152,11 +163,14 @@ def conform(df: DataFrame, fields: list[T.StructField], schema: T.StructType | N
         if found.dataType == field.dataType:
             return col(found.name).alias(field.name)
         cast = col(found.name).cast(field.dataType)
-        if holds(found.dataType, T.BinaryType) and holds_text(field.dataType):
-            # bytes become text as they are, UTF-8 or not: repaired, as a batch's text is
-            # (docs/bad-input.md), or other engines could not read the table
+        if repairable(field) and holds(found.dataType, T.BinaryType) and holds_text(field.dataType):
             cast = valid_text(cast, field.dataType)[0]
         return cast.alias(field.name)
+
+    key_names = {same_name(k) for k in keys}
+
+    def repairable(field: T.StructField) -> bool:
+        return repair_text and same_name(field.name) not in key_names
 
     return df.select(*[select(f) for f in fields])
 
@@ -192,15 +206,18 @@ def one_column_per_name(frame: DataFrame, table: str) -> DataFrame:
     return by_position.select(*[merged(indexes) for indexes in groups.values()])
 
 
-def union_all(table: str, frames: list[DataFrame], keys: tuple[str, ...] = ()) -> DataFrame:
-    """Union frames whose schemas drifted, widening their types (`widen`; the `keys` exactly)."""
+def union_all(
+    table: str, frames: list[DataFrame], keys: tuple[str, ...] = (), *, repair_text: bool = True
+) -> DataFrame:
+    """Union frames whose schemas drifted, widening their types (`widen`; the `keys` exactly);
+    `repair_text`: as for `conform`."""
     if len(frames) == 1:
         return frames[0]
     schemas = [f.schema for f in frames]
     fields = unified_fields(table, schemas, keys)
-    result = conform(frames[0], fields, schemas[0])
+    result = conform(frames[0], fields, schemas[0], keys=keys, repair_text=repair_text)
     for frame, schema in zip(frames[1:], schemas[1:], strict=True):
-        result = result.unionByName(conform(frame, fields, schema))
+        result = result.unionByName(conform(frame, fields, schema, keys=keys, repair_text=repair_text))
     return result
 
 

@@ -70,7 +70,7 @@ from lake_assets.ingest import (
     text_repaired_per_file,
 )
 from lake_assets.lake_io import released_after
-from lake_assets.paths import safe_segment
+from lake_assets.paths import is_s3, safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading, merged
 from lake_assets.storage import Entry, Storage
@@ -618,6 +618,10 @@ class FlowJournalFormat(FeedFormat):
         for journal in journals:
             for entry in storage.walk_files(journal.uri):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
+                if reason is None and entry.unreadable and is_s3(entry.uri):
+                    # an S3 key no hour's listing shows (`Storage._walk_s3`): an hour folder's
+                    # own key holding data; a local link that leads nowhere is read, and set aside, there
+                    reason = entry.unreadable
                 if reason is not None:  # a file no hour lists: why it cannot be read says most
                     strays.append((entry, entry.unreadable or reason))
         return strays
