@@ -111,6 +111,8 @@ _URL_WITH_CREDENTIALS = re.compile(
     # ':' is a port (`host:5432/db?user=a@b`, `host:8020/user/alice@REALM`)
     r"|[^/\s,;@:]*:(?!\d{1,5}(?:[/?#]|$))[^\s,;@?#]*"
     r")@"
+    # an S3 URL has no port: whatever follows the ':' is a secret (one may start `2049/`)
+    r"|s3[an]?://[^/\s,;@:]*:[^\s,;@]*@"
 )
 
 

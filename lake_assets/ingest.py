@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
-from lake_assets.engine.names import col, lake_name, schema_case_clash
+from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
 from lake_assets.errors import SchemaClash, first_line
@@ -400,13 +400,25 @@ def _union_compatible(
             continue
         accepted.append(frame)
         unified = widened
-    return (
-        # The batch's text is checked, repaired and counted after the union, bytes that became text
-        # with it (a key's set its file aside): none is repaired on the way.
-        _with_valid_text_and_keys(union_all(table, accepted, keys, repair_text=False), fmt.table_spec(table))
-        if accepted
-        else None
-    )
+    if not accepted:
+        return None
+    # The batch's text is checked, repaired and counted after the union, bytes that became text
+    # with it or will with the stored table's (a key's set its file aside): none on the way.
+    union = _bytes_as_text_where_stored(union_all(table, accepted, keys, repair_text=False), unified)
+    return _with_valid_text_and_keys(union, fmt.table_spec(table))
+
+
+def _bytes_as_text_where_stored(frame: DataFrame, unified: T.StructType) -> DataFrame:
+    """`frame` with its columns of bytes that the stored table holds as text cast to text: the
+    fold would make them text, so the checks of text (a key's, the repairs') see them here."""
+    stored_types = {same_name(f.name): f.dataType for f in unified.fields}
+    casts = {
+        f.name: col(f.name).cast(T.StringType())
+        for f in frame.schema.fields
+        if isinstance(f.dataType, T.BinaryType)
+        and isinstance(stored_types.get(same_name(f.name)), T.StringType)
+    }
+    return frame.withColumns(casts) if casts else frame
 
 
 def _stored_columns(stored: T.StructType | None) -> T.StructType:

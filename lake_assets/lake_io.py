@@ -99,7 +99,12 @@ def existing_partitions(storage: Storage, table_uri: str, column: str) -> dict[s
 
 
 def read_partitions(
-    spark: SparkSession, storage: Storage, table_uri: str, column: str, values: Iterable[str] | None
+    spark: SparkSession,
+    storage: Storage,
+    table_uri: str,
+    column: str,
+    values: Iterable[str] | None,
+    keys: tuple[str, ...] = (),
 ) -> DataFrame | None:
     """The rows of the given partitions (all when `values` is None) as one DataFrame.
 
@@ -116,7 +121,9 @@ def read_partitions(
     wanted = sorted(present) if values is None else sorted(set(values) & set(present))
     if not wanted:
         return None
-    return read_drifting(spark, storage, [present[v] for v in wanted], base_path=table_uri, table=table_uri)
+    return read_drifting(
+        spark, storage, [present[v] for v in wanted], base_path=table_uri, table=table_uri, keys=keys
+    )
 
 
 def read_drifting(
@@ -411,10 +418,12 @@ def write_partitions(
     return counts
 
 
-def read_table(spark: SparkSession, storage: Storage, table_uri: str) -> DataFrame | None:
+def read_table(
+    spark: SparkSession, storage: Storage, table_uri: str, keys: tuple[str, ...] = ()
+) -> DataFrame | None:
     if not storage.exists(table_uri):
         return None
-    return read_drifting(spark, storage, [table_uri], table=table_uri, recursive=True)
+    return read_drifting(spark, storage, [table_uri], table=table_uri, recursive=True, keys=keys)
 
 
 def schema_metadata(schema: T.StructType) -> list[tuple[str, str]]:
@@ -435,7 +444,7 @@ def erase_keys_in_partitions(
     marker, with those keys erased (`merge.erase_keys`); returns those partitions. The caller
     puts them in place of the originals in its commit. Used for purges, which must leave no field
     data behind."""
-    log = read_partitions(spark, storage, table_uri, column, None)
+    log = read_partitions(spark, storage, table_uri, column, None, tuple(keys))
     if log is None:
         return []
     payload = m.payload_columns(log.columns, keys)
@@ -448,7 +457,7 @@ def erase_keys_in_partitions(
     hit = sorted(r[column] for r in held.select(column).distinct().collect())
     if not hit:
         return []
-    held_partitions = read_partitions(spark, storage, table_uri, column, hit)
+    held_partitions = read_partitions(spark, storage, table_uri, column, hit, tuple(keys))
     if held_partitions is None:  # the partitions just read are gone: nothing left to erase
         return []
     erased = merge.erase_keys(held_partitions, keys, purged)

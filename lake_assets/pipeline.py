@@ -542,7 +542,7 @@ def check_fold(
     beside them; otherwise the rows the fold could have changed are read, with the batch."""
     spec = work.fmt.table_spec(work.table)
     state = TableState(work.layout, work.feed.name, work.table)
-    current = lake_io.read_table(session, work.storage, state.current)
+    current = lake_io.read_table(session, work.storage, state.current, spec.keys)
     folded: DataFrame | checks.VersionSet | None = batch if report.events_in else None
     since = report.touched_since
     if report.into_empty and report.batch_versions is not None:

@@ -70,10 +70,11 @@ _UNNAMEABLE_SEGMENTS = ("", ".", "..")
 
 
 @contextlib.contextmanager
-def _s3_request(what: str, *, absent_is_empty: bool = False) -> Iterator[None]:
-    """boto3's errors as OSErrors (`StorageRequestError`: what every caller of `Storage`
-    handles, as pyarrow's S3 client raises them); with `absent_is_empty`, a bucket that does not
-    exist ends the block quietly."""
+def _s3_request(what: str, storage: Storage, *, absent_is_empty: bool = False) -> Iterator[None]:
+    """boto3's errors, the client's making included, as OSErrors (`StorageRequestError`: what
+    every caller of `Storage` handles, as pyarrow's S3 client raises them), saying when the
+    request went unsigned for want of credentials; with `absent_is_empty`, a bucket that does
+    not exist ends the block quietly."""
     import botocore.exceptions
 
     try:
@@ -81,7 +82,8 @@ def _s3_request(what: str, *, absent_is_empty: bool = False) -> Iterator[None]:
     except botocore.exceptions.ClientError as error:
         if absent_is_empty and error.response.get("Error", {}).get("Code") == "NoSuchBucket":
             return
-        raise StorageRequestError(f"{what}: {first_line(error)}") from error
+        unsigned = " (sent unsigned: no AWS credentials were found)" if storage._s3_unsigned else ""
+        raise StorageRequestError(f"{what}{unsigned}: {first_line(error)}") from error
     except botocore.exceptions.BotoCoreError as error:
         raise StorageRequestError(f"{what}: {first_line(error)}") from error
 
@@ -120,6 +122,7 @@ class Storage:
         self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
         self._s3_keys: Any = None  # a boto3 client, made on first use
+        self._s3_unsigned = False  # it found no credentials, and asks unsigned (a public bucket)
         self._local = pafs.LocalFileSystem()
 
     def _s3_fs(self) -> pafs.FileSystem:
@@ -240,8 +243,8 @@ class Storage:
         A bucket that does not exist lists as empty, as pyarrow's listing does."""
         bucket, _, prefix = path.partition("/")
         prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
-        pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        with _s3_request(f"listing {uri}", absent_is_empty=True):
+        with _s3_request(f"listing {uri}", self, absent_is_empty=True):
+            pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             for page in pages:
                 for listed in page.get("Contents", []):
                     relative = listed["Key"][len(prefix) :]
@@ -280,9 +283,8 @@ class Storage:
                     aws_session_token=credentials.token,
                 )
             )
-            signing = (
-                {} if session.get_credentials() is not None else {"signature_version": botocore.UNSIGNED}
-            )
+            self._s3_unsigned = session.get_credentials() is None
+            signing = {"signature_version": botocore.UNSIGNED} if self._s3_unsigned else {}
             style = {"addressing_style": "path"} if settings.endpoint_url else {}
             self._s3_keys = session.client(
                 "s3",
@@ -327,7 +329,7 @@ class Storage:
         fs, path = self.resolve(uri)
         if fs is not self._local and not _nameable(path):  # pyarrow would refuse or alter the key
             bucket, _, key = path.partition("/")
-            with _s3_request(f"reading {uri}"):
+            with _s3_request(f"reading {uri}", self):
                 return self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
         with fs.open_input_stream(path) as handle:
             return handle.read()

@@ -356,6 +356,8 @@ ENVIRONMENT = "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SEC
         ),
         # AWS secret keys hold '/' and '+': the user's part ends at the '@', not at a '/'
         ({"lake": "s3a://AKIAEXAMPLE:wJalrX/K7MD+ENG/bPxRSECRET@bucket/lake"}, "lake"),
+        # an S3 URL has no port: a secret that starts with digits and '/' is still a secret
+        ({"lake": "s3a://AKIAEXAMPLE:2049/bPxRwJalrXSECRET@bucket/lake"}, "lake"),
         (
             {
                 "lake": "/lake",

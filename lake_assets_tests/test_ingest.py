@@ -464,6 +464,43 @@ def test_bytes_that_become_text_in_one_batch_are_checked_and_counted_like_text(s
     assert metadata["text_repaired"] == [{"file": bytes_names, "values": 1}]
 
 
+def test_bytes_landing_where_the_table_holds_text_are_checked_and_counted_like_text(spark, tmp_path):
+    """The table holds `id` and `name` as text; a later hour's files hold them as bytes only.
+    The batch alone stays bytes (no check of text applies to bytes), and the fold made them
+    text: a key not UTF-8 reached `current` as text other engines refuse. They are text, and
+    checked, from the batch on."""
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    write_events(landing, "accounts", 0, "part-text.parquet", [event("a", "I", 1, at(0, 1), name="plain")])
+    instance = _run(landing, lake)
+    folder = hour_dir(landing, "accounts", 1)
+
+    def write(name, ids, names):
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(ids, pa.binary()),
+                    "name": pa.array(names, pa.binary()),
+                    "cdc_operation_type": ["I"] * len(ids),
+                    "cdc_change_seq": [2] * len(ids),
+                    "cdc_commit_timestamp": pa.array([at(1, 1)] * len(ids), pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            folder / name,
+        )
+        return f"file://{folder / name}"
+
+    bad_keys = write("part-bytes-keys.parquet", [b"\xff", b"\xfe"], [b"x", b"y"])
+    bad_names = write("part-bytes-names.parquet", [b"b"], [b"M\xfcller"])
+
+    _run(landing, lake, instance)
+
+    layers = _assert_every_engine_reads(lake, "unit", "accounts")
+    assert {r["id"]: r["name"] for r in layers["current"]} == {"a": "plain", "b": "M\ufffdller"}
+    [note] = _notes(lake)
+    assert note["file"] == bad_keys and "key column 'id' holds text that is not valid UTF-8" in note["reason"]
+    assert _changes_metadata(instance)["text_repaired"] == [{"file": bad_names, "values": 1}]
+
+
 def _flow_line(n, raw_fields: bytes) -> bytes:
     """A document line whose fields are given as raw JSON bytes (which may not be UTF-8)."""
     meta = json.dumps({"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, PRODUCER), "op": "c"}).encode()

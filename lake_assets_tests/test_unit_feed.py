@@ -5,6 +5,7 @@ import decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pyspark.sql import functions as F
 
 from lake_assets.config import S3Config
@@ -601,6 +602,25 @@ def test_s3_keys_no_hadoop_path_can_name_are_strays_and_quarantined_with_their_b
     assert "(copy failed: reading " in storage.read_bytes(copy + ".reason.json").decode()
     # and a bucket that does not exist walks as empty, as pyarrow's listing did
     assert list(storage.walk_files(f"s3a://{s3_bucket}-none/unit")) == []
+
+
+def test_s3_requests_made_with_boto3_fail_as_lake_errors_and_say_when_unsigned(
+    moto_server, s3_bucket, monkeypatch
+):
+    """The S3 walk and the reads of keys pyarrow cannot name go through boto3, whose errors are
+    not OSErrors: every caller of `Storage` handles those (and a CLI shows them as one line)."""
+    from lake_assets.errors import StorageRequestError
+
+    uri = f"s3a://{s3_bucket}/unit"
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # a key without its secret: boto3 refuses to sign
+    with pytest.raises(StorageRequestError, match=f"listing {uri}: "):
+        list(Storage(S3Config(endpoint_url=moto_server.url)).walk_files(uri))
+    # no credentials at all: asked unsigned (a public bucket), and a failure says so
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, "/nonexistent") if name != "AWS_ACCESS_KEY_ID" else monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageRequestError, match="sent unsigned: no AWS credentials were found"):
+        Storage(S3Config(endpoint_url=moto_server.url)).read_bytes(f"{uri}/hour=00//gone.parquet")
 
 
 def test_event_times_after_the_end_of_history_set_their_file_aside(spark, tmp_path):

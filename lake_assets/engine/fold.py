@@ -128,9 +128,9 @@ def _read_stored(spark: SparkSession, storage: Storage, paths: list[str], spec: 
     return from_persisted(lake_io.read_drifting(spark, storage, paths, table=spec.name, keys=spec.keys), spec)
 
 
-def _union(frames: list[DataFrame | None], table: str) -> DataFrame | None:
+def _union(frames: list[DataFrame | None], spec: m.TableSpec) -> DataFrame | None:
     present = [f for f in frames if f is not None]
-    return union_all(table, present) if present else None
+    return union_all(spec.name, present, spec.keys) if present else None
 
 
 def fold(
@@ -177,7 +177,7 @@ def fold(
         large = report.events_in >= LARGE_FOLD_EVENTS
         compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
         settled = _read(spark, storage, _files_of(compact), spec)
-        windows = key_windows(events, touched, _union([open_set.touched, late_window], spec.name), spec)
+        windows = key_windows(events, touched, _union([open_set.touched, late_window], spec), spec)
         rows = timeline_rows(windows, spec, synced_at, batch_purges=totals["purge_markers"] > 0)
         state_rows = laid_out(spec, [open_set.carried, rows, _erased(kept, keys, purged)], settled, large)
         stage = state.staging(report.fold_id)

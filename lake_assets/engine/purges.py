@@ -57,13 +57,13 @@ def ledger(spark: SparkSession, storage: Storage, state: TableState, keys: Seque
     recorded = None
     if files and lake_io.rows_in(storage, files) > 0:  # footers only
         recorded = lake_io.read_drifting(
-            spark, storage, files, table=f"{state.feed}/{state.table} purged keys"
+            spark, storage, files, table=f"{state.feed}/{state.table} purged keys", keys=tuple(keys)
         )
     shown = _purged_in_open_history(spark, storage, state, keys, recorded is None)
     if recorded is None or shown is None:
         return recorded if shown is None else shown
     missing = shown.join(merge.keys_typed_as(recorded, shown, list(keys)), list(keys), "left_anti")
-    return union_all("purged keys", [recorded, missing])
+    return union_all("purged keys", [recorded, missing], tuple(keys))
 
 
 def _purged_in_open_history(
@@ -125,7 +125,7 @@ class Erasure:
             purged.append(frame.where(F.col(m.PURGED)).select(*self.keys))
         if not purged:
             return frame
-        return merge.erase_keys(frame, list(self.keys), union_all("purged keys", purged))
+        return merge.erase_keys(frame, list(self.keys), union_all("purged keys", purged, tuple(self.keys)))
 
 
 def newly_purged(events: DataFrame, recorded: DataFrame | None, keys: list[str]) -> list[tuple]:
@@ -148,9 +148,9 @@ def stage_ledger(
     """Stage the ledger with the keys `added` (erased at `purged_at`) in `plan`, the commit of
     the fold that erases them: the ledger file is replaced whole."""
     new = with_run_values(added, {PURGED_AT: purged_at})
-    every = union_all("purged keys", [new] if recorded is None else [recorded, new]).dropDuplicates(
-        list(added.columns)
-    )
+    every = union_all(
+        "purged keys", [new] if recorded is None else [recorded, new], repair_text=False
+    ).dropDuplicates(list(added.columns))
     every.coalesce(1).write.mode("overwrite").parquet(f"{stage}/purged")
     plan.replace_folder(storage, state.purged)
     plan.stage_folder(storage, f"{stage}/purged", state.purged)
