@@ -149,7 +149,7 @@ def stage_ledger(
     the fold that erases them: the ledger file is replaced whole."""
     new = with_run_values(added, {PURGED_AT: purged_at})
     every = union_all(
-        "purged keys", [new] if recorded is None else [recorded, new], repair_text=False
+        "purged keys", [new] if recorded is None else [recorded, new], keys=tuple(added.columns)
     ).dropDuplicates(list(added.columns))
     every.coalesce(1).write.mode("overwrite").parquet(f"{stage}/purged")
     plan.replace_folder(storage, state.purged)

@@ -150,6 +150,10 @@ def conform(
     present = {same_name(f.name): f for f in schema.fields}
     if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in fields]:
         return df  # already in shape: no projection of every column to build and analyse
+    key_names = {same_name(k) for k in keys}
+
+    def repairable(field: T.StructField) -> bool:
+        return repair_text and same_name(field.name) not in key_names
 
     def select(field: T.StructField):
         found = present.get(same_name(field.name))
@@ -166,11 +170,6 @@ def conform(
         if repairable(field) and holds(found.dataType, T.BinaryType) and holds_text(field.dataType):
             cast = valid_text(cast, field.dataType)[0]
         return cast.alias(field.name)
-
-    key_names = {same_name(k) for k in keys}
-
-    def repairable(field: T.StructField) -> bool:
-        return repair_text and same_name(field.name) not in key_names
 
     return df.select(*[select(f) for f in fields])
 
