@@ -159,7 +159,7 @@ def run_pipeline(
         batch.unpersist()
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
     with _timed(timings, "record processed"):
-        pipeline.record_processed(work, partitions)
+        pipeline.record_processed(work, partitions, work.run_id)
     return {"events": ingested.batch.events_out, "keys_touched": report.keys_touched}
 
 

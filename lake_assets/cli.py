@@ -239,6 +239,7 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     """Forget one table (its purge ledger kept) so that the next run rebuilds it from its landing."""
+    from lake_assets import lease
     from lake_assets.orchestration.definitions import resources_for
     from lake_assets.paths import LakeLayout
     from lake_assets.pipeline import forget_table
@@ -251,7 +252,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if table not in feed_tables(feed, format_for(feed), load_pins(config, config.storage())[feed.name]):
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
     store = resources_for(config)["catalog"].get_store()
-    forgotten = forget_table(config.storage(), LakeLayout(config.lake), store, feed.name, table)
+    storage, layout = config.storage(), LakeLayout(config.lake)
+    with lease.writing_table(
+        storage, layout, feed.name, table, None, "rebuild", config.lease_wait_seconds, _say
+    ):
+        forgotten = forget_table(storage, layout, store, feed.name, table)
     for uri in forgotten.removed:
         _say(f"removed {uri}")
     for uri in forgotten.still_catalogued:

@@ -42,8 +42,10 @@ from pydantic import AfterValidator, Field, PlainValidator, PrivateAttr, Validat
 from lake_assets.config_model import (
     AWS_CREDENTIAL_VARIABLES,
     CREDENTIALS_COME_FROM_THE_ENVIRONMENT,
+    DEFAULT_LEASE_WAIT_SECONDS,
     EndpointUrl,
     FeedConfig,
+    LeaseWait,
     Model,
     RootUri,
     S3Config,
@@ -149,6 +151,9 @@ class LakeConfig(Model):
     s3: S3Config = S3Config()
     spark: SparkConfig = SparkConfig()
     catalog: CatalogConfig = CatalogConfig()
+    #: how long a run waits for another writer of a table (a run started by hand beside the
+    #: daemon's) to finish with it (`lease`)
+    lease_wait_seconds: LeaseWait = DEFAULT_LEASE_WAIT_SECONDS
     #: the file it was read from, if any
     _source: str | None = PrivateAttr(None)
 

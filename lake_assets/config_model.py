@@ -158,6 +158,12 @@ LateHours = Annotated[
 SensorInterval = Annotated[
     int, checked("an integer from 1 to 86,400 (a day)", lambda v: type(v) is int and 1 <= v <= 86_400)
 ]
+#: seconds a run waits for another writer of a table to finish: a day at most
+LeaseWait = Annotated[
+    int, checked("an integer from 0 to 86,400 (a day)", lambda v: type(v) is int and 0 <= v <= 86_400)
+]
+#: how long a run waits for a table's lease by default: a backfill's steps take minutes
+DEFAULT_LEASE_WAIT_SECONDS = 1800
 Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
 
 

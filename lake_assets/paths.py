@@ -133,6 +133,11 @@ class LakeLayout:
         """The engine's bookkeeping for a table (not a table: `_` hides it from readers)."""
         return join(self.root, "_state", feed, *table_segments(table))
 
+    def lease(self, feed: str, table: str) -> str:
+        """The file whose holder alone may write the table (`lease`): outside the table's state,
+        which rebuilding it removes while holding it."""
+        return join(self.root, "_leases", feed, *table_segments(table), "lease.json")
+
     def pins(self, feed: str) -> str:
         """The tables and first hour discovery pinned for a feed (`discovery`): beside its tables'
         state, named so no table folder can take it (a table name has no `.`)."""

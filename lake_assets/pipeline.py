@@ -12,6 +12,7 @@ them directly to measure what Dagster adds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -20,7 +21,7 @@ from typing import cast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from lake_assets import lake_io, processed, reruns
+from lake_assets import lake_io, lease, processed, reruns
 from lake_assets.catalog.files import (
     catalog_file,
     catalogued_entries,
@@ -36,6 +37,7 @@ from lake_assets.catalog.files import (
 )
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config import FeedConfig
+from lake_assets.config_model import DEFAULT_LEASE_WAIT_SECONDS
 from lake_assets.engine import checks, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
@@ -66,9 +68,24 @@ class TableWork:
     layout: LakeLayout
     store: CatalogStore
     run_id: str | None
+    #: how long a step waits for another writer of the table (`lease`)
+    lease_wait_seconds: float = DEFAULT_LEASE_WAIT_SECONDS
 
     def catalogue(self, files) -> int:
         return record_files(self.store, self.storage, files)
+
+    def writing(self, step: str, log=_log) -> contextlib.AbstractContextManager[None]:
+        """Hold the table's lease (one writer at a time, `lease`) for a step that writes it."""
+        return lease.writing_table(
+            self.storage,
+            self.layout,
+            self.feed.name,
+            self.table,
+            self.run_id,
+            step,
+            self.lease_wait_seconds,
+            log.info,
+        )
 
 
 @dataclasses.dataclass
@@ -237,21 +254,36 @@ def _still_recorded(entry, record: dict | None) -> bool:
     )
 
 
-def record_processed(work: TableWork, partitions: list[str], log=_log) -> None:
+def record_processed(work: TableWork, partitions: list[str], stored_by: str | None, log=_log) -> None:
     """Note, now that their fold has succeeded, which landed files the stored changes of
     `partitions` were read from (`record_stored`): the next `lake-assets run` processes them
     again only if that changes. A file catalogued after the read (a run of the catalog alone,
-    or of another run) is not in it, so it is read then. A partition with no such note (its
-    changes stored before there were any) gets no processed note: the next run processes it.
-    Requests to run them again that their changes now answer are withdrawn (`reruns`)."""
+    or of another run) is not in it, so it is read then.
+
+    `stored_by` is the run whose batch was folded as it stored it (handed over in memory), or
+    None when the fold read the change log as stored (by whichever run). A partition whose
+    changes another run stored after `stored_by` (one started by hand beside the daemon's; the
+    two take turns step by step) gets no processed note: its files were not what was folded.
+    Neither does a partition with no note (stored before there were any). The next run
+    processes them. Requests to run them again that their changes now answer are withdrawn
+    (`reruns`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
-    stored = processed.read_stored_notes(storage, layout, feed, table, partitions)
-    for partition in sorted(set(partitions) - set(stored)):
+    stored, elsewhere = processed.read_stored_notes(storage, layout, feed, table, partitions, stored_by)
+    for partition in sorted(set(partitions) - set(stored) - set(elsewhere)):
         log.info(
             f"{feed}/{table}: {partition} is not noted as processed: what its changes were read from is unknown"
         )
+    if elsewhere:
+        log.warning(
+            f"{feed}/{table}: {_count_partitions(elsewhere)} not noted as processed: another run stored "
+            "their changes again after this one, so the next run processes them again"
+        )
     processed.write_notes(storage, layout, feed, table, stored)
     reruns.withdraw_answered(storage, layout, feed, table, partitions, log.warning)
+
+
+def _count_partitions(partitions: list[str]) -> str:
+    return partitions[0] if len(partitions) == 1 else f"{len(partitions)} partitions ({partitions[0]}, ...)"
 
 
 def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) -> None:
@@ -260,7 +292,7 @@ def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) ->
     processed notes) and, for a format that reads streams (Flow journals), the byte ranges,
     which tell a later run whether a late file was read."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
-    processed.write_notes(storage, layout, feed, table, ingested.read_from, folder=processed.STORED_FOLDER)
+    processed.write_stored_notes(storage, layout, feed, table, ingested.read_from, work.run_id)
     if ingested.batch.reading is not None:
         reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
 

@@ -25,6 +25,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from typing import Any
+
+from typing_extensions import TypedDict
 
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.errors import DamagedLakeFile
@@ -74,22 +77,42 @@ def write_notes(
     feed: str,
     table: str,
     processed: dict[str, dict[str, ProcessedFile]],
-    folder: str = NOTES_FOLDER,
 ) -> None:
-    """Record what each partition held when it was processed (partition -> URL -> file), or,
-    in `STORED_FOLDER`, what its stored changes were read from.
+    """Record what each partition held when it was processed (partition -> URL -> file)."""
+    _write_each(
+        storage, notes_folder(layout, feed, table), {p: _as_json(files) for p, files in processed.items()}
+    )
 
-    A backfill writes a note per hour; on S3 each is a request, so they go out several at a
-    time, as the notes are read."""
 
-    def write(item: tuple[str, dict[str, ProcessedFile]]) -> None:
-        partition, files = item
-        body = {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
-        storage.write_bytes(
-            note_uri(layout, feed, table, partition, folder), json.dumps(body, indent=1).encode()
-        )
+def write_stored_notes(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    read_from: dict[str, dict[str, ProcessedFile]],
+    run_id: str | None,
+) -> None:
+    """Record what each partition's stored changes were read from, and which run stored them:
+    the fold of another run's batch must not take them for its own (`read_stored_notes`)."""
+    folder = notes_folder(layout, feed, table, STORED_FOLDER)
+    _write_each(
+        storage, folder, {p: {"run": run_id, "files": _as_json(files)} for p, files in read_from.items()}
+    )
 
-    each_file(write, processed.items())
+
+def _as_json(files: dict[str, ProcessedFile]) -> dict:
+    return {url: dataclasses.asdict(file) for url, file in sorted(files.items())}
+
+
+def _write_each(storage: Storage, folder: str, bodies: dict[str, object]) -> None:
+    """A note per partition. A backfill writes one per hour; on S3 each is a request, so they go
+    out several at a time, as the notes are read."""
+
+    def write(item: tuple[str, object]) -> None:
+        partition, body = item
+        storage.write_bytes(join(folder, f"{partition}.json"), json.dumps(body, indent=1).encode())
+
+    each_file(write, bodies.items())
 
 
 def read_notes(
@@ -104,14 +127,31 @@ def read_notes(
     return _read_notes(json_files(storage, notes_folder(layout, feed, table)), storage, is_partition)
 
 
+class _StoredNote(TypedDict):
+    run: str | None
+    files: dict[str, ProcessedFile]
+
+
 def read_stored_notes(
-    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]
-) -> dict[str, dict[str, ProcessedFile]]:
-    """partition -> URL -> file the stored changes of each of `partitions` were read from, for
-    those that have a note (a partition whose changes were stored before these notes has none)."""
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], stored_by: str | None
+) -> tuple[dict[str, dict[str, ProcessedFile]], list[str]]:
+    """(partition -> URL -> file the stored changes of each of `partitions` were read from,
+    for those that run `stored_by` stored, or any run when None; the partitions whose changes
+    another run stored). A partition whose changes were stored before these notes has none."""
     wanted = set(partitions)
     folder = notes_folder(layout, feed, table, STORED_FOLDER)
-    return _read_notes([e for e in json_files(storage, folder) if json_name(e) in wanted], storage)
+    entries = [e for e in json_files(storage, folder) if json_name(e) in wanted]
+    # A note written before notes named their run (a plain URL -> file mapping) is nobody's.
+    shape: Any = _StoredNote | dict[str, ProcessedFile]
+    notes: dict[str, Any] = dict(
+        each_file(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries)
+    )
+    ours = {
+        partition: note["files"]
+        for partition, note in notes.items()
+        if "run" in note and "files" in note and (stored_by is None or note["run"] == stored_by)
+    }
+    return ours, sorted(set(notes) - set(ours))
 
 
 def _read_notes(

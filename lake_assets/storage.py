@@ -359,6 +359,44 @@ class Storage:
                 fs.delete_file(aside)
             raise
 
+    def read_tagged(self, uri: str) -> tuple[bytes, str] | None:
+        """An S3 object's bytes and its ETag, which `write_if_tag` compares; None when absent."""
+        bucket, key = self._s3_key(uri)
+        with _s3_request(f"reading {uri}", self):
+            import botocore.exceptions
+
+            try:
+                found = self._s3_client().get_object(Bucket=bucket, Key=key)
+            except botocore.exceptions.ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "NoSuchKey":
+                    return None
+                raise
+            return found["Body"].read(), found["ETag"]
+
+    def write_if_tag(self, uri: str, data: bytes, tag: str | None) -> str | None:
+        """Put `data` at `uri` only if the object is still as read (its ETag is `tag`), or, with
+        no `tag`, still absent (S3's conditional writes): its new ETag, or None when another
+        writer changed it first."""
+        bucket, key = self._s3_key(uri)
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
+        with _s3_request(f"writing {uri}", self):
+            import botocore.exceptions
+
+            try:
+                return self._s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+            except botocore.exceptions.ClientError as error:
+                code = error.response.get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+                    return None
+                raise
+
+    def _s3_key(self, uri: str) -> tuple[str, str]:
+        fs, path = self.resolve(uri)
+        if fs is self._local:
+            raise InvalidValue(f"{uri} is not an S3 object")
+        bucket, _, key = path.partition("/")
+        return bucket, key
+
     def copy(self, src: str, dst: str) -> None:
         src_fs, src_path = self.resolve(src)
         dst_fs, dst_path = self.resolve(dst)

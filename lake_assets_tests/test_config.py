@@ -145,7 +145,7 @@ def test_every_mistake_of_a_file_is_reported_one_per_line():
         "feeds[2]: expected a mapping (key: value), got 'unit'",
         "spark.conf['spark.executor.memory']: expected a text, number or true/false setting value, got [\"8g\"]",
         "catalog.store: expected parquet or dynamodb, got 'sqlite'",
-        "colour: unknown key; expected one of lake, feeds, s3, spark, catalog",
+        "colour: unknown key; expected one of lake, feeds, s3, spark, catalog, lease_wait_seconds",
     ]
     assert problems([GOOD_FEED]) == [
         'top level: expected a mapping (key: value), got [{"name": "good", '

@@ -700,3 +700,68 @@ def test_a_quarantine_entry_goes_once_its_file_reads_or_is_gone(lake):
     assert status.quarantined == []
     assert not list((lake.lake / "_quarantine").rglob("*.*"))  # copies and notes alike
     assert lake.changes()[hour(2)] == ["b", "d"]
+
+
+def test_a_table_another_writer_holds_fails_after_the_wait_naming_it_and_the_other_tables_go_on(lake):
+    """A `lake-assets run` beside another writer of a table (the daemon's run) waits for it,
+    `lease_wait_seconds`, then fails that table naming the holder; the other tables go on, and
+    the next run does what was left."""
+    from lake_assets import lease
+
+    lake.config = lake.config.model_copy(update={"lease_wait_seconds": 1})
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    lake.write(4, "part-0.parquet", [event("x", "I", 4, at(4, 5), name="x", balance=4)], table="cards")
+    layout = LakeLayout(lake.config.lake)
+    with (
+        lease.writing_table(Storage(), layout, "unit", "accounts", "daemon-run", "state", 0, print),
+        pytest.raises(LakeAssetsError) as failed,
+    ):
+        lake.run()
+    assert "unit/accounts" in str(failed.value) and "the table is being written by run daemon-run" in str(
+        failed.value
+    )
+    assert lake.changes("cards") == {hour(4): ["x"]}
+    assert hour(4) not in lake.changes()
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["d"]
+    assert lake.run() == []
+
+
+def test_a_fold_does_not_take_another_runs_later_store_of_its_hours_for_what_it_folded(lake, monkeypatch):
+    """Two writers of one table take turns step by step: another run may store an hour again
+    between this run's store and its fold. Its note names a file this run's batch lacks; taken
+    for this run's, the hour was noted processed, and were the other run's fold to fail, that
+    file's rows would be in the change log but never folded, and no later run would look again."""
+    from lake_assets import pipeline
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    job = discovered_definitions(lake.config).resolve_job_def(feed_job_name("unit"))
+    changes_only = [dg.AssetKey(["unit", "accounts", "changes"])]
+    real_writing = pipeline.TableWork.writing
+    between = []
+
+    def another_run_stores_first(work, step, log=None):
+        if step == "state" and not between:
+            between.append(step)
+            lake.write(1, "part-1.parquet", [event("z", "I", 9, at(1, 30), name="z", balance=9)])
+            other = job.execute_in_process(
+                instance=lake.instance, partition_key=hour(1), asset_selection=changes_only
+            )
+            assert other.success  # its fold never comes (as if it failed)
+        return real_writing(work, step) if log is None else real_writing(work, step, log)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline.TableWork, "writing", another_run_stores_first)
+        done = job.execute_in_process(
+            instance=lake.instance,
+            partition_key=hour(1),
+            asset_selection=[dg.AssetKey(["unit", "accounts", x]) for x in ("changes", "current", "history")],
+        )
+        assert done.success and between
+    assert lake.changes()[hour(1)] == ["a", "z"]
+    assert lake.run() == [(hour(1), hour(1))]
+    current = duckdb.execute(
+        f"SELECT id FROM read_parquet('{lake.lake}/current/unit/accounts/**/*.parquet') ORDER BY id"
+    ).fetchall()
+    assert [r[0] for r in current] == ["a", "b", "c", "z"]

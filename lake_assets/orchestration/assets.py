@@ -139,7 +139,14 @@ class AssetTable:
     def work(self, run_id: str, lake: LakeResource, catalog: CatalogResource) -> pipeline.TableWork:
         """What the pure pipeline needs to process this table in a run."""
         return pipeline.TableWork(
-            self.feed, self.fmt, self.name, lake.get_storage(), lake.layout(), catalog.get_store(), run_id
+            self.feed,
+            self.fmt,
+            self.name,
+            lake.get_storage(),
+            lake.layout(),
+            catalog.get_store(),
+            run_id,
+            lake.lease_wait_seconds,
         )
 
 
@@ -263,7 +270,8 @@ def changes_asset(
         for gap in ingested.batch.gaps:
             context.log.error(f"{table.label}: gap in the landed data: {gap}")
         yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
-        pipeline.record_stored(work, partitions, ingested)  # once the output is stored
+        with work.writing("changes", context.log):  # once the output is stored (the IO manager)
+            pipeline.record_stored(work, partitions, ingested)
         yield landing_check(ingested)
 
     return changes
@@ -406,11 +414,15 @@ def state_asset(
         """Fold the change events of the materialised partitions into current and history."""
         try:
             work = table.work(context.run.run_id, lake, catalog)
-            report = fold(table, spark.spark_session, work, batch, context.log)
-            yield from state_materializations(table, spark.spark_session, work, report)
-            outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
-            if all(outcome.passed for outcome in outcomes):
-                pipeline.record_processed(work, list(context.partition_keys), log=context.log)
+            # A batch handed over in memory is the one this run stored; one read back is the
+            # change log as stored, by whichever run.
+            stored_by = work.run_id if lake_io.is_cached(batch) else None
+            with work.writing("state", context.log):
+                report = fold(table, spark.spark_session, work, batch, context.log)
+                yield from state_materializations(table, spark.spark_session, work, report)
+                outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
+                if all(outcome.passed for outcome in outcomes):
+                    pipeline.record_processed(work, list(context.partition_keys), stored_by, log=context.log)
             yield from fold_check_results(table, outcomes)
         finally:
             release_cached(batch)  # a batch handed over in memory (`io_managers.InMemoryHandover`)

@@ -49,7 +49,12 @@ def resources_for(config: LakeConfig) -> dict:
     uses_s3 = is_s3(config.lake) or any(is_s3(f.landing) for f in config.feeds)
     # The catalog and the IO manager hold the same `lake` (and `spark`) as typed fields: Dagster
     # initialises them as nested resources, so their config is the top-level one.
-    lake = LakeResource(root=config.lake, s3_endpoint_url=config.s3.endpoint_url, s3_region=config.s3.region)
+    lake = LakeResource(
+        root=config.lake,
+        s3_endpoint_url=config.s3.endpoint_url,
+        s3_region=config.s3.region,
+        lease_wait_seconds=config.lease_wait_seconds,
+    )
     spark = LakeSparkResource.for_lake(
         master=config.spark.master,
         remote=config.spark.remote,

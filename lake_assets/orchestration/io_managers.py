@@ -15,7 +15,7 @@ from pydantic import PrivateAttr
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from lake_assets import lake_io
+from lake_assets import lake_io, lease
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
@@ -127,20 +127,31 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         feed, *table, _ = context.asset_key.path
         table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
         state = TableState(self.lake.layout(), feed, "/".join(table))  # its purges hold for every write
-        written, files = store_partitions(
-            self.lake.get_storage(),
-            self.catalog.get_store(),
-            location,
-            obj,
-            column,
-            keys,
-            feed=feed,
-            table=state.table,
-            run_id=context.run_id,
-            keys=tuple(getattr(table_keys, "value", table_keys) or ()),
-            state=state,
-            log=context.log,
-        )
+        storage = self.lake.get_storage()
+        with lease.writing_table(
+            storage,
+            state.layout,
+            feed,
+            state.table,
+            context.run_id,
+            "changes",
+            self.lake.lease_wait_seconds,
+            context.log.info,
+        ):
+            written, files = store_partitions(
+                storage,
+                self.catalog.get_store(),
+                location,
+                obj,
+                column,
+                keys,
+                feed=feed,
+                table=state.table,
+                run_id=context.run_id,
+                keys=tuple(getattr(table_keys, "value", table_keys) or ()),
+                state=state,
+                log=context.log,
+            )
         if obj is not None and lake_io.is_cached(obj):
             self._handover.keep(context.run_id, context.asset_key, keys, obj)
         metadata: dict = {

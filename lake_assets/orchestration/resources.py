@@ -12,7 +12,7 @@ from lake_assets import spark as spark_settings
 from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.catalog.store import CatalogStore
-from lake_assets.config_model import DEFAULT_REGION, S3Config
+from lake_assets.config_model import DEFAULT_LEASE_WAIT_SECONDS, DEFAULT_REGION, S3Config
 from lake_assets.errors import ConfigError
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
@@ -35,6 +35,8 @@ class LakeResource(dg.ConfigurableResource):
     root: str
     s3_endpoint_url: str | None = None
     s3_region: str = DEFAULT_REGION
+    #: how long a step waits for another writer of its table (`lake_assets.lease`)
+    lease_wait_seconds: int = DEFAULT_LEASE_WAIT_SECONDS
 
     _storage: Storage | None = PrivateAttr(default=None)
 

@@ -1,0 +1,244 @@
+"""One writer per table at a time, whoever starts it (docs/lake-layout.md, "One writer per table").
+
+A step that writes a table (its change log, or its fold into current and history) holds the
+table's lease while it runs. Dagster's pools keep the daemon's runs apart; the lease also keeps
+a `lake-assets run` started by hand, or a second deployment on the same lake, from writing the
+table at the same time: two writers could each replace what the other just wrote (a change-log
+partition stored before a purge was recorded would keep the purged key's data).
+
+- On a file system the lease is an advisory lock (`flock`) on the lease file. The system lets
+  go of it when its process ends, however it ends: a killed run never holds up the next one.
+- On S3 it is an object written only by conditional requests (created if absent, replaced only
+  if unchanged since read). Its holder renews it every `RENEW_SECONDS`; a lease not renewed for
+  `EXPIRES_SECONDS` is free, so a run killed on S3 holds up the next one that long at most.
+
+The file names its holder (run, process, host, step, since when), so a run kept waiting says
+whom it waits for. Pure storage logic: no Spark, no Dagster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from lake_assets.errors import AnotherWriter, LakeAssetsError
+from lake_assets.paths import LakeLayout, is_s3
+from lake_assets.storage import Storage
+
+#: an S3 lease not renewed for this long is free (its holder is taken to be dead)
+EXPIRES_SECONDS = 120.0
+#: how often an S3 lease's holder renews it
+RENEW_SECONDS = 20.0
+#: how often a run kept waiting looks again
+POLL_SECONDS = 1.0
+
+
+class TableBusy(LakeAssetsError):
+    """Another writer held the table's lease for longer than this run would wait."""
+
+
+class LeaseLost(AnotherWriter):
+    """The lease expired while its holder still ran (its renewals failed for `EXPIRES_SECONDS`)
+    and another writer took it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, and until when (S3: `expires_at`, seconds since the epoch)."""
+
+    who: str
+    since: float
+    expires_at: float = 0.0
+    released: bool = False
+
+    def describe(self, now: float) -> str:
+        held = f"{self.who}, holding it for {now - self.since:.0f} s"
+        if self.expires_at:
+            held += f" (free in at most {max(0.0, self.expires_at - now):.0f} s if its process is gone)"
+        return held
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Holder | None:
+        """None for an empty or unreadable lease file: nobody is named (the lock decides)."""
+        try:
+            fields = json.loads(data)
+            return cls(
+                str(fields["who"]),
+                float(fields["since"]),
+                float(fields["expires_at"]),
+                bool(fields["released"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def writing_table(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    run_id: str | None,
+    step: str,
+    wait_seconds: float,
+    say: Callable[[str], None],
+) -> contextlib.AbstractContextManager[None]:
+    """Hold the table's lease for `step` of run `run_id` (`held`)."""
+    who = f"run {run_id or '(none)'} ({feed}/{table} {step}; process {os.getpid()} on {socket.gethostname()})"
+    return held(storage, layout.lease(feed, table), who, wait_seconds, say)
+
+
+@contextlib.contextmanager
+def held(
+    storage: Storage,
+    uri: str,
+    who: str,
+    wait_seconds: float,
+    say: Callable[[str], None],
+) -> Iterator[None]:
+    """Hold the lease at `uri` for the block, waiting up to `wait_seconds` for another holder to
+    let go (`TableBusy` after that, naming it). On S3 a lease lost meanwhile fails the block's
+    end (`LeaseLost`)."""
+    lease: _Lease = _S3Lease(storage, uri, who) if is_s3(uri) else _LocalLease(uri, who)
+    _take(lease, uri, wait_seconds, say)
+    try:
+        yield
+    finally:
+        lost = lease.release()
+    if lost:
+        raise LeaseLost(
+            f"the lease {uri} was taken by another writer while {who} held it (its renewals failed "
+            f"for {EXPIRES_SECONDS:.0f} s): the table may have been written twice at once; run it again"
+        )
+
+
+def _take(lease: _Lease, uri: str, wait_seconds: float, say: Callable[[str], None]) -> None:
+    deadline = time.monotonic() + wait_seconds
+    waiting_for = None
+    while not lease.try_take():
+        holder = lease.holder()
+        named = holder.describe(time.time()) if holder else "another writer"
+        if time.monotonic() >= deadline:
+            raise TableBusy(
+                f"the table is being written by {named}; waited {wait_seconds:.0f} s for its lease "
+                f"{uri} (lease_wait_seconds)"
+            )
+        if holder is None or holder.who != waiting_for:
+            say(f"waiting for the table's lease {uri}: {named}")
+            waiting_for = holder.who if holder else None
+        time.sleep(POLL_SECONDS)
+
+
+class _Lease:
+    def try_take(self) -> bool:
+        raise NotImplementedError
+
+    def holder(self) -> Holder | None:
+        raise NotImplementedError
+
+    def release(self) -> bool:
+        """Let go; True when the lease had been lost meanwhile."""
+        raise NotImplementedError
+
+
+class _LocalLease(_Lease):
+    def __init__(self, uri: str, who: str):
+        self.path = uri.removeprefix("file://")
+        self.who = who
+        self.fd: int | None = None
+
+    def try_take(self) -> bool:
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, Holder(self.who, time.time()).to_json(), 0)
+        self.fd = fd
+        return True
+
+    def holder(self) -> Holder | None:
+        try:
+            with open(self.path, "rb") as handle:
+                return Holder.from_json(handle.read())
+        except OSError:
+            return None
+
+    def release(self) -> bool:
+        import fcntl
+
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # names nobody once free
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
+class _S3Lease(_Lease):
+    def __init__(self, storage: Storage, uri: str, who: str):
+        self.storage, self.uri, self.who = storage, uri, who
+        self.since = time.time()
+        self.tag: str | None = None
+        self.lost = False
+        self.guard = threading.Lock()
+        self.stop = threading.Event()
+        self.renewer: threading.Thread | None = None
+
+    def _stamp(self, released: bool = False) -> bytes:
+        return Holder(self.who, self.since, time.time() + EXPIRES_SECONDS, released).to_json()
+
+    def try_take(self) -> bool:
+        found = self.storage.read_tagged(self.uri)
+        if found is not None:
+            holder = Holder.from_json(found[0])
+            if holder is not None and not holder.released and holder.expires_at > time.time():
+                return False
+        self.since = time.time()
+        self.tag = self.storage.write_if_tag(self.uri, self._stamp(), None if found is None else found[1])
+        if self.tag is None:
+            return False  # another writer took it between the read and the write
+        self.renewer = threading.Thread(target=self._renew, name=f"lease {self.uri}", daemon=True)
+        self.renewer.start()
+        return True
+
+    def _renew(self) -> None:
+        while not self.stop.wait(RENEW_SECONDS):
+            with self.guard:
+                try:
+                    tag = self.storage.write_if_tag(self.uri, self._stamp(), self.tag)
+                except OSError:
+                    continue  # a request that failed: tried again at the next renewal
+                if tag is None:
+                    self.lost = True
+                    return
+                self.tag = tag
+
+    def holder(self) -> Holder | None:
+        found = self.storage.read_tagged(self.uri)
+        return Holder.from_json(found[0]) if found else None
+
+    def release(self) -> bool:
+        self.stop.set()
+        if self.renewer is not None:
+            self.renewer.join()
+        with self.guard:
+            if not self.lost and self.tag is not None:
+                with contextlib.suppress(OSError):  # unreleased, it expires by itself
+                    self.lost = (
+                        self.storage.write_if_tag(self.uri, self._stamp(released=True), self.tag) is None
+                    )
+        return self.lost

@@ -1,0 +1,135 @@
+"""One writer per table (`lake_assets.lease`), on a file system and on S3 (moto): a second
+writer waits for the first and names it, a killed holder holds up nobody for long, and a
+lease taken away from a holder that stopped renewing it fails that holder."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from lake_assets import lease
+from lake_assets.config_model import S3Config
+from lake_assets.storage import Storage
+
+
+@pytest.fixture(params=["file", "s3"])
+def place(request, tmp_path) -> tuple[Storage, str]:
+    """(storage, a lease's URI) on each kind of lake."""
+    if request.param == "file":
+        return Storage(), f"file://{tmp_path}/_leases/unit/accounts/lease.json"
+    moto = request.getfixturevalue("moto_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Storage(S3Config(endpoint_url=moto.url)), f"s3a://{bucket}/lake/_leases/unit/accounts/lease.json"
+
+
+def test_a_second_writer_waits_for_the_first_names_it_and_gets_the_lease_once_it_is_let_go(place):
+    storage, uri = place
+    said: list[str] = []
+    with lease.held(storage, uri, "run A", 0, said.append):
+        with (
+            pytest.raises(lease.TableBusy, match="the table is being written by run A"),
+            lease.held(storage, uri, "run B", 0, said.append),
+        ):
+            pytest.fail("two writers held the table's lease at once")
+
+        order: list[str] = []
+
+        def second_writer():
+            with lease.held(storage, uri, "run C", 30, said.append):
+                order.append("C has it")
+
+        waiting = threading.Thread(target=second_writer)
+        waiting.start()
+        time.sleep(2.5)
+        order.append("A lets go")
+    waiting.join(timeout=30)
+    assert order == ["A lets go", "C has it"]
+    assert any(line.startswith("waiting for the table's lease") and "run A" in line for line in said), said
+    with lease.held(storage, uri, "run D", 0, said.append):
+        pass
+
+
+def test_a_writer_that_fails_lets_go_of_the_lease(place):
+    storage, uri = place
+    with pytest.raises(RuntimeError, match="the step broke"), lease.held(storage, uri, "run A", 0, print):
+        raise RuntimeError("the step broke")
+    with lease.held(storage, uri, "run B", 0, print):
+        pass
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from lake_assets import lease
+    from lake_assets.config_model import S3Config
+    from lake_assets.storage import Storage
+
+    uri, endpoint = sys.argv[1], sys.argv[2] or None
+    lease.EXPIRES_SECONDS, lease.RENEW_SECONDS = 4.0, 1.0
+    with lease.held(Storage(S3Config(endpoint_url=endpoint)), uri, "run K", 0, print):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_killed_holder_holds_up_the_next_writer_for_its_expiry_at_most(place, moto_server):
+    """On a file system the system lets go of a dead process's lock at once; on S3 the lease
+    runs out `EXPIRES_SECONDS` after its last renewal (here 4 s)."""
+    storage, uri = place
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, uri, moto_server.url if uri.startswith("s3a") else ""],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        time.sleep(5.0)  # on S3 its first stamp ran out at 4 s: held by its renewals since
+        with pytest.raises(lease.TableBusy, match="run K"), lease.held(storage, uri, "run B", 0, print):
+            pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        began = time.monotonic()
+        with lease.held(storage, uri, "run B", 30, print):
+            waited = time.monotonic() - began
+        assert waited < (1.5 if uri.startswith("file") else 6.0), waited
+    finally:
+        holder.kill()
+
+
+def test_a_holder_whose_lease_was_taken_while_it_ran_fails(moto_server, s3_bucket, monkeypatch):
+    """A holder whose renewals fail for the whole expiry may find the lease taken: it cannot
+    know what the other writer did meanwhile, so its step fails instead of passing as done."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/_leases/unit/accounts/lease.json"
+    monkeypatch.setattr(lease, "RENEW_SECONDS", 0.3)
+    with (
+        pytest.raises(lease.LeaseLost, match="was taken by another writer"),
+        lease.held(storage, uri, "run A", 0, print),
+    ):
+        # as another writer would, once the lease ran out
+        found = storage.read_tagged(uri)
+        assert found is not None
+        storage.write_if_tag(uri, lease.Holder("run B", time.time(), time.time() + 60).to_json(), found[1])
+        time.sleep(1.5)
+    with pytest.raises(lease.TableBusy, match="run B"), lease.held(storage, uri, "run C", 0, print):
+        pass
+
+
+def test_conditional_writes_refuse_a_changed_or_existing_object(moto_server, s3_bucket):
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/note.json"
+    assert storage.read_tagged(uri) is None
+    first = storage.write_if_tag(uri, b"1", None)
+    assert first is not None
+    assert storage.write_if_tag(uri, b"2", None) is None  # it exists now
+    second = storage.write_if_tag(uri, b"2", first)
+    assert second is not None and storage.read_tagged(uri) == (b"2", second)
+    assert storage.write_if_tag(uri, b"3", first) is None  # changed since `first`
+    assert storage.read_bytes(uri) == b"2"
