@@ -47,11 +47,11 @@ ORG = "00Dhostile"
 RESERVED = [
     "_op",
     "_version_at",
-    "_seq",
+    "_\u017feq",  # a long s: Spark (Java) takes it for `s` ignoring case
     "_unmodified",
     "_purged",
     "_source_file",
-    "_Ingested_At",
+    "_\u0131ngested_At",  # a dotless i: Spark takes it for `i` ignoring case
     "_fivetran_start",
     "_fivetran_end",
     "_fivetran_active",
@@ -292,9 +292,20 @@ def cases(request, tmp_path_factory, spark):
     feed = request.param
     key = "id" if feed != "grax" else "Id"
     other_key = "Id" if feed != "grax" else "id"
+    # Spark compares names as Java's `equalsIgnoreCase` does: a dotless i (U+0131) is `i` and the micro
+    # sign is the Greek mu to it, not to Python's `lower`
     files = [
-        ("part-upper.parquet", [{"key": "a1", "Balance": 1}, {"key": "a2", "Balance": 2}]),
-        ("part-lower.parquet", [{"key": "b1", "balance": 10, "Status": "new"}]),
+        (
+            "part-upper.parquet",
+            [
+                {"key": "a1", "Balance": 1, "item": "w", "\u00b5s": 0},
+                {"key": "a2", "Balance": 2, "item": "x", "\u00b5s": 1},
+            ],
+        ),
+        (
+            "part-lower.parquet",
+            [{"key": "b1", "balance": 10, "Status": "new", "\u0131tem": "y", "\u03bcs": 2}],
+        ),
         # a column named like the key but for its case: Spark cannot tell them apart
         ("part-both.parquet", [{"key": "c1", other_key: "C1", "balance": 5}]),
         ("part-later.parquet", [{"key": "a1", "balance": 3, "status": "later"}]),
@@ -318,6 +329,10 @@ def test_names_equal_ignoring_case_are_one_column_across_files_and_refused_withi
     balance = [c for c in next(iter(current.values())) if c.lower() == "balance"]
     status = [c for c in next(iter(current.values())) if c.lower() == "status"]
     assert len(balance) == 1 and len(status) == 1, "one column per name, whatever its case"
+    for name, values in (("item", {"a2": "x", "b1": "y"}), ("\u03bcs", {"a2": 1, "b1": 2})):
+        spelled = [c for c in next(iter(current.values())) if same_name(c) == same_name(name)]
+        assert len(spelled) == 1, spelled
+        assert {k: current[k][spelled[0]] for k in values} == values
     assert {k: (r[balance[0]], r[status[0]]) for k, r in current.items()} == {
         "a1": (3, "later"),
         "a2": (2, None),
@@ -460,3 +475,33 @@ def test_a_later_run_spelling_a_column_otherwise_folds_into_the_stored_column(sp
         ("b", 2),
         ("c", 4),
     ]
+
+
+NAMES_SPARK_MAY_TAKE_FOR_ONE = [
+    ("item", "ITEM"),
+    ("item", "\u0131tem"),  # dotless i
+    ("ID", "\u0130d"),  # dotted capital I
+    ("sum", "\u017fum"),  # long s
+    ("\u00b5s", "\u03bcs"),  # micro sign, Greek mu
+    ("\u03c2", "\u03c3"),  # final and medial sigma
+    ("\u212a", "k"),  # Kelvin sign
+    ("\u01c5", "\u01c6"),  # a title-case digraph
+    ("stra\u00dfe", "STRASSE"),  # not one: `ß` has no single upper-case letter
+    ("\u00e9", "e"),  # not one: an accent is not a case
+]
+
+
+@pytest.mark.parametrize(("one", "other"), NAMES_SPARK_MAY_TAKE_FOR_ONE)
+def test_names_are_the_same_exactly_when_spark_takes_one_for_the_other(spark, one, other):
+    """Spark's union by name and `withColumn` compare names with Java's `equalsIgnoreCase`
+    (its resolver): two names they take for one must be the same name to the lake, or a file
+    holding one beside a file holding the other fails the batch's union, and a vendor column
+    `_ingested_at` spelled with a dotless i is overwritten by the lake's `_ingested_at`. (Asking
+    for a column by name also needs the names' lower cases equal: it resolves fewer.)"""
+    from pyspark.sql import functions as F
+
+    first = spark.range(1).select(F.lit(1).alias(one))
+    second = spark.range(1).select(F.lit(2).alias(other))
+    taken_for_one = len(first.unionByName(second, allowMissingColumns=True).columns) == 1
+    assert (first.withColumn(other, F.lit(3)).columns == [other]) == taken_for_one
+    assert (same_name(one) == same_name(other)) == taken_for_one

@@ -22,6 +22,7 @@ lake's own, compared ignoring case as Spark compares names: a vendor column name
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 OP = "_op"
 VERSION_AT = "_version_at"
@@ -43,9 +44,33 @@ INTERNAL_PREFIX = "__"
 
 def is_reserved(column: str) -> bool:
     """System, history, partition and internal (`__`) columns: everything that is not payload.
-    Ignoring case, as Spark resolves names: a payload `Hour` would be the partition column `hour`."""
-    folded = column.lower()
+    Ignoring case, as Spark resolves names: a payload `Hour` would be the partition column `hour`,
+    and `_ingested_at` spelled with a dotless i (U+0131) would be `_ingested_at`."""
+    folded = case_folded(column)
     return folded in _RESERVED or folded.startswith(INTERNAL_PREFIX)
+
+
+def case_folded(name: str) -> str:
+    """`name` as Spark compares names ignoring case: what two names it takes for one column have in
+    common. Spark's resolver uses Java's `equalsIgnoreCase`, which takes two characters for one
+    when their upper cases are equal or the lower cases of those are, each a single character
+    (Java's simple case mapping). So the dotless i (U+0131) and the dotted capital I (U+0130)
+    are `i`, the long s (U+017F) is `s`, the micro sign (U+00B5) is the Greek mu, the final
+    sigma is the medial one, the Kelvin sign is `k`; `ß` is not `ss`. Python's `str.lower`
+    agrees on plain letters only."""
+    return "".join(_folded_character(c) for c in name)
+
+
+@functools.cache
+def _folded_character(character: str) -> str:
+    upper = character.upper()
+    if len(upper) != 1:  # a full mapping (`ß` -> `SS`); the simple one is the title case, or none
+        title = character.title()
+        upper = title if len(title) == 1 else character
+    lower = upper.lower()
+    if len(lower) != 1:  # the dotted capital I: fully lower-cased, an i and a combining dot
+        lower = "i" if upper == "\u0130" else upper
+    return lower
 
 
 INSERT, UPDATE, DELETE = "insert", "update", "delete"
@@ -88,7 +113,7 @@ def payload_columns(columns: list[str], keys: tuple[str, ...] | list[str]) -> li
 
 
 _RESERVED = frozenset(
-    name.lower()
+    case_folded(name)
     for name in (
         *SYSTEM_COLUMNS,
         *PARTITION_COLUMNS,

@@ -25,7 +25,7 @@ import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lake_assets.engine.model import is_reserved
+from lake_assets.engine.model import case_folded, is_reserved
 
 RENAMED_PREFIX = "_src_"
 
@@ -33,13 +33,15 @@ RENAMED_PREFIX = "_src_"
 def lake_name(vendor_name: str) -> str:
     """The name a vendor's column has in the lake (see the module's rules). The empty name, which
     Spark's JSON reader drops, is renamed too (to the prefix alone)."""
-    renamed = is_reserved(vendor_name) or vendor_name.lower().startswith(RENAMED_PREFIX) or not vendor_name
+    renamed = (
+        is_reserved(vendor_name) or case_folded(vendor_name).startswith(RENAMED_PREFIX) or not vendor_name
+    )
     return RENAMED_PREFIX + vendor_name if renamed else vendor_name
 
 
 def vendor_name(name: str) -> str:
     """The vendor's name of a lake column (`lake_name` undone)."""
-    return name[len(RENAMED_PREFIX) :] if name.lower().startswith(RENAMED_PREFIX) else name
+    return name[len(RENAMED_PREFIX) :] if case_folded(name).startswith(RENAMED_PREFIX) else name
 
 
 def quoted(name: str) -> str:
@@ -53,8 +55,8 @@ def col(name: str) -> Column:
 
 
 def same_name(name: str) -> str:
-    """What two names that Spark takes for the same column have in common."""
-    return name.lower()
+    """What two names that Spark takes for the same column have in common (`model.case_folded`)."""
+    return case_folded(name)
 
 
 def case_clash(names: Iterable[str]) -> str | None:
