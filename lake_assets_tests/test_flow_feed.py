@@ -1037,3 +1037,29 @@ def test_an_s3_hour_folder_key_holding_data_is_a_stray(moto_server, s3_bucket):
         e.name
         for e in fmt.partition_files(storage, f"s3a://{s3_bucket}", "acmeco_customers", "2024-06-01-10")
     ] == [name]
+
+
+def test_a_later_fragment_holding_landed_bytes_again_leaves_each_document_in_its_first_hour(spark, tmp_path):
+    """A fragment landing later with bytes landed before (a compaction, a re-upload) must not
+    take their documents out of their own hours: run over every hour, the cover read them from
+    the fragment reaching furthest, all in its hour, and once that copy was removed its hour ran
+    again, emptied, and the documents were in no hour of `changes`, though their own fragments
+    were still landed."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 6))
+    write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
+    copy = write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
+
+    def by_hour() -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for row in rows(lake, "changes", "acmeco_customers"):
+            found.setdefault(row["hour"], []).append(row["id"])
+        return {hour: sorted(ids) for hour, ids in found.items()}
+
+    run_feeds(config, instance=instance, say=lambda _: None)
+    assert by_hour() == {"2024-06-01-10": [1, 2, 3], "2024-06-01-11": [4, 5]}
+    copy.unlink()
+    run_feeds(config, instance=instance, say=lambda _: None)
+    assert by_hour() == {"2024-06-01-10": [1, 2, 3], "2024-06-01-11": [4, 5]}
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]

@@ -183,6 +183,20 @@ def test_cover_prefers_greatest_end_at_the_same_begin():
     assert spans(cover([a, b])[0]) == [(0, 100, "b", 0)]
 
 
+def test_cover_takes_the_bytes_from_the_fragment_that_landed_first():
+    """A later fragment holding landed bytes again (a compaction) yields to the first landing's
+    fragments, although it reaches further: a document stays in its first hour."""
+    first, second, compacted = frag(0, 60, "a"), frag(60, 100, "b"), frag(0, 100, "c")
+    hour = {"a": "2024-06-01-10", "b": "2024-06-01-11", "c": "2024-06-01-12"}
+    pieces, gaps = cover([compacted, second, first], landed_first=lambda f: hour[f.uri])
+    assert spans(pieces) == [(0, 60, "a", 0), (60, 100, "b", 0)] and gaps == []
+    pieces, _ = cover([compacted, second], landed_first=lambda f: hour[f.uri])  # hour 10 not read
+    assert spans(pieces) == [(0, 100, "c", 0)]
+    # an earlier fragment that ends before the offset holds nothing there
+    pieces, _ = cover([frag(0, 10, "d"), compacted], landed_first=lambda f: {"d": "0", "c": "1"}[f.uri])
+    assert spans(pieces) == [(0, 10, "d", 0), (10, 100, "c", 10)]
+
+
 def test_cover_partial_overlap_skips_what_was_read():
     a, b = frag(0, 60, "a"), frag(40, 100, "b")
     pieces, gaps = cover([b, a])

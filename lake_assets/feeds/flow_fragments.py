@@ -234,38 +234,46 @@ class Gap:
         return f"{where} are only in fragment(s) that cannot be used (quarantined): {names}"
 
 
-def cover(fragments: list[Fragment], failed: Collection[str] = ()) -> tuple[list[CoverPiece], list[Gap]]:
+def cover(
+    fragments: list[Fragment],
+    failed: Collection[str] = (),
+    landed_first: Callable[[Fragment], str] = lambda fragment: "",
+) -> tuple[list[CoverPiece], list[Gap]]:
     """The pieces that read every byte of one journal exactly once, and the gaps between them.
 
-    From the lowest begin, repeatedly take the fragment covering the current offset with the greatest
-    end (ties: smallest uri), skip what was already read, and continue from its end. Fragments whose
-    uri is in `failed` are not used: the others holding their bytes take over. Bytes that no usable
-    fragment holds, between fragments or claimed only by failed ones, are `Gap`s.
-    Empty fragments are ignored; identical ranges give one piece."""
+    From the lowest begin, repeatedly take, of the fragments holding the current offset, the one
+    that landed first (`landed_first`: its hour), then the one reaching furthest (ties: smallest
+    uri), skip what was already read, and continue from its end. A document belongs to the hour
+    of the fragment it is read from: taking the first landing's copy of the bytes keeps it in its
+    own hour when a later fragment (a compaction, a re-upload) holds the same bytes again, whether
+    or not the run reads that later hour too. Fragments whose uri is in `failed` are not used:
+    the others holding their bytes take over. Bytes that no usable fragment holds, between
+    fragments or claimed only by failed ones, are `Gap`s. Empty fragments are ignored; identical
+    ranges give one piece."""
     journals = {f.journal for f in fragments}
     if len(journals) > 1:
         raise InvalidValue(f"cover takes the fragments of one journal; got {sorted(journals)}")
     held = [f for f in fragments if f.name.end > f.name.begin]
     usable = sorted((f for f in held if f.uri not in failed), key=lambda f: (f.name.begin, f.name.end, f.uri))
-    pieces = _greedy_cover(usable)
+    pieces = _greedy_cover(usable, landed_first)
     return pieces, _gaps(pieces, held, failed)
 
 
-def _greedy_cover(usable: list[Fragment]) -> list[CoverPiece]:
+def _greedy_cover(usable: list[Fragment], landed_first: Callable[[Fragment], str]) -> list[CoverPiece]:
     """`cover`'s pieces over fragments sorted by (begin, end, uri)."""
     pieces: list[CoverPiece] = []
-    if not usable:
-        return pieces
-    offset = usable[0].name.begin
-    best: Fragment | None = None  # of the fragments beginning at or before offset: greatest end, smallest uri
+    holding: list[
+        Fragment
+    ] = []  # fragments beginning at or before the offset (those ending after it hold it)
+    offset = usable[0].name.begin if usable else 0
     i = 0
     while True:
         while i < len(usable) and usable[i].name.begin <= offset:
-            f = usable[i]
-            if best is None or (-f.name.end, f.uri) < (-best.name.end, best.uri):
-                best = f
+            holding.append(usable[i])
             i += 1
-        if best is not None and best.name.end > offset:
+        holding = [f for f in holding if f.name.end > offset]
+        if holding:
+            best = min(holding, key=lambda f: (landed_first(f), -f.name.end, f.uri))
             pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin))
             offset = best.name.end
         elif i < len(usable):

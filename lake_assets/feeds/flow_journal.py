@@ -414,7 +414,7 @@ class _JournalFragments:
         return set(self.hour_of.values()) | self.listed
 
     def cover(self) -> tuple[list[ff.CoverPiece], list[ff.Gap]]:
-        return ff.cover(self.fragments, self.failed)
+        return ff.cover(self.fragments, self.failed, lambda fragment: self.hour_of[fragment.uri])
 
     def fragment(self, uri: str) -> ff.Fragment:
         return next(f for f in self.fragments if f.uri == uri)
