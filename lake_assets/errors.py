@@ -8,12 +8,31 @@ class LakeAssetsError(Exception):
 def first_line(error: str | BaseException, limit: int | None = None) -> str:
     """An error's message as one line: its first line that is not blank (for an exception
     without a message, its type's name), cut at `limit` characters (py4j errors carry the
-    JVM's whole stack)."""
-    text = str(error)
+    JVM's whole stack). An error of the JVM (py4j's) is told by the JVM's own message and its
+    first cause, not by py4j's "An error occurred while calling o1098.save", which names nothing
+    and changes from run to run."""
+    text = _jvm_message(error) or str(error)
     line = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if not line and isinstance(error, BaseException):
         line = type(error).__name__
     return line[:limit] if limit is not None else line
+
+
+def _jvm_message(error: str | BaseException) -> str | None:
+    """`<message>: <root cause>` of the JVM exception behind a py4j error, or None (not one, or
+    the JVM is gone)."""
+    thrown = getattr(error, "java_exception", None)
+    if thrown is None:
+        return None
+    try:
+        message, cause = thrown.toString(), thrown
+        while cause.getCause() is not None:
+            cause = cause.getCause()
+        root = "" if cause.equals(thrown) else f" (caused by {cause.toString()})"
+    except Exception:  # noqa: BLE001 - py4j raises its own errors, or any, once the gateway is gone
+        return None
+    line = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    return f"{line}{root}"
 
 
 class ConfigError(LakeAssetsError):
