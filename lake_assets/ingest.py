@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
@@ -102,17 +103,41 @@ BOMB_BYTES = 256 << 20
 BOMB_RATIO = 100
 
 
-def _vet(storage: Storage, fmt: FeedFormat, entry: Entry):
+def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
     """(schema, rows, stored types) of a usable file, or the reason it is not usable."""
     try:
         with storage.open_input_file(entry.uri) as handle:
             meta = pq.ParquetFile(handle)
             schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
-            bomb = _decompression_bomb(meta.metadata)
+            reason = (
+                _decompression_bomb(meta.metadata)
+                or schema_case_clash(schema)
+                or fmt.vet_schema(schema)
+                or _keys_finer_than_microseconds(meta, keys)
+            )
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-    reason = bomb or schema_case_clash(schema) or fmt.vet_schema(schema)
     return ((schema, rows, stored), None) if reason is None else (None, reason)
+
+
+def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -> str | None:
+    """Why a file's key times cannot be kept, or None. Spark keeps times to the microsecond, so a
+    key column of nanoseconds (`timestamp[ns]`) is rounded down as it is read: two keys a few
+    nanoseconds apart would become one, and the first key's record would be lost. Only such a
+    column is read here, and only in a file that has one."""
+    for field in meta.schema_arrow:
+        if lake_name(field.name) not in keys or not (
+            pa.types.is_timestamp(field.type) and field.type.unit == "ns"
+        ):
+            continue
+        nanoseconds = meta.read(columns=[field.name]).column(0).cast(pa.int64())
+        finer = pc.not_equal(pc.subtract(nanoseconds, pc.multiply(pc.divide(nanoseconds, 1000), 1000)), 0)
+        if pc.any(finer).as_py():
+            return (
+                f"key column '{field.name}' holds times finer than a microsecond, which Spark rounds "
+                "down: two keys could become one"
+            )
+    return None
 
 
 def _decompression_bomb(meta: pq.FileMetaData) -> str | None:
@@ -332,14 +357,16 @@ class _BatchFiles:
         return {uri: self.partition_of[uri] for uri in uris}
 
 
-def _vetted(storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]]) -> _BatchFiles:
+def _vetted(
+    storage: Storage, fmt: FeedFormat, files: dict[str, list[Entry]], keys: tuple[str, ...]
+) -> _BatchFiles:
     """The files of `files` (partition -> its files), those whose footers are unusable set aside."""
     batch_files = _BatchFiles(
         {entry.uri: partition for partition, entries in files.items() for entry in entries}
     )
     entries = [entry for entries in files.values() for entry in entries]
     for entry, (vetted, reason) in zip(
-        entries, each_file(lambda e: _vet(storage, fmt, e), entries), strict=True
+        entries, each_file(lambda e: _vet(storage, fmt, e, keys), entries), strict=True
     ):
         if vetted is None:
             batch_files.set_aside(entry.uri, reason)
@@ -658,7 +685,7 @@ def read_batch(
 ) -> Batch:
     """The change batch of the landed Parquet files of `files` (partition -> its files); a file
     whose columns cannot be widened into the `stored` table's schema is set aside."""
-    batch_files = _vetted(storage, fmt, files)
+    batch_files = _vetted(storage, fmt, files, tuple(fmt.table_spec(table).keys))
     listed = len(batch_files.partition_of)
     read = _read_collapsed(spark, fmt, table, batch_files, stored)
     if read is None:
