@@ -9,30 +9,53 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
     """An error's message as one line: its first line that is not blank (for an exception
     without a message, its type's name), cut at `limit` characters (py4j errors carry the
     JVM's whole stack). An error of the JVM (py4j's) is told by the JVM's own message and its
-    first cause, not by py4j's "An error occurred while calling o1098.save", which names nothing
-    and changes from run to run."""
-    text = _jvm_message(error) or str(error)
-    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    root cause, not by py4j's "An error occurred while calling o1098.save", which names nothing
+    and changes from run to run; cut to `limit`, the root cause keeps its half."""
+    jvm = _jvm_message(error)
+    if jvm is not None:
+        message, root = jvm
+        if root is None:
+            return _cut(message, limit)
+        if limit is not None:  # the root cause keeps up to half, the message the rest
+            root = _cut(root, limit // 2)
+            message = _cut(message, max(0, limit - len(root) - len(" (caused by )")))
+        return _cut(f"{message} (caused by {root})", limit)
+    text = str(error)
+    line = _first_of(text)
     if not line and isinstance(error, BaseException):
         line = type(error).__name__
-    return line[:limit] if limit is not None else line
+    return _cut(line, limit)
 
 
-def _jvm_message(error: str | BaseException) -> str | None:
-    """`<message>: <root cause>` of the JVM exception behind a py4j error, or None (not one, or
-    the JVM is gone)."""
-    thrown = getattr(error, "java_exception", None)
-    if thrown is None:
-        return None
+def _first_of(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _cut(text: str, limit: int | None) -> str:
+    return text[:limit] if limit is not None else text
+
+
+#: causes followed at most down a JVM exception's chain (a chain can loop)
+_MAX_CAUSES = 16
+
+
+def _jvm_message(error: str | BaseException) -> tuple[str, str | None] | None:
+    """(the first line of the JVM exception behind a py4j error, its root cause's when it has
+    one), or None (not one, or the JVM is gone)."""
     try:
+        thrown = getattr(error, "java_exception", None)
+        if thrown is None:
+            return None
         message, cause = thrown.toString(), thrown
-        while cause.getCause() is not None:
-            cause = cause.getCause()
-        root = "" if cause.equals(thrown) else f" (caused by {cause.toString()})"
+        for _ in range(_MAX_CAUSES):
+            deeper = cause.getCause()
+            if deeper is None or deeper.equals(cause):
+                break
+            cause = deeper
+        root = None if cause.equals(thrown) else cause.toString()
     except Exception:  # noqa: BLE001 - py4j raises its own errors, or any, once the gateway is gone
         return None
-    line = next((line.strip() for line in message.splitlines() if line.strip()), "")
-    return f"{line}{root}"
+    return _first_of(message), None if root is None else _first_of(root)
 
 
 class ConfigError(LakeAssetsError):

@@ -42,6 +42,8 @@ from lake_assets.storage import Entry, Storage, each_file
 INVALID = "__invalid"
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
+#: how much of Spark's error a reason keeps: its message names the file (a long URI) and the cause
+SPARK_REASON_CHARACTERS = 1000
 #: what Spark raises when it cannot read a file (the JVM's errors arrive through py4j)
 SPARK_ERRORS = (Py4JJavaError, PySparkException)
 
@@ -124,10 +126,14 @@ def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -
     """Why a file's key times cannot be kept, or None. Spark keeps times to the microsecond, so a
     key column of nanoseconds (`timestamp[ns]`) is rounded down as it is read: two keys a few
     nanoseconds apart would become one, and the first key's record would be lost. Only such a
-    column is read here, and only in a file that has one."""
-    for field in meta.schema_arrow:
-        if lake_name(field.name) not in keys or not (
-            pa.types.is_timestamp(field.type) and field.type.unit == "ns"
+    column is read here, and only in a file that has one. (An INT96 time, nanoseconds too, is
+    not read: pyarrow wraps those outside 1677-2262 around, which would set good files aside.)"""
+    wanted = {same_name(k) for k in keys}
+    for index, field in enumerate(meta.schema_arrow):
+        if (
+            same_name(lake_name(field.name)) not in wanted
+            or not (pa.types.is_timestamp(field.type) and field.type.unit == "ns")
+            or meta.schema.column(index).physical_type != "INT64"
         ):
             continue
         nanoseconds = meta.read(columns=[field.name]).column(0).cast(pa.int64())
@@ -391,7 +397,9 @@ def _readable_group(
         try:
             _read_group(spark, fmt, files.partitions([uri]), schema)
         except SPARK_ERRORS as exc:
-            unopened[uri] = f"Spark could not open the file ({first_line(exc, limit=300)})"
+            unopened[uri] = (
+                f"Spark could not open the file ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
+            )
     if not unopened:
         raise failure
     for uri, reason in unopened.items():
@@ -465,7 +473,9 @@ def _unreadable_in_spark(
         try:
             _read_in_full(spark, fmt, table, files, [uri])
         except SPARK_ERRORS as exc:
-            bad[uri] = f"Spark could not read the file's data ({first_line(exc, limit=300)})"
+            bad[uri] = (
+                f"Spark could not read the file's data ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
+            )
     return bad
 
 

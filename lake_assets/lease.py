@@ -165,8 +165,12 @@ class _LocalLease(_Lease):
         except BlockingIOError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, Holder(self.who, time.time()).to_json(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, Holder(self.who, time.time()).to_json(), 0)
+        except BaseException:
+            os.close(fd)  # lets go of the lock too
+            raise
         self.fd = fd
         return True
 

@@ -141,17 +141,26 @@ def read_stored_notes(
     wanted = set(partitions)
     folder = notes_folder(layout, feed, table, STORED_FOLDER)
     entries = [e for e in json_files(storage, folder) if json_name(e) in wanted]
-    # A note written before notes named their run (a plain URL -> file mapping) is nobody's.
+    # A note written before notes named their run is a plain URL -> file mapping: no run's own,
+    # but what is stored when the fold read the change log back.
     shape: Any = _StoredNote | dict[str, ProcessedFile]
     notes: dict[str, Any] = dict(
         each_file(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries)
     )
     ours = {
-        partition: note["files"]
+        partition: _files_of(note)
         for partition, note in notes.items()
-        if "run" in note and "files" in note and (stored_by is None or note["run"] == stored_by)
+        if stored_by is None or (_is_stored_note(note) and note["run"] == stored_by)
     }
     return ours, sorted(set(notes) - set(ours))
+
+
+def _is_stored_note(note: dict) -> bool:
+    return set(note) == {"run", "files"}
+
+
+def _files_of(note: dict) -> dict[str, ProcessedFile]:
+    return note["files"] if _is_stored_note(note) else note
 
 
 def _read_notes(

@@ -121,7 +121,7 @@ class Storage:
     def __init__(self, s3: S3Config | None = None):
         self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
-        self._s3_listing_client: Any = None  # a boto3 client, made on first use
+        self._boto3_client: Any = None  # boto3 (exact listings, conditional writes), made on first use
         self._s3_unsigned = False  # it found no credentials, and asks unsigned (a public bucket)
         self._local = pafs.LocalFileSystem()
 
@@ -267,7 +267,7 @@ class Storage:
         """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the
         environment's credentials, else boto3's own chain (a profile, an instance role), else
         none at all (a public bucket), as pyarrow's client finds them."""
-        if self._s3_listing_client is None:
+        if self._boto3_client is None:
             import boto3
             import botocore
             import botocore.config
@@ -286,13 +286,13 @@ class Storage:
             self._s3_unsigned = session.get_credentials() is None
             signing = {"signature_version": botocore.UNSIGNED} if self._s3_unsigned else {}
             style = {"addressing_style": "path"} if settings.endpoint_url else {}
-            self._s3_listing_client = session.client(
+            self._boto3_client = session.client(
                 "s3",
                 endpoint_url=settings.endpoint_url,
                 region_name=settings.region,
                 config=botocore.config.Config(s3=style, **signing),
             )
-        return self._s3_listing_client
+        return self._boto3_client
 
     def _walk_local(
         self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool]

@@ -85,3 +85,59 @@ def test_a_bad_fragment_name_and_a_bad_catalog_record_are_lake_assets_errors():
 def test_bad_input_file_is_gone():
     """It was never raised: a bad file is quarantined with a reason, not raised."""
     assert not hasattr(importlib.import_module("lake_assets.errors"), "BadInputFile")
+
+
+class _Thrown:
+    """A JVM exception as py4j hands it over: its text and its cause."""
+
+    def __init__(self, text: str, cause: _Thrown | None = None):
+        self.text, self.cause = text, cause
+
+    def toString(self) -> str:  # the JVM's name
+        return self.text
+
+    def getCause(self) -> _Thrown | None:  # the JVM's name
+        return self.cause
+
+    def equals(self, other: object) -> bool:
+        return self is other
+
+
+class _FromTheJvm(Exception):
+    def __init__(self, thrown: _Thrown):
+        super().__init__("An error occurred while calling o1098.save.\n: trace")
+        self.java_exception = thrown
+
+
+def test_a_jvm_error_is_told_by_its_message_and_root_cause_never_by_py4js_call_number():
+    from lake_assets.errors import first_line
+
+    root = _Thrown("java.io.IOException: FAILED_TO_UNCOMPRESS(5)\n\tat ...")
+    thrown = _Thrown(
+        "SparkException: [FAILED_READ_FILE] reading file:///l/x.parquet\nmore", _Thrown("mid", root)
+    )
+    assert first_line(_FromTheJvm(thrown)) == (
+        "SparkException: [FAILED_READ_FILE] reading file:///l/x.parquet "
+        "(caused by java.io.IOException: FAILED_TO_UNCOMPRESS(5))"
+    )
+    cut = first_line(_FromTheJvm(thrown), limit=100)
+    assert (
+        len(cut) <= 100
+        and cut.startswith("SparkException: [FAILED_READ_FILE]")
+        and cut.endswith("(caused by java.io.IOException: FAILED_TO_UNCOMPRESS(5))")
+    )
+    alone = _Thrown("SparkException: no cause")
+    assert first_line(_FromTheJvm(alone)) == "SparkException: no cause"
+    looping = _Thrown("SparkException: top")
+    looping.cause = _Thrown("java.lang.Error: inner", looping)
+    assert first_line(_FromTheJvm(looping)).startswith("SparkException: top")  # and ends
+
+
+def test_a_jvm_error_whose_jvm_is_gone_is_told_by_its_own_text():
+    from lake_assets.errors import first_line
+
+    class Gone(_Thrown):
+        def toString(self) -> str:  # the JVM's name
+            raise ConnectionError("the gateway is gone")
+
+    assert first_line(_FromTheJvm(Gone("x"))) == "An error occurred while calling o1098.save."

@@ -765,3 +765,19 @@ def test_a_fold_does_not_take_another_runs_later_store_of_its_hours_for_what_it_
         f"SELECT id FROM read_parquet('{lake.lake}/current/unit/accounts/**/*.parquet') ORDER BY id"
     ).fetchall()
     assert [r[0] for r in current] == ["a", "b", "c", "z"]
+
+
+def test_a_stored_note_written_before_notes_named_their_run_counts_when_the_change_log_is_read_back(tmp_path):
+    """A lake from before stored notes named their run: a fold of the change log read back takes
+    its notes as they are; a fold of a batch handed over in memory (this run's own) does not."""
+    layout = LakeLayout(f"file://{tmp_path}/lake")
+    storage = Storage()
+    old = {f"file://{tmp_path}/x.parquet": {"size": 1, "hash": "h", "recorded_ms": 2}}
+    folder = processed.notes_folder(layout, "unit", "accounts", processed.STORED_FOLDER)
+    storage.write_bytes(f"{folder}/{hour(1)}.json", json.dumps(old).encode())
+    read = processed.read_stored_notes(storage, layout, "unit", "accounts", [hour(1)], None)
+    assert read == ({hour(1): {f"file://{tmp_path}/x.parquet": processed.ProcessedFile(1, "h", 2)}}, [])
+    assert processed.read_stored_notes(storage, layout, "unit", "accounts", [hour(1)], "run-a") == (
+        {},
+        [hour(1)],
+    )

@@ -784,9 +784,16 @@ def test_key_times_finer_than_a_microsecond_set_their_file_aside(spark, tmp_path
         event(second + 2000, "I", 4, at(0, 3), name="d"),
     ]
     write_events(landing, "accounts", 0, "part-whole.parquet", whole, schema)
+    # an INT96 time (nanoseconds to pyarrow, which wraps those before 1677 around) is left alone
+    int96 = hour_dir(landing, "accounts", 0) / "part-int96.parquet"
+    early = pa.Table.from_pylist(
+        [event(dt.datetime(1600, 1, 1), "I", 5, at(0, 4), name="e", balance=1)],
+        pa.schema([("id", pa.timestamp("us")), *list(ACCOUNT_SCHEMA)[1:]]),
+    )
+    pq.write_table(early, int96, use_deprecated_int96_timestamps=True)
     batch, current, _ = _fold(spark, landing, hours=(0,))
     reasons = {q.uri.rsplit("/", 1)[-1]: q.reason for q in batch.quarantined}
     assert list(reasons) == ["part-apart.parquet"]
     assert "key column 'id' holds times finer than a microsecond" in reasons["part-apart.parquet"]
-    assert sorted(r["name"] for r in current.values()) == ["c", "d"]
+    assert sorted(r["name"] for r in current.values()) == ["c", "d", "e"]
     assert batch.reconciles
