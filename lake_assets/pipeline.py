@@ -254,21 +254,32 @@ def _still_recorded(entry, record: dict | None) -> bool:
     )
 
 
-def record_processed(work: TableWork, partitions: list[str], stored_by: str | None, log=_log) -> None:
+def record_processed(
+    work: TableWork,
+    partitions: list[str],
+    stored_by: str | None,
+    log=_log,
+    folded_files: set[str] | None = None,
+) -> None:
     """Note, now that their fold has succeeded, which landed files the stored changes of
     `partitions` were read from (`record_stored`): the next `lake-assets run` processes them
     again only if that changes. A file catalogued after the read (a run of the catalog alone,
     or of another run) is not in it, so it is read then.
 
     `stored_by` is the run whose batch was folded as it stored it (handed over in memory), or
-    None when the fold read the change log as stored (by whichever run). A partition whose
-    changes another run stored after `stored_by` (one started by hand beside the daemon's; the
-    two take turns step by step) gets no processed note: its files were not what was folded.
+    None when the fold read the change log as stored (by whichever run), from `folded_files`
+    (their URIs). A partition whose changes another run stored after `stored_by`, or whose
+    change-log files are no longer those read (one started by hand beside the daemon's; the two
+    take turns step by step), gets no processed note: its files were not what was folded.
     Neither does a partition with no note (stored before there were any). The next run
     processes them. Requests to run them again that their changes now answer are withdrawn
     (`reruns`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
     stored, elsewhere = processed.read_stored_notes(storage, layout, feed, table, partitions, stored_by)
+    if folded_files is not None:
+        changed = _stored_since_read(work, list(stored), folded_files)
+        stored = {p: files for p, files in stored.items() if p not in changed}
+        elsewhere = sorted({*elsewhere, *changed})
     for partition in sorted(set(partitions) - set(stored) - set(elsewhere)):
         log.info(
             f"{feed}/{table}: {partition} is not noted as processed: what its changes were read from is unknown"
@@ -280,6 +291,20 @@ def record_processed(work: TableWork, partitions: list[str], stored_by: str | No
         )
     processed.write_notes(storage, layout, feed, table, stored)
     reruns.withdraw_answered(storage, layout, feed, table, partitions, log.warning)
+
+
+def _stored_since_read(work: TableWork, partitions: list[str], read: set[str]) -> set[str]:
+    """Those of `partitions` whose change-log files are not the ones read (`read`: the URIs a
+    fold read the change log back from)."""
+    changes = work.layout.table("changes", work.feed.name, work.table)
+    column = work.fmt.partition_column
+    changed = set()
+    for partition in partitions:
+        folder = f"{changes}/{column}={partition}"
+        now = set(parquet_files(work.storage, folder))
+        if now != {uri for uri in read if uri.startswith(f"{folder}/")}:
+            changed.add(partition)
+    return changed
 
 
 def _count_partitions(partitions: list[str]) -> str:

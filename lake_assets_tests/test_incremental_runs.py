@@ -781,3 +781,36 @@ def test_a_stored_note_written_before_notes_named_their_run_counts_when_the_chan
         {},
         [hour(1)],
     )
+
+
+def test_a_fold_of_the_change_log_read_back_notes_no_hour_stored_again_since_the_read(lake, monkeypatch):
+    """`current` and `history` materialised alone fold the change log as stored. Should another
+    writer store an hour again between that read and the fold's notes (taking the processed note
+    away, as a store does), the hour's stored note describes files the fold never read: it must
+    not become the processed note."""
+    from lake_assets import pipeline
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    job = discovered_definitions(lake.config).resolve_job_def(feed_job_name("unit"))
+    layout = LakeLayout(lake.config.lake)
+    note = processed.note_uri(layout, "unit", "accounts", hour(1)).removeprefix("file://")
+    real_record = pipeline.record_processed
+
+    def stored_again_meanwhile(work, partitions, *args, **kwargs):
+        folder = lake.lake / "changes" / "unit" / "accounts" / f"hour={hour(1)}"
+        for path in folder.glob("*.parquet"):
+            path.rename(folder / f"again-{path.name}")
+        Path(note).unlink()
+        return real_record(work, partitions, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "record_processed", stored_again_meanwhile)
+        done = job.execute_in_process(
+            instance=lake.instance,
+            partition_key=hour(1),
+            asset_selection=[dg.AssetKey(["unit", "accounts", x]) for x in ("current", "history")],
+        )
+    assert done.success
+    assert not Path(note).exists()
+    assert lake.run() == [(hour(1), hour(1))]

@@ -17,7 +17,7 @@ from lake_assets.engine.fold import FoldReport
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.ingest import Batch
+from lake_assets.ingest import Batch, canonical_uri
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import is_s3
@@ -415,14 +415,18 @@ def state_asset(
         try:
             work = table.work(context.run.run_id, lake, catalog)
             # A batch handed over in memory is the one this run stored; one read back is the
-            # change log as stored, by whichever run.
-            stored_by = work.run_id if lake_io.is_cached(batch) else None
+            # change log as stored, by whichever run, in the files it was read from.
+            handed_over = lake_io.is_cached(batch)
+            stored_by = work.run_id if handed_over else None
+            folded_files = None if handed_over else {canonical_uri(uri) for uri in batch.inputFiles()}
             with work.writing("state", context.log):
                 report = fold(table, spark.spark_session, work, batch, context.log)
                 yield from state_materializations(table, spark.spark_session, work, report)
                 outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
                 if all(outcome.passed for outcome in outcomes):
-                    pipeline.record_processed(work, list(context.partition_keys), stored_by, log=context.log)
+                    pipeline.record_processed(
+                        work, list(context.partition_keys), stored_by, context.log, folded_files
+                    )
             yield from fold_check_results(table, outcomes)
         finally:
             release_cached(batch)  # a batch handed over in memory (`io_managers.InMemoryHandover`)
