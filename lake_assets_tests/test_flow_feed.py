@@ -1006,7 +1006,12 @@ def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped()
     docs, _ = journal_lines([1, 2])
     content = b"".join(docs)
     name = f"{0:016x}-{len(content):016x}-{hashlib.sha1(content).hexdigest()}.gz"
-    piece = {"journal": "j", "uri": f"file:///l/j/utc_date=2024-06-01/utc_hour=10/{name}", "skip": 0}
+    piece = {
+        "journal": "j",
+        "uri": f"file:///l/j/utc_date=2024-06-01/utc_hour=10/{name}",
+        "skip": 0,
+        "stop": None,
+    }
     table = pa.Table.from_pylist([{**piece, "order": 0, "hour": "2024-06-01-10", "content": None}])
 
     out = read_journal_task(("/id",), frozenset({"2024-06-01-10"}))(table).to_pylist()

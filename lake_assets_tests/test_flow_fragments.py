@@ -191,7 +191,17 @@ def test_cover_takes_the_bytes_from_the_fragment_that_landed_first():
     pieces, gaps = cover([compacted, second, first], landed_first=lambda f: hour[f.uri])
     assert spans(pieces) == [(0, 60, "a", 0), (60, 100, "b", 0)] and gaps == []
     pieces, _ = cover([compacted, second], landed_first=lambda f: hour[f.uri])  # hour 10 not read
-    assert spans(pieces) == [(0, 100, "c", 0)]
+    assert spans(pieces) == [(0, 100, "c", 0), (60, 100, "b", 0)] and [p.end for p in pieces] == [60, 100]
+    # where the first landing has a hole (a fragment set aside), the later fragment fills the
+    # hole only: the first landing's fragment after it takes over
+    hole = {"a": "1", "x": "1", "b": "1", "c": "2"}
+    pieces, gaps = cover(
+        [frag(0, 100, "a"), frag(100, 150, "x"), frag(150, 200, "b"), frag(0, 200, "c")],
+        failed={"x"},
+        landed_first=lambda f: hole[f.uri],
+    )
+    assert spans(pieces) == [(0, 100, "a", 0), (100, 200, "c", 100), (150, 200, "b", 0)] and gaps == []
+    assert [p.end for p in pieces] == [100, 150, 200]
     # an earlier fragment that ends before the offset holds nothing there
     pieces, _ = cover([frag(0, 10, "d"), compacted], landed_first=lambda f: {"d": "0", "c": "1"}[f.uri])
     assert spans(pieces) == [(0, 10, "d", 0), (10, 100, "c", 10)]
@@ -706,3 +716,14 @@ def test_read_journal_falls_back_to_fragments_holding_the_same_bytes():
     assert "SHA-1 mismatch" in result.bad[0].reason and "(gzip: " in result.bad[1].reason
     assert sorted(fetched) == sorted(stored)  # each fragment fetched once
     assert result.counts["bad_fragments"] == 2 and result.counts["pieces"] == 3
+
+
+def test_a_piece_stopped_where_another_fragment_takes_over_reads_up_to_there_only():
+    first, second = line(P, 16, OUTSIDE_TXN, id=1), line(P, 32, OUTSIDE_TXN, id=2)
+    content = first + second
+    uri = "s3://b/j/" + name_of(0, len(content), content, ".gz")
+    stored = {uri: gzip.compress(content)}
+    fragment = ff.fragment_from_uri(uri)
+    assert ids(ff.read_piece(CoverPiece(fragment, 0, stop=len(first)), stored.__getitem__)) == [1]
+    with pytest.raises(FragmentError, match="is not a document boundary"):
+        ff.read_piece(CoverPiece(fragment, 0, stop=len(first) - 3), stored.__getitem__)

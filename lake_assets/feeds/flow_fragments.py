@@ -204,6 +204,9 @@ def by_journal(fragments: Iterable[Fragment]) -> dict[str, list[Fragment]]:
 class CoverPiece:
     fragment: Fragment
     skip: int  # bytes of the fragment's inflated content to skip (offset - begin)
+    #: journal offset where the piece stops, before its fragment's end: where a fragment that
+    #: landed first takes over (None: the fragment's end)
+    stop: int | None = None
 
     @property
     def start(self) -> int:
@@ -212,7 +215,7 @@ class CoverPiece:
 
     @property
     def end(self) -> int:
-        return self.fragment.name.end
+        return self.fragment.name.end if self.stop is None else self.stop
 
 
 @dataclass(frozen=True)
@@ -274,8 +277,17 @@ def _greedy_cover(usable: list[Fragment], landed_first: Callable[[Fragment], str
         holding = [f for f in holding if f.name.end > offset]
         if holding:
             best = min(holding, key=lambda f: (landed_first(f), -f.name.end, f.uri))
-            pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin))
-            offset = best.name.end
+            # a fragment that landed before this one, beginning inside it, takes over there
+            takes_over = min(
+                (
+                    f.name.begin
+                    for f in usable[i:]
+                    if f.name.begin < best.name.end and landed_first(f) < landed_first(best)
+                ),
+                default=None,
+            )
+            pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin, stop=takes_over))
+            offset = best.name.end if takes_over is None else takes_over
         elif i < len(usable):
             offset = usable[i].name.begin  # nothing holds the bytes up to there: a gap
         else:
@@ -710,6 +722,15 @@ def read_piece(
         )
     content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
+    if piece.stop is not None and piece.stop < name.end:
+        cut = piece.stop - name.begin
+        if content[cut - 1 : cut] != b"\n":
+            raise FragmentError(
+                fragment.uri,
+                f"offset {piece.stop}, where another fragment begins, is not a document boundary in it",
+                piece.stop,
+            )
+        content = content[:cut]
     return [
         parse_document(line, offset, fragment.uri)
         for offset, line in lines(content, piece.skip, name.begin, fragment.uri)

@@ -94,7 +94,7 @@ _OUT = pa.schema(
     ]
 )
 _OUT_DDL = "journal string, kind string, hour string, uri string, offset long, body string, reason string"
-_PLAN_DDL = "journal string, uri string, skip long, order long, hour string"
+_PLAN_DDL = "journal string, uri string, skip long, stop long, order long, hour string"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +332,7 @@ def read_journal_task(
             fragment = ff.Fragment(
                 uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1])
             )
-            piece = ff.CoverPiece(fragment=fragment, skip=r["skip"])
+            piece = ff.CoverPiece(fragment=fragment, skip=r["skip"], stop=r["stop"])
             if read_to is not None and piece.start > read_to:
                 sequencer.cut_at_gap()
             read_to = piece.end
@@ -422,7 +422,7 @@ class _JournalFragments:
     def plan(self) -> list[tuple]:
         """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order."""
         return [
-            (self.name, p.fragment.uri, p.skip, order, self.hour_of[p.fragment.uri])
+            (self.name, p.fragment.uri, p.skip, p.stop, order, self.hour_of[p.fragment.uri])
             for order, p in enumerate(self.cover()[0])
         ]
 
