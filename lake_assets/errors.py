@@ -17,8 +17,7 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
         if root is None:
             return _cut(message, limit)
         if limit is not None:  # the root cause keeps up to half, the message the rest
-            root = _cut(root, limit // 2)
-            message = _cut(message, max(0, limit - len(root) - len(" (caused by )")))
+            message = _cut(message, max(0, limit - min(len(root), limit // 2) - len(" (caused by )")))
         return _cut(f"{message} (caused by {root})", limit)
     text = str(error)
     line = _first_of(text)

@@ -129,11 +129,14 @@ def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -
     column is read here, and only in a file that has one. (An INT96 time, nanoseconds too, is
     not read: pyarrow wraps those outside 1677-2262 around, which would set good files aside.)"""
     wanted = {same_name(k) for k in keys}
-    for index, field in enumerate(meta.schema_arrow):
+    stored_as = {
+        column.path: column.physical_type for column in map(meta.schema.column, range(len(meta.schema)))
+    }
+    for field in meta.schema_arrow:
         if (
             same_name(lake_name(field.name)) not in wanted
             or not (pa.types.is_timestamp(field.type) and field.type.unit == "ns")
-            or meta.schema.column(index).physical_type != "INT64"
+            or stored_as.get(field.name) != "INT64"
         ):
             continue
         nanoseconds = meta.read(columns=[field.name]).column(0).cast(pa.int64())

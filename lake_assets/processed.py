@@ -215,11 +215,27 @@ def changed_partitions(
     landed: dict[str, list[Entry]],
     notes: dict[str, dict[str, ProcessedFile]],
     asked: dict[str, str] | None = None,
+    holding_removed_data: Callable[[list[str], list[str]], dict[str, str]] = lambda removed, landed: {},
 ) -> list[Change]:
     """The partitions whose landed files differ from what they held when last processed, or
-    that a run asked to run again (`asked`: partition -> why), in `landed`'s order (then
-    partitions whose files are all gone)."""
-    asked = asked or {}
+    that a run asked to run again (`asked`: partition -> why), or that hold some of the same
+    data as a file removed from another partition (`holding_removed_data`, the format's: a Flow
+    fragment removed from one hour while another hour's compaction holds its bytes again, which
+    that hour's run read from the removed one), in `landed`'s order (then partitions whose files
+    are all gone)."""
+    asked = dict(asked or {})
+    removed = {
+        url: partition
+        for partition, note in notes.items()
+        for url in set(note) - {entry.uri for entry in landed.get(partition, [])}
+    }
+    if removed:
+        partition_of = {entry.uri: partition for partition, entries in landed.items() for entry in entries}
+        holding = holding_removed_data(sorted(removed), sorted(partition_of))
+        for uri, gone in sorted(holding.items()):
+            partition = partition_of[uri]
+            if removed[gone] != partition and partition not in asked:
+                asked[partition] = f"holds data of {gone.rsplit('/', 1)[-1]}, removed from {removed[gone]}"
     changes = []
     for partition in [*landed, *(p for p in notes if p not in landed)]:
         reason = _why_changed(storage, landed.get(partition, []), notes.get(partition))

@@ -253,6 +253,7 @@ def _changed_partitions(
         fmt.partitions_files(storage, feed.landing, table, keys),
         processed.read_notes(storage, layout, feed.name, table, fmt.is_partition_key),
         reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key)),
+        fmt.holding_removed_data,
     )
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}

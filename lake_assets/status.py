@@ -122,7 +122,9 @@ def table_status(
                 "reason": change.reason,
                 "files": len(landed.get(change.partition, [])),
             }
-            for change in processed.changed_partitions(storage, landed, notes, reruns.asked(requests))
+            for change in processed.changed_partitions(
+                storage, landed, notes, reruns.asked(requests), fmt.holding_removed_data
+            )
         ]
     return TableStatus(
         feed=feed,

@@ -1011,6 +1011,7 @@ def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped()
         "uri": f"file:///l/j/utc_date=2024-06-01/utc_hour=10/{name}",
         "skip": 0,
         "stop": None,
+        "taken_over_by": None,
     }
     table = pa.Table.from_pylist([{**piece, "order": 0, "hour": "2024-06-01-10", "content": None}])
 
@@ -1067,4 +1068,29 @@ def test_a_later_fragment_holding_landed_bytes_again_leaves_each_document_in_its
     copy.unlink()
     run_feeds(config, instance=instance, say=lambda _: None)
     assert by_hour() == {"2024-06-01-10": [1, 2, 3], "2024-06-01-11": [4, 5]}
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]
+
+
+def test_fragments_removed_while_a_later_fragment_holds_their_bytes_again_move_its_documents_there(
+    spark, tmp_path
+):
+    """The other way round: the first landing's fragments are removed (cleaned up once a
+    compaction holds their bytes). Their hours run again and empty; the compaction's hour, whose
+    run read those bytes from them, runs again too, and its `changes` now hold the documents."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 6))
+    first = write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    second = write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
+    write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
+    said: list[str] = []
+    run_feeds(config, instance=instance, say=said.append)
+    first.unlink()
+    second.unlink()
+    said.clear()
+    run_feeds(config, instance=instance, say=said.append)
+    by_hour: dict[str, list[int]] = {}
+    for row in rows(lake, "changes", "acmeco_customers"):
+        by_hour.setdefault(row["hour"], []).append(row["id"])
+    assert {hour: sorted(ids) for hour, ids in by_hour.items()} == {"2024-06-01-12": [1, 2, 3, 4, 5]}
+    assert any("2024-06-01-12: to run again: holds data of" in line for line in said), said
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]

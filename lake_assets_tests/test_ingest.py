@@ -785,3 +785,19 @@ def test_floating_point_keys_spark_would_take_for_another_set_their_file_aside(s
     assert set(reasons) == {"part-negative-zero.parquet", "part-nan.parquet"}
     assert all("key column 'id' holds NaN or -0.0" in reason for reason in reasons.values())
     assert batch.reconciles
+
+
+def test_a_nanosecond_key_after_a_nested_column_is_checked_by_its_own_stored_type(tmp_path):
+    """The check of key times finer than a microsecond looked up the stored type by the Arrow
+    field's position, which a nested column before the key shifts: the key went unchecked."""
+    from lake_assets.ingest import _keys_finer_than_microseconds
+
+    table = pa.table(
+        {
+            "meta": pa.array([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]),
+            "id": pa.array([1_000_000_001, 1_000_000_002], pa.timestamp("ns")),
+        }
+    )
+    pq.write_table(table, tmp_path / "nested.parquet")
+    reason = _keys_finer_than_microseconds(pq.ParquetFile(tmp_path / "nested.parquet"), ("id",))
+    assert reason is not None and "key column 'id'" in reason

@@ -115,6 +115,12 @@ class FeedFormat(abc.ABC):
         """Sort key of a partition key (hour keys sort as text; batches may not)."""
         return key
 
+    def holding_removed_data(self, removed: list[str], landed: list[str]) -> dict[str, str]:
+        """Landed file -> a removed file (URIs) that held some of the same data, so that the
+        removal may change what a run over the landed file's partition finds (Flow: fragments
+        holding the same journal bytes). Files of the other formats hold data of their own."""
+        return {}
+
     def is_partition_key(self, key: str) -> bool:
         """Whether `key` can name a partition of the format (an hour key here)."""
         try:

@@ -207,6 +207,8 @@ class CoverPiece:
     #: journal offset where the piece stops, before its fragment's end: where a fragment that
     #: landed first takes over (None: the fragment's end)
     stop: int | None = None
+    #: that fragment's uri (the one blamed should `stop` fall inside a document of this one)
+    taken_over_by: str | None = None
 
     @property
     def start(self) -> int:
@@ -278,20 +280,36 @@ def _greedy_cover(usable: list[Fragment], landed_first: Callable[[Fragment], str
         if holding:
             best = min(holding, key=lambda f: (landed_first(f), -f.name.end, f.uri))
             # a fragment that landed before this one, beginning inside it, takes over there
-            takes_over = min(
-                (
-                    f.name.begin
-                    for f in usable[i:]
-                    if f.name.begin < best.name.end and landed_first(f) < landed_first(best)
-                ),
-                default=None,
+            # (`usable` is sorted by begin: the first such is where)
+            taker = _taking_over(usable, i, best, landed_first)
+            stop = None if taker is None else taker.name.begin
+            pieces.append(
+                CoverPiece(
+                    fragment=best,
+                    skip=offset - best.name.begin,
+                    stop=stop,
+                    taken_over_by=None if taker is None else taker.uri,
+                )
             )
-            pieces.append(CoverPiece(fragment=best, skip=offset - best.name.begin, stop=takes_over))
-            offset = best.name.end if takes_over is None else takes_over
+            offset = best.name.end if stop is None else stop
         elif i < len(usable):
             offset = usable[i].name.begin  # nothing holds the bytes up to there: a gap
         else:
             return pieces
+
+
+def _taking_over(
+    usable: list[Fragment], start: int, best: Fragment, landed_first: Callable[[Fragment], str]
+) -> Fragment | None:
+    """The first fragment of `usable[start:]` (sorted by begin) beginning inside `best` that
+    landed before it, or None."""
+    for index in range(start, len(usable)):
+        fragment = usable[index]
+        if fragment.name.begin >= best.name.end:
+            return None
+        if landed_first(fragment) < landed_first(best):
+            return fragment
+    return None
 
 
 def _gaps(pieces: list[CoverPiece], held: list[Fragment], failed: Collection[str]) -> list[Gap]:
@@ -725,9 +743,11 @@ def read_piece(
     if piece.stop is not None and piece.stop < name.end:
         cut = piece.stop - name.begin
         if content[cut - 1 : cut] != b"\n":
+            # this fragment's bytes are checked (its SHA-1); the other's begin is only its name's claim
             raise FragmentError(
-                fragment.uri,
-                f"offset {piece.stop}, where another fragment begins, is not a document boundary in it",
+                piece.taken_over_by or fragment.uri,
+                f"its name says it begins at journal offset {piece.stop}, inside a document of "
+                f"{fragment.uri.rsplit('/', 1)[-1]}, which holds those bytes",
                 piece.stop,
             )
         content = content[:cut]

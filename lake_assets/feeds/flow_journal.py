@@ -94,7 +94,7 @@ _OUT = pa.schema(
     ]
 )
 _OUT_DDL = "journal string, kind string, hour string, uri string, offset long, body string, reason string"
-_PLAN_DDL = "journal string, uri string, skip long, stop long, order long, hour string"
+_PLAN_DDL = "journal string, uri string, skip long, stop long, taken_over_by string, order long, hour string"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +332,9 @@ def read_journal_task(
             fragment = ff.Fragment(
                 uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1])
             )
-            piece = ff.CoverPiece(fragment=fragment, skip=r["skip"], stop=r["stop"])
+            piece = ff.CoverPiece(
+                fragment=fragment, skip=r["skip"], stop=r["stop"], taken_over_by=r["taken_over_by"]
+            )
             if read_to is not None and piece.start > read_to:
                 sequencer.cut_at_gap()
             read_to = piece.end
@@ -422,7 +424,7 @@ class _JournalFragments:
     def plan(self) -> list[tuple]:
         """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order."""
         return [
-            (self.name, p.fragment.uri, p.skip, p.stop, order, self.hour_of[p.fragment.uri])
+            (self.name, p.fragment.uri, p.skip, p.stop, p.taken_over_by, order, self.hour_of[p.fragment.uri])
             for order, p in enumerate(self.cover()[0])
         ]
 
@@ -530,6 +532,17 @@ class FlowJournalFeedConfig(FeedConfig):
         return self
 
 
+def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
+    """The fragments among `uris` (a name that is no fragment's is read by no cover)."""
+    fragments = []
+    for uri in uris:
+        try:
+            fragments.append(ff.fragment_from_uri(uri))
+        except InvalidValue:
+            continue
+    return fragments
+
+
 class FlowJournalFormat(FeedFormat):
     name = "flow_journal"
     config_model = FlowJournalFeedConfig
@@ -539,6 +552,24 @@ class FlowJournalFormat(FeedFormat):
 
     #: the most bytes one fragment's content may hold (see `flow_fragments.MAX_FRAGMENT_BYTES`)
     max_fragment_bytes: int = ff.MAX_FRAGMENT_BYTES
+
+    def holding_removed_data(self, removed: list[str], landed: list[str]) -> dict[str, str]:
+        """Fragments whose byte ranges overlap those of removed fragments of their journal: a
+        compaction and the fragments it holds again, either way round."""
+        by_journal: dict[str, list[ff.Fragment]] = {}
+        for fragment in _fragments_named(removed):
+            by_journal.setdefault(fragment.journal, []).append(fragment)
+        holding = {}
+        for fragment in _fragments_named(landed):
+            overlapping = (
+                r
+                for r in by_journal.get(fragment.journal, [])
+                if r.name.begin < fragment.name.end and fragment.name.begin < r.name.end
+            )
+            found = next(overlapping, None)
+            if found is not None:
+                holding[fragment.uri] = found.uri
+        return holding
 
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
