@@ -31,6 +31,7 @@ breaks a table's schema.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
 import functools
@@ -555,20 +556,29 @@ class FlowJournalFormat(FeedFormat):
 
     def holding_removed_data(self, removed: list[str], landed: list[str]) -> dict[str, str]:
         """Fragments whose byte ranges overlap those of removed fragments of their journal: a
-        compaction and the fragments it holds again, either way round."""
+        compaction and the fragments it holds again, either way round. (Sorted by begin, with
+        the furthest-reaching so far at each: a retention clean-up may remove thousands.)"""
         by_journal: dict[str, list[ff.Fragment]] = {}
-        for fragment in _fragments_named(removed):
+        for fragment in sorted(_fragments_named(removed), key=lambda f: f.name.begin):
             by_journal.setdefault(fragment.journal, []).append(fragment)
+        reach: dict[str, tuple[list[int], list[ff.Fragment]]] = {}
+        for journal, fragments in by_journal.items():
+            furthest: list[ff.Fragment] = []
+            for fragment in fragments:
+                furthest.append(
+                    fragment if not furthest or fragment.name.end > furthest[-1].name.end else furthest[-1]
+                )
+            reach[journal] = ([f.name.begin for f in fragments], furthest)
         holding = {}
         for fragment in _fragments_named(landed):
-            overlapping = (
-                r
-                for r in by_journal.get(fragment.journal, [])
-                if r.name.begin < fragment.name.end and fragment.name.begin < r.name.end
-            )
-            found = next(overlapping, None)
-            if found is not None:
-                holding[fragment.uri] = found.uri
+            if fragment.journal not in reach:
+                continue
+            begins, furthest = reach[fragment.journal]
+            before_end = bisect.bisect_left(
+                begins, fragment.name.end
+            )  # removed ones beginning before its end
+            if before_end and furthest[before_end - 1].name.end > fragment.name.begin:
+                holding[fragment.uri] = furthest[before_end - 1].uri
         return holding
 
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
