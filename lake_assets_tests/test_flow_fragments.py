@@ -15,6 +15,8 @@ import zlib
 
 import cramjam
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.flow_fragments import (
@@ -731,3 +733,27 @@ def test_a_piece_stopped_where_another_fragment_takes_over_reads_up_to_there_onl
     with pytest.raises(FragmentError, match="inside a document of") as refused:
         ff.read_piece(CoverPiece(fragment, 0, stop=len(first) - 3, taken_over_by=taker), stored.__getitem__)
     assert refused.value.uri == taker
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=8),
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=8),
+)
+def test_the_landed_fragments_holding_removed_bytes_are_those_that_overlap_one(removed, landed):
+    from lake_assets.feeds.flow_journal import FlowJournalFormat
+
+    def uri(begin: int, length: int, hour: int) -> str:
+        return f"file:///l/acme/x/pivot=00/utc_date=2024-06-01/utc_hour={hour:02d}/" + name_of(
+            begin, begin + length
+        )
+
+    gone = [uri(b, n, 1) for b, n in removed]
+    kept = [uri(b, n, 2) for b, n in landed]
+    found = FlowJournalFormat().holding_removed_data(gone, kept)
+    for (begin, length), kept_uri in zip(landed, kept, strict=True):
+        overlapping = {
+            g for (b, n), g in zip(removed, gone, strict=True) if b < begin + length and begin < b + n
+        }
+        assert (kept_uri in found) == bool(overlapping)
+        assert kept_uri not in found or found[kept_uri] in overlapping
+    assert FlowJournalFormat().holding_removed_data(gone, [u.replace("/x/", "/y/") for u in kept]) == {}
