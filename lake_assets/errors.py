@@ -17,7 +17,9 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
         if root is None:
             return _cut(message, limit)
         if limit is not None:  # the root cause keeps up to half, the message the rest
-            message = _cut(message, max(0, limit - min(len(root), limit // 2) - len(" (caused by )")))
+            room = limit - len(" (caused by )")
+            message = _cut(message, max(0, room - min(len(root), limit // 2)))
+            root = _cut(root, max(0, room - len(message)))
         return _cut(f"{message} (caused by {root})", limit)
     text = str(error)
     line = _first_of(text)

@@ -127,6 +127,15 @@ def read_notes(
     return _read_notes(json_files(storage, notes_folder(layout, feed, table)), storage, is_partition)
 
 
+def read_notes_of(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]
+) -> dict[str, dict[str, ProcessedFile]]:
+    """The processed notes of `partitions` (those that have one), each read by its name."""
+    uris = {p: note_uri(layout, feed, table, p) for p in partitions}
+    present = [p for p, found in zip(uris, each_file(storage.exists, uris.values()), strict=True) if found]
+    return dict(each_file(lambda p: (p, read_lake_json(storage, uris[p], dict[str, ProcessedFile])), present))
+
+
 class _StoredNote(TypedDict):
     run: str | None
     files: dict[str, ProcessedFile]
@@ -215,27 +224,11 @@ def changed_partitions(
     landed: dict[str, list[Entry]],
     notes: dict[str, dict[str, ProcessedFile]],
     asked: dict[str, str] | None = None,
-    holding_removed_data: Callable[[list[str], list[str]], dict[str, str]] = lambda removed, landed: {},
 ) -> list[Change]:
     """The partitions whose landed files differ from what they held when last processed, or
-    that a run asked to run again (`asked`: partition -> why), or that hold some of the same
-    data as a file removed from another partition (`holding_removed_data`, the format's: a Flow
-    fragment removed from one hour while another hour's compaction holds its bytes again, which
-    that hour's run read from the removed one), in `landed`'s order (then partitions whose files
-    are all gone)."""
-    asked = dict(asked or {})
-    removed = {
-        url: partition
-        for partition, note in notes.items()
-        for url in set(note) - {entry.uri for entry in landed.get(partition, [])}
-    }
-    if removed:
-        partition_of = {entry.uri: partition for partition, entries in landed.items() for entry in entries}
-        holding = holding_removed_data(sorted(removed), sorted(partition_of))
-        for uri, gone in sorted(holding.items()):
-            partition = partition_of[uri]
-            if removed[gone] != partition and partition not in asked:
-                asked[partition] = f"holds data of {gone.rsplit('/', 1)[-1]}, removed from {removed[gone]}"
+    that a run asked to run again (`asked`: partition -> why), in `landed`'s order (then
+    partitions whose files are all gone)."""
+    asked = asked or {}
     changes = []
     for partition in [*landed, *(p for p in notes if p not in landed)]:
         reason = _why_changed(storage, landed.get(partition, []), notes.get(partition))
@@ -244,6 +237,33 @@ def changed_partitions(
         if reason is not None:
             changes.append(Change(partition, reason))
     return changes
+
+
+def holding_removed_data(
+    landed: dict[str, list[Entry]],
+    notes: dict[str, dict[str, ProcessedFile]],
+    holding: Callable[[list[str], list[str]], dict[str, str]],
+) -> dict[str, str]:
+    """partition -> why it must run again: it holds some of the same data as a file removed
+    from another partition (`holding`, the format's test: a Flow fragment removed from one hour
+    while another hour's compaction holds its bytes again, which that hour's run read from the
+    removed one). `notes` are those of the partitions `landed` covers (a run's window)."""
+    removed = {
+        url: partition
+        for partition, note in notes.items()
+        for url in set(note) - {entry.uri for entry in landed.get(partition, [])}
+    }
+    if not removed:
+        return {}
+    partition_of = {entry.uri: partition for partition, entries in landed.items() for entry in entries}
+    found: dict[str, str] = {}
+    for uri, gone in sorted(holding(sorted(removed), sorted(partition_of)).items()):
+        partition = partition_of[uri]
+        if removed[gone] != partition:
+            found.setdefault(
+                partition, f"holds data of {gone.rsplit('/', 1)[-1]}, removed from {removed[gone]}"
+            )
+    return found
 
 
 def _why_changed(storage: Storage, files: list[Entry], note: dict[str, ProcessedFile] | None) -> str | None:

@@ -229,7 +229,16 @@ def _plan_feed(
             elif selection.reruns_only:
                 selected[table] = _asked_partitions(feed, storage, layout, table, landed[table], say)
             else:
-                selected[table] = _changed_partitions(feed, fmt, storage, layout, table, landed[table], say)
+                selected[table] = _changed_partitions(
+                    feed,
+                    fmt,
+                    storage,
+                    layout,
+                    table,
+                    landed[table],
+                    say,
+                    lambda key: bool(_within(fmt, [key], selection.first, selection.last)),
+                )
             if not landed[table] and not selection.reruns_only:
                 # No partition to run (only folders dated ahead, say): no run reports the
                 # table's strays, so each file is named here.
@@ -243,18 +252,34 @@ def _plan_feed(
 
 
 def _changed_partitions(
-    feed, fmt, storage: Storage, layout: LakeLayout, table: str, keys: list[str], say: Callable[[str], None]
+    feed,
+    fmt,
+    storage: Storage,
+    layout: LakeLayout,
+    table: str,
+    keys: list[str],
+    say: Callable[[str], None],
+    within: Callable[[str], bool] = lambda key: True,
 ) -> list[str]:
-    """The partitions of a table whose landed files changed since they were processed or that a
-    run asked to run again, and the last one if the table has stray files no run has reported
-    yet (every run reports strays)."""
-    changes = processed.changed_partitions(
-        storage,
-        fmt.partitions_files(storage, feed.landing, table, keys),
-        processed.read_notes(storage, layout, feed.name, table, fmt.is_partition_key),
-        reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key)),
-        fmt.holding_removed_data,
-    )
+    """The partitions of a table (inside the run's window, `within`) whose landed files changed
+    since they were processed or that a run asked to run again, and the last one if the table
+    has stray files no run has reported yet (every run reports strays). A partition holding
+    data of a file removed from another is asked to run again, in a request that stands until
+    its fold succeeds: a run of the other partition alone must not make it forget."""
+    landed = fmt.partitions_files(storage, feed.landing, table, keys)
+    notes = {
+        partition: note
+        for partition, note in processed.read_notes(
+            storage, layout, feed.name, table, fmt.is_partition_key
+        ).items()
+        if within(partition)
+    }
+    standing = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key))
+    for partition, reason in processed.holding_removed_data(landed, notes, fmt.holding_removed_data).items():
+        if partition not in standing:
+            reruns.request_rerun(storage, layout, feed.name, table, partition, reason, [])
+            standing[partition] = reason
+    changes = processed.changed_partitions(storage, landed, notes, standing)
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
     unreported = (

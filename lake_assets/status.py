@@ -123,7 +123,13 @@ def table_status(
                 "files": len(landed.get(change.partition, [])),
             }
             for change in processed.changed_partitions(
-                storage, landed, notes, reruns.asked(requests), fmt.holding_removed_data
+                storage,
+                landed,
+                notes,
+                {
+                    **processed.holding_removed_data(landed, notes, fmt.holding_removed_data),
+                    **reruns.asked(requests),
+                },
             )
         ]
     return TableStatus(

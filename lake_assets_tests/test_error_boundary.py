@@ -126,6 +126,8 @@ def test_a_jvm_error_is_told_by_its_message_and_root_cause_never_by_py4js_call_n
         and cut.startswith("SparkException: [FAILED_READ_FILE]")
         and cut.endswith("(caused by java.io.IOException: FAILED_TO_UNCOMPRESS(5))")
     )
+    long_root = first_line(_FromTheJvm(_Thrown("M" * 37, _Thrown("R" * 51))), limit=100)
+    assert len(long_root) <= 100 and long_root.endswith("R)")
     alone = _Thrown("SparkException: no cause")
     assert first_line(_FromTheJvm(alone)) == "SparkException: no cause"
     looping = _Thrown("SparkException: top")

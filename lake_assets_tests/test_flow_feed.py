@@ -1094,3 +1094,28 @@ def test_fragments_removed_while_a_later_fragment_holds_their_bytes_again_move_i
     assert {hour: sorted(ids) for hour, ids in by_hour.items()} == {"2024-06-01-12": [1, 2, 3, 4, 5]}
     assert any("2024-06-01-12: to run again: holds data of" in line for line in said), said
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]
+
+
+def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_run_again(spark, tmp_path):
+    """The removal is seen only while the emptied hours' notes still name the removed
+    fragments: a run of those hours alone (from the UI, or the sensor's) rewrites their notes,
+    so it asks the compaction's hour to run again, in a request that stands until that hour's
+    fold."""
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    journal, lake, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 6))
+    first = write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    second = write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
+    write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    first.unlink()
+    second.unlink()
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
+    for emptied in ("2024-06-01-10", "2024-06-01-11"):
+        assert job.execute_in_process(instance=instance, partition_key=emptied).success
+    run_feeds(config, instance=instance, say=lambda _: None)
+    hours = {row["hour"] for row in rows(lake, "changes", "acmeco_customers")}
+    assert hours == {"2024-06-01-12"}
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 2, 3, 4, 5]

@@ -38,6 +38,7 @@ from lake_assets.feeds.flow_fragments import (
     read_journal,
     verify,
 )
+from lake_assets.feeds.flow_journal import FlowJournalFormat
 
 SUM = "0102030405060708090a0b0c0d0e0f1011121314"
 GREGORIAN_TO_UNIX = 0x01B21DD213814000  # 100 ns ticks from 1582-10-15 to 1970-01-01
@@ -740,8 +741,6 @@ def test_a_piece_stopped_where_another_fragment_takes_over_reads_up_to_there_onl
     st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=8),
 )
 def test_the_landed_fragments_holding_removed_bytes_are_those_that_overlap_one(removed, landed):
-    from lake_assets.feeds.flow_journal import FlowJournalFormat
-
     def uri(begin: int, length: int, hour: int) -> str:
         return f"file:///l/acme/x/pivot=00/utc_date=2024-06-01/utc_hour={hour:02d}/" + name_of(
             begin, begin + length
@@ -757,3 +756,7 @@ def test_the_landed_fragments_holding_removed_bytes_are_those_that_overlap_one(r
         assert (kept_uri in found) == bool(overlapping)
         assert kept_uri not in found or found[kept_uri] in overlapping
     assert FlowJournalFormat().holding_removed_data(gone, [u.replace("/x/", "/y/") for u in kept]) == {}
+    # an empty fragment holds nothing (the cover ignores it), removed or landed
+    empty = uri(5, 0, 3)
+    assert empty not in FlowJournalFormat().holding_removed_data([uri(0, 10, 1)], [empty])
+    assert FlowJournalFormat().holding_removed_data([empty], [uri(0, 10, 2)]) == {}

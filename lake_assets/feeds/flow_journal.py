@@ -534,14 +534,22 @@ class FlowJournalFeedConfig(FeedConfig):
 
 
 def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
-    """The fragments among `uris` (a name that is no fragment's is read by no cover)."""
+    """The fragments among `uris` that hold bytes (a name that is no fragment's, or an empty
+    fragment, is read by no cover)."""
     fragments = []
     for uri in uris:
         try:
-            fragments.append(ff.fragment_from_uri(uri))
+            fragment = ff.fragment_from_uri(uri)
         except InvalidValue:
             continue
+        if fragment.name.end > fragment.name.begin:
+            fragments.append(fragment)
     return fragments
+
+
+def _journal_folder(uri: str) -> str:
+    """A fragment's journal folder as its URI spells it (cheap: no name parsed)."""
+    return uri.split("/utc_date=", 1)[0]
 
 
 class FlowJournalFormat(FeedFormat):
@@ -570,7 +578,8 @@ class FlowJournalFormat(FeedFormat):
                 )
             reach[journal] = ([f.name.begin for f in fragments], furthest)
         holding = {}
-        for fragment in _fragments_named(landed):
+        folders = {_journal_folder(uri) for uri in removed}
+        for fragment in _fragments_named([uri for uri in landed if _journal_folder(uri) in folders]):
             if fragment.journal not in reach:
                 continue
             begins, furthest = reach[fragment.journal]
