@@ -458,6 +458,8 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
     hour's run read from the removed one) to run again. The request stands until their fold
     succeeds: once this run's notes no longer name the file, nothing else would tell."""
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed, work.table
+    if not fmt.files_share_data:
+        return
     notes = processed.read_notes_of(storage, layout, feed.name, table, partitions)
     if not any(set(note) - set(records.get(p, {})) for p, note in notes.items()):
         return

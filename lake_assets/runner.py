@@ -275,7 +275,12 @@ def _changed_partitions(
         if within(partition)
     }
     standing = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key))
-    for partition, reason in processed.holding_removed_data(landed, notes, fmt.holding_removed_data).items():
+    holding = (
+        processed.holding_removed_data(landed, notes, fmt.holding_removed_data)
+        if fmt.files_share_data
+        else {}
+    )
+    for partition, reason in holding.items():
         if partition not in standing:
             reruns.request_rerun(storage, layout, feed.name, table, partition, reason, [])
             standing[partition] = reason

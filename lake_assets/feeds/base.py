@@ -65,6 +65,9 @@ class FeedFormat(abc.ABC):
     partitioning: str = "hourly"
     #: "parquet": read by the shared Parquet reader (`ingest`); otherwise the format's `read_batch`
     file_format: str = "parquet"
+    #: whether landed files may hold the same data again (`holding_removed_data`: Flow's
+    #: overlapping fragments); the others' files hold data of their own
+    files_share_data: bool = False
     #: the landed files' event-time column(s), for the catalog's time span of a file
     time_columns: tuple[str, ...] = ()
     #: the model of a feed of this format in the configuration file (a `FeedConfig`)

@@ -558,6 +558,7 @@ class FlowJournalFormat(FeedFormat):
     partition_column = "hour"
     partitioning = "hourly"
     file_format = "flow"
+    files_share_data = True
 
     #: the most bytes one fragment's content may hold (see `flow_fragments.MAX_FRAGMENT_BYTES`)
     max_fragment_bytes: int = ff.MAX_FRAGMENT_BYTES
