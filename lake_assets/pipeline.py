@@ -378,7 +378,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
     # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
     records = landed_records(work.store, feed.name, table, fmt.read_partitions(partitions))
-    _ask_holders_of_removed_data(work, partitions, records, log)
+    holders_asked = _ask_holders_of_removed_data(work, partitions, records, log)
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
@@ -447,32 +447,40 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         batch=batch,
         files_catalogued=recorded,
         strays=[Quarantined(e.uri, r) for e, r in strays],
-        reruns=request_reruns(work, batch.committed_elsewhere, log),
+        reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
         read_from={key: processed.note_from_records(records[key]) for key in partitions},
     )
 
 
-def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> None:
+def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:
     """Ask the partitions holding data of a file removed from `partitions` since they were
     processed (Flow: a compaction in another hour holding a removed fragment's bytes, which that
     hour's run read from the removed one) to run again. The request stands until their fold
-    succeeds: once this run's notes no longer name the file, nothing else would tell."""
+    succeeds: once this run's notes no longer name the file, nothing else would tell. Returns
+    the partitions asked."""
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed, work.table
     if not fmt.files_share_data:
-        return
-    notes = processed.read_notes_of(storage, layout, feed.name, table, partitions)
+        return []
+    notes = processed.read_notes_of(
+        storage,
+        layout,
+        feed.name,
+        table,
+        partitions,
+        lambda damage: log.warning(f"{feed.name}/{table}: {damage} (this run writes it again)"),
+    )
     if not any(set(note) - set(records.get(p, {})) for p, note in notes.items()):
-        return
+        return []
     keys = fmt.partition_keys(storage, feed.landing, table)
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
     asked = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table))
     live = {p: landed.get(p, []) for p in partitions}
-    for partition, reason in processed.holding_removed_data(
-        {**landed, **live}, notes, fmt.holding_removed_data
-    ).items():
+    holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
+    for partition, reason in holding.items():
         if partition not in partitions and partition not in asked:
             reruns.request_rerun(storage, layout, feed.name, table, partition, reason, [])
             log.info(f"{feed.name}/{table}: asked {partition} to run again: it {reason}")
+    return sorted(p for p in holding if p not in partitions)
 
 
 def _processed_before(work: TableWork) -> set[str]:

@@ -128,12 +128,26 @@ def read_notes(
 
 
 def read_notes_of(
-    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    partitions: list[str],
+    damaged: Callable[[DamagedLakeFile], None],
 ) -> dict[str, dict[str, ProcessedFile]]:
-    """The processed notes of `partitions` (those that have one), each read by its name."""
+    """The processed notes of `partitions` that have one and read, each read by its name; a
+    damaged one is told to `damaged` and left out (the run rewrites it)."""
     uris = {p: note_uri(layout, feed, table, p) for p in partitions}
     present = [p for p, found in zip(uris, each_file(storage.exists, uris.values()), strict=True) if found]
-    return dict(each_file(lambda p: (p, read_lake_json(storage, uris[p], dict[str, ProcessedFile])), present))
+
+    def read(partition: str) -> tuple[str, dict[str, ProcessedFile] | None]:
+        try:
+            return partition, read_lake_json(storage, uris[partition], dict[str, ProcessedFile])
+        except DamagedLakeFile as exc:
+            damaged(exc)
+            return partition, None
+
+    return {p: note for p, note in each_file(read, present) if note is not None}
 
 
 class _StoredNote(TypedDict):

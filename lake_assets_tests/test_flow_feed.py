@@ -1119,3 +1119,45 @@ def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_r
     hours = {row["hour"] for row in rows(lake, "changes", "acmeco_customers")}
     assert hours == {"2024-06-01-12"}
     assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 2, 3, 4, 5]
+
+
+def test_a_range_run_of_an_hour_that_lost_a_fragment_runs_the_compactions_hour_in_the_same_command(
+    spark, tmp_path
+):
+    """`lake-assets run --from/--to` over an hour that lost a fragment a compaction holds again:
+    the compaction's hour, asked to run again, is run by the command's follow-up round, not left
+    for a later command."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 7))
+    original = write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
+    write_fragment(journal, at[5], b"".join(docs[5:6]), hour=10)
+    write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    original.unlink()
+    run_feeds(config, instance=instance, say=lambda _: None, first="2024-06-01-10", last="2024-06-01-10")
+    by_hour: dict[str, list[int]] = {}
+    for row in rows(lake, "changes", "acmeco_customers"):
+        by_hour.setdefault(row["hour"], []).append(row["id"])
+    assert {hour: sorted(ids) for hour, ids in by_hour.items()} == {
+        "2024-06-01-10": [6],
+        "2024-06-01-11": [4, 5],
+        "2024-06-01-12": [1, 2, 3],
+    }
+
+
+def test_a_damaged_processed_note_stops_no_flow_run_and_is_written_again(spark, tmp_path):
+    from lake_assets import processed
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets.paths import LakeLayout
+    from lake_assets_tests.discovered import discovered_definitions
+
+    journal, _, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 4))
+    write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    note = Path(processed.note_uri(LakeLayout(config.lake), "flow", "acmeco_customers", "2024-06-01-10")[7:])
+    note.write_text("{not json")
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
+    assert job.execute_in_process(instance=instance, partition_key="2024-06-01-10").success
+    assert json.loads(note.read_text())
