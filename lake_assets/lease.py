@@ -10,7 +10,9 @@ partition stored before a purge was recorded would keep the purged key's data).
   go of it when its process ends, however it ends: a killed run never holds up the next one.
 - On S3 it is an object written only by conditional requests (created if absent, replaced only
   if unchanged since read). Its holder renews it every `RENEW_SECONDS`; a lease not renewed for
-  `EXPIRES_SECONDS` is free, so a run killed on S3 holds up the next one that long at most.
+  `EXPIRES_SECONDS` is free, so a run killed on S3 holds up the next one that long at most. The
+  lease's age is the store's to tell (`Tagged.age_seconds`): machines whose clocks disagree
+  still agree on it.
 
 The file names its holder (run, process, host, step, since when), so a run kept waiting says
 whom it waits for. Pure storage logic: no Spark, no Dagster.
@@ -50,17 +52,18 @@ class LeaseLost(AnotherWriter):
 
 @dataclasses.dataclass(frozen=True)
 class Holder:
-    """Who holds a lease, and until when (S3: `expires_at`, seconds since the epoch)."""
+    """Who holds a lease, since when by its own clock, whether it let go, and how long after its
+    last renewal it runs out (S3: the store's clock measures that age)."""
 
     who: str
     since: float
-    expires_at: float = 0.0
     released: bool = False
+    expires_after_seconds: float = 0.0
 
-    def describe(self, now: float) -> str:
-        held = f"{self.who}, holding it for {now - self.since:.0f} s"
-        if self.expires_at:
-            held += f" (free in at most {max(0.0, self.expires_at - now):.0f} s if its process is gone)"
+    def describe(self, now: float, free_in: float | None = None) -> str:
+        held = f"{self.who}, holding it for {max(0.0, now - self.since):.0f} s"
+        if free_in is not None:
+            held += f" (free in at most {max(0.0, free_in):.0f} s if its process is gone)"
         return held
 
     def to_json(self) -> bytes:
@@ -74,8 +77,9 @@ class Holder:
             return cls(
                 str(fields["who"]),
                 float(fields["since"]),
-                float(fields["expires_at"]),
                 bool(fields["released"]),
+                # a lease written before holders said so ran out after the default
+                float(fields.get("expires_after_seconds", EXPIRES_SECONDS)),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -124,16 +128,15 @@ def _take(lease: _Lease, uri: str, wait_seconds: float, say: Callable[[str], Non
     deadline = time.monotonic() + wait_seconds
     waiting_for = None
     while not lease.try_take():
-        holder = lease.holder()
-        named = holder.describe(time.time()) if holder else "another writer"
+        who, named = lease.waiting_on()
         if time.monotonic() >= deadline:
             raise TableBusy(
                 f"the table is being written by {named}; waited {wait_seconds:.0f} s for its lease "
                 f"{uri} (lease_wait_seconds)"
             )
-        if holder is None or holder.who != waiting_for:
+        if who is None or who != waiting_for:
             say(f"waiting for the table's lease {uri}: {named}")
-            waiting_for = holder.who if holder else None
+            waiting_for = who
         time.sleep(POLL_SECONDS)
 
 
@@ -141,7 +144,8 @@ class _Lease:
     def try_take(self) -> bool:
         raise NotImplementedError
 
-    def holder(self) -> Holder | None:
+    def waiting_on(self) -> tuple[str | None, str]:
+        """Who holds the lease (None when its file names nobody), described for a log line."""
         raise NotImplementedError
 
     def release(self) -> bool:
@@ -174,12 +178,13 @@ class _LocalLease(_Lease):
         self.fd = fd
         return True
 
-    def holder(self) -> Holder | None:
+    def waiting_on(self) -> tuple[str | None, str]:
         try:
             with open(self.path, "rb") as handle:
-                return Holder.from_json(handle.read())
+                holder = Holder.from_json(handle.read())
         except OSError:
-            return None
+            holder = None
+        return (holder.who, holder.describe(time.time())) if holder else (None, "another writer")
 
     def release(self) -> bool:
         import fcntl
@@ -203,16 +208,20 @@ class _S3Lease(_Lease):
         self.renewer: threading.Thread | None = None
 
     def _stamp(self, released: bool = False) -> bytes:
-        return Holder(self.who, self.since, time.time() + EXPIRES_SECONDS, released).to_json()
+        return Holder(self.who, self.since, released, EXPIRES_SECONDS).to_json()
 
     def try_take(self) -> bool:
         found = self.storage.read_tagged(self.uri)
         if found is not None:
-            holder = Holder.from_json(found[0])
-            if holder is not None and not holder.released and holder.expires_at > time.time():
+            holder = Holder.from_json(found.data)
+            if (
+                holder is not None
+                and not holder.released
+                and found.age_seconds <= holder.expires_after_seconds
+            ):
                 return False
         self.since = time.time()
-        self.tag = self.storage.write_if_tag(self.uri, self._stamp(), None if found is None else found[1])
+        self.tag = self.storage.write_if_tag(self.uri, self._stamp(), None if found is None else found.tag)
         if self.tag is None:
             return False  # another writer took it between the read and the write
         self.renewer = threading.Thread(target=self._renew, name=f"lease {self.uri}", daemon=True)
@@ -231,9 +240,14 @@ class _S3Lease(_Lease):
                     return
                 self.tag = tag
 
-    def holder(self) -> Holder | None:
+    def waiting_on(self) -> tuple[str | None, str]:
         found = self.storage.read_tagged(self.uri)
-        return Holder.from_json(found[0]) if found else None
+        holder = Holder.from_json(found.data) if found else None
+        if found is None or holder is None:
+            return None, "another writer"
+        return holder.who, holder.describe(
+            time.time(), free_in=holder.expires_after_seconds - found.age_seconds
+        )
 
     def release(self) -> bool:
         self.stop.set()

@@ -259,9 +259,10 @@ def _changed_partitions(
     table: str,
     keys: list[str],
     say: Callable[[str], None],
-    within: Callable[[str], bool] = lambda key: True,
+    within: Callable[[str], bool],
 ) -> list[str]:
-    """The partitions of a table (inside the run's window, `within`) whose landed files changed
+    """The partitions of a table (inside the run's window, `within`: the notes of partitions
+    outside it are not read, so their files do not look removed) whose landed files changed
     since they were processed or that a run asked to run again, and the last one if the table
     has stray files no run has reported yet (every run reports strays). A partition holding
     data of a file removed from another is asked to run again, in a request that stands until

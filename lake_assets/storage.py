@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import datetime as dt
+import email.utils
 import os
 import stat
 import uuid
@@ -34,6 +36,14 @@ _Result = TypeVar("_Result")
 _Note = TypeVar("_Note")
 
 
+def _age_by_store_clock(response: dict) -> float:
+    """Seconds from an S3 object's `Last-Modified` to the response's `Date`: both the store's
+    clock. A store that sends no `Date` is compared with this machine's clock instead."""
+    sent = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    now = email.utils.parsedate_to_datetime(sent) if sent else dt.datetime.now(dt.timezone.utc)
+    return (now - response["LastModified"]).total_seconds()
+
+
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
     """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items`'
     order. Every item is tried before the first failure is raised."""
@@ -54,6 +64,18 @@ class Entry:
     #: why the entry cannot be read or entered (a symbolic link that leads nowhere or back into
     #: its own folders, a folder that cannot be listed), else None
     unreadable: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tagged:
+    """An S3 object as `Storage.read_tagged` found it."""
+
+    data: bytes
+    #: its ETag, which `Storage.write_if_tag` compares
+    tag: str
+    #: seconds since it was last written, by the store's own clock (the response's `Date`
+    #: against the object's `Last-Modified`; whole seconds), so no two machines' clocks meet
+    age_seconds: float
 
 
 #: the end of the name of a file being written aside (`Storage.write_bytes`); one that a kill
@@ -359,8 +381,8 @@ class Storage:
                 fs.delete_file(aside)
             raise
 
-    def read_tagged(self, uri: str) -> tuple[bytes, str] | None:
-        """An S3 object's bytes and its ETag, which `write_if_tag` compares; None when absent."""
+    def read_tagged(self, uri: str) -> Tagged | None:
+        """An S3 object with its ETag and age (`Tagged`); None when absent."""
         bucket, key = self._s3_key(uri)
         with _s3_request(f"reading {uri}", self):
             import botocore.exceptions
@@ -371,7 +393,7 @@ class Storage:
                 if error.response.get("Error", {}).get("Code") == "NoSuchKey":
                     return None
                 raise
-            return found["Body"].read(), found["ETag"]
+            return Tagged(found["Body"].read(), found["ETag"], _age_by_store_clock(found))
 
     def write_if_tag(self, uri: str, data: bytes, tag: str | None) -> str | None:
         """Put `data` at `uri` only if the object is still as read (its ETag is `tag`), or, with
