@@ -21,6 +21,7 @@ whom it waits for. Pure storage logic: no Spark, no Dagster.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -39,6 +40,9 @@ EXPIRES_SECONDS = 120.0
 RENEW_SECONDS = 20.0
 #: how often a run kept waiting looks again
 POLL_SECONDS = 1.0
+
+#: the lease the step running in this context holds (`held`), which `confirm_held` checks
+_holding: contextvars.ContextVar[_Lease | None] = contextvars.ContextVar("lake_assets_lease", default=None)
 
 
 class TableBusy(LakeAssetsError):
@@ -113,14 +117,30 @@ def held(
     end (`LeaseLost`)."""
     lease: _Lease = _S3Lease(storage, uri, who) if is_s3(uri) else _LocalLease(uri, who)
     _take(lease, uri, wait_seconds, say)
+    holding = _holding.set(lease)
     try:
         yield
     finally:
+        _holding.reset(holding)
         lost = lease.release()
     if lost:
         raise LeaseLost(
             f"the lease {uri} was taken by another writer while {who} held it (its renewals failed "
             f"for {EXPIRES_SECONDS:.0f} s): the table may have been written twice at once; run it again"
+        )
+
+
+def confirm_held() -> None:
+    """Before a change that cannot be taken back (a fold's commit, a change log's store): raise
+    `LeaseLost` unless the lease the step holds is still its own. On S3 that is one conditional
+    renewal, now: a holder cut off from the store long enough for another writer to take its
+    lease finds out before it commits, not at its step's end. Outside `held` (a caller that
+    holds no lease, as the engine's own tests) there is nothing to confirm."""
+    lease = _holding.get()
+    if lease is not None and not lease.confirm():
+        raise LeaseLost(
+            f"the lease {lease.uri} is no longer {lease.who}'s, or could not be renewed before it "
+            "may have run out: another writer may hold it; nothing more was committed, run it again"
         )
 
 
@@ -141,11 +161,18 @@ def _take(lease: _Lease, uri: str, wait_seconds: float, say: Callable[[str], Non
 
 
 class _Lease:
+    uri: str
+    who: str
+
     def try_take(self) -> bool:
         raise NotImplementedError
 
     def waiting_on(self) -> tuple[str | None, str]:
         """Who holds the lease (None when its file names nobody), described for a log line."""
+        raise NotImplementedError
+
+    def confirm(self) -> bool:
+        """Whether the lease is still this holder's."""
         raise NotImplementedError
 
     def release(self) -> bool:
@@ -155,8 +182,8 @@ class _Lease:
 
 class _LocalLease(_Lease):
     def __init__(self, uri: str, who: str):
+        self.uri, self.who = uri, who
         self.path = uri.removeprefix("file://")
-        self.who = who
         self.fd: int | None = None
 
     def try_take(self) -> bool:
@@ -186,6 +213,9 @@ class _LocalLease(_Lease):
             holder = None
         return (holder.who, holder.describe(time.time())) if holder else (None, "another writer")
 
+    def confirm(self) -> bool:
+        return self.fd is not None  # the system keeps the lock for the process
+
     def release(self) -> bool:
         import fcntl
 
@@ -203,6 +233,7 @@ class _S3Lease(_Lease):
         self.since = time.time()
         self.tag: str | None = None
         self.lost = False
+        self.renewed_at = 0.0
         self.guard = threading.Lock()
         self.stop = threading.Event()
         self.renewer: threading.Thread | None = None
@@ -220,25 +251,41 @@ class _S3Lease(_Lease):
                 and found.age_seconds <= holder.expires_after_seconds
             ):
                 return False
-        self.since = time.time()
+        self.since, sent = time.time(), time.monotonic()
         self.tag = self.storage.write_if_tag(self.uri, self._stamp(), None if found is None else found.tag)
         if self.tag is None:
             return False  # another writer took it between the read and the write
+        self.renewed_at = sent
         self.renewer = threading.Thread(target=self._renew, name=f"lease {self.uri}", daemon=True)
         self.renewer.start()
         return True
 
     def _renew(self) -> None:
         while not self.stop.wait(RENEW_SECONDS):
-            with self.guard:
-                try:
-                    tag = self.storage.write_if_tag(self.uri, self._stamp(), self.tag)
-                except OSError:
-                    continue  # a request that failed: tried again at the next renewal
-                if tag is None:
-                    self.lost = True
+            with contextlib.suppress(OSError):  # a request that failed: tried again at the next one
+                if not self._renewed():
                     return
-                self.tag = tag
+
+    def _renewed(self) -> bool:
+        """Renew the lease now; False (and lost for good) once another writer changed it."""
+        with self.guard:
+            if self.lost or self.tag is None:
+                return False
+            sent = time.monotonic()
+            tag = self.storage.write_if_tag(self.uri, self._stamp(), self.tag)
+            if tag is None:
+                self.lost = True
+                return False
+            self.tag, self.renewed_at = tag, sent
+            return True
+
+    def confirm(self) -> bool:
+        try:
+            return self._renewed()
+        except OSError:
+            # The store cannot say now. The lease it holds is no older than the time since the
+            # last renewal that came back was sent (a whole second of rounding aside).
+            return not self.lost and time.monotonic() - self.renewed_at < EXPIRES_SECONDS - 1
 
     def waiting_on(self) -> tuple[str | None, str]:
         found = self.storage.read_tagged(self.uri)

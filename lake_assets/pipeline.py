@@ -542,11 +542,7 @@ def store_partitions(
     so that a run killed while it replaces them leaves them to the next run."""
     if state is not None:
         finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
-    replacing = (
-        functools.partial(processed.forget_notes, storage, state.layout, feed, table)
-        if state is not None
-        else None
-    )
+    replacing = functools.partial(_replacing_partitions, storage, state, feed, table)
     emptying = functools.partial(_ask_to_finish_emptying, storage, state, log) if state is not None else None
     erase = (
         purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
@@ -570,6 +566,16 @@ def store_partitions(
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()
     return written, files
+
+
+def _replacing_partitions(
+    storage: Storage, state: TableState | None, feed: str, table: str, partitions: list[str]
+) -> None:
+    """Just before Spark replaces `partitions`' folders: the table's lease is still the step's
+    (`lease.confirm_held`), and their processed notes go (a change log's)."""
+    lease.confirm_held()
+    if state is not None:
+        processed.forget_notes(storage, state.layout, feed, table, partitions)
 
 
 def _ask_to_finish_emptying(storage: Storage, state: TableState, log, partitions: list[str]) -> None:

@@ -15,6 +15,8 @@ import pytest
 
 from lake_assets import lease
 from lake_assets.config_model import S3Config
+from lake_assets.engine.state import CommitPlan, TableState, commit
+from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
 
@@ -148,6 +150,60 @@ def test_a_holder_whose_lease_was_taken_while_it_ran_fails(moto_server, s3_bucke
         time.sleep(1.5)
     with pytest.raises(lease.TableBusy, match="run B"), lease.held(storage, uri, "run C", 0, print):
         pass
+
+
+def _take_away(storage: Storage, uri: str, who: str) -> None:
+    """Take the lease at `uri` as another writer would once it ran out."""
+    found = storage.read_tagged(uri)
+    assert found is not None
+    assert storage.write_if_tag(
+        uri, lease.Holder(who, time.time(), expires_after_seconds=60).to_json(), found.tag
+    )
+
+
+def test_a_fold_whose_lease_was_taken_commits_nothing(moto_server, s3_bucket, monkeypatch):
+    """A holder learns it lost its lease before its commit, not at its step's end: the commit
+    renews the lease first and stops, with the table and its staging as they were."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    state = TableState(LakeLayout(f"s3a://{s3_bucket}/lake"), "unit", "accounts")
+    uri = state.layout.lease("unit", "accounts")
+    monkeypatch.setattr(lease, "RENEW_SECONDS", 600.0)  # its renewals would not notice in time
+    plan = CommitPlan("fold-1")
+    staged = f"{state.staging(plan.fold_id)}/part-0.parquet"
+    storage.write_bytes(staged, b"rows")
+    plan.stage_files([staged], f"{state.current}")
+    with pytest.raises(lease.LeaseLost), lease.held(storage, uri, "run A", 0, print):
+        lease.confirm_held()  # still its own: nothing to say
+        _take_away(storage, uri, "run B")
+        with pytest.raises(lease.LeaseLost, match="is no longer run A's"):
+            commit(storage, state, plan)
+    assert storage.exists(staged)
+    assert not storage.exists(plan.adds[0][1])
+    assert not storage.list(state.commits)
+
+
+def test_a_lease_that_cannot_be_renewed_is_confirmed_only_while_it_cannot_have_run_out(
+    moto_server, s3_bucket, monkeypatch
+):
+    """With the store out of reach the holder cannot renew: it may go on committing only while
+    the lease it last renewed cannot have run out yet."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/_leases/unit/accounts/lease.json"
+    monkeypatch.setattr(lease, "RENEW_SECONDS", 600.0)
+    monkeypatch.setattr(lease, "EXPIRES_SECONDS", 3.0)
+    lease.confirm_held()  # outside a step that holds a lease: nothing to confirm
+    with lease.held(storage, uri, "run A", 0, print):
+        writes = storage.write_if_tag
+
+        def out_of_reach(*args):
+            raise OSError("the store cannot be reached")
+
+        monkeypatch.setattr(storage, "write_if_tag", out_of_reach)
+        lease.confirm_held()
+        time.sleep(2.2)
+        with pytest.raises(lease.LeaseLost, match="could not be renewed"):
+            lease.confirm_held()
+        monkeypatch.setattr(storage, "write_if_tag", writes)
 
 
 def test_conditional_writes_refuse_a_changed_or_existing_object(moto_server, s3_bucket):

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from typing_extensions import TypedDict
 
+from lake_assets import lease
 from lake_assets.errors import AnotherWriter, DamagedLakeFile
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, is_hidden, read_lake_json
@@ -206,12 +207,13 @@ def commit(
 ) -> None:
     """Record the plan, apply it, then forget it.
 
-    `on_step` is called before every file operation; the crash tests use it to kill the
-    process at an exact point. `removing` is told the files the plan deletes once the record
+    The table's lease must still be the step's (`lease.confirm_held`). `on_step` is called
+    before every file operation; the crash tests use it to kill the process at an exact point. `removing` is told the files the plan deletes once the record
     is written (from then on they go, by this commit or by the next run's `recover`)."""
     step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
     _check_staged(storage, state, plan)
+    lease.confirm_held()
     step("record")
     storage.write_bytes(record, plan.to_json().encode())  # whole or absent
     if removing is not None:
