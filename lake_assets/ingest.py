@@ -515,17 +515,18 @@ def _failing_together(
 # --- text that other engines can read -----------------------------------------------------------
 
 
-def _key_reasons(schema: T.StructType, keys: list[str]) -> list[Column]:
-    """Per key column that can hold one, why a row's key is not an identity the lake can keep
-    (NULL when it is): text that is not UTF-8 (repaired, two keys could become one), and NaN or
-    -0.0, which Spark takes for every other NaN and for 0.0 when it groups, joins and sorts."""
+def _identity_reasons(schema: T.StructType, roles: dict[str, str]) -> list[Column]:
+    """Per column that identifies or orders an event (column -> its role: a key, the sequence),
+    why a row's value cannot be kept (NULL when it can): text that is not UTF-8 (repaired, two
+    values could become one; a GRAX `_seq` is text), and NaN or -0.0, which Spark takes for
+    every other NaN and for 0.0 when it groups, joins and sorts."""
     reasons = []
-    for k in keys:
+    for k, role in roles.items():
         kind = schema[k].dataType
         if isinstance(kind, T.StringType):
             reasons.append(
                 F.when(
-                    ~F.is_valid_utf8(col(k)), F.lit(f"key column '{k}' holds text that is not valid UTF-8")
+                    ~F.is_valid_utf8(col(k)), F.lit(f"{role} column '{k}' holds text that is not valid UTF-8")
                 )
             )
         elif isinstance(kind, (T.FloatType, T.DoubleType)):
@@ -543,17 +544,18 @@ def _key_reasons(schema: T.StructType, keys: list[str]) -> list[Column]:
 
 def _with_valid_text_and_keys(events: DataFrame, spec) -> DataFrame:
     """Events whose text every engine can read, with `TEXT_REPAIRED` counting the values repaired,
-    and whose keys are identities (`_key_reasons`).
+    and whose keys and sequences are identities (`_identity_reasons`).
 
     A Parquet string column may hold bytes that are not UTF-8; Spark passes them through, and
     DuckDB and pyarrow then refuse the whole table. Payload text is repaired (each invalid
     sequence becomes U+FFFD) and the row kept. A key is an identity, not a value: repaired, two
-    different keys could become one, so an event whose key text is not UTF-8 is invalid, and its
-    file is quarantined; so is one whose floating-point key is NaN or -0.0.
+    different keys could become one, so an event whose key (or text sequence) is not UTF-8 is
+    invalid, and its file is quarantined; so is one whose floating-point key is NaN or -0.0.
     """
     schema = events.schema
     payload = [c for c in spec.payload_columns(events.columns) if holds_text(schema[c].dataType)]
-    reasons = _key_reasons(schema, [k for k in spec.keys if k in events.columns])
+    roles = {**dict.fromkeys(spec.keys, "key"), m.SEQ: "sequence"}
+    reasons = _identity_reasons(schema, {c: role for c, role in roles.items() if c in events.columns})
     if not payload and not reasons:
         return events
     repairs = {c: valid_text(col(c), schema[c].dataType) for c in payload}

@@ -1096,3 +1096,43 @@ def test_a_batch_key_typed_in_upper_case_in_the_ui_touches_no_other_batchs_files
     ]
     assert job.execute_in_process(instance=instance, partition_key="0a1", asset_selection=layers).success
     assert changes() == [("001", "0a1")]
+
+
+def test_an_idseq_that_is_not_utf8_sets_its_file_aside_and_every_engine_reads_the_lake(spark, tmp_path):
+    """`grax__idseq` orders the writes of a version, as a key identifies them: repaired, two
+    sequences could become one, and left as it is, DuckDB refuses every layer holding it. Its
+    file is set aside, naming the column, and the batch's other file is read."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+        ]
+    )
+    write_file(
+        landing,
+        "Account",
+        "1",
+        "data-ok.parquet",
+        [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}],
+        schema,
+    )
+    bad = write_file(landing, "Account", "1", "data-bytes.parquet", [], schema)
+    pq.write_table(
+        pa.table(
+            {
+                "Id": ["b"],
+                "source__modified": pa.array([t(1)], pa.timestamp("ms", tz="UTC")),
+                "grax__idseq": pa.array([b"0\xff1"], pa.binary()).view(pa.string()),
+            }
+        ),
+        bad,
+    )
+    process(landing, lake)
+
+    for layer in ("changes", "current", "history"):  # DuckDB reads every layer
+        assert [r["Id"] for r in layer_rows(lake, layer, f"{ORG}/account")] == ["a"], layer
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
+    assert note["file"].endswith(bad.name)
+    assert "sequence column '_seq' holds text that is not valid UTF-8" in note["reason"]
