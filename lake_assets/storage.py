@@ -44,6 +44,19 @@ def _age_by_store_clock(response: dict) -> float:
     return (now - response["LastModified"]).total_seconds()
 
 
+def _text_of_local_name(name: str) -> tuple[str, str | None]:
+    """A local file name as text, and why it cannot be read when its bytes are not UTF-8. The
+    system passes such bytes on as lone surrogates, which no URI, Hadoop path, log line or JSON
+    note can carry: the name is shown with the bytes escaped (`data-\\xff.parquet`), and the
+    entry is reported, never read."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        return shown, "its name is not UTF-8 text (rename it to read it)"
+    return name, None
+
+
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
     """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items`'
     order. Every item is tried before the first failure is raised."""
@@ -205,7 +218,11 @@ class Storage:
             return []
         out = []
         for child in children:
-            child_uri = self._uri(uri, child.name)
+            name, not_utf8 = _text_of_local_name(child.name)
+            child_uri = self._uri(uri, name)
+            if not_utf8:
+                out.append(Entry(child_uri, name, False, 0, None, not_utf8))
+                continue
             try:
                 info = child.stat()
             except OSError as exc:

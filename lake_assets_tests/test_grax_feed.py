@@ -4,6 +4,7 @@ input, batch discovery, and the same graph on S3."""
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import boto3
@@ -1136,3 +1137,22 @@ def test_an_idseq_that_is_not_utf8_sets_its_file_aside_and_every_engine_reads_th
     (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
     assert note["file"].endswith(bad.name)
     assert "sequence column '_seq' holds text that is not valid UTF-8" in note["reason"]
+
+
+def test_a_file_whose_name_is_not_utf8_is_reported_and_its_batch_and_table_go_on(spark, tmp_path):
+    """A local landing may hold a file whose name's bytes are not UTF-8 text: no URI can name
+    it for Spark, so it is reported (its note shows the bytes escaped) and not read; the other
+    file of its batch, and the other batch, are read, on every run."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    row = {"source__modified": t(1), "grax__idseq": "01"}
+    write_file(landing, "Account", "1", "data-1.parquet", [{"Id": "a", **row}])
+    beside = write_file(landing, "Account", "2", "data-2.parquet", [{"Id": "b", **row}])
+    odd = os.path.join(os.fsencode(beside.parent), b"data-\xff\xfe.parquet")
+    os.rename(write_file(landing, "Account", "2", "data-3.parquet", [{"Id": "c", **row}]), odd)
+
+    for _ in range(2):
+        process(landing, lake)
+        assert [r["Id"] for r in layer_rows(lake, "current", f"{ORG}/account")] == ["a", "b"]
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
+    assert note["file"] == f"file://{beside.parent}/data-\\xff\\xfe.parquet"
+    assert "its name is not UTF-8 text" in note["reason"]
