@@ -84,6 +84,29 @@ def test_batch_keys_are_hex_numbers_and_typed_copies_need_their_field():
     assert sorted(["ff", "100", "0f0"], key=batch_order) == ["0f0", "ff", "100"]
     copies = typed_copies(["Id", "Amount", "Amount_i", "Amount_f", "Is_b", "Name"])
     assert copies == {"Amount": {"i": "Amount_i", "f": "Amount_f"}}  # `Is_b` has no `Is` beside it
+    # GRAX types fields, not copies: `Total_i_b` is a field, though `Total_i` is beside it
+    assert typed_copies(["Id", "Total", "Total_i", "Total_i_b"]) == {"Total": {"i": "Total_i"}}
+
+
+def test_a_field_named_like_a_copy_of_a_typed_copy_is_kept(spark, tmp_path):
+    """Beside `Total` and its copy `Total_i`, a column `Total_i_b` is a field of its own: its
+    values are kept in every layer (taken for a copy of `Total_i`, they went nowhere)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    row = {
+        "Id": "a",
+        "source__modified": t(1),
+        "grax__idseq": "01",
+        "Total": "1",
+        "Total_i": 1,
+        "Total_i_b": True,
+    }
+    write_file(landing, "Account", "1", "data-1.parquet", [row])
+    process(landing, lake)
+
+    for layer in ("changes", "current", "history"):
+        [stored] = layer_rows(lake, layer, f"{ORG}/account")
+        assert (stored["Total"], stored["Total_i_b"]) == (1, True), layer
+    assert not (lake / "_quarantine").exists()
 
 
 def test_the_seed_account_example(spark, tmp_path):

@@ -148,19 +148,26 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
     """field -> {suffix: column} for columns that are typed copies of a field present beside them.
 
     A column like `Is_b` counts as a typed copy only when `Is` is in the same file: GRAX writes
-    the string value of every field that has data, so a lone `Is_b` is a field of its own.
+    the string value of every field that has data, so a lone `Is_b` is a field of its own, and
+    so is one whose `Is` is itself a copy.
     Columns go by their lake Names, pairs are found by the vendor's: a field `hour` (in the lake
     `_src_hour`, a reserved name) has its copy `hour_i`.
     """
     present = set(columns)
-    copies: dict[str, dict[str, str]] = {}
+    pairs: dict[str, tuple[str, str]] = {}  # column -> (its field, suffix)
     for column in columns:
         match = _TYPED.match(vendor_name(column))
         if match is None:
             continue
         field = lake_name(match.group("field"))
         if field in present and field not in GRAX_COLUMNS:
-            copies.setdefault(field, {})[match.group("suffix")] = column
+            pairs[column] = (field, match.group("suffix"))
+    copies: dict[str, dict[str, str]] = {}
+    for column, (field, suffix) in pairs.items():
+        # GRAX types fields, not copies: beside `Total` and `Total_i`, a `Total_i_b` is a field
+        # of its own (taken for a copy of a copy, its values went nowhere)
+        if field not in pairs:
+            copies.setdefault(field, {})[suffix] = column
     return copies
 
 
