@@ -88,6 +88,37 @@ def test_batch_keys_are_hex_numbers_and_typed_copies_need_their_field():
     assert typed_copies(["Id", "Total", "Total_i", "Total_i_b"]) == {"Total": {"i": "Total_i"}}
 
 
+def test_what_lies_beside_parquet_v2_is_named_as_read_by_no_table(tmp_path):
+    """A landing naming the bucket folder that holds `parquet/v2`: another version's folder, or
+    a file at the top or in `parquet/`, is read by no table, and discovery (so every run) says
+    so, each once, the folder without its files."""
+    landing = tmp_path / "landing"
+    write_file(
+        landing,
+        "Account",
+        "1",
+        "data-1.parquet",
+        [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}],
+    )
+    for stray in (
+        "notes.parquet",
+        "parquet/notes.parquet",
+        f"parquet/v1/org={ORG}/object=Account/batch=1/data-1.parquet",
+    ):
+        (landing / stray).parent.mkdir(parents=True, exist_ok=True)
+        (landing / stray).write_bytes(b"PAR1")
+    (landing / "_SUCCESS").write_text("")  # hidden: not data
+
+    survey = GraxV2Format().survey(Storage(), f"file://{landing}")
+
+    assert survey.tables == [f"{ORG}/account"]
+    assert survey.unread == [
+        f"file://{landing}/notes.parquet: not inside parquet/v2, so no table reads it",
+        f"file://{landing}/parquet/notes.parquet: not inside parquet/v2, so no table reads it",
+        f"file://{landing}/parquet/v1/: not inside parquet/v2, so no table reads it",
+    ]
+
+
 def test_a_field_named_like_a_copy_of_a_typed_copy_is_kept(spark, tmp_path):
     """Beside `Total` and its copy `Total_i`, a column `Total_i_b` is a field of its own: its
     values are kept in every layer (taken for a copy of `Total_i`, they went nowhere)."""

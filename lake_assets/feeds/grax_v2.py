@@ -240,7 +240,7 @@ class GraxV2Format(FeedFormat):
 
     def survey(self, storage: Storage, landing: str) -> LandingSurvey:
         root = self.v2_root(storage, landing)
-        tables, unread = [], []
+        tables, unread = [], self._beside_v2(storage, landing) if root != landing else []
         for org_entry in storage.list(root):
             org = _folder_value(org_entry, "org")
             if org is None or not _ORG.fullmatch(org):
@@ -253,6 +253,18 @@ class GraxV2Format(FeedFormat):
                 else:
                     unread += _unread_entry(obj_entry, "an object=<Salesforce object API name> folder")
         return LandingSurvey(sorted(set(tables)), sorted(unread))
+
+    @staticmethod
+    def _beside_v2(storage: Storage, landing: str) -> list[str]:
+        """What a landing naming the folder that holds `parquet/v2` has beside it (another
+        version's folder, a file at the top): no table reads it."""
+        unread, folder = [], landing
+        for step in V2_PREFIX:
+            for entry in storage.list(folder):
+                if not (entry.is_dir and entry.name == step):
+                    unread += _unread_entry(entry, f"inside {'/'.join(V2_PREFIX)}")
+            folder = f"{folder}/{step}"
+        return unread
 
     def object_folders(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every landed `object=<Object>` folder of a table, in listing order.
