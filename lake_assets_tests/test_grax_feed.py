@@ -974,8 +974,10 @@ def test_typed_copies_stored_in_a_type_that_holds_no_such_values_are_refused_by_
 
 def test_copies_that_would_change_converted_or_have_no_unit_set_their_file_aside(spark, tmp_path):
     """A boolean copy stored as the number 2, a date copy as a time with its time of day, a
-    float copy as a long beyond 2^53 (a double rounds it), an epoch beyond any time: each
-    would change (or vanish) converted, so its file is set aside naming the column and value.
+    float copy as a long beyond 2^53 (a double rounds it), an epoch beyond any time, a date copy
+    as text with a time of day (Spark would drop it), a float copy as text beyond a double (Spark
+    would make it infinite): each would change (or vanish) converted, so its file is set aside
+    naming the column and value.
     A time copy stored as a float is refused by its type (seconds or milliseconds, and how
     precise, cannot be told). 0 and 1, midnight, 2^53 and epoch milliseconds are read."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
@@ -984,6 +986,8 @@ def test_copies_that_would_change_converted_or_have_no_unit_set_their_file_aside
         ("Born_d", pa.timestamp("ms", tz="UTC"), t(0), t(3), "2024-01-01 03:00:00"),
         ("Amount_f", pa.int64(), 2**53, 2**53 + 1, str(2**53 + 1)),
         ("When_ts", pa.int64(), 1_700_000_000_000, 10**18, str(10**18)),
+        ("Due_d", pa.string(), "2024-01-01", "2024-01-01 10:30:00", "2024-01-01 10:30:00"),
+        ("Ratio_f", pa.string(), "1.5", "1e400", "1e400"),
     ]
     bad_files = {}
     for n, (column, kind, good, bad, shown) in enumerate(cases):

@@ -502,7 +502,20 @@ def _typed_copy(raw: DataFrame, column: str, suffix: str) -> _TypedCopy | None:
     changed = value.isNotNull() & converted.isNull()
     if _may_change(stored, target):  # 2.5 in a whole-number copy, 2 in a boolean one, a time in a date
         changed = changed | (converted.cast(stored) != value)
+    elif isinstance(stored, T.StringType):
+        changed = changed | _parsed_to_another_value(value, converted, target)
     return _TypedCopy(converted, target, changed)
+
+
+def _parsed_to_another_value(text: Column, parsed: Column, target: T.DataType) -> Column:
+    """Whether text that parses as the copy's type was changed by it: Spark reads a date with
+    a time of day as its date (the time dropped), and a number beyond a double's range as
+    infinite."""
+    if isinstance(target, T.DateType):
+        return F.coalesce(text.try_cast("timestamp") != parsed.cast("timestamp"), F.lit(False))
+    if isinstance(target, T.DoubleType):
+        return parsed.isin(float("inf"), float("-inf")) & text.rlike("[0-9]")
+    return F.lit(False)
 
 
 def _may_change(stored: T.DataType, target: T.DataType) -> bool:
