@@ -1031,6 +1031,47 @@ def test_copies_that_would_change_converted_or_have_no_unit_set_their_file_aside
     assert len(notes) == len(cases) + 1
 
 
+def test_an_epoch_in_milliseconds_too_small_to_tell_from_seconds_sets_its_file_aside(spark, tmp_path):
+    """A time copy stored as an epoch number is read as milliseconds or seconds by its size: the
+    milliseconds of a moment before March 1973 pass for seconds, read years away. Where the
+    field's own text tells another moment, the file is set aside saying so; 2024's milliseconds,
+    and 1972's seconds, read right."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    schema = pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            ("Founded", pa.string()),
+            ("Founded_ts", pa.int64()),
+        ]
+    )
+    early, late = dt.datetime(1972, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 1, tzinfo=UTC)
+
+    def landed(name: str, key: str, moment: dt.datetime, epoch: int) -> Path:
+        row = {
+            "Id": key,
+            "source__modified": t(1),
+            "grax__idseq": "01",
+            "Founded": moment.isoformat(),
+            "Founded_ts": epoch,
+        }
+        return write_file(landing, "Account", "1", name, [row], schema)
+
+    landed("data-1.parquet", "late-ms", late, int(late.timestamp() * 1000))
+    landed("data-2.parquet", "early-s", early, int(early.timestamp()))
+    misread = landed("data-3.parquet", "early-ms", early, int(early.timestamp() * 1000))
+    process(landing, lake)
+
+    founded = {r["Id"]: r["Founded"] for r in layer_rows(lake, "current", f"{ORG}/account")}
+    assert founded == {"early-s": early, "late-ms": late}
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
+    assert note["file"].endswith(misread.name)
+    assert (
+        "typed column 'Founded_ts' holds the epoch 63072000000, whose unit cannot be told" in note["reason"]
+    )
+
+
 def test_batch_folders_spelling_one_number_are_one_batch_on_every_run(spark, tmp_path):
     """`batch=0a1`, `batch=0A1` and `batch=00a1` are one hex number, so one batch (keyed `00a1`,
     the least spelling in lower case): read together, stored under one partition, and a run

@@ -43,6 +43,7 @@ from lake_assets.config_model import FeedConfig, Names, checked
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, vendor_name
 from lake_assets.engine.schema import widen
+from lake_assets.epoch import DAY_MS
 from lake_assets.errors import InvalidValue, SchemaClash
 from lake_assets.feeds.base import (
     DERIVED,
@@ -428,6 +429,21 @@ class GraxV2Format(FeedFormat):
                 invalid = F.when(
                     copy.changed, F.concat(F.lit(not_its_type), col(column).cast("string"))
                 ).otherwise(invalid)
+        for field, group in sorted(copies.items()):
+            epochs = group.get("ts")
+            if epochs is not None and _holds_epoch_numbers(raw.schema[epochs].dataType):
+                unlike = _epoch_unlike_its_text(
+                    col(field), timestamp_column(epochs, raw.schema[epochs].dataType)
+                )
+                invalid = F.when(
+                    unlike,
+                    F.concat(
+                        F.lit(f"typed column '{epochs}' holds the epoch "),
+                        col(epochs).cast("string"),
+                        F.lit(f", whose unit cannot be told: read by its size it is not '{field}' "),
+                        col(field).cast("string"),
+                    ),
+                ).otherwise(invalid)
         versions = raw.select(
             F.col(KEY).cast("string").alias(KEY),
             *payload,
@@ -516,6 +532,20 @@ def _parsed_to_another_value(text: Column, parsed: Column, target: T.DataType) -
     if isinstance(target, T.DoubleType):
         return parsed.isin(float("inf"), float("-inf")) & text.rlike("[0-9]")
     return F.lit(False)
+
+
+def _holds_epoch_numbers(stored: T.DataType) -> bool:
+    """Whether a timestamp copy is stored as numbers of seconds or milliseconds."""
+    return isinstance(stored, (T.IntegralType, T.DecimalType))
+
+
+def _epoch_unlike_its_text(text: Column, moment: Column) -> Column:
+    """Whether an epoch number, read in the unit its size suggests (`epoch.EPOCH_MS_THRESHOLD`),
+    is more than a day from the moment the field's own text says, where that text reads as a
+    time: milliseconds before March 1973 are small enough to pass for seconds, and read so
+    they are years away. (GRAX keeps every field's value as text beside its typed copies.)"""
+    told = text.try_cast("timestamp")
+    return F.coalesce(F.abs(F.unix_micros(told) - F.unix_micros(moment)) > DAY_MS * 1000, F.lit(False))
 
 
 def _may_change(stored: T.DataType, target: T.DataType) -> bool:
