@@ -60,6 +60,18 @@ def column_types(lake: Path, table: str) -> dict[str, str]:
     }
 
 
+def grax_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
+    """GRAX's required columns, then `fields`."""
+    return pa.schema(
+        [
+            ("Id", pa.string()),
+            ("source__modified", pa.timestamp("ms", tz="UTC")),
+            ("grax__idseq", pa.string()),
+            *fields,
+        ]
+    )
+
+
 def write_file(
     landing: Path, obj: str, batch: str, name: str, rows: list[dict], schema: pa.Schema | None = None
 ) -> Path:
@@ -167,18 +179,13 @@ def test_the_seed_account_example(spark, tmp_path):
             "Fax": "888-111-5555",
         },
     ]
-    schema = pa.schema(
-        [
-            ("Id", pa.string()),
-            ("source__modified", pa.timestamp("ms", tz="UTC")),
-            ("grax__idseq", pa.string()),
-            ("grax__deleted", pa.timestamp("ms", tz="UTC")),
-            ("grax__deletesource", pa.string()),
-            ("grax__purged", pa.timestamp("ms", tz="UTC")),
-            ("grax__restoredfrom", pa.string()),
-            ("Name", pa.string()),
-            ("Fax", pa.string()),
-        ]
+    schema = grax_schema(
+        ("grax__deleted", pa.timestamp("ms", tz="UTC")),
+        ("grax__deletesource", pa.string()),
+        ("grax__purged", pa.timestamp("ms", tz="UTC")),
+        ("grax__restoredfrom", pa.string()),
+        ("Name", pa.string()),
+        ("Fax", pa.string()),
     )
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     write_file(landing, "Account", "05e0be100", "data-16f5e66e800.parquet", rows, schema)
@@ -727,16 +734,7 @@ def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark
     text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its
     file is set aside naming the column and the value, and the batch goes on."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    text = pa.schema(
-        [
-            ("Id", pa.string()),
-            ("source__modified", pa.timestamp("ms", tz="UTC")),
-            ("grax__idseq", pa.string()),
-            ("grax__deleted", pa.string()),
-            ("grax__purged", pa.string()),
-            ("Name", pa.string()),
-        ]
-    )
+    text = grax_schema(("grax__deleted", pa.string()), ("grax__purged", pa.string()), ("Name", pa.string()))
     write_file(
         landing,
         "Account",
@@ -875,15 +873,7 @@ def test_typed_copies_stored_as_numbers_that_do_not_fit_their_type_set_their_fil
     def row(key: str, seq: str, **fields) -> dict:
         return {"Id": key, "source__modified": t(1), "grax__idseq": seq, **fields}
 
-    numbers = pa.schema(
-        [
-            ("Id", pa.string()),
-            ("source__modified", pa.timestamp("ms", tz="UTC")),
-            ("grax__idseq", pa.string()),
-            ("Score", pa.string()),
-            ("Score_i", pa.float64()),
-        ]
-    )
+    numbers = grax_schema(("Score", pa.string()), ("Score_i", pa.float64()))
     good = write_file(
         landing,
         "Account",
@@ -944,15 +934,7 @@ def test_typed_copies_stored_in_a_type_that_holds_no_such_values_are_refused_by_
     names = {}
     for n, (copy, (kind, value)) in enumerate(stored.items(), start=1):
         field = copy.rsplit("_", 1)[0]
-        schema = pa.schema(
-            [
-                ("Id", pa.string()),
-                ("source__modified", pa.timestamp("ms", tz="UTC")),
-                ("grax__idseq", pa.string()),
-                (field, pa.string()),
-                (copy, kind),
-            ]
-        )
+        schema = grax_schema((field, pa.string()), (copy, kind))
         row = {"Id": copy, "source__modified": t(1), "grax__idseq": f"{n:02}", field: "x", copy: value}
         names[copy] = write_file(landing, "Account", "00000000a", f"data-{n:011}.parquet", [row], schema).name
     process(landing, lake)
@@ -992,15 +974,7 @@ def test_copies_that_would_change_converted_or_have_no_unit_set_their_file_aside
     bad_files = {}
     for n, (column, kind, good, bad, shown) in enumerate(cases):
         field = column.rsplit("_", 1)[0]
-        schema = pa.schema(
-            [
-                ("Id", pa.string()),
-                ("source__modified", pa.timestamp("ms", tz="UTC")),
-                ("grax__idseq", pa.string()),
-                (field, pa.string()),
-                (column, kind),
-            ]
-        )
+        schema = grax_schema((field, pa.string()), (column, kind))
         for m, value in ((0, good), (1, bad)):
             row = {
                 "Id": f"{column}-{m}",
@@ -1037,15 +1011,7 @@ def test_an_epoch_in_milliseconds_too_small_to_tell_from_seconds_sets_its_file_a
     field's own text tells another moment, the file is set aside saying so; 2024's milliseconds,
     and 1972's seconds, read right."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    schema = pa.schema(
-        [
-            ("Id", pa.string()),
-            ("source__modified", pa.timestamp("ms", tz="UTC")),
-            ("grax__idseq", pa.string()),
-            ("Founded", pa.string()),
-            ("Founded_ts", pa.int64()),
-        ]
-    )
+    schema = grax_schema(("Founded", pa.string()), ("Founded_ts", pa.int64()))
     early, late = dt.datetime(1972, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 1, tzinfo=UTC)
 
     def landed(name: str, key: str, moment: dt.datetime, epoch: int) -> Path:
