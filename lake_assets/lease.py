@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 from lake_assets.errors import AnotherWriter, LakeAssetsError
@@ -43,6 +44,11 @@ POLL_SECONDS = 1.0
 
 #: the lease the step running in this context holds (`held`), which `confirm_held` checks
 _holding: contextvars.ContextVar[_Lease | None] = contextvars.ContextVar("lake_assets_lease", default=None)
+#: the leases this process holds (URI -> the lease and how many holds it has): a step holding
+#: its table's lease runs code that holds it too (the changes step, around its IO manager's
+#: store), and letting go in between would let another writer in
+_held_here: dict[str, tuple[_Lease, int]] = {}
+_held_here_guard = threading.Lock()
 
 
 class TableBusy(LakeAssetsError):
@@ -63,6 +69,8 @@ class Holder:
     since: float
     released: bool = False
     expires_after_seconds: float = 0.0
+    #: one holding's own mark (S3): a holder knows its stamp by it whatever answer it got
+    token: str = ""
 
     def describe(self, now: float, free_in: float | None = None) -> str:
         held = f"{self.who}, holding it for {max(0.0, now - self.since):.0f} s"
@@ -84,6 +92,7 @@ class Holder:
                 bool(fields["released"]),
                 # a lease written before holders said so ran out after the default
                 float(fields.get("expires_after_seconds", EXPIRES_SECONDS)),
+                str(fields.get("token", "")),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -113,21 +122,48 @@ def held(
     say: Callable[[str], None],
 ) -> Iterator[None]:
     """Hold the lease at `uri` for the block, waiting up to `wait_seconds` for another holder to
-    let go (`TableBusy` after that, naming it). On S3 a lease lost meanwhile fails the block's
-    end (`LeaseLost`)."""
+    let go (`TableBusy` after that, naming it). A block within one that holds the lease as the
+    same `who` (in this process) holds it on: it is let go when the outermost block ends. On S3
+    a lease lost meanwhile fails the block's end (`LeaseLost`)."""
+    with _held_here_guard:
+        outer = _held_here.get(uri)
+        if outer is not None and outer[0].who == who:
+            _held_here[uri] = (outer[0], outer[1] + 1)
+    if outer is not None and outer[0].who == who:
+        with _held_on(uri, outer[0]):
+            yield
+        return
     lease: _Lease = _S3Lease(storage, uri, who) if is_s3(uri) else _LocalLease(uri, who)
     _take(lease, uri, wait_seconds, say)
-    holding = _holding.set(lease)
+    with _held_here_guard:
+        _held_here[uri] = (lease, 1)
     try:
-        yield
+        with _held_on(uri, lease):
+            yield
     finally:
-        _holding.reset(holding)
         lost = lease.release()
     if lost:
         raise LeaseLost(
             f"the lease {uri} was taken by another writer while {who} held it (its renewals failed "
             f"for {EXPIRES_SECONDS:.0f} s): the table may have been written twice at once; run it again"
         )
+
+
+@contextlib.contextmanager
+def _held_on(uri: str, lease: _Lease) -> Iterator[None]:
+    """One hold of a lease this process has taken: `confirm_held` finds it within the block,
+    and the process counts it as held until the block ends."""
+    holding = _holding.set(lease)
+    try:
+        yield
+    finally:
+        _holding.reset(holding)
+        with _held_here_guard:
+            held_lease, holds = _held_here[uri]
+            if holds > 1:
+                _held_here[uri] = (held_lease, holds - 1)
+            else:
+                del _held_here[uri]
 
 
 def confirm_held() -> None:
@@ -230,6 +266,7 @@ class _LocalLease(_Lease):
 class _S3Lease(_Lease):
     def __init__(self, storage: Storage, uri: str, who: str):
         self.storage, self.uri, self.who = storage, uri, who
+        self.token = uuid.uuid4().hex
         self.since = time.time()
         self.tag: str | None = None
         self.lost = False
@@ -239,7 +276,25 @@ class _S3Lease(_Lease):
         self.renewer: threading.Thread | None = None
 
     def _stamp(self, released: bool = False) -> bytes:
-        return Holder(self.who, self.since, released, EXPIRES_SECONDS).to_json()
+        return Holder(self.who, self.since, released, EXPIRES_SECONDS, self.token).to_json()
+
+    def _stamped(self, released: bool = False) -> str | None:
+        """Write this holder's stamp over its own: the new ETag, or None when another writer's
+        stamp is there. A write that reached the store but whose answer was lost (a timeout)
+        left this holder's stamp under an ETag it never saw; found by its token, it is still
+        this holder's."""
+        tag = self.storage.write_if_tag(self.uri, self._stamp(released), self.tag)
+        if tag is None:
+            found = self.storage.read_tagged(self.uri)
+            holder = Holder.from_json(found.data) if found else None
+            if (
+                found is not None
+                and holder is not None
+                and holder.token == self.token
+                and not holder.released
+            ):
+                tag = self.storage.write_if_tag(self.uri, self._stamp(released), found.tag)
+        return tag
 
     def try_take(self) -> bool:
         found = self.storage.read_tagged(self.uri)
@@ -272,7 +327,7 @@ class _S3Lease(_Lease):
             if self.lost or self.tag is None:
                 return False
             sent = time.monotonic()
-            tag = self.storage.write_if_tag(self.uri, self._stamp(), self.tag)
+            tag = self._stamped()
             if tag is None:
                 self.lost = True
                 return False
@@ -303,7 +358,5 @@ class _S3Lease(_Lease):
         with self.guard:
             if not self.lost and self.tag is not None:
                 with contextlib.suppress(OSError):  # unreleased, it expires by itself
-                    self.lost = (
-                        self.storage.write_if_tag(self.uri, self._stamp(released=True), self.tag) is None
-                    )
+                    self.lost = self._stamped(released=True) is None
         return self.lost

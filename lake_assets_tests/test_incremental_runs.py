@@ -727,6 +727,44 @@ def test_a_table_another_writer_holds_fails_after_the_wait_naming_it_and_the_oth
     assert lake.run() == []
 
 
+def test_no_other_writer_gets_the_table_between_a_runs_read_and_its_note_of_what_it_stored(lake, monkeypatch):
+    """The changes step holds its table's lease from its read of the landing to its note of what
+    it stored, and the IO manager's store within holds it on. Another writer trying in between
+    finds the table busy: in the gap there was between the store and the note, a rebuild or
+    another run's store could come in, and the hour was noted processed with the change log
+    lacking its rows; and while the batch was read, another run could set aside or withdraw
+    the hour's quarantine entries."""
+    from lake_assets import lease, pipeline
+    from lake_assets.orchestration import io_managers
+
+    layout = LakeLayout(lake.config.lake)
+    tried: list[tuple[str, str]] = []
+
+    def another_writer_tries(when: str) -> None:
+        try:
+            with lease.writing_table(Storage(), layout, "unit", "accounts", "another", "rebuild", 0, print):
+                tried.append((when, "got in"))
+        except lease.TableBusy:
+            tried.append((when, "busy"))
+
+    real_ingest, real_store = pipeline.ingest, io_managers.SparkParquetIOManager.handle_output
+
+    def ingest(*args, **kwargs):
+        another_writer_tries("read")
+        return real_ingest(*args, **kwargs)
+
+    def handle_output(self, context, obj):
+        real_store(self, context, obj)
+        another_writer_tries("stored")
+
+    monkeypatch.setattr(pipeline, "ingest", ingest)
+    monkeypatch.setattr(io_managers.SparkParquetIOManager, "handle_output", handle_output)
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    assert lake.run() == [(hour(4), hour(4))]
+    assert tried == [("read", "busy"), ("stored", "busy")]
+    assert lake.changes()[hour(4)] == ["d"]
+
+
 def test_a_fold_does_not_take_another_runs_later_store_of_its_hours_for_what_it_folded(lake, monkeypatch):
     """Two writers of one table take turns step by step: another run may store an hour again
     between this run's store and its fold. Its note names a file this run's batch lacks; taken

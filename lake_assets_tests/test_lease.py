@@ -4,6 +4,7 @@ lease taken away from a holder that stopped renewing it fails that holder."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -54,6 +55,19 @@ def test_a_second_writer_waits_for_the_first_names_it_and_gets_the_lease_once_it
     assert order == ["A lets go", "C has it"]
     assert any(line.startswith("waiting for the table's lease") and "run A" in line for line in said), said
     with lease.held(storage, uri, "run D", 0, said.append):
+        pass
+
+
+def test_a_holder_holding_its_lease_again_holds_it_on_until_its_outer_hold_ends(place):
+    """A step holding its table's lease runs code that holds it too (its IO manager's store):
+    the inner hold neither waits for the outer one nor lets go when it ends."""
+    storage, uri = place
+    with lease.held(storage, uri, "run A", 0, print):
+        with lease.held(storage, uri, "run A", 0, print):
+            pass
+        with pytest.raises(lease.TableBusy, match="run A"), lease.held(storage, uri, "run B", 0, print):
+            pytest.fail("the lease was let go when the inner hold ended")
+    with lease.held(storage, uri, "run B", 0, print):
         pass
 
 
@@ -129,6 +143,40 @@ def test_a_lease_is_held_by_the_store_s_clock_not_by_the_clocks_of_its_writers(m
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def test_a_renewal_whose_answer_was_lost_keeps_the_lease(moto_server, s3_bucket, monkeypatch):
+    """A renewal that reached the store but whose answer was lost (a timeout) left the holder's
+    stamp under an ETag it never saw. The next renewal finds its own stamp there, by its token,
+    and goes on holding the lease; it was taken for another writer's, and the lease let go.
+    (A stamp's bytes are the same at every renewal, and moto's ETag is their MD5, as S3's is
+    unless the bucket encrypts with KMS: each write here adds a count, so each ETag differs.)"""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/_leases/unit/accounts/lease.json"
+    monkeypatch.setattr(lease, "RENEW_SECONDS", 0.3)
+    stamp, stamps = lease._S3Lease._stamp, itertools.count()
+    monkeypatch.setattr(
+        lease._S3Lease,
+        "_stamp",
+        lambda self, released=False: stamp(self, released)[:-1] + f', "write": {next(stamps)}}}'.encode(),
+    )
+    writes = storage.write_if_tag
+    calls = []
+
+    def answer_lost_once(*args):
+        calls.append(args)
+        tag = writes(*args)
+        if len(calls) == 2:  # the first renewal
+            raise OSError("the answer timed out")
+        return tag
+
+    monkeypatch.setattr(storage, "write_if_tag", answer_lost_once)
+    with lease.held(storage, uri, "run A", 0, print):
+        time.sleep(1.5)
+        lease.confirm_held()
+        with pytest.raises(lease.TableBusy, match="run A"), lease.held(storage, uri, "run B", 0, print):
+            pass
+    assert len(calls) > 3
 
 
 def test_a_holder_whose_lease_was_taken_while_it_ran_fails(moto_server, s3_bucket, monkeypatch):

@@ -259,18 +259,21 @@ def changes_asset(
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         work = table.work(context.run.run_id, lake, catalog)
         partitions = list(context.partition_keys)
-        if not runs_step_of(context, landing_catalog):
-            # Materialised without its catalog (from the UI, or by automation): the catalog may
-            # not know of files landed since it was last materialised; this run would read none
-            # of them, and its landing check could not tell.
-            landed = pipeline.catalogue_landing(work, partitions)
-            context.log.info(f"{table.label}: catalogued the landing first: {catalogue_metadata(landed)}")
-        ingested = pipeline.ingest(spark.spark_session, work, partitions, log=context.log)
-        require_reconciled(table, ingested.batch)
-        for gap in ingested.batch.gaps:
-            context.log.error(f"{table.label}: gap in the landed data: {gap}")
-        yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
-        with work.writing("changes", context.log):  # once the output is stored (the IO manager)
+        # One writer from the read to the note of what was stored: the IO manager's store holds
+        # the same lease on, so no other writer stores these partitions, or sets aside or
+        # withdraws their quarantine entries, between this run's read and its note.
+        with work.writing("changes", context.log):
+            if not runs_step_of(context, landing_catalog):
+                # Materialised without its catalog (from the UI, or by automation): the catalog
+                # may not know of files landed since it was last materialised; this run would
+                # read none of them, and its landing check could not tell.
+                landed = pipeline.catalogue_landing(work, partitions)
+                context.log.info(f"{table.label}: catalogued the landing first: {catalogue_metadata(landed)}")
+            ingested = pipeline.ingest(spark.spark_session, work, partitions, log=context.log)
+            require_reconciled(table, ingested.batch)
+            for gap in ingested.batch.gaps:
+                context.log.error(f"{table.label}: gap in the landed data: {gap}")
+            yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
             pipeline.record_stored(work, partitions, ingested)
         yield landing_check(ingested)
 
