@@ -473,13 +473,15 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
         return []
     keys = fmt.partition_keys(storage, feed.landing, table)
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
-    asked = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table))
+    standing = reruns.read_reruns(storage, layout, feed.name, table)
     live = {p: landed.get(p, []) for p in partitions}
     holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
-    for partition, reason in holding.items():
-        if partition not in partitions and partition not in asked:
-            reruns.request_rerun(storage, layout, feed.name, table, partition, reason, [])
-            log.info(f"{feed.name}/{table}: asked {partition} to run again: it {reason}")
+    for partition, held in holding.items():
+        if partition not in partitions and not reruns.asked_for_all(
+            standing.get(partition, []), held.removed
+        ):
+            reruns.request_rerun(storage, layout, feed.name, table, partition, held.reason, [], held.removed)
+            log.info(f"{feed.name}/{table}: asked {partition} to run again: it {held.reason}")
     return sorted(p for p in holding if p not in partitions)
 
 

@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable
 
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
@@ -55,6 +55,8 @@ class Reading:
 
     read: dict[str, tuple[tuple[int, int], ...]]
     set_aside: frozenset[str] = frozenset()
+    #: the landed files the bytes were read from (None in a reading recorded before it was kept)
+    read_from: frozenset[str] | None = None
 
     def holds(self, part: ByteRange) -> bool:
         """Whether the run read `part`'s bytes (from it or another file holding them) with none
@@ -74,7 +76,12 @@ class Reading:
         return {
             "read": {stream: [list(r) for r in ranges] for stream, ranges in self.read.items()},
             "set_aside": sorted(self.set_aside),
+            **({"read_from": sorted(self.read_from)} if self.read_from is not None else {}),
         }
+
+    def read_any_of(self, uris: tuple[str, ...]) -> bool:
+        """Whether the bytes were read from any of `uris` (a reading that does not say: no)."""
+        return self.read_from is not None and not self.read_from.isdisjoint(uris)
 
 
 def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -90,13 +97,15 @@ def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class RerunRequest:
-    """One run's request that `partition` run again: its rows depend on `parts`."""
+    """One run's request that `partition` run again: its rows depend on `parts`, and on being
+    read from none of the files `not_read_from` (removed since, their bytes held elsewhere)."""
 
     partition: str
     reason: str
     parts: tuple[ByteRange, ...]
     #: the request's file; its name is unique, so a sensor keys its run by it
     uri: str
+    not_read_from: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -137,6 +146,7 @@ def read_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str)
 class _RequestNote(TypedDict):
     reason: str
     parts: list[ByteRange]
+    not_read_from: NotRequired[list[str]]
 
 
 def request_rerun(
@@ -147,15 +157,19 @@ def request_rerun(
     partition: str,
     reason: str,
     parts: list[ByteRange],
+    not_read_from: tuple[str, ...] = (),
 ) -> RerunRequest:
-    """Ask for `partition` to run again because its rows depend on `parts`: a file of its own,
-    so no request overwrites another."""
-    body = {"reason": reason, "parts": [dataclasses.asdict(p) for p in parts]}
+    """Ask for `partition` to run again because its rows depend on `parts`, or on not being
+    read from the removed files `not_read_from`: a file of its own, so no request overwrites
+    another."""
+    body: dict = {"reason": reason, "parts": [dataclasses.asdict(p) for p in parts]}
+    if not_read_from:
+        body["not_read_from"] = sorted(not_read_from)
     data = json.dumps(body, indent=1).encode()
     name = f"{time.time_ns() // 1_000_000}-{hashlib.blake2b(data, digest_size=6).hexdigest()}"
     uri = join(reruns_folder(layout, feed, table), partition, f"{name}.json")
     storage.write_bytes(uri, data)
-    return RerunRequest(partition, reason, tuple(parts), uri)
+    return RerunRequest(partition, reason, tuple(parts), uri, tuple(not_read_from))
 
 
 def read_reruns(
@@ -176,13 +190,26 @@ def read_reruns(
     def read(partition_folder) -> list[RerunRequest]:
         def request(uri: str) -> RerunRequest:
             note = read_lake_json(storage, uri, _RequestNote)
-            return RerunRequest(partition_folder.name, note["reason"], tuple(note["parts"]), uri)
+            return RerunRequest(
+                partition_folder.name,
+                note["reason"],
+                tuple(note["parts"]),
+                uri,
+                tuple(note.get("not_read_from", ())),
+            )
 
         return [request(entry.uri) for entry in json_files(storage, partition_folder.uri)]
 
     return {
         folder.name: found for folder, found in zip(folders, each_file(read, folders), strict=True) if found
     }
+
+
+def asked_for_all(standing: list[RerunRequest], removed: tuple[str, ...]) -> bool:
+    """Whether requests standing for a partition already name every one of the `removed` files
+    its rows must not have been read from (each run that finds removals adds those it finds)."""
+    named = {uri for request in standing for uri in request.not_read_from}
+    return named.issuperset(removed)
 
 
 def asked(requests: dict[str, list[RerunRequest]]) -> dict[str, str]:
@@ -204,7 +231,8 @@ def withdraw_answered(
 ) -> list[RerunRequest]:
     """After a successful fold of `partitions`, withdraw the requests of each that its recorded
     reading answers: every part read or set aside, or its file gone (warned: nothing is left to
-    read). A request its reading does not answer stands. Returns those withdrawn."""
+    read), and none of the removed files it names read from (a read that took place before the
+    removal still did). A request its reading does not answer stands. Returns those withdrawn."""
     standing = read_reruns(storage, layout, feed, table)
     withdrawn = []
     for partition in partitions:
@@ -214,7 +242,7 @@ def withdraw_answered(
         for request in standing[partition]:
             unread = [part for part in request.parts if not reading.answers(part)]
             gone = [part for part in unread if not storage.exists(part.uri)]
-            if len(gone) < len(unread):
+            if len(gone) < len(unread) or reading.read_any_of(request.not_read_from):
                 continue
             for part in gone:
                 warn(f"{feed}/{table}: {partition} was asked to read {part.uri}, which is gone")

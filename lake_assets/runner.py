@@ -275,16 +275,17 @@ def _changed_partitions(
         ).items()
         if within(partition)
     }
-    standing = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key))
+    requests = reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key)
+    standing = reruns.asked(requests)
     holding = (
         processed.holding_removed_data(landed, notes, fmt.holding_removed_data)
         if fmt.files_share_data
         else {}
     )
-    for partition, reason in holding.items():
-        if partition not in standing:
-            reruns.request_rerun(storage, layout, feed.name, table, partition, reason, [])
-            standing[partition] = reason
+    for partition, held in holding.items():
+        if not reruns.asked_for_all(requests.get(partition, []), held.removed):
+            reruns.request_rerun(storage, layout, feed.name, table, partition, held.reason, [], held.removed)
+            standing.setdefault(partition, held.reason)
     changes = processed.changed_partitions(storage, landed, notes, standing)
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}

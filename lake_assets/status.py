@@ -127,7 +127,12 @@ def table_status(
                 landed,
                 notes,
                 {
-                    **processed.holding_removed_data(landed, notes, fmt.holding_removed_data),
+                    **{
+                        partition: held.reason
+                        for partition, held in processed.holding_removed_data(
+                            landed, notes, fmt.holding_removed_data
+                        ).items()
+                    },
                     **reruns.asked(requests),
                 },
             )

@@ -1096,6 +1096,18 @@ def test_fragments_removed_while_a_later_fragment_holds_their_bytes_again_move_i
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]
 
 
+def _originals_and_their_compaction_run(tmp_path):
+    """Documents 1-5 landed as two fragments (hours 10 and 11) and again as one compaction
+    (hour 12), run: (lake, config, instance, the two originals)."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    docs, at = journal_lines(range(1, 6))
+    first = write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
+    second = write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
+    write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    return lake, config, instance, (first, second)
+
+
 def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_run_again(spark, tmp_path):
     """The removal is seen only while the emptied hours' notes still name the removed
     fragments: a run of those hours alone (from the UI, or the sensor's) rewrites their notes,
@@ -1104,12 +1116,7 @@ def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_r
     from lake_assets.orchestration.definitions import feed_job_name
     from lake_assets_tests.discovered import discovered_definitions
 
-    journal, lake, config, instance = customers_lake(tmp_path)
-    docs, at = journal_lines(range(1, 6))
-    first = write_fragment(journal, at[0], b"".join(docs[0:3]), hour=10)
-    second = write_fragment(journal, at[3], b"".join(docs[3:5]), hour=11)
-    write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
-    run_feeds(config, instance=instance, say=lambda _: None)
+    lake, config, instance, (first, second) = _originals_and_their_compaction_run(tmp_path)
     first.unlink()
     second.unlink()
     job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
@@ -1119,6 +1126,42 @@ def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_r
     hours = {row["hour"] for row in rows(lake, "changes", "acmeco_customers")}
     assert hours == {"2024-06-01-12"}
     assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_customers")) == [1, 2, 3, 4, 5]
+
+
+def test_a_fold_of_changes_read_before_the_removal_leaves_the_compactions_hour_asked_to_run_again(
+    spark, tmp_path
+):
+    """The compaction's hour stores its changes, its originals are then removed and their hours
+    run (asking it to run again), and only then does its fold run (its state steps alone, as a
+    later step of a run that began before the removal would). Its changes were read while the
+    originals were there, so the request stands: withdrawn, the documents were in no hour."""
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    lake, config, instance, (first, second) = _originals_and_their_compaction_run(tmp_path)
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
+
+    def assets(*layers: str) -> list[dg.AssetKey]:
+        return [dg.AssetKey(["flow", "acmeco_customers", layer]) for layer in layers]
+
+    compaction_hour = "2024-06-01-12"
+    stored = job.execute_in_process(
+        instance=instance, partition_key=compaction_hour, asset_selection=assets("changes")
+    )
+    assert stored.success
+    first.unlink()
+    second.unlink()
+    for emptied in ("2024-06-01-10", "2024-06-01-11"):
+        assert job.execute_in_process(instance=instance, partition_key=emptied).success
+    folded = job.execute_in_process(
+        instance=instance, partition_key=compaction_hour, asset_selection=assets("current", "history")
+    )
+    assert folded.success
+    run_feeds(config, instance=instance, say=lambda _: None)
+    by_hour: dict[str, list[int]] = {}
+    for row in rows(lake, "changes", "acmeco_customers"):
+        by_hour.setdefault(row["hour"], []).append(row["id"])
+    assert {hour: sorted(ids) for hour, ids in by_hour.items()} == {compaction_hour: [1, 2, 3, 4, 5]}
 
 
 def test_a_range_run_of_an_hour_that_lost_a_fragment_runs_the_compactions_hour_in_the_same_command(

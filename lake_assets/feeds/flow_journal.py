@@ -863,6 +863,7 @@ class FlowJournalFormat(FeedFormat):
         read = skipped = 0
         ranges: dict[str, tuple[tuple[int, int], ...]] = {}
         set_aside: set[str] = set()
+        read_from: set[str] = set()
         for journal in journals:
             pieces, journal_gaps = journal.cover()
             own_end = max(
@@ -872,6 +873,7 @@ class FlowJournalFormat(FeedFormat):
             ranges[journal.name] = merged([(piece.start, piece.end) for piece in pieces])
             set_aside.update(journal.failed)
             used = {piece.fragment.uri for piece in pieces}
+            read_from |= used
             for fragment in journal.fragments:
                 if journal.hour_of[fragment.uri] not in wanted:
                     continue
@@ -881,7 +883,7 @@ class FlowJournalFormat(FeedFormat):
                     read += 1
                 else:
                     skipped += 1
-        return read, skipped, gaps, Reading(ranges, frozenset(set_aside))
+        return read, skipped, gaps, Reading(ranges, frozenset(set_aside), frozenset(read_from))
 
     @staticmethod
     def _journal_fragments(
