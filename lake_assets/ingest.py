@@ -535,7 +535,7 @@ def _identity_reasons(schema: T.StructType, roles: dict[str, str]) -> list[Colum
                 F.when(
                     F.isnan(col(k)) | negative_zero,
                     F.lit(
-                        f"key column '{k}' holds NaN or -0.0, which Spark takes for the same key as another"
+                        f"{role} column '{k}' holds NaN or -0.0, which Spark takes for the same value as another"
                     ),
                 )
             )

@@ -44,10 +44,10 @@ POLL_SECONDS = 1.0
 
 #: the lease the step running in this context holds (`held`), which `confirm_held` checks
 _holding: contextvars.ContextVar[_Lease | None] = contextvars.ContextVar("lake_assets_lease", default=None)
-#: the leases this process holds (URI -> the lease and how many holds it has): a step holding
-#: its table's lease runs code that holds it too (the changes step, around its IO manager's
-#: store), and letting go in between would let another writer in
-_held_here: dict[str, tuple[_Lease, int]] = {}
+#: the leases this process holds ((URI, holder) -> the lease and how many holds it has): a step
+#: holding its table's lease runs code that holds it too (the changes step, around its IO
+#: manager's store), and letting go in between would let another writer in
+_held_here: dict[tuple[str, str], tuple[_Lease, int]] = {}
 _held_here_guard = threading.Lock()
 
 
@@ -126,19 +126,20 @@ def held(
     same `who` (in this process) holds it on: it is let go when the outermost block ends. On S3
     a lease lost meanwhile fails the block's end (`LeaseLost`)."""
     with _held_here_guard:
-        outer = _held_here.get(uri)
-        if outer is not None and outer[0].who == who:
-            _held_here[uri] = (outer[0], outer[1] + 1)
-    if outer is not None and outer[0].who == who:
-        with _held_on(uri, outer[0]):
+        outer = _held_here.get((uri, who))
+        if outer is not None:
+            _held_here[uri, who] = (outer[0], outer[1] + 1)
+    if outer is not None:
+        with _held_on(outer[0]):
             yield
+        confirm_held()  # lost while the inner block ran: its caller must not go on as if held
         return
     lease: _Lease = _S3Lease(storage, uri, who) if is_s3(uri) else _LocalLease(uri, who)
     _take(lease, uri, wait_seconds, say)
     with _held_here_guard:
-        _held_here[uri] = (lease, 1)
+        _held_here[uri, who] = (lease, 1)
     try:
-        with _held_on(uri, lease):
+        with _held_on(lease):
             yield
     finally:
         lost = lease.release()
@@ -150,20 +151,23 @@ def held(
 
 
 @contextlib.contextmanager
-def _held_on(uri: str, lease: _Lease) -> Iterator[None]:
+def _held_on(lease: _Lease) -> Iterator[None]:
     """One hold of a lease this process has taken: `confirm_held` finds it within the block,
-    and the process counts it as held until the block ends."""
+    and the process counts it as held until the block ends (counted down first, so a hold that
+    ends out of order never leaves a let-go lease counted as held)."""
     holding = _holding.set(lease)
     try:
         yield
     finally:
-        _holding.reset(holding)
         with _held_here_guard:
-            held_lease, holds = _held_here[uri]
+            key = (lease.uri, lease.who)
+            held_lease, holds = _held_here[key]
             if holds > 1:
-                _held_here[uri] = (held_lease, holds - 1)
+                _held_here[key] = (held_lease, holds - 1)
             else:
-                del _held_here[uri]
+                del _held_here[key]
+        with contextlib.suppress(ValueError):  # ended in another context than it began in
+            _holding.reset(holding)
 
 
 def confirm_held() -> None:
@@ -276,7 +280,10 @@ class _S3Lease(_Lease):
         self.renewer: threading.Thread | None = None
 
     def _stamp(self, released: bool = False) -> bytes:
-        return Holder(self.who, self.since, released, EXPIRES_SECONDS, self.token).to_json()
+        stamp = dataclasses.asdict(Holder(self.who, self.since, released, EXPIRES_SECONDS, self.token))
+        # for readers of an earlier lake_assets, which judge a lease by its holder's clock
+        stamp["expires_at"] = time.time() + EXPIRES_SECONDS
+        return json.dumps(stamp).encode()
 
     def _stamped(self, released: bool = False) -> str | None:
         """Write this holder's stamp over its own: the new ETag, or None when another writer's
@@ -339,8 +346,8 @@ class _S3Lease(_Lease):
             return self._renewed()
         except OSError:
             # The store cannot say now. The lease it holds is no older than the time since the
-            # last renewal that came back was sent (a whole second of rounding aside).
-            return not self.lost and time.monotonic() - self.renewed_at < EXPIRES_SECONDS - 1
+            # last renewal that came back was sent; half the expiry is left for the commit.
+            return not self.lost and time.monotonic() - self.renewed_at < EXPIRES_SECONDS / 2
 
     def waiting_on(self) -> tuple[str | None, str]:
         found = self.storage.read_tagged(self.uri)

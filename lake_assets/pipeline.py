@@ -317,6 +317,7 @@ def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) ->
     processed notes) and, for a format that reads streams (Flow journals), the byte ranges,
     which tell a later run whether a late file was read."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    lease.confirm_held()
     processed.write_stored_notes(storage, layout, feed, table, ingested.read_from, work.run_id)
     if ingested.batch.reading is not None:
         reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
@@ -585,7 +586,9 @@ def _ask_to_finish_emptying(storage: Storage, state: TableState, log, partitions
     ask for each to run again; the fold's success withdraws the request. Killed after the
     removal, the run leaves the partition's processed note naming the files it held: were the
     same files to land again, planning would find the partition unchanged, and their rows would
-    never return to `changes`. The request makes the next run take it whatever lands."""
+    never return to `changes`. The request makes the next run take it whatever lands. The table's
+    lease must still be the step's (`lease.confirm_held`)."""
+    lease.confirm_held()
     for partition in partitions:
         reruns.request_rerun(
             storage,

@@ -96,8 +96,12 @@ def test_batch_keys_are_hex_numbers_and_typed_copies_need_their_field():
     assert sorted(["ff", "100", "0f0"], key=batch_order) == ["0f0", "ff", "100"]
     copies = typed_copies(["Id", "Amount", "Amount_i", "Amount_f", "Is_b", "Name"])
     assert copies == {"Amount": {"i": "Amount_i", "f": "Amount_f"}}  # `Is_b` has no `Is` beside it
-    # GRAX types fields, not copies: `Total_i_b` is a field, though `Total_i` is beside it
-    assert typed_copies(["Id", "Total", "Total_i", "Total_i_b"]) == {"Total": {"i": "Total_i"}}
+    # GRAX types fields, not copies: `Total_i_b` is a field, though `Total_i` is beside it, and
+    # `Total_i_b_b` is its copy
+    assert typed_copies(["Id", "Total", "Total_i", "Total_i_b", "Total_i_b_b"]) == {
+        "Total": {"i": "Total_i"},
+        "Total_i_b": {"b": "Total_i_b_b"},
+    }
 
 
 def test_what_lies_beside_parquet_v2_is_named_as_read_by_no_table(tmp_path):
@@ -1014,23 +1018,19 @@ def test_an_epoch_in_milliseconds_too_small_to_tell_from_seconds_sets_its_file_a
     schema = grax_schema(("Founded", pa.string()), ("Founded_ts", pa.int64()))
     early, late = dt.datetime(1972, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 1, tzinfo=UTC)
 
-    def landed(name: str, key: str, moment: dt.datetime, epoch: int) -> Path:
-        row = {
-            "Id": key,
-            "source__modified": t(1),
-            "grax__idseq": "01",
-            "Founded": moment.isoformat(),
-            "Founded_ts": epoch,
-        }
+    def landed(name: str, key: str, text: str, epoch: int) -> Path:
+        row = {"Id": key, "source__modified": t(1), "grax__idseq": "01", "Founded": text, "Founded_ts": epoch}
         return write_file(landing, "Account", "1", name, [row], schema)
 
-    landed("data-1.parquet", "late-ms", late, int(late.timestamp() * 1000))
-    landed("data-2.parquet", "early-s", early, int(early.timestamp()))
-    misread = landed("data-3.parquet", "early-ms", early, int(early.timestamp() * 1000))
+    salesforce = "%Y-%m-%dT%H:%M:%S.000+0000"  # how Salesforce spells a time
+    landed("data-1.parquet", "late-ms", late.strftime(salesforce), int(late.timestamp() * 1000))
+    landed("data-2.parquet", "early-s", early.isoformat(), int(early.timestamp()))
+    landed("data-3.parquet", "no-time", "10:30", int(late.timestamp() * 1000))  # no year: not a time
+    misread = landed("data-4.parquet", "early-ms", early.strftime(salesforce), int(early.timestamp() * 1000))
     process(landing, lake)
 
     founded = {r["Id"]: r["Founded"] for r in layer_rows(lake, "current", f"{ORG}/account")}
-    assert founded == {"early-s": early, "late-ms": late}
+    assert founded == {"early-s": early, "late-ms": late, "no-time": late}
     (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
     assert note["file"].endswith(misread.name)
     assert (

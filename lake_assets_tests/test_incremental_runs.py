@@ -765,6 +765,28 @@ def test_no_other_writer_gets_the_table_between_a_runs_read_and_its_note_of_what
     assert lake.changes()[hour(4)] == ["d"]
 
 
+def test_a_changes_step_whose_store_fails_lets_go_of_its_tables_lease(lake, monkeypatch):
+    """The changes step holds its table's lease across its output, which Dagster hands to the IO
+    manager while the step waits: a store that fails ends the step, and the lease goes with it
+    (the next run of the table does not wait for it)."""
+    from lake_assets import lease
+    from lake_assets.orchestration import io_managers
+
+    def failing_store(*args, **kwargs):
+        raise OSError("the disk is full")
+
+    monkeypatch.setattr(io_managers, "store_partitions", failing_store)
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    with pytest.raises(LakeAssetsError):
+        lake.run()
+    layout = LakeLayout(lake.config.lake)
+    with lease.writing_table(Storage(), layout, "unit", "accounts", "next", "changes", 0, print):
+        pass
+    monkeypatch.undo()
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["d"]
+
+
 def test_a_fold_does_not_take_another_runs_later_store_of_its_hours_for_what_it_folded(lake, monkeypatch):
     """Two writers of one table take turns step by step: another run may store an hour again
     between this run's store and its fold. Its note names a file this run's batch lacks; taken

@@ -5,6 +5,7 @@ lease taken away from a holder that stopped renewing it fails that holder."""
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import subprocess
 import sys
@@ -69,6 +70,37 @@ def test_a_holder_holding_its_lease_again_holds_it_on_until_its_outer_hold_ends(
             pytest.fail("the lease was let go when the inner hold ended")
     with lease.held(storage, uri, "run B", 0, print):
         pass
+
+
+def test_a_lease_lost_while_an_inner_hold_ran_stops_its_caller(moto_server, s3_bucket, monkeypatch):
+    """The changes step holds its lease around its IO manager's store: should the lease be taken
+    while the store held it on, the step learns it as the store ends, before it notes what it
+    stored, not at its own end."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/_leases/unit/accounts/lease.json"
+    monkeypatch.setattr(lease, "RENEW_SECONDS", 600.0)
+    noted = []
+    with pytest.raises(lease.LeaseLost), lease.held(storage, uri, "run A", 0, print):
+        try:
+            with lease.held(storage, uri, "run A", 0, print):
+                _take_away(storage, uri, "run B")
+            noted.append("the stored note")
+        except lease.LeaseLost as lost:
+            assert "is no longer run A's" in str(lost)
+            raise
+    assert noted == []
+
+
+def test_an_s3_stamp_still_tells_earlier_readers_when_it_runs_out(moto_server, s3_bucket):
+    """A reader of an earlier lake_assets judges a lease by `expires_at` (its holder's clock):
+    a stamp without it read to that reader as nobody's, and it took a live lease."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/lake/_leases/unit/accounts/lease.json"
+    with lease.held(storage, uri, "run A", 0, print):
+        found = storage.read_tagged(uri)
+        assert found is not None
+        stamp = json.loads(found.data)
+        assert stamp["who"] == "run A" and stamp["expires_at"] > time.time() + 60
 
 
 def test_a_writer_that_fails_lets_go_of_the_lease(place):

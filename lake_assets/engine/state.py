@@ -208,8 +208,9 @@ def commit(
     """Record the plan, apply it, then forget it.
 
     The table's lease must still be the step's (`lease.confirm_held`). `on_step` is called
-    before every file operation; the crash tests use it to kill the process at an exact point. `removing` is told the files the plan deletes once the record
-    is written (from then on they go, by this commit or by the next run's `recover`)."""
+    before every file operation; the crash tests use it to kill the process at an exact point.
+    `removing` is told the files the plan deletes once the record is written (from then on they
+    go, by this commit or by the next run's `recover`)."""
     step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
     _check_staged(storage, state, plan)

@@ -163,11 +163,19 @@ def typed_copies(columns: list[str]) -> dict[str, dict[str, str]]:
         field = lake_name(match.group("field"))
         if field in present and field not in GRAX_COLUMNS:
             pairs[column] = (field, match.group("suffix"))
+
+    def is_copy(column: str) -> bool:
+        # GRAX types fields, not copies: beside `Total` and `Total_i`, a `Total_i_b` is a field
+        # of its own (taken for a copy of a copy, its values went nowhere), and `Total_i_b_b`
+        # that field's copy. Fields and copies alternate down a chain of names, each shorter.
+        steps = 0
+        while column in pairs:
+            column, steps = pairs[column][0], steps + 1
+        return steps % 2 == 1
+
     copies: dict[str, dict[str, str]] = {}
     for column, (field, suffix) in pairs.items():
-        # GRAX types fields, not copies: beside `Total` and `Total_i`, a `Total_i_b` is a field
-        # of its own (taken for a copy of a copy, its values went nowhere)
-        if field not in pairs:
+        if is_copy(column):
             copies.setdefault(field, {})[suffix] = column
     return copies
 
@@ -431,9 +439,14 @@ class GraxV2Format(FeedFormat):
                 ).otherwise(invalid)
         for field, group in sorted(copies.items()):
             epochs = group.get("ts")
-            if epochs is not None and _holds_epoch_numbers(raw.schema[epochs].dataType):
+            if (
+                epochs is not None
+                and _holds_epoch_numbers(raw.schema[epochs].dataType)
+                and isinstance(raw.schema[field].dataType, T.StringType)
+            ):
                 unlike = _epoch_unlike_its_text(
-                    col(field), timestamp_column(epochs, raw.schema[epochs].dataType)
+                    timestamp_column(field, T.StringType()),
+                    timestamp_column(epochs, raw.schema[epochs].dataType),
                 )
                 invalid = F.when(
                     unlike,
@@ -535,16 +548,15 @@ def _parsed_to_another_value(text: Column, parsed: Column, target: T.DataType) -
 
 
 def _holds_epoch_numbers(stored: T.DataType) -> bool:
-    """Whether a timestamp copy is stored as numbers of seconds or milliseconds."""
+    """Whether a timestamp copy is stored as epoch numbers (`timestamp_column` reads them)."""
     return isinstance(stored, (T.IntegralType, T.DecimalType))
 
 
-def _epoch_unlike_its_text(text: Column, moment: Column) -> Column:
+def _epoch_unlike_its_text(told: Column, moment: Column) -> Column:
     """Whether an epoch number, read in the unit its size suggests (`epoch.EPOCH_MS_THRESHOLD`),
-    is more than a day from the moment the field's own text says, where that text reads as a
-    time: milliseconds before March 1973 are small enough to pass for seconds, and read so
-    they are years away. (GRAX keeps every field's value as text beside its typed copies.)"""
-    told = text.try_cast("timestamp")
+    is more than a day from the moment the field's own text tells (`told`, NULL where the text
+    is no time): milliseconds before March 1973 are small enough to pass for seconds, and read
+    so they are years away. (GRAX keeps every field's value as text beside its typed copies.)"""
     return F.coalesce(F.abs(F.unix_micros(told) - F.unix_micros(moment)) > DAY_MS * 1000, F.lit(False))
 
 
