@@ -456,8 +456,9 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:
     """Ask the partitions holding data of a file removed from `partitions` since they were
     processed (Flow: a compaction in another hour holding a removed fragment's bytes, which that
-    hour's run read from the removed one) to run again. The request stands until their fold
-    succeeds: once this run's notes no longer name the file, nothing else would tell. Returns
+    hour's run read from the removed one) to run again. The request stands until a fold of
+    theirs that was read after it (`reruns.request_read_since_removal`): once this run's notes
+    no longer name the file, nothing else would tell. The step holds the table's lease. Returns
     the partitions asked."""
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed, work.table
     if not fmt.files_share_data:
@@ -474,15 +475,12 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
         return []
     keys = fmt.partition_keys(storage, feed.landing, table)
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
-    standing = reruns.read_reruns(storage, layout, feed.name, table)
     live = {p: landed.get(p, []) for p in partitions}
     holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
-    for partition, held in holding.items():
-        if partition not in partitions and not reruns.asked_for_all(
-            standing.get(partition, []), held.removed
-        ):
-            reruns.request_rerun(storage, layout, feed.name, table, partition, held.reason, [], held.removed)
-            log.info(f"{feed.name}/{table}: asked {partition} to run again: it {held.reason}")
+    for partition, reason in holding.items():
+        if partition not in partitions:
+            reruns.request_read_since_removal(storage, layout, feed.name, table, partition, reason)
+            log.info(f"{feed.name}/{table}: asked {partition} to run again: it {reason}")
     return sorted(p for p in holding if p not in partitions)
 
 

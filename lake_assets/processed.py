@@ -253,20 +253,11 @@ def changed_partitions(
     return changes
 
 
-@dataclasses.dataclass(frozen=True)
-class HoldsRemovedData:
-    """Why a partition must run again: it holds data of files removed from other partitions."""
-
-    reason: str
-    #: the removed files (a run of the partition that read from one of them read before the removal)
-    removed: tuple[str, ...]
-
-
 def holding_removed_data(
     landed: dict[str, list[Entry]],
     notes: dict[str, dict[str, ProcessedFile]],
     holding: Callable[[list[str], list[str]], dict[str, str]],
-) -> dict[str, HoldsRemovedData]:
+) -> dict[str, str]:
     """partition -> why it must run again: it holds some of the same data as a file removed
     from another partition (`holding`, the format's test: a Flow fragment removed from one hour
     while another hour's compaction holds its bytes again, which that hour's run read from the
@@ -279,17 +270,14 @@ def holding_removed_data(
     if not removed:
         return {}
     partition_of = {entry.uri: partition for partition, entries in landed.items() for entry in entries}
-    gone_from: dict[str, list[str]] = {}
+    found: dict[str, str] = {}
     for uri, gone in sorted(holding(sorted(removed), sorted(partition_of)).items()):
-        if removed[gone] != partition_of[uri]:
-            gone_from.setdefault(partition_of[uri], []).append(gone)
-    return {
-        partition: HoldsRemovedData(
-            f"holds data of {gone[0].rsplit('/', 1)[-1]}, removed from {removed[gone[0]]}",
-            tuple(sorted(set(gone))),
-        )
-        for partition, gone in gone_from.items()
-    }
+        partition = partition_of[uri]
+        if removed[gone] != partition:
+            found.setdefault(
+                partition, f"holds data of {gone.rsplit('/', 1)[-1]}, removed from {removed[gone]}"
+            )
+    return found
 
 
 def _why_changed(storage: Storage, files: list[Entry], note: dict[str, ProcessedFile] | None) -> str | None:

@@ -10,9 +10,10 @@ own files says. Two records make this safe, without comparing clocks (docs/incre
   `<lake>/_state/<feed>/<table>/reading/<partition>.json`;
 - a request that a partition run again because its rows depend on bytes (`ByteRange`s) its
   reading does not hold, one file per request at
-  `<lake>/_state/<feed>/<table>/reruns/<partition>/<request>.json`. Planning and the landing
-  sensor take such a partition as changed; a successful fold of it withdraws every request its
-  reading now answers (or whose file is gone).
+  `<lake>/_state/<feed>/<table>/reruns/<partition>/<request>.json`; or, for a request made
+  once files its changes may have been read from were removed, on a reading recorded after it
+  (`AfterRemoval`). Planning and the landing sensor take such a partition as changed; a
+  successful fold of it withdraws every request its reading now answers (or whose file is gone).
 
 Pure storage logic: no Spark, no Dagster.
 """
@@ -23,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable
 
 from typing_extensions import NotRequired, TypedDict
@@ -55,8 +57,9 @@ class Reading:
 
     read: dict[str, tuple[tuple[int, int], ...]]
     set_aside: frozenset[str] = frozenset()
-    #: the landed files the bytes were read from (None in a reading recorded before it was kept)
-    read_from: frozenset[str] | None = None
+    #: this record's own mark, given as it is written (`leave_reading`): a request made after a
+    #: removal is answered only by a reading recorded since (None before marks were kept)
+    recorded: str | None = None
 
     def holds(self, part: ByteRange) -> bool:
         """Whether the run read `part`'s bytes (from it or another file holding them) with none
@@ -76,12 +79,8 @@ class Reading:
         return {
             "read": {stream: [list(r) for r in ranges] for stream, ranges in self.read.items()},
             "set_aside": sorted(self.set_aside),
-            **({"read_from": sorted(self.read_from)} if self.read_from is not None else {}),
+            **({"recorded": self.recorded} if self.recorded is not None else {}),
         }
-
-    def read_any_of(self, uris: tuple[str, ...]) -> bool:
-        """Whether the bytes were read from any of `uris` (a reading that does not say: no)."""
-        return self.read_from is not None and not self.read_from.isdisjoint(uris)
 
 
 def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -97,15 +96,15 @@ def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class RerunRequest:
-    """One run's request that `partition` run again: its rows depend on `parts`, and on being
-    read from none of the files `not_read_from` (removed since, their bytes held elsewhere)."""
+    """One run's request that `partition` run again: its rows depend on `parts`, or (`after`)
+    on being read again since a removal."""
 
     partition: str
     reason: str
     parts: tuple[ByteRange, ...]
     #: the request's file; its name is unique, so a sensor keys its run by it
     uri: str
-    not_read_from: tuple[str, ...] = ()
+    after: AfterRemoval | None = None
 
     @property
     def name(self) -> str:
@@ -124,8 +123,8 @@ def leave_reading(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], reading: Reading
 ) -> None:
     """Record what the stored changes of `partitions` were read from (each partition's record
-    replaces the one before, so it always describes the changes stored)."""
-    body = json.dumps(reading.to_json()).encode()
+    replaces the one before, so it always describes the changes stored), under a mark of its own."""
+    body = json.dumps(dataclasses.replace(reading, recorded=uuid.uuid4().hex).to_json()).encode()
     folder = reading_folder(layout, feed, table)
     each_file(lambda partition: storage.write_bytes(join(folder, f"{partition}.json"), body), partitions)
 
@@ -143,10 +142,20 @@ def read_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str)
     return {json_name(entry) for entry in json_files(storage, reading_folder(layout, feed, table))}
 
 
+@dataclasses.dataclass(frozen=True)
+class AfterRemoval:
+    """A request made once files the partition's stored changes may have been read from were
+    removed: only a reading recorded since answers it. `reading` is the mark of the partition's
+    reading when the request was made (None: it had none). Both are written under the table's
+    lease, so a reading with another mark was read after the removal; no clocks are compared."""
+
+    reading: str | None
+
+
 class _RequestNote(TypedDict):
     reason: str
     parts: list[ByteRange]
-    not_read_from: NotRequired[list[str]]
+    after: NotRequired[AfterRemoval]
 
 
 def request_rerun(
@@ -157,19 +166,37 @@ def request_rerun(
     partition: str,
     reason: str,
     parts: list[ByteRange],
-    not_read_from: tuple[str, ...] = (),
+    after: AfterRemoval | None = None,
 ) -> RerunRequest:
-    """Ask for `partition` to run again because its rows depend on `parts`, or on not being
-    read from the removed files `not_read_from`: a file of its own, so no request overwrites
-    another."""
+    """Ask for `partition` to run again because its rows depend on `parts`, or on a read since
+    a removal (`after`): a file of its own, so no request overwrites another."""
     body: dict = {"reason": reason, "parts": [dataclasses.asdict(p) for p in parts]}
-    if not_read_from:
-        body["not_read_from"] = sorted(not_read_from)
+    if after is not None:
+        body["after"] = dataclasses.asdict(after)
     data = json.dumps(body, indent=1).encode()
     name = f"{time.time_ns() // 1_000_000}-{hashlib.blake2b(data, digest_size=6).hexdigest()}"
     uri = join(reruns_folder(layout, feed, table), partition, f"{name}.json")
     storage.write_bytes(uri, data)
-    return RerunRequest(partition, reason, tuple(parts), uri, tuple(not_read_from))
+    return RerunRequest(partition, reason, tuple(parts), uri, after)
+
+
+def request_read_since_removal(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, reason: str
+) -> RerunRequest:
+    """Ask for `partition` to run again because files its stored changes may have been read
+    from were removed: answered only by a reading recorded after this request (`AfterRemoval`).
+    The caller holds the table's lease."""
+    reading = read_reading(storage, layout, feed, table, partition)
+    return request_rerun(
+        storage,
+        layout,
+        feed,
+        table,
+        partition,
+        reason,
+        [],
+        AfterRemoval(reading.recorded if reading else None),
+    )
 
 
 def read_reruns(
@@ -191,11 +218,7 @@ def read_reruns(
         def request(uri: str) -> RerunRequest:
             note = read_lake_json(storage, uri, _RequestNote)
             return RerunRequest(
-                partition_folder.name,
-                note["reason"],
-                tuple(note["parts"]),
-                uri,
-                tuple(note.get("not_read_from", ())),
+                partition_folder.name, note["reason"], tuple(note["parts"]), uri, note.get("after")
             )
 
         return [request(entry.uri) for entry in json_files(storage, partition_folder.uri)]
@@ -203,13 +226,6 @@ def read_reruns(
     return {
         folder.name: found for folder, found in zip(folders, each_file(read, folders), strict=True) if found
     }
-
-
-def asked_for_all(standing: list[RerunRequest], removed: tuple[str, ...]) -> bool:
-    """Whether requests standing for a partition already name every one of the `removed` files
-    its rows must not have been read from (each run that finds removals adds those it finds)."""
-    named = {uri for request in standing for uri in request.not_read_from}
-    return named.issuperset(removed)
 
 
 def asked(requests: dict[str, list[RerunRequest]]) -> dict[str, str]:
@@ -231,8 +247,9 @@ def withdraw_answered(
 ) -> list[RerunRequest]:
     """After a successful fold of `partitions`, withdraw the requests of each that its recorded
     reading answers: every part read or set aside, or its file gone (warned: nothing is left to
-    read), and none of the removed files it names read from (a read that took place before the
-    removal still did). A request its reading does not answer stands. Returns those withdrawn."""
+    read), and, for a request made after a removal, a reading recorded since (a read that took
+    place before the removal still read the removed files). A request its reading does not
+    answer stands. Returns those withdrawn."""
     standing = read_reruns(storage, layout, feed, table)
     withdrawn = []
     for partition in partitions:
@@ -242,7 +259,9 @@ def withdraw_answered(
         for request in standing[partition]:
             unread = [part for part in request.parts if not reading.answers(part)]
             gone = [part for part in unread if not storage.exists(part.uri)]
-            if len(gone) < len(unread) or reading.read_any_of(request.not_read_from):
+            if len(gone) < len(unread) or (
+                request.after is not None and request.after.reading == reading.recorded
+            ):
                 continue
             for part in gone:
                 warn(f"{feed}/{table}: {partition} was asked to read {part.uri}, which is gone")

@@ -265,8 +265,9 @@ def _changed_partitions(
     outside it are not read, so their files do not look removed) whose landed files changed
     since they were processed or that a run asked to run again, and the last one if the table
     has stray files no run has reported yet (every run reports strays). A partition holding
-    data of a file removed from another is asked to run again, in a request that stands until
-    its fold succeeds: a run of the other partition alone must not make it forget."""
+    data of a file removed from another is chosen too; the run of the other partition asks it
+    to run again, in a request that stands until it is read again and folded
+    (`pipeline.ingest`)."""
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
     notes = {
         partition: note
@@ -275,17 +276,16 @@ def _changed_partitions(
         ).items()
         if within(partition)
     }
-    requests = reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key)
-    standing = reruns.asked(requests)
+    standing = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key))
     holding = (
         processed.holding_removed_data(landed, notes, fmt.holding_removed_data)
         if fmt.files_share_data
         else {}
     )
-    for partition, held in holding.items():
-        if not reruns.asked_for_all(requests.get(partition, []), held.removed):
-            reruns.request_rerun(storage, layout, feed.name, table, partition, held.reason, [], held.removed)
-            standing.setdefault(partition, held.reason)
+    for partition, reason in holding.items():
+        # chosen now; the request that outlives this command is made by the run of the
+        # partitions the files were removed from, under the table's lease (`pipeline.ingest`)
+        standing.setdefault(partition, reason)
     changes = processed.changed_partitions(storage, landed, notes, standing)
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}

@@ -127,12 +127,7 @@ def table_status(
                 landed,
                 notes,
                 {
-                    **{
-                        partition: held.reason
-                        for partition, held in processed.holding_removed_data(
-                            landed, notes, fmt.holding_removed_data
-                        ).items()
-                    },
+                    **processed.holding_removed_data(landed, notes, fmt.holding_removed_data),
                     **reruns.asked(requests),
                 },
             )

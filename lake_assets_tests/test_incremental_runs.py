@@ -577,6 +577,29 @@ def test_requests_to_run_again_stand_until_a_fold_whose_changes_read_what_they_n
     assert reruns.read_reruns(storage, layout, "flow", "t") == {} and str(other) in warnings[0]
 
 
+def test_a_request_made_after_a_removal_stands_until_a_reading_recorded_since(tmp_path):
+    """A request that a partition be read again after files were removed is answered only by a
+    reading recorded after it: a fold of changes read before the removal leaves it standing,
+    the next read withdraws it. A partition with no reading yet needs one too; a request written
+    before such requests were marked reads as the plain request it was."""
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    reading = reruns.Reading({"j": ((0, 100),)})
+
+    def folds() -> list[reruns.RerunRequest]:
+        return reruns.withdraw_answered(storage, layout, "flow", "t", [hour(1), hour(2)], print)
+
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reading)  # read before the removal
+    reruns.request_read_since_removal(storage, layout, "flow", "t", hour(1), "holds data of x")
+    reruns.request_read_since_removal(storage, layout, "flow", "t", hour(2), "holds data of y")  # never read
+    assert folds() == []
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1), hour(2)], reading)  # read again since
+    assert sorted(r.partition for r in folds()) == [hour(1), hour(2)]
+    old = reruns.reruns_folder(layout, "flow", "t") + f"/{hour(1)}/1-old.json"
+    storage.write_bytes(old, json.dumps({"reason": "from before", "parts": []}).encode())
+    assert reruns.read_reruns(storage, layout, "flow", "t")[hour(1)][0].after is None
+    assert [r.uri for r in folds()] == [old]
+
+
 def test_a_backfills_notes_are_written_several_at_a_time_and_one_failure_stops_none_of_the_others(
     tmp_path, monkeypatch
 ):

@@ -863,7 +863,6 @@ class FlowJournalFormat(FeedFormat):
         read = skipped = 0
         ranges: dict[str, tuple[tuple[int, int], ...]] = {}
         set_aside: set[str] = set()
-        read_from: set[str] = set()
         for journal in journals:
             pieces, journal_gaps = journal.cover()
             own_end = max(
@@ -873,7 +872,6 @@ class FlowJournalFormat(FeedFormat):
             ranges[journal.name] = merged([(piece.start, piece.end) for piece in pieces])
             set_aside.update(journal.failed)
             used = {piece.fragment.uri for piece in pieces}
-            read_from |= used
             for fragment in journal.fragments:
                 if journal.hour_of[fragment.uri] not in wanted:
                     continue
@@ -883,7 +881,7 @@ class FlowJournalFormat(FeedFormat):
                     read += 1
                 else:
                     skipped += 1
-        return read, skipped, gaps, Reading(ranges, frozenset(set_aside), frozenset(read_from))
+        return read, skipped, gaps, Reading(ranges, frozenset(set_aside))
 
     @staticmethod
     def _journal_fragments(
