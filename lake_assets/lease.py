@@ -132,7 +132,8 @@ def held(
     if outer is not None:
         with _held_on(outer[0]):
             yield
-        confirm_held()  # lost while the inner block ran: its caller must not go on as if held
+        if not outer[0].confirm():  # lost while the inner block ran: its caller must not go on
+            raise LeaseLost(_no_longer_held(outer[0]))
         return
     lease: _Lease = _S3Lease(storage, uri, who) if is_s3(uri) else _LocalLease(uri, who)
     _take(lease, uri, wait_seconds, say)
@@ -143,6 +144,9 @@ def held(
             yield
     finally:
         lost = lease.release()
+        with _held_here_guard:  # an inner hold still counted (ended out of order) ends with it
+            if _held_here.get((uri, who), (None, 0))[0] is lease:
+                del _held_here[uri, who]
     if lost:
         raise LeaseLost(
             f"the lease {uri} was taken by another writer while {who} held it (its renewals failed "
@@ -153,18 +157,18 @@ def held(
 @contextlib.contextmanager
 def _held_on(lease: _Lease) -> Iterator[None]:
     """One hold of a lease this process has taken: `confirm_held` finds it within the block,
-    and the process counts it as held until the block ends (counted down first, so a hold that
-    ends out of order never leaves a let-go lease counted as held)."""
+    and the process counts it as held until the block ends (counted down before anything that
+    could fail)."""
     holding = _holding.set(lease)
     try:
         yield
     finally:
         with _held_here_guard:
             key = (lease.uri, lease.who)
-            held_lease, holds = _held_here[key]
-            if holds > 1:
-                _held_here[key] = (held_lease, holds - 1)
-            else:
+            held_lease, holds = _held_here.get(key, (None, 0))
+            if held_lease is lease and holds > 1:
+                _held_here[key] = (lease, holds - 1)
+            elif held_lease is lease:
                 del _held_here[key]
         with contextlib.suppress(ValueError):  # ended in another context than it began in
             _holding.reset(holding)
@@ -178,10 +182,14 @@ def confirm_held() -> None:
     holds no lease, as the engine's own tests) there is nothing to confirm."""
     lease = _holding.get()
     if lease is not None and not lease.confirm():
-        raise LeaseLost(
-            f"the lease {lease.uri} is no longer {lease.who}'s, or could not be renewed before it "
-            "may have run out: another writer may hold it; nothing more was committed, run it again"
-        )
+        raise LeaseLost(_no_longer_held(lease))
+
+
+def _no_longer_held(lease: _Lease) -> str:
+    return (
+        f"the lease {lease.uri} is no longer {lease.who}'s, or could not be renewed before it "
+        "may have run out: another writer may hold it; nothing more was committed, run it again"
+    )
 
 
 def _take(lease: _Lease, uri: str, wait_seconds: float, say: Callable[[str], None]) -> None:
