@@ -143,10 +143,12 @@ def held(
         with _held_on(lease):
             yield
     finally:
-        lost = lease.release()
         with _held_here_guard:  # an inner hold still counted (ended out of order) ends with it
             if _held_here.get((uri, who), (None, 0))[0] is lease:
                 del _held_here[uri, who]
+        if _holding.get() is lease:
+            _holding.set(None)
+        lost = lease.release()
     if lost:
         raise LeaseLost(
             f"the lease {uri} was taken by another writer while {who} held it (its renewals failed "
@@ -374,4 +376,5 @@ class _S3Lease(_Lease):
             if not self.lost and self.tag is not None:
                 with contextlib.suppress(OSError):  # unreleased, it expires by itself
                     self.lost = self._stamped(released=True) is None
+            self.tag = None  # let go: nothing renews or confirms it any more
         return self.lost

@@ -290,7 +290,8 @@ def record_processed(
             "their changes again after this one, so the next run processes them again"
         )
     processed.write_notes(storage, layout, feed, table, stored)
-    reruns.withdraw_answered(storage, layout, feed, table, partitions, log.warning)
+    # only what this fold folded: another run's later store is that run's to answer with
+    reruns.withdraw_answered(storage, layout, feed, table, sorted(stored), log.warning)
 
 
 def _stored_since_read(work: TableWork, partitions: list[str], read: set[str]) -> set[str]:
@@ -478,8 +479,9 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
     live = {p: landed.get(p, []) for p in partitions}
     holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
     for partition, reason in holding.items():
-        if partition not in partitions:
-            reruns.request_read_since_removal(storage, layout, feed.name, table, partition, reason)
+        if partition not in partitions and reruns.request_read_since_removal(
+            storage, layout, feed.name, table, partition, reason
+        ):
             log.info(f"{feed.name}/{table}: asked {partition} to run again: it {reason}")
     return sorted(p for p in holding if p not in partitions)
 

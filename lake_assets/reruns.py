@@ -182,21 +182,20 @@ def request_rerun(
 
 def request_read_since_removal(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, reason: str
-) -> RerunRequest:
+) -> RerunRequest | None:
     """Ask for `partition` to run again because files its stored changes may have been read
-    from were removed: answered only by a reading recorded after this request (`AfterRemoval`).
-    The caller holds the table's lease."""
-    reading = read_reading(storage, layout, feed, table, partition)
-    return request_rerun(
-        storage,
-        layout,
-        feed,
-        table,
-        partition,
-        reason,
-        [],
-        AfterRemoval(reading.recorded if reading else None),
-    )
+    from were removed: answered only by a reading recorded after this request (`AfterRemoval`);
+    None when a request standing already waits for a reading after the current one. The caller
+    holds the table's lease."""
+    try:
+        reading = read_reading(storage, layout, feed, table, partition)
+    except DamagedLakeFile:
+        reading = None  # no mark: the partition's next reading answers it, and rewrites the damage
+    after = AfterRemoval(reading.recorded if reading else None)
+    standing = read_reruns(storage, layout, feed, table).get(partition, [])
+    if any(request.after == after for request in standing):
+        return None
+    return request_rerun(storage, layout, feed, table, partition, reason, [], after)
 
 
 def read_reruns(

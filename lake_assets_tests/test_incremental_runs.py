@@ -589,8 +589,12 @@ def test_a_request_made_after_a_removal_stands_until_a_reading_recorded_since(tm
         return reruns.withdraw_answered(storage, layout, "flow", "t", [hour(1), hour(2)], print)
 
     reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reading)  # read before the removal
-    reruns.request_read_since_removal(storage, layout, "flow", "t", hour(1), "holds data of x")
-    reruns.request_read_since_removal(storage, layout, "flow", "t", hour(2), "holds data of y")  # never read
+    assert reruns.request_read_since_removal(storage, layout, "flow", "t", hour(1), "holds data of x")
+    assert reruns.request_read_since_removal(
+        storage, layout, "flow", "t", hour(2), "holds data of y"
+    )  # never read
+    # each run of the emptied hours finds the removal again: one request waits for the next reading
+    assert reruns.request_read_since_removal(storage, layout, "flow", "t", hour(1), "holds data of x") is None
     assert folds() == []
     reruns.leave_reading(storage, layout, "flow", "t", [hour(1), hour(2)], reading)  # read again since
     assert sorted(r.partition for r in folds()) == [hour(1), hour(2)]
