@@ -7,6 +7,7 @@ took (from the runs' range tags) and what the lake holds.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -602,6 +603,29 @@ def test_a_request_made_after_a_removal_stands_until_a_reading_recorded_since(tm
     storage.write_bytes(old, json.dumps({"reason": "from before", "parts": []}).encode())
     assert reruns.read_reruns(storage, layout, "flow", "t")[hour(1)][0].after is None
     assert [r.uri for r in folds()] == [old]
+
+
+def test_a_fold_answers_no_request_with_a_reading_another_run_stored_since(tmp_path):
+    """Run A stored an hour's changes before a removal; a request asked for a read since; run B
+    read and stored the hour again. A's fold folds A's batch: the reading B recorded is not what
+    A folded, so the request stands for B's fold (were B's to fail, nothing else would tell)."""
+    from lake_assets import pipeline
+
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    feed = FeedConfig(name="flow", format="unit_cdc", landing=f"file://{tmp_path}/landing")
+    work = pipeline.TableWork(feed, None, "t", storage, layout, None, "run-a")
+    files = {hour(1): {f"file://{tmp_path}/f.gz": processed.ProcessedFile(1, "h", 2)}}
+    reading = reruns.Reading({"j": ((0, 100),)})
+    processed.write_stored_notes(storage, layout, "flow", "t", files, "run-a")
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reading)
+    assert reruns.request_read_since_removal(storage, layout, "flow", "t", hour(1), "holds data of x")
+    processed.write_stored_notes(storage, layout, "flow", "t", files, "run-b")
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reading)
+
+    pipeline.record_processed(work, [hour(1)], "run-a")
+    assert list(reruns.read_reruns(storage, layout, "flow", "t")) == [hour(1)]
+    pipeline.record_processed(dataclasses.replace(work, run_id="run-b"), [hour(1)], "run-b")
+    assert reruns.read_reruns(storage, layout, "flow", "t") == {}
 
 
 def test_a_backfills_notes_are_written_several_at_a_time_and_one_failure_stops_none_of_the_others(
