@@ -6,6 +6,7 @@ import datetime as dt
 import gzip
 import hashlib
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -502,6 +503,37 @@ def test_bad_fragments_are_named_quarantined_and_a_gap_is_reported(spark, tmp_pa
         ]
     assert len(metadata["gaps"]) == 5
     assert landing_complete_passed(instance, "acmeco_customers") is False
+
+
+def _name_not_utf8(fragment: Path) -> tuple[str, str]:
+    odd = os.path.join(os.fsencode(fragment.parent), os.fsencode(fragment.name) + b"\xff")
+    os.rename(fragment, odd)
+    return f"{uri(fragment)}\\xff", "its name is not UTF-8 text"
+
+
+def _link_to_nowhere(fragment: Path) -> tuple[str, str]:
+    fragment.unlink()
+    fragment.symlink_to(fragment.parent / "gone.gz")
+    return uri(fragment), "a symbolic link that leads nowhere"
+
+
+@pytest.mark.parametrize("spoil", [_name_not_utf8, _link_to_nowhere])
+def test_a_fragment_no_one_can_open_is_reported_with_its_cause_and_its_hour_goes_on(spark, tmp_path, spoil):
+    """A local fragment that cannot be opened (its name's bytes are not UTF-8, or it is a link
+    that leads nowhere) is set aside with that cause, as Unit and GRAX files are, and the hour's
+    other fragments are read, on every run: it never fails the table's catalog step."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    first = doc_line(1)
+    write_fragment(journal, 0, first)
+    file, cause = spoil(write_fragment(journal, len(first), doc_line(2)))
+
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+    for _ in range(2):
+        run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+        assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1]
+    ((noted, reason),) = quarantine_notes(lake).items()
+    assert noted == file and cause in reason
 
 
 def test_a_failed_fragment_gives_way_to_the_fragments_holding_the_same_bytes(spark, tmp_path):

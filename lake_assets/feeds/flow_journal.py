@@ -71,7 +71,7 @@ from lake_assets.ingest import (
     text_repaired_per_file,
 )
 from lake_assets.lake_io import released_after
-from lake_assets.paths import is_s3, safe_segment
+from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading, merged
 from lake_assets.storage import Entry, Storage
@@ -547,6 +547,11 @@ def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
     return fragments
 
 
+def _readable_files(storage: Storage, folder: str) -> list[Entry]:
+    """The files of an hour folder that can be opened; the rest are strays (`stray_files`)."""
+    return [e for e in storage.list(folder) if not e.is_dir and e.unreadable is None]
+
+
 def _journal_folder(uri: str) -> str:
     """A fragment's journal folder as its URI spells it (cheap: no name parsed)."""
     return uri.split("/utc_date=", 1)[0]
@@ -669,12 +674,12 @@ class FlowJournalFormat(FeedFormat):
         for journal in journals:
             for entry in storage.walk_files(journal.uri):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
-                if reason is None and entry.unreadable and is_s3(entry.uri):
-                    # an S3 key no hour's listing shows (`Storage._walk_s3`): an hour folder's
-                    # own key holding data; a local link that leads nowhere is read, and set aside, there
-                    reason = entry.unreadable
-                if reason is not None:  # a file no hour lists: why it cannot be read says most
-                    strays.append((entry, entry.unreadable or reason))
+                # A file no one can open (a link that leads nowhere, a local name that is not
+                # UTF-8, an S3 hour folder's own key holding data) is in no hour's listing
+                # (`_readable_files`): why it cannot be read says most.
+                why = entry.unreadable or reason
+                if why is not None:
+                    strays.append((entry, why))
         return strays
 
     def _hour_folders(self, storage: Storage, journal: Journal, since: dt.datetime | None) -> dict[str, str]:
@@ -704,8 +709,7 @@ class FlowJournalFormat(FeedFormat):
             for key, folder in self._hour_folders(storage, journal, since).items():
                 files = [
                     dataclasses.replace(e, name=f"{journal.name}/{e.name}")
-                    for e in storage.list(folder)
-                    if not e.is_dir
+                    for e in _readable_files(storage, folder)
                 ]
                 hours.setdefault(key, []).extend(files)
         return {k: tuple(sorted(v, key=lambda e: e.name)) for k, v in hours.items() if v}
@@ -728,8 +732,7 @@ class FlowJournalFormat(FeedFormat):
         return [
             e
             for journal in self.journals(storage, landing, table)
-            for e in storage.list(self._hour_folder(journal, partition))
-            if not e.is_dir
+            for e in _readable_files(storage, self._hour_folder(journal, partition))
         ]
 
     # --- reading ------------------------------------------------------------------------------
