@@ -57,6 +57,17 @@ def _text_of_local_name(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+def _why_not_readable(path: str, mode: int) -> str | None:
+    """Why a local file cannot be read by this process, or None. One the run's user may not
+    read (another owner's mode 600) would fail the table's catalog step on every run: it is
+    reported instead, and the files beside it are read."""
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    if not os.access(path, os.R_OK):
+        return "this process may not read it (permission denied)"
+    return None
+
+
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
     """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items`'
     order. Every item is tried before the first failure is raised."""
@@ -238,7 +249,7 @@ class Storage:
                 )
                 continue
             is_dir = stat.S_ISDIR(info.st_mode)
-            odd = None if is_dir or stat.S_ISREG(info.st_mode) else "not a regular file"
+            odd = None if is_dir else _why_not_readable(child.path, info.st_mode)
             out.append(
                 Entry(
                     child_uri,

@@ -490,3 +490,37 @@ def test_a_copy_named_like_a_note_in_an_older_lake_is_not_taken_for_one(tmp_path
     notes = notes_under(Storage(), f"file://{tmp_path / '_quarantine'}")
 
     assert sorted(e.name for e in notes) == ["x.reason.json.reason.json", "y.parquet.reason.json"]
+
+
+#: a folder of each feed's valid landing whose files a run reads
+_READ_FOLDER = {
+    "unit": unit_hour,
+    "grax": lambda landing: grax_batch(landing, "000000002"),
+    "flow": lambda landing: flow_journal(landing) / "utc_date=2024-06-01/utc_hour=10",
+}
+
+
+@pytest.mark.parametrize("feed_name", sorted(FEEDS))
+def test_a_file_the_run_may_not_read_is_reported_and_the_files_beside_it_are_read(
+    feed_name, valid_events, spark, tmp_path, monkeypatch
+):
+    """A landed file the run's user may not read (another owner's mode 600) is reported with
+    that cause, and the rest of its partition is read: it never fails the table's catalog step.
+    The tests run as root, which may read any file, so the kernel's answer (`os.access`) is
+    stood in for, for that one file."""
+    denied_name = "part-denied.parquet"
+    real_access = os.access
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda path, mode, **kw: Path(path).name != denied_name and real_access(path, mode, **kw),
+    )
+
+    def add(landing: Path) -> list[Path]:
+        return [good_unit_file(_READ_FOLDER[feed_name](landing) / denied_name)]
+
+    code, lake, _, (denied,) = run_cli(tmp_path, feed_name, add, monkeypatch)
+
+    assert code == 0
+    assert "may not read it (permission denied)" in quarantine_notes(lake)[uri(denied)]["reason"]
+    assert valid_events[feed_name] <= events(lake, FEEDS[feed_name])
