@@ -1030,6 +1030,29 @@ def test_journals_under_partition_folders_flow_escapes_are_read(spark, tmp_path)
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
 
 
+def test_a_bad_fragment_under_an_escaped_partition_folder_is_set_aside_by_its_own_name(spark, tmp_path):
+    """A fragment that fails, in a journal whose logical-partition folder holds Flow's escapes
+    (`Anvils%20Co`), is set aside under its name as listed: its copy holds its bytes, its note
+    is filed under its hour, and once it reads again the entry is withdrawn."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "category=Anvils%20Co" / "pivot=00"
+    content = doc_line(1)
+    bad = write_fragment(journal, 0, content, sum_of=b"other content")
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+
+    (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine").rglob("*.reason.json")]
+    assert note["file"] == uri(bad) and note["partition"] == "2024-06-01-10"
+    assert "SHA-1 mismatch" in note["reason"] and "copy failed" not in note["reason"]
+
+    bad.unlink()
+    write_fragment(journal, 0, content)
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    assert quarantine_notes(lake) == {}
+    assert [r["id"] for r in rows(lake, "current", "acmeco_customers")] == [1]
+
+
 def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped():
     """The journal task gets each cover piece beside its file's bytes (a left join): a piece
     without bytes (a path the read spelled otherwise) is a bad fragment with its reason."""

@@ -64,7 +64,6 @@ from lake_assets.feeds.base import (
 from lake_assets.ingest import (
     TEXT_REPAIRED,
     Batch,
-    canonical_uri,
     canonical_uri_column,
     collapse_counted,
     read_landed,
@@ -879,7 +878,8 @@ class FlowJournalFormat(FeedFormat):
                 if journal.hour_of[fragment.uri] not in wanted:
                     continue
                 if fragment.uri in journal.failed:
-                    quarantined.append(Quarantined(canonical_uri(fragment.uri), journal.failed[fragment.uri]))
+                    # the URI as listed: a fragment's name is never URL-encoded (Flow's escapes are text)
+                    quarantined.append(Quarantined(fragment.uri, journal.failed[fragment.uri]))
                 elif fragment.uri in used:
                     read += 1
                 else:
