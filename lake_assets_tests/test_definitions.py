@@ -12,6 +12,7 @@ from lake_assets.discovery import discover
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -235,3 +236,34 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     run_upstream("2024-03-01-01:00", "2024-03-01-02:00", {})
     after_outside_update, cursor = requested(cursor)
     assert after_outside_update == {"2024-03-01-01:00", "2024-03-01-02:00"}
+
+
+def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_path, monkeypatch, capfd):
+    """One table's listing fails (a folder the daemon may not list, the store out of reach): the
+    tick still asks for the other tables' runs, names the failure in its log, and keeps that
+    table's cursor, so the next tick that can list it asks for its runs."""
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    defs = discovered_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_landing_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    listing = Storage.list
+
+    def refusing_accounts(self, uri):
+        if "/accounts/" in f"{uri}/":
+            raise PermissionError(13, "Permission denied", uri)
+        return listing(self, uri)
+
+    monkeypatch.setattr(Storage, "list", refusing_accounts)
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        refused = sensor(context)
+    assert [r.tags["lake_assets/table"] for r in refused.run_requests] == ["cards"]
+    assert "unit/accounts: its landing could not be scanned" in capfd.readouterr().err
+
+    monkeypatch.setattr(Storage, "list", listing)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=refused.cursor) as context:
+        listed = sensor(context)
+    assert {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in listed.run_requests} == {
+        ("accounts", "2024-03-01-03"),
+        ("accounts", "2024-03-01-09"),
+    }

@@ -7,14 +7,16 @@ that another run asked to run again (`reruns.request_rerun`) gets a run of its o
 its standing requests.
 """
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import dagster as dg
 
 from lake_assets import reruns
 from lake_assets.config import FeedConfig
 from lake_assets.discovery import Pin, describe, describe_unread, discover_feed, feed_tables
-from lake_assets.errors import DamagedLakeFile, LakeAssetsError
+from lake_assets.errors import DamagedLakeFile, LakeAssetsError, first_line
 from lake_assets.feeds.base import FeedFormat, hour_key
 from lake_assets.landing_watch import (
     BatchCursor,
@@ -29,6 +31,8 @@ from lake_assets.landing_watch import (
 )
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
+from lake_assets.paths import LakeLayout
+from lake_assets.storage import Storage
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -64,37 +68,69 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
-            first = _first_hour(assets)
-            found, cursors[name], before_start = scan_table(
-                storage, fmt, feed.landing, name, cursors.get(name) or TableCursor(), feed.late_hours, first
-            )
-            if before_start:
-                context.log.warning(
-                    f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
-                    f"partition {first} are not run: {describe_hours(before_start)}. `lake-assets "
-                    "discover` (or the tables sensor) pins the first landed hour, and a reload of the "
-                    "code location takes them in; an explicit `start` in the configuration leaves them out"
+            with _on_its_own(context, feed.name, name):
+                requests, observed, cursors[name] = _hourly_runs(
+                    context, storage, layout, feed, fmt, assets, cursors.get(name) or TableCursor()
                 )
-            try:
-                standing_requests = reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key)
-            except DamagedLakeFile as damaged:  # one table's note stops no other table's runs
-                context.log.warning(f"{feed.name}/{name}: its requests to run again are not read: {damaged}")
-                standing_requests = {}
-            # an hour asked to run again that this tick runs anyway needs no run of its own
-            for partition, standing in sorted(standing_requests.items()):
-                if partition not in {f.partition for f in found}:
-                    run_requests.append(_rerun(feed.name, assets, partition, standing))
-            if not found:
-                continue
-            for start, end in contiguous_ranges([f.partition for f in found]):
-                in_range = [f for f in found if start <= f.partition <= end]
-                run_requests.append(_range_run(feed.name, assets, start, end, in_range))
-            observations.append(_observation(assets, found))
+                run_requests += requests
+                observations += observed
         return dg.SensorResult(
             run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
         )
 
     return landing_sensor
+
+
+@contextlib.contextmanager
+def _on_its_own(context: dg.SensorEvaluationContext, feed: str, table: str) -> Iterator[None]:
+    """A table whose landing cannot be scanned this tick (a folder it may not list, the store
+    out of reach) stops no other table's runs: the failure goes to the tick's log, and the
+    table's cursor stays where it was, so the next tick scans the same files again."""
+    try:
+        yield
+    except Exception as failure:  # noqa: BLE001 - logged; the other tables go on
+        context.log.error(
+            f"{feed}/{table}: its landing could not be scanned, so this tick requests no run of it "
+            f"(the next tick tries again): {first_line(failure)}"
+        )
+
+
+def _hourly_runs(
+    context: dg.SensorEvaluationContext,
+    storage: Storage,
+    layout: LakeLayout,
+    feed: FeedConfig,
+    fmt: FeedFormat,
+    assets: TableAssets,
+    cursor: TableCursor,
+) -> tuple[list[dg.RunRequest], list[dg.AssetObservation], TableCursor]:
+    """One hourly table's runs for this tick, what it observed, and its cursor after it."""
+    name, first = assets.table, _first_hour(assets)
+    found, cursor, before_start = scan_table(storage, fmt, feed.landing, name, cursor, feed.late_hours, first)
+    if before_start:
+        context.log.warning(
+            f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
+            f"partition {first} are not run: {describe_hours(before_start)}. `lake-assets "
+            "discover` (or the tables sensor) pins the first landed hour, and a reload of the "
+            "code location takes them in; an explicit `start` in the configuration leaves them out"
+        )
+    try:
+        standing_requests = reruns.read_reruns(storage, layout, feed.name, name, fmt.is_partition_key)
+    except DamagedLakeFile as damaged:  # one table's note stops no other table's runs
+        context.log.warning(f"{feed.name}/{name}: its requests to run again are not read: {damaged}")
+        standing_requests = {}
+    # an hour asked to run again that this tick runs anyway needs no run of its own
+    requests = [
+        _rerun(feed.name, assets, partition, standing)
+        for partition, standing in sorted(standing_requests.items())
+        if partition not in {f.partition for f in found}
+    ]
+    if not found:
+        return requests, [], cursor
+    for start, end in contiguous_ranges([f.partition for f in found]):
+        in_range = [f for f in found if start <= f.partition <= end]
+        requests.append(_range_run(feed.name, assets, start, end, in_range))
+    return requests, [_observation(assets, found)], cursor
 
 
 def _first_hour(assets: TableAssets) -> str | None:
@@ -129,22 +165,13 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         cursors = decode_cursor(context.cursor, BatchCursor)
         run_requests, observations, additions = [], [], []
         for name, assets in sorted(by_name.items()):
-            found, cursors[name] = scan_batches(
-                storage, fmt, feed.landing, name, cursors.get(name) or BatchCursor()
-            )
-            if not found:
-                continue
-            partitions = _batch_partitions(assets)
-            known = context.instance.get_dynamic_partitions(partitions)
-            registered = set(known)
-            added = [f.partition for f in found if f.partition not in registered]
-            additions += [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
-            # One run per stretch the instance holds in a row: batches registered out of order
-            # (by a `--from/--to` run) make more than one.
-            for stretch in stretches_in_order([*known, *added], [f.partition for f in found]):
-                in_stretch = [f for f in found if f.partition in stretch]
-                run_requests.append(_range_run(feed.name, assets, stretch[0], stretch[-1], in_stretch))
-            observations.append(_observation(assets, found))
+            with _on_its_own(context, feed.name, name):
+                requests, observed, added, cursors[name] = _batch_runs(
+                    context, storage, feed, fmt, assets, cursors.get(name) or BatchCursor()
+                )
+                run_requests += requests
+                observations += observed
+                additions += added
         return dg.SensorResult(
             run_requests=run_requests,
             asset_events=observations,
@@ -153,6 +180,33 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         )
 
     return batch_sensor
+
+
+def _batch_runs(
+    context: dg.SensorEvaluationContext,
+    storage: Storage,
+    feed: FeedConfig,
+    fmt: FeedFormat,
+    assets: TableAssets,
+    cursor: BatchCursor,
+) -> tuple[list[dg.RunRequest], list[dg.AssetObservation], list[dg.AddDynamicPartitionsRequest], BatchCursor]:
+    """One batch table's runs for this tick, what it observed, the batches it registers, and
+    its cursor after it."""
+    found, cursor = scan_batches(storage, fmt, feed.landing, assets.table, cursor)
+    if not found:
+        return [], [], [], cursor
+    partitions = _batch_partitions(assets)
+    known = context.instance.get_dynamic_partitions(partitions)
+    registered = set(known)
+    added = [f.partition for f in found if f.partition not in registered]
+    # One run per stretch the instance holds in a row: batches registered out of order
+    # (by a `--from/--to` run) make more than one.
+    requests = [
+        _range_run(feed.name, assets, stretch[0], stretch[-1], [f for f in found if f.partition in stretch])
+        for stretch in stretches_in_order([*known, *added], [f.partition for f in found])
+    ]
+    additions = [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
+    return requests, [_observation(assets, found)], additions, cursor
 
 
 def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.SensorDefinition:
