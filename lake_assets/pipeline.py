@@ -414,12 +414,14 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     for uri, values in sorted(batch.text_repaired.items()):
         log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
     readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
-    copies = []
+    copies, uncopied = [], set()
     for item in batch.quarantined:
         where = quarantine_file(
             storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id
         )
         copies += [where, where + REASON_SUFFIX]
+        if not storage.exists(where):
+            uncopied.add(item.uri)
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
     for withdrawn in withdraw_stale_quarantine(work, partitions, set(copies)):
         log.info(
@@ -450,8 +452,16 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         files_catalogued=recorded,
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
-        read_from={key: processed.note_from_records(records[key]) for key in partitions},
+        read_from={key: _note_of_what_was_held(records[key], uncopied) for key in partitions},
     )
+
+
+def _note_of_what_was_held(records: dict, uncopied: set[str]) -> dict[str, processed.ProcessedFile]:
+    """A partition's processed note: its catalogued files, but for those set aside whose bytes
+    could not be copied (gone when read, or unreadable). Their rows are in neither `changes`
+    nor quarantine, so the partition must not count as having processed them: listed again,
+    they make the next run take it."""
+    return processed.note_from_records({url: r for url, r in records.items() if url not in uncopied})
 
 
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:

@@ -927,3 +927,31 @@ def test_a_fold_of_the_change_log_read_back_notes_no_hour_stored_again_since_the
     assert done.success
     assert not Path(note).exists()
     assert lake.run() == [(hour(1), hour(1))]
+
+
+def test_a_file_that_vanished_while_its_partition_ran_is_read_when_it_comes_back(lake, monkeypatch):
+    """A file listed and catalogued, then gone when the read opens it (a vendor replacing it, an
+    object store's brief miss), is set aside with nothing copied: its bytes are in neither
+    `changes` nor quarantine. Its partition is not noted as having processed it, so when the
+    same bytes come back the next run reads them. (Before, the note held the catalogued file,
+    planning found the partition unchanged, and its rows never reached `changes`.)"""
+    from lake_assets import pipeline
+
+    lake.write(4, "part-0.parquet", [event("a", "I", 4, at(4, 5), name="a", balance=1)])
+    victim = lake.write(4, "part-1.parquet", [event("v", "I", 4, at(4, 6), name="v", balance=2)])
+    kept = victim.read_bytes()
+    real_ingest = pipeline.ingest
+
+    def vanishing(*args, **kwargs):
+        victim.unlink()
+        return real_ingest(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "ingest", vanishing)
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["a"]
+    monkeypatch.undo()
+
+    victim.write_bytes(kept)
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["a", "v"]
+    assert not list((lake.lake / "_quarantine").rglob("*.reason.json"))
