@@ -2,7 +2,7 @@
 when configured, and the s3a connector wired for S3 (or an S3-compatible endpoint such as moto).
 
 Pure settings logic: `session_conf` returns the dict the Dagster resource hands to the builder.
-Secrets are not part of it; `s3a_secret_conf` reads them from the environment at session start.
+Secrets are not part of it; `s3a_secret_conf` reads them from the environment once the driver runs.
 """
 
 from __future__ import annotations
@@ -218,9 +218,7 @@ def session_conf(
             conf["spark.jars"] = ",".join(s3a_jars())
             conf["spark.hadoop.fs.s3a.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
             conf["spark.hadoop.fs.s3a.endpoint.region"] = s3_region
-            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
-                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
-            )
+            conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
             if s3_endpoint_url:
                 conf["spark.hadoop.fs.s3a.endpoint"] = s3_endpoint_url
                 conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
@@ -238,20 +236,29 @@ def is_local(master: str) -> bool:
 
 
 def s3a_secret_conf() -> dict[str, str]:
-    """Access keys for s3a from the environment; kept out of every displayed config."""
+    """Access keys for s3a from the environment, as Hadoop settings (`_give_s3a_its_keys`);
+    kept out of every displayed config."""
     credentials = aws_credentials_from_environment()
     if credentials is None:
         return {}
     conf = {
-        "spark.hadoop.fs.s3a.access.key": credentials.key,
-        "spark.hadoop.fs.s3a.secret.key": credentials.secret,
+        "fs.s3a.access.key": credentials.key,
+        "fs.s3a.secret.key": credentials.secret,
     }
     if credentials.token:
-        conf["spark.hadoop.fs.s3a.session.token"] = credentials.token
-        conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
-            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
-        )
+        conf["fs.s3a.session.token"] = credentials.token
+        conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
     return conf
+
+
+def _give_s3a_its_keys(session) -> None:
+    """The environment's access keys, set on the running driver's Hadoop configuration, which
+    every read and write hands to its tasks (on a cluster's executors too). Given as settings
+    before the start, PySpark would pass each as a `--conf` argument of the driver JVM's
+    command, which every local user can read (`ps`, `/proc/<pid>/cmdline`) for the whole run."""
+    hadoop = session.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_secret_conf().items():
+        hadoop.set(key, value)
 
 
 def build_session(conf: Mapping[str, str]):
@@ -283,11 +290,11 @@ def build_session(conf: Mapping[str, str]):
             # PySpark takes its workers' interpreter from this variable when the context starts;
             # the configured one wins over a value inherited from the calling environment.
             os.environ["PYSPARK_PYTHON"] = worker_python
-        if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
-            settings.update(s3a_secret_conf())
         for key, value in settings.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
+        if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
+            _give_s3a_its_keys(session)
         if is_local(settings.get("spark.master", "local")):
             return session
     from lake_assets.executors import prepare_executors

@@ -26,3 +26,19 @@ def test_column_functions_make_no_call_site_round_trips(spark):
     F.col("any")  # the first Column function reads the setting
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert is_debugging_enabled() is False
+
+
+def test_the_access_keys_are_not_on_the_driver_jvms_command_line(spark, moto_server, s3_bucket):
+    """Any local user can read a process's command line (`ps`); the s3a keys reach the driver
+    after it starts, and s3a reads and writes with them."""
+    import os
+
+    from pyspark import SparkContext
+
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    driver = SparkContext._gateway.proc.pid
+    with open(f"/proc/{driver}/cmdline", "rb") as command:
+        assert secret.encode() not in command.read()
+    uri = f"s3a://{s3_bucket}/keys-probe"
+    spark.range(3).write.mode("overwrite").parquet(uri)
+    assert spark.read.parquet(uri).count() == 3
