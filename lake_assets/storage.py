@@ -154,6 +154,15 @@ def _unnameable_key(segments: list[str], size: int) -> str | None:
     return None
 
 
+#: why an S3 object cannot be read when other keys begin with its key and a `/` (`x.parquet`
+#: beside `x.parquet/_SUCCESS`): s3a and Spark take the path for that folder and read its files
+_KEY_THAT_IS_A_FOLDER = (
+    "an S3 object whose key is also a folder (other keys begin with it and '/'): s3a and Spark read "
+    "that folder's files in its place, so it cannot be read as itself (copy it to a key no other key "
+    "begins with)"
+)
+
+
 def is_hidden(name: str) -> bool:
     """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not data:
     the Hadoop convention Spark, Hive and Athena follow too."""
@@ -204,10 +213,19 @@ class Storage:
         if fs is self._local:
             return self._list_local(uri, path)
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
-        found = (
+        found = [
             self._entry(self._uri(uri, i.base_name), i) for i in infos if i.type != pafs.FileType.NotFound
+        ]
+        folders = {e.name for e in found if e.is_dir}
+        return sorted(
+            (
+                dataclasses.replace(e, unreadable=_KEY_THAT_IS_A_FOLDER)
+                if e.name in folders and not e.is_dir
+                else e
+                for e in found
+            ),
+            key=lambda e: e.name,
         )
-        return sorted(found, key=lambda e: e.name)
 
     @staticmethod
     def _entry(uri: str, info: pafs.FileInfo) -> Entry:
@@ -293,18 +311,21 @@ class Storage:
         A bucket that does not exist lists as empty, as pyarrow's listing does."""
         bucket, _, prefix = path.partition("/")
         prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
+        found: dict[str, Entry] = {}
+        folders: set[str] = set()  # every key's parent folders, below the prefix
         with _s3_request(f"listing {uri}", self, absent_is_empty=True):
             pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             for page in pages:
                 for listed in page.get("Contents", []):
                     relative = listed["Key"][len(prefix) :]
                     segments = relative.split("/")
+                    folders.update("/".join(segments[:end]) for end in range(1, len(segments)))
                     if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
                         continue
                     size = int(listed["Size"])
                     if segments[-1] == "" and size == 0:
                         continue  # a folder marker
-                    yield Entry(
+                    found[relative] = Entry(
                         uri=f"{uri.rstrip('/')}/{relative}",
                         name=next((s for s in reversed(segments) if s), relative),
                         is_dir=False,
@@ -312,6 +333,9 @@ class Storage:
                         mtime_ms=int(listed["LastModified"].timestamp() * 1000),
                         unreadable=_unnameable_key(segments, size),
                     )
+        for relative, entry in found.items():
+            shadowed = relative in folders and entry.unreadable is None
+            yield dataclasses.replace(entry, unreadable=_KEY_THAT_IS_A_FOLDER) if shadowed else entry
 
     def _s3_client(self):
         """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the

@@ -15,6 +15,7 @@ from lake_assets.engine.state import TableState
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import read_batch
 from lake_assets.paths import LakeLayout
+from lake_assets.quarantine import Quarantined, quarantine_file
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.run_value_probes import classes_compiled
 from lake_assets_tests.storage_spy import CountingStorage
@@ -797,3 +798,43 @@ def test_key_times_finer_than_a_microsecond_set_their_file_aside(spark, tmp_path
     assert "key column 'id' holds times finer than a microsecond" in reasons["part-apart.parquet"]
     assert sorted(r["name"] for r in current.values()) == ["c", "d", "e"]
     assert batch.reconciles
+
+
+def test_an_s3_key_that_is_also_a_folder_is_a_stray_and_the_rest_of_its_hour_is_read(
+    tmp_path, moto_server, s3_bucket
+):
+    """`x.parquet` beside `x.parquet/_SUCCESS` (a Spark job's output folder, or an upload tool's
+    marker): s3a reads the folder's files for that path, not the object, so the hour's read
+    failed and stopped every hour of the table, naming no file. The object is now a stray with
+    its reason, the files under it are strays or hidden as anywhere else, and the hour reads."""
+    landing = tmp_path / "unit"
+    good = write_events(
+        landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1), name="ok")], ACCOUNT_SCHEMA
+    )
+    s3 = moto_server.client("s3")
+    hour = good.parent.relative_to(landing).as_posix()
+    for key in ("part-good.parquet", "shadowed.parquet", "shadowed.parquet/_SUCCESS", "nested.parquet"):
+        s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}/{key}", Body=good.read_bytes())
+    s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}/nested.parquet/part-0.parquet", Body=good.read_bytes())
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/unit"
+
+    strays = {
+        e.uri.removeprefix(f"{uri}/{hour}/"): reason
+        for e, reason in FMT.stray_files(storage, uri, "accounts")
+    }
+
+    assert set(strays) == {"shadowed.parquet", "nested.parquet", "nested.parquet/part-0.parquet"}
+    assert "whose key is also a folder" in strays["shadowed.parquet"]
+    assert "whose key is also a folder" in strays["nested.parquet"]
+    assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]
+    copy = quarantine_file(
+        storage,
+        LakeLayout(f"s3a://{s3_bucket}/lake"),
+        "unit",
+        "accounts",
+        "2024-03-01-01",
+        Quarantined(f"{uri}/{hour}/shadowed.parquet", strays["shadowed.parquet"]),
+        None,
+    )
+    assert storage.read_bytes(copy) == good.read_bytes()

@@ -1029,9 +1029,7 @@ class FlowJournalFormat(FeedFormat):
     ) -> None:
         journal.listed.update(keys)
         for key in keys:
-            for entry in storage.list(folders[key]):
-                if entry.is_dir:
-                    continue
+            for entry in _readable_files(storage, folders[key]):
                 try:
                     fragment = ff.Fragment(entry.uri, journal.name, ff.parse_fragment_name(entry.name))
                 except ValueError:  # not a fragment: its own hour's run sets it aside
