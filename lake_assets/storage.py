@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import email.utils
 import os
+import re
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -66,6 +67,12 @@ def _why_not_readable(path: str, mode: int) -> str | None:
     if not os.access(path, os.R_OK):
         return "this process may not read it (permission denied)"
     return None
+
+
+def _path_in_bytes(shown: str) -> bytes:
+    """The local path `_text_of_local_name` showed with its bytes escaped (`data-\\xff.parquet`),
+    as the system names it: each escape back to its byte."""
+    return re.sub(rb"\\x([0-9a-f]{2})", lambda found: bytes([int(found[1], 16)]), shown.encode("utf-8"))
 
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
@@ -212,31 +219,45 @@ class Storage:
         fs, path = self.resolve(uri)
         if fs is self._local:
             return self._list_local(uri, path)
-        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
-        found = [
-            self._entry(self._uri(uri, i.base_name), i) for i in infos if i.type != pafs.FileType.NotFound
-        ]
-        folders = {e.name for e in found if e.is_dir}
-        return sorted(
-            (
-                dataclasses.replace(e, unreadable=_KEY_THAT_IS_A_FOLDER)
-                if e.name in folders and not e.is_dir
-                else e
-                for e in found
-            ),
-            key=lambda e: e.name,
-        )
+        return self._list_s3(uri, path)
 
-    @staticmethod
-    def _entry(uri: str, info: pafs.FileInfo) -> Entry:
-        mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else None
-        return Entry(
-            uri=uri,
-            name=uri.rsplit("/", 1)[-1],
-            is_dir=info.type == pafs.FileType.Directory,
-            size=info.size or 0,
-            mtime_ms=mtime,
-        )
+    def _list_s3(self, uri: str, path: str) -> builtins.list[Entry]:
+        """A folder's children from the bucket's listing of the keys below it, cut at the next
+        `/`, as the walk (`_walk_s3`) lists them: boto3 asks for the keys URL-encoded, so a
+        key holding a carriage return keeps it (pyarrow's listing, parsed from the XML as sent,
+        made it a line feed: a name no one could open, which failed the table's catalog step).
+        A key with an empty, `.` or `..` segment is left to the walk, which reports it; a key
+        that is also a folder cannot be read as itself (`_KEY_THAT_IS_A_FOLDER`)."""
+        bucket, _, prefix = path.partition("/")
+        prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
+        files: builtins.list[Entry] = []
+        folders: set[str] = set()
+        with _s3_request(f"listing {uri}", self, absent_is_empty=True):
+            pages = (
+                self._s3_client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
+            )
+            for page in pages:
+                folders.update(p["Prefix"][len(prefix) : -1] for p in page.get("CommonPrefixes", []))
+                files += [
+                    Entry(
+                        uri=self._uri(uri, listed["Key"][len(prefix) :]),
+                        name=listed["Key"][len(prefix) :],
+                        is_dir=False,
+                        size=int(listed["Size"]),
+                        mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                    )
+                    for listed in page.get("Contents", [])
+                ]
+        named = [
+            *(
+                dataclasses.replace(e, unreadable=_KEY_THAT_IS_A_FOLDER) if e.name in folders else e
+                for e in files
+            ),
+            *(Entry(self._uri(uri, name), name, True, 0, None) for name in folders),
+        ]
+        return sorted((e for e in named if e.name not in _UNNAMEABLE_SEGMENTS), key=lambda e: e.name)
 
     def _list_local(self, uri: str, path: str) -> builtins.list[Entry]:
         """A local folder's children, symbolic links followed. pyarrow leaves out a link that
@@ -474,6 +495,12 @@ class Storage:
     def copy(self, src: str, dst: str) -> None:
         src_fs, src_path = self.resolve(src)
         dst_fs, dst_path = self.resolve(dst)
+        if src_fs is self._local and not os.path.lexists(src_path):
+            named_in_bytes = _path_in_bytes(src_path)
+            if os.path.lexists(named_in_bytes):  # a name that is not UTF-8, shown with escapes
+                with open(named_in_bytes, "rb") as source:
+                    self.write_bytes(dst, source.read())
+                return
         if src_fs is dst_fs and _nameable(src_path):
             dst_fs.create_dir(dst_path.rsplit("/", 1)[0], recursive=True)
             dst_fs.copy_file(src_path, dst_path)

@@ -1213,7 +1213,9 @@ def test_a_file_whose_name_is_not_utf8_is_reported_and_its_batch_and_table_go_on
     write_file(landing, "Account", "1", "data-1.parquet", [{"Id": "a", **row}])
     beside = write_file(landing, "Account", "2", "data-2.parquet", [{"Id": "b", **row}])
     odd = os.path.join(os.fsencode(beside.parent), b"data-\xff\xfe.parquet")
-    os.rename(write_file(landing, "Account", "2", "data-3.parquet", [{"Id": "c", **row}]), odd)
+    written = write_file(landing, "Account", "2", "data-3.parquet", [{"Id": "c", **row}])
+    content = written.read_bytes()
+    os.rename(written, odd)
 
     for _ in range(2):
         process(landing, lake)
@@ -1221,3 +1223,9 @@ def test_a_file_whose_name_is_not_utf8_is_reported_and_its_batch_and_table_go_on
     (note,) = [json.loads(p.read_text()) for p in (lake / "_quarantine" / "grax").rglob("*.reason.json")]
     assert note["file"] == f"file://{beside.parent}/data-\\xff\\xfe.parquet"
     assert "its name is not UTF-8 text" in note["reason"]
+    # its copy holds its bytes, though its name is shown with escapes
+    (copy,) = [
+        p for p in (lake / "_quarantine" / "grax").rglob("data-*") if not p.name.endswith(".reason.json")
+    ]
+    assert copy.read_bytes() == content
+    assert "copy failed" not in note["reason"]

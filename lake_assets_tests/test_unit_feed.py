@@ -838,3 +838,30 @@ def test_an_s3_key_that_is_also_a_folder_is_a_stray_and_the_rest_of_its_hour_is_
         None,
     )
     assert storage.read_bytes(copy) == good.read_bytes()
+
+
+def test_an_s3_key_holding_a_carriage_return_is_listed_as_it_is_and_read(
+    tmp_path, moto_server, s3_bucket, spark
+):
+    """S3 sends a listing as XML, whose parsers turn a carriage return into a line feed unless
+    the keys come URL-encoded: the hour's listing named `cr\\nx.parquet`, which no one could
+    open, and the table's catalog step failed on every run. Listed as it is, it is hashed, and
+    read by Spark."""
+    from lake_assets.catalog.files import hash_file
+    from lake_assets.ingest import read_landed
+
+    landing = tmp_path / "unit"
+    good = write_events(
+        landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1), name="ok")], ACCOUNT_SCHEMA
+    )
+    s3 = moto_server.client("s3")
+    hour = good.parent.relative_to(landing).as_posix()
+    s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}/cr\rx.parquet", Body=good.read_bytes())
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/unit"
+
+    (listed,) = FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")
+    assert listed.name == "cr\rx.parquet"
+    assert hash_file(storage, listed.uri)
+    assert FMT.stray_files(storage, uri, "accounts") == []
+    assert read_landed(spark, "parquet", [listed.uri]).count() == 1
