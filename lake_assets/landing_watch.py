@@ -31,6 +31,8 @@ class TableCursor:
     #: so a first partition moved earlier since (a reload after discovery pinned an earlier
     #: hour) makes the next scan look back to them
     first_hour: str | None = None
+    #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
+    strays_looked_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +119,7 @@ def scan_table(
     if high_water is not None:
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
-    return TableScan(found, TableCursor(high_water, seen, first_hour), before_start)
+    return TableScan(found, TableCursor(high_water, seen, first_hour, cursor.strays_looked_at), before_start)
 
 
 def _compared(versions: dict[str, str], remembered: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -208,6 +210,8 @@ class BatchCursor:
 
     last: str | None = None
     open_files: list[str] = dataclasses.field(default_factory=list)
+    #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
+    strays_looked_at: float | None = None
 
 
 def scan_batches(
@@ -233,4 +237,23 @@ def scan_batches(
         if fresh:
             found.append(NewFiles(table, key, fresh, names))
         last, open_files = key, list(names)
-    return found, BatchCursor(last=last, open_files=open_files)
+    return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)
+
+
+# --- files no partition reads --------------------------------------------------------------------
+
+#: how often a sensor walks a table for stray files: a walk lists every file of the table (on
+#: S3, every key under it), so it is not a tick's cost
+STRAYS_EVERY_SECONDS = 3600
+
+
+def strays_due(looked_at: float | None, now: float) -> bool:
+    """Whether a table's strays are to be looked for again (`STRAYS_EVERY_SECONDS`)."""
+    return looked_at is None or now - looked_at >= STRAYS_EVERY_SECONDS
+
+
+def strays_run_key(feed: str, table: str, partition: str, strays: Iterable[str]) -> str:
+    """The run key of a run that reports a table's `strays` (their URIs): the same strays ask
+    for one run, and a new one asks again."""
+    digest = hashlib.sha1("\n".join(sorted(strays)).encode()).hexdigest()[:16]
+    return f"{feed}:{table}:strays:{partition}:{digest}"

@@ -267,3 +267,31 @@ def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_
         ("accounts", "2024-03-01-03"),
         ("accounts", "2024-03-01-09"),
     }
+
+
+def test_stray_files_alone_start_a_run_that_reports_them(tmp_path):
+    """Files no partition reads (a vendor's new layout, `hour=25`) change no partition, so no
+    run started and, with Dagster alone, no one ever reported them: the sensor now looks for
+    them when a table has nothing else to run (at most hourly: a walk of the whole table), and
+    asks for one run of the table's last hour, which reports them; the same strays ask once."""
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    defs = discovered_definitions(config)
+    sensor = defs.resolve_sensor_def("unit_landing_sensor")
+    resources = {"lake": LakeResource(root=config.lake)}
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        first = sensor(context)
+    stray = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(
+        (landing / "cards" / "year=2024" / "month=03" / "day=01" / "hour=04" / "part-0.parquet").read_bytes()
+    )
+
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+        asked = sensor(context)
+    (request,) = asked.run_requests
+    assert request.tags["lake_assets/table"] == "accounts" and ":strays:" in request.run_key
+    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("2024-03-01-09", "2024-03-01-09")
+
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=asked.cursor) as context:
+        assert sensor(context).run_requests == []

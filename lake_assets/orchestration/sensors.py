@@ -8,8 +8,11 @@ its standing requests.
 """
 
 import contextlib
+import dataclasses
 import hashlib
+import time
 from collections.abc import Iterator
+from typing import TypeVar
 
 import dagster as dg
 
@@ -27,11 +30,14 @@ from lake_assets.landing_watch import (
     encode_cursor,
     scan_batches,
     scan_table,
+    strays_due,
+    strays_run_key,
     stretches_in_order,
 )
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout
+from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -126,11 +132,51 @@ def _hourly_runs(
         if partition not in {f.partition for f in found}
     ]
     if not found:
-        return requests, [], cursor
+        last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
+        strays, cursor = _strays_run(
+            context, storage, layout, feed, fmt, assets, cursor, None if requests else last
+        )
+        return [*requests, *strays], [], cursor
     for start, end in contiguous_ranges([f.partition for f in found]):
         in_range = [f for f in found if start <= f.partition <= end]
         requests.append(_range_run(feed.name, assets, start, end, in_range))
     return requests, [_observation(assets, found)], cursor
+
+
+_Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
+
+
+def _strays_run(
+    context: dg.SensorEvaluationContext,
+    storage: Storage,
+    layout: LakeLayout,
+    feed: FeedConfig,
+    fmt: FeedFormat,
+    assets: TableAssets,
+    cursor: _Cursor,
+    last: str | None,
+) -> tuple[list[dg.RunRequest], _Cursor]:
+    """For a table no run of which starts this tick: a run of its `last` partition when the
+    table holds stray files no run has reported yet (a vendor's new layout, files no one can
+    open), as only a run reports them, and no partition changed to start one. The table is
+    walked for them at most every `STRAYS_EVERY_SECONDS`; with no `last` partition to run (or
+    a run already asked for), none is asked for."""
+    now = time.time()
+    if not strays_due(cursor.strays_looked_at, now):
+        return [], cursor
+    cursor = dataclasses.replace(cursor, strays_looked_at=now)
+    unreported = [
+        e.uri for e, _ in unreported_strays(storage, layout, fmt, feed.landing, feed.name, assets.table)
+    ]
+    if not unreported or last is None:
+        return [], cursor
+    context.log.info(
+        f"{feed.name}/{assets.table}: {len(unreported)} file(s) no partition reads and no run reported yet: "
+        f"a run of {last} reports them"
+    )
+    return [
+        _whole_table_run(strays_run_key(feed.name, assets.table, last, unreported), assets, last, last)
+    ], cursor
 
 
 def _first_hour(assets: TableAssets) -> str | None:
@@ -161,13 +207,13 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         )
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        storage = lake.get_storage()
+        storage, layout = lake.get_storage(), lake.layout()
         cursors = decode_cursor(context.cursor, BatchCursor)
         run_requests, observations, additions = [], [], []
         for name, assets in sorted(by_name.items()):
             with _on_its_own(context, feed.name, name):
                 requests, observed, added, cursors[name] = _batch_runs(
-                    context, storage, feed, fmt, assets, cursors.get(name) or BatchCursor()
+                    context, storage, layout, feed, fmt, assets, cursors.get(name) or BatchCursor()
                 )
                 run_requests += requests
                 observations += observed
@@ -185,6 +231,7 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
 def _batch_runs(
     context: dg.SensorEvaluationContext,
     storage: Storage,
+    layout: LakeLayout,
     feed: FeedConfig,
     fmt: FeedFormat,
     assets: TableAssets,
@@ -194,7 +241,8 @@ def _batch_runs(
     its cursor after it."""
     found, cursor = scan_batches(storage, fmt, feed.landing, assets.table, cursor)
     if not found:
-        return [], [], [], cursor
+        strays, cursor = _strays_run(context, storage, layout, feed, fmt, assets, cursor, cursor.last)
+        return strays, [], [], cursor
     partitions = _batch_partitions(assets)
     known = context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
