@@ -47,6 +47,20 @@ def _config(tmp_path, landing):
     )
 
 
+def _unit_landing_sensor(tmp_path):
+    """The `_landing` of two Unit tables, and (landing, definitions, its landing sensor, the
+    sensor's resources)."""
+    landing = _landing(tmp_path)
+    config = _config(tmp_path, landing)
+    defs = discovered_definitions(config)
+    return (
+        landing,
+        defs,
+        defs.resolve_sensor_def("unit_landing_sensor"),
+        {"lake": LakeResource(root=config.lake)},
+    )
+
+
 WARNINGS_PROBE = """
 import warnings
 warnings.simplefilter("always")
@@ -115,11 +129,7 @@ def test_asset_graph_per_table(tmp_path):
 
 
 def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path):
-    landing = _landing(tmp_path)
-    config = _config(tmp_path, landing)
-    defs = discovered_definitions(config)
-    sensor = defs.resolve_sensor_def("unit_landing_sensor")
-    resources = {"lake": LakeResource(root=config.lake)}
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
 
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         result = sensor(context)
@@ -242,11 +252,7 @@ def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_
     """One table's listing fails (a folder the daemon may not list, the store out of reach): the
     tick still asks for the other tables' runs, names the failure in its log, and keeps that
     table's cursor, so the next tick that can list it asks for its runs."""
-    landing = _landing(tmp_path)
-    config = _config(tmp_path, landing)
-    defs = discovered_definitions(config)
-    sensor = defs.resolve_sensor_def("unit_landing_sensor")
-    resources = {"lake": LakeResource(root=config.lake)}
+    _, defs, sensor, resources = _unit_landing_sensor(tmp_path)
     listing = Storage.list
 
     def refusing_accounts(self, uri):
@@ -274,11 +280,7 @@ def test_stray_files_alone_start_a_run_that_reports_them(tmp_path):
     run started and, with Dagster alone, no one ever reported them: the sensor now looks for
     them when a table has nothing else to run (at most hourly: a walk of the whole table), and
     asks for one run of the table's last hour, which reports them; the same strays ask once."""
-    landing = _landing(tmp_path)
-    config = _config(tmp_path, landing)
-    defs = discovered_definitions(config)
-    sensor = defs.resolve_sensor_def("unit_landing_sensor")
-    resources = {"lake": LakeResource(root=config.lake)}
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         first = sensor(context)
     stray = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"

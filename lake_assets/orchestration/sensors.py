@@ -70,13 +70,13 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         )
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        storage, layout = lake.get_storage(), lake.layout()
+        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
         for name, assets in sorted(by_name.items()):
             with _on_its_own(context, feed.name, name):
                 requests, observed, cursors[name] = _hourly_runs(
-                    context, storage, layout, feed, fmt, assets, cursors.get(name) or TableCursor()
+                    tick, assets, cursors.get(name) or TableCursor()
                 )
                 run_requests += requests
                 observations += observed
@@ -101,16 +101,22 @@ def _on_its_own(context: dg.SensorEvaluationContext, feed: str, table: str) -> I
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tick:
+    """What a sensor's tick scans every table of its feed with."""
+
+    context: dg.SensorEvaluationContext
+    storage: Storage
+    layout: LakeLayout
+    feed: FeedConfig
+    fmt: FeedFormat
+
+
 def _hourly_runs(
-    context: dg.SensorEvaluationContext,
-    storage: Storage,
-    layout: LakeLayout,
-    feed: FeedConfig,
-    fmt: FeedFormat,
-    assets: TableAssets,
-    cursor: TableCursor,
+    tick: _Tick, assets: TableAssets, cursor: TableCursor
 ) -> tuple[list[dg.RunRequest], list[dg.AssetObservation], TableCursor]:
     """One hourly table's runs for this tick, what it observed, and its cursor after it."""
+    context, storage, layout, feed, fmt = tick.context, tick.storage, tick.layout, tick.feed, tick.fmt
     name, first = assets.table, _first_hour(assets)
     found, cursor, before_start = scan_table(storage, fmt, feed.landing, name, cursor, feed.late_hours, first)
     if before_start:
@@ -133,9 +139,7 @@ def _hourly_runs(
     ]
     if not found:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
-        strays, cursor = _strays_run(
-            context, storage, layout, feed, fmt, assets, cursor, None if requests else last
-        )
+        strays, cursor = _strays_run(tick, assets, cursor, None if requests else last)
         return [*requests, *strays], [], cursor
     for start, end in contiguous_ranges([f.partition for f in found]):
         in_range = [f for f in found if start <= f.partition <= end]
@@ -147,14 +151,7 @@ _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
 
 
 def _strays_run(
-    context: dg.SensorEvaluationContext,
-    storage: Storage,
-    layout: LakeLayout,
-    feed: FeedConfig,
-    fmt: FeedFormat,
-    assets: TableAssets,
-    cursor: _Cursor,
-    last: str | None,
+    tick: _Tick, assets: TableAssets, cursor: _Cursor, last: str | None
 ) -> tuple[list[dg.RunRequest], _Cursor]:
     """For a table no run of which starts this tick: a run of its `last` partition when the
     table holds stray files no run has reported yet (a vendor's new layout, files no one can
@@ -165,12 +162,12 @@ def _strays_run(
     if not strays_due(cursor.strays_looked_at, now):
         return [], cursor
     cursor = dataclasses.replace(cursor, strays_looked_at=now)
-    unreported = [
-        e.uri for e, _ in unreported_strays(storage, layout, fmt, feed.landing, feed.name, assets.table)
-    ]
+    feed = tick.feed
+    strays = unreported_strays(tick.storage, tick.layout, tick.fmt, feed.landing, feed.name, assets.table)
+    unreported = [entry.uri for entry, _ in strays]
     if not unreported or last is None:
         return [], cursor
-    context.log.info(
+    tick.context.log.info(
         f"{feed.name}/{assets.table}: {len(unreported)} file(s) no partition reads and no run reported yet: "
         f"a run of {last} reports them"
     )
@@ -207,13 +204,13 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         )
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        storage, layout = lake.get_storage(), lake.layout()
+        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor, BatchCursor)
         run_requests, observations, additions = [], [], []
         for name, assets in sorted(by_name.items()):
             with _on_its_own(context, feed.name, name):
                 requests, observed, added, cursors[name] = _batch_runs(
-                    context, storage, layout, feed, fmt, assets, cursors.get(name) or BatchCursor()
+                    tick, assets, cursors.get(name) or BatchCursor()
                 )
                 run_requests += requests
                 observations += observed
@@ -229,22 +226,17 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
 
 
 def _batch_runs(
-    context: dg.SensorEvaluationContext,
-    storage: Storage,
-    layout: LakeLayout,
-    feed: FeedConfig,
-    fmt: FeedFormat,
-    assets: TableAssets,
-    cursor: BatchCursor,
+    tick: _Tick, assets: TableAssets, cursor: BatchCursor
 ) -> tuple[list[dg.RunRequest], list[dg.AssetObservation], list[dg.AddDynamicPartitionsRequest], BatchCursor]:
     """One batch table's runs for this tick, what it observed, the batches it registers, and
     its cursor after it."""
-    found, cursor = scan_batches(storage, fmt, feed.landing, assets.table, cursor)
+    feed = tick.feed
+    found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor)
     if not found:
-        strays, cursor = _strays_run(context, storage, layout, feed, fmt, assets, cursor, cursor.last)
+        strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
         return strays, [], [], cursor
     partitions = _batch_partitions(assets)
-    known = context.instance.get_dynamic_partitions(partitions)
+    known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
     added = [f.partition for f in found if f.partition not in registered]
     # One run per stretch the instance holds in a row: batches registered out of order
