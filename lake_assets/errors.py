@@ -1,5 +1,7 @@
 """Errors raised by the pure layers; each says what was wrong and where."""
 
+import re
+
 
 class LakeAssetsError(Exception):
     """Base class for every error lake_assets raises on purpose."""
@@ -22,10 +24,34 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
             root = _cut(root, max(0, room - len(message)))
         return _cut(f"{message} (caused by {root})", limit)
     text = str(error)
-    line = _first_of(text)
+    line = _grpc_status(text) or _first_of(text)
     if not line and isinstance(error, BaseException):
         line = type(error).__name__
     return _cut(line, limit)
+
+
+#: how gRPC (Spark Connect's client) words a failed call: its first line names nothing, the
+#: status and the server's details come on the lines after it
+_GRPC_FAILURE = re.compile(
+    r"<_(?:Inactive)?RpcError of RPC that terminated with:\s*status = StatusCode\.(\w+)\s*details = \"([^\"]*)\""
+)
+
+#: what to do about a Spark Connect status, where the status alone does not say
+_GRPC_HINTS = {
+    "UNAUTHENTICATED": "the server wants its token: set SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    "UNAVAILABLE": "is the Spark Connect server running, at the address configured?",
+}
+
+
+def _grpc_status(text: str) -> str | None:
+    """A failed Spark Connect call as one line: what came before gRPC's wording, then the
+    server's details, its status and what to do; None for any other error."""
+    found = _GRPC_FAILURE.search(text)
+    if found is None:
+        return None
+    status, details = found.groups()
+    hint = f"; {_GRPC_HINTS[status]}" if status in _GRPC_HINTS else ""
+    return f"{_first_of(text[: found.start()])} Spark Connect: {details} ({status}{hint})".strip()
 
 
 def _first_of(text: str) -> str:

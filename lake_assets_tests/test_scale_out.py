@@ -175,6 +175,25 @@ def test_a_spark_connect_server_writes_the_lake_the_local_driver_writes(landings
     assert_same_lake(work / "lake", local_lake)
 
 
+
+def test_a_connect_server_that_wants_a_token_it_was_not_given_says_so_in_the_failure_line(
+    landings, connect_server, monkeypatch
+):
+    """gRPC's first line ("<_InactiveRpcError of RPC that terminated with:") named nothing: the
+    failure line now carries the server's details and what to do."""
+    monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
+    work = landings.root / "connect-without-token"
+
+    done = run_cli(landings.config(work / "lake", SparkConfig(remote=connect_server.url)), work)
+
+    assert done.returncode != 0
+    failures = [line for line in done.stderr.splitlines() if "failed:" in line]
+    assert failures, done.stderr
+    assert all(
+        "No authentication token provided" in line and "set SPARK_CONNECT_AUTHENTICATE_TOKEN" in line
+        for line in failures
+    ), failures
+
 def _without_source(rows: list[tuple]) -> list[tuple]:
     """Rows without `_source_file`: the same files read from S3 and from a folder have other URLs."""
     return sorted(tuple(pair for pair in row if pair[0] != "_source_file") for row in rows)
