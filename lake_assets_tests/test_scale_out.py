@@ -175,7 +175,6 @@ def test_a_spark_connect_server_writes_the_lake_the_local_driver_writes(landings
     assert_same_lake(work / "lake", local_lake)
 
 
-
 def test_a_connect_server_that_wants_a_token_it_was_not_given_says_so_in_the_failure_line(
     landings, connect_server, monkeypatch
 ):
@@ -193,6 +192,7 @@ def test_a_connect_server_that_wants_a_token_it_was_not_given_says_so_in_the_fai
         "No authentication token provided" in line and "set SPARK_CONNECT_AUTHENTICATE_TOKEN" in line
         for line in failures
     ), failures
+
 
 def _without_source(rows: list[tuple]) -> list[tuple]:
     """Rows without `_source_file`: the same files read from S3 and from a folder have other URLs."""
