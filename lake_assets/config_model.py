@@ -139,7 +139,9 @@ def _endpoint(value: Any) -> str:
     return without_credentials_in_url(value)
 
 
-ROOT_URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..')"
+ROOT_URI = (
+    "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..', '.' or empty segments)"
+)
 RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]

@@ -78,8 +78,10 @@ def normalise_root_uri(uri: str, what: str) -> str:
         if not parsed.netloc:
             raise ConfigError(f"{what}: {uri!r} has no bucket")
         prefix = parsed.path.strip("/")
-        if ".." in PurePosixPath(prefix).parts:
-            raise ConfigError(f"{what}: {uri!r} must not contain '..'")
+        # An S3 prefix is literal: `unit/.` and `unit//x` are other prefixes than `unit` and
+        # `unit/x`, which hold nothing, so a run would find nothing landed and say no more.
+        if prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
+            raise ConfigError(f"{what}: {uri!r} must not hold an empty, '.' or '..' segment")
         return f"s3a://{parsed.netloc}" + (f"/{prefix}" if prefix else "")
     raise ConfigError(f"{what}: {uri!r} must be a file:// or s3a:// URI (or an absolute path)")
 

@@ -42,7 +42,7 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
 
 
 GOOD_FEED = {"name": "good", "format": "unit_cdc", "landing": "/landing/good"}
-URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..')"
+URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..', '.' or empty segments)"
 UNIT_KEYS = "name, format, landing, tables, start, late_hours, sensor_interval_seconds, watch"
 
 
@@ -751,3 +751,14 @@ def test_a_grax_table_is_accepted_by_the_configuration_as_by_the_feed(table):
     except ConfigError:
         the_configuration_accepts = False
     assert the_configuration_accepts == the_feed_accepts
+
+
+@pytest.mark.parametrize(
+    "root", ["s3a://land/unit/.", "s3a://land/unit/./x", "s3a://land/unit//x", "s3://land/../x"]
+)
+def test_an_s3_root_with_an_empty_dot_or_dot_dot_segment_is_refused(root):
+    """An S3 prefix is literal: `unit/.` is not `unit`, and holds nothing, so a landing so
+    spelt passed `config check` and every run found nothing landed, exit 0."""
+    with pytest.raises(ConfigError, match=re.escape("must not hold an empty, '.' or '..' segment")):
+        normalise_root_uri(root, "landing")
+    assert normalise_root_uri("s3a://land/unit/", "landing") == "s3a://land/unit"
