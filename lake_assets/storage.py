@@ -170,6 +170,12 @@ _KEY_THAT_IS_A_FOLDER = (
 )
 
 
+def _folder_marker(name: str, size: int) -> bool:
+    """Whether an S3 object is a folder's marker, not data: empty, and named like a folder
+    (`x/`) or as Hadoop's older S3 connectors and EMR mark one (`x_$folder$`)."""
+    return size == 0 and (name == "" or name.endswith(("/", "_$folder$")))
+
+
 def is_hidden(name: str) -> bool:
     """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not data:
     the Hadoop convention Spark, Hive and Athena follow too."""
@@ -249,6 +255,7 @@ class Storage:
                         mtime_ms=int(listed["LastModified"].timestamp() * 1000),
                     )
                     for listed in page.get("Contents", [])
+                    if not _folder_marker(listed["Key"][len(prefix) :], int(listed["Size"]))
                 ]
         named = [
             *(
@@ -344,8 +351,8 @@ class Storage:
                     if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
                         continue
                     size = int(listed["Size"])
-                    if segments[-1] == "" and size == 0:
-                        continue  # a folder marker
+                    if _folder_marker(segments[-1], size):
+                        continue
                     found[relative] = Entry(
                         uri=f"{uri.rstrip('/')}/{relative}",
                         name=next((s for s in reversed(segments) if s), relative),

@@ -580,6 +580,7 @@ def test_s3_keys_no_hadoop_path_can_name_are_strays_and_quarantined_with_their_b
     for key in unnameable:
         s3.put_object(Bucket=s3_bucket, Key=f"unit/{key}", Body=good.read_bytes())
     s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}/marker/", Body=b"")  # a folder marker: not data
+    s3.put_object(Bucket=s3_bucket, Key=f"unit/{hour}_$folder$", Body=b"")  # as EMR and s3n mark one
     storage = Storage(S3Config(endpoint_url=moto_server.url))
     uri = f"s3a://{s3_bucket}/unit"
 
