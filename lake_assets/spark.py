@@ -218,7 +218,9 @@ def session_conf(
             conf["spark.jars"] = ",".join(s3a_jars())
             conf["spark.hadoop.fs.s3a.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
             conf["spark.hadoop.fs.s3a.endpoint.region"] = s3_region
-            conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+            )
             if s3_endpoint_url:
                 conf["spark.hadoop.fs.s3a.endpoint"] = s3_endpoint_url
                 conf["spark.hadoop.fs.s3a.path.style.access"] = "true"

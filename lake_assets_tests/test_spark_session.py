@@ -42,3 +42,25 @@ def test_the_access_keys_are_not_on_the_driver_jvms_command_line(spark, moto_ser
     uri = f"s3a://{s3_bucket}/keys-probe"
     spark.range(3).write.mode("overwrite").parquet(uri)
     assert spark.read.parquet(uri).count() == 3
+
+
+def test_temporary_keys_reach_every_read_and_write_with_their_token(spark, monkeypatch):
+    """With a session token the keys go with `TemporaryAWSCredentialsProvider`; the settings a
+    read or write hands its tasks (`newHadoopConf`: the SQL settings over the context's Hadoop
+    configuration) must carry that provider, not the default set at launch (a provider given as
+    a SQL setting would win over it, and S3 would refuse the key without its token)."""
+    from lake_assets import spark as spark_settings
+
+    conf = spark_settings.session_conf(use_s3=True)
+    assert "fs.s3a.aws.credentials.provider" not in conf  # launch settings only: `spark.hadoop.` ones
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {key: hadoop.get(key) for key in ("fs.s3a.aws.credentials.provider", "fs.s3a.session.token")}
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session-token")
+    try:
+        spark_settings._give_s3a_its_keys(spark)
+        handed = spark._jsparkSession.sessionState().newHadoopConf()
+        assert handed.get("fs.s3a.aws.credentials.provider").endswith("TemporaryAWSCredentialsProvider")
+        assert handed.get("fs.s3a.session.token") == "a-session-token"
+    finally:
+        for key, value in before.items():
+            hadoop.unset(key) if value is None else hadoop.set(key, value)
