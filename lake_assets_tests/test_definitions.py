@@ -1,14 +1,18 @@
 """The code location as Dagster loads it: validation, asset graph shape, the landing sensor."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.discovery import discover
+from lake_assets.errors import LakeAssetsError
+from lake_assets.landing_watch import STRAYS_EVERY_SECONDS
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -251,49 +255,92 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
 def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_path, monkeypatch, capfd):
     """One table's listing fails (a folder the daemon may not list, the store out of reach): the
     tick still asks for the other tables' runs, names the failure in its log, and keeps that
-    table's cursor, so the next tick that can list it asks for its runs."""
-    _, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    table's cursor, so the next tick that can list it asks for what landed meanwhile only. A
+    tick that can scan no table fails."""
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        first = sensor(context)
+    for table in ("accounts", "cards"):
+        write_events(
+            landing,
+            table,
+            10,
+            "part-0.parquet",
+            [event("n", "I", 10, at(10), name="x", balance=1)],
+            ACCOUNT_SCHEMA,
+        )
     listing = Storage.list
 
-    def refusing_accounts(self, uri):
-        if "/accounts/" in f"{uri}/":
-            raise PermissionError(13, "Permission denied", uri)
-        return listing(self, uri)
+    def refusing(tables):
+        def listing_but(self, uri):
+            if any(f"/{table}/" in f"{uri}/" for table in tables):
+                raise PermissionError(13, "Permission denied", uri)
+            return listing(self, uri)
 
-    monkeypatch.setattr(Storage, "list", refusing_accounts)
-    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        return listing_but
+
+    monkeypatch.setattr(Storage, "list", refusing(["accounts"]))
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
         refused = sensor(context)
-    assert [r.tags["lake_assets/table"] for r in refused.run_requests] == ["cards"]
+    assert [(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in refused.run_requests] == [
+        ("cards", "2024-03-01-10")
+    ]
     assert "unit/accounts: its landing could not be scanned" in capfd.readouterr().err
 
     monkeypatch.setattr(Storage, "list", listing)
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=refused.cursor) as context:
         listed = sensor(context)
-    assert {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in listed.run_requests} == {
-        ("accounts", "2024-03-01-03"),
-        ("accounts", "2024-03-01-09"),
-    }
+    assert [(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in listed.run_requests] == [
+        ("accounts", "2024-03-01-10")
+    ]
+
+    monkeypatch.setattr(Storage, "list", refusing(["accounts", "cards"]))
+    with (
+        dg.build_sensor_context(resources=resources, definitions=defs, cursor=listed.cursor) as context,
+        pytest.raises(LakeAssetsError, match="no table's landing could be scanned"),
+    ):
+        sensor(context)
 
 
 def test_stray_files_alone_start_a_run_that_reports_them(tmp_path):
     """Files no partition reads (a vendor's new layout, `hour=25`) change no partition, so no
     run started and, with Dagster alone, no one ever reported them: the sensor now looks for
-    them when a table has nothing else to run (at most hourly: a walk of the whole table), and
-    asks for one run of the table's last hour, which reports them; the same strays ask once."""
+    them when a table has nothing else to run (a walk of the whole table: at most hourly, and
+    one table a tick), and asks for one run of the table's last hour, which reports them; the
+    same strays ask once."""
     landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-        first = sensor(context)
-    stray = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
-    stray.parent.mkdir(parents=True)
-    stray.write_bytes(
-        (landing / "cards" / "year=2024" / "month=03" / "day=01" / "hour=04" / "part-0.parquet").read_bytes()
-    )
+        cursor = sensor(context).cursor
+    landed = (
+        landing / "cards" / "year=2024" / "month=03" / "day=01" / "hour=04" / "part-0.parquet"
+    ).read_bytes()
+    for table in ("accounts", "cards"):
+        stray = landing / table / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
+        stray.parent.mkdir(parents=True)
+        stray.write_bytes(landed)
 
-    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
-        asked = sensor(context)
-    (request,) = asked.run_requests
-    assert request.tags["lake_assets/table"] == "accounts" and ":strays:" in request.run_key
-    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("2024-03-01-09", "2024-03-01-09")
+    asked, run_keys = [], []
+    for _ in range(3):
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            tick = sensor(context)
+        asked.append(
+            [
+                (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG])
+                for r in tick.run_requests
+            ]
+        )
+        assert all(":strays:" in r.run_key for r in tick.run_requests)
+        cursor, run_keys = tick.cursor, run_keys + [r.run_key for r in tick.run_requests]
+    assert asked == [
+        [("accounts", "2024-03-01-09", "2024-03-01-09")],  # one walk a tick
+        [("cards", "2024-03-01-04", "2024-03-01-04")],
+        [],  # each walked at most hourly
+    ]
 
-    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=asked.cursor) as context:
-        assert sensor(context).run_requests == []
+    due_again = json.loads(cursor)
+    due_again["cards"]["strays_looked_at"] -= STRAYS_EVERY_SECONDS
+    with dg.build_sensor_context(
+        resources=resources, definitions=defs, cursor=json.dumps(due_again)
+    ) as context:
+        (again,) = sensor(context).run_requests
+    assert again.run_key == run_keys[-1]  # the same strays: a run Dagster has already made

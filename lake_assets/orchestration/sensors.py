@@ -73,13 +73,15 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor)
         run_requests, observations = [], []
+        failures = _ScanFailures(context, feed.name)
         for name, assets in sorted(by_name.items()):
-            with _on_its_own(context, feed.name, name):
+            with failures.of(name):
                 requests, observed, cursors[name] = _hourly_runs(
                     tick, assets, cursors.get(name) or TableCursor()
                 )
                 run_requests += requests
                 observations += observed
+        failures.unless_every_table_failed(len(by_name))
         return dg.SensorResult(
             run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
         )
@@ -87,21 +89,35 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
     return landing_sensor
 
 
-@contextlib.contextmanager
-def _on_its_own(context: dg.SensorEvaluationContext, feed: str, table: str) -> Iterator[None]:
-    """A table whose landing cannot be scanned this tick (a folder it may not list, the store
-    out of reach) stops no other table's runs: the failure goes to the tick's log, and the
-    table's cursor stays where it was, so the next tick scans the same files again."""
-    try:
-        yield
-    except Exception as failure:  # noqa: BLE001 - logged; the other tables go on
-        context.log.error(
-            f"{feed}/{table}: its landing could not be scanned, so this tick requests no run of it "
-            f"(the next tick tries again): {first_line(failure)}"
-        )
+class _ScanFailures:
+    """The tables of a feed whose landing a tick could not scan (a folder it may not list, the
+    store out of reach). One such table stops no other table's runs: its failure goes to the
+    tick's log, and its cursor stays where it was, so the next tick scans the same files again.
+    When no table could be scanned, the tick fails, as a tick that can do nothing should."""
+
+    def __init__(self, context: dg.SensorEvaluationContext, feed: str):
+        self.context, self.feed = context, feed
+        self.failed: list[str] = []
+
+    @contextlib.contextmanager
+    def of(self, table: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as failure:  # noqa: BLE001 - logged; the other tables go on
+            self.failed.append(f"{table}: {first_line(failure)}")
+            self.context.log.error(
+                f"{self.feed}/{table}: its landing could not be scanned, so this tick requests no run of it "
+                f"(the next tick tries again): {first_line(failure)}"
+            )
+
+    def unless_every_table_failed(self, tables: int) -> None:
+        if tables and len(self.failed) == tables:
+            raise LakeAssetsError(
+                f"{self.feed}: no table's landing could be scanned: {'; '.join(self.failed)}"
+            )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Tick:
     """What a sensor's tick scans every table of its feed with."""
 
@@ -110,6 +126,9 @@ class _Tick:
     layout: LakeLayout
     feed: FeedConfig
     fmt: FeedFormat
+    #: the table walked for strays this tick: one at most, so that a tick stays short however
+    #: many tables are due (after an upgrade, every table is), and their walks spread out
+    walked_for_strays: str | None = None
 
 
 def _hourly_runs(
@@ -137,10 +156,12 @@ def _hourly_runs(
         for partition, standing in sorted(standing_requests.items())
         if partition not in {f.partition for f in found}
     ]
+    if not found and requests:  # a run asked for again reports the table's strays too
+        return requests, [], cursor
     if not found:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
-        strays, cursor = _strays_run(tick, assets, cursor, None if requests else last)
-        return [*requests, *strays], [], cursor
+        strays, cursor = _strays_run(tick, assets, cursor, last)
+        return strays, [], cursor
     for start, end in contiguous_ranges([f.partition for f in found]):
         in_range = [f for f in found if start <= f.partition <= end]
         requests.append(_range_run(feed.name, assets, start, end, in_range))
@@ -156,16 +177,23 @@ def _strays_run(
     """For a table no run of which starts this tick: a run of its `last` partition when the
     table holds stray files no run has reported yet (a vendor's new layout, files no one can
     open), as only a run reports them, and no partition changed to start one. The table is
-    walked for them at most every `STRAYS_EVERY_SECONDS`; with no `last` partition to run (or
-    a run already asked for), none is asked for."""
+    walked for them at most every `STRAYS_EVERY_SECONDS`, and one table a tick; with no `last`
+    partition to run, none is asked for."""
     now = time.time()
-    if not strays_due(cursor.strays_looked_at, now):
+    if tick.walked_for_strays is not None or not strays_due(cursor.strays_looked_at, now):
         return [], cursor
+    tick.walked_for_strays = assets.table
     cursor = dataclasses.replace(cursor, strays_looked_at=now)
     feed = tick.feed
     strays = unreported_strays(tick.storage, tick.layout, tick.fmt, feed.landing, feed.name, assets.table)
     unreported = [entry.uri for entry, _ in strays]
-    if not unreported or last is None:
+    if not unreported:
+        return [], cursor
+    if last is None:
+        tick.context.log.warning(
+            f"{feed.name}/{assets.table}: {len(unreported)} file(s) no partition reads, and no partition "
+            f"to run that would report them; `lake-assets run` reports them: {', '.join(unreported[:5])}"
+        )
         return [], cursor
     tick.context.log.info(
         f"{feed.name}/{assets.table}: {len(unreported)} file(s) no partition reads and no run reported yet: "
@@ -207,14 +235,16 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor, BatchCursor)
         run_requests, observations, additions = [], [], []
+        failures = _ScanFailures(context, feed.name)
         for name, assets in sorted(by_name.items()):
-            with _on_its_own(context, feed.name, name):
+            with failures.of(name):
                 requests, observed, added, cursors[name] = _batch_runs(
                     tick, assets, cursors.get(name) or BatchCursor()
                 )
                 run_requests += requests
                 observations += observed
                 additions += added
+        failures.unless_every_table_failed(len(by_name))
         return dg.SensorResult(
             run_requests=run_requests,
             asset_events=observations,
