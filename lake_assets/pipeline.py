@@ -415,14 +415,16 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
     readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
     copies, uncopied = [], set()
+    records_of_partitions = {url for key in partitions for url in records[key]}
     for item in batch.quarantined:
         where = quarantine_file(
             storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id
         )
         copies += [where, where + REASON_SUFFIX]
-        if not storage.exists(where):
-            uncopied.add(item.uri)
         log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
+        if item.uri in records_of_partitions and not storage.exists(where):
+            uncopied.add(item.uri)
+            log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
     for withdrawn in withdraw_stale_quarantine(work, partitions, set(copies)):
         log.info(
             f"{feed.name}/{table}: withdrew the quarantine entry {withdrawn}: its file now reads, or is gone"

@@ -115,6 +115,9 @@ def quarantine_file(
         storage.copy(item.uri, target)
     except FILE_ERRORS as exc:  # the file may be gone or unreadable; the note still records it
         item = dataclasses.replace(item, reason=f"{item.reason} (copy failed: {first_line(exc)})")
+        # An earlier run's copy of the file's earlier bytes must not pass for this one: the
+        # run leaves a file it could not copy out of its partition's processed note by it.
+        storage.delete_file(target)
     note = {
         "file": item.uri,
         "reason": item.reason,

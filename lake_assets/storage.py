@@ -12,9 +12,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import email.utils
+import errno
 import os
 import re
 import stat
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -70,9 +72,22 @@ def _why_not_readable(path: str, mode: int) -> str | None:
 
 
 def _path_in_bytes(shown: str) -> bytes:
-    """The local path `_text_of_local_name` showed with its bytes escaped (`data-\\xff.parquet`),
-    as the system names it: each escape back to its byte."""
-    return re.sub(rb"\\x([0-9a-f]{2})", lambda found: bytes([int(found[1], 16)]), shown.encode("utf-8"))
+    """The local path whose file name `_text_of_local_name` showed with its bytes escaped
+    (`data-\\xff.parquet`), as the system names it: each escape of the name back to its byte.
+    (Only a file's own name can be so shown: a folder so named is never entered.)"""
+    folder, _, name = shown.encode("utf-8").rpartition(b"/")
+    return folder + b"/" + re.sub(rb"\\x([0-9a-f]{2})", lambda found: bytes([int(found[1], 16)]), name)
+
+
+def _refuse_to_copy_what_is_not_a_file(path: str | bytes) -> None:
+    """Copying a named pipe would wait for a writer for ever, and a device (`/dev/zero`) would
+    fill the disk: only a regular file (or a link to one) is copied to quarantine."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # the copy says it is gone
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file, so not copied", os.fsdecode(path))
 
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
@@ -190,6 +205,7 @@ class Storage:
         self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
         self._boto3_client: Any = None  # boto3 (exact listings, conditional writes), made on first use
+        self._boto3_client_made = threading.Lock()
         self._s3_unsigned = False  # it found no credentials, and asks unsigned (a public bucket)
         self._local = pafs.LocalFileSystem()
 
@@ -369,6 +385,10 @@ class Storage:
         """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the
         environment's credentials, else boto3's own chain (a profile, an instance role), else
         none at all (a public bucket), as pyarrow's client finds them."""
+        with self._boto3_client_made:  # the first use may come from several threads (`each_file`)
+            return self._made_s3_client()
+
+    def _made_s3_client(self):
         if self._boto3_client is None:
             import boto3
             import botocore
@@ -502,10 +522,11 @@ class Storage:
     def copy(self, src: str, dst: str) -> None:
         src_fs, src_path = self.resolve(src)
         dst_fs, dst_path = self.resolve(dst)
-        if src_fs is self._local and not os.path.lexists(src_path):
-            named_in_bytes = _path_in_bytes(src_path)
-            if os.path.lexists(named_in_bytes):  # a name that is not UTF-8, shown with escapes
-                with open(named_in_bytes, "rb") as source:
+        if src_fs is self._local:
+            local = src_path if os.path.lexists(src_path) else _path_in_bytes(src_path)
+            _refuse_to_copy_what_is_not_a_file(local)
+            if local != src_path:  # a name that is not UTF-8, shown with escapes
+                with open(local, "rb") as source:
                     self.write_bytes(dst, source.read())
                 return
         if src_fs is dst_fs and _nameable(src_path):

@@ -147,6 +147,13 @@ def symlink_loops(landing: Path) -> list[Path]:
     return links
 
 
+def named_pipe(landing: Path) -> list[Path]:
+    """A named pipe among the data files: its copy to quarantine waited for a writer for ever."""
+    pipe = unit_hour(landing) / "part-pipe.parquet"
+    os.mkfifo(pipe)
+    return [pipe]
+
+
 def folder_named_like_a_file(landing: Path) -> list[Path]:
     return [good_unit_file(unit_hour(landing) / "part-5.parquet" / "inner.parquet")]
 
@@ -379,6 +386,7 @@ CASES = [
     Hostile("unit", "invalid_time_folders", invalid_time_folders, complete=False),
     Hostile("unit", "symlink_loops", symlink_loops),
     Hostile("unit", "folder_named_like_a_file", folder_named_like_a_file, unusable=False),
+    Hostile("unit", "named_pipe", named_pipe),
     Hostile("unit", "hour_from_1990", hour_from_1990, unusable=False, read=True, complete=True),
     Hostile("unit", "reserved_column_names", reserved_column_names, unusable=False, read=True),
     Hostile("unit", "id_twice_in_one_file", id_twice_in_one_file, unusable=False),
@@ -524,3 +532,24 @@ def test_a_file_the_run_may_not_read_is_reported_and_the_files_beside_it_are_rea
     assert code == 0
     assert "may not read it (permission denied)" in quarantine_notes(lake)[uri(denied)]["reason"]
     assert valid_events[feed_name] <= events(lake, FEEDS[feed_name])
+
+
+def test_a_copy_that_fails_leaves_no_earlier_copy_to_pass_for_it(tmp_path):
+    """A file set aside again whose copy fails (gone when read) must not leave an earlier run's
+    copy of its earlier bytes in its place: the run tells a file it could not copy by its
+    missing copy, and keeps it out of the partition's processed note."""
+    from lake_assets.paths import LakeLayout
+    from lake_assets.quarantine import Quarantined, quarantine_file
+
+    landed = good_unit_file(unit_hour(tmp_path / "landing") / "part-0.parquet")
+    storage, layout = Storage(), LakeLayout(f"file://{tmp_path / 'lake'}")
+
+    def set_aside() -> str:
+        item = Quarantined(uri(landed), "a reason")
+        return quarantine_file(storage, layout, "unit", "accounts", "2024-03-01-02", item, None)
+
+    assert storage.exists(set_aside())
+    landed.unlink()
+    copy = set_aside()
+    assert not storage.exists(copy)
+    assert "copy failed" in storage.read_bytes(copy + ".reason.json").decode()
