@@ -305,12 +305,17 @@ def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_
 def test_stray_files_alone_start_a_run_that_reports_them(tmp_path):
     """Files no partition reads (a vendor's new layout, `hour=25`) change no partition, so no
     run started and, with Dagster alone, no one ever reported them: the sensor now looks for
-    them when a table has nothing else to run (a walk of the whole table: at most hourly, and
-    one table a tick), and asks for one run of the table's last hour, which reports them; the
-    same strays ask once."""
+    them when a table has nothing else to run (a walk of the whole table: at most hourly, one
+    table a tick, the one walked longest ago), and asks for one run of the table's last hour,
+    which reports them; the same strays ask once."""
     landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
         cursor = sensor(context).cursor
+    # the runs this tick asked for report the tables' strays: their next walks wait an hour
+    an_hour_later = json.loads(cursor)
+    for table in ("accounts", "cards"):
+        an_hour_later[table]["strays_looked_at"] -= STRAYS_EVERY_SECONDS
+    cursor = json.dumps(an_hour_later)
     landed = (
         landing / "cards" / "year=2024" / "month=03" / "day=01" / "hour=04" / "part-0.parquet"
     ).read_bytes()
@@ -344,3 +349,28 @@ def test_stray_files_alone_start_a_run_that_reports_them(tmp_path):
     ) as context:
         (again,) = sensor(context).run_requests
     assert again.run_key == run_keys[-1]  # the same strays: a run Dagster has already made
+
+
+def test_a_table_whose_walk_for_strays_fails_waits_its_next_turn(tmp_path, monkeypatch, capfd):
+    """A walk that fails (a store refusing the listing) is logged and counts as the table's
+    turn: the next tick walks the next table, so one failing table cannot keep the turn."""
+    from lake_assets.orchestration import sensors
+
+    _, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        an_hour_later = json.loads(sensor(context).cursor)
+    for table in ("accounts", "cards"):
+        an_hour_later[table]["strays_looked_at"] -= STRAYS_EVERY_SECONDS
+    walked = []
+
+    def walk(storage, layout, fmt, landing, feed, table):
+        walked.append(table)
+        raise PermissionError(13, "Permission denied", table)
+
+    monkeypatch.setattr(sensors, "unreported_strays", walk)
+    cursor = json.dumps(an_hour_later)
+    for _ in range(3):
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            cursor = sensor(context).cursor
+    assert walked == ["accounts", "cards"]
+    assert "unit/accounts: could not be walked for strays" in capfd.readouterr().err

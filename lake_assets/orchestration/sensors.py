@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 import dagster as dg
@@ -70,8 +70,8 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         )
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor)
+        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations = [], []
         failures = _ScanFailures(context, feed.name)
         for name, assets in sorted(by_name.items()):
@@ -117,7 +117,7 @@ class _ScanFailures:
             )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Tick:
     """What a sensor's tick scans every table of its feed with."""
 
@@ -126,9 +126,8 @@ class _Tick:
     layout: LakeLayout
     feed: FeedConfig
     fmt: FeedFormat
-    #: the table walked for strays this tick: one at most, so that a tick stays short however
-    #: many tables are due (after an upgrade, every table is), and their walks spread out
-    walked_for_strays: str | None = None
+    #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
+    strays_turn: str | None = None
 
 
 def _hourly_runs(
@@ -156,16 +155,14 @@ def _hourly_runs(
         for partition, standing in sorted(standing_requests.items())
         if partition not in {f.partition for f in found}
     ]
-    if not found and requests:  # a run asked for again reports the table's strays too
-        return requests, [], cursor
-    if not found:
+    if not found and not requests:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
         strays, cursor = _strays_run(tick, assets, cursor, last)
         return strays, [], cursor
     for start, end in contiguous_ranges([f.partition for f in found]):
         in_range = [f for f in found if start <= f.partition <= end]
         requests.append(_range_run(feed.name, assets, start, end, in_range))
-    return requests, [_observation(assets, found)], cursor
+    return requests, [_observation(assets, found)] if found else [], _strays_reported(cursor)
 
 
 _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
@@ -177,15 +174,20 @@ def _strays_run(
     """For a table no run of which starts this tick: a run of its `last` partition when the
     table holds stray files no run has reported yet (a vendor's new layout, files no one can
     open), as only a run reports them, and no partition changed to start one. The table is
-    walked for them at most every `STRAYS_EVERY_SECONDS`, and one table a tick; with no `last`
-    partition to run, none is asked for."""
-    now = time.time()
-    if tick.walked_for_strays is not None or not strays_due(cursor.strays_looked_at, now):
+    walked for them at most every `STRAYS_EVERY_SECONDS`, one table a tick (`_strays_turn`);
+    with no `last` partition to run, none is asked for. A walk that fails is logged and waits
+    its next turn like one that found nothing, so it cannot keep the turn from the others."""
+    if assets.table != tick.strays_turn:
         return [], cursor
-    tick.walked_for_strays = assets.table
-    cursor = dataclasses.replace(cursor, strays_looked_at=now)
+    cursor = dataclasses.replace(cursor, strays_looked_at=time.time())
     feed = tick.feed
-    strays = unreported_strays(tick.storage, tick.layout, tick.fmt, feed.landing, feed.name, assets.table)
+    try:
+        strays = unreported_strays(tick.storage, tick.layout, tick.fmt, feed.landing, feed.name, assets.table)
+    except Exception as failure:  # noqa: BLE001 - logged; its next turn tries again
+        tick.context.log.warning(
+            f"{feed.name}/{assets.table}: could not be walked for strays: {first_line(failure)}"
+        )
+        return [], cursor
     unreported = [entry.uri for entry, _ in strays]
     if not unreported:
         return [], cursor
@@ -202,6 +204,22 @@ def _strays_run(
     return [
         _whole_table_run(strays_run_key(feed.name, assets.table, last, unreported), assets, last, last)
     ], cursor
+
+
+def _strays_reported(cursor: _Cursor) -> _Cursor:
+    """The cursor of a table a run is asked for this tick: every run reports the table's strays,
+    so its next walk for them waits its hour (and a busy table does not keep the turn)."""
+    return dataclasses.replace(cursor, strays_looked_at=time.time())
+
+
+def _strays_turn(cursors: dict, tables: Iterable[str]) -> str | None:
+    """The table to walk for strays this tick, if any: of those due (`strays_due`), the one
+    walked longest ago. One a tick keeps a tick short however many tables are due (after an
+    upgrade, every one is), and each gets its turn."""
+    now = time.time()
+    looked_at = {table: getattr(cursors.get(table), "strays_looked_at", None) for table in tables}
+    due = [table for table, at in looked_at.items() if strays_due(at, now)]
+    return min(due, key=lambda table: (looked_at[table] or 0.0, table), default=None)
 
 
 def _first_hour(assets: TableAssets) -> str | None:
@@ -232,8 +250,8 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         )
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt)
         cursors = decode_cursor(context.cursor, BatchCursor)
+        tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations, additions = [], [], []
         failures = _ScanFailures(context, feed.name)
         for name, assets in sorted(by_name.items()):
@@ -265,6 +283,7 @@ def _batch_runs(
     if not found:
         strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
         return strays, [], [], cursor
+    cursor = _strays_reported(cursor)
     partitions = _batch_partitions(assets)
     known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
