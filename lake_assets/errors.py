@@ -98,6 +98,11 @@ class StorageRequestError(LakeAssetsError, OSError):
     (boto3's): an OSError too, as every caller of `storage.Storage` expects pyarrow's to be."""
 
 
+class NotAFile(LakeAssetsError, OSError):
+    """A local path to copy that is no regular file (a named pipe, a device): reading it would
+    wait for ever or never end. An OSError, as every caller of `Storage` handles."""
+
+
 class InvalidValue(LakeAssetsError, ValueError):
     """A value (a name, key, URI, record or file's content) does not have the form it must have.
     A ValueError too, so code that checks a value by catching ValueError keeps working."""

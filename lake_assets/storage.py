@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import pydantic
 
 from lake_assets.config_model import S3Config, aws_credentials_from_environment
-from lake_assets.errors import DamagedLakeFile, InvalidValue, StorageRequestError, first_line
+from lake_assets.errors import DamagedLakeFile, InvalidValue, NotAFile, StorageRequestError, first_line
 from lake_assets.paths import is_s3
 
 #: small file requests (footers and notes read, notes written) made at once: on S3 each is a
@@ -87,7 +87,7 @@ def _refuse_to_copy_what_is_not_a_file(path: str | bytes) -> None:
     except FileNotFoundError:
         return  # the copy says it is gone
     if not stat.S_ISREG(mode):
-        raise OSError(errno.EINVAL, "not a regular file, so not copied", os.fsdecode(path))
+        raise NotAFile(errno.EINVAL, "not a regular file, so not copied", os.fsdecode(path))
 
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
