@@ -7,6 +7,7 @@ Pure text scans: no Spark, no Dagster.
 from __future__ import annotations
 
 import io
+import json
 import re
 import tokenize
 from pathlib import Path
@@ -116,3 +117,20 @@ def test_code_that_cites_profiling_leaves_the_timings_there():
         if "docs/profiling.md" in text and TIMING.search(text)
     ]
     assert not quoted, "move the figure to docs/profiling.md:\n" + "\n".join(quoted)
+
+
+def test_the_readme_quotes_one_full_benchmark_run_and_its_json_is_in_the_repository():
+    """The status paragraph and the benchmark table name the same run, whose JSON is kept, so
+    that a new run's figures cannot land in one place and leave the other quoting an older run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    status = re.search(r"latest full run \((\w+)\)", readme)
+    table = re.search(r"Latest full-size figures: `\./dev bench` on commit (\w+)", readme)
+    assert status and table, "the README names the full benchmark run it quotes, twice"
+    assert status[1] == table[1], f"the status quotes {status[1]}, the benchmark table {table[1]}"
+    run = json.loads((ROOT / "docs" / "benchmarks" / f"full-{table[1]}.json").read_text(encoding="utf-8"))
+    quoted = {**run["figures"], **run["context"]}
+    rows = re.findall(r"^\| `(\w+)` \| (\d+\.\d+)(?: s)? \|", readme, flags=re.MULTILINE)
+    assert {name for name, _ in rows} == set(quoted), "the table quotes every figure of the run"
+    for name, value in rows:
+        decimals = len(value.split(".")[1])
+        assert round(quoted[name], decimals) == float(value), f"{name}: README {value}, JSON {quoted[name]}"
