@@ -23,6 +23,7 @@ from pyspark.sql import types as T
 
 from lake_assets import lake_io, lease, processed, reruns
 from lake_assets.catalog.files import (
+    Refused,
     catalog_file,
     catalogued_entries,
     landed_records,
@@ -71,8 +72,8 @@ class TableWork:
     #: how long a step waits for another writer of the table (`lease`)
     lease_wait_seconds: float = DEFAULT_LEASE_WAIT_SECONDS
 
-    def catalogue(self, files) -> int:
-        return record_files(self.store, self.storage, files)
+    def catalogue(self, files, refused: Refused | None = None) -> int:
+        return record_files(self.store, self.storage, files, refused)
 
     def writing(self, step: str, log=_log) -> contextlib.AbstractContextManager[None]:
         """Hold the table's lease (one writer at a time, `lease`) for a step that writes it."""
@@ -210,15 +211,20 @@ def forget_table(
 
 @dataclasses.dataclass(frozen=True)
 class LandingCatalogued:
-    files: int  # landed files of the partitions, all now catalogued
+    files: int  # landed files of the partitions, all now catalogued but those refused
     hashed: int  # of which new or changed, so read, hashed and recorded
     gone: int  # files catalogued before that are no longer landed: their records retired
+    #: listed files whose bytes their store would not hand over: left out, reported by the run's
+    #: read of the partitions (`ingest`)
+    refused: int = 0
 
 
-def catalogue_landing(work: TableWork, partitions: list[str]) -> LandingCatalogued:
+def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> LandingCatalogued:
     """List the landed files of the partitions a run over `partitions` reads and record them
     (work id `landing-<partition>`), retiring the records of files that are gone. A file whose
-    listing shows it unchanged since its record is not read again."""
+    listing shows it unchanged since its record is not read again. A file that cannot be read
+    (an archived S3 object) is left out, and the rest catalogued: one file must not stop its
+    table; the read of the partitions reports it (`ingest`)."""
     fmt, storage = work.fmt, work.storage
     keys = fmt.read_partitions(partitions)
     listed = fmt.partitions_files(storage, work.feed.landing, work.table, keys)
@@ -230,6 +236,14 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> LandingCatalogu
         if url not in {entry.uri for entry in listed.get(key, [])}
     ]
     retire_landed(work.store, gone)
+    refused: list[str] = []
+
+    def refuse(item, exc: Exception) -> None:
+        refused.append(item.url)
+        log.error(
+            f"{item.url} could not be read to catalogue it ({first_line(exc)}): left out of the catalog"
+        )
+
     hashed = work.catalogue(
         [
             catalog_file(
@@ -243,9 +257,12 @@ def catalogue_landing(work: TableWork, partitions: list[str]) -> LandingCatalogu
             for key, entries in listed.items()
             for entry in entries
             if not _still_recorded(entry, recorded[key].get(entry.uri))
-        ]
+        ],
+        refuse,
     )
-    return LandingCatalogued(sum(len(entries) for entries in listed.values()), hashed, len(gone))
+    return LandingCatalogued(
+        sum(len(entries) for entries in listed.values()), hashed, len(gone), len(refused)
+    )
 
 
 def _still_recorded(entry, record: dict | None) -> bool:
@@ -379,7 +396,8 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     files outside every partition) are copied to quarantine with their reason and reported."""
     fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
     # The catalog, not a listing, says what landed: what a run reads is what was catalogued.
-    records = landed_records(work.store, feed.name, table, fmt.read_partitions(partitions))
+    read_partitions = fmt.read_partitions(partitions)
+    records = landed_records(work.store, feed.name, table, read_partitions)
     holders_asked = _ask_holders_of_removed_data(work, partitions, records, log)
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
@@ -411,6 +429,9 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     for entry, reason in strays:
         partition_of[entry.uri] = UNPARTITIONED
         batch.quarantine(Quarantined(entry.uri, reason))
+    for key, item in _refused_to_the_catalog(work, read_partitions, records, log):
+        partition_of[item.uri] = key
+        batch.quarantine(item)
     for uri, values in sorted(batch.text_repaired.items()):
         log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
     readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
@@ -447,7 +468,9 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
                 for uri in copies
                 if storage.exists(uri)
             ],
-        ]
+        ],
+        # A stray is reported with its reason already; one the store will not read stays out.
+        lambda item, exc: log.warning(f"{item.url} could not be read to catalogue it ({first_line(exc)})"),
     )
     return Ingested(
         batch=batch,
@@ -456,6 +479,30 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
         read_from={key: _note_of_what_was_held(records[key], uncopied) for key in partitions},
     )
+
+
+def _refused_to_the_catalog(
+    work: TableWork, partitions: list[str], records: dict, log
+) -> list[tuple[str, Quarantined]]:
+    """(partition, file) of the landed files of `partitions` that are listed but not catalogued
+    because their store would not hand over their bytes (`catalogue_landing`), each with the
+    store's answer. Their partition's processed note leaves them out, so the next run of it
+    tries again; a file that reads now landed after the catalog step, and is the next run's."""
+    listed = work.fmt.partitions_files(work.storage, work.feed.landing, work.table, partitions)
+    refused = []
+    for key, entries in listed.items():
+        for entry in entries:
+            if entry.uri in records[key]:
+                continue
+            answer = work.storage.refusal_to_read(entry.uri)
+            if answer is None or isinstance(answer, FileNotFoundError):
+                log.info(
+                    f"{entry.uri} landed, or went, after its partition was catalogued: the next run sees it"
+                )
+                continue
+            reason = f"its bytes could not be read ({first_line(answer)}); the next run of its partition tries again"
+            refused.append((key, Quarantined(entry.uri, reason)))
+    return refused
 
 
 def _note_of_what_was_held(records: dict, uncopied: set[str]) -> dict[str, processed.ProcessedFile]:

@@ -32,7 +32,7 @@ from typing_extensions import TypedDict
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
-from lake_assets.storage import Entry, Storage, each_file, read_lake_json
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, read_lake_json
 
 NOTES_FOLDER = "processed"
 #: the landed files each partition's stored changes were read from (processed once folded)
@@ -295,8 +295,18 @@ def _why_changed(storage: Storage, files: list[Entry], note: dict[str, Processed
         for url, entry in listed.items()
         if not unchanged_since_recorded(entry, note[url].size, note[url].recorded_ms)
     ]
-    rewritten = [url for url in touched if hash_file(storage, url) != note[url].hash]
+    rewritten = [url for url in touched if _hash_now(storage, url) != note[url].hash]
     return _count(rewritten, "rewritten") if rewritten else None
+
+
+def _hash_now(storage: Storage, url: str) -> str | None:
+    """The file's hash, or None when its bytes cannot be read now: it counts as rewritten, so its
+    partition runs, and that run reports the file with its store's answer, rather than one file
+    stopping the planning of every partition."""
+    try:
+        return hash_file(storage, url)
+    except FILE_ERRORS:
+        return None
 
 
 def _count(urls: list[str], what: str) -> str | None:

@@ -156,6 +156,17 @@ def _s3_request(what: str, storage: Storage, *, absent_is_empty: bool = False) -
         raise StorageRequestError(f"{what}: {first_line(error)}") from error
 
 
+def _names_no_object(error: Exception) -> bool:
+    """Whether a request failed because its object does not exist (S3's `NoSuchKey`)."""
+    import botocore.exceptions
+
+    cause = error.__cause__
+    return isinstance(error, FileNotFoundError) or (
+        isinstance(cause, botocore.exceptions.ClientError)
+        and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
+    )
+
+
 def _nameable(path: str) -> bool:
     """Whether pyarrow (and Hadoop) can name the object at `path` (bucket/key) as it is."""
     return not any(s in _UNNAMEABLE_SEGMENTS for s in path.split("/")[1:])
@@ -459,6 +470,24 @@ class Storage:
     def open_input_file(self, uri: str):
         fs, path = self.resolve(uri)
         return fs.open_input_file(path)
+
+    def refusal_to_read(self, uri: str) -> Exception | None:
+        """What the file's store answers when asked for its bytes, if not the bytes: an S3 object
+        archived to Glacier, or one the run may not read, is listed like any other. A file gone
+        answers `FileNotFoundError`. (S3 is asked through boto3, whose error names S3's code;
+        pyarrow's names its own failure to read the answer.)"""
+        fs, path = self.resolve(uri)
+        try:
+            if fs is self._local:
+                with fs.open_input_file(path) as handle:
+                    handle.read(1)
+            else:
+                bucket, _, key = path.partition("/")
+                with _s3_request(f"reading {uri}", self):
+                    self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].close()
+        except FILE_ERRORS as exc:
+            return FileNotFoundError(uri) if _names_no_object(exc) else exc
+        return None
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         """Write a whole file: a reader, or a process killed mid-write, leaves the old file or

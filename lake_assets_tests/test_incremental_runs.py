@@ -142,6 +142,26 @@ def test_a_file_rewritten_in_place_is_reprocessed_even_with_the_same_size(lake):
     assert any("part-0.parquet rewritten" in line for line in lake.said)
 
 
+def test_a_rewritten_file_whose_bytes_cannot_be_read_runs_its_hour_and_stops_no_planning(lake, monkeypatch):
+    """Planning hashes a file modified since its hour was processed; when its store will not hand
+    over the bytes (archived, or no longer readable by the run), the hour runs, and its run
+    reports the file, instead of the planning of every hour failing."""
+    path = hour_dir(lake.landing, "accounts", 2) / "part-0.parquet"
+    os.utime(path)
+
+    real_hash = processed.hash_file
+
+    def refuse(storage, url):
+        if url.endswith(f"hour=02/{path.name}"):
+            raise PermissionError(f"{url}: access denied")
+        return real_hash(storage, url)
+
+    monkeypatch.setattr(processed, "hash_file", refuse)
+
+    assert lake.run() == [(hour(2), hour(2))]
+    assert any("part-0.parquet rewritten" in line for line in lake.said)
+
+
 def test_a_removed_file_reprocesses_its_hour_and_its_rows_leave_the_change_log(lake):
     (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
     assert lake.run() == [(hour(3), hour(3))]

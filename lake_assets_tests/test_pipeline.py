@@ -2,6 +2,7 @@
 the sample data against the brute-force reference, and the same graph on S3 (moto + s3a)."""
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -492,3 +493,62 @@ def test_runs_follow_the_hours_that_hold_files_not_the_years_between_them(tmp_pa
     assert [(r["id"], r["name"], r["hour"]) for r in lake_rows(lake, "changes", "legacy", "id")] == [
         ("old", "1990", old_key)
     ]
+
+
+def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
+    tmp_path, moto_server, s3_bucket, spark
+):
+    """An object moved to Glacier by a lifecycle rule is listed like any other, but S3 refuses to
+    hand over its bytes until it is restored (403 InvalidObjectState). It is reported with that
+    cause, every other file of its hour and table is read, and once it is restored the next run
+    reads it and withdraws the report."""
+    from lake_assets.runner import RunFailed  # noqa: F401 - the failure the run must not raise
+
+    sample = write_unit_landing(tmp_path / "landing" / "unit", hours=3, tables=("accounts", "customers"))
+    client = moto_server.client("s3")
+    _upload(client, s3_bucket, sample.landing_dir, "landing/unit")
+    hour_files = sorted((sample.landing_dir / "accounts").rglob("*.parquet"))
+    archived_key = f"landing/unit/{hour_files[0].relative_to(sample.landing_dir).as_posix()}"
+    client.copy_object(
+        Bucket=s3_bucket,
+        Key=archived_key,
+        CopySource={"Bucket": s3_bucket, "Key": archived_key},
+        StorageClass="GLACIER",
+    )
+    stray_key = "landing/unit/accounts/year=2024/month=03/day=01/hour=99/part-archived-stray.parquet"
+    client.put_object(
+        Bucket=s3_bucket, Key=stray_key, Body=hour_files[0].read_bytes(), StorageClass="GLACIER"
+    )
+    lake = tmp_path / "lake"
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(
+            FeedConfig(
+                "unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts", "customers")
+            ),
+        ),
+        s3=S3Config(endpoint_url=moto_server.url),
+    )
+    archived_uri = f"s3a://{s3_bucket}/{archived_key}"
+
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+
+    notes = {
+        json.loads(p.read_text())["file"]: json.loads(p.read_text())["reason"]
+        for p in (lake / "_quarantine").rglob("*.reason.json")
+    }
+    assert sorted(notes) == [archived_uri, f"s3a://{s3_bucket}/{stray_key}"]
+    assert "(InvalidObjectState)" in notes[archived_uri]
+    read = {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")}
+    landed = {
+        f"s3a://{s3_bucket}/landing/unit/{p.relative_to(sample.landing_dir).as_posix()}" for p in hour_files
+    }
+    assert read == landed - {archived_uri}
+    assert lake_rows(str(lake), "current", "customers", "id")
+
+    client.restore_object(Bucket=s3_bucket, Key=archived_key, RestoreRequest={"Days": 1})
+    run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+
+    notes = [json.loads(p.read_text())["file"] for p in (lake / "_quarantine").rglob("*.reason.json")]
+    assert notes == [f"s3a://{s3_bucket}/{stray_key}"]
+    assert {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")} == landed

@@ -75,8 +75,13 @@ def test_the_landing_catalog_follows_the_raw_files_in_single_run_backfills():
 
 
 def test_the_catalogue_counts_become_metadata():
-    landed = pipeline.LandingCatalogued(files=5, hashed=2, gone=1)
-    assert steps.catalogue_metadata(landed) == {"files_catalogued": 5, "files_hashed": 2, "files_gone": 1}
+    landed = pipeline.LandingCatalogued(files=5, hashed=2, gone=1, refused=1)
+    assert steps.catalogue_metadata(landed) == {
+        "files_catalogued": 4,
+        "files_hashed": 2,
+        "files_gone": 1,
+        "files_refused": 1,
+    }
 
 
 def test_the_change_log_is_stored_by_the_io_manager_one_writer_per_table():

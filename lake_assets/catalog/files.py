@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import pyarrow.parquet as pq
 from pyarrow.fs import FileType
@@ -34,7 +34,7 @@ from lake_assets.catalog.metadata import (
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.errors import CatalogError
 from lake_assets.paths import as_name
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import FILE_ERRORS, Entry, Storage
 
 CHUNK = 8 * 1024 * 1024
 
@@ -184,29 +184,47 @@ def hash_file(storage: Storage, url: str) -> str:
         return hash_stream(iter(lambda: handle.read(CHUNK), b""))
 
 
-def record(store: CatalogStore, storage: Storage, files: list[CatalogFile]) -> int:
-    """Hash each file and put its records; returns how many files were recorded."""
-    records = []
+#: told of a file whose bytes could not be read to catalogue it, and why
+Refused = Callable[["CatalogFile", Exception], None]
+
+
+def record(
+    store: CatalogStore, storage: Storage, files: list[CatalogFile], refused: Refused | None = None
+) -> int:
+    """Hash each file and put its records; returns how many files were recorded. A file whose
+    bytes cannot be read fails the call, or, given `refused`, is told to it and left out."""
+    records, recorded = [], 0
     for item in files:
-        fs, path = storage.resolve(item.url)
-        info = fs.get_file_info(path)
-        digest = hash_file(storage, item.url)
-        start, end = item.span or (datetime_to_ms(info.mtime), None)
-        metadata = {
-            "version": 0,
-            "id": item.file_id(digest),
-            "start": document_time(start),
-            "end": None if end is None else document_time(end),
-            "where": item.where,
-            "what": item.what,
-            "work_id": item.work_id,
-            "hash": digest,
-            "path": absolute_path(item.url),
-        }
-        records.extend(build_records(metadata, url=item.url, size=info.size or 0))
+        try:
+            records.extend(_records_of(storage, item))
+        except FILE_ERRORS as exc:
+            if refused is None:
+                raise
+            refused(item, exc)
+            continue
+        recorded += 1
     if records:
         store.put(records)
-    return len(files)
+    return recorded
+
+
+def _records_of(storage: Storage, item: CatalogFile) -> list[dict]:
+    fs, path = storage.resolve(item.url)
+    info = fs.get_file_info(path)
+    digest = hash_file(storage, item.url)
+    start, end = item.span or (datetime_to_ms(info.mtime), None)
+    metadata = {
+        "version": 0,
+        "id": item.file_id(digest),
+        "start": document_time(start),
+        "end": None if end is None else document_time(end),
+        "where": item.where,
+        "what": item.what,
+        "work_id": item.work_id,
+        "hash": digest,
+        "path": absolute_path(item.url),
+    }
+    return build_records(metadata, url=item.url, size=info.size or 0)
 
 
 def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:

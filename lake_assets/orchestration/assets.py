@@ -201,10 +201,12 @@ def landing_catalog_asset(
         context: dg.AssetExecutionContext, lake: LakeResource, catalog: CatalogResource
     ) -> dg.MaterializeResult:
         partitions = list(context.partition_keys)
-        landed = pipeline.catalogue_landing(table.work(context.run.run_id, lake, catalog), partitions)
+        landed = pipeline.catalogue_landing(
+            table.work(context.run.run_id, lake, catalog), partitions, log=context.log
+        )
         context.log.info(
-            f"{table.label}: catalogued {landed.files} landed file(s) for {len(partitions)} partition(s) "
-            f"({landed.hashed} new or changed, {landed.gone} gone)"
+            f"{table.label}: catalogued {landed.files - landed.refused} landed file(s) for {len(partitions)} "
+            f"partition(s) ({landed.hashed} new or changed, {landed.gone} gone, {landed.refused} unreadable)"
         )
         return dg.MaterializeResult(metadata=catalogue_metadata(landed))
 
@@ -212,7 +214,12 @@ def landing_catalog_asset(
 
 
 def catalogue_metadata(landed: pipeline.LandingCatalogued) -> dict[str, int]:
-    return {"files_catalogued": landed.files, "files_hashed": landed.hashed, "files_gone": landed.gone}
+    return {
+        "files_catalogued": landed.files - landed.refused,
+        "files_hashed": landed.hashed,
+        "files_gone": landed.gone,
+        "files_refused": landed.refused,
+    }
 
 
 def changes_asset(
@@ -267,7 +274,7 @@ def changes_asset(
                 # Materialised without its catalog (from the UI, or by automation): the catalog
                 # may not know of files landed since it was last materialised; this run would
                 # read none of them, and its landing check could not tell.
-                landed = pipeline.catalogue_landing(work, partitions)
+                landed = pipeline.catalogue_landing(work, partitions, log=context.log)
                 context.log.info(f"{table.label}: catalogued the landing first: {catalogue_metadata(landed)}")
             ingested = pipeline.ingest(spark.spark_session, work, partitions, log=context.log)
             require_reconciled(table, ingested.batch)
