@@ -536,6 +536,27 @@ def test_a_fragment_no_one_can_open_is_reported_with_its_cause_and_its_hour_goes
     assert noted == file and cause in reason
 
 
+def test_hidden_and_marker_files_in_a_journal_are_not_data(spark, tmp_path):
+    """Names starting with `_` or `.` (`_SUCCESS`, a `.crc` checksum, a `_temporary/` folder a
+    copy tool left) are not data for Flow either, as for Spark, Hive and the other feeds: no
+    fragment is named so, and they are neither read, set aside, nor strays."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    fragment = write_fragment(journal, 0, doc_line(1))
+    (fragment.parent / "_SUCCESS").write_bytes(b"")
+    (fragment.parent / f".{fragment.name}.crc").write_bytes(b"crc")
+    (journal / "_temporary" / "0").mkdir(parents=True)
+    (journal / "_temporary" / "0" / "part-0").write_bytes(b"half a copy")
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+
+    assert [r["id"] for r in rows(lake, "current", "acmeco_customers")] == [1]
+    assert quarantine_notes(lake) == {}
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert (metadata["files_listed"], metadata["files_read"], metadata["files_stray"]) == (1, 1, 0)
+
+
 def test_a_failed_fragment_gives_way_to_the_fragments_holding_the_same_bytes(spark, tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

@@ -73,7 +73,7 @@ from lake_assets.lake_io import released_after
 from lake_assets.paths import safe_segment
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading, merged
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, data_files, is_hidden
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
 #: Spark's column for JSON lines it cannot parse: an engine name (`__`), which vendor fields never keep
@@ -546,11 +546,6 @@ def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
     return fragments
 
 
-def _readable_files(storage: Storage, folder: str) -> list[Entry]:
-    """The files of an hour folder that can be opened; the rest are strays (`stray_files`)."""
-    return [e for e in storage.list(folder) if not e.is_dir and e.unreadable is None]
-
-
 def _journal_folder(uri: str) -> str:
     """A fragment's journal folder as its URI spells it (cheap: no name parsed)."""
     return uri.split("/utc_date=", 1)[0]
@@ -643,6 +638,8 @@ class FlowJournalFormat(FeedFormat):
         def descend(uri: str, relative: str) -> None:
             for entry in storage.list(uri):
                 child = f"{relative}/{entry.name}"
+                if is_hidden(entry.name):  # not data (`storage.is_hidden`), as under a journal
+                    continue
                 if (
                     not entry.is_dir
                     or "=" not in entry.name
@@ -668,14 +665,15 @@ class FlowJournalFormat(FeedFormat):
                 "so the file is in no journal"
             )
             strays += [
-                (file, misfit) for file in (storage.walk_files(entry.uri) if entry.is_dir else [entry])
+                (file, misfit)
+                for file in (storage.walk_files(entry.uri, skip=is_hidden) if entry.is_dir else [entry])
             ]
         for journal in journals:
-            for entry in storage.walk_files(journal.uri):
+            for entry in storage.walk_files(journal.uri, skip=is_hidden):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
                 # A file no one can open (a link that leads nowhere, a local name that is not
                 # UTF-8, an S3 hour folder's own key holding data) is in no hour's listing
-                # (`_readable_files`): why it cannot be read says most.
+                # (`storage.data_files`): why it cannot be read says most.
                 why = entry.unreadable or reason
                 if why is not None:
                     strays.append((entry, why))
@@ -708,7 +706,7 @@ class FlowJournalFormat(FeedFormat):
             for key, folder in self._hour_folders(storage, journal, since).items():
                 files = [
                     dataclasses.replace(e, name=f"{journal.name}/{e.name}")
-                    for e in _readable_files(storage, folder)
+                    for e in data_files(storage, folder)
                 ]
                 hours.setdefault(key, []).extend(files)
         return {k: tuple(sorted(v, key=lambda e: e.name)) for k, v in hours.items() if v}
@@ -731,7 +729,7 @@ class FlowJournalFormat(FeedFormat):
         return [
             e
             for journal in self.journals(storage, landing, table)
-            for e in _readable_files(storage, self._hour_folder(journal, partition))
+            for e in data_files(storage, self._hour_folder(journal, partition))
         ]
 
     # --- reading ------------------------------------------------------------------------------
@@ -1029,7 +1027,7 @@ class FlowJournalFormat(FeedFormat):
     ) -> None:
         journal.listed.update(keys)
         for key in keys:
-            for entry in _readable_files(storage, folders[key]):
+            for entry in data_files(storage, folders[key]):
                 try:
                     fragment = ff.Fragment(entry.uri, journal.name, ff.parse_fragment_name(entry.name))
                 except ValueError:  # not a fragment: its own hour's run sets it aside
