@@ -177,8 +177,11 @@ def forget_table(
     its change log, current and history, their catalog records retired first (a removal cut
     short leaves files the catalog does not list, which the command removes when run again,
     never records of files that are gone); its state; a killed run's staging. The ledger stays,
-    so every key purged stays purged."""
+    so every key purged stays purged, as do the keys a change-log write saw purged before a fold
+    recorded them (`purges.seen`). A fold killed after its commit record is finished first: its
+    commit may record purges in the ledger."""
     state = TableState(layout, feed, table)
+    finish_interrupted_folds(CommitCatalog(storage, store, feed, table, None, state))
     damaged = []
     for time_columns, layers in (
         (CHANGE_TIME_COLUMNS, [state.changes]),
@@ -195,11 +198,12 @@ def forget_table(
         removed = RemovedFiles(storage, store, feed, table, time_columns)
         removed(readable)
         removed.retire()
+    kept_for_good = {state.purged, state.purges_seen}
     entries = [
         state.changes,
         state.current,
         state.history,
-        *(entry.uri for entry in storage.list(state.state_root) if entry.uri != state.purged),
+        *(entry.uri for entry in storage.list(state.state_root) if entry.uri not in kept_for_good),
         state.staging_root(),
     ]
     gone = [uri for uri in entries if storage.exists(uri)]

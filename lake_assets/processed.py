@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -178,6 +178,14 @@ def read_stored_notes(
     return ours, sorted(set(notes) - set(ours))
 
 
+def stored_partitions(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, is_partition: Callable[[str], bool]
+) -> set[str]:
+    """The partitions whose changes a run stored (each has a `stored/` note), folded or not."""
+    folder = notes_folder(layout, feed, table, STORED_FOLDER)
+    return {json_name(e) for e in json_files(storage, folder) if is_partition(json_name(e))}
+
+
 def _is_stored_note(note: dict) -> bool:
     return set(note) == {"run", "files"}
 
@@ -238,10 +246,13 @@ def changed_partitions(
     landed: dict[str, list[Entry]],
     notes: dict[str, dict[str, ProcessedFile]],
     asked: dict[str, str] | None = None,
+    stored: Iterable[str] = (),
 ) -> list[Change]:
     """The partitions whose landed files differ from what they held when last processed, or
     that a run asked to run again (`asked`: partition -> why), in `landed`'s order (then
-    partitions whose files are all gone)."""
+    partitions whose files are all gone); and of the partitions whose changes were `stored`, those
+    never processed whose landed files are all gone: their run removes their stored changes (a
+    run killed before its fold, or `changes` materialised alone, left them)."""
     asked = asked or {}
     changes = []
     for partition in [*landed, *(p for p in notes if p not in landed)]:
@@ -250,6 +261,8 @@ def changed_partitions(
             reason = f"to run again: {asked[partition]}"
         if reason is not None:
             changes.append(Change(partition, reason))
+    for partition in sorted(set(stored) - set(landed) - set(notes)):
+        changes.append(Change(partition, "stored but never folded, and its landed files are gone"))
     return changes
 
 

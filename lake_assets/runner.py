@@ -286,7 +286,8 @@ def _changed_partitions(
         # chosen now; the request that outlives this command is made by the run of the
         # partitions the files were removed from, under the table's lease (`pipeline.ingest`)
         standing.setdefault(partition, reason)
-    changes = processed.changed_partitions(storage, landed, notes, standing)
+    stored = processed.stored_partitions(storage, layout, feed.name, table, fmt.is_partition_key)
+    changes = processed.changed_partitions(storage, landed, notes, standing, {p for p in stored if within(p)})
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
     unreported = (

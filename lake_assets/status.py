@@ -130,6 +130,7 @@ def table_status(
                     **processed.holding_removed_data(landed, notes, fmt.holding_removed_data),
                     **reruns.asked(requests),
                 },
+                processed.stored_partitions(storage, layout, feed, table, fmt.is_partition_key),
             )
         ]
     return TableStatus(

@@ -171,6 +171,62 @@ def test_a_change_log_written_before_its_fold_holds_no_purged_fields(clean, lake
     assert tables(root) == clean
 
 
+def _without_the_purge_batch(landing):
+    shutil.rmtree(landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}")
+
+
+def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_went(lake, tmp_path):
+    """`changes` alone materialised (or the run killed before its fold): the write erased X in
+    the change log by the purge its own rows carried. The vendor then removes the purge batch:
+    the next run re-reads B1 from the landing, where X's fields still are. The purge the change
+    log met is kept (`purges.seen`) and the next fold records it, so X's fields come back into
+    no layer."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B3, layers=("catalog", "changes"))
+    _without_the_purge_batch(tmp_path / "landing")
+
+    cli(config, instance)
+
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))  # recorded now
+    # The purge batch's stored changes went with its landed files, though it was never folded.
+    assert {r["batch"] for r in rows(root, "changes")} == {B1, B3}
+
+
+def test_a_rebuild_finishes_a_killed_folds_commit_before_it_forgets_the_table(lake, tmp_path, monkeypatch):
+    """A fold killed once its commit record is written has decided: its commit records X's
+    purge in the ledger. `lake-assets rebuild` used to remove the record and its staging with
+    the rest of the state; with the purge batch gone from the landing, X's fields came back."""
+    from lake_assets.engine import fold
+    from lake_assets.runner import RunFailed
+
+    config, root, instance = lake
+    real_commit = fold.commit
+
+    def killed_after_the_record(*args, **kwargs):
+        def kill(step):
+            if step == "add 0":
+                raise KeyboardInterrupt("killed after the commit record")
+
+        return real_commit(*args, **{**kwargs, "on_step": kill})
+
+    monkeypatch.setattr(fold, "commit", killed_after_the_record)
+    with pytest.raises((RunFailed, KeyboardInterrupt)):
+        cli(config, instance)
+    monkeypatch.undo()
+    assert list((root / "_state" / FEED / TABLE / "commits").glob("*"))
+    _without_the_purge_batch(tmp_path / "landing")
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(config))
+
+    assert main(["rebuild", "--config", str(config_file), "--table", f"{FEED}/{TABLE}"]) == 0
+    cli(config, instance)
+
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+
+
 @pytest.mark.usefixtures("spark")  # its sensor ticks and runs fold in this process
 def test_late_files_sensor_runs_and_restores_never_bring_a_purge_back(lake, tmp_path):
     """Decided: a purge erases the record's data for good. A write of the same Id after the

@@ -160,17 +160,22 @@ def fold(
     synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     ledger = purges.ledger(spark, storage, state, keys)
     recorded = ledger.select(*keys) if ledger is not None else None
+    # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
+    seen = purges.seen(spark, storage, state, keys)
+    purged_before = purges.either(keys, [recorded, seen])
     with lake_io.released_after([]) as cached:
-        marked = kept_marks(batch, marked_batch(batch, spec, recorded), recorded, cached)
+        marked = kept_marks(batch, marked_batch(batch, spec, purged_before), purged_before, cached)
         events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
         touched = touched_keys(marked, spec)
         open_set = read_open_set(spark, storage, state, spec, touched)
         totals = _totals(marked, open_set.rows, keys)
         _report_counts(report, totals)
-        report.into_empty = open_set.rows is None and ledger is None and not _any_closed_days(storage, state)
+        report.into_empty = (
+            open_set.rows is None and purged_before is None and not _any_closed_days(storage, state)
+        )
         if report.events_in == 0:
             return report
-        report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"])
+        report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"], seen)
         rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
         to_redo = _read(spark, storage, _files_of(rewrite), spec)
         kept, late_window = split_closed_rows(to_redo, open_set.touched, report.late_keys, spec)
@@ -179,7 +184,8 @@ def fold(
         settled = _read(spark, storage, _files_of(compact), spec)
         windows = key_windows(events, touched, _union([open_set.touched, late_window], spec), spec)
         rows = timeline_rows(windows, spec, synced_at, batch_purges=totals["purge_markers"] > 0)
-        state_rows = laid_out(spec, [open_set.carried, rows, _erased(kept, keys, purged)], settled, large)
+        carried, kept = _erased(open_set.carried, keys, purged), _erased(kept, keys, purged)
+        state_rows = laid_out(spec, [carried, rows, kept], settled, large)
         stage = state.staging(report.fold_id)
         report.current_rows = stage_state(
             spark, storage, spec, state_rows, stage, open_set, report.keys_touched, large=large
@@ -188,6 +194,8 @@ def fold(
         report.log_partitions_erased = stage_purges(
             spark, storage, state, plan, stage, ledger, purged, synced_at=synced_at, log_column=log_column
         )
+        if seen is not None:  # recorded in the ledger now (or before)
+            plan.replace_folder(storage, state.purges_seen)
         report.days_appended = plan_state_commit(storage, state, plan, stage, rewrite, compact)
         _report_closed_days(report, rewrite, compact)
         commit(storage, state, plan, on_step=on_commit_step, removing=removing)
@@ -285,11 +293,24 @@ def _report_counts(report: FoldReport, totals: dict) -> None:
 
 
 def purged_now(
-    spark: SparkSession, events: DataFrame, recorded: DataFrame | None, keys: list[str], purge_markers: int
+    spark: SparkSession,
+    events: DataFrame,
+    recorded: DataFrame | None,
+    keys: list[str],
+    purge_markers: int,
+    seen: DataFrame | None = None,
 ) -> tuple[list[tuple], DataFrame | None]:
-    """The keys the batch purges for the first time (none unless it counted purge markers), and
-    the same as a frame of the key columns (None when there are none)."""
+    """The keys purged for the first time: those the batch purges (none unless it counted purge
+    markers), and those a change-log write saw purged (`seen`), that the ledger (`recorded`) does
+    not hold; and the same as a frame of the key columns (None when there are none)."""
     found = purges.newly_purged(events, recorded, keys) if purge_markers else []
+    if seen is not None:
+        unrecorded = (
+            seen
+            if recorded is None
+            else seen.join(merge.keys_typed_as(recorded, seen, keys), keys, "left_anti")
+        )
+        found = sorted({*found, *(tuple(row) for row in unrecorded.collect())}, key=repr)
     return found, spark.createDataFrame(found, schema=events.select(*keys).schema) if found else None
 
 

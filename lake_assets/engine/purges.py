@@ -10,7 +10,9 @@ or the fold redoes it.
 
 From then on, every write of change partitions (a re-run of an old partition or of the purge's
 own, a range backfill, a sensor run, a late file) erases the rows of the ledger's keys, and of
-keys the rows being written mark purged themselves, before anything is written; the fold treats
+keys the rows being written mark purged themselves, before anything is written. Those last it
+keeps first in `purges_seen/` (`seen`): the erasure must hold though no fold follows and the
+purge's landed file goes, and the next fold records them, whatever its batch; the fold treats
 the ledger's keys as purged whatever its batch says. A write after a purge (a late file, the key
 written again) keeps its version but no field data: as in GRAX, a purge erases the record, and
 a restored record is a new key (`grax__restoredfrom`).
@@ -26,8 +28,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import uuid
 from collections.abc import Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -96,20 +101,60 @@ def _purged_in_open_history(
     )
 
 
+def seen(spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]) -> DataFrame | None:
+    """The keys (a frame of the key columns) that a write of the change log erased for a purge
+    marker among its own rows, and that no fold has recorded in the ledger yet; None when none
+    are (`Erasure.apply`)."""
+    files = parquet_files(storage, state.purges_seen)
+    if not files:
+        return None
+    found = lake_io.read_drifting(
+        spark, storage, files, table=f"{state.feed}/{state.table} purges seen", keys=tuple(keys)
+    )
+    return found.select(*keys)
+
+
+def _remember_seen(storage: Storage, state: TableState, keys: DataFrame) -> None:
+    """Keep `keys` (purged by rows a change-log write is about to write) before the write erases
+    them: should no fold follow (a run killed, a run of `changes` alone) and the landed file
+    that carried the purge go, the erasure must still hold, and the next fold record it."""
+    found = keys.toArrow()
+    if found.num_rows == 0:
+        return
+    sink = pa.BufferOutputStream()
+    pq.write_table(found, sink)
+    storage.write_bytes(f"{state.purges_seen}/part-{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes())
+
+
+def either(keys: Sequence[str], frames: list[DataFrame | None]) -> DataFrame | None:
+    """The union of the frames of key columns that are not None; None when all are."""
+    present = [frame for frame in frames if frame is not None]
+    return union_all("purged keys", present, tuple(keys)) if present else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Erasure:
-    """What a write of change partitions erases: the rows of keys the ledger holds, and of keys
-    that a row being written marks purged (the batch that carries the purge)."""
+    """What a write of change partitions erases: the rows of keys the ledger holds or a write
+    before saw purged (`seen`), and of keys that a row being written marks purged (the batch
+    that carries the purge), which are kept as seen first."""
 
     keys: tuple[str, ...]
     recorded: DataFrame | None
+    storage: Storage
+    state: TableState
 
     @classmethod
     def of_table(
         cls, spark: SparkSession, storage: Storage, state: TableState, keys: tuple[str, ...]
     ) -> Erasure:
-        recorded = ledger(spark, storage, state, keys) if keys else None
-        return cls(keys, recorded.select(*keys) if recorded is not None else None)
+        if not keys:
+            return cls(keys, None, storage, state)
+        recorded = ledger(spark, storage, state, keys)
+        known = either(
+            keys,
+            [recorded.select(*keys) if recorded is not None else None, seen(spark, storage, state, keys)],
+        )
+        return cls(keys, known, storage, state)
 
     def marked_rows(self, frame: DataFrame) -> Column:
         """An aggregate counting the rows that mark their key purged, for the write's own count
@@ -122,7 +167,13 @@ class Erasure:
             return frame
         purged = [] if self.recorded is None else [self.recorded]
         if marked_rows:
-            purged.append(frame.where(F.col(m.PURGED)).select(*self.keys))
+            marking = frame.where(F.col(m.PURGED)).select(*self.keys).distinct()
+            if self.recorded is not None:
+                marking = marking.join(
+                    merge.keys_typed_as(self.recorded, marking, list(self.keys)), list(self.keys), "left_anti"
+                )
+            _remember_seen(self.storage, self.state, marking)
+            purged.append(marking)
         if not purged:
             return frame
         return merge.erase_keys(frame, list(self.keys), union_all("purged keys", purged, tuple(self.keys)))

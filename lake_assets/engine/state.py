@@ -93,6 +93,10 @@ class TableState:
         return f"{self.state_root}/purged"
 
     @property
+    def purges_seen(self) -> str:
+        return f"{self.state_root}/purges_seen"
+
+    @property
     def commits(self) -> str:
         return f"{self.state_root}/commits"
 
