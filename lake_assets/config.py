@@ -1,28 +1,8 @@
-"""The feed configuration file: where the lake is and which vendor feeds land where.
-
-```yaml
-lake: file:///abs/lake            # or s3a://bucket/prefix
-feeds:
-  - name: unit                    # [a-z0-9_-]+
-    format: unit_cdc
-    landing: file:///abs/landing/unit
-    tables: [accounts]            # optional: discovered from the landing layout when omitted
-    start: 2024-01-01-00          # optional: first hourly partition, discovered when omitted
-    late_hours: 4                 # optional: how long an hour folder may still gain files
-    sensor_interval_seconds: 30   # optional: how often the daemon looks for new files
-    watch: true                   # optional: false = the landing sensor starts stopped (backfills only)
-  - name: grax
-    format: grax_v2
-    landing: s3a://bucket          # holds parquet/v2/org=…/object=…/batch=…/ (or name parquet/v2)
-    orgs: [00D5e000000demoEAA]     # optional: discovered when omitted
-    objects: [Account, Contact]    # optional: discovered when omitted
-  - name: flow
-    format: flow_journal
-    landing: s3a://bucket/prefix   # the storage prefix holding <collection>/…/pivot=…/utc_date=…/
-    collections:                   # required: each collection and its key (JSON pointers)
-      - {name: acmeCo/orders, key: [/id]}
-      - {name: acmeCo/events, key: [/id], partitions: {region: [eu, us]}}  # read only these
-```
+"""The feed configuration file: where the lake is, which vendor feeds land where, and how to
+reach S3, Spark and the catalog. The README ("Running it on your data") shows a whole file and
+every key; tables, a feed's first partition and GRAX's orgs and objects are pinned by `lake-assets
+discover` (`tables`, `orgs`, `objects` only narrow what it found), never by listing a landing at
+load time.
 
 The models are typed (pydantic): the options every feed has are `config_model.FeedConfig`, each
 format's own model lives beside its feed module, and the `format` key picks one. A mistake is a
@@ -60,7 +40,7 @@ from lake_assets.config_model import (
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import feed_config_models
 from lake_assets.feeds.flow_journal import CollectionConfig
-from lake_assets.paths import is_s3
+from lake_assets.paths import identifier, is_s3
 from lake_assets.storage import FILE_ERRORS, Storage
 
 __all__ = [
@@ -166,7 +146,7 @@ class LakeConfig(Model):
         seen: dict[str, int] = {}
         for index, feed in enumerate(self.feeds):
             # Dagster's names (jobs, sensors, pools) spell a feed's `-` as `_`
-            as_dagster_name = feed.name.replace("-", "_")
+            as_dagster_name = identifier(feed.name)
             if as_dagster_name in seen:
                 taken = self.feeds[seen[as_dagster_name]].name
                 alike = "" if taken == feed.name else f" ({taken!r}: Dagster names spell '-' as '_')"

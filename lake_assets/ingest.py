@@ -34,12 +34,11 @@ from lake_assets.engine.names import col, lake_name, same_name, schema_case_clas
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
 from lake_assets.errors import SchemaClash, first_line
-from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, FeedFormat, nanoseconds_as_time
+from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
 from lake_assets.storage import Entry, Storage, each_file
 
-INVALID = "__invalid"
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
 #: how much of Spark's error a reason keeps: its message names the file (a long URI) and the cause

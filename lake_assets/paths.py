@@ -47,6 +47,12 @@ def as_name(text: str) -> str:
     return _NOT_NAME_CHARACTER.sub("_", text.lower())
 
 
+def identifier(*parts: str) -> str:
+    """A Dagster name (op, pool, group, job, sensor) made of feed and table names: every
+    character Dagster's names may not hold becomes `_` (a feed's `-`, a table's `/`)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", "__".join(parts))
+
+
 def safe_segment(value: str, what: str = "path segment") -> str:
     """Return `value` if it can stand as one folder or file name, else raise UnsafePathError."""
     if not isinstance(value, str) or not _SEGMENT.match(value) or value in (".", "..") or ".." in value:

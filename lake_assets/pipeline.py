@@ -50,7 +50,7 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
-from lake_assets.storage import Storage
+from lake_assets.storage import Entry, Storage
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -406,27 +406,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
-    if fmt.file_format == "parquet":
-        batch = read_batch(
-            session,
-            storage,
-            fmt,
-            table,
-            {key: catalogued[key] for key in partitions},
-            _stored_schema(session, work, log),
-        )
-    else:  # the format reads its own files (Flow: journals, covers and transactions)
-        standing = reruns.read_reruns(storage, work.layout, feed.name, table)
-        batch = fmt.read_batch(
-            session,
-            storage,
-            feed.landing,
-            table,
-            catalogued,
-            partitions,
-            lambda: _processed_before(work),
-            [part for key in partitions for request in standing.get(key, []) for part in request.parts],
-        )
+    batch = _read(session, work, partitions, catalogued, log)
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
     # partition's run; each run sets them aside again, so none goes unreported.
     strays = fmt.stray_files(storage, feed.landing, table)
@@ -438,50 +418,95 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         batch.quarantine(item)
     for uri, values in sorted(batch.text_repaired.items()):
         log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
-    readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
-    copies, uncopied = [], set()
-    records_of_partitions = {url for key in partitions for url in records[key]}
-    for item in batch.quarantined:
-        where = quarantine_file(
-            storage, work.layout, feed.name, table, partition_of.get(item.uri, "unknown"), item, work.run_id
-        )
-        copies += [where, where + REASON_SUFFIX]
-        log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        if item.uri in records_of_partitions and not storage.exists(where):
-            uncopied.add(item.uri)
-            log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
+    copies, uncopied = _set_aside(
+        work, batch, partition_of, {url for key in partitions for url in records[key]}, log
+    )
     for withdrawn in withdraw_stale_quarantine(work, partitions, set(copies)):
         log.info(
             f"{feed.name}/{table}: withdrew the quarantine entry {withdrawn}: its file now reads, or is gone"
         )
-    recorded = work.catalogue(
-        [
-            *[
-                catalog_file(
-                    feed.name,
-                    table,
-                    work.run_id,
-                    entry.uri,
-                    fmt.landing_span(storage, entry.uri),
-                    landed=True,
-                )
-                for entry in readable_strays
-            ],
-            *[
-                catalog_file(feed.name, table, work.run_id, uri, None)
-                for uri in copies
-                if storage.exists(uri)
-            ],
-        ],
-        # A stray is reported with its reason already; one the store will not read stays out.
-        lambda item, exc: log.warning(f"{item.url} could not be read to catalogue it ({first_line(exc)})"),
-    )
+    readable_strays = [entry for entry, _ in strays if not entry.is_dir and entry.unreadable is None]
     return Ingested(
         batch=batch,
-        files_catalogued=recorded,
+        files_catalogued=_catalogue_strays_and_copies(work, readable_strays, copies, log),
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
         read_from={key: _note_of_what_was_held(records[key], uncopied) for key in partitions},
+    )
+
+
+def _read(session: SparkSession, work: TableWork, partitions: list[str], catalogued: dict, log) -> Batch:
+    """The change batch of the catalogued files of `partitions`: Parquet files through the common
+    reader, the rest by their format (Flow: journals, covers and transactions)."""
+    fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
+    if fmt.file_format == "parquet":
+        return read_batch(
+            session,
+            storage,
+            fmt,
+            table,
+            {key: catalogued[key] for key in partitions},
+            _stored_schema(session, work, log),
+        )
+    standing = reruns.read_reruns(storage, work.layout, feed.name, table)
+    return fmt.read_batch(
+        session,
+        storage,
+        feed.landing,
+        table,
+        catalogued,
+        partitions,
+        lambda: _processed_before(work),
+        [part for key in partitions for request in standing.get(key, []) for part in request.parts],
+    )
+
+
+def _set_aside(
+    work: TableWork, batch: Batch, partition_of: dict[str, str], catalogued: set[str], log
+) -> tuple[list[str], set[str]]:
+    """Copy each file the batch set aside to quarantine beside its reason; returns (the copies and
+    notes written, the `catalogued` files whose copy failed: the next run of their partition
+    reads them again)."""
+    copies, uncopied = [], set()
+    for item in batch.quarantined:
+        where = quarantine_file(
+            work.storage,
+            work.layout,
+            work.feed.name,
+            work.table,
+            partition_of.get(item.uri, "unknown"),
+            item,
+            work.run_id,
+        )
+        copies += [where, where + REASON_SUFFIX]
+        log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
+        if item.uri in catalogued and not work.storage.exists(where):
+            uncopied.add(item.uri)
+            log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
+    return copies, uncopied
+
+
+def _catalogue_strays_and_copies(work: TableWork, strays: list[Entry], copies: list[str], log) -> int:
+    """Record the readable stray files and the quarantine copies and notes written; returns how
+    many were recorded. A stray is reported with its reason already; one its store will not read
+    stays out of the catalog."""
+    feed, table, storage = work.feed.name, work.table, work.storage
+    return work.catalogue(
+        [
+            *[
+                catalog_file(
+                    feed,
+                    table,
+                    work.run_id,
+                    entry.uri,
+                    work.fmt.landing_span(storage, entry.uri),
+                    landed=True,
+                )
+                for entry in strays
+            ],
+            *[catalog_file(feed, table, work.run_id, uri, None) for uri in copies if storage.exists(uri)],
+        ],
+        lambda item, exc: log.warning(f"{item.url} could not be read to catalogue it ({first_line(exc)})"),
     )
 
 

@@ -35,10 +35,10 @@ from lake_assets.feeds.flow_fragments import (
     lines,
     parse_fragment_name,
     parse_uuid,
-    read_journal,
     verify,
 )
 from lake_assets.feeds.flow_journal import FlowJournalFormat
+from lake_assets_tests.flow_reference import read_journal
 
 SUM = "0102030405060708090a0b0c0d0e0f1011121314"
 GREGORIAN_TO_UNIX = 0x01B21DD213814000  # 100 ns ticks from 1582-10-15 to 1970-01-01

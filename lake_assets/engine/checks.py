@@ -71,6 +71,15 @@ class StoredVersions:
     same_set: bool | None = None  # None: each version was looked up among the stored rows
 
 
+#: the fold's checks, each with the layer it is about
+CURRENT_UNIQUE_KEY, HISTORY_WINDOWS, EVENTS_RECONCILE = (
+    "current_unique_key",
+    "history_windows",
+    "events_reconcile",
+)
+LAYER_OF_CHECK = {CURRENT_UNIQUE_KEY: "current", HISTORY_WINDOWS: "history", EVENTS_RECONCILE: "history"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     name: str
@@ -81,12 +90,12 @@ class Outcome:
 
 def current_has_unique_keys(current: DataFrame | None, spec: m.TableSpec) -> Outcome:
     if current is None:
-        return Outcome("current_unique_key", True, "current is empty", {"rows": 0})
+        return Outcome(CURRENT_UNIQUE_KEY, True, "current is empty", {"rows": 0})
     row = current.agg(
         F.count(F.lit(1)).alias("rows"), F.count_distinct(*[col(k) for k in spec.keys]).alias("keys")
     ).collect()[0]
     return Outcome(
-        "current_unique_key",
+        CURRENT_UNIQUE_KEY,
         row["rows"] == row["keys"],
         f"{row['rows']} rows for {row['keys']} distinct keys",
         {"rows": row["rows"], "distinct_keys": row["keys"], "duplicate_rows": row["rows"] - row["keys"]},
@@ -121,7 +130,7 @@ def windows_and_versions_stored(
     summary, versions = (batch, None) if isinstance(batch, VersionSet) else (None, batch)
     if rows is None:
         nothing = StoredVersions(0, same_set=None if summary is None else summary.count == 0)
-        return Outcome("history_windows", True, "history is empty", {}), nothing
+        return Outcome(HISTORY_WINDOWS, True, "history is empty", {}), nothing
     hc = spec.history_columns
     marked = _marked_rows(rows, versions, spec)
     is_version = (F.col(SIDE) == STORED) & ~(F.col(m.OP) == m.DELETE)
@@ -167,7 +176,7 @@ def windows_and_versions_stored(
     metadata["keys_with_several_active_versions"] = int(stats["several_active"])
     bad = sum(v for k, v in metadata.items() if k != "versions_checked")
     outcome = Outcome(
-        "history_windows",
+        HISTORY_WINDOWS,
         bad == 0,
         f"{metadata['versions_checked']} versions checked, {bad} violations",
         metadata,
@@ -247,5 +256,5 @@ def batch_reconciles(
     if stored.same_set is False:
         description += "; the stored (key, start) pairs are not the batch's versions"
     return Outcome(
-        "events_reconcile", batch_rows == accounted and stored.same_set is not False, description, metadata
+        EVENTS_RECONCILE, batch_rows == accounted and stored.same_set is not False, description, metadata
     )

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: set by `normalise` on events derived in addition to a landed row's own event
 DERIVED = "__derived"
+#: set by `normalise` on every row: why the row cannot be used (its file is set aside), or NULL
+INVALID = "__invalid"
 #: given to `normalise` on every row: the landed file's URI as listed (and catalogued)
 FILE_URI = "__file_uri"
 #: given to `normalise` on every row: the partition whose listing holds the file (hour or batch)

@@ -22,8 +22,8 @@ Pure Python: no Spark, no Dagster. Facts (docs/formats/flow-journals.md):
 
 On the clock: Flow's producer clock is 64 bits, the UUID's 60-bit timestamp followed by a 4-bit
 sequence counter, and the counter is stored in the UUID's clock-sequence bits (bits 2-5 of byte 8,
-next to the variant), not in the timestamp field (estuary/flow `crates/proto-gazette/src/uuid.rs`,
-`parse_uuid` / `build_uuid`). So `FlowUuid.clock` is the UUID's 60-bit timestamp, which is a plain
+next to the variant), not in the timestamp field (docs/formats/flow-journals.md, "Reading a
+journal", step 4). So `FlowUuid.clock` is the UUID's 60-bit timestamp, which is a plain
 100 ns time, `FlowUuid.sequence` the 4 counter bits, and `FlowUuid.order` the full 64-bit clock
 that transactions are sequenced by.
 """
@@ -38,7 +38,7 @@ import math
 import re
 import uuid as uuidlib
 import zlib
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import cramjam
@@ -59,9 +59,7 @@ __all__ = [
     "FragmentError",
     "FragmentName",
     "Gap",
-    "JournalRead",
     "Sequencer",
-    "by_journal",
     "cover",
     "fragment_from_uri",
     "holds_invalid_text",
@@ -70,7 +68,6 @@ __all__ = [
     "parse_document",
     "parse_fragment_name",
     "parse_uuid",
-    "read_journal",
     "read_piece",
     "valid_text_fields",
     "verify",
@@ -186,14 +183,6 @@ def fragment_from_uri(uri: str, journal: str | None = None) -> Fragment:
             parts.pop()
         journal = "/".join(parts)
     return Fragment(uri=uri, journal=journal, name=name)
-
-
-def by_journal(fragments: Iterable[Fragment]) -> dict[str, list[Fragment]]:
-    """Fragments grouped by journal (in journal-name order), ready for `cover`."""
-    groups: dict[str, list[Fragment]] = {}
-    for fragment in fragments:
-        groups.setdefault(fragment.journal, []).append(fragment)
-    return {journal: groups[journal] for journal in sorted(groups)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,15 +705,6 @@ class Sequencer:
 # Reading a journal
 
 
-@dataclass
-class JournalRead:
-    committed: list[Doc]
-    pending: list[Doc]
-    bad: list[FragmentError]
-    counts: dict[str, int]
-    gaps: list[Gap] = field(default_factory=list)
-
-
 def read_piece(
     piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
 ) -> list[Doc]:
@@ -755,39 +735,3 @@ def read_piece(
         parse_document(line, offset, fragment.uri)
         for offset, line in lines(content, piece.skip, name.begin, fragment.uri)
     ]
-
-
-def read_journal(fragments: list[Fragment], fetch: Callable[[str], bytes]) -> JournalRead:
-    """Read one journal's fragments: cover them, read the cover in order and sequence its transactions.
-
-    `fetch(uri)` returns a fragment's stored bytes; its own errors (missing object, network) are not
-    fragment errors and propagate. A fragment that fails inflate, verify, line splitting or document
-    parsing is set aside whole (listed in `bad`) and the journal is covered again without it, until
-    every piece of the cover reads; bytes no good fragment holds are `gaps`."""
-    failed: dict[str, FragmentError] = {}
-    read: dict[CoverPiece, list[Doc]] = {}
-    while True:
-        pieces, gaps = cover(fragments, failed)
-        for piece in pieces:
-            if piece not in read and piece.fragment.uri not in failed:
-                try:
-                    read[piece] = read_piece(piece, fetch)
-                except FragmentError as e:
-                    failed[piece.fragment.uri] = e
-        if all(piece in read for piece in pieces):
-            break
-    sequencer = Sequencer()
-    committed: list[Doc] = []
-    for piece in pieces:
-        for doc in read[piece]:
-            committed.extend(sequencer.feed(doc))
-    pending = sequencer.finish()
-    counts = {
-        "pieces": len(pieces),
-        "bad_fragments": len(failed),
-        "bytes": sum(piece.end - piece.start for piece in pieces),
-        **sequencer.counts,
-    }
-    return JournalRead(
-        committed=committed, pending=pending, bad=list(failed.values()), counts=counts, gaps=gaps
-    )

@@ -49,6 +49,7 @@ from lake_assets.feeds.base import (
     DERIVED,
     FILE_PARTITION,
     FILE_URI,
+    INVALID,
     FeedFormat,
     LandingSurvey,
     is_text_type,
@@ -467,14 +468,12 @@ class GraxV2Format(FeedFormat):
             stamp(PURGED).isNotNull().alias(m.PURGED),
             F.col(FILE_URI).alias(m.SOURCE_FILE),
             F.col(FILE_PARTITION).alias(self.partition_column),
-            invalid.alias("__invalid"),
+            invalid.alias(INVALID),
             F.col(FILE_URI),
             F.lit(False).alias(DERIVED),
             F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
         )
-        payload_names = [
-            c for c in versions.columns if c != KEY and not m.is_reserved(c) and c not in ("__invalid",)
-        ]
+        payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c != INVALID]
         # A delete carries the key only; stamped before its version by the vendor, it still follows it.
         deletes = (
             versions.where(F.col("__deleted_at").isNotNull())

@@ -24,6 +24,7 @@ from lake_assets.engine.names import col
 from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
+    INVALID,
     FeedFormat,
     LandingSurvey,
     ascii_upper,
@@ -192,6 +193,6 @@ class UnitCdcFormat(FeedFormat):
             F.lit(False).alias(m.PURGED),
             F.col(FILE_URI).alias(m.SOURCE_FILE),
             F.col(FILE_PARTITION).alias(self.partition_column),
-            invalid.alias("__invalid"),
+            invalid.alias(INVALID),
             F.col(FILE_URI),
         )

@@ -1,8 +1,8 @@
-"""Asset factories: per configured table, `raw` (observed) → `changes` → `current` + `history`."""
+"""Asset factories: per configured table, `raw` (observed) → `catalog` (the landed files
+recorded) → `changes` → `current` + `history`, with their checks."""
 
 import dataclasses
 import logging
-import re
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +20,7 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import Batch, canonical_uri
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
-from lake_assets.paths import is_s3
+from lake_assets.paths import identifier, is_s3
 from lake_assets.spark import release_cached
 
 # Single-run backfills are a design requirement; Dagster marks `backfill_policy` beta and would
@@ -56,11 +56,6 @@ class TableAssets:
 def asset_key(feed: str, table: str, layer: str) -> dg.AssetKey:
     """`[feed, table, layer]`, or `[feed, group, table, layer]` for a grouped table (GRAX org)."""
     return dg.AssetKey([feed, *table.split("/"), layer])
-
-
-def identifier(*parts: str) -> str:
-    """A Dagster name (op, pool, group, job) made of feed and table names."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", "__".join(parts))
 
 
 def table_pool(feed: str, table: str) -> str:
@@ -389,20 +384,20 @@ def state_asset(
         ],
         check_specs=[
             dg.AssetCheckSpec(
-                "current_unique_key",
+                checks.CURRENT_UNIQUE_KEY,
                 asset=current_key,
                 blocking=True,
                 description="One row per key in current.",
             ),
             dg.AssetCheckSpec(
-                "history_windows",
+                checks.HISTORY_WINDOWS,
                 asset=history_key,
                 blocking=True,
                 description="Per key: at most one active version, no inverted or overlapping "
                 "windows, each end = next start − 1 ms or the delete time.",
             ),
             dg.AssetCheckSpec(
-                "events_reconcile",
+                checks.EVENTS_RECONCILE,
                 asset=history_key,
                 blocking=True,
                 description="Events folded = versions stored + identical duplicates + "
@@ -480,14 +475,10 @@ def state_materializations(
         )
 
 
-#: the layer each of `pipeline.check_fold`'s outcomes is about, in its order
-FOLD_CHECK_LAYERS = ("current", "history", "history")
-
-
 def fold_check_results(table: AssetTable, outcomes: list[checks.Outcome]) -> Iterator[dg.AssetCheckResult]:
-    for outcome, layer in zip(outcomes, FOLD_CHECK_LAYERS, strict=True):
+    for outcome in outcomes:
         yield dg.AssetCheckResult(
-            asset_key=table.key(layer),
+            asset_key=table.key(checks.LAYER_OF_CHECK[outcome.name]),
             check_name=outcome.name,
             passed=outcome.passed,
             description=outcome.description,

@@ -18,11 +18,11 @@ from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_p
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets, identifier
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
-from lake_assets.paths import is_s3
+from lake_assets.paths import identifier, is_s3
 
 AUTOMATION_SENSOR = "lake_automation"
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def feed_job_name(feed: str) -> str:
     """The job over every table of an hourly feed (they share one partitions definition)."""
-    return f"{feed.replace('-', '_')}_all_tables"
+    return f"{identifier(feed)}_all_tables"
 
 
 def table_job_name(feed: str, table: str) -> str:

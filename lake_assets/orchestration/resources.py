@@ -1,4 +1,4 @@
-"""Dagster resources: object storage access and the PySpark session."""
+"""Dagster resources: the lake and its object storage, the file catalog, and the PySpark session."""
 
 from __future__ import annotations
 

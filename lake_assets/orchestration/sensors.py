@@ -36,7 +36,7 @@ from lake_assets.landing_watch import (
 )
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
-from lake_assets.paths import LakeLayout
+from lake_assets.paths import LakeLayout, identifier
 from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
@@ -48,7 +48,7 @@ def _watching(feed: FeedConfig, tables: list[TableAssets], kind: str, descriptio
     """What every feed's sensor is declared with: its name, how often it ticks, whether it runs
     from the start (`watch`), and the assets its runs may materialise."""
     return {
-        "name": f"{feed.name.replace('-', '_')}_{kind}_sensor",
+        "name": f"{identifier(feed.name)}_{kind}_sensor",
         "description": description,
         "minimum_interval_seconds": feed.sensor_interval_seconds,
         "default_status": dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
@@ -303,7 +303,7 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
     earlier first hour), and says a reload adds them. Loading itself never lists the landing."""
 
     @dg.sensor(
-        name=f"{feed.name.replace('-', '_')}_tables_sensor",
+        name=f"{identifier(feed.name)}_tables_sensor",
         description=f"Watches {feed.landing} for new tables and pins them in the lake, as "
         "`lake-assets discover` does; reloading the code location then adds their assets.",
         minimum_interval_seconds=feed.sensor_interval_seconds,
