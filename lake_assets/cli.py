@@ -215,13 +215,28 @@ def _partition_key(text: str) -> str:
     return text
 
 
+def _catalog_store(config: LakeConfig):
+    """The catalog store the configuration names, opened without Dagster."""
+    from lake_assets.catalog.opening import open_store
+    from lake_assets.paths import LakeLayout
+
+    catalog = config.catalog
+    return open_store(
+        catalog.store,
+        LakeLayout(config.lake).catalog(),
+        config.storage(),
+        table=catalog.table,
+        latest_table=catalog.latest_table,
+        endpoint_url=catalog.endpoint_url,
+        region=config.s3.region,
+    )
+
+
 def cmd_catalog_query(args: argparse.Namespace) -> int:
     from lake_assets.catalog.files import catalog_what, catalog_where
-    from lake_assets.orchestration.definitions import resources_for
 
     config = load_config(args.config)
-    resources = resources_for(config)
-    store = resources["catalog"].get_store()
+    store = _catalog_store(config)
     what = catalog_what(args.what)
     where = catalog_where(args.where) if args.where else None
     if args.work_id:
@@ -240,7 +255,6 @@ def cmd_catalog_query(args: argparse.Namespace) -> int:
 def cmd_rebuild(args: argparse.Namespace) -> int:
     """Forget one table (its purge ledger kept) so that the next run rebuilds it from its landing."""
     from lake_assets import lease
-    from lake_assets.orchestration.definitions import resources_for
     from lake_assets.paths import LakeLayout
     from lake_assets.pipeline import forget_table
 
@@ -251,7 +265,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     feed = config.feed(feed_name)
     if table not in feed_tables(feed, format_for(feed), load_pins(config, config.storage())[feed.name]):
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
-    store = resources_for(config)["catalog"].get_store()
+    store = _catalog_store(config)
     storage, layout = config.storage(), LakeLayout(config.lake)
     with lease.writing_table(
         storage, layout, feed.name, table, None, "rebuild", config.lease_wait_seconds, _say
@@ -259,6 +273,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         forgotten = forget_table(storage, layout, store, feed.name, table)
     for uri in forgotten.removed:
         _say(f"removed {uri}")
+    if forgotten.unfinished_commit:
+        _say(
+            f"warning: a killed fold's commit could not be finished and was removed: {forgotten.unfinished_commit}"
+        )
     for uri in forgotten.still_catalogued:
         _say(
             f"warning: the catalog may still list {uri}: the damaged file's span, which places its record, is unknown"

@@ -394,11 +394,11 @@ def write_partitions(
             raise InvalidValue(
                 f"rows for partition {stray[0]!r} do not belong to the partitions being written {values[:3]}…"
             )
-        if erase is not None:
+        if counts and replacing is not None:
+            replacing(sorted(counts))
+        if erase is not None:  # after `replacing` confirmed the lease: it may keep purges seen
             df = erase.apply(df, sum(r["marked"] for r in counted))
         if counts:
-            if replacing is not None:
-                replacing(sorted(counts))
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (
                 df.repartition(F.col(column))

@@ -167,6 +167,8 @@ class Forgotten:
     removed: list[str]
     #: damaged files whose catalog records stay: a record is found by the span its file holds
     still_catalogued: list[str]
+    #: why a killed fold's commit could not be finished (its record is damaged): removed unapplied
+    unfinished_commit: str | None = None
 
 
 def forget_table(
@@ -181,7 +183,11 @@ def forget_table(
     recorded them (`purges.seen`). A fold killed after its commit record is finished first: its
     commit may record purges in the ledger."""
     state = TableState(layout, feed, table)
-    finish_interrupted_folds(CommitCatalog(storage, store, feed, table, None, state))
+    unfinished = None
+    try:
+        finish_interrupted_folds(CommitCatalog(storage, store, feed, table, None, state))
+    except DamagedLakeFile as exc:  # the rebuild is the remedy for damage: it must go on
+        unfinished = first_line(exc)
     damaged = []
     for time_columns, layers in (
         (CHANGE_TIME_COLUMNS, [state.changes]),
@@ -210,7 +216,7 @@ def forget_table(
     for uri in gone:
         storage.delete_tree(uri)
         storage.delete_file(uri)
-    return Forgotten(gone, damaged)
+    return Forgotten(gone, damaged, unfinished)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +249,15 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
     refused: list[str] = []
 
     def refuse(item, exc: Exception) -> None:
+        answer = storage.refusal_to_read(item.url)  # raises what may pass: the step fails, to be retried
+        if answer is None:
+            raise exc  # it reads now: the failure passed, and the step is to be run again
+        if isinstance(answer, FileNotFoundError):
+            log.info(f"{item.url} went while its partition was catalogued")
+            return
         refused.append(item.url)
         log.error(
-            f"{item.url} could not be read to catalogue it ({first_line(exc)}): left out of the catalog"
+            f"{item.url} cannot be read ({first_line(answer)}): left out of the catalog, reported by its run"
         )
 
     hashed = work.catalogue(
@@ -479,8 +491,10 @@ def _set_aside(
             work.run_id,
         )
         copies += [where, where + REASON_SUFFIX]
-        log.error(f"quarantined {item.uri}: {item.reason} (copy and reason at {where})")
-        if item.uri in catalogued and not work.storage.exists(where):
+        copied = work.storage.exists(where)
+        kept = f"copy and reason at {where}" if copied else f"reason at {where}{REASON_SUFFIX}; no copy"
+        log.error(f"quarantined {item.uri}: {item.reason} ({kept})")
+        if item.uri in catalogued and not copied:
             uncopied.add(item.uri)
             log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
     return copies, uncopied
@@ -516,7 +530,8 @@ def _refused_to_the_catalog(
     """(partition, file) of the landed files of `partitions` that are listed but not catalogued
     because their store would not hand over their bytes (`catalogue_landing`), each with the
     store's answer. Their partition's processed note leaves them out, so the next run of it
-    tries again; a file that reads now landed after the catalog step, and is the next run's."""
+    tries again; a file that reads now landed after the catalog step, and is the next run's (a
+    failure that may pass is raised: the step fails, to be retried)."""
     listed = work.fmt.partitions_files(work.storage, work.feed.landing, work.table, partitions)
     refused = []
     for key, entries in listed.items():
@@ -716,6 +731,12 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
         )
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
+    if report.purges_waiting:
+        log.warning(
+            f"{work.feed.name}/{work.table}: purges met by a change-log write wait for the next fold with "
+            "events, which records them: their keys stay erased in changes, but current and history "
+            "keep the keys' fields until then"
+        )
     return report
 
 

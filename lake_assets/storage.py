@@ -167,6 +167,22 @@ def _names_no_object(error: Exception) -> bool:
     )
 
 
+#: S3's answers that refuse an object's bytes until someone acts: restores it, grants access
+_REFUSING_CODES = ("AccessDenied", "AllAccessDisabled", "InvalidObjectState", "403")
+
+
+def _refuses_for_good(error: Exception) -> bool:
+    """Whether a read failed because the store will not hand over the bytes (permission, an
+    archived object, a KMS key the run may not use), not because the request did not get through."""
+    import botocore.exceptions
+
+    cause = error.__cause__
+    if isinstance(cause, botocore.exceptions.ClientError):
+        code = str(cause.response.get("Error", {}).get("Code"))
+        return code in _REFUSING_CODES or code.startswith("KMS.")
+    return isinstance(error, PermissionError)
+
+
 def _nameable(path: str) -> bool:
     """Whether pyarrow (and Hadoop) can name the object at `path` (bucket/key) as it is."""
     return not any(s in _UNNAMEABLE_SEGMENTS for s in path.split("/")[1:])
@@ -204,8 +220,9 @@ def _folder_marker(name: str, size: int) -> bool:
 
 def is_hidden(name: str) -> bool:
     """Hidden and marker files and folders (`_SUCCESS`, `.crc`, `_temporary/`) are not data:
-    the Hadoop convention Spark, Hive and Athena follow too."""
-    return name.startswith(("_", "."))
+    the Hadoop convention Spark, Hive and Athena follow too. As for Spark, a `_` name holding
+    `=` is a partition folder (`_region=eu`), not hidden."""
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
 
 
 class Storage:
@@ -472,10 +489,12 @@ class Storage:
         return fs.open_input_file(path)
 
     def refusal_to_read(self, uri: str) -> Exception | None:
-        """What the file's store answers when asked for its bytes, if not the bytes: an S3 object
-        archived to Glacier, or one the run may not read, is listed like any other. A file gone
-        answers `FileNotFoundError`. (S3 is asked through boto3, whose error names S3's code;
-        pyarrow's names its own failure to read the answer.)"""
+        """Whether the file's store refuses its bytes for good: None when it hands them over, the
+        refusal when it will not until someone acts (an S3 object archived to Glacier, one the
+        run may not read: listed like any other), `FileNotFoundError` when the file is gone. Any
+        other failure (a timeout, a 5xx) is raised: it may pass, and must not set a file aside.
+        (S3 is asked through boto3, whose error names S3's code; pyarrow's names its own failure
+        to read the answer.)"""
         fs, path = self.resolve(uri)
         try:
             if fs is self._local:
@@ -486,7 +505,11 @@ class Storage:
                 with _s3_request(f"reading {uri}", self):
                     self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].close()
         except FILE_ERRORS as exc:
-            return FileNotFoundError(uri) if _names_no_object(exc) else exc
+            if _names_no_object(exc):
+                return FileNotFoundError(uri)
+            if _refuses_for_good(exc):
+                return exc
+            raise
         return None
 
     def write_bytes(self, uri: str, data: bytes) -> None:

@@ -131,6 +131,19 @@ def test_the_readme_quotes_one_full_benchmark_run_and_its_json_is_in_the_reposit
     quoted = {**run["figures"], **run["context"]}
     rows = re.findall(r"^\| `(\w+)` \| (\d+\.\d+)(?: s)? \|", readme, flags=re.MULTILINE)
     assert {name for name, _ in rows} == set(quoted), "the table quotes every figure of the run"
+    status_paragraph = readme[status.start() : readme.index("\n\n", status.start())]
+    said = {
+        "incremental_vs_duckdb": r"took ([\d.]+)\u00d7 DuckDB",
+        "incremental_growth": r"incremental growth \(([\d.]+)\)",
+        "dagster_overhead": r"\(([\d.]+) in that run",
+        "full_vs_floor": r"took ([\d.]+)\u00d7 a plain Spark copy",
+        "full_vs_handwritten": r"and ([\d.]+)\u00d7 a hand-written",
+        "handwritten_vs_floor": r"itself takes\s+([\d.]+)\u00d7 the copy",
+    }
+    for name, pattern in said.items():
+        found = re.search(pattern, status_paragraph)
+        assert found, f"the status paragraph gives {name}"
+        rows.append((name, found[1]))
     for name, value in rows:
         decimals = len(value.split(".")[1])
         assert round(quoted[name], decimals) == float(value), f"{name}: README {value}, JSON {quoted[name]}"

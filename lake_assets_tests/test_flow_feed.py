@@ -557,6 +557,21 @@ def test_hidden_and_marker_files_in_a_journal_are_not_data(spark, tmp_path):
     assert (metadata["files_listed"], metadata["files_read"], metadata["files_stray"]) == (1, 1, 0)
 
 
+def test_a_logical_partition_whose_field_starts_with_an_underscore_is_read(spark, tmp_path):
+    """`_region=eu` is a partition folder, not a hidden one (Spark's rule too): its journals are
+    read, never skipped unreported."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_fragment(landing / "acmeCo" / "customers" / "_region=eu" / "pivot=00", 0, doc_line(1))
+
+    run_feeds(
+        config_for(landing, lake, {"acmeCo/customers": ["/id"]}),
+        instance=dg.DagsterInstance.ephemeral(),
+        say=lambda _: None,
+    )
+
+    assert [r["id"] for r in rows(lake, "current", "acmeco_customers")] == [1]
+
+
 def test_a_failed_fragment_gives_way_to_the_fragments_holding_the_same_bytes(spark, tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

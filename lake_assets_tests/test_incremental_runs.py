@@ -162,6 +162,50 @@ def test_a_rewritten_file_whose_bytes_cannot_be_read_runs_its_hour_and_stops_no_
     assert any("part-0.parquet rewritten" in line for line in lake.said)
 
 
+def test_a_read_that_fails_in_passing_fails_the_catalog_step_and_no_file_is_skipped(lake, monkeypatch):
+    """A failure that may pass (a reset connection, a 5xx) while a new file is hashed fails the
+    catalog step, to be run again, rather than leaving the file out as one its store refuses: a
+    file left out would be read by no run a sensor starts."""
+    from lake_assets.catalog import files
+    from lake_assets.runner import RunFailed
+
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    real_hash = files.hash_file
+
+    def flaky(storage, url):
+        if "hour=04" in url:
+            raise ConnectionResetError(f"{url}: connection reset by peer")
+        return real_hash(storage, url)
+
+    monkeypatch.setattr(files, "hash_file", flaky)
+    with pytest.raises(RunFailed, match="connection reset"):
+        lake.run()
+    monkeypatch.undo()
+
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["d"]
+
+
+def test_a_rebuild_goes_on_past_a_killed_folds_commit_it_cannot_finish(lake, tmp_path, capsys):
+    """A rebuild finishes a killed fold's commit first (it may record purges); a commit record
+    that cannot be applied (its staged file gone) is damage, which the rebuild is the remedy
+    for: it says so and goes on."""
+    commits = lake.lake / "_state" / "unit" / "accounts" / "commits"
+    commits.mkdir(parents=True, exist_ok=True)
+    final = f"file://{lake.lake}/history/unit/accounts/active/part-f1-00000.parquet"
+    record = {"fold_id": "f1", "adds": [[f"file://{tmp_path}/gone.parquet", final]], "deletes": []}
+    (commits / "f1.json").write_text(json.dumps(record))
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(lake.config))
+    capsys.readouterr()
+
+    assert main(["rebuild", "--config", str(config_file), "--table", "unit/accounts"]) == 0
+
+    assert "a killed fold's commit could not be finished and was removed" in capsys.readouterr().out
+    assert not commits.exists()
+    assert lake.run() == [(hour(1), hour(3))]
+
+
 def test_a_removed_file_reprocesses_its_hour_and_its_rows_leave_the_change_log(lake):
     (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
     assert lake.run() == [(hour(3), hour(3))]

@@ -502,8 +502,6 @@ def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
     hand over its bytes until it is restored (403 InvalidObjectState). It is reported with that
     cause, every other file of its hour and table is read, and once it is restored the next run
     reads it and withdraws the report."""
-    from lake_assets.runner import RunFailed  # noqa: F401 - the failure the run must not raise
-
     sample = write_unit_landing(tmp_path / "landing" / "unit", hours=3, tables=("accounts", "customers"))
     client = moto_server.client("s3")
     _upload(client, s3_bucket, sample.landing_dir, "landing/unit")

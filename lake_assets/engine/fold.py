@@ -86,6 +86,8 @@ class FoldReport:
     batch_versions: VersionSet | None = None
     #: the table held no rows, open or closed, and no purged keys before the fold
     into_empty: bool = False
+    #: a fold without events left purges a change-log write met (`purges.seen`) to the next one
+    purges_waiting: bool = False
     #: closed days whose hour slices the fold merged (they had settled: the fold does not reach them)
     days_compacted: list[str] = dataclasses.field(default_factory=list)
     #: table files the fold's commit put in place (current, history; not the engine's own state)
@@ -156,24 +158,28 @@ def fold(
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
     if batch is None or _nothing_to_fold(batch, spec):
+        report.purges_waiting = bool(purges.seen_files(storage, state))
         return report
     synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     ledger = purges.ledger(spark, storage, state, keys)
     recorded = ledger.select(*keys) if ledger is not None else None
     # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
-    seen = purges.seen(spark, storage, state, keys)
+    seen_files = purges.seen_files(storage, state)
+    seen = purges.seen(spark, storage, state, keys, seen_files)
     purged_before = purges.either(keys, [recorded, seen])
     with lake_io.released_after([]) as cached:
-        marked = kept_marks(batch, marked_batch(batch, spec, purged_before), purged_before, cached)
+        # Keys seen purged only (no ledger yet) are few and joined cheaply: as in a first backfill
+        # that carries a purge, the marks are recomputed from the cached batch, not kept.
+        marked = kept_marks(batch, marked_batch(batch, spec, purged_before), recorded, cached)
         events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
         touched = touched_keys(marked, spec)
         open_set = read_open_set(spark, storage, state, spec, touched)
         totals = _totals(marked, open_set.rows, keys)
         _report_counts(report, totals)
-        report.into_empty = (
-            open_set.rows is None and purged_before is None and not _any_closed_days(storage, state)
-        )
+        # Keys seen purged keep their versions: the stored rows are still the batch's versions.
+        report.into_empty = open_set.rows is None and ledger is None and not _any_closed_days(storage, state)
         if report.events_in == 0:
+            report.purges_waiting = bool(seen_files)
             return report
         report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"], seen)
         rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
@@ -194,8 +200,8 @@ def fold(
         report.log_partitions_erased = stage_purges(
             spark, storage, state, plan, stage, ledger, purged, synced_at=synced_at, log_column=log_column
         )
-        if seen is not None:  # recorded in the ledger now (or before)
-            plan.replace_folder(storage, state.purges_seen)
+        if seen is not None and _every_key_fits(seen, events, keys):  # recorded in the ledger now (or before)
+            plan.deletes.extend(seen_files)
         report.days_appended = plan_state_commit(storage, state, plan, stage, rewrite, compact)
         _report_closed_days(report, rewrite, compact)
         commit(storage, state, plan, on_step=on_commit_step, removing=removing)
@@ -292,6 +298,12 @@ def _report_counts(report: FoldReport, totals: dict) -> None:
     report.batch_versions = VersionSet.of(totals, prefix=VERSIONS)
 
 
+def _every_key_fits(keys_frame: DataFrame, events: DataFrame, keys: list[str]) -> bool:
+    """Whether every key of `keys_frame` can take the type the batch's keys have now: one that
+    cannot (a key type that drifted) is not recorded by this fold, so what holds it must stay."""
+    return merge.keys_typed_as(keys_frame, events, keys).dropna(subset=keys).count() == keys_frame.count()
+
+
 def purged_now(
     spark: SparkSession,
     events: DataFrame,
@@ -305,12 +317,11 @@ def purged_now(
     not hold; and the same as a frame of the key columns (None when there are none)."""
     found = purges.newly_purged(events, recorded, keys) if purge_markers else []
     if seen is not None:
-        unrecorded = (
-            seen
-            if recorded is None
-            else seen.join(merge.keys_typed_as(recorded, seen, keys), keys, "left_anti")
-        )
-        found = sorted({*found, *(tuple(row) for row in unrecorded.collect())}, key=repr)
+        # As the batch's keys are typed now: a seen key whose type cannot hold it matches nothing.
+        unrecorded = merge.keys_typed_as(seen, events, keys).dropna(subset=keys)
+        if recorded is not None:
+            unrecorded = unrecorded.join(merge.keys_typed_as(recorded, events, keys), keys, "left_anti")
+        found = sorted({*found, *(tuple(row) for row in unrecorded.distinct().collect())}, key=repr)
     return found, spark.createDataFrame(found, schema=events.select(*keys).schema) if found else None
 
 

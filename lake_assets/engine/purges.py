@@ -101,11 +101,22 @@ def _purged_in_open_history(
     )
 
 
-def seen(spark: SparkSession, storage: Storage, state: TableState, keys: Sequence[str]) -> DataFrame | None:
+def seen_files(storage: Storage, state: TableState) -> list[str]:
+    """The files of `seen` keys; the fold that records their keys removes them in its commit."""
+    return parquet_files(storage, state.purges_seen)
+
+
+def seen(
+    spark: SparkSession,
+    storage: Storage,
+    state: TableState,
+    keys: Sequence[str],
+    files: list[str] | None = None,
+) -> DataFrame | None:
     """The keys (a frame of the key columns) that a write of the change log erased for a purge
-    marker among its own rows, and that no fold has recorded in the ledger yet; None when none
-    are (`Erasure.apply`)."""
-    files = parquet_files(storage, state.purges_seen)
+    marker among its own rows, and that no fold has recorded in the ledger yet (`Erasure.apply`),
+    from `files` (`seen_files`, listed when not given); None when none are."""
+    files = seen_files(storage, state) if files is None else files
     if not files:
         return None
     found = lake_io.read_drifting(

@@ -9,11 +9,9 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 
 from lake_assets import spark as spark_settings
-from lake_assets.catalog.dynamodb_store import DynamoCatalogStore
-from lake_assets.catalog.parquet_store import ParquetCatalogStore
+from lake_assets.catalog.opening import open_store
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config_model import DEFAULT_LEASE_WAIT_SECONDS, DEFAULT_REGION, S3Config
-from lake_assets.errors import ConfigError
 from lake_assets.paths import LakeLayout
 from lake_assets.storage import Storage
 
@@ -68,13 +66,15 @@ class CatalogResource(dg.ConfigurableResource):
         return self._store
 
     def _open_store(self) -> CatalogStore:
-        if self.store == "dynamodb":
-            if not self.table or not self.latest_table:
-                raise ConfigError("catalog: the DynamoDB store needs `table` and `latest_table`")
-            return DynamoCatalogStore(
-                self.table, self.latest_table, endpoint_url=self.endpoint_url, region=self.region
-            )
-        return ParquetCatalogStore(self.lake.layout().catalog(), self.lake.get_storage())
+        return open_store(
+            self.store,
+            self.lake.layout().catalog(),
+            self.lake.get_storage(),
+            table=self.table,
+            latest_table=self.latest_table,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+        )
 
 
 class LakeSparkResource(LazyPySparkResource):
