@@ -491,10 +491,8 @@ def _set_aside(
             work.run_id,
         )
         copies += [where, where + REASON_SUFFIX]
-        copied = work.storage.exists(where)
-        kept = f"copy and reason at {where}" if copied else f"reason at {where}{REASON_SUFFIX}; no copy"
-        log.error(f"quarantined {item.uri}: {item.reason} ({kept})")
-        if item.uri in catalogued and not copied:
+        log.error(f"quarantined {item.uri}: {item.reason} (at {where}, its note beside it)")
+        if item.uri in catalogued and not work.storage.exists(where):
             uncopied.add(item.uri)
             log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
     return copies, uncopied

@@ -167,19 +167,36 @@ def _names_no_object(error: Exception) -> bool:
     )
 
 
-#: S3's answers that refuse an object's bytes until someone acts: restores it, grants access
-_REFUSING_CODES = ("AccessDenied", "AllAccessDisabled", "InvalidObjectState", "403")
+#: S3's 4xx answers that may pass, or that concern every request rather than the object (the
+#: credentials, the clock): raised, never taken for the object's refusal
+_PASSING_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "Throttling",
+        "ThrottlingException",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+    }
+)
 
 
 def _refuses_for_good(error: Exception) -> bool:
-    """Whether a read failed because the store will not hand over the bytes (permission, an
-    archived object, a KMS key the run may not use), not because the request did not get through."""
+    """Whether a read failed because the store will not hand over this object's bytes until
+    someone acts (a 4xx about the object: access denied, archived to Glacier, a KMS key or an
+    SSE-C key the run does not have), not because the request did not get through (a 5xx, a
+    timeout, throttling) or the credentials or clock are wrong for every object."""
     import botocore.exceptions
 
     cause = error.__cause__
     if isinstance(cause, botocore.exceptions.ClientError):
         code = str(cause.response.get("Error", {}).get("Code"))
-        return code in _REFUSING_CODES or code.startswith("KMS.")
+        status = int(cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return 400 <= status < 500 and code not in _PASSING_CODES
     return isinstance(error, PermissionError)
 
 

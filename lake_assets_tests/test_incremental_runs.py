@@ -186,6 +186,24 @@ def test_a_read_that_fails_in_passing_fails_the_catalog_step_and_no_file_is_skip
     assert lake.changes()[hour(4)] == ["d"]
 
 
+def test_a_read_that_fails_once_is_tried_again_and_the_file_is_read(lake, monkeypatch):
+    from lake_assets.catalog import files
+
+    lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    real_hash, failed = files.hash_file, []
+
+    def flaky_once(storage, url):
+        if "hour=04" in url and not failed:
+            failed.append(url)
+            raise ConnectionResetError(f"{url}: connection reset by peer")
+        return real_hash(storage, url)
+
+    monkeypatch.setattr(files, "hash_file", flaky_once)
+
+    assert lake.run() == [(hour(4), hour(4))]
+    assert failed and lake.changes()[hour(4)] == ["d"]
+
+
 def test_a_rebuild_goes_on_past_a_killed_folds_commit_it_cannot_finish(lake, tmp_path, capsys):
     """A rebuild finishes a killed fold's commit first (it may record purges); a commit record
     that cannot be applied (its staged file gone) is damage, which the rebuild is the remedy

@@ -194,18 +194,28 @@ def record(
     """Hash each file and put its records; returns how many files were recorded. A file whose
     bytes cannot be read fails the call, or, given `refused`, is told to it and left out."""
     records, recorded = [], 0
-    for item in files:
-        try:
-            records.extend(_records_of(storage, item))
-        except FILE_ERRORS as exc:
-            if refused is None:
-                raise
-            refused(item, exc)
-            continue
-        recorded += 1
-    if records:
-        store.put(records)
+    try:
+        for item in files:
+            try:
+                records.extend(_records_of_retried(storage, item))
+            except FILE_ERRORS as exc:
+                if refused is None:
+                    raise
+                refused(item, exc)
+                continue
+            recorded += 1
+    finally:  # what was hashed is kept: a run after a failure hashes only the rest
+        if records:
+            store.put(records)
     return recorded
+
+
+def _records_of_retried(storage: Storage, item: CatalogFile) -> list[dict]:
+    """`_records_of`, asked once more after a failure: most failures of a read pass."""
+    try:
+        return _records_of(storage, item)
+    except FILE_ERRORS:
+        return _records_of(storage, item)
 
 
 def _records_of(storage: Storage, item: CatalogFile) -> list[dict]:

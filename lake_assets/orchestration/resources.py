@@ -19,8 +19,7 @@ from lake_assets.storage import Storage
 # resource for every run (and every sensor tick), so a client is built once per run and never
 # shared between runs. (Dagster's `cached_method` would do the same, but it is not part of the
 # public `dagster` API; this is the `PrivateAttr` state its resource guide describes.) Made on
-# first use rather than in `setup_for_execution`, the same resource also serves outside a run
-# (`lake-assets catalog query`), and a run that needs no client builds none.
+# first use rather than in `setup_for_execution`, a run that needs no client builds none.
 
 
 class LakeResource(dg.ConfigurableResource):

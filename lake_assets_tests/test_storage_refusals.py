@@ -1,0 +1,58 @@
+"""Which failures to read a landed file set it aside (the store refuses its bytes until someone
+acts) and which fail the step, to be run again (they may pass, or concern every request).
+
+Pure: botocore's errors are built as S3 sends them; no server."""
+
+from __future__ import annotations
+
+import botocore.exceptions
+import pytest
+
+from lake_assets.errors import StorageRequestError
+from lake_assets.storage import _refuses_for_good
+
+
+def _s3_failure(code: str, status: int) -> StorageRequestError:
+    """What `Storage` raises for an S3 answer: the client's error as the cause."""
+    answer = {"Error": {"Code": code, "Message": "…"}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    cause = botocore.exceptions.ClientError(answer, "GetObject")
+    try:
+        raise StorageRequestError(f"reading s3a://b/k: {cause}") from cause
+    except StorageRequestError as error:
+        return error
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("AccessDenied", 403),
+        ("InvalidObjectState", 403),
+        ("InvalidRequest", 400),
+        ("KMS.DisabledException", 400),
+    ],
+)
+def test_an_answer_about_the_object_refuses_it(code, status):
+    assert _refuses_for_good(_s3_failure(code, status))
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("InternalError", 500),
+        ("SlowDown", 503),
+        ("RequestTimeout", 400),
+        ("ExpiredToken", 400),
+        ("InvalidAccessKeyId", 403),
+        ("RequestTimeTooSkewed", 403),
+    ],
+)
+def test_an_answer_that_may_pass_or_concerns_every_request_does_not(code, status):
+    assert not _refuses_for_good(_s3_failure(code, status))
+
+
+def test_a_local_permission_error_refuses_and_another_error_does_not():
+    assert _refuses_for_good(PermissionError(13, "Permission denied"))
+    assert not _refuses_for_good(OSError(5, "Input/output error"))
+    assert not _refuses_for_good(
+        botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+    )
