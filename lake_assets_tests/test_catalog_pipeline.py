@@ -505,3 +505,27 @@ def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishe
         (lake / "history" / "unit" / "accounts" / "closed").rglob("*.parquet")
     )
     _assert_the_catalog_lists_exactly_the_lake(store, lake, "accounts", "unit", at(0), at(23, 59, 59))
+
+
+@pytest.mark.parametrize("job_of", ["feed job", "global asset job"])
+def test_a_run_of_a_whole_job_catalogues_the_landing_once(tmp_path, spark, job_of):
+    """A job run without an asset selection (the CLI's, a benchmark's) runs the catalog step:
+    `changes` must not catalogue the landing a second time."""
+    landing = tmp_path / "landing"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1, 5))], ACCOUNT_SCHEMA)
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}", feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}"),)
+    )
+    defs = discovered_definitions(config)
+    job = (
+        defs.resolve_job_def(feed_job_name("unit"))
+        if job_of == "feed job"
+        else defs.resolve_implicit_global_asset_job_def()
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance, partition_key=HOUR_1)
+    assert result.success
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert sum("catalogued" in m and "landed file(s)" in m for m in messages) == 1
+    assert not [m for m in messages if "catalogued the landing first" in m]
+    assert _changed_ids(tmp_path / "lake", HOUR_1) == ["a"]

@@ -173,6 +173,7 @@ def test_build_table_assets_chains_the_layers():
     "selection, steps_run, catalogues",
     [
         (None, None, False),  # the whole job
+        ("", None, False),  # the whole job, as a job run without a selection has it
         ("catalog changes state", None, False),
         ("changes state", None, True),  # from the UI, or by automation
         ("catalog changes state", ["changes", "state"], True),  # a retry from failure

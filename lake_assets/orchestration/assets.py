@@ -285,9 +285,12 @@ def changes_asset(
 def runs_step_of(context: dg.AssetExecutionContext, asset: dg.AssetsDefinition) -> bool:
     """Whether this run executes `asset`'s step too: it selects the asset (a run of a whole job
     selects all), and, re-executing another run (from failure: the run retries' default), takes
-    its step again."""
+    its step again.
+
+    A run of a job without an asset selection has an empty `asset_selection` (not None): it
+    selects every asset of the job."""
     run = context.run
-    selected = run.asset_selection is None or asset.key in run.asset_selection
+    selected = not run.asset_selection or asset.key in run.asset_selection
     return selected and (run.step_keys_to_execute is None or asset.op.name in run.step_keys_to_execute)
 
 
