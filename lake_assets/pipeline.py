@@ -731,9 +731,9 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     if report.purges_waiting:
         log.warning(
-            f"{work.feed.name}/{work.table}: purges met by a change-log write wait for the next fold with "
-            "events, which records them: their keys stay erased in changes, but current and history "
-            "keep the keys' fields until then"
+            f"{work.feed.name}/{work.table}: purges met by a change-log write wait for a fold: the change "
+            "log has no partition left to shape one; their keys stay erased in changes, and the next "
+            "fold records them and erases them from current and history"
         )
     return report
 

@@ -194,6 +194,25 @@ def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_we
     assert {r["batch"] for r in rows(root, "changes")} == {B1, B3}
 
 
+def test_a_purge_the_change_log_met_is_applied_by_a_fold_with_no_events(lake, tmp_path):
+    """As above, but nothing lands after the purge batch went: the only partition left to run
+    is the purge batch's own, now without files. Its fold has no events; it still records the
+    purge the change log met and erases X from current and history."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B1)
+    backfill(config, instance, B2, B2, layers=("catalog", "changes"))
+    _without_the_purge_batch(tmp_path / "landing")
+    shutil.rmtree(tmp_path / "landing" / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B3}")
+
+    cli(config, instance)
+
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))
+    assert {r["Id"] for r in rows(root, "current")} == {"X", "Y"}  # X without its fields (leaks)
+    assert {r["batch"] for r in rows(root, "changes")} == {B1}
+
+
 def test_a_rebuild_finishes_a_killed_folds_commit_before_it_forgets_the_table(lake, tmp_path, monkeypatch):
     """A fold killed once its commit record is written has decided: its commit records X's
     purge in the ledger. `lake-assets rebuild` used to remove the record and its staging with

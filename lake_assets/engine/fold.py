@@ -86,7 +86,7 @@ class FoldReport:
     batch_versions: VersionSet | None = None
     #: the table held no rows, open or closed, and no purged keys before the fold
     into_empty: bool = False
-    #: a fold without events left purges a change-log write met (`purges.seen`) to the next one
+    #: purges a change-log write met (`purges.seen`) left to the next fold: no change log to shape this one
     purges_waiting: bool = False
     #: closed days whose hour slices the fold merged (they had settled: the fold does not reach them)
     days_compacted: list[str] = dataclasses.field(default_factory=list)
@@ -157,14 +157,17 @@ def fold(
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
+    # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
+    seen_files = purges.seen_files(storage, state)
     if batch is None or _nothing_to_fold(batch, spec):
-        report.purges_waiting = bool(purges.seen_files(storage, state))
-        return report
+        # With purges waiting, a fold without events still applies them, shaped by the change log.
+        batch = no_events(spark, storage, state, spec, log_column) if seen_files else None
+        if batch is None:
+            report.purges_waiting = bool(seen_files)
+            return report
     synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     ledger = purges.ledger(spark, storage, state, keys)
     recorded = ledger.select(*keys) if ledger is not None else None
-    # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
-    seen_files = purges.seen_files(storage, state)
     seen = purges.seen(spark, storage, state, keys, seen_files)
     purged_before = purges.either(keys, [recorded, seen])
     with lake_io.released_after([]) as cached:
@@ -178,8 +181,7 @@ def fold(
         _report_counts(report, totals)
         # Keys seen purged keep their versions: the stored rows are still the batch's versions.
         report.into_empty = open_set.rows is None and ledger is None and not _any_closed_days(storage, state)
-        if report.events_in == 0:
-            report.purges_waiting = bool(seen_files)
+        if report.events_in == 0 and not seen_files:
             return report
         report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"], seen)
         rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
@@ -207,6 +209,23 @@ def fold(
         commit(storage, state, plan, on_step=on_commit_step, removing=removing)
     _report_files_put_in_place(report, state, [*recovered, plan], replaced=plan.deletes)
     return report
+
+
+def no_events(
+    spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, log_column: str | None
+) -> DataFrame | None:
+    """A batch without events, with the columns of the change log's newest partition (None
+    without a change log): what a fold that only applies waiting purges folds."""
+    if log_column is None:
+        return None
+    partitions = lake_io.existing_partitions(storage, state.changes, log_column)
+    if not partitions:
+        return None
+    newest = max(partitions)
+    stored = lake_io.read_drifting(
+        spark, storage, [partitions[newest]], base_path=state.changes, table=spec.name, keys=spec.keys
+    )
+    return stored.limit(0)
 
 
 def _nothing_to_fold(batch: DataFrame, spec: m.TableSpec) -> bool:
