@@ -384,123 +384,170 @@ class GraxV2Format(FeedFormat):
         return _typed_copy_stored_apart(schema)
 
     def normalise(self, raw: DataFrame) -> DataFrame:
-        spelled = _grax_spellings(raw.columns)
-        if spelled:
-            raw = raw.withColumnsRenamed(spelled)
-        columns = [c for c in raw.columns if not c.startswith("__")]
-        copies = typed_copies(columns)
-        typed_columns = {c for group in copies.values() for c in group.values()}
-
-        def stamp(column: str) -> Column:
-            if column not in columns:
-                return F.lit(None).cast("timestamp")
-            return timestamp_column(column, raw.schema[column].dataType)
-
-        payload: list[Column] = []
-        for column in columns:
-            if column in (KEY, MODIFIED, IDSEQ) or column in typed_columns:
-                continue
-            if column in copies:
-                payload.extend(self._typed_field(raw, column, copies[column]))
-            elif column in (DELETED, PURGED):
-                payload.append(stamp(column).alias(column))  # the markers stay readable (lineage)
-            else:
-                payload.append(col(column).alias(column))
-
-        def not_a_time(column: str) -> Column:
-            return F.concat(
-                F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL"))
-            )
-
-        version_at = F.date_trunc("millisecond", stamp(MODIFIED))
+        rows = _LandedRows.of(raw)
+        version_at = F.date_trunc("millisecond", rows.stamp(MODIFIED))
         seq = F.col(IDSEQ).cast("string")
-        invalid = (
-            F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
-            .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
-            .when(version_at.isNull(), not_a_time(MODIFIED))
-            .otherwise(outside_history(version_at, MODIFIED))
-        )
-        if DELETED in columns:  # a delete opens its own event at its time
-            invalid = F.coalesce(invalid, outside_history(stamp(DELETED), DELETED))
-        for column in (DELETED, PURGED):
-            # A marker given as text must be a time, or empty for 'not deleted/purged': other
-            # text ("yes") cannot say whether the record is gone, and read as no marker it
-            # would keep a deleted record live or a purged one's field data.
-            if column in columns and isinstance(raw.schema[column].dataType, T.StringType):
-                unparsed = (stripped(F.col(column)) != "") & stamp(column).isNull()
-                invalid = F.when(unparsed, not_a_time(column)).otherwise(invalid)
-        for column, suffix in sorted((c, s) for group in copies.values() for s, c in group.items()):
-            copy = _typed_copy(raw, column, suffix)
-            if copy is not None and copy.changed is not None:
-                not_its_type = (
-                    f"typed column '{column}' holds a value that is not {copy.kind.simpleString()}: "
-                )
-                invalid = F.when(
-                    copy.changed, F.concat(F.lit(not_its_type), col(column).cast("string"))
-                ).otherwise(invalid)
-        for field, group in sorted(copies.items()):
-            epochs = group.get("ts")
-            if (
-                epochs is not None
-                and _holds_epoch_numbers(raw.schema[epochs].dataType)
-                and isinstance(raw.schema[field].dataType, T.StringType)
-            ):
-                unlike = _epoch_unlike_its_text(
-                    timestamp_column(field, T.StringType()),
-                    timestamp_column(epochs, raw.schema[epochs].dataType),
-                )
-                invalid = F.when(
-                    unlike,
-                    F.concat(
-                        F.lit(f"typed column '{epochs}' holds the epoch "),
-                        col(epochs).cast("string"),
-                        F.lit(f", whose unit cannot be told: read by its size it is not '{field}' "),
-                        col(field).cast("string"),
-                    ),
-                ).otherwise(invalid)
-        versions = raw.select(
+        versions = rows.raw.select(
             F.col(KEY).cast("string").alias(KEY),
-            *payload,
+            *rows.payload(),
             F.lit(m.UPDATE).alias(m.OP),
             version_at.alias(m.VERSION_AT),
             seq.alias(m.SEQ),
             F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
-            stamp(PURGED).isNotNull().alias(m.PURGED),
+            rows.stamp(PURGED).isNotNull().alias(m.PURGED),
             F.col(FILE_URI).alias(m.SOURCE_FILE),
             F.col(FILE_PARTITION).alias(self.partition_column),
-            invalid.alias(INVALID),
+            rows.invalid_reason(version_at, seq).alias(INVALID),
             F.col(FILE_URI),
             F.lit(False).alias(DERIVED),
-            F.date_trunc("millisecond", stamp(DELETED)).alias("__deleted_at"),
+            F.date_trunc("millisecond", rows.stamp(DELETED)).alias(_DELETED_AT),
         )
-        payload_names = [c for c in versions.columns if c != KEY and not m.is_reserved(c) and c != INVALID]
-        # A delete carries the key only; stamped before its version by the vendor, it still follows it.
-        deletes = (
-            versions.where(F.col("__deleted_at").isNotNull())
-            .select(
-                *[
-                    F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload_names else col(c)
-                    for c in versions.columns
-                ]
-            )
-            .withColumn(m.OP, F.lit(m.DELETE))
-            .withColumn(m.VERSION_AT, F.greatest(F.col("__deleted_at"), F.col(m.VERSION_AT)))
-            .withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX)))
-            .withColumn(DERIVED, F.lit(True))
-        )
-        return versions.unionByName(deletes).drop("__deleted_at")
+        return versions.unionByName(_deletes_of(versions)).drop(_DELETED_AT)
 
-    @staticmethod
-    def _typed_field(raw: DataFrame, field: str, copies: dict[str, str]) -> list[Column]:
-        """`field` as one typed column, plus its string copy for audit."""
-        kinds = [copy for suffix, column in copies.items() if (copy := _typed_copy(raw, column, suffix))]
-        string_copy = col(field).cast("string")
-        if not kinds:
-            value = string_copy
-        else:
-            target = _one_type(field, [copy.kind for copy in kinds])
-            value = F.coalesce(*[copy.value.cast(target) for copy in kinds], string_copy.try_cast(target))
-        return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
+
+#: a deleted row's delete time, while its delete event is derived
+_DELETED_AT = "__deleted_at"
+
+
+@dataclasses.dataclass(frozen=True)
+class _LandedRows:
+    """A landed file's rows under GRAX's own spellings, with the typed copies of their fields."""
+
+    raw: DataFrame
+    #: the vendor's columns (not the reader's own `__` ones)
+    columns: list[str]
+    #: field -> typed-copy suffix -> the copy's column (`typed_copies`)
+    copies: dict[str, dict[str, str]]
+
+    @classmethod
+    def of(cls, raw: DataFrame) -> _LandedRows:
+        spelled = _grax_spellings(raw.columns)
+        if spelled:
+            raw = raw.withColumnsRenamed(spelled)
+        columns = [c for c in raw.columns if not c.startswith("__")]
+        return cls(raw, columns, typed_copies(columns))
+
+    def stamp(self, column: str) -> Column:
+        """A time column as a timestamp, however it is stored (NULL where the file lacks it)."""
+        if column not in self.columns:
+            return F.lit(None).cast("timestamp")
+        return timestamp_column(column, self.raw.schema[column].dataType)
+
+    def payload(self) -> list[Column]:
+        """The record's fields: each with typed copies as one typed column (and its string copy),
+        the delete and purge markers as times (they stay readable, as lineage), the rest as is."""
+        typed_columns = {c for group in self.copies.values() for c in group.values()}
+        payload: list[Column] = []
+        for column in self.columns:
+            if column in (KEY, MODIFIED, IDSEQ) or column in typed_columns:
+                continue
+            if column in self.copies:
+                payload.extend(_typed_field(self.raw, column, self.copies[column]))
+            elif column in (DELETED, PURGED):
+                payload.append(self.stamp(column).alias(column))
+            else:
+                payload.append(col(column).alias(column))
+        return payload
+
+    def invalid_reason(self, version_at: Column, seq: Column) -> Column:
+        """Why a row cannot be an event (NULL for a valid row); a later reason in the list below
+        replaces an earlier one."""
+        reason = (
+            F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
+            .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
+            .when(version_at.isNull(), _not_a_time(MODIFIED))
+            .otherwise(outside_history(version_at, MODIFIED))
+        )
+        if DELETED in self.columns:  # a delete opens its own event at its time
+            reason = F.coalesce(reason, outside_history(self.stamp(DELETED), DELETED))
+        for found, why in [
+            *self._markers_not_times(),
+            *self._copies_not_their_type(),
+            *self._epochs_unlike_text(),
+        ]:
+            reason = F.when(found, why).otherwise(reason)
+        return reason
+
+    def _markers_not_times(self) -> list[tuple[Column, Column]]:
+        """A marker given as text must be a time, or empty for 'not deleted/purged': other text
+        ("yes") cannot say whether the record is gone, and read as no marker it would keep a
+        deleted record live or a purged one's field data."""
+        return [
+            ((stripped(F.col(column)) != "") & self.stamp(column).isNull(), _not_a_time(column))
+            for column in (DELETED, PURGED)
+            if column in self.columns and isinstance(self.raw.schema[column].dataType, T.StringType)
+        ]
+
+    def _copies_not_their_type(self) -> list[tuple[Column, Column]]:
+        found = []
+        for column, suffix in sorted((c, s) for group in self.copies.values() for s, c in group.items()):
+            copy = _typed_copy(self.raw, column, suffix)
+            if copy is not None and copy.changed is not None:
+                not_its_type = (
+                    f"typed column '{column}' holds a value that is not {copy.kind.simpleString()}: "
+                )
+                found.append((copy.changed, F.concat(F.lit(not_its_type), col(column).cast("string"))))
+        return found
+
+    def _epochs_unlike_text(self) -> list[tuple[Column, Column]]:
+        """Timestamp copies stored as epoch numbers whose unit cannot be told from the field's text."""
+        schema, found = self.raw.schema, []
+        for field, group in sorted(self.copies.items()):
+            epochs = group.get("ts")
+            if (
+                epochs is None
+                or not _holds_epoch_numbers(schema[epochs].dataType)
+                or not isinstance(schema[field].dataType, T.StringType)
+            ):
+                continue
+            unlike = _epoch_unlike_its_text(
+                timestamp_column(field, T.StringType()), timestamp_column(epochs, schema[epochs].dataType)
+            )
+            why = F.concat(
+                F.lit(f"typed column '{epochs}' holds the epoch "),
+                col(epochs).cast("string"),
+                F.lit(f", whose unit cannot be told: read by its size it is not '{field}' "),
+                col(field).cast("string"),
+            )
+            found.append((unlike, why))
+        return found
+
+
+def _not_a_time(column: str) -> Column:
+    return F.concat(
+        F.lit(f"{column} is not a time: "), F.coalesce(F.col(column).cast("string"), F.lit("NULL"))
+    )
+
+
+def _deletes_of(versions: DataFrame) -> DataFrame:
+    """The delete event of each deleted row: the key only, at the delete time (or at the version
+    time, when the vendor stamped the delete before it), sequenced just after the row's write."""
+    payload = {c for c in versions.columns if c != KEY and not m.is_reserved(c) and c != INVALID}
+    return (
+        versions.where(F.col(_DELETED_AT).isNotNull())
+        .select(
+            *[
+                F.lit(None).cast(versions.schema[c].dataType).alias(c) if c in payload else col(c)
+                for c in versions.columns
+            ]
+        )
+        .withColumn(m.OP, F.lit(m.DELETE))
+        .withColumn(m.VERSION_AT, F.greatest(F.col(_DELETED_AT), F.col(m.VERSION_AT)))
+        .withColumn(m.SEQ, F.concat(F.col(m.SEQ), F.lit(DELETE_SEQ_SUFFIX)))
+        .withColumn(DERIVED, F.lit(True))
+    )
+
+
+def _typed_field(raw: DataFrame, field: str, copies: dict[str, str]) -> list[Column]:
+    """`field` as one typed column, plus its string copy for audit."""
+    kinds = [copy for suffix, column in copies.items() if (copy := _typed_copy(raw, column, suffix))]
+    string_copy = col(field).cast("string")
+    if not kinds:
+        value = string_copy
+    else:
+        target = _one_type(field, [copy.kind for copy in kinds])
+        value = F.coalesce(*[copy.value.cast(target) for copy in kinds], string_copy.try_cast(target))
+    return [value.alias(field), string_copy.alias(field + STRING_COPY_SUFFIX)]
 
 
 @dataclasses.dataclass(frozen=True)
