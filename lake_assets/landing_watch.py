@@ -23,6 +23,12 @@ from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hou
 from lake_assets.storage import Entry, Storage
 
 
+def short_digest(text: str) -> str:
+    """16 hex characters standing for `text` in run keys and sensor cursors (not a security
+    measure: Dagster's run keys and cursors only need to tell sets of names apart)."""
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 @dataclasses.dataclass
 class TableCursor:
     high_water: str | None = None
@@ -53,8 +59,7 @@ class NewFiles:
         """What a run of the partition is keyed by: the files it holds and, for a removal, the
         files removed (else a removal that brings the files back to a set already run would
         get that run's key, which Dagster does not run again)."""
-        text = "\n".join([*self.all_names, *(f"-{version}" for version in self.removed)])
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
+        return short_digest("\n".join([*self.all_names, *(f"-{version}" for version in self.removed)]))
 
 
 def landed_version(entry: Entry) -> str:
@@ -255,5 +260,5 @@ def strays_due(looked_at: float | None, now: float) -> bool:
 def strays_run_key(feed: str, table: str, partition: str, strays: Iterable[str]) -> str:
     """The run key of a run that reports a table's `strays` (their URIs): the same strays ask
     for one run, and a new one asks again."""
-    digest = hashlib.sha1("\n".join(sorted(strays)).encode()).hexdigest()[:16]
+    digest = short_digest("\n".join(sorted(strays)))
     return f"{feed}:{table}:strays:{partition}:{digest}"

@@ -9,7 +9,6 @@ its standing requests.
 
 import contextlib
 import dataclasses
-import hashlib
 import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -30,6 +29,7 @@ from lake_assets.landing_watch import (
     encode_cursor,
     scan_batches,
     scan_table,
+    short_digest,
     strays_due,
     strays_run_key,
     stretches_in_order,
@@ -317,7 +317,7 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
             context.log.info(describe(found))
         unread = describe_unread(found)
         # Said once for each new set of entries, not on every tick: the cursor keeps its digest.
-        unread_digest = hashlib.sha256((unread or "").encode()).hexdigest()[:16]
+        unread_digest = short_digest(unread or "")
         if unread and unread_digest != context.cursor:
             context.log.warning(unread)
         context.update_cursor(unread_digest)
@@ -348,14 +348,14 @@ def _batch_partitions(assets: TableAssets) -> str:
 def _range_run(feed: str, assets: TableAssets, start: str, end: str, found: list[NewFiles]) -> dg.RunRequest:
     """One run over the partitions `start` .. `end`, which hold the new files `found`, keyed by
     every file name they hold."""
-    digest = hashlib.sha1("".join(f"{f.partition}={f.fingerprint}" for f in found).encode()).hexdigest()[:16]
+    digest = short_digest("".join(f"{f.partition}={f.fingerprint}" for f in found))
     return _whole_table_run(f"{feed}:{assets.table}:{start}..{end}:{digest}", assets, start, end)
 
 
 def _rerun(feed: str, assets: TableAssets, hour: str, standing: list[reruns.RerunRequest]) -> dg.RunRequest:
     """A run of an hour other runs asked to run again, keyed by their requests (each has a name
     of its own, so a new request makes a new run)."""
-    digest = hashlib.sha1(",".join(sorted(r.name for r in standing)).encode()).hexdigest()[:16]
+    digest = short_digest(",".join(sorted(r.name for r in standing)))
     return _whole_table_run(f"{feed}:{assets.table}:again:{hour}:{digest}", assets, hour, hour)
 
 
