@@ -23,6 +23,7 @@ from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import unreported_strays
+from lake_assets.status import pending_partitions
 from lake_assets.storage import Storage
 
 if TYPE_CHECKING:
@@ -268,7 +269,6 @@ def _changed_partitions(
     data of a file removed from another is chosen too; the run of the other partition asks it
     to run again, in a request that stands until it is read again and folded
     (`pipeline.ingest`)."""
-    landed = fmt.partitions_files(storage, feed.landing, table, keys)
     notes = {
         partition: note
         for partition, note in processed.read_notes(
@@ -276,18 +276,7 @@ def _changed_partitions(
         ).items()
         if within(partition)
     }
-    standing = reruns.asked(reruns.read_reruns(storage, layout, feed.name, table, fmt.is_partition_key))
-    holding = (
-        processed.holding_removed_data(landed, notes, fmt.holding_removed_data)
-        if fmt.files_share_data
-        else {}
-    )
-    for partition, reason in holding.items():
-        # chosen now; the request that outlives this command is made by the run of the
-        # partitions the files were removed from, under the table's lease (`pipeline.ingest`)
-        standing.setdefault(partition, reason)
-    stored = processed.stored_partitions(storage, layout, feed.name, table, fmt.is_partition_key)
-    changes = processed.changed_partitions(storage, landed, notes, standing, {p for p in stored if within(p)})
+    changes, _ = pending_partitions(storage, layout, fmt, feed.landing, feed.name, table, keys, notes, within)
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
     unreported = (

@@ -22,7 +22,7 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.lake_io import footer
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import QuarantineNote, notes_under, unreported_strays
-from lake_assets.storage import Storage, read_lake_json
+from lake_assets.storage import Entry, Storage, read_lake_json
 
 _Read = TypeVar("_Read")
 
@@ -111,28 +111,18 @@ def table_status(
             return unknown
 
     notes = known(lambda: processed.read_notes(storage, layout, feed, table, fmt.is_partition_key), None)
-    requests = known(lambda: reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key), None)
     pending = None
-    if notes is not None and requests is not None:
+    if notes is not None:
         keys = fmt.partition_keys(storage, landing, table)
-        landed = fmt.partitions_files(storage, landing, table, keys)
-        pending = [
-            {
-                "partition": change.partition,
-                "reason": change.reason,
-                "files": len(landed.get(change.partition, [])),
-            }
-            for change in processed.changed_partitions(
-                storage,
-                landed,
-                notes,
-                {
-                    **processed.holding_removed_data(landed, notes, fmt.holding_removed_data),
-                    **reruns.asked(requests),
-                },
-                processed.stored_partitions(storage, layout, feed, table, fmt.is_partition_key),
-            )
-        ]
+        found = known(
+            lambda: pending_partitions(storage, layout, fmt, landing, feed, table, keys, notes), None
+        )
+        if found is not None:
+            changes, landed = found
+            pending = [
+                {"partition": c.partition, "reason": c.reason, "files": len(landed.get(c.partition, []))}
+                for c in changes
+            ]
     return TableStatus(
         feed=feed,
         table=table,
@@ -151,6 +141,37 @@ def table_status(
         history_rows=rows.history,
         damaged=damaged,
     )
+
+
+def pending_partitions(
+    storage: Storage,
+    layout: LakeLayout,
+    fmt: FeedFormat,
+    landing: str,
+    feed: str,
+    table: str,
+    keys: list[str],
+    notes: dict[str, dict[str, processed.ProcessedFile]],
+    within: Callable[[str], bool] = lambda _: True,
+) -> tuple[list[processed.Change], dict[str, list[Entry]]]:
+    """The partitions a run of the table takes (`processed.changed_partitions`), with the landed
+    files of `keys`: those whose files changed since their `notes`, those a run asked to run
+    again, those holding data of a file removed from another partition (a format whose files
+    share data), and those stored but never processed whose files are gone. `notes` are of the
+    partitions inside the run's window (`within`): outside it, files do not look removed."""
+    landed = fmt.partitions_files(storage, landing, table, keys)
+    asked = reruns.asked(reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key))
+    holding = (
+        processed.holding_removed_data(landed, notes, fmt.holding_removed_data)
+        if fmt.files_share_data
+        else {}
+    )
+    stored = processed.stored_partitions(storage, layout, feed, table, fmt.is_partition_key)
+    # A request's own reason is kept over the removal's: the request outlives this run.
+    changes = processed.changed_partitions(
+        storage, landed, notes, {**holding, **asked}, {p for p in stored if within(p)}
+    )
+    return changes, landed
 
 
 @dataclasses.dataclass(frozen=True)
