@@ -14,7 +14,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -211,7 +210,8 @@ def decode_cursor(text: str | None, kind: type | None = None) -> dict:
 
 @dataclasses.dataclass
 class BatchCursor:
-    """The greatest batch seen and the file names seen in it: only that batch can still grow."""
+    """The greatest batch seen and its files as seen (`_batch_file_version`; a cursor saved
+    before held their names): only that batch can still grow, or have files rewritten or removed."""
 
     last: str | None = None
     open_files: list[str] = dataclasses.field(default_factory=list)
@@ -222,7 +222,8 @@ class BatchCursor:
 def scan_batches(
     storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: BatchCursor
 ) -> tuple[list[NewFiles], BatchCursor]:
-    """Batches that are new since the cursor, and the open (greatest) batch if it gained files.
+    """Batches that are new since the cursor, and the open (greatest) batch if it gained, rewrote or
+    lost files.
 
     One listing of the table's batch folders, then file listings only of the batches at or after
     the cursor: closed batches (a greater one exists) are never listed again.
@@ -234,15 +235,23 @@ def scan_batches(
     found: list[NewFiles] = []
     last, open_files = cursor.last, list(cursor.open_files)
     for key, entries in files.items():
-        names = tuple(sorted(e.name for e in entries))
-        # Counted, not a set: a batch may hold one name twice (GRAX `object=Account` and
+        # By URI, not name: a batch may hold one name twice (GRAX `object=Account` and
         # `object=ACCOUNT` folders), and the second copy landing late is still new.
-        seen = Counter(cursor.open_files) if key == cursor.last else Counter()
-        fresh = tuple(sorted((Counter(names) - seen).elements()))
-        if fresh:
-            found.append(NewFiles(table, key, fresh, names))
-        last, open_files = key, list(names)
+        versions = {_batch_file_version(entry): entry.name for entry in entries}
+        if key == cursor.last:  # the open batch: its files may also be rewritten or removed
+            fresh, removed = _compared(versions, cursor.open_files)
+        else:
+            fresh, removed = tuple(sorted(entry.name for entry in entries)), ()
+        if fresh or removed:
+            found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
+        last, open_files = key, sorted(versions)
     return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)
+
+
+def _batch_file_version(entry: Entry) -> str:
+    """A batch's file as the sensor remembers it: `landed_version` by its URI (a batch spans
+    object folders whose names differ only in case)."""
+    return landed_version(dataclasses.replace(entry, name=entry.uri))
 
 
 # --- files no partition reads --------------------------------------------------------------------

@@ -705,6 +705,32 @@ def test_the_batch_scan_sees_a_late_file_named_like_one_in_the_other_case_folder
     assert found == []
 
 
+def test_the_batch_scan_sees_a_file_of_the_open_batch_rewritten_or_removed(tmp_path):
+    landing = tmp_path / "landing"
+    row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
+    first = write_file(landing, "Account", "00000000a", "data-00000000001.parquet", row)
+    write_file(landing, "Account", "00000000a", "data-00000000002.parquet", row)
+    fmt, uri, table = GraxV2Format(), f"file://{landing}", f"{ORG}/account"
+    found, cursor = scan_batches(CountingStorage(), fmt, uri, table, BatchCursor())
+    assert [f.partition for f in found] == ["00000000a"]
+
+    # A correction rewritten in place: new again, and the run is keyed apart from the first.
+    write_file(landing, "Account", "00000000a", "data-00000000001.parquet", row * 2)
+    os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns + 5_000_000))
+    rewritten, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names) for f in rewritten] == [("00000000a", ("data-00000000001.parquet",))]
+    assert rewritten[0].fingerprint != found[0].fingerprint
+    assert scan_batches(CountingStorage(), fmt, uri, table, cursor)[0] == []
+
+    first.unlink()  # a file taken back: the batch runs again, and its rows leave `changes`
+    removed, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names, len(f.removed)) for f in removed] == [("00000000a", (), 1)]
+
+    # A cursor saved when the scan remembered names alone: what it names counts as seen.
+    old = BatchCursor(last="00000000a", open_files=["data-00000000002.parquet"])
+    assert scan_batches(CountingStorage(), fmt, uri, table, old)[0] == []
+
+
 def test_a_typed_copy_that_changes_type_between_batches_keeps_the_table_going(spark, tmp_path):
     """`Score` comes as a whole number (`Score_i`) in one batch and as a boolean (`Score_b`) in
     the next, beside a purge: no number type holds both, so the column becomes text, every value
