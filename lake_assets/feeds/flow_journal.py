@@ -297,107 +297,136 @@ def _field_of(pointer: str) -> str | None:
 
 def read_journal_task(
     key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES
-):
+) -> Callable[[pa.Table], pa.Table]:
     """The per-journal function Spark runs (`applyInArrow`): the cover pieces of one journal,
-    with their bytes, in; committed documents, bad fragments and counts out.
+    with their bytes, in; committed documents, bad fragments and counts out (`_JournalRead`)."""
+
+    def run(table: pa.Table) -> pa.Table:
+        return _JournalRead(key, wanted_hours, max_bytes, table.sort_by("order").to_pylist()).read()
+
+    return run
+
+
+class _JournalRead:
+    """One journal's cover pieces read in order, in a Spark task.
 
     Once a piece fails, the journal's documents are not emitted (the driver reads the journal
     again on a new cover), but the remaining pieces are still checked, so that one pass finds
     every bad fragment of the cover."""
 
-    # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
-    context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
+    def __init__(
+        self, key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int, rows: list[dict[str, Any]]
+    ):
+        self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
+        # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
+        self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
+        self.journal = rows[0]["journal"] if rows else None
+        self.content = {r["uri"]: r["content"] for r in rows}
+        self.hour_of = {r["uri"]: r["hour"] for r in rows}
+        self.sequencer = ff.Sequencer()
+        self.out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
+        self.broken = False
+        self.read_to: int | None = None  # the journal offset read so far
+        self.first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
+        self.opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
+        self.blind = False  # such an ACK found nothing of its producer pending: its documents are unread
+        self.elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
+        self.empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
+        self.spellings: dict[str, str] = {}  # folded column -> its first spelling in sort order
 
-    def run(table: pa.Table) -> pa.Table:
-        rows = table.sort_by("order").to_pylist()
-        content = {r["uri"]: r["content"] for r in rows}
-        journal = rows[0]["journal"] if rows else None
-        sequencer = ff.Sequencer()
-        out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
-        broken = False
-        first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
-        opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
-        blind = False  # such an ACK found nothing of its producer pending: its documents are unread
-        hour_of = {r["uri"]: r["hour"] for r in rows}
-        read_to: int | None = None  # the journal offset read so far
-        elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
-        empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
-        spellings: dict[str, str] = {}  # folded column -> its first spelling in sort order
+    def read(self) -> pa.Table:
+        for row in self.rows:
+            self._read_piece(row)
+        if not self.broken:
+            self._finish()
+        return pa.table(self.out, schema=_OUT)
 
-        def emit(kind, hour, uri=None, offset=None, body=None, reason=None):
-            for name, value in zip(_OUT.names, (journal, kind, hour, uri, offset, body, reason), strict=True):
-                out[name].append(value)
+    def _emit(self, kind, hour, uri=None, offset=None, body=None, reason=None) -> None:
+        values = (self.journal, kind, hour, uri, offset, body, reason)
+        for name, value in zip(_OUT.names, values, strict=True):
+            self.out[name].append(value)
 
-        for r in rows:
-            fragment = ff.Fragment(
-                uri=r["uri"], journal=r["journal"], name=ff.parse_fragment_name(r["uri"].rsplit("/", 1)[1])
-            )
-            piece = ff.CoverPiece(
-                fragment=fragment, skip=r["skip"], stop=r["stop"], taken_over_by=r["taken_over_by"]
-            )
-            if read_to is not None and piece.start > read_to:
-                sequencer.cut_at_gap()
-            read_to = piece.end
-            try:
-                if content[r["uri"]] is None:
-                    raise ff.FragmentError(r["uri"], "the landing's read returned no bytes for this path")
-                docs = ff.read_piece(piece, content.__getitem__, max_bytes)
-                for doc in docs:
-                    if not doc.is_ack:
-                        vet_document(doc, key)
-                if broken:
-                    continue
-                for doc in docs:
-                    first_hour.setdefault(doc.uuid.producer, r["hour"])
-                    if r["hour"] in wanted_hours and sequencer.may_commit_unread(doc):
-                        opened.add(doc.uuid.producer)
-                        blind = blind or not sequencer.has_pending(doc.uuid.producer)
-                    for committed in sequencer.feed(doc):
-                        # a document belongs to the hour of the record that committed it
-                        if r["hour"] in wanted_hours:
-                            row = document_row(committed, key, r["hour"])
-                            empty_text.update(row.empty_text)
-                            _keep_first_spellings(spellings, row.spellings)
-                            emit("doc", r["hour"], committed.uri, committed.offset, row.json)
-                        elif (
-                            hour_of[committed.uri] in wanted_hours
-                            and (r["hour"], committed.uri) not in elsewhere
-                        ):
-                            elsewhere.add((r["hour"], committed.uri))
-                            emit("committed_elsewhere", r["hour"], committed.uri)
-            except ff.FragmentError as error:
-                emit("bad", r["hour"], error.uri, error.offset, None, str(error))
-                broken = True
-            except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
-                unforeseen = ff.FragmentError(
-                    r["uri"], f"could not be read ({type(error).__name__}: {error})"
-                )
-                emit("bad", r["hour"], unforeseen.uri, None, None, str(unforeseen))
-                broken = True
-        if not broken:
-            left = sequencer.finish()
-            emit("counts", None, body=json.dumps(sequencer.counts))
-            if empty_text:
-                emit("empty_text", None, body=json.dumps(sorted(empty_text)))
-            emit("spellings", None, body=json.dumps(spellings))
-            # Documents of the run's hours whose transaction is still open: its end, if landed,
-            # lies in a later hour, which the driver reads too (to learn which hour commits them).
-            if any(hour_of[d.uri] in wanted_hours for d in left):
-                emit("pending_after", None)
-            # A producer with no commit point before its ACK may have begun its transaction
-            # before what was read. The driver reads earlier hours: once whenever no more than
-            # the context hour was read before the run's hours (the producer may have been
-            # silent there in mid-transaction), and again for as long as it wrote from the first
-            # hour read on, or had nothing pending (a producer writes an ACK only to journals it
-            # wrote to in the transaction).
-            earliest = min(r["hour"] for r in rows)
-            if opened and (
-                blind or earliest >= context_hour or any(first_hour[p] == earliest for p in opened)
-            ):
-                emit("opened_earlier", None)
-        return pa.table(out, schema=_OUT)
+    def _read_piece(self, row: dict[str, Any]) -> None:
+        uri, hour = row["uri"], row["hour"]
+        fragment = ff.Fragment(
+            uri=uri, journal=row["journal"], name=ff.parse_fragment_name(uri.rsplit("/", 1)[1])
+        )
+        piece = ff.CoverPiece(
+            fragment=fragment, skip=row["skip"], stop=row["stop"], taken_over_by=row["taken_over_by"]
+        )
+        if self.read_to is not None and piece.start > self.read_to:
+            self.sequencer.cut_at_gap()
+        self.read_to = piece.end
+        try:
+            docs = self._vetted_documents(uri, piece)
+            if not self.broken:
+                self._sequence(hour, docs)
+        except ff.FragmentError as error:
+            self._emit("bad", hour, error.uri, error.offset, None, str(error))
+            self.broken = True
+        except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
+            unforeseen = ff.FragmentError(uri, f"could not be read ({type(error).__name__}: {error})")
+            self._emit("bad", hour, unforeseen.uri, None, None, str(unforeseen))
+            self.broken = True
 
-    return run
+    def _vetted_documents(self, uri: str, piece: ff.CoverPiece) -> list:
+        if self.content[uri] is None:
+            raise ff.FragmentError(uri, "the landing's read returned no bytes for this path")
+        docs = ff.read_piece(piece, self.content.__getitem__, self.max_bytes)
+        for doc in docs:
+            if not doc.is_ack:
+                vet_document(doc, self.key)
+        return docs
+
+    def _sequence(self, hour: str, docs: list) -> None:
+        """Feed a piece's documents to the sequencer; emit those it commits in the run's hours,
+        and note which documents of the run's hours a later hour commits."""
+        for doc in docs:
+            self.first_hour.setdefault(doc.uuid.producer, hour)
+            if hour in self.wanted_hours and self.sequencer.may_commit_unread(doc):
+                self.opened.add(doc.uuid.producer)
+                self.blind = self.blind or not self.sequencer.has_pending(doc.uuid.producer)
+            for committed in self.sequencer.feed(doc):
+                # a document belongs to the hour of the record that committed it
+                if hour in self.wanted_hours:
+                    row = document_row(committed, self.key, hour)
+                    self.empty_text.update(row.empty_text)
+                    _keep_first_spellings(self.spellings, row.spellings)
+                    self._emit("doc", hour, committed.uri, committed.offset, row.json)
+                elif (
+                    self.hour_of[committed.uri] in self.wanted_hours
+                    and (hour, committed.uri) not in self.elsewhere
+                ):
+                    self.elsewhere.add((hour, committed.uri))
+                    self._emit("committed_elsewhere", hour, committed.uri)
+
+    def _finish(self) -> None:
+        left = self.sequencer.finish()
+        self._emit("counts", None, body=json.dumps(self.sequencer.counts))
+        if self.empty_text:
+            self._emit("empty_text", None, body=json.dumps(sorted(self.empty_text)))
+        self._emit("spellings", None, body=json.dumps(self.spellings))
+        # Documents of the run's hours whose transaction is still open: its end, if landed,
+        # lies in a later hour, which the driver reads too (to learn which hour commits them).
+        if any(self.hour_of[d.uri] in self.wanted_hours for d in left):
+            self._emit("pending_after", None)
+        if self._may_have_begun_earlier():
+            self._emit("opened_earlier", None)
+
+    def _may_have_begun_earlier(self) -> bool:
+        """A producer with no commit point before its ACK may have begun its transaction before
+        what was read. The driver reads earlier hours: once whenever no more than the context
+        hour was read before the run's hours (the producer may have been silent there in
+        mid-transaction), and again for as long as it wrote from the first hour read on, or had
+        nothing pending (a producer writes an ACK only to journals it wrote to in the transaction)."""
+        if not self.opened:
+            return False
+        earliest = min(r["hour"] for r in self.rows)
+        return (
+            self.blind
+            or earliest >= self.context_hour
+            or any(self.first_hour[p] == earliest for p in self.opened)
+        )
 
 
 @dataclasses.dataclass
