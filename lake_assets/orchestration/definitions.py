@@ -13,12 +13,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from lake_assets.config import LakeConfig, load_config
-from lake_assets.discovery import DISCOVER_HINT, feed_tables, first_hour, load_pins, pins_anything
+from lake_assets.config import FeedConfig, LakeConfig, load_config
+from lake_assets.discovery import DISCOVER_HINT, Pin, feed_tables, first_hour, load_pins, pins_anything
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
-from lake_assets.feeds.base import HOUR_KEY_FORMAT
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, build_table_assets
+from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets, build_table_assets
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
@@ -105,10 +105,10 @@ def code_location() -> dg.Definitions:
 def build_definitions(config: LakeConfig) -> dg.Definitions:
     """The definitions of a feed configuration (what the code location loads; tests build their
     own from a configuration of their own)."""
-    storage = config.storage()
-    pins = load_pins(config, storage)
+    pins = load_pins(config, config.storage())
     assets: list = []
-    sensors, jobs = [], []
+    sensors: list = []
+    jobs: list = []
     for feed in config.feeds:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pins[feed.name])
@@ -120,57 +120,16 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
             )
             continue
         if fmt.partitioning == "batch":
-            built = [
-                build_table_assets(
-                    feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t))
-                )
-                for t in tables
-            ]
-            for table_assets in built:
-                jobs.append(
-                    dg.define_asset_job(
-                        table_job_name(feed.name, table_assets.table),
-                        selection=dg.AssetSelection.assets(*table_assets.processed_keys),
-                        description=f"`{table_assets.table}` of the `{feed.name}` feed: changes, current and history.",
-                        tags={WHOLE_TABLE_RUN_TAG: "true"},
-                    )
-                )
-            if built:
-                sensors.append(build_batch_sensor(feed, fmt, built))
+            built = _batch_feed(feed, fmt, tables)
+            jobs.extend(_table_job(feed, table_assets) for table_assets in built)
+            sensors.append(build_batch_sensor(feed, fmt, built))
         else:
-            start = first_hour(feed, pins[feed.name])
-            # The hour under way is a partition too (`end_offset=1`): its files are read as they
-            # land, and a file landing later in the hour re-runs it like any late file.
-            partitions = dg.HourlyPartitionsDefinition(
-                start_date=dt.datetime.strptime(start, HOUR_KEY_FORMAT),
-                fmt=HOUR_KEY_FORMAT,
-                timezone="UTC",
-                end_offset=1,
-            )
-            built = [build_table_assets(feed, fmt, t, partitions) for t in tables]
-            if built:
-                sensors.append(build_landing_sensor(feed, fmt, built))
-                jobs.append(
-                    dg.define_asset_job(
-                        feed_job_name(feed.name),
-                        selection=dg.AssetSelection.assets(*[k for t in built for k in t.processed_keys]),
-                        description=f"Every table of the `{feed.name}` feed: changes, current and history.",
-                        tags={WHOLE_TABLE_RUN_TAG: "true"},
-                    )
-                )
-        for table_assets in built:
-            assets.extend(table_assets.definitions)
+            built = [build_table_assets(feed, fmt, t, _hours_of(feed, pins[feed.name])) for t in tables]
+            jobs.append(_feed_job(feed, built))
+            sensors.append(build_landing_sensor(feed, fmt, built))
+        assets.extend(definition for table_assets in built for definition in table_assets.definitions)
     if assets:
-        sensors.append(
-            dg.AutomationConditionSensorDefinition(
-                AUTOMATION_SENSOR,
-                target=dg.AssetSelection.all(),
-                default_status=dg.DefaultSensorStatus.RUNNING,
-                minimum_interval_seconds=min(f.sensor_interval_seconds for f in config.feeds),
-                description="Evaluates the assets' automation conditions: `changes`, `current` and "
-                "`history` follow their upstream partitions, including old hours.",
-            )
-        )
+        sensors.append(_automation_sensor(config))
     return dg.Definitions(
         assets=assets,
         sensors=sensors,
@@ -178,4 +137,56 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
         resources=resources_for(config),
         # One process per run: a SparkSession (and its JVM) per step would cost more than the work.
         executor=dg.in_process_executor,
+    )
+
+
+def _batch_feed(feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> list[TableAssets]:
+    """A batch feed's tables: each partitioned by its own batches (dynamic partitions)."""
+    return [
+        build_table_assets(
+            feed, fmt, t, dg.DynamicPartitionsDefinition(name=batch_partitions_name(feed.name, t))
+        )
+        for t in tables
+    ]
+
+
+def _hours_of(feed: FeedConfig, pin: Pin) -> dg.HourlyPartitionsDefinition:
+    """An hourly feed's partitions, from its first hour. The hour under way is a partition too
+    (`end_offset=1`): its files are read as they land, and a file landing later in the hour
+    re-runs it like any late file."""
+    return dg.HourlyPartitionsDefinition(
+        start_date=dt.datetime.strptime(first_hour(feed, pin), HOUR_KEY_FORMAT),
+        fmt=HOUR_KEY_FORMAT,
+        timezone="UTC",
+        end_offset=1,
+    )
+
+
+def _table_job(feed: FeedConfig, table_assets: TableAssets) -> dg.UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(
+        table_job_name(feed.name, table_assets.table),
+        selection=dg.AssetSelection.assets(*table_assets.processed_keys),
+        description=f"`{table_assets.table}` of the `{feed.name}` feed: changes, current and history.",
+        tags={WHOLE_TABLE_RUN_TAG: "true"},
+    )
+
+
+def _feed_job(feed: FeedConfig, built: list[TableAssets]) -> dg.UnresolvedAssetJobDefinition:
+    """One job over every table of an hourly feed (they share the feed's hours)."""
+    return dg.define_asset_job(
+        feed_job_name(feed.name),
+        selection=dg.AssetSelection.assets(*[k for t in built for k in t.processed_keys]),
+        description=f"Every table of the `{feed.name}` feed: changes, current and history.",
+        tags={WHOLE_TABLE_RUN_TAG: "true"},
+    )
+
+
+def _automation_sensor(config: LakeConfig) -> dg.AutomationConditionSensorDefinition:
+    return dg.AutomationConditionSensorDefinition(
+        AUTOMATION_SENSOR,
+        target=dg.AssetSelection.all(),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=min(f.sensor_interval_seconds for f in config.feeds),
+        description="Evaluates the assets' automation conditions: `changes`, `current` and "
+        "`history` follow their upstream partitions, including old hours.",
     )
