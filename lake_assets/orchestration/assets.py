@@ -348,12 +348,10 @@ def landing_check(ingested: pipeline.Ingested) -> dg.AssetCheckResult:
     )
 
 
-def state_asset(
-    table: AssetTable, changes: dg.AssetsDefinition, partitions_def: dg.PartitionsDefinition
-) -> dg.AssetsDefinition:
-    current_key, history_key = table.key("current"), table.key("history")
+def state_layers(table: AssetTable, changes: dg.AssetsDefinition) -> list[dg.AssetSpec]:
+    """`current` and `history`, both written by the fold of `changes`."""
 
-    def state_layer(key: dg.AssetKey, description: str) -> dg.AssetSpec:
+    def layer(key: dg.AssetKey, description: str) -> dg.AssetSpec:
         return dg.AssetSpec(
             key,
             deps=[changes.key],
@@ -363,50 +361,52 @@ def state_asset(
             description=description,
         )
 
+    return [
+        layer(
+            table.key("current"),
+            f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
+            "version by (version time, sequence); deleted keys are absent. Materialising a "
+            "partition folds that partition's change events in.",
+        ),
+        layer(
+            table.key("history"),
+            f"Every version of `{table.name}` (SCD type 2, Fivetran history mode): "
+            "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
+            "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
+            "under `active/`, closed ones under `closed/<end date>/`.",
+        ),
+    ]
+
+
+def state_checks(table: AssetTable) -> list[dg.AssetCheckSpec]:
+    """The fold's checks, blocking: a failed one holds back what depends on the table's state."""
+
+    def check(name: str, description: str) -> dg.AssetCheckSpec:
+        asset = table.key(checks.LAYER_OF_CHECK[name])
+        return dg.AssetCheckSpec(name, asset=asset, blocking=True, description=description)
+
+    return [
+        check(checks.CURRENT_UNIQUE_KEY, "One row per key in current."),
+        check(
+            checks.HISTORY_WINDOWS,
+            "Per key: at most one active version, no inverted or overlapping windows, each end = "
+            "next start − 1 ms or the delete time.",
+        ),
+        check(
+            checks.EVENTS_RECONCILE,
+            "Events folded = versions stored + identical duplicates + superseded writes of one version.",
+        ),
+    ]
+
+
+def state_asset(
+    table: AssetTable, changes: dg.AssetsDefinition, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
     @dg.multi_asset(
         name=identifier(table.feed.name, table.name, "state"),
         ins={"batch": dg.AssetIn(key=changes.key)},
-        specs=[
-            state_layer(
-                current_key,
-                (
-                    f"Live state of `{table.name}` (SCD type 1): one row per {table.key_columns}, the last "
-                    "version by (version time, sequence); deleted keys are absent. Materialising a "
-                    "partition folds that partition's change events in."
-                ),
-            ),
-            state_layer(
-                history_key,
-                (
-                    f"Every version of `{table.name}` (SCD type 2, Fivetran history mode): "
-                    "`_fivetran_start`, `_fivetran_end` (next start − 1 ms, the delete time, or "
-                    "9999-12-31 23:59:59.999), `_fivetran_active`, `_fivetran_synced`. Open versions "
-                    "under `active/`, closed ones under `closed/<end date>/`."
-                ),
-            ),
-        ],
-        check_specs=[
-            dg.AssetCheckSpec(
-                checks.CURRENT_UNIQUE_KEY,
-                asset=current_key,
-                blocking=True,
-                description="One row per key in current.",
-            ),
-            dg.AssetCheckSpec(
-                checks.HISTORY_WINDOWS,
-                asset=history_key,
-                blocking=True,
-                description="Per key: at most one active version, no inverted or overlapping "
-                "windows, each end = next start − 1 ms or the delete time.",
-            ),
-            dg.AssetCheckSpec(
-                checks.EVENTS_RECONCILE,
-                asset=history_key,
-                blocking=True,
-                description="Events folded = versions stored + identical duplicates + "
-                "superseded writes of one version.",
-            ),
-        ],
+        specs=state_layers(table, changes),
+        check_specs=state_checks(table),
         partitions_def=partitions_def,
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=table.pool,
