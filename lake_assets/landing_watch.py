@@ -234,6 +234,11 @@ def scan_batches(
     )
     found: list[NewFiles] = []
     last, open_files = cursor.last, list(cursor.open_files)
+    if cursor.last is not None and cursor.last not in files and cursor.open_files:
+        # The open batch lost every file: on S3 its folder goes with its last object.
+        _, removed = _compared({}, cursor.open_files)
+        found.append(NewFiles(table, cursor.last, (), (), removed))
+        open_files = []
     for key, entries in files.items():
         # By URI, not name: a batch may hold one name twice (GRAX `object=Account` and
         # `object=ACCOUNT` folders), and the second copy landing late is still new.
@@ -249,9 +254,9 @@ def scan_batches(
 
 
 def _batch_file_version(entry: Entry) -> str:
-    """A batch's file as the sensor remembers it: `landed_version` by its URI (a batch spans
-    object folders whose names differ only in case)."""
-    return landed_version(dataclasses.replace(entry, name=entry.uri))
+    """A batch's file as the sensor remembers it: `landed_version` with its object folder (a
+    batch spans object folders whose names differ only in case), `object=…/batch=…/<name>`."""
+    return landed_version(dataclasses.replace(entry, name="/".join(entry.uri.rsplit("/", 3)[1:])))
 
 
 # --- files no partition reads --------------------------------------------------------------------

@@ -729,12 +729,6 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
         )
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
-    if report.purges_waiting:
-        log.warning(
-            f"{work.feed.name}/{work.table}: purges met by a change-log write wait for a fold: the change "
-            "log has no partition left to shape one; their keys stay erased in changes, and the next "
-            "fold records them and erases them from current and history"
-        )
     return report
 
 

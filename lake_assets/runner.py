@@ -276,7 +276,17 @@ def _changed_partitions(
         ).items()
         if within(partition)
     }
-    changes, _ = pending_partitions(storage, layout, fmt, feed.landing, feed.name, table, keys, notes, within)
+    changes, _ = pending_partitions(
+        storage,
+        layout,
+        fmt,
+        landing=feed.landing,
+        feed=feed.name,
+        table=table,
+        keys=keys,
+        notes=notes,
+        within=within,
+    )
     _name_changes(feed.name, table, changes, say)
     chosen = {change.partition for change in changes}
     unreported = (

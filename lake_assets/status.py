@@ -115,7 +115,10 @@ def table_status(
     if notes is not None:
         keys = fmt.partition_keys(storage, landing, table)
         found = known(
-            lambda: pending_partitions(storage, layout, fmt, landing, feed, table, keys, notes), None
+            lambda: pending_partitions(
+                storage, layout, fmt, landing=landing, feed=feed, table=table, keys=keys, notes=notes
+            ),
+            None,
         )
         if found is not None:
             changes, landed = found
@@ -147,6 +150,7 @@ def pending_partitions(
     storage: Storage,
     layout: LakeLayout,
     fmt: FeedFormat,
+    *,
     landing: str,
     feed: str,
     table: str,

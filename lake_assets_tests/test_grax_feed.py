@@ -5,6 +5,7 @@ input, batch discovery, and the same graph on S3."""
 import datetime as dt
 import json
 import os
+import shutil
 from pathlib import Path
 
 import boto3
@@ -729,6 +730,12 @@ def test_the_batch_scan_sees_a_file_of_the_open_batch_rewritten_or_removed(tmp_p
     # A cursor saved when the scan remembered names alone: what it names counts as seen.
     old = BatchCursor(last="00000000a", open_files=["data-00000000002.parquet"])
     assert scan_batches(CountingStorage(), fmt, uri, table, old)[0] == []
+
+    # The batch's last file taken back: on S3 its folder goes with it.
+    shutil.rmtree(first.parent)
+    gone, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names, len(f.removed)) for f in gone] == [("00000000a", (), 1)]
+    assert scan_batches(CountingStorage(), fmt, uri, table, cursor)[0] == []
 
 
 def test_a_typed_copy_that_changes_type_between_batches_keeps_the_table_going(spark, tmp_path):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets import lake_io
 from lake_assets.engine import merge, purges
@@ -30,7 +31,7 @@ from lake_assets.engine.checks import VersionSet
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
 from lake_assets.engine.names import col
 from lake_assets.engine.run_values import with_run_values
-from lake_assets.engine.schema import union_all
+from lake_assets.engine.schema import system_fields, union_all
 from lake_assets.engine.state import (
     CommitPlan,
     Removing,
@@ -86,8 +87,6 @@ class FoldReport:
     batch_versions: VersionSet | None = None
     #: the table held no rows, open or closed, and no purged keys before the fold
     into_empty: bool = False
-    #: purges a change-log write met (`purges.seen`) left to the next fold: no change log to shape this one
-    purges_waiting: bool = False
     #: closed days whose hour slices the fold merged (they had settled: the fold does not reach them)
     days_compacted: list[str] = dataclasses.field(default_factory=list)
     #: table files the fold's commit put in place (current, history; not the engine's own state)
@@ -157,18 +156,18 @@ def fold(
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
+    synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
     # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
     seen_files = purges.seen_files(storage, state)
+    seen = purges.seen(spark, storage, state, keys, seen_files)
     if batch is None or _nothing_to_fold(batch, spec):
-        # With purges waiting, a fold without events still applies them, shaped by the change log.
-        batch = no_events(spark, storage, state, spec, log_column) if seen_files else None
-        if batch is None:
-            report.purges_waiting = bool(seen_files)
+        if seen is None:
             return report
-    synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
+        # A fold without events still records and applies them: the change log may hold nothing
+        # else that would (the purge's own batch gone from the landing, nothing new landed).
+        batch = _without_events(spark, seen, log_column)
     ledger = purges.ledger(spark, storage, state, keys)
     recorded = ledger.select(*keys) if ledger is not None else None
-    seen = purges.seen(spark, storage, state, keys, seen_files)
     purged_before = purges.either(keys, [recorded, seen])
     with lake_io.released_after([]) as cached:
         # Keys seen purged only (no ledger yet) are few and joined cheaply: as in a first backfill
@@ -181,7 +180,7 @@ def fold(
         _report_counts(report, totals)
         # Keys seen purged keep their versions: the stored rows are still the batch's versions.
         report.into_empty = open_set.rows is None and ledger is None and not _any_closed_days(storage, state)
-        if report.events_in == 0 and not seen_files:
+        if report.events_in == 0 and seen is None:
             return report
         report.newly_purged, purged = purged_now(spark, events, recorded, keys, totals["purge_markers"], seen)
         rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
@@ -211,21 +210,13 @@ def fold(
     return report
 
 
-def no_events(
-    spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, log_column: str | None
-) -> DataFrame | None:
-    """A batch without events, with the columns of the change log's newest partition (None
-    without a change log): what a fold that only applies waiting purges folds."""
-    if log_column is None:
-        return None
-    partitions = lake_io.existing_partitions(storage, state.changes, log_column)
-    if not partitions:
-        return None
-    newest = max(partitions)
-    stored = lake_io.read_drifting(
-        spark, storage, [partitions[newest]], base_path=state.changes, table=spec.name, keys=spec.keys
-    )
-    return stored.limit(0)
+def _without_events(spark: SparkSession, seen: DataFrame, log_column: str | None) -> DataFrame:
+    """A batch without events: the seen keys' columns, typed as they were written, and the change
+    model's (and the change log's partition column)."""
+    fields = [*seen.schema.fields, *system_fields(ingested_at=False)]
+    if log_column is not None:
+        fields.append(T.StructField(log_column, T.StringType()))
+    return spark.createDataFrame([], T.StructType(fields))
 
 
 def _nothing_to_fold(batch: DataFrame, spec: m.TableSpec) -> bool:

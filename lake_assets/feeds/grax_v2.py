@@ -450,8 +450,10 @@ class _LandedRows:
         return payload
 
     def invalid_reason(self, version_at: Column, seq: Column) -> Column:
-        """Why a row cannot be an event (NULL for a valid row); a later reason in the list below
-        replaces an earlier one."""
+        """Why a row cannot be an event (NULL for a valid row). Of the required fields, the first
+        missing one is named (or a version time outside history); a delete time outside history
+        only when none of that was found; a marker that is no time, a typed copy that is not its
+        type, and an epoch of unknown unit each replace what was found before them, in that order."""
         reason = (
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
@@ -479,6 +481,7 @@ class _LandedRows:
         ]
 
     def _copies_not_their_type(self) -> list[tuple[Column, Column]]:
+        """Typed copies holding a value their type cannot keep unchanged (`_typed_copy`)."""
         found = []
         for column, suffix in sorted((c, s) for group in self.copies.values() for s, c in group.items()):
             copy = _typed_copy(self.raw, column, suffix)

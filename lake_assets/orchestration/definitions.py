@@ -120,11 +120,12 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
             )
             continue
         if fmt.partitioning == "batch":
-            built = _batch_feed(feed, fmt, tables)
+            built = _batch_tables(feed, fmt, tables)
             jobs.extend(_table_job(feed, table_assets) for table_assets in built)
             sensors.append(build_batch_sensor(feed, fmt, built))
         else:
-            built = [build_table_assets(feed, fmt, t, _hours_of(feed, pins[feed.name])) for t in tables]
+            hours = _hours_of(feed, pins[feed.name])  # one definition: the feed job spans every table
+            built = [build_table_assets(feed, fmt, t, hours) for t in tables]
             jobs.append(_feed_job(feed, built))
             sensors.append(build_landing_sensor(feed, fmt, built))
         assets.extend(definition for table_assets in built for definition in table_assets.definitions)
@@ -140,7 +141,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     )
 
 
-def _batch_feed(feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> list[TableAssets]:
+def _batch_tables(feed: FeedConfig, fmt: FeedFormat, tables: list[str]) -> list[TableAssets]:
     """A batch feed's tables: each partitioned by its own batches (dynamic partitions)."""
     return [
         build_table_assets(

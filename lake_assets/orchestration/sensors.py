@@ -246,7 +246,7 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
             "batch",
             f"Watches {feed.landing} for new batches of every object: registers them as partitions "
             "and requests one run per table over the new batches, and again for the open "
-            "(greatest) batch when it gains files.",
+            "(greatest) batch when it gains, rewrites or loses files.",
         )
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
