@@ -376,3 +376,33 @@ def test_a_decimal_whose_precision_grows_between_folds_widens_and_keeps_every_va
         ("b", decimal.Decimal("7.0000")),
     ]
     assert spark.read.parquet(lake.state.current).schema["amount"].dataType == T.DecimalType(24, 4)
+
+
+def test_a_purges_only_fold_keeps_the_state_types_whatever_the_change_log_drifted_to(spark, tmp_path):
+    """A fold without events applies the purges a change-log write met (`purges.seen`). Its empty
+    batch has the seen keys' shape: a later `changes` partition never folded (its `c2` drifted to
+    boolean) does not widen current's `c2` to text."""
+    created = [
+        {"id": "p", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 1, "c1": "secret", "c2": 1},
+        {"id": "q", "op": "insert", "version_at": utc(2024, 1, 1), "seq": 2, "c1": "keep", "c2": 2},
+    ]
+    lake = EngineLake(spark, tmp_path)
+    h1 = spark.createDataFrame([as_row(e) for e in created], SCHEMA).withColumn("hour", F.lit("h1"))
+    lake_io.write_partitions(h1, lake.storage, lake.state.changes, "hour", ["h1"])
+    lake.fold(created, log_column="hour")
+    later = {"id": "r", "op": "insert", "version_at": utc(2024, 1, 2), "seq": 3, "c1": "x"}
+    h2 = (
+        spark.createDataFrame([as_row(later)], SCHEMA)
+        .drop("c2")
+        .withColumn("c2", F.lit(True))
+        .withColumn("hour", F.lit("h2"))
+    )
+    lake_io.write_partitions(h2, lake.storage, lake.state.changes, "hour", ["h2"])
+    purges._remember_seen(lake.storage, lake.state, spark.createDataFrame([("p",)], "id string"))
+
+    report = fold(spark, lake.storage, lake.state, None, lake.spec, log_column="hour")
+
+    assert report.events_in == 0 and report.newly_purged == [("p",)]
+    assert spark.read.parquet(lake.state.current).schema["c2"].dataType == T.LongType()
+    assert sorted((r["id"], r["c1"], r["c2"]) for r in lake.current()) == [("p", None, None), ("q", "keep", 2)]
+    assert not purges.seen_files(lake.storage, lake.state)
