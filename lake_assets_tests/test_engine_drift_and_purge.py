@@ -404,5 +404,8 @@ def test_a_purges_only_fold_keeps_the_state_types_whatever_the_change_log_drifte
 
     assert report.events_in == 0 and report.newly_purged == [("p",)]
     assert spark.read.parquet(lake.state.current).schema["c2"].dataType == T.LongType()
-    assert sorted((r["id"], r["c1"], r["c2"]) for r in lake.current()) == [("p", None, None), ("q", "keep", 2)]
+    assert sorted((r["id"], r["c1"], r["c2"]) for r in lake.current()) == [
+        ("p", None, None),
+        ("q", "keep", 2),
+    ]
     assert not purges.seen_files(lake.storage, lake.state)
