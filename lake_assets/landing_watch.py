@@ -234,11 +234,13 @@ def scan_batches(
     )
     found: list[NewFiles] = []
     last, open_files = cursor.last, list(cursor.open_files)
-    if cursor.last is not None and cursor.last not in files and cursor.open_files:
+    if cursor.last is not None and cursor.last not in files:
         # The open batch lost every file: on S3 its folder goes with its last object.
-        _, removed = _compared({}, cursor.open_files)
-        found.append(NewFiles(table, cursor.last, (), (), removed))
-        open_files = []
+        if cursor.open_files:
+            _, removed = _compared({}, cursor.open_files)
+            found.append(NewFiles(table, cursor.last, (), (), removed))
+        # Unless a newer batch landed, the one before it is open again: files landing there count.
+        last, open_files = _open_batch_before(storage, fmt, landing, table, cursor.last)
     for key, entries in files.items():
         # By URI, not name: a batch may hold one name twice (GRAX `object=Account` and
         # `object=ACCOUNT` folders), and the second copy landing late is still new.
@@ -251,6 +253,22 @@ def scan_batches(
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         last, open_files = key, sorted(versions)
     return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)
+
+
+def _open_batch_before(
+    storage: Storage, fmt: FeedFormat, landing: str, table: str, gone: str
+) -> tuple[str | None, list[str]]:
+    """The greatest batch before `gone` and its files as seen now (none: no batch, no files)."""
+    earlier = [
+        k
+        for k in fmt.partition_keys(storage, landing, table)
+        if fmt.partition_order(k) < fmt.partition_order(gone)
+    ]
+    if not earlier:
+        return None, []
+    newest = max(earlier, key=fmt.partition_order)
+    entries = fmt.partitions_files(storage, landing, table, [newest]).get(newest, [])
+    return newest, sorted(_batch_file_version(entry) for entry in entries)
 
 
 def _batch_file_version(entry: Entry) -> str:

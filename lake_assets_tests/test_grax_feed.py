@@ -731,11 +731,17 @@ def test_the_batch_scan_sees_a_file_of_the_open_batch_rewritten_or_removed(tmp_p
     old = BatchCursor(last="00000000a", open_files=["data-00000000002.parquet"])
     assert scan_batches(CountingStorage(), fmt, uri, table, old)[0] == []
 
-    # The batch's last file taken back: on S3 its folder goes with it.
+    # The batch's last file taken back: on S3 its folder goes with it. The batch before is the
+    # open one again, and a file landing there later is seen.
+    write_file(landing, "Account", "000000009", "data-00000000009.parquet", row)
     shutil.rmtree(first.parent)
     gone, cursor = scan_batches(CountingStorage(), fmt, uri, table, cursor)
     assert [(f.partition, f.new_names, len(f.removed)) for f in gone] == [("00000000a", (), 1)]
+    assert cursor.last == "000000009"
     assert scan_batches(CountingStorage(), fmt, uri, table, cursor)[0] == []
+    write_file(landing, "Account", "000000009", "data-0000000000a.parquet", row)
+    landed, _ = scan_batches(CountingStorage(), fmt, uri, table, cursor)
+    assert [(f.partition, f.new_names) for f in landed] == [("000000009", ("data-0000000000a.parquet",))]
 
 
 def test_a_typed_copy_that_changes_type_between_batches_keeps_the_table_going(spark, tmp_path):
