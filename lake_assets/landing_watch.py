@@ -242,8 +242,8 @@ def scan_batches(
         # Unless a newer batch landed, the one before it is open again: files landing there count.
         last, open_files = _open_batch_before(storage, fmt, landing, table, cursor.last)
     for key, entries in files.items():
-        # By URI, not name: a batch may hold one name twice (GRAX `object=Account` and
-        # `object=ACCOUNT` folders), and the second copy landing late is still new.
+        # Each file with its object folder, not by name alone: a batch may hold one name twice
+        # (GRAX `object=Account` and `object=ACCOUNT` folders), and a copy landing late is new.
         versions = {_batch_file_version(entry): entry.name for entry in entries}
         if key == cursor.last:  # the open batch: its files may also be rewritten or removed
             fresh, removed = _compared(versions, cursor.open_files)
