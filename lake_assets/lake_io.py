@@ -6,6 +6,7 @@ Pure Spark + storage logic (no Dagster), used by the IO manager and the state as
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -443,26 +444,82 @@ def erase_keys_in_partitions(
     the `purged` keys (a frame of key columns) that still carry field data or lack the purge
     marker, with those keys erased (`merge.erase_keys`); returns those partitions. The caller
     puts them in place of the originals in its commit. Used for purges, which must leave no field
-    data behind."""
-    log = read_partitions(spark, storage, table_uri, column, None, tuple(keys))
-    if log is None:
-        return []
-    payload = m.payload_columns(log.columns, keys)
-    not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
-    for name in payload:
-        not_erased = not_erased | col(name).isNotNull()
-    held = log.join(F.broadcast(merge.keys_typed_as(purged, log, keys).distinct()), keys, "left_semi").where(
-        not_erased
+    data behind.
+
+    Partitions are read and written in groups of equal schema: a log whose types drifted (even
+    apart beyond widening, a struct here and a number there) is erased without a clash, and each
+    partition keeps the types it was written with."""
+    erasure = _LogErasure(spark, storage, table_uri, column, keys, purged)
+    erased: list[str] = []
+    for group in _partitions_by_schema(storage, existing_partitions(storage, table_uri, column)):
+        hit = erasure.partitions_holding(group)
+        if hit:
+            erasure.write(hit, staging)
+            erased += hit
+    return sorted(erased)
+
+
+def _partitions_by_schema(storage: Storage, present: dict[str, str]) -> list[list[str]]:
+    """The partition values of `present` (value -> folder), grouped by the schemas of their files
+    (nullability aside), each group in value order."""
+    values = sorted(present)
+    files = dict(
+        zip(values, each_file(lambda value: parquet_files(storage, present[value]), values), strict=True)
     )
-    hit = sorted(r[column] for r in held.select(column).distinct().collect())
-    if not hit:
-        return []
-    held_partitions = read_partitions(spark, storage, table_uri, column, hit, tuple(keys))
-    if held_partitions is None:  # the partitions just read are gone: nothing left to erase
-        return []
-    erased = merge.erase_keys(held_partitions, keys, purged)
-    options = without_dictionary(c for c in (*keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
-    erased.repartition(F.col(column)).write.options(**options).mode("overwrite").partitionBy(column).parquet(
-        staging
+    every = [uri for value in values for uri in files[value]]
+    signatures = dict(
+        zip(every, each_file(lambda uri: _schema_signature(footer(storage, uri)), every), strict=True)
     )
-    return hit
+    groups: dict[frozenset[str], list[str]] = {}
+    for value in values:
+        groups.setdefault(frozenset(signatures[uri] for uri in files[value]), []).append(value)
+    return list(groups.values())
+
+
+def _schema_signature(meta: pq.FileMetaData) -> str:
+    """A file's schema as text: the one Spark wrote (nullability aside), else Parquet's own."""
+    written = _nullable((meta.metadata or {}).get(SPARK_SCHEMA_KEY))
+    return (
+        written.decode() if written else meta.schema.to_arrow_schema().to_string(show_schema_metadata=False)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _LogErasure:
+    """The erasure of the `purged` keys (a frame of key columns) from a log partitioned by `column`."""
+
+    spark: SparkSession
+    storage: Storage
+    table_uri: str
+    column: str
+    keys: list[str]
+    purged: DataFrame
+
+    def _read(self, values: list[str]) -> DataFrame | None:
+        return read_partitions(
+            self.spark, self.storage, self.table_uri, self.column, values, tuple(self.keys)
+        )
+
+    def partitions_holding(self, values: list[str]) -> list[str]:
+        """Those of the partitions `values` holding rows of the purged keys that still carry
+        field data or lack the purge marker."""
+        log = self._read(values)
+        if log is None:
+            return []
+        not_erased = ~F.coalesce(F.col(m.PURGED), F.lit(False)) if m.PURGED in log.columns else F.lit(True)
+        for name in m.payload_columns(log.columns, self.keys):
+            not_erased = not_erased | col(name).isNotNull()
+        purged = F.broadcast(merge.keys_typed_as(self.purged, log, self.keys).distinct())
+        held = log.join(purged, self.keys, "left_semi").where(not_erased)
+        return sorted(r[self.column] for r in held.select(self.column).distinct().collect())
+
+    def write(self, values: list[str], staging: str) -> None:
+        """Add to `staging` the partitions `values` with the purged keys erased."""
+        held = self._read(values)
+        if held is None:  # the partitions just read are gone: nothing left to erase
+            return
+        erased = merge.erase_keys(held, self.keys, self.purged)
+        options = without_dictionary(c for c in (*self.keys, *m.PER_EVENT_COLUMNS) if c in erased.columns)
+        # append: each group of partitions adds its own folders to the fold's fresh staging folder
+        writer = erased.repartition(F.col(self.column)).write.options(**options).mode("append")
+        writer.partitionBy(self.column).parquet(staging)

@@ -14,7 +14,7 @@ from lake_assets.engine import merge, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import fold
 from lake_assets.engine.schema import union_all, widen
-from lake_assets.engine.state import CommitPlan
+from lake_assets.engine.state import CommitPlan, parquet_files
 from lake_assets.errors import SchemaClash
 from lake_assets.storage import Storage, read_lake_json
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
@@ -230,6 +230,47 @@ def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key
         .count()
     )
     assert unchanged == 2  # staged only: the caller's commit puts them in place
+
+
+def _parquet_type(storage, folder, column):
+    """The Parquet (arrow) type of `column` in the files of `folder`, one per file."""
+    return {
+        str(lake_io.footer(storage, uri).schema.to_arrow_schema().field(column).type)
+        for uri in parquet_files(storage, folder)
+    }
+
+
+def test_a_purge_erasure_keeps_each_partition_s_own_column_types_even_where_they_cannot_be_widened(
+    spark, tmp_path
+):
+    """Partitions whose types drifted apart, even beyond widening (a struct in one, a number in
+    another), are erased each with the types it was written with: a purge neither fails on the
+    clash nor rewrites a partition's columns into another partition's types."""
+    storage = Storage()
+    table = f"file://{tmp_path}/changes/test/things"
+    layouts = {
+        "h1": ("c1 struct<a: int>", [("p", (1,)), ("q", (2,))]),
+        "h2": ("c1 bigint", [("p", 2**40), ("q", 3)]),
+        "h3": ("c1 int", [("p", 4), ("q", 5)]),
+        "h4": ("c1 int", [("q", 6)]),
+    }
+    for hour, (column, rows) in layouts.items():
+        frame = spark.createDataFrame(rows, f"id string, {column}").select(
+            "id", "c1", F.lit(False).alias(m.PURGED), F.lit(hour).alias("hour")
+        )
+        lake_io.write_partitions(frame, storage, table, "hour", [hour])
+    staging = f"file://{tmp_path}/staging"
+    purged = spark.createDataFrame([("p",)], "id string")
+    erased = lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], purged, staging)
+    assert erased == ["h1", "h2", "h3"]
+    types = {hour: _parquet_type(storage, f"{staging}/hour={hour}", "c1") for hour in erased}
+    assert types == {"h1": {"struct<a: int32>"}, "h2": {"int64"}, "h3": {"int32"}}
+    for hour in erased:
+        rows = spark.read.parquet(f"{staging}/hour={hour}").select("id", "c1", m.PURGED).collect()
+        assert sorted((r["id"], r["c1"] is None, r[m.PURGED]) for r in rows) == [
+            ("p", True, True),
+            ("q", False, False),
+        ]
 
 
 class Crash(Exception):
