@@ -202,13 +202,15 @@ def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(
 
 
 def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
-    """A ranged run that wrote every layer must not make the automation re-run its older hours.
+    """A ranged run that wrote every layer must not make the automation re-run its older hours;
+    a ranged run killed after its upstream step has every one of its hours re-run downstream.
 
     The automation tick may see the upstream layer's materialisations before the downstream
     ones of the same run; only the run tag tells them apart from an update made elsewhere.
     """
     hours = dg.HourlyPartitionsDefinition(start_date="2024-03-01-00:00", end_date="2024-03-01-04:00")
     single_run = dg.BackfillPolicy.single_run()
+    downstream_fails = False
 
     @dg.asset(partitions_def=hours, backfill_policy=single_run)
     def upstream() -> None:
@@ -221,7 +223,8 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
         automation_condition=follow_upstream(),
     )
     def downstream() -> None:
-        pass
+        if downstream_fails:
+            raise RuntimeError("killed")
 
     instance = dg.DagsterInstance.ephemeral()
     # Dagster reads "new" updates after the previous tick's last event: give that tick one.
@@ -250,6 +253,23 @@ def test_downstream_layers_follow_outside_updates_but_not_whole_table_runs():
     run_upstream("2024-03-01-01:00", "2024-03-01-02:00", {})
     after_outside_update, cursor = requested(cursor)
     assert after_outside_update == {"2024-03-01-01:00", "2024-03-01-02:00"}
+
+    def run_both(first: str, last: str) -> bool:
+        return dg.materialize(
+            [upstream, downstream],
+            instance=instance,
+            tags={RANGE_START_TAG: first, RANGE_END_TAG: last},
+            raise_on_error=False,
+        ).success
+
+    assert run_both("2024-03-01-00:00", "2024-03-01-02:00")
+    after_run_of_both, cursor = requested(cursor)
+    assert after_run_of_both == set()
+
+    downstream_fails = True
+    assert not run_both("2024-03-01-00:00", "2024-03-01-02:00")
+    after_killed_run, cursor = requested(cursor)
+    assert after_killed_run == {"2024-03-01-00:00", "2024-03-01-01:00", "2024-03-01-02:00"}
 
 
 def test_a_table_whose_landing_cannot_be_scanned_stops_no_other_tables_runs(tmp_path, monkeypatch, capfd):
