@@ -287,12 +287,28 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lake-assets", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="process what landed since the last run for the configured feeds")
-    run.add_argument("--config", required=True, help="feed configuration YAML")
-    run.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+def _shared_options() -> dict[str, argparse.ArgumentParser]:
+    """The options several commands take, each defined once (argparse parents)."""
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument("--config", required=True, help="feed configuration YAML")
+    lake = argparse.ArgumentParser(add_help=False)
+    lake.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show Dagster's and Spark's output instead of logging it to a file",
+    )
+    return {"config": config, "lake": lake, "verbose": verbose}
+
+
+def _add_run(sub, shared: dict[str, argparse.ArgumentParser]) -> None:
+    run = sub.add_parser(
+        "run",
+        parents=[shared["config"], shared["lake"], shared["verbose"]],
+        help="process what landed since the last run for the configured feeds",
+    )
     run.add_argument(
         "--all",
         action="store_true",
@@ -307,32 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--to", dest="last", type=_partition_key, help="process every landed partition up to this one"
     )
-    run.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="show Dagster's and Spark's output instead of logging it to a file",
-    )
     run.set_defaults(func=cmd_run)
-    status = sub.add_parser(
-        "status", help="per table: last processed partition, what waits, quarantined files, rows, last run"
+
+
+def _add_demo(sub, shared: dict[str, argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser(
+        "demo",
+        parents=[shared["verbose"]],
+        help="generate sample vendor files and process them on a local lake",
     )
-    status.add_argument("--config", required=True, help="feed configuration YAML")
-    status.add_argument("--json", action="store_true", help="print the status as JSON")
-    status.set_defaults(func=cmd_status)
-    pin = sub.add_parser("discover", help="list the landings and pin their tables and first hour in the lake")
-    pin.add_argument("--config", required=True, help="feed configuration YAML")
-    pin.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
-    pin.set_defaults(func=cmd_discover)
-    demo = sub.add_parser("demo", help="generate sample vendor files and process them on a local lake")
     demo.add_argument(
         "--dir", default=str(DEFAULT_DEMO_DIR), help="where landing, lake and config go (.demo)"
-    )
-    demo.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="show Dagster's and Spark's output instead of logging it to a file",
     )
     where = demo.add_mutually_exclusive_group()
     where.add_argument(
@@ -351,21 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         help="an extra Spark setting (repeatable), e.g. spark.pyspark.python=/path/to/python",
     )
     demo.set_defaults(func=cmd_demo)
-    rebuild = sub.add_parser(
-        "rebuild",
-        help="forget one table (its purge ledger kept) so that the next run rebuilds it from its landing",
-    )
-    rebuild.add_argument("--config", required=True, help="feed configuration YAML")
-    rebuild.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
-    rebuild.add_argument(
-        "--table", required=True, help="feed/table, e.g. unit/accounts or grax/00Dxx/account"
-    )
-    rebuild.set_defaults(func=cmd_rebuild)
+
+
+def _add_catalog(sub, shared: dict[str, argparse.ArgumentParser]) -> None:
     catalog = sub.add_parser("catalog", help="the file catalog").add_subparsers(
         dest="catalog_command", required=True
     )
-    query = catalog.add_parser("query", help="files of a table by time range or by work id (run)")
-    query.add_argument("--config", required=True, help="feed configuration YAML")
+    query = catalog.add_parser(
+        "query", parents=[shared["config"]], help="files of a table by time range or by work id (run)"
+    )
     query.add_argument("--what", required=True, help="table, e.g. accounts or 00Dxx/account")
     query.add_argument("--where", help="feed instance, e.g. unit")
     query.add_argument("--start", type=_moment_ms, help="ISO time or epoch ms")
@@ -373,6 +368,36 @@ def main(argv: list[str] | None = None) -> int:
     query.add_argument("--work-id", help="the Dagster run id that read or wrote the files")
     query.add_argument("--json", action="store_true", help="print the records as JSON")
     query.set_defaults(func=cmd_catalog_query)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lake-assets", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    shared = _shared_options()
+    _add_run(sub, shared)
+    status = sub.add_parser(
+        "status",
+        parents=[shared["config"]],
+        help="per table: last processed partition, what waits, quarantined files, rows, last run",
+    )
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(func=cmd_status)
+    sub.add_parser(
+        "discover",
+        parents=[shared["config"], shared["lake"]],
+        help="list the landings and pin their tables and first hour in the lake",
+    ).set_defaults(func=cmd_discover)
+    _add_demo(sub, shared)
+    rebuild = sub.add_parser(
+        "rebuild",
+        parents=[shared["config"], shared["lake"]],
+        help="forget one table (its purge ledger kept) so that the next run rebuilds it from its landing",
+    )
+    rebuild.add_argument(
+        "--table", required=True, help="feed/table, e.g. unit/accounts or grax/00Dxx/account"
+    )
+    rebuild.set_defaults(func=cmd_rebuild)
+    _add_catalog(sub, shared)
     config = sub.add_parser("config", help="the feed configuration").add_subparsers(
         dest="config_command", required=True
     )
@@ -381,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("file", help="feed configuration YAML")
     check.set_defaults(func=cmd_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     reversed_range = _reversed_range(args)
     if reversed_range:
