@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lake_assets import lake_io
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
@@ -394,11 +395,15 @@ def _readable_group(
         return _read_group(spark, fmt, files.partitions(uris), schema)
     except SPARK_ERRORS as exc:
         failure = exc
+    if lake_io.is_request_failure(failure):
+        raise failure
     unopened = {}
     for uri in uris:
         try:
             _read_group(spark, fmt, files.partitions([uri]), schema)
         except SPARK_ERRORS as exc:
+            if lake_io.is_request_failure(exc):
+                raise
             unopened[uri] = (
                 f"Spark could not open the file ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
             )
@@ -475,6 +480,8 @@ def _unreadable_in_spark(
         try:
             _read_in_full(spark, fmt, table, files, [uri])
         except SPARK_ERRORS as exc:
+            if lake_io.is_request_failure(exc):
+                raise
             bad[uri] = (
                 f"Spark could not read the file's data ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
             )
@@ -494,7 +501,9 @@ def _reads_in_spark(
 ) -> bool:
     try:
         _read_in_full(spark, fmt, table, files, uris)
-    except SPARK_ERRORS:
+    except SPARK_ERRORS as exc:
+        if lake_io.is_request_failure(exc):
+            raise
         return False
     return True
 
@@ -673,6 +682,8 @@ def _read_collapsed(
     try:
         return events, collapse_counted(events, fmt.table_spec(table))
     except SPARK_ERRORS as failure:
+        if lake_io.is_request_failure(failure):
+            raise
         failing = _failing_together(spark, fmt, table, files)
         suspects = [uri for uris in failing.values() for uri in uris] if failing else list(files.signature_of)
         damaged = _unreadable_in_spark(spark, fmt, table, files, suspects)

@@ -46,17 +46,23 @@ def error_conditions(error: BaseException) -> set[str]:
     PySpark does not convert (a `SparkException`, such as a failed schema merge) reaches Python
     as py4j's, and its JVM chain of causes is asked."""
     conditions = set()
-    seen: BaseException | None = error
-    visited = set()
-    while seen is not None and id(seen) not in visited:
-        visited.add(id(seen))
+    for seen in _python_chain(error):
         condition = seen.getCondition() if isinstance(seen, PySparkException) else None
         if condition:
             conditions.add(condition)
         if isinstance(seen, Py4JJavaError):
             conditions |= _jvm_conditions(seen.java_exception)
-        seen = seen.__cause__ or seen.__context__
     return conditions
+
+
+def _python_chain(error: BaseException) -> Iterator[BaseException]:
+    """The error and the errors behind it (`__cause__`, else `__context__`), each once."""
+    seen: BaseException | None = error
+    visited = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        yield seen
+        seen = seen.__cause__ or seen.__context__
 
 
 def _jvm_conditions(throwable) -> set[str]:
@@ -70,6 +76,43 @@ def _jvm_conditions(throwable) -> set[str]:
             conditions.add(condition)
         throwable = throwable.getCause()
     return conditions
+
+
+#: What Spark's file connectors raise when the request fails rather than the file: the
+#: credentials, the network, the store's throttling or its 5xx. Such a failure says nothing of
+#: the file and may pass: it is raised (the step fails, to be retried), never a reason to set a
+#: file aside. (A file the store refuses for good is found before Spark reads it: `Storage.refusal_to_read`.)
+_REQUEST_FAILURES = (
+    "java.nio.file.AccessDeniedException",
+    "org.apache.hadoop.fs.s3a.CredentialInitializationException",
+    "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException",
+    "org.apache.hadoop.fs.s3a.AWSClientIOException",
+    "org.apache.hadoop.fs.s3a.AWSServiceThrottledException",
+    "org.apache.hadoop.fs.s3a.AWSStatus500Exception",
+    "org.apache.hadoop.fs.s3a.AWSServiceIOException",
+    "org.apache.hadoop.net.ConnectTimeoutException",
+    "java.net.SocketTimeoutException",
+    "java.net.ConnectException",
+    "java.net.UnknownHostException",
+)
+
+
+def is_request_failure(error: BaseException) -> bool:
+    """Whether an error from Spark comes from the store's request failing, not from the file
+    (`_REQUEST_FAILURES`): the JVM's chain of causes is asked where PySpark keeps it, and the
+    error's text otherwise (a Spark Connect client sees the server's message only)."""
+    for seen in _python_chain(error):
+        throwable = seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
+        while throwable is not None:
+            try:
+                if throwable.getClass().getName() in _REQUEST_FAILURES:
+                    return True
+                throwable = throwable.getCause()
+            except Py4JError:
+                break
+        if any(name in str(seen) for name in _REQUEST_FAILURES):
+            return True
+    return False
 
 
 def is_cached(frame: DataFrame) -> bool:

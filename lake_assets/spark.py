@@ -221,6 +221,11 @@ def session_conf(
             conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
             )
+            # The connector's session-token provider marks itself ready before it is (HADOOP-18233,
+            # fixed after hadoop-aws 3.3.1): threads meeting it at once (Spark checks a read's
+            # paths from a pool) got "has no credentials". A probe of the bucket while the
+            # connector starts asks for the credentials once, before any other thread can.
+            conf["spark.hadoop.fs.s3a.bucket.probe"] = "1"
             if s3_endpoint_url:
                 conf["spark.hadoop.fs.s3a.endpoint"] = s3_endpoint_url
                 conf["spark.hadoop.fs.s3a.path.style.access"] = "true"

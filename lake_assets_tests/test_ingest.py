@@ -11,13 +11,15 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pyspark.sql import functions as F
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
-from lake_assets.ingest import _BatchFiles, read_batch
+from lake_assets.ingest import SPARK_ERRORS, _BatchFiles, read_batch
+from lake_assets.lake_io import is_request_failure
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
@@ -674,6 +676,39 @@ def test_files_whose_names_hold_path_characters_are_read_from_s3(spark, moto_ser
     assert sorted(
         (r["id"], r["_source_file"]) for r in batch.events.select("id", "_source_file").collect()
     ) == sorted((f.name, f.uri) for f in files)
+    batch.events.unpersist()
+
+
+def test_a_read_that_spark_s_credentials_fail_sets_no_file_aside(spark, moto_server, s3_bucket):
+    """The files are fine and the lake's own client reads them; Spark's connector is refused
+    for want of credentials. That is about the request, not the files: the read fails (the
+    step, to be retried), and no file is quarantined as one Spark could not open."""
+    client = moto_server.client("s3")
+    prefix = "unit/accounts/year=2024/month=03/day=01/hour=00"
+    for seq in range(3):
+        buffer = io.BytesIO()
+        pq.write_table(
+            pa.Table.from_pylist(
+                [event(f"k{seq}", "I", seq, at(0, seq), name="n", balance=seq)], schema=ACCOUNT_SCHEMA
+            ),
+            buffer,
+        )
+        client.put_object(Bucket=s3_bucket, Key=f"{prefix}/part-{seq}.parquet", Body=buffer.getvalue())
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    files = data_files(storage, f"s3a://{s3_bucket}/{prefix}")
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    provider = "fs.s3a.aws.credentials.provider"
+    before = hadoop.get(provider)
+    # a session-token provider without a token: the connector has no credentials at all
+    hadoop.set(provider, "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")
+    try:
+        with pytest.raises(SPARK_ERRORS) as refused:
+            read_batch(spark, storage, FMT, "accounts", {UNIT_HOUR: files})
+        assert is_request_failure(refused.value)
+    finally:
+        hadoop.set(provider, before)
+    batch = read_batch(spark, storage, FMT, "accounts", {UNIT_HOUR: files})
+    assert batch.quarantined == [] and batch.reconciles and batch.events.count() == 3
     batch.events.unpersist()
 
 

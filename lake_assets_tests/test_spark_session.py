@@ -59,8 +59,41 @@ def test_temporary_keys_reach_every_read_and_write_with_their_token(spark, monke
     try:
         spark_settings._give_s3a_its_keys(spark)
         handed = spark._jsparkSession.sessionState().newHadoopConf()
-        assert handed.get("fs.s3a.aws.credentials.provider").endswith("TemporaryAWSCredentialsProvider")
+        assert handed.get("fs.s3a.aws.credentials.provider").startswith(
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        )
         assert handed.get("fs.s3a.session.token") == "a-session-token"
+    finally:
+        for key, value in before.items():
+            hadoop.unset(key) if value is None else hadoop.set(key, value)
+
+
+def test_temporary_keys_serve_a_first_read_of_many_files_at_once(spark, moto_server, s3_bucket, monkeypatch):
+    """Spark checks a read's paths from a pool of threads; the first use of a bucket's
+    connector then asks its credentials provider from many threads at once. The connector's
+    `TemporaryAWSCredentialsProvider` answers "has no credentials" to all but the first of them
+    (it marks itself ready before it is: HADOOP-18233, fixed after the connector the lake uses),
+    which failed the first read of every landing on S3 with a session token."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lake_assets import spark as spark_settings
+
+    client = moto_server.client("s3")
+    body = io.BytesIO()
+    pq.write_table(pa.table({"n": [1]}), body)
+    uris = []
+    for index in range(120):
+        client.put_object(Bucket=s3_bucket, Key=f"landing/part-{index:03}.parquet", Body=body.getvalue())
+        uris.append(f"s3a://{s3_bucket}/landing/part-{index:03}.parquet")
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {key: hadoop.get(key) for key in ("fs.s3a.aws.credentials.provider", "fs.s3a.session.token")}
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session-token")
+    try:
+        spark_settings._give_s3a_its_keys(spark)
+        assert spark.read.parquet(*uris).count() == 120
     finally:
         for key, value in before.items():
             hadoop.unset(key) if value is None else hadoop.set(key, value)
