@@ -108,6 +108,14 @@ class SparkConfig(Model):
         Annotated[str, PlainValidator(_spark_name)], Annotated[str, PlainValidator(_spark_setting)]
     ] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _one_place_to_run(self) -> SparkConfig:
+        if self.master is not None and self.remote is not None:
+            raise refused(
+                "give master (a driver of this process) or remote (Spark Connect), not both", at=("remote",)
+            )
+        return self
+
 
 class CatalogConfig(Model):
     """Where the file catalog lives: Parquet in the lake (default) or DynamoDB tables."""

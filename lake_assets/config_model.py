@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from lake_assets.errors import ConfigError, InvalidValue
@@ -170,8 +170,19 @@ Flag = Annotated[bool, checked("true or false", lambda v: isinstance(v, bool))]
 
 
 _Item = TypeVar("_Item")
-#: A non-empty list of items (read as a tuple): `Names[TableName]`.
-Names = Annotated[tuple[_Item, ...], Field(min_length=1)]
+
+
+def _each_once(items: tuple) -> tuple:
+    """A list that names each item once: a table listed twice would be two sets of assets with
+    one name, which Dagster refuses only when the definitions load."""
+    repeated = next((item for index, item in enumerate(items) if item in items[:index]), None)
+    if repeated is not None:
+        raise refused(f"{show(repeated)} is listed more than once")
+    return items
+
+
+#: A non-empty list of items, each once (read as a tuple): `Names[TableName]`.
+Names = Annotated[tuple[_Item, ...], Field(min_length=1), AfterValidator(_each_once)]
 
 
 def only_for(formats: str) -> PlainValidator:

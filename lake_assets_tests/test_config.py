@@ -100,6 +100,10 @@ def problems(raw) -> list[str]:
         ),
         ({"tables": "accounts"}, "feeds[1].tables: expected a list, got 'accounts'"),
         ({"tables": []}, "feeds[1].tables: expected a non-empty list, got []"),
+        (
+            {"tables": ["accounts", "cards", "accounts"]},
+            "feeds[1].tables: 'accounts' is listed more than once",
+        ),
         ({"colour": 1}, f"feeds[1].colour: unknown key; expected one of {UNIT_KEYS}"),
         (
             {"start": "2024-01-01"},
@@ -160,6 +164,14 @@ def test_format_specific_mistakes_name_their_key():
         "feeds[0].tables[0]: expected '<org id>/<object in lower case>', got 'account'",
         "feeds[0].orgs[0]: expected a Salesforce org id (letters and digits), got '00D-x'",
     ]
+    assert problems({"lake": "/lake", "feeds": [{**grax, "orgs": ["00Dx", "00Dx"]}]}) == [
+        "feeds[0].orgs: '00Dx' is listed more than once"
+    ]
+    for key, value in (("start", "2024-01-01-00"), ("late_hours", 4)):
+        assert problems({"lake": "/lake", "feeds": [{**grax, key: value}]}) == [
+            f"feeds[0].{key}: this key applies to hourly feeds (unit_cdc, flow_journal) only: "
+            "GRAX's partitions are batches"
+        ]
     assert problems({"lake": "/lake", "feeds": [flow]}) == ["feeds[0].collections: required"]
     assert problems(
         {"lake": "/lake", "feeds": [{**flow, "collections": [{"name": "a/b", "key": "/id"}]}]}
@@ -399,6 +411,12 @@ def test_a_spark_connect_token_is_refused_without_repeating_it():
     assert parse_config(
         {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl"}}
     ).spark.remote == ("sc://connect:15002/;user_id=etl")
+
+
+def test_a_spark_master_and_a_spark_connect_remote_are_not_both_taken():
+    assert problems({"lake": "/lake", "spark": {"master": "local[*]", "remote": "sc://connect:15002"}}) == [
+        "spark.remote: give master (a driver of this process) or remote (Spark Connect), not both"
+    ]
 
 
 def test_urls_with_a_port_and_an_at_sign_after_it_are_not_taken_for_credentials():

@@ -35,11 +35,12 @@ from collections.abc import Callable
 from typing import Annotated, Literal
 
 import pyarrow as pa
+from pydantic import Field, model_validator
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lake_assets.config_model import FeedConfig, Names, checked
+from lake_assets.config_model import FeedConfig, HourKey, LateHours, Names, checked, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, vendor_name
 from lake_assets.engine.schema import widen
@@ -232,6 +233,19 @@ class GraxV2FeedConfig(FeedConfig):
         Names[Annotated[str, checked("a Salesforce org id (letters and digits)", _ORG.fullmatch)]] | None
     ) = None
     objects: Names[Annotated[str, checked("an object name such as Account", _OBJECT.fullmatch)]] | None = None
+    # Options of hourly feeds: GRAX partitions are batches. Refused when given, never dumped.
+    start: HourKey | None = Field(default=None, exclude=True)
+    late_hours: LateHours = Field(default=4, exclude=True)
+
+    @model_validator(mode="after")
+    def _no_hourly_options(self) -> GraxV2FeedConfig:
+        for key in ("start", "late_hours"):
+            if key in self.model_fields_set:
+                raise refused(
+                    "this key applies to hourly feeds (unit_cdc, flow_journal) only: GRAX's partitions are batches",
+                    at=(key,),
+                )
+        return self
 
 
 class GraxV2Format(FeedFormat):
