@@ -150,8 +150,11 @@ class Discovery:
     replaced: str | None = None  # why the pin that was there could not be read
     problem: str | None = None  # the landing's tables could not be listed: the pin keeps its own
     unlisted: tuple[str, ...] = ()  # tables whose hours could not be listed, with the reason
-    #: what discovery met in the landing that no table reads, with the reason (`FeedFormat.survey`)
+    #: what discovery met in the landing that no table reads, with the reason (`FeedFormat.survey`),
+    #: landed tables the configuration leaves out among them
     unread: tuple[str, ...] = ()
+    #: configured tables with no folder in the landing (nothing landed yet, or a misspelt name)
+    absent: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -179,13 +182,22 @@ def discover_feed(
         before = read_pin(storage, layout, feed.name)
     except PinError as exc:  # our own file, damaged or hand-edited: discovery writes it anew
         replaced, before = str(exc), Pin()
+    configured = fmt.configured_tables(feed) is not None
     try:
-        if fmt.configured_tables(feed) is None:
-            survey = fmt.survey(storage, feed.landing)
+        survey = fmt.survey(storage, feed.landing)
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
         problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
-    pin = Pin(tables=tuple(sorted({*before.tables, *survey.tables})), first_hour=before.first_hour)
+    pinned = before.tables if configured else tuple(sorted({*before.tables, *survey.tables}))
+    pin = Pin(tables=pinned, first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
+    # The configuration names the tables, or narrows them to orgs and objects: what landed beside
+    # them is not read, and is said so; a configured table with no folder may be a misspelling.
+    left_out = [
+        f"table {t}: landed, but the feed's configuration does not take it"
+        for t in survey.tables
+        if t not in tables
+    ]
+    absent = tuple(t for t in tables if configured and problem is None and t not in survey.tables)
     old = set(feed_tables(feed, fmt, before))
     if fmt.partitioning == "hourly" and not feed.start:
         searched = tables if every_table or before.first_hour is None else [t for t in tables if t not in old]
@@ -204,7 +216,8 @@ def discover_feed(
         replaced=replaced,
         problem=problem,
         unlisted=tuple(unlisted),
-        unread=tuple(survey.unread),
+        unread=tuple(survey.unread + left_out),
+        absent=absent,
     )
 
 
@@ -228,7 +241,7 @@ def describe(found: Discovery) -> str:
     feed, fmt = found.feed, format_for(found.feed)
     source = "configured" if fmt.configured_tables(feed) is not None else "pinned"
     if found.tables:
-        names = ", ".join(f"{t} (new)" if t in found.new else t for t in found.tables)
+        names = ", ".join(_marked(t, found) for t in found.tables)
         line = f"{feed.name}: {len(found.tables)} table(s) {source}: {names}"
     else:
         line = f"{feed.name}: no tables found under {feed.landing}"
@@ -240,6 +253,13 @@ def describe(found: Discovery) -> str:
     if found.replaced:
         line += f" (the pin could not be read, so it was written anew: {found.replaced})"
     return line
+
+
+def _marked(table: str, found: Discovery) -> str:
+    marks = [
+        m for m, holds in (("new", table in found.new), ("nothing landed", table in found.absent)) if holds
+    ]
+    return f"{table} ({', '.join(marks)})" if marks else table
 
 
 #: how many entries no table reads a report names before summing up the rest

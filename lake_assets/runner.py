@@ -179,6 +179,29 @@ class _Selection:
     #: only the partitions a run asked to run again (a command's follow-up round)
     reruns_only: bool = False
 
+    @property
+    def windowed(self) -> bool:
+        return self.first is not None or self.last is not None
+
+    def for_format(self, fmt) -> _Selection | None:
+        """The selection as a feed of `fmt` takes it: each end that names one of its partitions
+        (an hour, a GRAX batch), the other end open; None when the window names none of them."""
+        first, last = (
+            key if key is not None and fmt.is_partition_key(key) else None for key in (self.first, self.last)
+        )
+        if self.windowed and first is None and last is None:
+            return None
+        return dataclasses.replace(self, first=first, last=last)
+
+    def describe(self) -> str:
+        """The window in words, for a message (empty when there is none)."""
+        ends = []
+        if self.first is not None:
+            ends.append(f" from {self.first}")
+        if self.last is not None:
+            ends.append(f" up to {self.last}")
+        return "".join(ends)
+
 
 #: how many changed partitions of a table a run names before summing up the rest
 NAMED_CHANGES = 5
@@ -219,6 +242,12 @@ def _plan_feed(
     except Exception as exc:  # noqa: BLE001 - reported at the end; the other feeds go on
         failures.append(f"{feed.name}: listing its tables: {first_line(exc)}")
         return []
+    fitting = selection.for_format(fmt)
+    if fitting is None:
+        kind = "GRAX batches" if fmt.partitioning == "batch" else "hours"
+        say(f"{feed.name}: not run: --from/--to{selection.describe()} names none of its partitions ({kind})")
+        return []
+    selection = fitting
     landed, selected = {}, {}
     for table in tables:
         try:
@@ -249,7 +278,7 @@ def _plan_feed(
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(exc)}")
     if fmt.partitioning == "batch":
         return _plan_batches(feed, landed, selected, say)
-    return _plan_hours(feed, landed, selected, say, failures)
+    return _plan_hours(feed, landed, selected, say, failures, selection.describe())
 
 
 def _changed_partitions(
@@ -348,9 +377,11 @@ def _plan_hours(
     selected: dict[str, list[str]],
     say: Callable[[str], None],
     failures: list[str],
+    window: str = "",
 ) -> list[PlannedRun]:
     """One run of the feed's job per stretch of selected hours, over the tables that selected
-    any (a run bridges hours without files, never an hour whose files need no processing)."""
+    any (a run bridges hours without files, never an hour whose files need no processing);
+    `window` says the run's window, if any, in words."""
     early = sorted(
         {hour for hours in selected.values() for hour in hours if feed.start and hour < feed.start}
     )
@@ -360,7 +391,7 @@ def _plan_hours(
             f"({early[0]} .. {early[-1]}), outside the feed's partitions: not processed"
         )
     if not any(landed.values()) and not any(selected.values()):
-        say(f"{feed.name}: nothing landed under {feed.landing}")
+        say(f"{feed.name}: nothing landed{window} under {feed.landing}")
         return []
     # An hour whose files are all gone is still selected (its note remains): it runs once more,
     # so that its rows leave `changes`, even when no file of the table is left at all.

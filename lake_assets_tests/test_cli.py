@@ -558,3 +558,33 @@ def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, s
     )
     assert main(["status", "--config", str(config)]) == 0
     assert f"unit/cards: not read yet: file://{loose}: " in capsys.readouterr().out
+
+
+def test_a_window_of_hours_plans_the_hourly_feeds_and_says_why_a_grax_feed_does_not_run(tmp_path):
+    """`--from`/`--to` name hours or GRAX batches: a feed whose partitions the window does not
+    name is left out with a line saying so, not failed table by table; an hourly feed with
+    nothing in the window says that, not that nothing landed."""
+    from lake_assets.demo.grax_sample import write_grax_landing
+    from lake_assets.runner import _Selection, plan_runs
+
+    write_events(tmp_path / "unit", "accounts", 3, "part-0.parquet", [event("a", "I", 1, at(3), flag=False)])
+    write_grax_landing(tmp_path / "grax", batches=4)
+    config = LakeConfig(
+        lake=str(tmp_path / "lake"),
+        feeds=(
+            FeedConfig("unit", "unit_cdc", str(tmp_path / "unit")),
+            FeedConfig("grax", "grax_v2", str(tmp_path / "grax")),
+        ),
+    )
+
+    def plan(first, last):
+        said, failures = [], []
+        runs = plan_runs(config, _Selection(first, last, forced=True), said.append, failures)
+        return [(r.feed, r.first, r.last) for r in runs], said, failures
+
+    runs, said, failures = plan("2024-03-01-00", None)
+    assert runs == [("unit", "2024-03-01-03", "2024-03-01-03")] and failures == []
+    assert "grax: not run: --from/--to from 2024-03-01-00 names none of its partitions (GRAX batches)" in said
+    runs, said, failures = plan("2030-01-01-00", None)
+    assert runs == [] and failures == []
+    assert f"unit: nothing landed from 2030-01-01-00 under file://{tmp_path}/unit" in said

@@ -261,6 +261,36 @@ def test_a_damaged_pin_never_breaks_loading_and_discover_writes_it_anew(lake, ca
     assert tables_of(build_definitions(config), "unit") == set(UNIT_TABLES)
 
 
+def test_discover_names_the_landed_tables_a_configuration_leaves_out_and_marks_a_table_with_no_folder(
+    lake, capsys
+):
+    """A feed that lists its tables (or narrows them to objects) reads only those: the tables
+    that landed beside them are named as not read, and a configured table with no folder (a
+    misspelt `acounts`) is marked, instead of a run saying only that nothing landed."""
+    config, _, _ = lake
+    unit = FeedConfig("unit", "unit_cdc", config.feeds[0].landing, tables=("acounts", "customers"))
+    grax = FeedConfig("grax", "grax_v2", config.feeds[1].landing, objects=("Contact",))
+    narrowed = LakeConfig(lake=config.lake, feeds=(unit, grax))
+    found = {d.feed.name: d for d in discover(narrowed, narrowed.storage())}
+
+    assert found["unit"].absent == ("acounts",)
+    assert found["unit"].unread == (
+        "table accounts: landed, but the feed's configuration does not take it",
+        "table transactions: landed, but the feed's configuration does not take it",
+    )
+    assert found["grax"].tables == ["00D5e000000demoEAA/contact"] and found["grax"].absent == ()
+    assert [line.split(":")[0] for line in found["grax"].unread] == [
+        "table 00D5e000000demoEAA/account",
+        "table 00D5e000000demoEAA/opportunity",
+    ]
+    config_file = Path(str(narrowed.lake)[len("file://") :]).parent / "narrowed.yaml"
+    config_file.write_text(dump_config(narrowed))
+    assert main(["discover", "--config", str(config_file)]) == 0
+    captured = capsys.readouterr()
+    assert "unit: 2 table(s) configured: acounts (nothing landed), customers" in captured.out
+    assert "lake-assets: warning: unit: not read, no table's: table accounts: landed" in captured.err
+
+
 def test_loading_narrows_the_pinned_tables_by_orgs_and_objects(lake):
     config, _, _ = lake
     discover(config, config.storage())
