@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import shutil
 import sys
@@ -202,6 +203,12 @@ def _spark_setting(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _not_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty value names nothing")
+    return text
+
+
 def _partition_key(text: str) -> str:
     """A partition argument: an hour key, or a batch id (hex digits)."""
     if is_batch_key(text):
@@ -292,7 +299,9 @@ def _shared_options() -> dict[str, argparse.ArgumentParser]:
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("--config", required=True, help="feed configuration YAML")
     lake = argparse.ArgumentParser(add_help=False)
-    lake.add_argument("--lake", help="override the lake root (file:///abs/path or s3a://bucket/prefix)")
+    lake.add_argument(
+        "--lake", type=_not_empty, help="override the lake root (file:///abs/path or s3a://bucket/prefix)"
+    )
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument(
         "-v",
@@ -421,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():  # a configuration error has a line per mistake
             print(f"lake-assets: error: {line}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`| head`): the rest of the output has nowhere to go. Python
+        # flushes stdout once more at exit, which would raise again: point it at nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a command ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -281,6 +281,8 @@ def read_yaml(text: str) -> Any:
 
 def load_config(path: str | os.PathLike[str]) -> LakeConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give the YAML file in it")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     with path.open("rb") as handle:

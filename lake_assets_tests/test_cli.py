@@ -514,6 +514,7 @@ def test_a_run_over_a_landing_that_does_not_exist_stops_before_it_starts(tmp_pat
             "lake-assets: error: --from/--to: 2024-03-02-00 comes after 2024-03-01-23",
         ),
         (["run", "--from", "ff", "--to", "1a"], "lake-assets: error: --from/--to: ff comes after 1a"),
+        (["run", "--lake", ""], "lake-assets run: error: argument --lake: an empty value names nothing"),
         (
             ["catalog", "query", "--what", "accounts", "--start", "2024-03-02", "--end", "1709251200000"],
             "lake-assets: error: --start/--end: 1709337600000 comes after 1709251200000",
@@ -588,3 +589,26 @@ def test_a_window_of_hours_plans_the_hourly_feeds_and_says_why_a_grax_feed_does_
     runs, said, failures = plan("2030-01-01-00", None)
     assert runs == [] and failures == []
     assert f"unit: nothing landed from 2030-01-01-00 under file://{tmp_path}/unit" in said
+
+
+def test_a_folder_given_as_the_configuration_is_named_as_one(tmp_path, capsys):
+    assert main(["status", "--config", str(tmp_path)]) == 1
+    assert (
+        capsys.readouterr().err
+        == f"lake-assets: error: config file {tmp_path} is a folder; give the YAML file in it\n"
+    )
+
+
+def test_output_cut_short_by_its_reader_ends_the_command_without_a_traceback(tmp_path):
+    """`lake-assets … | head -1`: the reader leaves (here before the first line); the command
+    stops quietly with the exit code of a command ended by SIGPIPE."""
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "lake_assets.cli", "config", "check", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    command.stdout.close()  # the reader is gone before anything is written
+    _, err = command.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert command.returncode == 141
