@@ -82,6 +82,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from lake_assets.orchestration.execution import instance_for_cli, lake_status
 
     config = load_config(args.config)
+    if args.lake:
+        config = config.with_lake(args.lake)
     instance = instance_for_cli()
     tables = lake_status(config, instance)
     if args.json:
@@ -386,7 +388,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(sub, shared)
     status = sub.add_parser(
         "status",
-        parents=[shared["config"]],
+        parents=[shared["config"], shared["lake"]],
         help="per table: last processed partition, what waits, quarantined files, rows, last run",
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON")

@@ -12,6 +12,7 @@ ConfigError with one line per mistake naming the key path, what was expected and
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
@@ -76,8 +77,18 @@ def _spark_setting(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (str, int, float)):
-        return without_credentials_in_url(str(value))
+        text = without_credentials_in_url(str(value))
+        if any(looks_secret(name) for name in _JAVA_PROPERTY.findall(text)):
+            # `-Daws.secretAccessKey=…` in Java options: on a command line any local user can read
+            raise refused(
+                f"sets a Java property that looks like a credential; {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
+            )
+        return text
     raise expected("a text, number or true/false setting value")
+
+
+#: the names of the Java system properties a setting's value sets (`-Dname=value`)
+_JAVA_PROPERTY = re.compile(r"(?:^|\s)-D([^=\s]+)=")
 
 
 def _spark_name(name: Any) -> str:

@@ -61,6 +61,9 @@ def test_run_processes_everything_and_exits_zero(tmp_path, spark, capsys):
     out = capsys.readouterr().out
     assert re.search(r"unit\s+accounts\s+2\s+1\s+2\s+0", out), out
     assert (tmp_path / "lake" / "history" / "unit" / "accounts").is_dir()
+    assert main(["status", "--config", str(config), "--lake", f"file://{tmp_path / 'lake'}", "--json"]) == 0
+    (status,) = json.loads(capsys.readouterr().out)
+    assert (status["current_rows"], status["history_rows"]) == (1, 2)
     assert not Path("/unused").exists()
 
 

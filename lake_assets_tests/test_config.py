@@ -413,6 +413,21 @@ def test_a_spark_connect_token_is_refused_without_repeating_it():
     ).spark.remote == ("sc://connect:15002/;user_id=etl")
 
 
+def test_a_java_property_that_looks_like_a_credential_is_refused_without_repeating_it():
+    problem = problems(
+        {
+            "lake": "/lake",
+            "spark": {"conf": {"spark.driver.extraJavaOptions": "-Xss4m -Daws.secretAccessKey=wJalrXSECRET"}},
+        }
+    )
+    assert len(problem) == 1 and problem[0].startswith(
+        "spark.conf['spark.driver.extraJavaOptions']: sets a Java property that looks like a credential; "
+    )
+    assert "wJalrXSECRET" not in problem[0]
+    options = {"spark.driver.extraJavaOptions": "-Dlog4j.debug=true"}
+    assert parse_config({"lake": "/lake", "spark": {"conf": options}}).spark.conf == options
+
+
 def test_a_spark_master_and_a_spark_connect_remote_are_not_both_taken():
     assert problems({"lake": "/lake", "spark": {"master": "local[*]", "remote": "sc://connect:15002"}}) == [
         "spark.remote: give master (a driver of this process) or remote (Spark Connect), not both"
