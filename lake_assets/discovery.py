@@ -183,10 +183,14 @@ def discover_feed(
     except PinError as exc:  # our own file, damaged or hand-edited: discovery writes it anew
         replaced, before = str(exc), Pin()
     configured = fmt.configured_tables(feed) is not None
+    surveyed = False
     try:
-        survey = fmt.survey(storage, feed.landing)
+        survey, surveyed = fmt.survey(storage, feed.landing), True
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
-        problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
+        if not configured:
+            problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
+        # Configured tables are known without it (credentials may reach only their folders):
+        # what lies beside them goes unsaid, and the runs go on.
     pinned = before.tables if configured else tuple(sorted({*before.tables, *survey.tables}))
     pin = Pin(tables=pinned, first_hour=before.first_hour)
     tables = feed_tables(feed, fmt, pin)
@@ -197,7 +201,7 @@ def discover_feed(
         for t in survey.tables
         if t not in tables
     ]
-    absent = tuple(t for t in tables if configured and problem is None and t not in survey.tables)
+    absent = tuple(t for t in tables if configured and surveyed and t not in survey.tables)
     old = set(feed_tables(feed, fmt, before))
     if fmt.partitioning == "hourly" and not feed.start:
         searched = tables if every_table or before.first_hour is None else [t for t in tables if t not in old]

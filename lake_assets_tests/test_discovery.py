@@ -291,6 +291,27 @@ def test_discover_names_the_landed_tables_a_configuration_leaves_out_and_marks_a
     assert "lake-assets: warning: unit: not read, no table's: table accounts: landed" in captured.err
 
 
+def test_a_configured_feed_whose_landing_top_cannot_be_listed_is_discovered_all_the_same(lake, monkeypatch):
+    """Credentials may reach only the configured tables' folders: the landing's top cannot be
+    listed, so what lies beside the tables goes unsaid, but nothing fails."""
+    from lake_assets.storage import Storage
+
+    config, _, _ = lake
+    unit = FeedConfig("unit", "unit_cdc", config.feeds[0].landing, tables=("accounts",))
+    listing = Storage.list
+
+    def refusing_the_top(self, uri):
+        if uri.rstrip("/") == unit.landing.rstrip("/"):
+            raise PermissionError(13, "Permission denied", uri)
+        return listing(self, uri)
+
+    monkeypatch.setattr(Storage, "list", refusing_the_top)
+    (found,) = discover(LakeConfig(lake=config.lake, feeds=(unit,)), Storage())
+    assert found.problem is None and found.tables == ["accounts"]
+    assert found.absent == () and found.unread == ()
+    assert found.pin.first_hour is not None
+
+
 def test_loading_narrows_the_pinned_tables_by_orgs_and_objects(lake):
     config, _, _ = lake
     discover(config, config.storage())
