@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -427,16 +428,31 @@ def main(argv: list[str] | None = None) -> int:
     if reversed_range:
         parser.error(reversed_range)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a pipe's buffer is written here, while a closed reader can be told
+        return code
     except LakeAssetsError as exc:
         for line in str(exc).splitlines():  # a configuration error has a line per mistake
             print(f"lake-assets: error: {line}", file=sys.stderr)
         return 1
     except BrokenPipeError:
-        # The reader went away (`| head`): the rest of the output has nowhere to go. Python
-        # flushes stdout once more at exit, which would raise again: point it at nothing.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not _stdout_reader_gone():
+            raise  # another pipe or socket broke: a failure of its own
         return 141  # what a shell reports for a command ended by SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output's reader went away (`| head`). Then the rest of the output has
+    nowhere to go, and stdout is pointed at nothing: Python flushes it once more at exit, which
+    would raise again."""
+    try:
+        sys.stdout.flush()
+        return False
+    except BrokenPipeError:
+        pass
+    with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor keeps its buffer
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return True
 
 
 if __name__ == "__main__":

@@ -606,10 +606,13 @@ def test_output_cut_short_by_its_reader_ends_the_command_without_a_traceback(tmp
     """`lake-assets … | head -1`: the reader leaves (here before the first line); the command
     stops quietly with the exit code of a command ended by SIGPIPE."""
     config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    # stdout to a pipe is buffered (unless PYTHONUNBUFFERED), written at the end or at exit
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     command = subprocess.Popen(
         [sys.executable, "-m", "lake_assets.cli", "config", "check", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=env,
     )
     command.stdout.close()  # the reader is gone before anything is written
     _, err = command.communicate(timeout=120)
