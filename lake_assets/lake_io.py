@@ -503,12 +503,13 @@ def erase_keys_in_partitions(
 
 
 def _partitions_by_schema(storage: Storage, present: dict[str, str]) -> list[list[str]]:
-    """The partition values of `present` (value -> folder), grouped by the schemas of their files
-    (nullability aside), each group in value order."""
-    values = sorted(present)
+    """The partition values of `present` (value -> folder) holding files, grouped by the schemas
+    of their files (nullability aside), each group in value order."""
+    listed = sorted(present)
     files = dict(
-        zip(values, each_file(lambda value: parquet_files(storage, present[value]), values), strict=True)
+        zip(listed, each_file(lambda value: parquet_files(storage, present[value]), listed), strict=True)
     )
+    values = [value for value in listed if files[value]]  # a folder without files holds nothing to erase
     every = [uri for value in values for uri in files[value]]
     signatures = dict(
         zip(every, each_file(lambda uri: _schema_signature(footer(storage, uri)), every), strict=True)

@@ -259,6 +259,7 @@ def test_a_purge_erasure_keeps_each_partition_s_own_column_types_even_where_they
             "id", "c1", F.lit(False).alias(m.PURGED), F.lit(hour).alias("hour")
         )
         lake_io.write_partitions(frame, storage, table, "hour", [hour])
+    (tmp_path / "changes" / "test" / "things" / "hour=h5").mkdir()  # a folder left without files
     staging = f"file://{tmp_path}/staging"
     purged = spark.createDataFrame([("p",)], "id string")
     erased = lake_io.erase_keys_in_partitions(spark, storage, table, "hour", ["id"], purged, staging)
