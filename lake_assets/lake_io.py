@@ -79,38 +79,67 @@ def _jvm_conditions(throwable) -> set[str]:
 
 
 #: What Spark's file connectors raise when the request fails rather than the file: the
-#: credentials, the network, the store's throttling or its 5xx. Such a failure says nothing of
-#: the file and may pass: it is raised (the step fails, to be retried), never a reason to set a
-#: file aside. (A file the store refuses for good is found before Spark reads it: `Storage.refusal_to_read`.)
-_REQUEST_FAILURES = (
-    "java.nio.file.AccessDeniedException",
-    "org.apache.hadoop.fs.s3a.CredentialInitializationException",
-    "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException",
-    "org.apache.hadoop.fs.s3a.AWSClientIOException",
-    "org.apache.hadoop.fs.s3a.AWSServiceThrottledException",
-    "org.apache.hadoop.fs.s3a.AWSStatus500Exception",
-    "org.apache.hadoop.fs.s3a.AWSServiceIOException",
-    "org.apache.hadoop.net.ConnectTimeoutException",
-    "java.net.SocketTimeoutException",
-    "java.net.ConnectException",
-    "java.net.UnknownHostException",
+#: credentials, the network, the store's throttling, its 5xx or its redirect, the object changed
+#: while it was read. Such a failure says nothing of the file and may pass: it is raised (the
+#: step fails, to be retried), never a reason to set a file aside. (A file the store refuses for
+#: good is found before Spark reads it: `Storage.refusal_to_read`.)
+_REQUEST_FAILURES = frozenset(
+    {
+        "java.nio.file.AccessDeniedException",
+        "org.apache.hadoop.fs.s3a.CredentialInitializationException",
+        "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException",
+        "org.apache.hadoop.fs.s3a.AWSClientIOException",
+        "org.apache.hadoop.fs.s3a.AWSNoResponseException",
+        "org.apache.hadoop.fs.s3a.AWSServiceThrottledException",
+        "org.apache.hadoop.fs.s3a.AWSStatus500Exception",
+        "org.apache.hadoop.fs.s3a.AWSRedirectException",
+        "org.apache.hadoop.fs.s3a.RemoteFileChangedException",
+        "org.apache.hadoop.net.ConnectTimeoutException",
+        "com.amazonaws.SdkClientException",
+        "org.apache.http.NoHttpResponseException",
+        "org.apache.http.conn.ConnectionPoolTimeoutException",
+        "javax.net.ssl.SSLException",
+        "java.net.SocketException",
+        "java.net.SocketTimeoutException",
+        "java.net.ConnectException",
+        "java.net.UnknownHostException",
+    }
 )
+#: S3's 400 answers about the request's credentials or clock (S3A raises them as a bad request)
+_REQUEST_FAILURE_CODES = ("ExpiredToken", "InvalidToken", "TokenRefreshRequired", "RequestTimeTooSkewed")
+_BAD_REQUEST = "org.apache.hadoop.fs.s3a.AWSBadRequestException"
 
 
 def is_request_failure(error: BaseException) -> bool:
     """Whether an error from Spark comes from the store's request failing, not from the file
-    (`_REQUEST_FAILURES`): the JVM's chain of causes is asked where PySpark keeps it, and the
-    error's text otherwise (a Spark Connect client sees the server's message only)."""
-    for seen in _python_chain(error):
-        throwable = seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
-        while throwable is not None:
-            try:
-                if throwable.getClass().getName() in _REQUEST_FAILURES:
-                    return True
-                throwable = throwable.getCause()
-            except Py4JError:
-                break
-        if any(name in str(seen) for name in _REQUEST_FAILURES):
+    (`_REQUEST_FAILURES`). The JVM's chain of causes is asked where PySpark keeps it; a Spark
+    Connect client sees the server's message only, and its text is searched for the names."""
+    throwables = [
+        seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
+        for seen in _python_chain(error)
+    ]
+    chains = [throwable for throwable in throwables if throwable is not None]
+    if not chains:
+        text = "\n".join(str(seen) for seen in _python_chain(error))
+        return any(name in text for name in _REQUEST_FAILURES) or (
+            _BAD_REQUEST in text and any(code in text for code in _REQUEST_FAILURE_CODES)
+        )
+    return any(_names_a_request_failure(throwable) for throwable in chains)
+
+
+def _names_a_request_failure(throwable) -> bool:
+    """Whether a JVM throwable, or one of its causes, is a `_REQUEST_FAILURES` class (or a bad
+    request about the credentials or the clock)."""
+    while throwable is not None:
+        try:
+            name = throwable.getClass().getName()
+            message = str(throwable.getMessage())
+            throwable = throwable.getCause()
+        except Py4JError:
+            return False
+        if name in _REQUEST_FAILURES or (
+            name == _BAD_REQUEST and any(code in message for code in _REQUEST_FAILURE_CODES)
+        ):
             return True
     return False
 

@@ -836,3 +836,62 @@ def test_a_nanosecond_key_after_a_nested_column_is_checked_by_its_own_stored_typ
     pq.write_table(table, tmp_path / "nested.parquet")
     reason = _keys_finer_than_microseconds(pq.ParquetFile(tmp_path / "nested.parquet"), ("id",))
     assert reason is not None and "key column 'id'" in reason
+
+
+class _Throwable:
+    """A JVM throwable as py4j shows one: its class name, its message and its cause."""
+
+    def __init__(self, name: str, message: str = "", cause: "_Throwable | None" = None):
+        self._name, self._message, self._cause = name, message, cause
+
+    def getClass(self):
+        return self
+
+    def getName(self):
+        return self._name
+
+    def getMessage(self):
+        return self._message
+
+    def getCause(self):
+        return self._cause
+
+
+class _Captured(Exception):
+    """An error PySpark converted, keeping the JVM's throwable (`_origin`)."""
+
+    def __init__(self, origin: _Throwable | None):
+        super().__init__("[FAILED_READ_FILE.NO_HINT] Encountered error while reading file")
+        self._origin = origin
+
+
+def test_a_failed_request_is_told_from_a_damaged_file_by_the_causes_spark_reports():
+    def failure(*chain: tuple[str, str]) -> _Captured:
+        cause = None
+        for name, message in reversed(chain):
+            cause = _Throwable(name, message, cause)
+        return _Captured(cause)
+
+    spark_task = ("org.apache.spark.SparkException", "Job aborted")
+    for name, message in [
+        ("java.net.SocketTimeoutException", "Read timed out"),
+        ("org.apache.hadoop.fs.s3a.AWSBadRequestException", "open s3a://b/k: ExpiredToken: token expired"),
+        ("org.apache.hadoop.fs.s3a.RemoteFileChangedException", "the object changed while it was read"),
+        ("org.apache.http.conn.ConnectionPoolTimeoutException", "Timeout waiting for connection from pool"),
+    ]:
+        assert is_request_failure(failure(spark_task, (name, message))), name
+    for name, message in [
+        ("org.apache.parquet.io.ParquetDecodingException", "Can not read value at 0 in block 0"),
+        ("java.io.FileNotFoundException", "No such file or directory: s3a://b/gone.parquet"),
+        ("org.apache.hadoop.fs.s3a.AWSBadRequestException", "open s3a://b/k: InvalidArgument"),
+        (
+            "java.lang.RuntimeException",
+            "s3a://b/java.net.SocketTimeoutException.parquet is not a Parquet file",
+        ),
+    ]:
+        assert not is_request_failure(failure(spark_task, (name, message))), name
+    # A Spark Connect client has the server's text only.
+    assert is_request_failure(
+        RuntimeError("(org.apache.spark.SparkException) … java.net.UnknownHostException: h")
+    )
+    assert not is_request_failure(RuntimeError("(org.apache.parquet.io.ParquetDecodingException) bad page"))
