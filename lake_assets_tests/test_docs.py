@@ -147,3 +147,28 @@ def test_the_readme_quotes_one_full_benchmark_run_and_its_json_is_in_the_reposit
     for name, value in rows:
         decimals = len(value.split(".")[1])
         assert round(quoted[name], decimals) == float(value), f"{name}: README {value}, JSON {quoted[name]}"
+
+
+def test_the_pyarrow_recipe_of_lake_layout_reads_a_drifted_change_log_whole(tmp_path):
+    """The recipe docs/lake-layout.md gives pyarrow and pandas readers, run as written on a
+    change log whose hours disagree: a column added, a number in one hour and text in another."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    page = (ROOT / "docs" / "lake-layout.md").read_text()
+    (recipe,) = [block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "one_schema" in block]
+    for hour, table in (
+        ("2024-03-01-00", pa.table({"id": ["a"], "amount": pa.array([1], pa.int32())})),
+        ("2024-03-01-01", pa.table({"id": ["b"], "amount": ["1.5"], "nick": ["x"]})),
+        ("2024-03-01-02", pa.table({"id": ["c"], "amount": pa.array([2**40], pa.int64())})),
+    ):
+        (tmp_path / f"hour={hour}").mkdir()
+        pq.write_table(table, tmp_path / f"hour={hour}" / "part-0.parquet")
+    scope: dict = {}
+    exec(recipe.replace("<lake>/changes/unit/accounts", str(tmp_path)), scope)  # noqa: S102 - the page's own code
+    rows = scope["frame"].sort_values("id").to_dict("records")
+    assert [(r["id"], r["amount"], r["nick"], r["hour"]) for r in rows] == [
+        ("a", "1", None, "2024-03-01-00"),
+        ("b", "1.5", "x", "2024-03-01-01"),
+        ("c", str(2**40), None, "2024-03-01-02"),
+    ]
