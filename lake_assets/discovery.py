@@ -165,15 +165,32 @@ def discover(config: LakeConfig, storage: Storage) -> list[Discovery]:
     """List every feed's landing and pin its tables and first landed hour. One feed's listing
     failing is reported in its Discovery; the others are discovered."""
     layout = LakeLayout(config.lake)
-    return [discover_feed(storage, layout, feed) for feed in config.feeds]
+    return [
+        discover_feed(storage, layout, feed, siblings=sharing_landing(config, feed)) for feed in config.feeds
+    ]
+
+
+def sharing_landing(config: LakeConfig, feed: FeedConfig) -> tuple[FeedConfig, ...]:
+    """The configuration's other feeds of the same format over the same landing (a GRAX landing
+    split by org between feeds, say): the tables they take are read, by them."""
+    return tuple(
+        other
+        for other in config.feeds
+        if other is not feed and other.format == feed.format and other.landing == feed.landing
+    )
 
 
 def discover_feed(
-    storage: Storage, layout: LakeLayout, feed: FeedConfig, every_table: bool = True
+    storage: Storage,
+    layout: LakeLayout,
+    feed: FeedConfig,
+    every_table: bool = True,
+    siblings: tuple[FeedConfig, ...] = (),
 ) -> Discovery:
     """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
     the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
-    one listing of the landing, not one of every table's hours."""
+    one listing of the landing, not one of every table's hours. The tables `siblings`
+    (`sharing_landing`) take are not named as left out."""
     fmt = format_for(feed)
     replaced = problem = None
     unlisted: list[str] = []
@@ -196,10 +213,12 @@ def discover_feed(
     tables = feed_tables(feed, fmt, pin)
     # The configuration names the tables, or narrows them to orgs and objects: what landed beside
     # them is not read, and is said so; a configured table with no folder may be a misspelling.
+    everything_landed = Pin(tables=tuple(survey.tables))
+    taken = {t for sibling in siblings for t in feed_tables(sibling, format_for(sibling), everything_landed)}
     left_out = [
         f"table {t}: landed, but the feed's configuration does not take it"
         for t in survey.tables
-        if t not in tables
+        if t not in tables and t not in taken
     ]
     absent = tuple(t for t in tables if configured and surveyed and t not in survey.tables)
     old = set(feed_tables(feed, fmt, before))
@@ -264,6 +283,16 @@ def _marked(table: str, found: Discovery) -> str:
         m for m, holds in (("new", table in found.new), ("nothing landed", table in found.absent)) if holds
     ]
     return f"{table} ({', '.join(marks)})" if marks else table
+
+
+def describe_absent(found: Discovery) -> str | None:
+    """One line naming the configured tables with no folder in the landing, or None."""
+    if not found.absent:
+        return None
+    return (
+        f"{found.feed.name}: nothing landed under {found.feed.landing} for configured table(s) "
+        f"{', '.join(found.absent)}"
+    )
 
 
 #: how many entries no table reads a report names before summing up the rest

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig, check_landings
-from lake_assets.discovery import Pin, describe, describe_unread, discover, feed_tables
+from lake_assets.discovery import Pin, describe, describe_absent, describe_unread, discover, feed_tables
 from lake_assets.errors import LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -218,9 +218,9 @@ def _pin_what_landed(
         pins[found.feed.name] = found.pin
         if found.changed:
             say(describe(found))
-        unread = describe_unread(found)
-        if unread:
-            say(unread)
+        for note in (describe_unread(found), describe_absent(found)):
+            if note:
+                say(note)
         failures += [f"{found.feed.name}: {found.problem}"] if found.problem else []
     return pins
 

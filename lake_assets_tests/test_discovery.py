@@ -20,6 +20,7 @@ from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.discovery import discover
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
+from lake_assets.runner import _Selection, plan_runs
 from lake_assets_tests.storage_spy import spy_on_every_storage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -270,7 +271,9 @@ def test_discover_names_the_landed_tables_a_configuration_leaves_out_and_marks_a
     config, _, _ = lake
     unit = FeedConfig("unit", "unit_cdc", config.feeds[0].landing, tables=("acounts", "customers"))
     grax = FeedConfig("grax", "grax_v2", config.feeds[1].landing, objects=("Contact",))
-    narrowed = LakeConfig(lake=config.lake, feeds=(unit, grax))
+    # a second feed over the same landing takes another object: its table is read, by it
+    accounts = FeedConfig("grax_accounts", "grax_v2", config.feeds[1].landing, objects=("Account",))
+    narrowed = LakeConfig(lake=config.lake, feeds=(unit, grax, accounts))
     found = {d.feed.name: d for d in discover(narrowed, narrowed.storage())}
 
     assert found["unit"].absent == ("acounts",)
@@ -279,10 +282,10 @@ def test_discover_names_the_landed_tables_a_configuration_leaves_out_and_marks_a
         "table transactions: landed, but the feed's configuration does not take it",
     )
     assert found["grax"].tables == ["00D5e000000demoEAA/contact"] and found["grax"].absent == ()
-    assert [line.split(":")[0] for line in found["grax"].unread] == [
-        "table 00D5e000000demoEAA/account",
-        "table 00D5e000000demoEAA/opportunity",
-    ]
+    assert [line.split(":")[0] for line in found["grax"].unread] == ["table 00D5e000000demoEAA/opportunity"]
+    said: list[str] = []
+    plan_runs(narrowed, _Selection(None, None, forced=False), said.append, [])
+    assert f"unit: nothing landed under {unit.landing} for configured table(s) acounts" in said
     config_file = Path(str(narrowed.lake)[len("file://") :]).parent / "narrowed.yaml"
     config_file.write_text(dump_config(narrowed))
     assert main(["discover", "--config", str(config_file)]) == 0

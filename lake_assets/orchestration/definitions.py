@@ -14,7 +14,15 @@ from pathlib import Path
 import dagster as dg
 
 from lake_assets.config import FeedConfig, LakeConfig, load_config
-from lake_assets.discovery import DISCOVER_HINT, Pin, feed_tables, first_hour, load_pins, pins_anything
+from lake_assets.discovery import (
+    DISCOVER_HINT,
+    Pin,
+    feed_tables,
+    first_hour,
+    load_pins,
+    pins_anything,
+    sharing_landing,
+)
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat
@@ -113,7 +121,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
         fmt = format_for(feed)
         tables = feed_tables(feed, fmt, pins[feed.name])
         if pins_anything(feed, fmt):
-            sensors.append(build_tables_sensor(feed, fmt, pins[feed.name]))
+            sensors.append(build_tables_sensor(feed, fmt, pins[feed.name], sharing_landing(config, feed)))
         if not tables:
             log.warning(
                 "feed %s: no tables configured or pinned, so it has no assets; %s", feed.name, DISCOVER_HINT

@@ -17,7 +17,7 @@ import dagster as dg
 
 from lake_assets import reruns
 from lake_assets.config import FeedConfig
-from lake_assets.discovery import Pin, describe, describe_unread, discover_feed, feed_tables
+from lake_assets.discovery import Pin, describe, describe_absent, describe_unread, discover_feed, feed_tables
 from lake_assets.errors import DamagedLakeFile, LakeAssetsError, first_line
 from lake_assets.feeds.base import FeedFormat, hour_key
 from lake_assets.landing_watch import (
@@ -298,9 +298,12 @@ def _batch_runs(
     return requests, [_observation(assets, found)], additions, cursor
 
 
-def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.SensorDefinition:
+def build_tables_sensor(
+    feed: FeedConfig, fmt: FeedFormat, loaded: Pin, siblings: tuple[FeedConfig, ...] = ()
+) -> dg.SensorDefinition:
     """Discovery in the daemon: pins the tables that land after the code location loaded (and an
-    earlier first hour), and says a reload adds them. Loading itself never lists the landing."""
+    earlier first hour), and says a reload adds them. Loading itself never lists the landing.
+    `siblings`: the feeds sharing its landing (`discovery.sharing_landing`)."""
 
     @dg.sensor(
         name=f"{identifier(feed.name)}_tables_sensor",
@@ -310,17 +313,18 @@ def build_tables_sensor(feed: FeedConfig, fmt: FeedFormat, loaded: Pin) -> dg.Se
         default_status=dg.DefaultSensorStatus.RUNNING if feed.watch else dg.DefaultSensorStatus.STOPPED,
     )
     def tables_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
-        found = discover_feed(lake.get_storage(), lake.layout(), feed, every_table=False)
+        found = discover_feed(lake.get_storage(), lake.layout(), feed, every_table=False, siblings=siblings)
         if found.problem:
             raise LakeAssetsError(f"{feed.name}: {found.problem}")
         if found.changed:
             context.log.info(describe(found))
-        unread = describe_unread(found)
-        # Said once for each new set of entries, not on every tick: the cursor keeps its digest.
-        unread_digest = short_digest(unread or "")
-        if unread and unread_digest != context.cursor:
-            context.log.warning(unread)
-        context.update_cursor(unread_digest)
+        notes = [note for note in (describe_unread(found), describe_absent(found)) if note]
+        # Said once for each new set of notes, not on every tick: the cursor keeps its digest.
+        notes_digest = short_digest("\n".join(notes))
+        if notes and notes_digest != context.cursor:
+            for note in notes:
+                context.log.warning(note)
+        context.update_cursor(notes_digest)
         unloaded = [t for t in found.tables if t not in feed_tables(feed, fmt, loaded)]
         moved = fmt.partitioning == "hourly" and not feed.start and found.pin.first_hour != loaded.first_hour
         pinned = []
