@@ -187,13 +187,14 @@ def _moment_ms(text: str) -> int:
 
 
 def _reversed_range(args: argparse.Namespace) -> str | None:
-    """A range whose start comes after its end (partition keys of one kind, or times)."""
+    """A range whose start comes after its end (partition keys, or times), or whose ends name
+    different kinds of partitions."""
     for low, high, names in (("first", "last", "--from/--to"), ("start", "end", "--start/--end")):
         a, b = getattr(args, low, None), getattr(args, high, None)
         if a is None or b is None:
             continue
         if isinstance(a, str) and is_batch_key(a) != is_batch_key(b):
-            continue  # an hour and a batch: different feeds, no order between them
+            return f"{names}: {a} and {b} name different kinds of partitions (an hour and a GRAX batch)"
         if (batch_order(a) > batch_order(b)) if isinstance(a, str) and is_batch_key(a) else a > b:
             return f"{names}: {a} comes after {b}"
     return None

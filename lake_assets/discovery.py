@@ -206,6 +206,8 @@ def discover_feed(
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
         if not configured:
             problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
+        else:
+            log.info("feed %s: its landing's top could not be listed (%s)", feed.name, first_line(exc))
         # Configured tables are known without it (credentials may reach only their folders):
         # what lies beside them goes unsaid, and the runs go on.
     pinned = before.tables if configured else tuple(sorted({*before.tables, *survey.tables}))

@@ -116,7 +116,12 @@ def run_feeds(
         config, _Selection(first, last, everything or first is not None or last is not None), say, failures
     )
     if not planned and not failures:
-        say("nothing changed since the last run: no partition to process (--all processes every one again)")
+        if first is not None or last is not None:
+            say("no landed partition in the window: nothing to process")
+        else:
+            say(
+                "nothing changed since the last run: no partition to process (--all processes every one again)"
+            )
     run_ids: list[str] = []
     progress = progress or Progress()
     asked: list[str] = []

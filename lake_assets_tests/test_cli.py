@@ -519,6 +519,11 @@ def test_a_run_over_a_landing_that_does_not_exist_stops_before_it_starts(tmp_pat
         (["run", "--from", "ff", "--to", "1a"], "lake-assets: error: --from/--to: ff comes after 1a"),
         (["run", "--lake", ""], "lake-assets run: error: argument --lake: an empty value names nothing"),
         (
+            ["run", "--from", "2024-03-01-00", "--to", "065e11a80"],
+            "lake-assets: error: --from/--to: 2024-03-01-00 and 065e11a80 name different kinds of partitions "
+            "(an hour and a GRAX batch)",
+        ),
+        (
             ["catalog", "query", "--what", "accounts", "--start", "2024-03-02", "--end", "1709251200000"],
             "lake-assets: error: --start/--end: 1709337600000 comes after 1709251200000",
         ),
@@ -564,7 +569,7 @@ def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, s
     assert f"unit/cards: not read yet: file://{loose}: " in capsys.readouterr().out
 
 
-def test_a_window_of_hours_plans_the_hourly_feeds_and_says_why_a_grax_feed_does_not_run(tmp_path):
+def test_a_window_of_hours_plans_the_hourly_feeds_and_says_why_a_grax_feed_does_not_run(tmp_path, capsys):
     """`--from`/`--to` name hours or GRAX batches: a feed whose partitions the window does not
     name is left out with a line saying so, not failed table by table; an hourly feed with
     nothing in the window says that, not that nothing landed."""
@@ -592,6 +597,10 @@ def test_a_window_of_hours_plans_the_hourly_feeds_and_says_why_a_grax_feed_does_
     runs, said, failures = plan("2030-01-01-00", None)
     assert runs == [] and failures == []
     assert f"unit: nothing landed from 2030-01-01-00 under file://{tmp_path}/unit" in said
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(config))
+    assert main(["run", "--config", str(config_file), "--from", "2030-01-01-00"]) == 0
+    assert "lake-assets: no landed partition in the window: nothing to process" in capsys.readouterr().out
 
 
 def test_a_folder_given_as_the_configuration_is_named_as_one(tmp_path, capsys):
