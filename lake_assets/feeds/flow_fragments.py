@@ -680,6 +680,20 @@ class Sequencer:
         producer = self._producers.get(doc.uuid.producer)
         return doc.is_ack and (producer is None or producer.acked < 0)
 
+    def may_repeat_unread(self, doc: Doc, read_from: dt.datetime) -> bool:
+        """Whether `doc` may be a re-read duplicate of a document before the first record fed:
+        it is outside a transaction, its producer has no commit point among the records fed so
+        far, and its clock lies before `read_from` (the start of what was read). A retried
+        append sends documents again with their first clocks; a producer's new documents carry
+        the time they were written, inside what was read."""
+        producer = self._producers.get(doc.uuid.producer)
+        return (
+            not doc.is_ack
+            and not doc.uuid.flags & CONTINUE_TXN
+            and (producer is None or producer.acked < 0)
+            and doc.uuid.timestamp < read_from
+        )
+
     def cut_at_gap(self) -> None:
         """Bytes are missing here: an ACK among them may have committed or rolled back what is
         pending, so nothing pending is committed by what follows. Those documents are left to

@@ -320,6 +320,10 @@ class _JournalRead:
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
         # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
+        # the start of the earliest hour this pass reads: documents older than it were written before
+        self.read_from = parse_hour_key(min([r["hour"] for r in rows] or [self.context_hour])).replace(
+            tzinfo=dt.timezone.utc
+        )
         self.journal = rows[0]["journal"] if rows else None
         self.content = {r["uri"]: r["content"] for r in rows}
         self.hour_of = {r["uri"]: r["hour"] for r in rows}
@@ -328,7 +332,9 @@ class _JournalRead:
         self.broken = False
         self.read_to: int | None = None  # the journal offset read so far
         self.first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
-        self.opened: set[str] = set()  # producers whose ACK in the run's hours may commit unread documents
+        #: producers whose ACK in the run's hours may commit unread documents, or whose document
+        #: there may repeat one unread (`Sequencer.may_repeat_unread`)
+        self.opened: set[str] = set()
         self.blind = False  # such an ACK found nothing of its producer pending: its documents are unread
         self.elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
         self.empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
@@ -383,7 +389,9 @@ class _JournalRead:
         and note which documents of the run's hours a later hour commits."""
         for doc in docs:
             self.first_hour.setdefault(doc.uuid.producer, hour)
-            if hour in self.wanted_hours and self.sequencer.may_commit_unread(doc):
+            if hour in self.wanted_hours and (
+                self.sequencer.may_commit_unread(doc) or self.sequencer.may_repeat_unread(doc, self.read_from)
+            ):
                 self.opened.add(doc.uuid.producer)
                 self.blind = self.blind or not self.sequencer.has_pending(doc.uuid.producer)
             for committed in self.sequencer.feed(doc):
