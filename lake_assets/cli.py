@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import re
+import select
 import shutil
 import sys
 import time
@@ -443,17 +444,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stdout_reader_gone() -> bool:
-    """Whether standard output's reader went away (`| head`). Then the rest of the output has
-    nowhere to go, and stdout is pointed at nothing: Python flushes it once more at exit, which
-    would raise again."""
+    """Whether standard output's reader went away (`| head`): its pipe reports an error to a
+    poll whatever was buffered or written. Then the rest of the output has nowhere to go, and
+    stdout is pointed at nothing: Python flushes it once more at exit, which would raise again."""
     try:
-        sys.stdout.flush()
+        descriptor = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(descriptor, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no descriptor, or no poll on this system
         return False
-    except BrokenPipeError:
-        pass
-    with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor keeps its buffer
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return True
+    if gone:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), descriptor)
+    return gone
 
 
 if __name__ == "__main__":

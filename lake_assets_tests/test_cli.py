@@ -611,12 +611,15 @@ def test_a_folder_given_as_the_configuration_is_named_as_one(tmp_path, capsys):
     )
 
 
-def test_output_cut_short_by_its_reader_ends_the_command_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_output_cut_short_by_its_reader_ends_the_command_without_a_traceback(tmp_path, buffered):
     """`lake-assets … | head -1`: the reader leaves (here before the first line); the command
-    stops quietly with the exit code of a command ended by SIGPIPE."""
+    stops quietly with the exit code of a command ended by SIGPIPE, whether its output was
+    buffered (written at the end) or not (written as it goes)."""
     config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
-    # stdout to a pipe is buffered (unless PYTHONUNBUFFERED), written at the end or at exit
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     command = subprocess.Popen(
         [sys.executable, "-m", "lake_assets.cli", "config", "check", str(config)],
         stdout=subprocess.PIPE,
