@@ -189,8 +189,9 @@ class _Selection:
         return self.first is not None or self.last is not None
 
     def for_format(self, fmt) -> _Selection | None:
-        """The selection as a feed of `fmt` takes it: each end that names one of its partitions
-        (an hour, a GRAX batch), the other end open; None when the window names none of them."""
+        """The selection as a feed of `fmt` takes it: the window when its ends name the format's
+        partitions (hours, or GRAX batches; the CLI refuses ends of two kinds), None when they
+        name none of them. An end of the other kind (a caller's own window) is left open."""
         first, last = (
             key if key is not None and fmt.is_partition_key(key) else None for key in (self.first, self.last)
         )

@@ -267,32 +267,31 @@ def test_a_producer_silent_in_the_hour_before_its_acknowledgement_is_followed_ba
     assert metadata_of(instance, "acmeco_customers")["reconciled"] is True
 
 
-def test_documents_appended_again_hours_after_their_commit_are_dropped_hour_by_hour(spark, tmp_path):
-    """A retried append: PRODUCER's two documents outside a transaction, committed at 10, are
-    appended again at 13 with their first clocks, and another producer wrote in between. Run
-    hour by hour, 13's run reads only 12 before it, which holds no commit point of PRODUCER:
-    the copies' clocks lie before anything read, so it reads back to 10 and drops them, as a
-    run over every hour does."""
+@pytest.mark.parametrize("retried", ["documents", "transaction"])
+def test_documents_appended_again_hours_after_their_commit_are_dropped_hour_by_hour(spark, tmp_path, retried):
+    """A retried append: PRODUCER's two documents (outside a transaction, or one transaction
+    with its acknowledgement), committed at 05, are appended again at 13 with their first
+    clocks, and another producer wrote every hour in between. Run hour by hour, 13's run reads
+    only 12 before it, which holds no commit point of PRODUCER: the copies' clocks lie before
+    anything read, so it reads back, as far as 05, and drops them, as a run over every hour does."""
     other = bytes.fromhex("0f0e0d0c0b0a")
 
     def other_line(n: int, hour: int) -> bytes:
         uuid = build_uuid(clock_of(dt.datetime(2024, 6, 1, hour, 5, tzinfo=UTC)) + 16 * n, 0x0, other)
         return json.dumps({"id": n, "name": f"c{n}", "_meta": {"uuid": uuid}}).encode() + b"\n"
 
-    first = transaction_line(1, 0x0, 10) + transaction_line(5, 0x0, 10)
-    hours = {
-        10: first,
-        11: other_line(2, 11),
-        12: other_line(3, 12),
-        13: first + transaction_line(6, 0x0, 13),
-    }
-    lake, _ = run_hour_by_hour(tmp_path, hours)
+    first = transaction_line(1, 0x0, 5) + transaction_line(5, 0x0, 5)
+    if retried == "transaction":
+        first = (
+            transaction_line(1, 0x1, 5) + transaction_line(5, 0x1, 5) + transaction_line(7, 0x2, 5, ack=True)
+        )
+    between = {hour: other_line(10 + hour, hour) for hour in range(6, 13)}
+    lake, _ = run_hour_by_hour(tmp_path, {5: first, **between, 13: first + transaction_line(6, 0x0, 13)})
 
     assert sorted((r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")) == [
-        ("2024-06-01-10", 1),
-        ("2024-06-01-10", 5),
-        ("2024-06-01-11", 2),
-        ("2024-06-01-12", 3),
+        ("2024-06-01-05", 1),
+        ("2024-06-01-05", 5),
+        *[(f"2024-06-01-{hour:02d}", 10 + hour) for hour in range(6, 13)],
         ("2024-06-01-13", 6),
     ]
 

@@ -621,6 +621,17 @@ class _Producer:
     acked: int = -1  # last acknowledged (64-bit) clock; -1 before any
 
 
+@dataclass(frozen=True)
+class ClockWindow:
+    """Clock times from `start` up to (not including) `end`, UTC."""
+
+    start: dt.datetime
+    end: dt.datetime
+
+    def holds(self, doc: Doc) -> bool:
+        return self.start <= doc.uuid.timestamp < self.end
+
+
 class Sequencer:
     """Transaction rules of one journal, fed documents in journal order (docs/formats/flow-journals.md,
     "Reading a journal"):
@@ -680,18 +691,18 @@ class Sequencer:
         producer = self._producers.get(doc.uuid.producer)
         return doc.is_ack and (producer is None or producer.acked < 0)
 
-    def may_repeat_unread(self, doc: Doc, read_from: dt.datetime) -> bool:
+    def may_repeat_unread(self, doc: Doc, unread: ClockWindow) -> bool:
         """Whether `doc` may be a re-read duplicate of a document before the first record fed:
         it is outside a transaction, its producer has no commit point among the records fed so
-        far, and its clock lies before `read_from` (the start of what was read). A retried
-        append sends documents again with their first clocks; a producer's new documents carry
-        the time they were written, inside what was read."""
+        far, and its clock lies in `unread` (before what was read). A retried append sends
+        documents again with their first clocks; a producer's new documents carry the time they
+        were written, inside what was read."""
         producer = self._producers.get(doc.uuid.producer)
         return (
             not doc.is_ack
             and not doc.uuid.flags & CONTINUE_TXN
             and (producer is None or producer.acked < 0)
-            and doc.uuid.timestamp < read_from
+            and unread.holds(doc)
         )
 
     def cut_at_gap(self) -> None:

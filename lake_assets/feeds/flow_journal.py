@@ -307,6 +307,16 @@ def read_journal_task(
     return run
 
 
+#: How far before a run's first hour a document's clock may lie and still make the run read
+#: back for the document it may repeat (`Sequencer.may_repeat_unread`): a clock older than that is
+#: taken for a skewed producer's, so that it cannot make every run read the whole journal.
+REPEAT_LOOKBACK = dt.timedelta(hours=24)
+
+
+def _hour_start(hour: str) -> dt.datetime:
+    return parse_hour_key(hour).replace(tzinfo=dt.timezone.utc)
+
+
 class _JournalRead:
     """One journal's cover pieces read in order, in a Spark task.
 
@@ -321,8 +331,11 @@ class _JournalRead:
         # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
         # the start of the earliest hour this pass reads: documents older than it were written before
-        self.read_from = parse_hour_key(min([r["hour"] for r in rows] or [self.context_hour])).replace(
-            tzinfo=dt.timezone.utc
+        # Clocks before the earliest hour this pass reads were written before it; those more
+        # than REPEAT_LOOKBACK before the run's first hour are taken for a skewed producer's.
+        self.unread = ff.ClockWindow(
+            _hour_start(min(wanted_hours)) - REPEAT_LOOKBACK,
+            _hour_start(min([r["hour"] for r in rows] or [self.context_hour])),
         )
         self.journal = rows[0]["journal"] if rows else None
         self.content = {r["uri"]: r["content"] for r in rows}
@@ -389,11 +402,18 @@ class _JournalRead:
         and note which documents of the run's hours a later hour commits."""
         for doc in docs:
             self.first_hour.setdefault(doc.uuid.producer, hour)
-            if hour in self.wanted_hours and (
-                self.sequencer.may_commit_unread(doc) or self.sequencer.may_repeat_unread(doc, self.read_from)
+            unread_ack = hour in self.wanted_hours and self.sequencer.may_commit_unread(doc)
+            if unread_ack or (
+                hour in self.wanted_hours and self.sequencer.may_repeat_unread(doc, self.unread)
             ):
                 self.opened.add(doc.uuid.producer)
-                self.blind = self.blind or not self.sequencer.has_pending(doc.uuid.producer)
+                # reading goes on back while nothing of the producer was met before: its
+                # documents are unread (none pending), or this is a copy (a clock before what was read)
+                self.blind = (
+                    self.blind
+                    or not self.sequencer.has_pending(doc.uuid.producer)
+                    or (unread_ack and self.unread.holds(doc))
+                )
             for committed in self.sequencer.feed(doc):
                 # a document belongs to the hour of the record that committed it
                 if hour in self.wanted_hours:
