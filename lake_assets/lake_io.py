@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -82,7 +83,8 @@ def _jvm_conditions(throwable) -> set[str]:
 #: credentials, the network, the store's throttling, its 5xx or its redirect, the object changed
 #: while it was read. Such a failure says nothing of the file and may pass: it is raised (the
 #: step fails, to be retried), never a reason to set a file aside. (A file the store refuses for
-#: good is found before Spark reads it: `Storage.refusal_to_read`.)
+#: good is found before Spark reads it: `Storage.refusal_to_read`.) Names of the connector the
+#: lake ships (hadoop-aws 3.3, AWS SDK v1) and of newer ones a cluster may bring (SDK v2).
 _REQUEST_FAILURES = frozenset(
     {
         "java.nio.file.AccessDeniedException",
@@ -93,52 +95,66 @@ _REQUEST_FAILURES = frozenset(
         "org.apache.hadoop.fs.s3a.AWSServiceThrottledException",
         "org.apache.hadoop.fs.s3a.AWSStatus500Exception",
         "org.apache.hadoop.fs.s3a.AWSRedirectException",
+        "org.apache.hadoop.fs.s3a.AWSApiCallTimeoutException",
+        "org.apache.hadoop.fs.s3a.HttpChannelEOFException",
         "org.apache.hadoop.fs.s3a.RemoteFileChangedException",
         "org.apache.hadoop.net.ConnectTimeoutException",
         "com.amazonaws.SdkClientException",
+        "software.amazon.awssdk.core.exception.SdkClientException",
+        "software.amazon.awssdk.core.exception.ApiCallTimeoutException",
+        "software.amazon.awssdk.core.exception.ApiCallAttemptTimeoutException",
         "org.apache.http.NoHttpResponseException",
         "org.apache.http.conn.ConnectionPoolTimeoutException",
-        "javax.net.ssl.SSLException",
-        "java.net.SocketException",
         "java.net.SocketTimeoutException",
-        "java.net.ConnectException",
         "java.net.UnknownHostException",
     }
 )
+#: families of network failures, matched with their subclasses (a refused connection, a reset,
+#: no route to the host, a failed TLS handshake)
+_REQUEST_FAILURE_FAMILIES = frozenset({"java.net.SocketException", "javax.net.ssl.SSLException"})
 #: S3's 400 answers about the request's credentials or clock (S3A raises them as a bad request)
 _REQUEST_FAILURE_CODES = ("ExpiredToken", "InvalidToken", "TokenRefreshRequired", "RequestTimeTooSkewed")
 _BAD_REQUEST = "org.apache.hadoop.fs.s3a.AWSBadRequestException"
+#: a class name where an error's text names its type: at a line's start, or after "Caused by: "
+_NAMED_ERROR = re.compile(r"(?:^|Caused by: |\(|\s)([a-z][\w$]*(?:\.[\w$]+)+)(?::|$|\))", re.M)
 
 
 def is_request_failure(error: BaseException) -> bool:
     """Whether an error from Spark comes from the store's request failing, not from the file
-    (`_REQUEST_FAILURES`). The JVM's chain of causes is asked where PySpark keeps it; a Spark
-    Connect client sees the server's message only, and its text is searched for the names."""
-    throwables = [
+    (`_REQUEST_FAILURES`): asked of the JVM's chain of causes where PySpark keeps it, and of the
+    class names the errors' text gives (a Spark Connect client, or a task's error the driver
+    holds only as text)."""
+    chain = [
         seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
         for seen in _python_chain(error)
     ]
-    chains = [throwable for throwable in throwables if throwable is not None]
-    if not chains:
-        text = "\n".join(str(seen) for seen in _python_chain(error))
-        return any(name in text for name in _REQUEST_FAILURES) or (
-            _BAD_REQUEST in text and any(code in text for code in _REQUEST_FAILURE_CODES)
-        )
-    return any(_names_a_request_failure(throwable) for throwable in chains)
+    if any(_names_a_request_failure(throwable) for throwable in chain if throwable is not None):
+        return True
+    text = "\n".join(str(seen) for seen in _python_chain(error))
+    named = set(_NAMED_ERROR.findall(text))
+    return bool(named & (_REQUEST_FAILURES | _REQUEST_FAILURE_FAMILIES)) or (
+        _BAD_REQUEST in named and any(code in text for code in _REQUEST_FAILURE_CODES)
+    )
 
 
 def _names_a_request_failure(throwable) -> bool:
-    """Whether a JVM throwable, or one of its causes, is a `_REQUEST_FAILURES` class (or a bad
-    request about the credentials or the clock)."""
+    """Whether a JVM throwable, or one of its causes, is a `_REQUEST_FAILURES` class, of a
+    `_REQUEST_FAILURE_FAMILIES` family, or a bad request about the credentials or the clock."""
     while throwable is not None:
         try:
-            name = throwable.getClass().getName()
-            message = str(throwable.getMessage())
+            kind = throwable.getClass()
+            name, message = kind.getName(), str(throwable.getMessage())
+            lineage = set()
+            while kind is not None:
+                lineage.add(kind.getName())
+                kind = kind.getSuperclass()
             throwable = throwable.getCause()
         except Py4JError:
             return False
-        if name in _REQUEST_FAILURES or (
-            name == _BAD_REQUEST and any(code in message for code in _REQUEST_FAILURE_CODES)
+        if (
+            name in _REQUEST_FAILURES
+            or lineage & _REQUEST_FAILURE_FAMILIES
+            or (name == _BAD_REQUEST and any(code in message for code in _REQUEST_FAILURE_CODES))
         ):
             return True
     return False

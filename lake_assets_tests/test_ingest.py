@@ -838,17 +838,28 @@ def test_a_nanosecond_key_after_a_nested_column_is_checked_by_its_own_stored_typ
     assert reason is not None and "key column 'id'" in reason
 
 
-class _Throwable:
-    """A JVM throwable as py4j shows one: its class name, its message and its cause."""
+class _JavaClass:
+    """A JVM class as py4j shows one: its name and its superclass."""
 
-    def __init__(self, name: str, message: str = "", cause: "_Throwable | None" = None):
-        self._name, self._message, self._cause = name, message, cause
-
-    def getClass(self):
-        return self
+    def __init__(self, name: str, superclass: "_JavaClass | None" = None):
+        self._name, self._superclass = name, superclass
 
     def getName(self):
         return self._name
+
+    def getSuperclass(self):
+        return self._superclass
+
+
+class _Throwable:
+    """A JVM throwable as py4j shows one: its class, its message and its cause."""
+
+    def __init__(self, kind: "str | _JavaClass", message: str = "", cause: "_Throwable | None" = None):
+        self._class = kind if isinstance(kind, _JavaClass) else _JavaClass(kind)
+        self._message, self._cause = message, cause
+
+    def getClass(self):
+        return self._class
 
     def getMessage(self):
         return self._message
@@ -890,7 +901,22 @@ def test_a_failed_request_is_told_from_a_damaged_file_by_the_causes_spark_report
         ),
     ]:
         assert not is_request_failure(failure(spark_task, (name, message))), name
-    # A Spark Connect client has the server's text only.
+    socket = _JavaClass("java.net.SocketException", _JavaClass("java.io.IOException"))
+    ssl = _JavaClass("javax.net.ssl.SSLException", _JavaClass("java.io.IOException"))
+    for kind in (
+        _JavaClass("java.net.ConnectException", socket),
+        _JavaClass("javax.net.ssl.SSLHandshakeException", ssl),
+    ):
+        assert is_request_failure(
+            _Captured(_Throwable("org.apache.spark.SparkException", "", _Throwable(kind)))
+        ), kind
+    # A task's error the driver holds as text, and a Spark Connect client's, name the class.
+    assert is_request_failure(
+        RuntimeError("Job aborted.\nCaused by: java.net.SocketTimeoutException: Read timed out")
+    )
+    assert not is_request_failure(
+        RuntimeError("s3a://b/java.net.SocketTimeoutException.parquet is not a Parquet file")
+    )
     assert is_request_failure(
         RuntimeError("(org.apache.spark.SparkException) … java.net.UnknownHostException: h")
     )
