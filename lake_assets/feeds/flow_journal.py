@@ -330,7 +330,6 @@ class _JournalRead:
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
         # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
-        # the start of the earliest hour this pass reads: documents older than it were written before
         # Clocks before the earliest hour this pass reads were written before it; those more
         # than REPEAT_LOOKBACK before the run's first hour are taken for a skewed producer's.
         self.unread = ff.ClockWindow(
