@@ -318,6 +318,33 @@ def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
     assert history[0]["old_col"] == "x" and history[0]["new_col"] is None and history[0]["amount"] == 1
 
 
+def test_columns_written_with_the_null_type_take_the_type_other_files_give_them(spark, tmp_path):
+    """Athena's and Trino's CTAS write a column of nothing but NULLs with Parquet's NULL type:
+    within a batch it joins the other files' type, and a table that stored it as such widens
+    when values arrive in a later fold."""
+    landing = tmp_path / "unit"
+
+    def with_null_typed(*names: str) -> pa.Schema:
+        return pa.schema([*ACCOUNT_SCHEMA, *((name, pa.null()) for name in names)])
+
+    write_events(
+        landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0))], with_null_typed("note")
+    )
+    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0, 5), note="kept")])
+    write_events(
+        landing, "accounts", 0, "part-2.parquet", [event("c", "I", 3, at(0, 9))], with_null_typed("extra")
+    )
+    batch, current, _ = _fold(spark, landing, hours=(0,))
+    assert batch.reconciles and not batch.quarantined
+    assert (current["a"]["note"], current["b"]["note"], current["c"]["extra"]) == (None, "kept", None)
+
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("c", "U", 4, at(1), extra="now text")])
+    batch, current, history = _fold(spark, landing, hours=(1,))
+    assert batch.reconciles and not batch.quarantined
+    assert current["c"]["extra"] == "now text" and current["a"]["extra"] is None
+    assert [r["extra"] for r in history if r["id"] == "c"] == [None, "now text"]
+
+
 def test_keys_whose_types_meet_keep_every_value_or_their_file_is_set_aside(spark, tmp_path):
     """Files type `id` as int64, as decimal(20,0) and as double. Widened to double, 2^53 and
     2^53 + 1 became one key: one record vanished from current and its history merged into the
