@@ -309,7 +309,14 @@ def load_config(path: str | os.PathLike[str]) -> LakeConfig:
         raise ConfigError(f"{path}: not UTF-8 text (line {line})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
-    return parse_config(raw, source=str(path))
+    config = parse_config(raw, source=str(path))
+    if not config.feeds:
+        # Accepted, it would run as "nothing changed" and show an empty code location.
+        raise ConfigError(
+            f"{path}: feeds: none configured, so nothing would be read; add one "
+            '(README, "Running it on your data")'
+        )
+    return config
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

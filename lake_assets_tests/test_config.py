@@ -477,6 +477,13 @@ def file_problem(tmp_path, content: str | bytes) -> str:
     return str(raised.value).replace(str(path), "c.yaml")
 
 
+@pytest.mark.parametrize("feeds", ["feeds: []\n", ""])
+def test_a_file_that_configures_no_feed_is_refused(tmp_path, feeds):
+    """It would otherwise run as "nothing changed since the last run"."""
+    problem = file_problem(tmp_path, f"lake: {tmp_path / 'lake'}\n{feeds}")
+    assert problem.startswith("c.yaml: feeds: none configured, so nothing would be read")
+
+
 def test_a_file_path_prefixes_each_line(tmp_path):
     assert file_problem(
         tmp_path,
