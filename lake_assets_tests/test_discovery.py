@@ -294,6 +294,29 @@ def test_discover_names_the_landed_tables_a_configuration_leaves_out_and_marks_a
     assert "lake-assets: warning: unit: not read, no table's: table accounts: landed" in captured.err
 
 
+def test_a_flow_feed_names_as_landed_only_the_collections_with_a_folder(lake):
+    """A Flow feed's collections are named in its configuration, not listed: a collection its
+    `tables:` leaves out is said to have landed only when its folder is there, and a configured
+    collection with no folder (a misspelt name) is marked as having landed nothing."""
+    config, _, _ = lake
+    flow = config.feeds[2]
+    misspelt = CollectionConfig(f"{flow.collections[0].name}s", flow.collections[0].key)
+    collections = (*flow.collections, misspelt)
+    tables = sorted(c.table for c in flow.collections)
+
+    def discovered(**narrowing):
+        feed = FeedConfig("flow", "flow_journal", flow.landing, collections=collections, **narrowing)
+        [found] = discover(LakeConfig(lake=config.lake, feeds=(feed,)), config.storage())
+        return found
+
+    found = {"flow": discovered(tables=(tables[0],)), "flow_all": discovered()}
+    assert found["flow"].unread == tuple(
+        f"table {table}: landed, but the feed's configuration does not take it" for table in tables[1:]
+    )
+    assert found["flow"].absent == ()
+    assert found["flow_all"].absent == (misspelt.table,) and found["flow_all"].unread == ()
+
+
 def test_a_configured_feed_whose_landing_top_cannot_be_listed_is_discovered_all_the_same(lake, monkeypatch):
     """Credentials may reach only the configured tables' folders: the landing's top cannot be
     listed, so what lies beside the tables goes unsaid, but nothing fails."""

@@ -659,8 +659,12 @@ class FlowJournalFormat(FeedFormat):
             raise InvalidValue(f"no Flow collection is configured for table {table!r}") from None
 
     def survey(self, storage: Storage, landing: str) -> LandingSurvey:
-        """The configured collections: a Flow feed's tables are named in its configuration."""
-        return LandingSurvey(sorted(self.collections))
+        """The configured collections that have a folder in the landing: a Flow feed's tables are
+        named in its configuration (a collection's name may hold `/`, so the landing's top does
+        not list them), and one with no folder has landed nothing, or is misspelt."""
+        return LandingSurvey(
+            [t for t in sorted(self.collections) if storage.exists(self._collection_root(landing, t))]
+        )
 
     def configured_tables(self, feed) -> list[str] | None:
         """A Flow feed names its collections in the configuration: they are its tables."""
@@ -686,8 +690,7 @@ class FlowJournalFormat(FeedFormat):
         """The journals (see `journals`) and the entries met on the way that are neither a logical
         partition folder nor a journal folder, each with its path below the landing."""
         collection = self.collection(table)
-        name = collection.name
-        root = "/".join([landing.rstrip("/"), *[safe_segment(p, "collection") for p in name.split("/")]])
+        root = self._collection_root(landing, table)
         found: list[Journal] = []
         misfits: list[tuple[Entry, str]] = []
 
@@ -707,8 +710,13 @@ class FlowJournalFormat(FeedFormat):
                 elif collection.wants(*entry.name.split("=", 1)):  # unselected partitions: never listed
                     descend(entry.uri, child)
 
-        descend(root, name)
+        descend(root, collection.name)
         return found, misfits
+
+    def _collection_root(self, landing: str, table: str) -> str:
+        """The folder of the table's collection: its name's segments below the landing."""
+        segments = [safe_segment(p, "collection") for p in self.collection(table).name.split("/")]
+        return "/".join([landing.rstrip("/"), *segments])
 
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
         """Every file under the collection's selected partitions that no hour reads, with the reason.
