@@ -189,7 +189,8 @@ def discover_feed(
 ) -> Discovery:
     """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
     the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
-    one listing of the landing, not one of every table's hours. The tables `siblings`
+    the survey's listings (the landing's top; a Flow feed's folders of collections), not one of
+    every table's hours. The tables `siblings`
     (`sharing_landing`) take are not named as left out."""
     fmt = format_for(feed)
     replaced = problem = None
@@ -207,7 +208,7 @@ def discover_feed(
         if not configured:
             problem = f"listing its tables under {feed.landing}: {first_line(exc)}"
         else:
-            log.info("feed %s: its landing's top could not be listed (%s)", feed.name, first_line(exc))
+            log.info("feed %s: its landing could not be surveyed (%s)", feed.name, first_line(exc))
         # Configured tables are known without it (credentials may reach only their folders):
         # what lies beside them goes unsaid, and the runs go on.
     pinned = before.tables if configured else tuple(sorted({*before.tables, *survey.tables}))

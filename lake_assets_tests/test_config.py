@@ -7,6 +7,7 @@ import yaml
 from lake_assets.config import (
     MAX_CONFIG_BYTES,
     MAX_EXPANDED_NODES,
+    NO_FEED,
     CollectionConfig,
     FeedConfig,
     LakeConfig,
@@ -481,7 +482,11 @@ def file_problem(tmp_path, content: str | bytes) -> str:
 def test_a_file_that_configures_no_feed_is_refused(tmp_path, feeds):
     """It would otherwise run as "nothing changed since the last run"."""
     problem = file_problem(tmp_path, f"lake: {tmp_path / 'lake'}\n{feeds}")
-    assert problem.startswith("c.yaml: feeds: none configured, so nothing would be read")
+    assert problem == f"c.yaml: {NO_FEED}"
+    # with another mistake, both are said at once
+    problem = file_problem(tmp_path, f"lake: {tmp_path / 'lake'}\nlease_wait_seconds: soon\n{feeds}")
+    assert problem.splitlines()[0].startswith("c.yaml: lease_wait_seconds: ")
+    assert problem.splitlines()[1:] == [f"c.yaml: {NO_FEED}"]
 
 
 def test_a_file_path_prefixes_each_line(tmp_path):
@@ -618,6 +623,21 @@ def test_flow_collections_need_keys_and_may_select_logical_partitions():
         {"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]}
     ) == [
         "feeds[0].collections[0].key[0]: expected a JSON pointer such as /id, got 'id'",
+    ]
+
+
+@pytest.mark.parametrize("name", ["acmeCo/-x", "acmeCo/.hidden", "./orders", "acmeCo/x..y", "acmeCo//x"])
+def test_a_flow_collection_name_no_folder_can_stand_for_is_refused(name):
+    """Each segment of a collection's name is a folder the lake goes into: one that starts with
+    `-` or `.` was accepted, then failed every look at the landing."""
+    feed = {
+        "name": "flow",
+        "format": "flow_journal",
+        "landing": "/x",
+        "collections": [{"name": name, "key": ["/id"]}],
+    }
+    assert problems({"lake": "/lake", "feeds": [feed]}) == [
+        f"feeds[0].collections[0].name: expected a collection name such as acmeCo/orders, got {name!r}"
     ]
 
 

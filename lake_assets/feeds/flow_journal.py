@@ -51,7 +51,7 @@ from lake_assets.config_model import FeedConfig, Model, Names, checked, expected
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name, same_name
 from lake_assets.engine.schema import DECIMAL_DIGITS, one_column_per_name
-from lake_assets.errors import InvalidValue
+from lake_assets.errors import InvalidValue, UnsafePathError
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import (
     FeedFormat,
@@ -508,8 +508,16 @@ def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
 
 
 def _collection_name(value: Any) -> bool:
-    pattern = r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*"
-    return isinstance(value, str) and ".." not in value and re.fullmatch(pattern, value) is not None
+    """`/`-separated segments of Flow's characters, each a folder name the lake may go into
+    (`paths.safe_segment`: not `.`, nor starting with `-` or `.`)."""
+    if not isinstance(value, str) or re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", value) is None:
+        return False
+    try:
+        for segment in value.split("/"):
+            safe_segment(segment, "collection")
+    except UnsafePathError:
+        return False
+    return True
 
 
 def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -662,9 +670,14 @@ class FlowJournalFormat(FeedFormat):
         """The configured collections that have a folder in the landing: a Flow feed's tables are
         named in its configuration (a collection's name may hold `/`, so the landing's top does
         not list them), and one with no folder has landed nothing, or is misspelt."""
-        return LandingSurvey(
-            [t for t in sorted(self.collections) if storage.exists(self._collection_root(landing, t))]
-        )
+        roots = {t: self._collection_root(landing, t).rsplit("/", 1) for t in sorted(self.collections)}
+        # One listing of each folder that holds collections (`acmeCo/`), as the other feeds list
+        # the landing's top: a folder that is not there lists as empty.
+        folders = {
+            parent: {e.name for e in storage.list(parent) if e.is_dir}
+            for parent in {p for p, _ in roots.values()}
+        }
+        return LandingSurvey([t for t, (parent, name) in roots.items() if name in folders[parent]])
 
     def configured_tables(self, feed) -> list[str] | None:
         """A Flow feed names its collections in the configuration: they are its tables."""
