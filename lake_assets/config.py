@@ -219,13 +219,24 @@ def _overlap(lake: str, landing: str) -> str | None:
     return None
 
 
-def parse_config(raw: Any, source: str | None = None) -> LakeConfig:
-    """A configuration from parsed YAML; every mistake is a line of the ConfigError."""
+#: the line for a configuration file that names no feed: accepted, it would run as "nothing
+#: changed since the last run" and load an empty code location
+NO_FEED = 'feeds: none configured, so nothing would be read; add one (README, "Running it on your data")'
+
+
+def parse_config(raw: Any, source: str | None = None, *, feeds_required: bool = False) -> LakeConfig:
+    """A configuration from parsed YAML; every mistake is a line of the ConfigError. A file that
+    configures no feed is one such mistake (`feeds_required`)."""
+    problems: list[str] = []
+    config = None
     try:
         config = LakeConfig.model_validate(raw)
     except ValidationError as exc:
         problems = explain(exc, LakeConfig)
-        raise ConfigError("\n".join(f"{source}: {line}" if source else line for line in problems)) from None
+    if feeds_required and isinstance(raw, dict) and not (config.feeds if config else raw.get("feeds")):
+        problems.append(NO_FEED)
+    if problems or config is None:
+        raise ConfigError("\n".join(f"{source}: {line}" if source else line for line in problems))
     config._source = source
     return config
 
@@ -309,14 +320,7 @@ def load_config(path: str | os.PathLike[str]) -> LakeConfig:
         raise ConfigError(f"{path}: not UTF-8 text (line {line})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
-    config = parse_config(raw, source=str(path))
-    if not config.feeds:
-        # Accepted, it would run as "nothing changed" and show an empty code location.
-        raise ConfigError(
-            f"{path}: feeds: none configured, so nothing would be read; add one "
-            '(README, "Running it on your data")'
-        )
-    return config
+    return parse_config(raw, source=str(path), feeds_required=True)
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

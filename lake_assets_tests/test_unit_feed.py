@@ -319,24 +319,34 @@ def test_columns_added_dropped_and_widened_union_cleanly(spark, tmp_path):
 
 
 def test_columns_written_with_the_null_type_take_the_type_other_files_give_them(spark, tmp_path):
-    """Athena's and Trino's CTAS write a column of nothing but NULLs with Parquet's NULL type:
-    within a batch it joins the other files' type, and a table that stored it as such widens
-    when values arrive in a later fold."""
+    """Athena's and Trino's CTAS write a column of nothing but NULLs with Parquet's NULL type,
+    which Spark would read as an integer: within a batch it takes the other files' type
+    (text, a boolean, a time), and a table that stored it as such widens when values arrive in
+    a later fold."""
     landing = tmp_path / "unit"
+    typed = {"note": pa.string(), "active": pa.bool_(), "seen": pa.timestamp("us", tz="UTC")}
 
-    def with_null_typed(*names: str) -> pa.Schema:
-        return pa.schema([*ACCOUNT_SCHEMA, *((name, pa.null()) for name in names)])
+    def schema(**types: pa.DataType) -> pa.Schema:
+        return pa.schema([*ACCOUNT_SCHEMA, *types.items()])
 
+    every_null = {name: pa.null() for name in typed}
+    write_events(landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0))], schema(**every_null))
+    values = {"note": "kept", "active": True, "seen": at(0, 1)}
     write_events(
-        landing, "accounts", 0, "part-0.parquet", [event("a", "I", 1, at(0))], with_null_typed("note")
+        landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0, 5), **values)], schema(**typed)
     )
-    write_events(landing, "accounts", 0, "part-1.parquet", [event("b", "I", 2, at(0, 5), note="kept")])
     write_events(
-        landing, "accounts", 0, "part-2.parquet", [event("c", "I", 3, at(0, 9))], with_null_typed("extra")
+        landing, "accounts", 0, "part-2.parquet", [event("c", "I", 3, at(0, 9))], schema(extra=pa.null())
     )
     batch, current, _ = _fold(spark, landing, hours=(0,))
     assert batch.reconciles and not batch.quarantined
-    assert (current["a"]["note"], current["b"]["note"], current["c"]["extra"]) == (None, "kept", None)
+    assert {k: current["b"][k] for k in typed} == {
+        **values,
+        "seen": values["seen"].astimezone().replace(tzinfo=None),
+    }  # PySpark: local, naive
+    assert {k: current["a"][k] for k in typed} == dict.fromkeys(typed)
+    stored = dict(spark.read.parquet(f"file://{tmp_path / 'lake/current/unit/accounts'}").dtypes)
+    assert (stored["note"], stored["active"], stored["seen"]) == ("string", "boolean", "timestamp")
 
     write_events(landing, "accounts", 1, "part-0.parquet", [event("c", "U", 4, at(1), extra="now text")])
     batch, current, history = _fold(spark, landing, hours=(1,))
