@@ -26,7 +26,9 @@ from lake_assets.catalog.files import (
     Refused,
     catalog_file,
     catalogued_entries,
+    landed_record_versions,
     landed_records,
+    newest_records,
     landing_work_id,
     retire_landed,
     retirements,
@@ -238,12 +240,15 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
     fmt, storage = work.fmt, work.storage
     keys = fmt.read_partitions(partitions)
     listed = fmt.partitions_files(storage, work.feed.landing, work.table, keys)
-    recorded = landed_records(work.store, work.feed.name, work.table, keys)
+    versions = landed_record_versions(work.store, work.feed.name, work.table, keys)
+    recorded = newest_records(versions)
+    # Every record of a gone file: one left of a file rewritten in place would list it again.
     gone = [
         record
         for key in keys
-        for url, record in recorded[key].items()
+        for url, records in versions[key].items()
         if url not in {entry.uri for entry in listed.get(key, [])}
+        for record in records
     ]
     retire_landed(work.store, gone)
     refused: list[str] = []
@@ -277,7 +282,7 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         refuse,
     )
     return LandingCatalogued(
-        sum(len(entries) for entries in listed.values()), hashed, len(gone), len(refused)
+        sum(len(entries) for entries in listed.values()), hashed, len({r["url"] for r in gone}), len(refused)
     )
 
 

@@ -231,6 +231,22 @@ def test_a_removed_file_reprocesses_its_hour_and_its_rows_leave_the_change_log(l
     assert lake.run() == []
 
 
+def test_a_file_rewritten_in_place_then_removed_leaves_no_record_and_nothing_set_aside(lake):
+    """The catalog keeps a record of each content of a file rewritten in place; once the file is
+    gone each is retired. One left behind listed the file again, and the run set it aside as
+    unreadable ("FileNotFoundError"), a quarantine entry for a file that had simply gone."""
+    rewritten = lake.write(2, "part-0.parquet", [event("b", "I", 2, at(2, 5), name="b corrected", balance=2)])
+    assert lake.run() == [(hour(2), hour(2))]
+    rewritten.unlink()
+    lake.write(2, "part-1.parquet", [event("b", "I", 2, at(2, 5), name="b", balance=2)])
+    assert lake.run() == [(hour(2), hour(2))]
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.quarantined == []
+    assert not list((lake.lake / "_quarantine").rglob("*.*"))
+    assert lake.changes()[hour(2)] == ["b"]
+    assert lake.run() == []
+
+
 def test_when_every_landed_file_is_gone_the_change_log_empties_too(lake):
     """The last files of the landing removed, folders and all (as on S3): their hours still run
     once more, so that their rows leave `changes`."""

@@ -256,27 +256,42 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
     return out
 
 
-def landed_records(
+def landed_record_versions(
     store: CatalogStore, feed: str, table: str, partitions: Iterable[str]
-) -> dict[str, dict[str, dict]]:
-    """partition -> URL -> the record of each landed file of the partition, as catalogued (one
-    query). A file rewritten in place has a record per content; the newest one stands for it."""
+) -> dict[str, dict[str, list[dict]]]:
+    """partition -> URL -> every record of each landed file of the partition, oldest first (one
+    query). A file rewritten in place has a record per content, each of which is retired when
+    the file is gone."""
     partitions = list(partitions)
     found = store.query_by_work_ids(
         [landing_work_id(p) for p in partitions], catalog_what(table), catalog_where(feed)
     )
-    out: dict[str, dict[str, dict]] = {}
+    out: dict[str, dict[str, list[dict]]] = {}
     for partition in partitions:
-        if not names_its_work(partition):
-            out[partition] = {}
-            continue
-        newest: dict[str, dict] = {}
-        for record in found[landing_work_id(partition)]:
-            seen = newest.get(record["url"])
-            if seen is None or record["create_time"] >= seen["create_time"]:
-                newest[record["url"]] = record
-        out[partition] = dict(sorted(newest.items()))
+        by_url: dict[str, list[dict]] = {}
+        if names_its_work(partition):
+            for record in found[landing_work_id(partition)]:
+                by_url.setdefault(record["url"], []).append(record)
+        out[partition] = {
+            url: sorted(records, key=lambda r: r["create_time"]) for url, records in sorted(by_url.items())
+        }
     return out
+
+
+def landed_records(
+    store: CatalogStore, feed: str, table: str, partitions: Iterable[str]
+) -> dict[str, dict[str, dict]]:
+    """partition -> URL -> the record of each landed file of the partition, as catalogued (one
+    query): of a file rewritten in place, the newest record stands for it."""
+    return newest_records(landed_record_versions(store, feed, table, partitions))
+
+
+def newest_records(versions: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict]]:
+    """`landed_record_versions` with each file's newest record alone."""
+    return {
+        partition: {url: records[-1] for url, records in by_url.items()}
+        for partition, by_url in versions.items()
+    }
 
 
 def retire_landed(store: CatalogStore, records: Iterable[dict]) -> None:
