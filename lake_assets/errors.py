@@ -135,6 +135,12 @@ class AnotherWriter(LakeAssetsError):
     made: the run stops before it changes the table."""
 
 
+class LandingEmptied(LakeAssetsError):
+    """Every landed file of a table is gone while the lake still holds changes read from them.
+    The change log mirrors the landing, so the run would empty it; an unmounted share or a
+    mistyped prefix lists empty too, and the run refuses until told the removal is meant."""
+
+
 class SchemaClash(LakeAssetsError):
     """Two observations of a column have types that cannot be widened into one."""
 

@@ -47,7 +47,7 @@ from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, is_parquet_file, parquet_files, recover
-from lake_assets.errors import DamagedLakeFile, SchemaClash, first_line
+from lake_assets.errors import DamagedLakeFile, LandingEmptied, SchemaClash, first_line
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
 from lake_assets.paths import LakeLayout
@@ -250,6 +250,7 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         if url not in {entry.uri for entry in listed.get(key, [])}
         for record in records
     ]
+    _refuse_to_empty_for_a_landing_gone_blank(work, keys, listed, versions)
     retire_landed(work.store, gone)
     refused: list[str] = []
 
@@ -283,6 +284,30 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
     )
     return LandingCatalogued(
         sum(len(entries) for entries in listed.values()), hashed, len({r["url"] for r in gone}), len(refused)
+    )
+
+
+def _refuse_to_empty_for_a_landing_gone_blank(
+    work: TableWork, keys: list[str], listed: dict[str, list[Entry]], recorded: dict[str, dict]
+) -> None:
+    """Raise `LandingEmptied` when the partitions of a run list no file, the lake holds what was
+    read from them (`recorded`: catalog records of their files; or notes), and no other partition of the
+    table lists a file either: the whole landing went blank at once. The change log mirrors the
+    landing, so the run would empty it, and an unmounted share, a mistyped prefix or a bucket
+    policy that hides the objects lists exactly like that (docs/incremental-runs.md, "What a run
+    takes"). The feed's `allow_empty_landing` lets the removal through."""
+    if any(listed.values()) or work.feed.allow_empty_landing:
+        return
+    feed, table = work.feed.name, work.table
+    noted = processed.partitions_with_notes(work.storage, work.layout, feed, table)
+    held = sorted({key for key in keys if recorded[key] or key in noted})
+    if not held or work.fmt.holds_landed_files(work.storage, work.feed.landing, work.table):
+        return
+    raise LandingEmptied(
+        f"{feed}/{table}: the landing {work.feed.landing} lists no file of the table at all, yet the lake "
+        f"holds changes read from {len(held)} partition(s), {held[0]} .. {held[-1]}: not emptying them. "
+        f"Is the landing mounted, and its path right? If every file was removed on purpose, set "
+        f"`allow_empty_landing: true` on feed {feed} for the run that empties them"
     )
 
 

@@ -415,6 +415,7 @@ def test_config_check_prints_the_resolved_configuration_with_credentials_redacte
             "late_hours": 4,
             "sensor_interval_seconds": 30,
             "watch": True,
+            "allow_empty_landing": False,
         }
     ]
     assert resolved["s3"] == {
@@ -439,7 +440,11 @@ def test_config_check_prints_the_resolved_configuration_with_credentials_redacte
         (
             ", colour: blue",
             "feeds[0].colour: unknown key; expected one of name, format, landing, tables, start, "
-            "late_hours, sensor_interval_seconds, watch",
+            "late_hours, sensor_interval_seconds, watch, allow_empty_landing",
+        ),
+        (
+            ", allow_empty_landing: 'yes'",
+            "feeds[0].allow_empty_landing: expected true or false, got 'yes'",
         ),
     ],
 )

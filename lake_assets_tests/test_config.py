@@ -44,7 +44,9 @@ def test_minimal_config_parses_and_round_trips(tmp_path):
 
 GOOD_FEED = {"name": "good", "format": "unit_cdc", "landing": "/landing/good"}
 URI = "file:///absolute/path, /absolute/path or s3a://bucket/prefix (without '..', '.' or empty segments)"
-UNIT_KEYS = "name, format, landing, tables, start, late_hours, sensor_interval_seconds, watch"
+UNIT_KEYS = (
+    "name, format, landing, tables, start, late_hours, sensor_interval_seconds, watch, allow_empty_landing"
+)
 
 
 def problems(raw) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -553,3 +554,27 @@ def test_a_copy_that_fails_leaves_no_earlier_copy_to_pass_for_it(tmp_path):
     copy = set_aside()
     assert not storage.exists(copy)
     assert "copy failed" in storage.read_bytes(copy + ".reason.json").decode()
+
+
+@pytest.mark.parametrize("feed_name", sorted(FEEDS))
+def test_a_landing_that_lists_empty_leaves_the_change_log_as_it_was(
+    feed_name, spark, tmp_path, monkeypatch, capsys
+):
+    """A share that is not mounted (its mount point lists empty) looks like every file removed:
+    `run` fails naming the table, and `changes` keeps every row it read, whichever the feed."""
+    feed = FEEDS[feed_name]
+    code, lake, _, _ = run_cli(tmp_path, feed_name, None, monkeypatch)
+    assert code == 0
+    stored = events(lake, feed)
+    landing = tmp_path / "landing"
+    for child in list(landing.iterdir()):
+        shutil.rmtree(child)
+    capsys.readouterr()
+    config = str(tmp_path / f"{feed_name}.yaml")
+    assert main(["run", "--config", config]) == 1
+    said = capsys.readouterr()
+    assert (
+        f"{feed_name}/{feed.table}: the landing file://{landing} lists no file of the table"
+        in said.out + said.err
+    )
+    assert events(lake, feed) == stored

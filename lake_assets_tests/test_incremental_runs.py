@@ -25,9 +25,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lake_assets import processed, reruns
+from lake_assets.catalog.files import landed_records
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
 from lake_assets.errors import LakeAssetsError
+from lake_assets.orchestration.definitions import resources_for
 from lake_assets.orchestration.execution import lake_status
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
@@ -56,6 +58,16 @@ class Lake:
         self.said.clear()
         run_ids = run_feeds(self.config, instance=self.instance, say=self.said.append, **options)
         return [_range(self.instance.get_run_by_id(run_id)) for run_id in run_ids]
+
+    def catalogued(self, table: str = "accounts") -> dict[str, list[str]]:
+        """hour -> its landed files the catalog lists, as `<hour>/<name>`."""
+        store = resources_for(self.config)["catalog"].get_store()
+        hours = [hour(h) for h in range(24)]
+        return {
+            key: [f"{key}/{url.rsplit('/', 1)[-1]}" for url in by_url]
+            for key, by_url in landed_records(store, "unit", table, hours).items()
+            if by_url
+        }
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
@@ -247,16 +259,45 @@ def test_a_file_rewritten_in_place_then_removed_leaves_no_record_and_nothing_set
     assert lake.run() == []
 
 
-def test_when_every_landed_file_is_gone_the_change_log_empties_too(lake):
-    """The last files of the landing removed, folders and all (as on S3): their hours still run
-    once more, so that their rows leave `changes`."""
+def _remove_every_landed_file(lake: Lake) -> None:
+    """The landing's files removed, folders and all (as on S3, or a share that is not mounted)."""
     for h in (1, 2, 3):
         (hour_dir(lake.landing, "accounts", h) / "part-0.parquet").unlink()
     for folder in sorted(lake.landing.rglob("*"), reverse=True):
         folder.rmdir()
+
+
+def test_a_landing_gone_blank_at_once_is_refused_and_the_lake_keeps_what_it_read(lake):
+    """Every file of a table gone at once is what an unmounted share or a mistyped prefix looks
+    like: the run fails for the table, naming it and what to do, and neither the change log nor
+    the catalog loses anything; once the removal is declared meant, the next run empties it."""
+    before, catalogued = lake.changes(), lake.catalogued()
+    _remove_every_landed_file(lake)
+    with pytest.raises(
+        LakeAssetsError, match=r"unit/accounts: the landing \S+ lists no file of the table"
+    ) as failed:
+        lake.run()
+    assert "allow_empty_landing: true" in str(failed.value)
+    assert lake.changes() == before
+    assert lake.catalogued() == catalogued == {hour(h): [f"{hour(h)}/part-0.parquet"] for h in (1, 2, 3)}
+    feed = lake.config.feeds[0].model_copy(update={"allow_empty_landing": True})
+    lake.config = lake.config.model_copy(update={"feeds": (feed,)})
     assert lake.run() == [(hour(1), hour(3))]
     assert lake.changes() == {}
     assert lake.run() == []
+
+
+def test_a_landing_emptied_hour_by_hour_empties_the_change_log_until_its_last_file_goes(lake):
+    """Files removed while others remain (a vendor's retention) are not a landing gone blank: the
+    hours run and their rows leave `changes`. The last file's removal leaves nothing landed, and
+    is refused like a landing gone blank at once."""
+    for h in (1, 2):
+        (hour_dir(lake.landing, "accounts", h) / "part-0.parquet").unlink()
+    assert lake.run() == [(hour(1), hour(2))]
+    assert sorted(lake.changes()) == [hour(3)]
+    (hour_dir(lake.landing, "accounts", 3) / "part-0.parquet").unlink()
+    with pytest.raises(LakeAssetsError, match="lists no file of the table at all"):
+        lake.run()
 
 
 def test_all_reprocesses_every_landed_hour_and_a_range_every_hour_in_it(lake):

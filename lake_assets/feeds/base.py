@@ -96,6 +96,12 @@ class FeedFormat(abc.ABC):
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every partition of a table with landed files, in partition order."""
 
+    def holds_landed_files(self, storage: Storage, landing: str, table: str) -> bool:
+        """Whether any partition of the table holds a landed file; the newest are listed first,
+        and the listing stops at the first file found."""
+        keys = self.partition_keys(storage, landing, table)
+        return any(self.partition_files(storage, landing, table, key) for key in reversed(keys))
+
     def configured(self, feed) -> FeedFormat:
         """The format as one feed configures it (a Flow feed names its collections)."""
         return self
