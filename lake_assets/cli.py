@@ -32,7 +32,7 @@ from lake_assets.console import (
     output_to,
 )
 from lake_assets.discovery import describe, describe_unread, discover, feed_tables, load_pins
-from lake_assets.errors import ConfigError, LakeAssetsError
+from lake_assets.errors import ConfigError, LakeAssetsError, LandingEmptied
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import parse_hour_key
 from lake_assets.feeds.grax_v2 import batch_order, is_batch_key
@@ -275,10 +275,17 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         config = config.with_lake(args.lake)
     feed_name, _, table = args.table.partition("/")
     feed = config.feed(feed_name)
-    if table not in feed_tables(feed, format_for(feed), load_pins(config, config.storage())[feed.name]):
+    fmt = format_for(feed)
+    if table not in feed_tables(feed, fmt, load_pins(config, config.storage())[feed.name]):
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
     store = _catalog_store(config)
     storage, layout = config.storage(), LakeLayout(config.lake)
+    if not feed.allow_empty_landing and not fmt.holds_landed_files(storage, feed.landing, table):
+        raise LandingEmptied(
+            f"{feed.name}/{table}: the landing {feed.landing} lists no file of the table: a rebuild would leave "
+            "its changes, current and history empty. Is the landing mounted, and its path right? To rebuild it "
+            f"empty all the same, set `allow_empty_landing: true` on feed {feed.name}"
+        )
     with lease.writing_table(
         storage, layout, feed.name, table, None, "rebuild", config.lease_wait_seconds, _say
     ):

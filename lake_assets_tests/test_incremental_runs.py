@@ -287,6 +287,22 @@ def test_a_landing_gone_blank_at_once_is_refused_and_the_lake_keeps_what_it_read
     assert lake.run() == []
 
 
+def test_a_rebuild_of_a_table_whose_landing_lists_no_file_is_refused(lake, tmp_path, capsys):
+    """A rebuild forgets the table and reads it again from the landing: over a landing gone blank
+    it would leave every layer empty. It is refused, and the lake keeps the table."""
+    before = lake.changes()
+    _remove_every_landed_file(lake)
+    config_file = tmp_path / "lake.yaml"
+    config_file.write_text(dump_config(lake.config))
+    capsys.readouterr()
+
+    assert main(["rebuild", "--config", str(config_file), "--table", "unit/accounts"]) == 1
+
+    assert "unit/accounts: the landing file://" in capsys.readouterr().err
+    assert lake.changes() == before
+    assert list((lake.lake / "current" / "unit" / "accounts").glob("*.parquet"))
+
+
 def test_a_landing_emptied_hour_by_hour_empties_the_change_log_until_its_last_file_goes(lake):
     """Files removed while others remain (a vendor's retention) are not a landing gone blank: the
     hours run and their rows leave `changes`. The last file's removal leaves nothing landed, and
