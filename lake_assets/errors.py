@@ -141,6 +141,11 @@ class LandingEmptied(LakeAssetsError):
     mistyped prefix lists empty too, and the run refuses until told the removal is meant."""
 
 
+class LandingChanged(LakeAssetsError):
+    """A landed file the run catalogued went before the run read it: the run stops rather than
+    write its partition without the file's rows."""
+
+
 class SchemaClash(LakeAssetsError):
     """Two observations of a column have types that cannot be widened into one."""
 

@@ -290,24 +290,32 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
 def _refuse_to_empty_for_a_landing_gone_blank(
     work: TableWork, keys: list[str], listed: dict[str, list[Entry]], recorded: dict[str, dict]
 ) -> None:
-    """Raise `LandingEmptied` when the partitions of a run list no file, the lake holds what was
-    read from them (`recorded`: catalog records of their files; or notes), and no other partition of the
-    table lists a file either: the whole landing went blank at once. The change log mirrors the
-    landing, so the run would empty it, and an unmounted share, a mistyped prefix or a bucket
-    policy that hides the objects lists exactly like that (docs/incremental-runs.md, "What a run
-    takes"). The feed's `allow_empty_landing` lets the removal through."""
-    if any(listed.values()) or work.feed.allow_empty_landing:
+    """Raise `LandingEmptied` when the run would empty partitions the lake read files from
+    (`recorded`: the catalog's records of their landed files) while none of those files is
+    listed any more, and no partition outside the run lists a file either: the landing went
+    blank at once, but for files no run has read yet. The change log mirrors the landing, so the
+    run would empty those partitions, and an unmounted share (perhaps with a new file written
+    into its mount point), a mistyped prefix or a bucket policy that hides the objects lists
+    exactly like that (docs/incremental-runs.md, "What a run takes"). Files removed among others
+    that remain, in the run's partitions or outside them (a vendor's retention), are emptied as
+    usual, and a partition whose files were replaced is not emptied. The feed's
+    `allow_empty_landing` lets the removal through."""
+    held = [key for key in keys if recorded[key]]
+    emptied = sorted((key for key in held if not listed.get(key)), key=work.fmt.partition_order)
+    if not emptied or work.feed.allow_empty_landing:
+        return
+    landed = {entry.uri for entries in listed.values() for entry in entries}
+    if any(url in landed for key in held for url in recorded[key]):
+        return
+    if work.fmt.holds_landed_files(work.storage, work.feed.landing, work.table, besides=set(keys)):
         return
     feed, table = work.feed.name, work.table
-    noted = processed.partitions_with_notes(work.storage, work.layout, feed, table)
-    held = sorted({key for key in keys if recorded[key] or key in noted})
-    if not held or work.fmt.holds_landed_files(work.storage, work.feed.landing, work.table):
-        return
     raise LandingEmptied(
-        f"{feed}/{table}: the landing {work.feed.landing} lists no file of the table at all, yet the lake "
-        f"holds changes read from {len(held)} partition(s), {held[0]} .. {held[-1]}: not emptying them. "
-        f"Is the landing mounted, and its path right? If every file was removed on purpose, set "
-        f"`allow_empty_landing: true` on feed {feed} for the run that empties them"
+        f"{feed}/{table}: the landing {work.feed.landing} lists none of the files the lake read from "
+        f"{len(emptied)} partition(s), {emptied[0]} .. {emptied[-1]}, nor any file the lake read elsewhere or "
+        f"in another partition: not emptying their changes. Is the landing mounted, and its path right? If "
+        f"every file was removed on purpose, set `allow_empty_landing: true` on feed {feed} for the run that "
+        "empties them"
     )
 
 
@@ -500,6 +508,7 @@ def _read(session: SparkSession, work: TableWork, partitions: list[str], catalog
         partitions,
         lambda: _processed_before(work),
         [part for key in partitions for request in standing.get(key, []) for part in request.parts],
+        _stored_schema(session, work, log),
     )
 
 

@@ -232,15 +232,6 @@ def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str
     return {json_name(entry) for entry in json_files(storage, notes_folder(layout, feed, table))}
 
 
-def partitions_with_notes(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
-    """The partitions with a note of either kind: processed, or stored and not folded yet."""
-    return {
-        json_name(entry)
-        for folder in (NOTES_FOLDER, STORED_FOLDER)
-        for entry in json_files(storage, notes_folder(layout, feed, table, folder))
-    }
-
-
 def json_files(storage: Storage, folder: str) -> list[Entry]:
     """The `.json` files in a folder (none if it is absent)."""
     return [e for e in storage.list(folder) if not e.is_dir and e.name.endswith(".json")]

@@ -758,6 +758,49 @@ def test_number_keys_keep_their_values_or_their_fragment_is_set_aside(spark, tmp
     assert f"key /id is the number {10**40}"[:40] in notes[uri(too_long)]
 
 
+def test_a_text_key_beside_number_keys_sets_its_fragment_aside_instead_of_merging_keys(spark, tmp_path):
+    """Read together, Spark makes a key column of numbers and texts text: the keys 1 and "1"
+    became one, and `current` kept only the later. The kind most documents give the key stands;
+    the fragment holding the other kind is set aside, naming the document."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    docs = [doc_line(1), doc_line(2), doc_line(3, id="1", name="text one"), doc_line(4)]
+    at = [sum(len(d) for d in docs[:i]) for i in range(len(docs) + 1)]
+    write_fragment(journal, 0, b"".join(docs[:2]))
+    text_key = write_fragment(journal, at[2], docs[2])
+    write_fragment(journal, at[3], docs[3])
+
+    run_feeds(
+        config_for(landing, lake, {"acmeCo/customers": ["/id"]}),
+        instance=dg.DagsterInstance.ephemeral(),
+        say=lambda _: None,
+    )
+
+    current = {r["id"]: r["name"] for r in rows(lake, "current", "acmeco_customers")}
+    assert current == {1: "c1", 2: "c2", 4: "c4"}
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(text_key)}
+    assert "key /id is text ('1') where the collection's key is number" in notes[uri(text_key)]
+
+
+def test_a_later_batch_whose_key_is_text_where_the_table_holds_numbers_is_set_aside(spark, tmp_path):
+    """Across runs the table's stored key column gives the kind: a later hour writing the key as
+    text (all its documents alike) is set aside rather than turning the stored keys into text."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+    instance = dg.DagsterInstance.ephemeral()
+    first = doc_line(1) + doc_line(2)
+    write_fragment(journal, 0, first)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    later = write_fragment(journal, len(first), doc_line(5, id="1", name="text one"), hour=11)
+
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    assert {r["id"]: r["name"] for r in rows(lake, "current", "acmeco_customers")} == {1: "c1", 2: "c2"}
+    assert "key /id is text ('1') where the collection's key is number" in quarantine_notes(lake)[uri(later)]
+
+
 def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeypatch):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

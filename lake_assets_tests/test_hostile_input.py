@@ -574,7 +574,7 @@ def test_a_landing_that_lists_empty_leaves_the_change_log_as_it_was(
     assert main(["run", "--config", config]) == 1
     said = capsys.readouterr()
     assert (
-        f"{feed_name}/{feed.table}: the landing file://{landing} lists no file of the table"
+        f"{feed_name}/{feed.table}: the landing file://{landing} lists none of the files"
         in said.out + said.err
     )
     assert events(lake, feed) == stored

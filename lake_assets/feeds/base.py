@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -96,10 +96,12 @@ class FeedFormat(abc.ABC):
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         """Every partition of a table with landed files, in partition order."""
 
-    def holds_landed_files(self, storage: Storage, landing: str, table: str) -> bool:
-        """Whether any partition of the table holds a landed file; the newest are listed first,
-        and the listing stops at the first file found."""
-        keys = self.partition_keys(storage, landing, table)
+    def holds_landed_files(
+        self, storage: Storage, landing: str, table: str, besides: Collection[str] = ()
+    ) -> bool:
+        """Whether any partition of the table but those `besides` holds a landed file; the newest
+        are listed first, and the listing stops at the first file found."""
+        keys = [key for key in self.partition_keys(storage, landing, table) if key not in besides]
         return any(self.partition_files(storage, landing, table, key) for key in reversed(keys))
 
     def configured(self, feed) -> FeedFormat:
@@ -154,11 +156,12 @@ class FeedFormat(abc.ABC):
         partitions: list[str],
         processed_before: Callable[[], set[str]] = set,
         must_read: Sequence[ByteRange] = (),
+        stored: T.StructType | None = None,
     ) -> Batch:
         """The batch of a format that reads its own files (`file_format` other than "parquet").
         `processed_before` lists the partitions processed before (called only when needed);
         `must_read` are parts of other partitions' files that runs asked these partitions to
-        read (`reruns`)."""
+        read (`reruns`); `stored` is the table's schema as stored, if it has one."""
         raise NotImplementedError(f"{self.name} files are read by the shared Parquet reader")
 
     @abc.abstractmethod

@@ -234,10 +234,42 @@ def _exact_key_number(value: object) -> bool:
     return isinstance(value, int) and -(2**63) <= value < 2**63
 
 
-def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
+#: the JSON kinds a key value may have, as `key_kind` names them
+KEY_KINDS = ("boolean", "number", "text")
+
+
+def key_kind(value: object) -> str:
+    """The JSON kind of a scalar key value: boolean, number or text."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float, ff.NumberText)):
+        return "number"
+    return "text"
+
+
+def stored_key_kinds(stored: T.StructType | None, key: tuple[str, ...]) -> dict[str, str]:
+    """pointer -> the kind of the key's column in the table as stored (none for a new table, or
+    a column of another type)."""
+    if stored is None:
+        return {}
+    types = {same_name(field.name): field.dataType for field in stored.fields}
+    kinds = {}
+    for pointer in key:
+        kind = types.get(same_name(key_column(pointer)))
+        if isinstance(kind, T.StringType):
+            kinds[pointer] = "text"
+        elif isinstance(kind, T.BooleanType):
+            kinds[pointer] = "boolean"
+        elif isinstance(kind, T.NumericType):
+            kinds[pointer] = "number"
+    return kinds
+
+
+def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None = None) -> None:
     """FragmentError (naming the document's offset) unless the document is data the change model
     can take: a known op, every key pointer resolving to a scalar (string, number, boolean) whose
-    text is valid UTF-8, and no two fields whose names are equal ignoring case (Spark would take them for one column)."""
+    text is valid UTF-8 and whose kind is the one `kinds` gives the key (if it gives one), and no
+    two fields whose names are equal ignoring case (Spark would take them for one column)."""
     op = doc.doc["_meta"].get("op")
     if op is not None and (not isinstance(op, str) or op not in _OPS):
         raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {reprlib.repr(op)}", doc.offset)
@@ -259,6 +291,15 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...]) -> None:
                 doc.uri,
                 f"document key {pointer} is the number {number}: a key number must be a whole "
                 "number of 64 bits, as other numbers are read as doubles and two keys could become one",
+                doc.offset,
+            )
+    for pointer, value in values.items():
+        wanted = (kinds or {}).get(pointer)
+        if wanted is not None and key_kind(value) != wanted:
+            raise ff.FragmentError(
+                doc.uri,
+                f"document key {pointer} is {key_kind(value)} ({reprlib.repr(value)}) where the collection's "
+                f'key is {wanted}: read together, both become text and two keys (1 and "1") could become one',
                 doc.offset,
             )
     garbled = [pointer for pointer, value in values.items() if doc.garbled and ff.holds_invalid_text(value)]
@@ -296,13 +337,18 @@ def _field_of(pointer: str) -> str | None:
 
 
 def read_journal_task(
-    key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int = ff.MAX_FRAGMENT_BYTES
+    key: tuple[str, ...],
+    wanted_hours: frozenset[str],
+    max_bytes: int = ff.MAX_FRAGMENT_BYTES,
+    kinds: dict[str, str] | None = None,
 ) -> Callable[[pa.Table], pa.Table]:
     """The per-journal function Spark runs (`applyInArrow`): the cover pieces of one journal,
-    with their bytes, in; committed documents, bad fragments and counts out (`_JournalRead`)."""
+    with their bytes, in; committed documents, bad fragments and counts out (`_JournalRead`).
+    A document whose key is not of the kind `kinds` gives it sets its fragment aside."""
 
     def run(table: pa.Table) -> pa.Table:
-        return _JournalRead(key, wanted_hours, max_bytes, table.sort_by("order").to_pylist()).read()
+        rows = table.sort_by("order").to_pylist()
+        return _JournalRead(key, wanted_hours, max_bytes, rows, kinds or {}).read()
 
     return run
 
@@ -325,9 +371,15 @@ class _JournalRead:
     every bad fragment of the cover."""
 
     def __init__(
-        self, key: tuple[str, ...], wanted_hours: frozenset[str], max_bytes: int, rows: list[dict[str, Any]]
+        self,
+        key: tuple[str, ...],
+        wanted_hours: frozenset[str],
+        max_bytes: int,
+        rows: list[dict[str, Any]],
+        kinds: dict[str, str],
     ):
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
+        self.kinds = kinds
         # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
         # Clocks before the earliest hour this pass reads were written before it; those more
@@ -351,6 +403,7 @@ class _JournalRead:
         self.elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
         self.empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
         self.spellings: dict[str, str] = {}  # folded column -> its first spelling in sort order
+        self.key_kinds: dict[str, dict[str, int]] = {}  # pointer -> kind -> emitted documents
 
     def read(self) -> pa.Table:
         for row in self.rows:
@@ -393,7 +446,7 @@ class _JournalRead:
         docs = ff.read_piece(piece, self.content.__getitem__, self.max_bytes)
         for doc in docs:
             if not doc.is_ack:
-                vet_document(doc, self.key)
+                vet_document(doc, self.key, self.kinds)
         return docs
 
     def _sequence(self, hour: str, docs: list) -> None:
@@ -417,6 +470,7 @@ class _JournalRead:
                 # a document belongs to the hour of the record that committed it
                 if hour in self.wanted_hours:
                     row = document_row(committed, self.key, hour)
+                    self._count_key_kinds(committed)
                     self.empty_text.update(row.empty_text)
                     _keep_first_spellings(self.spellings, row.spellings)
                     self._emit("doc", hour, committed.uri, committed.offset, row.json)
@@ -427,9 +481,16 @@ class _JournalRead:
                     self.elsewhere.add((hour, committed.uri))
                     self._emit("committed_elsewhere", hour, committed.uri)
 
+    def _count_key_kinds(self, doc: ff.Doc) -> None:
+        for pointer in self.key:
+            counted = self.key_kinds.setdefault(pointer, {})
+            kind = key_kind(_resolve(doc.doc, pointer))
+            counted[kind] = counted.get(kind, 0) + 1
+
     def _finish(self) -> None:
         left = self.sequencer.finish()
         self._emit("counts", None, body=json.dumps(self.sequencer.counts))
+        self._emit("key_kinds", None, body=json.dumps(self.key_kinds))
         if self.empty_text:
             self._emit("empty_text", None, body=json.dumps(sorted(self.empty_text)))
         self._emit("spellings", None, body=json.dumps(self.spellings))
@@ -497,6 +558,17 @@ class _PassNotes:
     empty_text: set[str] = dataclasses.field(default_factory=set)
     #: folded column -> the spelling its column takes (`DocumentRow`)
     spellings: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: key pointer -> JSON kind of its values -> documents taken
+    key_kinds: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    def mixed_key_kinds(self) -> dict[str, str]:
+        """pointer -> the kind most documents give it, for each key whose documents disagree
+        (of kinds equally common, the first of `KEY_KINDS`)."""
+        return {
+            pointer: min(counted, key=lambda kind: (-counted[kind], KEY_KINDS.index(kind)))
+            for pointer, counted in self.key_kinds.items()
+            if len(counted) > 1
+        }
 
 
 def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
@@ -825,6 +897,7 @@ class FlowJournalFormat(FeedFormat):
         hours: list[str],
         processed_before: Callable[[], set[str]] = set,
         must_read: Sequence[ByteRange] = (),
+        stored: T.StructType | None = None,
     ) -> Batch:
         """Committed documents of `hours`, read fragment by fragment inside Spark.
 
@@ -833,13 +906,14 @@ class FlowJournalFormat(FeedFormat):
         fragment that fails is read again, on a cover without it, until every piece reads (each
         pass sets at least one more fragment aside, so this ends); only journals with a failure
         are read again.
+
+        A key takes one JSON kind: the kind of its column in the `stored` table, else the kind
+        most of the batch's documents give it. Read together, Spark would make a column of
+        numbers and texts text, and the keys 1 and "1" one. A fragment holding a key of another
+        kind is set aside (when the documents disagree, the batch is read again knowing the kind).
         """
         collection = self.collection(table)
         wanted = frozenset(hours)
-        journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
-        task = read_journal_task(collection.key, wanted, self.max_fragment_bytes)
-
-        self._read_what_was_asked(storage, landing, journals, must_read)
         last_processed = functools.cache(lambda: max(processed_before(), default=None))
 
         def reach(journal: _JournalFragments, later: bool) -> bool:
@@ -849,8 +923,20 @@ class FlowJournalFormat(FeedFormat):
 
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
+        kinds = stored_key_kinds(stored, collection.key)
         with released_after([]) as cached:
-            outcomes, found = self._read_until_every_piece_reads(spark, journals, task, cached, reach)
+            while True:  # each round adds a key to `kinds`, whose other kinds are then set aside
+                journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
+                self._read_what_was_asked(storage, landing, journals, must_read)
+                task = read_journal_task(collection.key, wanted, self.max_fragment_bytes, kinds)
+                outcomes, found = self._read_until_every_piece_reads(spark, journals, task, cached, reach)
+                mixed = found.mixed_key_kinds()
+                if not mixed:
+                    break
+                kinds = {**kinds, **mixed}
+                for frame in cached:
+                    frame.unpersist()
+                cached.clear()
             read, skipped, gaps, reading = self._tally(journals, wanted, quarantined)
             documents = [
                 outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
@@ -1030,6 +1116,11 @@ class FlowJournalFormat(FeedFormat):
                 found.empty_text.update(json.loads(note["body"]))
             elif note["kind"] == "spellings":
                 _keep_first_spellings(found.spellings, json.loads(note["body"]))
+            elif note["kind"] == "key_kinds":
+                for pointer, counted in json.loads(note["body"]).items():
+                    for kind, documents in counted.items():
+                        kinds = found.key_kinds.setdefault(pointer, {})
+                        kinds[kind] = kinds.get(kind, 0) + documents
             elif note["kind"] == "committed_elsewhere":
                 fragment = by_name[note["journal"]].fragment(note["uri"])
                 part = ByteRange(fragment.uri, fragment.journal, fragment.name.begin, fragment.name.end)
