@@ -269,6 +269,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from lake_assets import lease
     from lake_assets.paths import LakeLayout
     from lake_assets.pipeline import forget_table
+    from lake_assets.processed import blank_landing_refusal
 
     config = load_config(args.config)
     if args.lake:
@@ -282,9 +283,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     storage, layout = config.storage(), LakeLayout(config.lake)
     if not feed.allow_empty_landing and not fmt.holds_landed_files(storage, feed.landing, table):
         raise LandingEmptied(
-            f"{feed.name}/{table}: the landing {feed.landing} lists no file of the table: a rebuild would leave "
-            "its changes, current and history empty. Is the landing mounted, and its path right? To rebuild it "
-            f"empty all the same, set `allow_empty_landing: true` on feed {feed.name}"
+            blank_landing_refusal(
+                feed.name, table, feed.landing, "the table, which a rebuild would leave empty"
+            )
         )
     with lease.writing_table(
         storage, layout, feed.name, table, None, "rebuild", config.lease_wait_seconds, _say

@@ -136,9 +136,10 @@ class AnotherWriter(LakeAssetsError):
 
 
 class LandingEmptied(LakeAssetsError):
-    """Every landed file of a table is gone while the lake still holds changes read from them.
-    The change log mirrors the landing, so the run would empty it; an unmounted share or a
-    mistyped prefix lists empty too, and the run refuses until told the removal is meant."""
+    """A run would empty partitions of a table because none of the files the lake read from them
+    is listed any more, nor a file elsewhere (`processed.emptied_by_a_blank_landing`): an
+    unmounted share or a mistyped prefix lists like that too, and the run refuses until told the
+    removal is meant."""
 
 
 class LandingChanged(LakeAssetsError):

@@ -34,7 +34,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
-from lake_assets.errors import LandingChanged, SchemaClash, first_line
+from lake_assets.errors import SchemaClash, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
@@ -118,22 +118,8 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
                 or _keys_finer_than_microseconds(meta, keys)
             )
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
-        _unless_gone(storage, entry.uri)
         return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
     return ((schema, rows, stored), None) if reason is None else (None, reason)
-
-
-def _unless_gone(storage: Storage, uri: str) -> None:
-    """Raise `LandingChanged` when a file the run catalogued is gone: set aside, it would leave
-    its partition's changes without its rows and no copy of it, and an unmounted share or a
-    bucket policy that hides the objects looks like that. (A failure that may pass, a timeout,
-    is raised by the store's answer: it sets no file aside either.)"""
-    if isinstance(storage.refusal_to_read(uri), FileNotFoundError):
-        raise LandingChanged(
-            f"{uri} was catalogued by this run but is gone now: the landing changed under the run "
-            "(a share unmounted, a file removed); nothing of the table was written, and the next run "
-            "catalogues the landing as it is then"
-        )
 
 
 def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -> str | None:
@@ -402,8 +388,9 @@ def _readable_group(
     spark: SparkSession, fmt: FeedFormat, files: _BatchFiles, signature: str, uris: list[str]
 ) -> DataFrame | None:
     """The live files of one schema read together. Spark reads a footer as it plans the read;
-    a file it cannot open there (gone since it was listed, a footer only pyarrow could read) is
-    set aside, found by trying each file alone, and the others are read."""
+    a file it cannot open there (a footer only pyarrow could read; or gone since it was listed,
+    which then stops the run: `pipeline._set_aside`) is set aside, found by trying each file
+    alone, and the others are read."""
     schema = files.schemas[signature]
     try:
         return _read_group(spark, fmt, files.partitions(uris), schema)

@@ -47,7 +47,7 @@ from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, is_parquet_file, parquet_files, recover
-from lake_assets.errors import DamagedLakeFile, LandingEmptied, SchemaClash, first_line
+from lake_assets.errors import DamagedLakeFile, LandingChanged, LandingEmptied, SchemaClash, first_line
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
 from lake_assets.paths import LakeLayout
@@ -250,7 +250,7 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         if url not in {entry.uri for entry in listed.get(key, [])}
         for record in records
     ]
-    _refuse_to_empty_for_a_landing_gone_blank(work, keys, listed, versions)
+    _refuse_to_empty_for_a_landing_gone_blank(work, keys, listed, recorded)
     retire_landed(work.store, gone)
     refused: list[str] = []
 
@@ -288,35 +288,25 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
 
 
 def _refuse_to_empty_for_a_landing_gone_blank(
-    work: TableWork, keys: list[str], listed: dict[str, list[Entry]], recorded: dict[str, dict]
+    work: TableWork, keys: list[str], listed: dict[str, list[Entry]], records: dict[str, dict]
 ) -> None:
-    """Raise `LandingEmptied` when the run would empty partitions the lake read files from
-    (`recorded`: the catalog's records of their landed files) while none of those files is
-    listed any more, and no partition outside the run lists a file either: the landing went
-    blank at once, but for files no run has read yet. The change log mirrors the landing, so the
-    run would empty those partitions, and an unmounted share (perhaps with a new file written
-    into its mount point), a mistyped prefix or a bucket policy that hides the objects lists
-    exactly like that (docs/incremental-runs.md, "What a run takes"). Files removed among others
-    that remain, in the run's partitions or outside them (a vendor's retention), are emptied as
-    usual, and a partition whose files were replaced is not emptied. The feed's
-    `allow_empty_landing` lets the removal through."""
-    held = [key for key in keys if recorded[key]]
-    emptied = sorted((key for key in held if not listed.get(key)), key=work.fmt.partition_order)
-    if not emptied or work.feed.allow_empty_landing:
+    """Raise `LandingEmptied` when the run would empty partitions because the landing went blank
+    (`processed.emptied_by_a_blank_landing`, the files read being those the catalog records:
+    `records`), unless the feed allows it (`allow_empty_landing`). Planning asks the same of the
+    whole table first (`runner`); asked here too, a run started from the UI or a sensor is held
+    to it."""
+    if work.feed.allow_empty_landing:
         return
-    landed = {entry.uri for entries in listed.values() for entry in entries}
-    if any(url in landed for key in held for url in recorded[key]):
-        return
-    if work.fmt.holds_landed_files(work.storage, work.feed.landing, work.table, besides=set(keys)):
-        return
-    feed, table = work.feed.name, work.table
-    raise LandingEmptied(
-        f"{feed}/{table}: the landing {work.feed.landing} lists none of the files the lake read from "
-        f"{len(emptied)} partition(s), {emptied[0]} .. {emptied[-1]}, nor any file the lake read elsewhere or "
-        f"in another partition: not emptying their changes. Is the landing mounted, and its path right? If "
-        f"every file was removed on purpose, set `allow_empty_landing: true` on feed {feed} for the run that "
-        "empties them"
+    read = {key: set(records[key]) for key in keys}
+    emptied = processed.emptied_by_a_blank_landing(
+        work.fmt, work.storage, work.feed.landing, work.table, read, listed
     )
+    if emptied:
+        raise LandingEmptied(
+            processed.blank_landing_refusal(
+                work.feed.name, work.table, work.feed.landing, processed.partitions_named(emptied)
+            )
+        )
 
 
 def _still_recorded(entry, record: dict | None) -> bool:
@@ -517,7 +507,8 @@ def _set_aside(
 ) -> tuple[list[str], set[str]]:
     """Copy each file the batch set aside to quarantine beside its reason; returns (the copies and
     notes written, the `catalogued` files whose copy failed: the next run of their partition
-    reads them again)."""
+    reads them again). A catalogued file that is gone raises `LandingChanged` first."""
+    _unless_any_is_gone(work.storage, [item.uri for item in batch.quarantined if item.uri in catalogued])
     copies, uncopied = [], set()
     for item in batch.quarantined:
         where = quarantine_file(
@@ -535,6 +526,21 @@ def _set_aside(
             uncopied.add(item.uri)
             log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
     return copies, uncopied
+
+
+def _unless_any_is_gone(storage: Storage, uris: list[str]) -> None:
+    """Raise `LandingChanged` when one of the files the run catalogued and then set aside is gone
+    (whichever read found it so: its footer's, Spark's, a journal's): set aside, it would leave
+    its partition's changes without its rows and no copy of it, and a share that dropped
+    between the catalog step and the read looks like that. (A failure that may pass, a timeout,
+    is raised by the store's answer; a file its store refuses for good is set aside as before.)"""
+    for uri in uris:
+        if isinstance(storage.refusal_to_read(uri), FileNotFoundError):
+            raise LandingChanged(
+                f"{uri} was catalogued by this run but is gone now: the landing changed under the run "
+                "(a share unmounted, a file removed); nothing of the table was written, and the next run "
+                "catalogues the landing as it is then"
+            )
 
 
 def _catalogue_strays_and_copies(work: TableWork, strays: list[Entry], copies: list[str], log) -> int:
@@ -588,7 +594,7 @@ def _refused_to_the_catalog(
 
 def _note_of_what_was_held(records: dict, uncopied: set[str]) -> dict[str, processed.ProcessedFile]:
     """A partition's processed note: its catalogued files, but for those set aside whose bytes
-    could not be copied (gone when read, or unreadable). Their rows are in neither `changes`
+    could not be copied (their store refused the bytes; a file gone stops the run first). Their rows are in neither `changes`
     nor quarantine, so the partition must not count as having processed them: listed again,
     they make the next run take it."""
     return processed.note_from_records({url: r for url, r in records.items() if url not in uncopied})

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import TypedDict
 
@@ -33,6 +33,9 @@ from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
 from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, read_lake_json
+
+if TYPE_CHECKING:
+    from lake_assets.feeds.base import FeedFormat
 
 NOTES_FOLDER = "processed"
 #: the landed files each partition's stored changes were read from (processed once folded)
@@ -230,6 +233,52 @@ def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, pa
 def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str) -> set[str]:
     """The partitions processed so far (one listing, no note read)."""
     return {json_name(entry) for entry in json_files(storage, notes_folder(layout, feed, table))}
+
+
+def emptied_by_a_blank_landing(
+    fmt: FeedFormat,
+    storage: Storage,
+    landing: str,
+    table: str,
+    read: Mapping[str, Collection[str]],
+    listed: Mapping[str, list[Entry]],
+) -> list[str]:
+    """The partitions a run would empty (files were read from them, as `read` says, and the
+    landing lists none in them: `listed`) when none of the files read from any partition of
+    `read` is listed any more and no partition outside `listed` lists a file: the landing went
+    blank at once, but for files no run has read yet. Else none: files removed among others that
+    remain (a vendor's retention) leave their partitions as usual, and a partition whose files
+    were replaced is not emptied.
+
+    An unmounted share (perhaps with a new file written into its mount point) or a mistyped
+    prefix lists exactly like a vendor that removed every file, and the change log may be the
+    only copy left of what was read (docs/incremental-runs.md, "What a run takes")."""
+    emptied = sorted(
+        (key for key, urls in read.items() if urls and not listed.get(key)), key=fmt.partition_order
+    )
+    if not emptied:
+        return []
+    landed = {entry.uri for entries in listed.values() for entry in entries}
+    if any(url in landed for urls in read.values() for url in urls):
+        return []
+    if fmt.holds_landed_files(storage, landing, table, besides=set(listed) | set(read)):
+        return []
+    return emptied
+
+
+def blank_landing_refusal(feed: str, table: str, landing: str, what: str) -> str:
+    """Why `what` of a table whose landing went blank is not emptied, and what to do (the text
+    of `LandingEmptied`)."""
+    return (
+        f"{feed}/{table}: the landing {landing} lists none of the files the lake read from {what}: not emptying "
+        f"it. Is the landing mounted, and its path right? If every file was removed on purpose, set "
+        f"`allow_empty_landing: true` on feed {feed} for the run that empties it"
+    )
+
+
+def partitions_named(partitions: list[str]) -> str:
+    """`partitions` (in their order) in a few words: how many, the first and the last."""
+    return f"{len(partitions)} partition(s), {partitions[0]} .. {partitions[-1]}"
 
 
 def json_files(storage: Storage, folder: str) -> list[Entry]:

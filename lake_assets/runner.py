@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig, check_landings
 from lake_assets.discovery import Pin, describe, describe_absent, describe_unread, discover, feed_tables
-from lake_assets.errors import LakeAssetsError, first_line
+from lake_assets.errors import LakeAssetsError, LandingEmptied, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
 from lake_assets.paths import LakeLayout
@@ -280,6 +280,8 @@ def _plan_feed(
                 # table's strays, so each file is named here.
                 for entry, reason in unreported_strays(storage, layout, fmt, feed.landing, feed.name, table):
                     say(f"{feed.name}/{table}: {entry.uri} is not read: {reason}")
+        except LandingEmptied as refused:  # reported at the end; the other tables go on
+            failures.append(str(refused))
         except Exception as exc:  # noqa: BLE001 - reported at the end; the other tables go on
             failures.append(f"{feed.name}/{table}: listing its partitions: {first_line(exc)}")
     if fmt.partitioning == "batch":
@@ -311,7 +313,7 @@ def _changed_partitions(
         ).items()
         if within(partition)
     }
-    changes, _ = pending_partitions(
+    changes, listed = pending_partitions(
         storage,
         layout,
         fmt,
@@ -323,6 +325,21 @@ def _changed_partitions(
         within=within,
     )
     _name_changes(feed.name, table, changes, say)
+    # Asked of all the partitions the table's runs take at once: the runs, and their steps'
+    # own check, see only theirs, and a new file in one would vouch for the others' removal.
+    emptied = (
+        []
+        if feed.allow_empty_landing
+        else processed.emptied_by_a_blank_landing(
+            fmt, storage, feed.landing, table, {key: set(note) for key, note in notes.items()}, listed
+        )
+    )
+    if emptied:
+        raise LandingEmptied(
+            processed.blank_landing_refusal(
+                feed.name, table, feed.landing, processed.partitions_named(emptied)
+            )
+        )
     chosen = {change.partition for change in changes}
     unreported = (
         unreported_strays(storage, layout, fmt, feed.landing, feed.name, table) if keys and not chosen else []

@@ -783,6 +783,54 @@ def test_a_text_key_beside_number_keys_sets_its_fragment_aside_instead_of_mergin
     assert "key /id is text ('1') where the collection's key is number" in notes[uri(text_key)]
 
 
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        (True, "boolean"),
+        (False, "boolean"),
+        (0, "number"),
+        (2**63 - 1, "number"),
+        ("1", "text"),
+        ("", "text"),
+    ],
+)
+def test_a_key_values_kind_is_its_json_kind_with_booleans_apart_from_numbers(value, kind):
+    from lake_assets.feeds.flow_journal import key_kind
+
+    assert key_kind(value) == kind
+
+
+def test_the_stored_key_column_gives_the_kind_and_a_column_of_another_type_gives_none():
+    from pyspark.sql import types as T
+
+    from lake_assets.feeds.flow_journal import stored_key_kinds
+
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("Region", T.StringType()),
+            T.StructField("flag", T.BooleanType()),
+            T.StructField("at", T.TimestampType()),
+        ]
+    )
+    key = ("/id", "/region", "/flag", "/at", "/missing")
+    assert stored_key_kinds(schema, key) == {"/id": "number", "/region": "text", "/flag": "boolean"}
+    assert stored_key_kinds(None, key) == {}
+
+
+def test_of_kinds_a_batch_gives_a_key_the_most_common_stands_and_a_tie_goes_to_the_first_kind():
+    from lake_assets.feeds.flow_journal import _PassNotes
+
+    found = _PassNotes(
+        key_kinds={
+            "/id": {"text": 2, "number": 2},
+            "/region": {"text": 3, "boolean": 1},
+            "/n": {"number": 5},
+        }
+    )
+    assert found.mixed_key_kinds() == {"/id": "number", "/region": "text"}
+
+
 def test_a_later_batch_whose_key_is_text_where_the_table_holds_numbers_is_set_aside(spark, tmp_path):
     """Across runs the table's stored key column gives the kind: a later hour writing the key as
     text (all its documents alike) is set aside rather than turning the stored keys into text."""

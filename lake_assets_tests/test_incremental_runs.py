@@ -287,13 +287,22 @@ def test_a_landing_gone_blank_at_once_is_refused_and_the_lake_keeps_what_it_read
     assert lake.run() == []
 
 
-@pytest.mark.parametrize("new_hour, emptied", [(5, 3), (3, 2)])
-def test_a_landing_gone_blank_but_for_a_new_file_is_refused_too(lake, new_hour, emptied):
-    """A share not mounted while a sync job writes one new file into its mount point, in a new
-    hour or one read before: the new file does not make the old ones' removal look meant."""
+@pytest.mark.parametrize("day, new_hour, emptied", [(1, 5, 3), (1, 3, 2), (3, 5, 3)])
+def test_a_landing_gone_blank_but_for_a_new_file_is_refused_too(lake, day, new_hour, emptied):
+    """A share not mounted while a sync job writes one new file into its mount point: in a new
+    hour, in one read before, or two days on (planned as a run of its own): the new file does
+    not make the old ones' removal look meant."""
     before = lake.changes()
     _remove_every_landed_file(lake)
-    lake.write(new_hour, "part-1.parquet", [event("e", "I", 5, at(new_hour, 9), name="e", balance=5)])
+    write_events(
+        lake.landing,
+        "accounts",
+        new_hour,
+        "part-1.parquet",
+        [event("e", "I", 5, at(new_hour, 9, day=day), name="e", balance=5)],
+        ACCOUNT_SCHEMA,
+        day=day,
+    )
     with pytest.raises(LakeAssetsError, match=rf"files the lake read from {emptied} partition\(s\)"):
         lake.run()
     assert lake.changes() == before

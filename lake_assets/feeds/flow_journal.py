@@ -234,7 +234,8 @@ def _exact_key_number(value: object) -> bool:
     return isinstance(value, int) and -(2**63) <= value < 2**63
 
 
-#: the JSON kinds a key value may have, as `key_kind` names them
+#: the JSON kinds a key value may have, as `key_kind` names them; of kinds equally common in a
+#: batch, the first here stands (`_PassNotes.mixed_key_kinds`)
 KEY_KINDS = ("boolean", "number", "text")
 
 
@@ -482,6 +483,8 @@ class _JournalRead:
                     self._emit("committed_elsewhere", hour, committed.uri)
 
     def _count_key_kinds(self, doc: ff.Doc) -> None:
+        """Count the kind of each key of an emitted document: the driver learns from the sums
+        whether the batch's documents agree (`_PassNotes.mixed_key_kinds`)."""
         for pointer in self.key:
             counted = self.key_kinds.setdefault(pointer, {})
             kind = key_kind(_resolve(doc.doc, pointer))
