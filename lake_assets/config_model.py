@@ -246,7 +246,8 @@ class FeedConfig(Model):
     sensor_interval_seconds: SensorInterval = 30
     #: false: the landing sensor starts stopped (backfills only)
     watch: Flag = True
-    #: true: a run may empty the change log of a table whose landing lists no file at all
+    #: true: a run may empty the partitions of a table whose landing went blank (none of the
+    #: files read from it listed any more: `processed.emptied_by_a_blank_landing`)
     allow_empty_landing: Flag = False
     # Options of other formats, None here so that code may ask any feed for them.
     orgs: GraxOnly = None

@@ -924,9 +924,9 @@ class FlowJournalFormat(FeedFormat):
             # only to an hour processed before (`pipeline.request_reruns`).
             return self._add_hours(storage, landing, journal, later, last_processed)
 
+        kinds = stored_key_kinds(stored, collection.key)
         # The passes' outputs stay cached until their documents are parsed, and not a moment
         # longer: released however the read ends.
-        kinds = stored_key_kinds(stored, collection.key)
         with released_after([]) as cached:
             while True:  # each round adds a key to `kinds`, whose other kinds are then set aside
                 journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
