@@ -153,6 +153,8 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     if not keeps_runs:
         lines.append("(last runs are kept only by a Dagster instance: set DAGSTER_HOME)")
     for s in tables:
+        if s.refused:
+            lines.append(f"refused: {s.refused}")
         pending = s.pending or []
         for item in pending[:NAMED_CHANGES]:
             lines.append(

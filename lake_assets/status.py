@@ -46,6 +46,8 @@ class TableStatus:
     history_rows: int | None
     #: lake files that cannot be read, each with its cause
     damaged: list[str]
+    #: why the next run of the table will be refused, when it will (a landing gone blank)
+    refused: str | None = None
     #: the last Dagster run of the table, when the instance keeps runs: id, job, status, started
     last_run: dict | None = None
 
@@ -96,10 +98,19 @@ def quarantined_files(storage: Storage, layout: LakeLayout, feed: str, table: st
 
 
 def table_status(
-    storage: Storage, layout: LakeLayout, landing: str, feed: str, fmt: FeedFormat, table: str
+    storage: Storage,
+    layout: LakeLayout,
+    landing: str,
+    feed: str,
+    fmt: FeedFormat,
+    table: str,
+    *,
+    allow_empty_landing: bool = False,
 ) -> TableStatus:
     """Where a table stands. A damaged note of the lake leaves out what it would tell (pending
-    partitions, quarantined files) and is named in `damaged`: a status is how damage is found."""
+    partitions, quarantined files) and is named in `damaged`: a status is how damage is found.
+    A landing gone blank (`processed.emptied_by_a_blank_landing`) is named in `refused` unless
+    the feed allows it, as the run that the status foretells would be refused."""
     rows = LayerRows.of(storage, layout, feed, table)
     damaged = list(rows.damaged)
 
@@ -111,7 +122,7 @@ def table_status(
             return unknown
 
     notes = known(lambda: processed.read_notes(storage, layout, feed, table, fmt.is_partition_key), None)
-    pending = None
+    pending, refused = None, None
     if notes is not None:
         keys = fmt.partition_keys(storage, landing, table)
         found = known(
@@ -126,6 +137,16 @@ def table_status(
                 {"partition": c.partition, "reason": c.reason, "files": len(landed.get(c.partition, []))}
                 for c in changes
             ]
+            read = {partition: set(note) for partition, note in notes.items()}
+            emptied = (
+                []
+                if allow_empty_landing
+                else processed.emptied_by_a_blank_landing(fmt, storage, landing, table, read, landed)
+            )
+            if emptied:
+                refused = processed.blank_landing_refusal(
+                    feed, table, landing, processed.partitions_named(emptied)
+                )
     return TableStatus(
         feed=feed,
         table=table,
@@ -143,6 +164,7 @@ def table_status(
         current_rows=rows.current,
         history_rows=rows.history,
         damaged=damaged,
+        refused=refused,
     )
 
 

@@ -28,6 +28,7 @@ from lake_assets import pipeline, processed, reruns
 from lake_assets.catalog.files import landed_records
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
+from lake_assets.console import format_status
 from lake_assets.errors import LakeAssetsError
 from lake_assets.orchestration.definitions import resources_for
 from lake_assets.orchestration.execution import lake_status
@@ -280,8 +281,13 @@ def test_a_landing_gone_blank_at_once_is_refused_and_the_lake_keeps_what_it_read
     assert "allow_empty_landing: true" in str(failed.value)
     assert lake.changes() == before
     assert lake.catalogued() == catalogued == {hour(h): [f"{hour(h)}/part-0.parquet"] for h in (1, 2, 3)}
+    [status] = lake_status(lake.config, lake.instance)  # status foretells the refusal, and why
+    assert status.refused and status.refused in str(failed.value)
+    assert f"refused: {status.refused}" in format_status([status], keeps_runs=True)
     feed = lake.config.feeds[0].model_copy(update={"allow_empty_landing": True})
     lake.config = lake.config.model_copy(update={"feeds": (feed,)})
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.refused is None and len(status.pending) == 3
     assert lake.run() == [(hour(1), hour(3))]
     assert lake.changes() == {}
     assert lake.run() == []

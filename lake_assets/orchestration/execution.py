@@ -227,7 +227,15 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
     for feed in config.feeds:
         fmt = format_for(feed)
         for table in feed_tables(feed, fmt, pins[feed.name]):
-            status = table_status(storage, layout, feed.landing, feed.name, fmt, table)
+            status = table_status(
+                storage,
+                layout,
+                feed.landing,
+                feed.name,
+                fmt,
+                table,
+                allow_empty_landing=feed.allow_empty_landing,
+            )
             job = (
                 table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
             )
