@@ -298,8 +298,9 @@ def _refuse_to_empty_for_a_landing_gone_blank(
     if work.feed.allow_empty_landing:
         return
     read = {key: set(records[key]) for key in keys}
+    noted = processed.noted_files(work.storage, work.layout, work.feed.name, work.table)
     emptied = processed.emptied_by_a_blank_landing(
-        work.fmt, work.storage, work.feed.landing, work.table, read, listed
+        work.fmt, work.storage, work.feed.landing, work.table, read, listed, noted
     )
     if emptied:
         raise LandingEmptied(

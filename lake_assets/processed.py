@@ -242,13 +242,14 @@ def emptied_by_a_blank_landing(
     table: str,
     read: Mapping[str, Collection[str]],
     listed: Mapping[str, list[Entry]],
+    read_elsewhere: Callable[[str], Collection[str]],
 ) -> list[str]:
     """The partitions a run would empty (files were read from them, as `read` says, and the
     landing lists none in them: `listed`) when none of the files read from any partition of
-    `read` is listed any more and no partition outside `listed` lists a file: the landing went
-    blank at once, but for files no run has read yet. Else none: files removed among others that
-    remain (a vendor's retention) leave their partitions as usual, and a partition whose files
-    were replaced is not emptied.
+    `read` is listed any more and no other partition lists a file read from it (`read_elsewhere`:
+    partition -> URLs): the landing went blank at once, but for files no run has read yet. Else
+    none: files removed among others that remain (a vendor's retention) leave their partitions as
+    usual, and a partition whose files were replaced is not emptied.
 
     An unmounted share (perhaps with a new file written into its mount point) or a mistyped
     prefix lists exactly like a vendor that removed every file, and the change log may be the
@@ -261,9 +262,41 @@ def emptied_by_a_blank_landing(
     landed = {entry.uri for entries in listed.values() for entry in entries}
     if any(url in landed for urls in read.values() for url in urls):
         return []
-    if fmt.holds_landed_files(storage, landing, table, besides=set(listed) | set(read)):
+    if _lists_a_file_read_before(fmt, storage, landing, table, set(listed) | set(read), read_elsewhere):
         return []
     return emptied
+
+
+def _lists_a_file_read_before(
+    fmt: FeedFormat,
+    storage: Storage,
+    landing: str,
+    table: str,
+    besides: Collection[str],
+    read_from: Callable[[str], Collection[str]],
+) -> bool:
+    """Whether a partition of the table but those `besides` still lists a file the lake read from
+    it (`read_from`: partition -> URLs). Newest first, stopping at the first such file: a new
+    file vouches for nothing (a sync job may write one into an unmounted share's mount point),
+    a file read before shows the landing is the one the lake read."""
+    for key in reversed(fmt.partition_keys(storage, landing, table)):
+        if key in besides:
+            continue
+        files = fmt.partition_files(storage, landing, table, key)
+        if files and not set(read_from(key)).isdisjoint(entry.uri for entry in files):
+            return True
+    return False
+
+
+def noted_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> Callable[[str], set[str]]:
+    """partition -> the URLs its processed note names, each note read when asked for (a damaged
+    one names none)."""
+
+    def of(partition: str) -> set[str]:
+        found = read_notes_of(storage, layout, feed, table, [partition], damaged=lambda _: None)
+        return set(found.get(partition, {}))
+
+    return of
 
 
 def blank_landing_refusal(feed: str, table: str, landing: str, what: str) -> str:

@@ -306,13 +306,8 @@ def _changed_partitions(
     data of a file removed from another is chosen too; the run of the other partition asks it
     to run again, in a request that stands until it is read again and folded
     (`pipeline.ingest`)."""
-    notes = {
-        partition: note
-        for partition, note in processed.read_notes(
-            storage, layout, feed.name, table, fmt.is_partition_key
-        ).items()
-        if within(partition)
-    }
+    every_note = processed.read_notes(storage, layout, feed.name, table, fmt.is_partition_key)
+    notes = {partition: note for partition, note in every_note.items() if within(partition)}
     changes, listed = pending_partitions(
         storage,
         layout,
@@ -331,7 +326,13 @@ def _changed_partitions(
         []
         if feed.allow_empty_landing
         else processed.emptied_by_a_blank_landing(
-            fmt, storage, feed.landing, table, {key: set(note) for key, note in notes.items()}, listed
+            fmt,
+            storage,
+            feed.landing,
+            table,
+            {key: set(note) for key, note in notes.items()},
+            listed,
+            read_elsewhere=lambda key: every_note.get(key, {}).keys(),
         )
     )
     if emptied:

@@ -141,7 +141,9 @@ def table_status(
             emptied = (
                 []
                 if allow_empty_landing
-                else processed.emptied_by_a_blank_landing(fmt, storage, landing, table, read, landed)
+                else processed.emptied_by_a_blank_landing(
+                    fmt, storage, landing, table, read, landed, read_elsewhere=lambda key: read.get(key, ())
+                )
             )
             if emptied:
                 refused = processed.blank_landing_refusal(

@@ -314,6 +314,30 @@ def test_a_landing_gone_blank_but_for_a_new_file_is_refused_too(lake, day, new_h
     assert lake.changes() == before
 
 
+def test_a_run_of_an_old_hour_alone_is_refused_when_only_a_new_file_is_landed(lake):
+    """The share unmounted while a sync job writes one new file into its mount point, and a
+    backfill of an old hour alone from the UI: the new file, outside the run's hour, vouched for
+    the landing, and the hour's rows left `changes`. Only a file read before vouches now. (A
+    `--from/--to` run takes only hours that list files, so it empties none.)"""
+    from lake_assets.orchestration.definitions import feed_job_name
+    from lake_assets_tests.discovered import discovered_definitions
+
+    before = lake.changes()
+    _remove_every_landed_file(lake)
+    lake.write(5, "part-1.parquet", [event("e", "I", 5, at(5, 9), name="e", balance=5)])
+    assert lake.run(first=hour(1), last=hour(3)) == []
+    job = discovered_definitions(lake.config).resolve_job_def(feed_job_name("unit"))
+    done = job.execute_in_process(
+        instance=lake.instance,
+        partition_key=hour(2),
+        asset_selection=[dg.AssetKey(["unit", "accounts", x]) for x in ("catalog", "changes")],
+        raise_on_error=False,
+    )
+    assert not done.success
+    assert "lists none of the files the lake read from 1 partition" in str(done.all_events)
+    assert lake.changes() == before
+
+
 def test_a_run_that_empties_an_old_hour_and_reads_a_new_one_goes_on_while_others_remain(lake):
     """A vendor's retention: the oldest hour goes as a new hour lands, the hours between stay."""
     (hour_dir(lake.landing, "accounts", 1) / "part-0.parquet").unlink()
