@@ -80,6 +80,13 @@ def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark
         ("b", "2.5"),
         ("c", "true"),
     ]
+    # Every history file, the closed ones the folds did not otherwise touch too, holds the
+    # widened type: Spark's merged read of the whole table cannot merge a double with text.
+    history_files = [e.uri for e in storage.walk_files(f"file://{tmp_path}") if "/history/" in e.uri]
+    assert len(history_files) >= 2
+    assert {_arrow_type(storage, uri, "amount") for uri in history_files} == {"string"}
+    merged = spark.read.option("recursiveFileLookup", "true").option("mergeSchema", "true")
+    assert merged.parquet(lake.state.history).count() == 4
 
 
 @pytest.mark.parametrize(
@@ -232,12 +239,13 @@ def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key
     assert unchanged == 2  # staged only: the caller's commit puts them in place
 
 
+def _arrow_type(storage, uri, column) -> str:
+    return str(lake_io.footer(storage, uri).schema.to_arrow_schema().field(column).type)
+
+
 def _parquet_type(storage, folder, column):
     """The Parquet (arrow) type of `column` in the files of `folder`, one per file."""
-    return {
-        str(lake_io.footer(storage, uri).schema.to_arrow_schema().field(column).type)
-        for uri in parquet_files(storage, folder)
-    }
+    return {_arrow_type(storage, uri, column) for uri in parquet_files(storage, folder)}
 
 
 def test_a_purge_erasure_keeps_each_partition_s_own_column_types_even_where_they_cannot_be_widened(

@@ -29,9 +29,9 @@ from lake_assets.engine import merge, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.checks import VersionSet
 from lake_assets.engine.merge import ACTIVE, END, START, SYNCED
-from lake_assets.engine.names import col
+from lake_assets.engine.names import col, same_name
 from lake_assets.engine.run_values import with_run_values
-from lake_assets.engine.schema import system_fields, union_all
+from lake_assets.engine.schema import system_fields, unified_fields, union_all
 from lake_assets.engine.state import (
     CommitPlan,
     Removing,
@@ -188,6 +188,8 @@ def fold(
         kept, late_window = split_closed_rows(to_redo, open_set.touched, report.late_keys, spec)
         large = report.events_in >= LARGE_FOLD_EVENTS
         compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
+        if widens_stored_types(open_set.rows, events, spec):
+            compact = {**compact, **every_closed_file_besides(storage, state, spec, rewrite)}
         settled = _read(spark, storage, _files_of(compact), spec)
         windows = key_windows(events, touched, _union([open_set.touched, late_window], spec), spec)
         rows = timeline_rows(windows, spec, synced_at, batch_purges=totals["purge_markers"] > 0)
@@ -673,6 +675,29 @@ def closed_files_ending_from(
         reaching = set(lake_io.files_reaching(storage, every, spec.history_columns.end, ending_from))
         candidates = {where: [uri for uri in files if uri in reaching] for where, files in candidates.items()}
     return {where: files for where, files in candidates.items() if files}
+
+
+def widens_stored_types(stored: DataFrame | None, events: DataFrame, spec: m.TableSpec) -> bool:
+    """Whether the batch's `events` widen the type of a column the `stored` open set holds (an
+    integer column meeting doubles or text, say: `schema.widen`). History keeps one type per
+    column, so that a reader merging its files' schemas (Spark's `mergeSchema` cannot merge a
+    double with text) reads it whole: the closed files, which the fold would not otherwise
+    rewrite, are then rewritten in the new types, once."""
+    if stored is None:
+        return False
+    before = {same_name(field.name): field.dataType for field in stored.schema.fields}
+    return any(
+        before.get(same_name(field.name), field.dataType) != field.dataType
+        for field in unified_fields(spec.name, [stored.schema, events.schema], spec.keys)
+    )
+
+
+def every_closed_file_besides(
+    storage: Storage, state: TableState, spec: m.TableSpec, skip: ClosedFiles
+) -> ClosedFiles:
+    """(kind, end date) -> every closed history and delete file, but for the days in `skip`."""
+    every = closed_files_ending_from(storage, state, spec, None)
+    return {where: files for where, files in every.items() if where not in skip}
 
 
 def settled_days_to_compact(
