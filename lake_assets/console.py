@@ -155,6 +155,12 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     for s in tables:
         if s.refused:
             lines.append(f"refused: {s.refused}")
+        if s.unfinished_folds:
+            lines.append(
+                f"{s.feed}/{s.table}: unfinished: fold {', '.join(s.unfinished_folds)} was stopped while putting "
+                "its files in place; until the table's next run finishes it, readers may see its new files "
+                "beside those they replace"
+            )
         pending = s.pending or []
         for item in pending[:NAMED_CHANGES]:
             lines.append(

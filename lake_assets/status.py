@@ -16,6 +16,7 @@ from typing import TypeVar
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
+from lake_assets.engine.state import TableState, unfinished_commits
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
@@ -48,6 +49,8 @@ class TableStatus:
     damaged: list[str]
     #: why the next run of the table will be refused, when it will (a landing gone blank)
     refused: str | None = None
+    #: folds stopped while putting their files in place, which the table's next run finishes
+    unfinished_folds: list[str] = dataclasses.field(default_factory=list)
     #: the last Dagster run of the table, when the instance keeps runs: id, job, status, started
     last_run: dict | None = None
 
@@ -167,6 +170,7 @@ def table_status(
         history_rows=rows.history,
         damaged=damaged,
         refused=refused,
+        unfinished_folds=unfinished_commits(storage, TableState(layout, feed, table)),
     )
 
 

@@ -935,6 +935,32 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(
     assert f"unit/accounts: quarantined: file://{bad}: " in text and "set DAGSTER_HOME" in text
 
 
+def test_status_names_a_fold_stopped_while_putting_its_files_in_place(lake, monkeypatch):
+    """A run killed in the middle of a fold's commit leaves the new files beside those they
+    replace (current with two rows for one key) until the table's next run finishes the commit:
+    `status` says so, and no longer once it is finished."""
+    from lake_assets.engine import state
+
+    real_apply = state._apply
+
+    def stopped_after_the_adds(storage, plan, on_step):
+        for staged, final in plan.adds:
+            storage.move_file(staged, final)
+        raise RuntimeError("killed")
+
+    lake.write(3, "part-1.parquet", [event("c", "U", 4, at(3, 30), name="c2", balance=4)])
+    monkeypatch.setattr(state, "_apply", stopped_after_the_adds)
+    with pytest.raises(LakeAssetsError):
+        lake.run()
+    [status] = lake_status(lake.config, lake.instance)
+    assert len(status.unfinished_folds) == 1 and status.current_rows == 6
+    assert "unit/accounts: unfinished: fold " in format_status([status], keeps_runs=True)
+    monkeypatch.setattr(state, "_apply", real_apply)
+    assert lake.run() == [(hour(3), hour(3))]
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.unfinished_folds == [] and status.current_rows == 3
+
+
 def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
     stray = lake.landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=25" / "part-0.parquet"
     stray.parent.mkdir(parents=True)

@@ -229,6 +229,17 @@ def commit(
     storage.delete_tree(state.staging(plan.fold_id))
 
 
+def unfinished_commits(storage: Storage, state: TableState) -> list[str]:
+    """The folds whose commit was stopped while it put their files in place (their record is
+    there): until the table's next write finishes them (`recover`), a reader may see a fold's
+    new files beside those they replace."""
+    return sorted(
+        entry.name[: -len(".json")]
+        for entry in storage.list(state.commits)
+        if not entry.is_dir and entry.name.endswith(".json")
+    )
+
+
 def recover(storage: Storage, state: TableState, removing: Removing | None = None) -> list[CommitPlan]:
     """Finish folds whose commit record exists (returns their plans); discard staging that never
     got one. `removing` is told each plan's deletes again (some may be gone already)."""
