@@ -153,7 +153,7 @@ def run_pipeline(
         # What the IO manager hands the state step of the same run: the stored batch, in memory.
         batch = ingested.batch.events
         assert batch is not None, "every benchmark hour lands events"
-        report = pipeline.fold_into_state(spark, work, batch)
+        report = pipeline.fold_into_state(spark, work, batch, partitions=partitions)
     with _timed(timings, "check"):
         outcomes = pipeline.check_fold(spark, work, batch, report)
         batch.unpersist()

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+from collections.abc import Collection
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -751,10 +752,12 @@ def _ask_to_finish_emptying(storage: Storage, state: TableState, log, partitions
     )
 
 
-def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, log=_log) -> FoldReport:
-    """Fold a change batch into the table's current and history, erasing keys it purges for the
-    first time from the change log too, cataloguing the files the fold wrote and retiring those
-    it replaced."""
+def fold_into_state(
+    session: SparkSession, work: TableWork, batch: DataFrame, log=_log, partitions: Collection[str] = ()
+) -> FoldReport:
+    """Fold a change batch (the changes of `partitions`) into the table's current and history,
+    erasing keys it purges for the first time from the change log too, cataloguing the files the
+    fold wrote and retiring those it replaced."""
     fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
@@ -766,6 +769,7 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
         fmt.table_spec(work.table),
         log_column=fmt.partition_column,
         removing=commits.retire_replaced,
+        delivered=lambda: delivered_now(work, list(partitions)),
     )
     commits.record_put_in_place([*report.files_written, *report.log_files_written])
     if report.newly_purged:
@@ -776,6 +780,15 @@ def fold_into_state(session: SparkSession, work: TableWork, batch: DataFrame, lo
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     return report
+
+
+def delivered_now(work: TableWork, partitions: list[str]) -> set[str]:
+    """The landed files the changes of `partitions`, as stored now, were read from (their stored
+    notes): what those partitions deliver. A stored copy of a write read from another file of
+    their folders (removed since, or set aside) gives way to the batch's (`merge.copy_rank`)."""
+    storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
+    stored, _ = processed.read_stored_notes(storage, layout, feed, table, partitions, None)
+    return {url for files in stored.values() for url in files}
 
 
 def check_fold(

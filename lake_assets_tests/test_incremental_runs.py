@@ -260,6 +260,33 @@ def test_a_file_rewritten_in_place_then_removed_leaves_no_record_and_nothing_set
     assert lake.run() == []
 
 
+@pytest.mark.parametrize("new_name", ["part-0a.parquet", "part-zz.parquet"])
+def test_a_correction_exported_under_a_new_name_replaces_the_removed_files_copy(lake, new_name):
+    """A writer that names its files anew on every export re-exports an hour with a write
+    corrected (same version time and sequence) and removes the old file. The removed file's copy
+    of the write won whenever its name sorted after the new one's, so `current` and `history`
+    kept the old values where a run over the landing as it is now gives the new ones."""
+    old = lake.write(2, "part-5.parquet", [event("b", "U", 7, at(2, 40), name="b wrong", balance=20)])
+    assert lake.run() == [(hour(2), hour(2))]
+    old.unlink()
+    (hour_dir(lake.landing, "accounts", 2) / "part-0.parquet").unlink()
+    lake.write(
+        2,
+        new_name,
+        [
+            event("b", "I", 2, at(2, 5), name="b", balance=2),
+            event("b", "U", 7, at(2, 40), name="b right", balance=21),
+        ],
+    )
+    assert lake.run() == [(hour(2), hour(2))]
+    table = f"{lake.lake}/%s/unit/accounts/**/*.parquet"
+    new_file = f"file://{hour_dir(lake.landing, 'accounts', 2) / new_name}"
+    current = f"SELECT name, balance, _source_file FROM read_parquet('{table % 'current'}') WHERE id = 'b'"
+    assert duckdb.execute(current).fetchall() == [("b right", 21, new_file)]
+    history = f"SELECT name, _source_file FROM read_parquet('{table % 'history'}') WHERE id = 'b' ORDER BY _fivetran_start"
+    assert duckdb.execute(history).fetchall() == [("b", new_file), ("b right", new_file)]
+
+
 def _remove_every_landed_file(lake: Lake) -> None:
     """The landing's files removed, folders and all (as on S3, or a share that is not mounted)."""
     for h in (1, 2, 3):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -145,12 +145,16 @@ def fold(
     on_commit_step: Callable[[str], None] | None = None,
     log_column: str | None = None,
     removing: Removing | None = None,
+    delivered: Callable[[], Collection[str]] = tuple,
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it.
 
     With `log_column` (the change log's partition column), keys the batch purges for the first
     time are also erased from the change log and recorded as purged (`purges`), in the same commit.
     `removing` is told the files a commit (this fold's, or an interrupted one's) deletes.
+    `delivered` gives the landed files the batch was read from (asked only when rows are stored
+    for the batch's keys); a stored copy of a write read from another file of their folders (one
+    removed since, or set aside) gives way to the batch's (`merge.copy_rank`).
     """
     recovered = recover(storage, state, removing)
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
@@ -191,7 +195,8 @@ def fold(
         if widens_stored_types(open_set.rows, events, spec):
             compact = {**compact, **every_closed_file_besides(storage, state, spec, rewrite)}
         settled = _read(spark, storage, _files_of(compact), spec)
-        windows = key_windows(events, touched, _union([open_set.touched, late_window], spec), spec)
+        stored = _union([open_set.touched, late_window], spec)
+        windows = key_windows(events, touched, stored, spec, delivered() if stored is not None else ())
         rows = timeline_rows(windows, spec, synced_at, batch_purges=totals["purge_markers"] > 0)
         carried, kept = _erased(open_set.carried, keys, purged), _erased(kept, keys, purged)
         state_rows = laid_out(spec, [carried, rows, kept], settled, large)
@@ -385,18 +390,24 @@ class KeyWindows:
     `anchor` holds on the stored rows before the batch's earliest version (their values are
     final); `tie_break` puts a stored row before the batch's copy of the same write, so that the
     batch's copy keeps its markers, then keeps each delivery's copies together, in the order the
-    batch was marked in. `anchor` is None when nothing is stored for the keys."""
+    batch was marked in. `anchor` is None when nothing is stored for the keys; `undelivered`
+    holds on stored rows whose files their partitions no longer deliver (`merge.copy_rank`)."""
 
     events: DataFrame
     anchor: Column | None = None
     tie_break: list[Column] | None = None
+    undelivered: Column | None = None
 
 
 def key_windows(
-    events: DataFrame, touched: DataFrame, stored: DataFrame | None, spec: m.TableSpec
+    events: DataFrame,
+    touched: DataFrame,
+    stored: DataFrame | None,
+    spec: m.TableSpec,
+    delivered: Collection[str] = (),
 ) -> KeyWindows:
     """The windows of the touched keys from their `stored` anchor and later rows (with `FROM`)
-    and the batch's `events`."""
+    and the batch's `events`, read from the landed files `delivered`."""
     if stored is None:  # nothing stored for these keys yet: their timelines are the batch's
         # The cached batch is already partitioned by key and sorted in the rules' event order
         # (`mark_identical` did it, the delivery as its tie-break), and Spark keeps that order
@@ -406,7 +417,19 @@ def key_windows(
     batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
     anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
     tie_break = [F.col(ORIGIN), *merge.delivery_order(events)]
-    return KeyWindows(union_all(spec.name, [stored, batch], spec.keys), anchor, tie_break)
+    undelivered = _no_longer_delivered(delivered)
+    return KeyWindows(union_all(spec.name, [stored, batch], spec.keys), anchor, tie_break, undelivered)
+
+
+def _no_longer_delivered(delivered: Collection[str]) -> Column | None:
+    """Stored rows read from a file in the folder of a file `delivered` that is not one of them:
+    the folder (a partition the batch read again) no longer delivers it."""
+    if not delivered:
+        return None
+    folders = sorted({uri.rsplit("/", 1)[0] for uri in delivered})
+    folder = F.regexp_extract(F.col(m.SOURCE_FILE), "^(.*)/[^/]*$", 1)
+    gone = folder.isin(folders) & ~F.col(m.SOURCE_FILE).isin(sorted(delivered))
+    return (F.col(ORIGIN) == 0) & F.coalesce(gone, F.lit(False))
 
 
 def timeline_rows(
@@ -420,7 +443,13 @@ def timeline_rows(
     payload = spec.payload_columns([c for c in windows.events.columns if c not in (FROM, ORIGIN)])
     may_purge = windows.anchor is not None or batch_purges
     rows = merge.timeline(
-        windows.events, spec, payload, tie_break=windows.tie_break, settled=windows.anchor, purges=may_purge
+        windows.events,
+        spec,
+        payload,
+        tie_break=windows.tie_break,
+        settled=windows.anchor,
+        purges=may_purge,
+        undelivered=windows.undelivered,
     )
     return with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
 

@@ -69,18 +69,25 @@ def _within_version(tie_break: list[Column] | None) -> list[Column]:
     ]
 
 
-def copy_rank(tie_break: list[Column] | None = None) -> Column:
+def copy_rank(tie_break: list[Column] | None = None, undelivered: Column | None = None) -> Column:
     """What decides between copies of one write (same key, version time and sequence) that
     `current` and `history` keep: a copy carrying the purge marker (a marker on any copy must
-    survive: a key is purged when any of its events says so), then the greatest file name,
-    then, of copies from one file, the one read last (`tie_break`: a stored copy before the
-    batch's), then the operation. History stores all three with the copy, so the pick is the same
-    whichever run met which copy first, and whichever partition ran last. A file rewritten in
-    place is the vendor's correction of it: its new copy of a write wins over the one folded
-    from it before, as if the old content had never landed (one run over the landing as it is
-    now keeps only the new one)."""
+    survive: a key is purged when any of its events says so), then a copy its partition still
+    delivers over a stored one whose file it no longer does (`undelivered`), then the greatest
+    file name, then, of copies from one file, the one read last (`tie_break`: a stored copy
+    before the batch's), then the operation. History stores all three with the copy, so the pick
+    is the same whichever run met which copy first, and whichever partition ran last. A file
+    rewritten in place, or removed while another file of its partition holds the write again
+    (a writer naming each export anew), is the vendor's correction: its new copy of a write wins
+    over the one folded from it before, as if the old content had never landed (one run over
+    the landing as it is now keeps only the new one)."""
+    delivered = [] if undelivered is None else [~undelivered]
     return F.struct(
-        F.coalesce(F.col(m.PURGED), F.lit(False)), F.col(m.SOURCE_FILE), *(tie_break or []), F.col(m.OP)
+        F.coalesce(F.col(m.PURGED), F.lit(False)),
+        *delivered,
+        F.col(m.SOURCE_FILE),
+        *(tie_break or []),
+        F.col(m.OP),
     )
 
 
@@ -159,7 +166,10 @@ def collapse_identical(
 
 
 def latest_write_per_version(
-    events: DataFrame, spec: m.TableSpec, tie_break: list[Column] | None = None
+    events: DataFrame,
+    spec: m.TableSpec,
+    tie_break: list[Column] | None = None,
+    undelivered: Column | None = None,
 ) -> DataFrame:
     """Several writes of one version: the greatest sequence wins, and of its copies the best by
     `copy_rank` (with the tie-break between copies of one file).
@@ -173,7 +183,7 @@ def latest_write_per_version(
     code")."""
     version = Window.partitionBy(*key_cols(spec), F.col(m.VERSION_AT)).orderBy(*_within_version(tie_break))
     whole_version = version.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    rank = F.struct(F.col(m.SEQ), copy_rank(tie_break), F.col(m.PURGED))
+    rank = F.struct(F.col(m.SEQ), copy_rank(tie_break, undelivered), F.col(m.PURGED))
     kept = rank.eqNullSafe(F.max(rank).over(whole_version)) & ~F.lead(rank).over(version).eqNullSafe(rank)
     return events.withColumn(_KEEP, kept).where(F.col(_KEEP)).drop(_KEEP)
 
@@ -279,6 +289,7 @@ def timeline(
     tie_break: list[Column] | None = None,
     settled: Column | None = None,
     purges: bool = True,
+    undelivered: Column | None = None,
 ) -> DataFrame:
     """Rules 2–4 and 6 over the events of whole keys (or of a key's window from its anchor).
 
@@ -287,18 +298,19 @@ def timeline(
 
     A key counts as purged when any of its writes carries the marker, superseded ones included,
     so the flag is settled before writes of one version collapse. `tie_break` orders copies of
-    one write that `copy_rank` cannot tell apart (the last wins).
+    one write that `copy_rank` cannot tell apart (the last wins); `undelivered` marks stored
+    copies whose files their partitions no longer deliver (`copy_rank`).
     """
     order = event_order(tie_break)
     if not purges:
-        events = latest_write_per_version(events, spec, tie_break)
+        events = latest_write_per_version(events, spec, tie_break, undelivered)
         events = fill_unmodified(events, spec, payload, order, settled)
         return with_windows(events, spec, order).withColumn(m.PURGED, F.lit(False))
     # The key's flag goes under a name of its own until the windows are done: they order by
     # each event's own marker (`event_order`), and a column replaced midway would be another
     # order to sort by.
     events = events.withColumn(_KEY_PURGED, purged_anywhere(spec, order))
-    events = latest_write_per_version(events, spec, tie_break)
+    events = latest_write_per_version(events, spec, tie_break, undelivered)
     events = fill_unmodified(events, spec, payload, order, settled)
     events = with_windows(events, spec, order)
     return (

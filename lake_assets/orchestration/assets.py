@@ -428,7 +428,9 @@ def state_asset(
             stored_by = work.run_id if handed_over else None
             folded_files = None if handed_over else {canonical_uri(uri) for uri in batch.inputFiles()}
             with work.writing("state", context.log):
-                report = fold(table, spark.spark_session, work, batch, context.log)
+                report = fold(
+                    table, spark.spark_session, work, batch, context.log, list(context.partition_keys)
+                )
                 yield from state_materializations(table, spark.spark_session, work, report)
                 outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
                 if all(outcome.passed for outcome in outcomes):
@@ -443,11 +445,17 @@ def state_asset(
 
 
 def fold(
-    table: AssetTable, session: SparkSession, work: pipeline.TableWork, batch: DataFrame, log: logging.Logger
+    table: AssetTable,
+    session: SparkSession,
+    work: pipeline.TableWork,
+    batch: DataFrame,
+    log: logging.Logger,
+    partitions: list[str],
 ) -> FoldReport:
-    """The batch folded into the stored state; a batch that cannot join it fails the step."""
+    """The batch (of `partitions`) folded into the stored state; a batch that cannot join it
+    fails the step."""
     try:
-        return pipeline.fold_into_state(session, work, batch, log=log)
+        return pipeline.fold_into_state(session, work, batch, log=log, partitions=partitions)
     except SchemaClash as clash:
         raise clash_failure(table, clash, batch) from clash
 
