@@ -42,14 +42,17 @@ def table(rows):
 
 def test_fivetran_seed_worked_example(spark, tmp_path):
     """Fivetran's history-mode worked example (docs/semantics.md, "Partial updates"): the existing
-    table, three partial updates, the final table."""
+    table, three partial updates, the final table. As in the example, a row the second sync only
+    closes keeps the first sync's `_fivetran_synced`; the rows it writes anew carry its own."""
     lake = EngineLake(spark, tmp_path)
+    first_sync, second_sync = T[1] + dt.timedelta(days=1), T[1] + dt.timedelta(days=2)
     lake.fold(
         [
             ev("1", "insert", T[1], 1, "abc", 1),
             ev("1", "update", T[2], 2, "pqr", 2),
             ev("2", "insert", T[2], 3, "mno", 3),
-        ]
+        ],
+        synced_at=first_sync,
     )
     assert table(lake.history()) == [
         ("1", "abc", 1, T[1], T[2] - MS, False),
@@ -61,8 +64,19 @@ def test_fivetran_seed_worked_example(spark, tmp_path):
             ev("1", "update", T[3], 4, c1="xyz", unmodified=["c2"]),
             ev("2", "update", T[4], 5, c2=1000, unmodified=["c1"]),
             ev("1", "update", T[5], 6, c1="def", unmodified=["c2"]),
-        ]
+        ],
+        synced_at=second_sync,
     )
+    synced = {(r["id"], r["_fivetran_start"]): r["_fivetran_synced"] for r in lake.history()}
+    assert synced == {
+        ("1", T[1]): first_sync,
+        ("1", T[2]): first_sync,
+        ("2", T[2]): first_sync,
+        ("1", T[3]): second_sync,
+        ("1", T[5]): second_sync,
+        ("2", T[4]): second_sync,
+    }
+    assert {r["id"]: r["_fivetran_synced"] for r in lake.current()} == {"1": second_sync, "2": second_sync}
     assert sorted(table(lake.history())) == sorted(
         [
             ("1", "abc", 1, T[1], T[2] - MS, False),

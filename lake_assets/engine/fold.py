@@ -49,6 +49,7 @@ OPEN_FROM = "__open_from"
 ROWS_PER_FILE = 2_000_000  # open-set files: few and large; a fold rewrites them all anyway
 LARGE_FOLD_EVENTS = 500_000  # from here on, a fold's closed rows are written without a shuffle
 ORIGIN = "__origin"
+PRIOR_SYNCED = "__prior_synced"  # a stored row's `_fivetran_synced`, kept while only its window changes
 REACHED = "__reached"
 BROADCAST_KEYS = 200_000  # late keys up to this many are sent to every task rather than shuffled
 VERSIONS = "versions_"  # prefix of the totals that sum up the batch's versions
@@ -413,7 +414,7 @@ def key_windows(
         # (`mark_identical` did it, the delivery as its tie-break), and Spark keeps that order
         # for a cached frame: the timeline's windows read it as it is, without another sort.
         return KeyWindows(events, tie_break=merge.delivery_order(events) or None)
-    stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
+    stored = stored.drop(END, ACTIVE).withColumnRenamed(SYNCED, PRIOR_SYNCED).withColumn(ORIGIN, F.lit(0))
     batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
     anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
     tie_break = [F.col(ORIGIN), *merge.delivery_order(events)]
@@ -435,12 +436,16 @@ def _no_longer_delivered(delivered: Collection[str]) -> Column | None:
 def timeline_rows(
     windows: KeyWindows, spec: m.TableSpec, synced_at: dt.datetime, *, batch_purges: bool
 ) -> DataFrame:
-    """The touched keys' new timeline rows, synced at `synced_at`.
+    """The touched keys' new timeline rows, synced at `synced_at`: the rows of new versions, and
+    the rows of purged keys (their fields erased now). A stored version whose window alone
+    changes (closed by a later one, or reopened up to late data) keeps its `_fivetran_synced`,
+    as Fivetran's history mode does.
 
     Stored rows may carry a purge marker; a batch alone can only if it counted one
     (`batch_purges`). The timeline is read by one write only (current follows from the staged
     open set), so it is computed once without being kept."""
-    payload = spec.payload_columns([c for c in windows.events.columns if c not in (FROM, ORIGIN)])
+    internal = (FROM, ORIGIN, PRIOR_SYNCED)
+    payload = spec.payload_columns([c for c in windows.events.columns if c not in internal])
     may_purge = windows.anchor is not None or batch_purges
     rows = merge.timeline(
         windows.events,
@@ -451,7 +456,13 @@ def timeline_rows(
         purges=may_purge,
         undelivered=windows.undelivered,
     )
-    return with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
+    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
+    if PRIOR_SYNCED not in rows.columns:  # no stored row among them
+        return rows
+    kept_sync = F.when(F.col(m.PURGED), F.col(SYNCED)).otherwise(
+        F.coalesce(F.col(PRIOR_SYNCED), F.col(SYNCED))
+    )
+    return rows.withColumn(SYNCED, kept_sync).drop(PRIOR_SYNCED)
 
 
 def laid_out(
