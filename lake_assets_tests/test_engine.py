@@ -90,6 +90,25 @@ def test_fivetran_seed_worked_example(spark, tmp_path):
     assert [(r["id"], r["c1"], r["c2"]) for r in lake.current()] == [("1", "def", 2), ("2", "mno", 1000)]
 
 
+def test_a_version_filled_again_from_late_data_takes_the_later_sync_time(spark, tmp_path):
+    """A stored version that carried a column from the version before it takes a late
+    version's value: its row changed, so it is synced anew; the row the late version only
+    closes keeps its time."""
+    lake = EngineLake(spark, tmp_path)
+    first_sync, second_sync = T[1] + dt.timedelta(days=1), T[1] + dt.timedelta(days=2)
+    lake.fold(
+        [ev("1", "insert", T[1], 1, "abc", 1), ev("1", "update", T[3], 3, c1="xyz", unmodified=["c2"])],
+        synced_at=first_sync,
+    )
+    lake.fold([ev("1", "update", T[2], 2, c2=5, unmodified=["c1"])], synced_at=second_sync)
+    rows = [(r["c1"], r["c2"], r["_fivetran_start"], r["_fivetran_synced"]) for r in lake.history()]
+    assert rows == [
+        ("abc", 1, T[1], first_sync),
+        ("abc", 5, T[2], second_sync),
+        ("xyz", 5, T[3], second_sync),
+    ]
+
+
 def test_deletes_late_events_and_resurrection(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     lake.fold(

@@ -89,6 +89,47 @@ def test_types_widen_across_folds_and_a_clash_names_table_column_and_types(spark
     assert merged.parquet(lake.state.history).count() == 4
 
 
+def test_a_widening_with_late_data_rewrites_the_closed_files_the_late_data_does_not_reach(spark, tmp_path):
+    """Late data reaches only the last closed files of a day (one per end hour in small folds):
+    a widening in the same fold took the whole day as rewritten, and left the day's earlier
+    files in the old type for good (the open set, widened now, never said so again)."""
+    lake = EngineLake(spark, tmp_path, spec=m.TableSpec(name="ledger", keys=("id",)))
+    storage = Storage()
+    at = [utc(2024, 1, 1, hour) for hour in range(8)]
+    fold(
+        spark,
+        storage,
+        lake.state,
+        _frame(spark, [("a", 1, "insert", at[1], 1), ("b", 3, "insert", at[3], 3)], T.LongType()),
+        lake.spec,
+    )
+    fold(
+        spark,
+        storage,
+        lake.state,
+        _frame(spark, [("a", 2, "update", at[2], 2), ("b", 4, "update", at[4], 4)], T.LongType()),
+        lake.spec,
+    )
+    closed = f"{lake.state.history_closed}/2024-01-01"
+    assert len(parquet_files(storage, closed)) == 2  # a's row closed in hour 1, b's in hour 3
+    # b's late version at 03:30 reaches the hour-3 file only; 2.5 widens the column
+    late_and_wide = [
+        ("b", 3.5, "update", at[3] + dt.timedelta(minutes=30), 5),
+        ("c", 2.5, "insert", at[5], 6),
+    ]
+    fold(spark, storage, lake.state, _frame(spark, late_and_wide, T.DoubleType()), lake.spec)
+    history_files = [e.uri for e in storage.walk_files(f"file://{tmp_path}") if "/history/" in e.uri]
+    assert {_arrow_type(storage, uri, "amount") for uri in history_files} == {"double"}
+    assert [(r["id"], r["amount"]) for r in lake.history()] == [
+        ("a", 1.0),
+        ("a", 2.0),
+        ("b", 3.0),
+        ("b", 3.5),
+        ("b", 4.0),
+        ("c", 2.5),
+    ]
+
+
 @pytest.mark.parametrize(
     ("left", "right", "widened", "as_key"),
     [

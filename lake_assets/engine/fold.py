@@ -146,15 +146,15 @@ def fold(
     on_commit_step: Callable[[str], None] | None = None,
     log_column: str | None = None,
     removing: Removing | None = None,
-    delivered: Callable[[], Collection[str]] = tuple,
+    delivered: Callable[[], Collection[str]] = lambda: (),
 ) -> FoldReport:
     """Fold `batch` (change-model events) into the state of one table and commit it.
 
     With `log_column` (the change log's partition column), keys the batch purges for the first
     time are also erased from the change log and recorded as purged (`purges`), in the same commit.
     `removing` is told the files a commit (this fold's, or an interrupted one's) deletes.
-    `delivered` gives the landed files the batch was read from (asked only when rows are stored
-    for the batch's keys); a stored copy of a write read from another file of their folders (one
+    `delivered` gives the landed files the batch was read from (asked only once a state is
+    stored); a stored copy of a write read from another file of their folders (one
     removed since, or set aside) gives way to the batch's (`merge.copy_rank`).
     """
     recovered = recover(storage, state, removing)
@@ -191,10 +191,12 @@ def fold(
         rewrite = closed_files_to_redo(storage, state, spec, totals["late_since"], erasing=purged is not None)
         to_redo = _read(spark, storage, _files_of(rewrite), spec)
         kept, late_window = split_closed_rows(to_redo, open_set.touched, report.late_keys, spec)
-        large = report.events_in >= LARGE_FOLD_EVENTS
+        widened = widens_stored_types(open_set.rows, events, spec)
+        # A widening rewrites every closed file: written as a backfill's are, from each partition.
+        large = report.events_in >= LARGE_FOLD_EVENTS or widened
         compact = {} if large else settled_days_to_compact(storage, state, report.touched_since, skip=rewrite)
-        if widens_stored_types(open_set.rows, events, spec):
-            compact = {**compact, **every_closed_file_besides(storage, state, spec, rewrite)}
+        if widened:
+            compact = every_closed_file_besides(storage, state, spec, rewrite)
         settled = _read(spark, storage, _files_of(compact), spec)
         stored = _union([open_set.touched, late_window], spec)
         windows = key_windows(events, touched, stored, spec, delivered() if stored is not None else ())
@@ -414,7 +416,11 @@ def key_windows(
         # (`mark_identical` did it, the delivery as its tie-break), and Spark keeps that order
         # for a cached frame: the timeline's windows read it as it is, without another sort.
         return KeyWindows(events, tie_break=merge.delivery_order(events) or None)
-    stored = stored.drop(END, ACTIVE).withColumnRenamed(SYNCED, PRIOR_SYNCED).withColumn(ORIGIN, F.lit(0))
+    # A stored row after the anchor whose columns were carried from the version before it is
+    # filled again (`merge.fill_unmodified`): its values may change, so it takes the fold's time.
+    refilled = (F.col(START) >= F.col(FROM)) & F.coalesce(F.size(F.col(m.UNMODIFIED)) > 0, F.lit(False))
+    stored = stored.withColumn(PRIOR_SYNCED, F.when(~refilled, F.col(SYNCED)))
+    stored = stored.drop(END, ACTIVE, SYNCED).withColumn(ORIGIN, F.lit(0))
     batch = events.join(touched, list(spec.keys), "inner").withColumn(ORIGIN, F.lit(1))
     anchor = (F.col(ORIGIN) == 0) & (F.col(START) < F.col(FROM))
     tie_break = [F.col(ORIGIN), *merge.delivery_order(events)]
@@ -457,7 +463,7 @@ def timeline_rows(
         undelivered=windows.undelivered,
     )
     rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
-    if PRIOR_SYNCED not in rows.columns:  # no stored row among them
+    if windows.anchor is None:  # no stored row among them
         return rows
     kept_sync = F.when(F.col(m.PURGED), F.col(SYNCED)).otherwise(
         F.coalesce(F.col(PRIOR_SYNCED), F.col(SYNCED))
@@ -735,9 +741,12 @@ def widens_stored_types(stored: DataFrame | None, events: DataFrame, spec: m.Tab
 def every_closed_file_besides(
     storage: Storage, state: TableState, spec: m.TableSpec, skip: ClosedFiles
 ) -> ClosedFiles:
-    """(kind, end date) -> every closed history and delete file, but for the days in `skip`."""
+    """(kind, end date) -> every closed history and delete file but those in `skip` (a day's
+    late data may reach only some of its files: the others are still taken)."""
+    skipped = set(_files_of(skip))
     every = closed_files_ending_from(storage, state, spec, None)
-    return {where: files for where, files in every.items() if where not in skip}
+    kept = {where: [uri for uri in files if uri not in skipped] for where, files in every.items()}
+    return {where: files for where, files in kept.items() if files}
 
 
 def settled_days_to_compact(

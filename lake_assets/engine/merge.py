@@ -81,10 +81,10 @@ def copy_rank(tie_break: list[Column] | None = None, undelivered: Column | None 
     (a writer naming each export anew), is the vendor's correction: its new copy of a write wins
     over the one folded from it before, as if the old content had never landed (one run over
     the landing as it is now keeps only the new one)."""
-    delivered = [] if undelivered is None else [~undelivered]
+    still_delivered = [] if undelivered is None else [~undelivered]
     return F.struct(
         F.coalesce(F.col(m.PURGED), F.lit(False)),
-        *delivered,
+        *still_delivered,
         F.col(m.SOURCE_FILE),
         *(tie_break or []),
         F.col(m.OP),
