@@ -269,7 +269,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from lake_assets import lease
     from lake_assets.paths import LakeLayout
     from lake_assets.pipeline import forget_table
-    from lake_assets.processed import blank_landing_refusal
+    from lake_assets.processed import blank_landing_refusal, landing_vouched_for
 
     config = load_config(args.config)
     if args.lake:
@@ -281,7 +281,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
     store = _catalog_store(config)
     storage, layout = config.storage(), LakeLayout(config.lake)
-    if not feed.allow_empty_landing and not fmt.holds_landed_files(storage, feed.landing, table):
+    if not feed.allow_empty_landing and not landing_vouched_for(
+        storage, layout, fmt, feed.landing, feed.name, table
+    ):
         raise LandingEmptied(
             blank_landing_refusal(
                 feed.name, table, feed.landing, "the table, which a rebuild would leave empty"

@@ -288,6 +288,19 @@ def _lists_a_file_read_before(
     return False
 
 
+def landing_vouched_for(
+    storage: Storage, layout: LakeLayout, fmt: FeedFormat, landing: str, feed: str, table: str
+) -> bool:
+    """Whether the landing still lists a file the lake read (a processed note names it), before
+    a rebuild forgets the table; a table with no note to go by, any file. A new file alone
+    vouches for nothing: a sync job may have written it into an unmounted share's mount point."""
+    if not noted_partitions(storage, layout, feed, table):
+        return fmt.holds_landed_files(storage, landing, table)
+    return _lists_a_file_read_before(
+        fmt, storage, landing, table, (), noted_files(storage, layout, feed, table)
+    )
+
+
 def noted_files(storage: Storage, layout: LakeLayout, feed: str, table: str) -> Callable[[str], set[str]]:
     """partition -> the URLs its processed note names, each note read when asked for (a damaged
     one names none)."""

@@ -396,11 +396,15 @@ def test_a_file_gone_between_the_catalog_and_the_read_fails_the_run_and_loses_no
     assert lake.changes()[hour(3)] == ["c", "d"]
 
 
-def test_a_rebuild_of_a_table_whose_landing_lists_no_file_is_refused(lake, tmp_path, capsys):
+@pytest.mark.parametrize("new_file", [False, True])
+def test_a_rebuild_of_a_table_whose_landing_lists_no_file_is_refused(lake, tmp_path, capsys, new_file):
     """A rebuild forgets the table and reads it again from the landing: over a landing gone blank
-    it would leave every layer empty. It is refused, and the lake keeps the table."""
+    it would leave every layer empty. It is refused, and the lake keeps the table; a new file
+    written into an unmounted share's mount point does not vouch for it."""
     before = lake.changes()
     _remove_every_landed_file(lake)
+    if new_file:
+        lake.write(5, "part-1.parquet", [event("e", "I", 5, at(5, 9), name="e", balance=5)])
     config_file = tmp_path / "lake.yaml"
     config_file.write_text(dump_config(lake.config))
     capsys.readouterr()
