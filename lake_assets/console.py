@@ -157,9 +157,9 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
             lines.append(f"refused: {s.refused}")
         if s.unfinished_folds:
             lines.append(
-                f"{s.feed}/{s.table}: unfinished: fold {', '.join(s.unfinished_folds)} was stopped while putting "
-                "its files in place; until the table's next run finishes it, readers may see its new files "
-                "beside those they replace"
+                f"{s.feed}/{s.table}: unfinished: fold {', '.join(s.unfinished_folds)} is putting its files in "
+                "place, or was stopped while it did; until it or the table's next run finishes, readers may see "
+                "its new files beside those they replace"
             )
         pending = s.pending or []
         for item in pending[:NAMED_CHANGES]:

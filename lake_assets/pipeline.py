@@ -785,7 +785,7 @@ def fold_into_state(
 def delivered_now(work: TableWork, partitions: list[str]) -> set[str]:
     """The landed files the changes of `partitions`, as stored now, were read from (their stored
     notes): what those partitions deliver. A stored copy of a write read from another file of
-    their folders (removed since, or set aside) gives way to the batch's (`merge.copy_rank`)."""
+    their folders (removed since) gives way to the batch's (`merge.copy_rank`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
     stored, _ = processed.read_stored_notes(storage, layout, feed, table, partitions, None)
     return {url for files in stored.values() for url in files}

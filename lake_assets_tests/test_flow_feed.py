@@ -849,6 +849,28 @@ def test_a_later_batch_whose_key_is_text_where_the_table_holds_numbers_is_set_as
     assert "key /id is text ('1') where the collection's key is number" in quarantine_notes(lake)[uri(later)]
 
 
+def test_a_field_null_in_every_document_of_a_later_hour_keeps_its_stored_type(spark, tmp_path):
+    """Spark infers a field that is null in every document as text: beside the stored numbers it
+    turned the column into text for good (and history's closed files with it). A field null
+    everywhere in a batch is NULL in the stored type, as absent fields are."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    config = config_for(landing, lake, {"acmeCo/customers": ["/id"]})
+    instance = dg.DagsterInstance.ephemeral()
+    first = doc_line(1, score=7) + doc_line(2, score=8)
+    write_fragment(journal, 0, first)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    write_fragment(journal, len(first), doc_line(5, id=1, score=None), hour=11)
+
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    from pyspark.sql import types as T
+
+    current = spark.read.parquet(str(lake / "current" / "flow" / "acmeco_customers"))
+    assert current.schema["score"].dataType == T.LongType()
+    assert {r["id"]: r["score"] for r in rows(lake, "current", "acmeco_customers")} == {1: None, 2: 8}
+
+
 def test_a_compression_bomb_is_quarantined_not_inflated(spark, tmp_path, monkeypatch):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

@@ -155,7 +155,7 @@ def fold(
     `removing` is told the files a commit (this fold's, or an interrupted one's) deletes.
     `delivered` gives the landed files the batch was read from (asked only once a state is
     stored); a stored copy of a write read from another file of their folders (one
-    removed since, or set aside) gives way to the batch's (`merge.copy_rank`).
+    removed since) gives way to the batch's (`merge.copy_rank`).
     """
     recovered = recover(storage, state, removing)
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])

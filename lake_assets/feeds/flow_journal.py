@@ -1218,8 +1218,13 @@ class FlowJournalFormat(FeedFormat):
         # is JSON this reader wrote, so a line Spark cannot parse is a fault to raise, not a row
         # to keep; and Spark's own column for such lines (`_corrupt_record` by default) takes a
         # name no vendor field has in the lake, so a document's field of that name keeps its value.
-        reader = spark.read.option("mode", "FAILFAST").option(
-            "columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD
+        # A field null in every document would be inferred as text, and beside a stored number
+        # widen the column to text for good: left out, it is NULL in the stored type, as an
+        # absent field is (a document is the whole record).
+        reader = (
+            spark.read.option("mode", "FAILFAST")
+            .option("columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD)
+            .option("dropFieldIfAllNull", "true")
         )
         parsed = reader.json(bodies)
         as_text = [
