@@ -450,12 +450,12 @@ def fold(
     work: pipeline.TableWork,
     batch: DataFrame,
     log: logging.Logger,
-    partitions: list[str],
+    partitions: list[str] | None = None,
 ) -> FoldReport:
     """The batch (of `partitions`) folded into the stored state; a batch that cannot join it
     fails the step."""
     try:
-        return pipeline.fold_into_state(session, work, batch, log=log, partitions=partitions)
+        return pipeline.fold_into_state(session, work, batch, log=log, partitions=partitions or ())
     except SchemaClash as clash:
         raise clash_failure(table, clash, batch) from clash
 
