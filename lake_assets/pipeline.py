@@ -296,19 +296,19 @@ def _refuse_to_empty_for_a_landing_gone_blank(
     `records`), unless the feed allows it (`allow_empty_landing`). Planning asks the same of the
     whole table first (`runner`); asked here too, a run started from the UI or a sensor is held
     to it."""
-    if work.feed.allow_empty_landing:
-        return
-    read = {key: set(records[key]) for key in keys}
-    noted = processed.noted_files(work.storage, work.layout, work.feed.name, work.table)
-    emptied = processed.emptied_by_a_blank_landing(
-        work.fmt, work.storage, work.feed.landing, work.table, read, listed, noted
+    refusal = processed.refusal_for_a_blank_landing(
+        work.fmt,
+        work.storage,
+        work.feed.landing,
+        work.feed.name,
+        work.table,
+        {key: set(records[key]) for key in keys},
+        listed,
+        allowed=work.feed.allow_empty_landing,
+        read_elsewhere=processed.noted_files(work.storage, work.layout, work.feed.name, work.table),
     )
-    if emptied:
-        raise LandingEmptied(
-            processed.blank_landing_refusal(
-                work.feed.name, work.table, work.feed.landing, processed.partitions_named(emptied)
-            )
-        )
+    if refusal:
+        raise LandingEmptied(refusal)
 
 
 def _still_recorded(entry, record: dict | None) -> bool:

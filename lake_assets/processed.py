@@ -235,6 +235,28 @@ def noted_partitions(storage: Storage, layout: LakeLayout, feed: str, table: str
     return {json_name(entry) for entry in json_files(storage, notes_folder(layout, feed, table))}
 
 
+def refusal_for_a_blank_landing(
+    fmt: FeedFormat,
+    storage: Storage,
+    landing: str,
+    feed: str,
+    table: str,
+    read: Mapping[str, Collection[str]],
+    listed: Mapping[str, list[Entry]],
+    *,
+    allowed: bool,
+    read_elsewhere: Callable[[str], Collection[str]] = lambda _: (),
+) -> str | None:
+    """Why a run over the partitions of `read` is refused (the text of `LandingEmptied`) when it
+    would empty some of them because the landing went blank (`emptied_by_a_blank_landing`);
+    None when it would not, or the feed allows it (`allowed`: its `allow_empty_landing`).
+    Planning, the run's own step and `status` all ask this."""
+    if allowed:
+        return None
+    emptied = emptied_by_a_blank_landing(fmt, storage, landing, table, read, listed, read_elsewhere)
+    return blank_landing_refusal(feed, table, landing, partitions_named(emptied)) if emptied else None
+
+
 def emptied_by_a_blank_landing(
     fmt: FeedFormat,
     storage: Storage,

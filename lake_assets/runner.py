@@ -322,25 +322,19 @@ def _changed_partitions(
     _name_changes(feed.name, table, changes, say)
     # Asked of all the partitions the table's runs take at once: the runs, and their steps'
     # own check, see only theirs, and a new file in one would vouch for the others' removal.
-    emptied = (
-        []
-        if feed.allow_empty_landing
-        else processed.emptied_by_a_blank_landing(
-            fmt,
-            storage,
-            feed.landing,
-            table,
-            {key: set(note) for key, note in notes.items()},
-            listed,
-            read_elsewhere=lambda key: every_note.get(key, {}).keys(),
-        )
+    refusal = processed.refusal_for_a_blank_landing(
+        fmt,
+        storage,
+        feed.landing,
+        feed.name,
+        table,
+        {key: set(note) for key, note in notes.items()},
+        listed,
+        allowed=feed.allow_empty_landing,
+        read_elsewhere=lambda key: every_note.get(key, {}).keys(),
     )
-    if emptied:
-        raise LandingEmptied(
-            processed.blank_landing_refusal(
-                feed.name, table, feed.landing, processed.partitions_named(emptied)
-            )
-        )
+    if refusal:
+        raise LandingEmptied(refusal)
     chosen = {change.partition for change in changes}
     unreported = (
         unreported_strays(storage, layout, fmt, feed.landing, feed.name, table) if keys and not chosen else []

@@ -140,18 +140,17 @@ def table_status(
                 {"partition": c.partition, "reason": c.reason, "files": len(landed.get(c.partition, []))}
                 for c in changes
             ]
-            read = {partition: set(note) for partition, note in notes.items()}
-            emptied = (
-                []
-                if allow_empty_landing
-                else processed.emptied_by_a_blank_landing(
-                    fmt, storage, landing, table, read, landed, read_elsewhere=lambda key: read.get(key, ())
-                )
+            # Every note is in `read`: no other partition has one to vouch for the landing.
+            refused = processed.refusal_for_a_blank_landing(
+                fmt,
+                storage,
+                landing,
+                feed,
+                table,
+                {partition: set(note) for partition, note in notes.items()},
+                landed,
+                allowed=allow_empty_landing,
             )
-            if emptied:
-                refused = processed.blank_landing_refusal(
-                    feed, table, landing, processed.partitions_named(emptied)
-                )
     return TableStatus(
         feed=feed,
         table=table,
