@@ -247,7 +247,7 @@ class FeedConfig(Model):
     #: false: the landing sensor starts stopped (backfills only)
     watch: Flag = True
     #: true: a run may empty the partitions of a table whose landing went blank (none of the
-    #: files read from it listed any more: `processed.emptied_by_a_blank_landing`)
+    #: files read from it listed any more: `processed.refusal_for_a_blank_landing`)
     allow_empty_landing: Flag = False
     # Options of other formats, None here so that code may ask any feed for them.
     orgs: GraxOnly = None

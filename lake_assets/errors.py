@@ -137,7 +137,7 @@ class AnotherWriter(LakeAssetsError):
 
 class LandingEmptied(LakeAssetsError):
     """A run would empty partitions of a table because none of the files the lake read from them
-    is listed any more, nor a file it read elsewhere (`processed.emptied_by_a_blank_landing`): an
+    is listed any more, nor a file it read elsewhere (`processed.refusal_for_a_blank_landing`): an
     unmounted share or a mistyped prefix lists like that too, and the run refuses until told the
     removal is meant."""
 

@@ -292,7 +292,7 @@ def _refuse_to_empty_for_a_landing_gone_blank(
     work: TableWork, keys: list[str], listed: dict[str, list[Entry]], records: dict[str, dict]
 ) -> None:
     """Raise `LandingEmptied` when the run would empty partitions because the landing went blank
-    (`processed.emptied_by_a_blank_landing`, the files read being those the catalog records:
+    (`processed.refusal_for_a_blank_landing`, the files read being those the catalog records:
     `records`), unless the feed allows it (`allow_empty_landing`). Planning asks the same of the
     whole table first (`runner`); asked here too, a run started from the UI or a sensor is held
     to it."""

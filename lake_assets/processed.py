@@ -247,46 +247,31 @@ def refusal_for_a_blank_landing(
     allowed: bool,
     read_elsewhere: Callable[[str], Collection[str]] = lambda _: (),
 ) -> str | None:
-    """Why a run over the partitions of `read` is refused (the text of `LandingEmptied`) when it
-    would empty some of them because the landing went blank (`emptied_by_a_blank_landing`);
-    None when it would not, or the feed allows it (`allowed`: its `allow_empty_landing`).
-    Planning, the run's own step and `status` all ask this."""
-    if allowed:
-        return None
-    emptied = emptied_by_a_blank_landing(fmt, storage, landing, table, read, listed, read_elsewhere)
-    return blank_landing_refusal(feed, table, landing, partitions_named(emptied)) if emptied else None
-
-
-def emptied_by_a_blank_landing(
-    fmt: FeedFormat,
-    storage: Storage,
-    landing: str,
-    table: str,
-    read: Mapping[str, Collection[str]],
-    listed: Mapping[str, list[Entry]],
-    read_elsewhere: Callable[[str], Collection[str]],
-) -> list[str]:
-    """The partitions a run would empty (files were read from them, as `read` says, and the
-    landing lists none in them: `listed`) when none of the files read from any partition of
-    `read` is listed any more and no other partition lists a file read from it (`read_elsewhere`:
-    partition -> URLs): the landing went blank at once, but for files no run has read yet. Else
-    none: files removed among others that remain (a vendor's retention) leave their partitions as
-    usual, and a partition whose files were replaced is not emptied.
+    """Why a run is refused (the text of `LandingEmptied`), or None. Refused: a run that would
+    empty partitions (files were read from them, as `read` says, and the landing lists none in
+    them: `listed`) when none of the files read from any partition of `read` is listed any more
+    and no other partition lists a file read from it (`read_elsewhere`: partition -> URLs): the
+    landing went blank at once, but for files no run has read yet. Not refused: files removed
+    among others that remain (a vendor's retention) leave their partitions as usual, a partition
+    whose files were replaced is not emptied, and a feed may allow it (`allowed`: its
+    `allow_empty_landing`). Planning, the run's own step and `status` all ask this.
 
     An unmounted share (perhaps with a new file written into its mount point) or a mistyped
     prefix lists exactly like a vendor that removed every file, and the change log may be the
     only copy left of what was read (docs/incremental-runs.md, "What a run takes")."""
+    if allowed:
+        return None
     emptied = sorted(
         (key for key, urls in read.items() if urls and not listed.get(key)), key=fmt.partition_order
     )
     if not emptied:
-        return []
+        return None
     landed = {entry.uri for entries in listed.values() for entry in entries}
     if any(url in landed for urls in read.values() for url in urls):
-        return []
+        return None
     if _lists_a_file_read_before(fmt, storage, landing, table, set(listed) | set(read), read_elsewhere):
-        return []
-    return emptied
+        return None
+    return blank_landing_refusal(feed, table, landing, partitions_named(emptied))
 
 
 def _lists_a_file_read_before(

@@ -112,7 +112,7 @@ def table_status(
 ) -> TableStatus:
     """Where a table stands. A damaged note of the lake leaves out what it would tell (pending
     partitions, quarantined files) and is named in `damaged`: a status is how damage is found.
-    A landing gone blank (`processed.emptied_by_a_blank_landing`) is named in `refused` unless
+    A landing gone blank (`processed.refusal_for_a_blank_landing`) is named in `refused` unless
     the feed allows it, as the run that the status foretells would be refused."""
     rows = LayerRows.of(storage, layout, feed, table)
     damaged = list(rows.damaged)
