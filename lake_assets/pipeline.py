@@ -299,6 +299,7 @@ def _refuse_to_empty_for_a_landing_gone_blank(
     refusal = processed.refusal_for_a_blank_landing(
         work.fmt,
         work.storage,
+        work.layout,
         work.feed.landing,
         work.feed.name,
         work.table,

@@ -325,6 +325,7 @@ def _changed_partitions(
     refusal = processed.refusal_for_a_blank_landing(
         fmt,
         storage,
+        layout,
         feed.landing,
         feed.name,
         table,

@@ -144,6 +144,7 @@ def table_status(
             refused = processed.refusal_for_a_blank_landing(
                 fmt,
                 storage,
+                layout,
                 landing,
                 feed,
                 table,

@@ -365,6 +365,32 @@ def test_a_run_of_an_old_hour_alone_is_refused_when_only_a_new_file_is_landed(la
     assert lake.changes() == before
 
 
+@pytest.mark.parametrize("folders_too", [False, True])
+def test_a_table_whose_only_files_were_set_aside_and_then_removed_is_emptied_not_refused(lake, folders_too):
+    """A table whose every file read was quarantined gave the change log no row: the removal of
+    its files loses nothing and is not taken for a landing gone blank (it was refused, and the
+    table stayed refused until `allow_empty_landing` was set). Its quarantine entries go."""
+    bad = hour_dir(lake.landing, "cards", 4) / "part-bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    lake.run()
+    by_table = {s.table: s for s in lake_status(lake.config, lake.instance)}
+    assert [q["file"] for q in by_table["cards"].quarantined] == [f"file://{bad}"]
+    bad.unlink()
+    if folders_too:
+        for folder in sorted((lake.landing / "cards").rglob("*"), reverse=True):
+            folder.rmdir()
+    by_table = {s.table: s for s in lake_status(lake.config, lake.instance)}
+    assert by_table["cards"].refused is None
+
+    lake.run()
+
+    by_table = {s.table: s for s in lake_status(lake.config, lake.instance)}
+    assert by_table["cards"].quarantined == [] and by_table["cards"].refused is None
+    assert not list((lake.lake / "_quarantine").rglob("*.*"))
+    assert sorted(lake.changes()) == [hour(1), hour(2), hour(3)]
+    assert lake.run() == []
+
+
 def test_a_run_that_empties_an_old_hour_and_reads_a_new_one_goes_on_while_others_remain(lake):
     """A vendor's retention: the oldest hour goes as a new hour lands, the hours between stay."""
     (hour_dir(lake.landing, "accounts", 1) / "part-0.parquet").unlink()
