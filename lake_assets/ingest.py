@@ -203,7 +203,7 @@ _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")
 #: fails on a name holding `:`, which its checksum file's path cannot parse. Landed files have no
 #: checksum files, so they are read through the raw local file system: set for the read only,
 #: hence no cached instance. (A driver this process starts without S3 uses it for every file,
-#: `spark.LOCAL_FILES_WITHOUT_CHECKSUMS`; S3 drivers and Connect servers do not.)
+#: `spark.FILE_SYSTEM_SETTING`; S3 drivers and Connect servers do not.)
 _RAW_LOCAL_FILES = {
     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "fs.file.impl.disable.cache": "true",

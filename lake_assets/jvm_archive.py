@@ -33,14 +33,14 @@ class ArchiveNotBuilt(LakeAssetsError):
     """The demo run that writes the archive, or the check of what it wrote, failed."""
 
 
-def _java() -> Path | None:
+def java_path() -> Path | None:
     """The java PySpark's launcher runs: JAVA_HOME's, else the first on PATH."""
     home = os.environ.get("JAVA_HOME")
     found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     return Path(found).resolve() if found and Path(found).is_file() else None
 
 
-def _spark_jars() -> Path:
+def spark_jars_folder() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent / "jars"
@@ -55,10 +55,10 @@ def archive_path() -> Path | None:
     longer fits. The JVM refuses an archive when a jar's time differs from the one it was made
     with, so a reinstall of the same pyspark (new file times) looks for a new one too.
     """
-    java = _java()
+    java = java_path()
     if java is None:
         return None
-    jars = _spark_jars()
+    jars = spark_jars_folder()
     # The archive records the class path it was made with (the jars' folder): a virtualenv
     # elsewhere, with the same jars, is another class path. The name's first part says which
     # JVM and folder, so a new install's archive can replace the old one (`_remove_replaced`).

@@ -85,9 +85,24 @@ DRIVER_SETTINGS: dict[str, str] = {
 #: file; backfills ran faster without them, hours no slower (docs/profiling.md, "Figures behind
 #: the code"). No reader of the lake checks them (DuckDB, pyarrow). With S3 the default stays:
 #: s3a buffers its uploads through Hadoop's checksummed local file system and refuses another.
-LOCAL_FILES_WITHOUT_CHECKSUMS: dict[str, str] = {
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"
-}
+#: An embedded driver writes through the lake's own file system class (`jvm_classes`), which
+#: sets the files' modes without a process, where the class could be compiled; Hadoop's raw one
+#: otherwise, and on a cluster, whose executors would not find the class's jar.
+FILE_SYSTEM_SETTING = "spark.hadoop.fs.file.impl"
+RAW_LOCAL_FILE_SYSTEM = "org.apache.hadoop.fs.RawLocalFileSystem"
+
+
+def _local_files_conf(master: str) -> dict[str, str]:
+    """The local file system a driver without S3 writes through, and the jar that holds it."""
+    from lake_assets.jvm_classes import LOCAL_FILE_SYSTEM_CLASS, local_file_system_jar
+
+    jar = local_file_system_jar() if is_local(master) else None
+    # `local:` puts the jar on the driver's class path as it starts; a `file:` jar would be
+    # looked up through the very file system class it holds, before it can be loaded.
+    if jar is None:
+        return {FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM}
+    return {FILE_SYSTEM_SETTING: LOCAL_FILE_SYSTEM_CLASS, "spark.jars": f"local:{jar}"}
+
 
 # The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
 # its work in threads of its own beside the application; with two cores those threads take
@@ -190,6 +205,7 @@ def session_conf(
     session gets the lake's SQL settings only: the server's JVM, its cluster and its s3a
     connector are configured where the server starts (README: Running on Spark Connect)."""
     conf: dict[str, str] = {"spark.app.name": app_name}
+    local_files: dict[str, str] = {}
     if remote:
         conf["spark.remote"] = remote
         conf.update(LAKE_SQL_SETTINGS)
@@ -212,7 +228,8 @@ def session_conf(
             conf.update(LOCAL_DRIVER_SQL_SETTINGS)
             conf.update(local_shuffle_partitions(conf["spark.master"]))
         if not use_s3:
-            conf.update(LOCAL_FILES_WITHOUT_CHECKSUMS)
+            local_files = _local_files_conf(conf["spark.master"])
+            conf.update(local_files)
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())
@@ -234,7 +251,17 @@ def session_conf(
                 ).lower()
     if extra:
         conf.update(extra)
+        _keep_the_jar_of(local_files, conf)
     return conf
+
+
+def _keep_the_jar_of(local_files: Mapping[str, str], conf: dict[str, str]) -> None:
+    """Add the local file system's jar to jars the config's own `spark.conf` names, unless it
+    names another file system too: the class must load wherever it is named."""
+    jar = local_files.get("spark.jars")
+    if jar and conf.get(FILE_SYSTEM_SETTING) == local_files[FILE_SYSTEM_SETTING]:
+        jars = [j for j in conf.get("spark.jars", "").split(",") if j]
+        conf["spark.jars"] = ",".join([*jars, jar] if jar not in jars else jars)
 
 
 def is_local(master: str) -> bool:

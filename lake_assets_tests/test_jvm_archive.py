@@ -59,7 +59,7 @@ def test_another_jvm_or_other_spark_jars_look_for_another_archive(empty_cache, m
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "spark-core.jar").write_bytes(b"x")
-    monkeypatch.setattr(jvm_archive, "_spark_jars", lambda: jars)
+    monkeypatch.setattr(jvm_archive, "spark_jars_folder", lambda: jars)
     these_jars = jvm_archive.archive_path()
     assert these_jars not in (None, mine)
     # Reinstalled: same names and sizes, new file times, which the JVM checks when it maps.
