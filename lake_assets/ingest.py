@@ -202,8 +202,9 @@ _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")
 #: Hadoop's default local file system keeps a checksum file `.<name>.crc` beside each file and
 #: fails on a name holding `:`, which its checksum file's path cannot parse. Landed files have no
 #: checksum files, so they are read through the raw local file system: set for the read only,
-#: hence no cached instance. (A driver this process starts without S3 uses it for every file,
-#: `spark.FILE_SYSTEM_SETTING`; S3 drivers and Connect servers do not.)
+#: hence no cached instance. (A driver this process starts without S3 writes every file
+#: through it, or the lake's subclass of it: `spark.FILE_SYSTEM_SETTING`; S3 drivers and
+#: Connect servers do not.)
 _RAW_LOCAL_FILES = {
     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "fs.file.impl.disable.cache": "true",

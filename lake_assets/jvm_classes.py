@@ -7,15 +7,20 @@ cores they cost a large share of the write (docs/profiling.md, "Figures behind t
 `java/NioPermissionsLocalFileSystem.java` sets the same modes through `java.nio`.
 
 It is compiled once, with the JDK's `javac`, against the Hadoop classes PySpark ships, into a
-jar in the lake's cache; the jar's name carries the source's and those classes' hashes, so an
-upgrade of either compiles it again. Where there is no `javac` (a JRE alone) or the compile
-fails, the lake writes through Hadoop's own local file system, as before: same files, slower.
+jar in the lake's cache; the jar's name carries a hash of the source, the `javac` and those
+classes' jar (name, size, time), so an upgrade of any compiles it again. Where there is no
+`javac` (a JRE alone) or the compile fails, the lake writes through Hadoop's own local file
+system, as before: same files, slower. A cluster's executors keep Hadoop's own too: the jar
+is only in this machine's cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
+import re
 import subprocess
 import tempfile
 import zipfile
@@ -28,27 +33,47 @@ from lake_assets.spark import cache_dir
 LOCAL_FILE_SYSTEM_CLASS = "lake_assets.hadoop.NioPermissionsLocalFileSystem"
 SOURCE = Path(__file__).parent / "java" / "NioPermissionsLocalFileSystem.java"
 #: the longest a compile may take before the lake goes on without it
-COMPILE_SECONDS = 120
+COMPILE_SECONDS = 60
+_URI_SAFE_PATH = re.compile(r"[A-Za-z0-9/._+@=~-]+")
+_log = logging.getLogger(__name__)
 
 
 def local_file_system_jar() -> Path | None:
     """The jar holding `LOCAL_FILE_SYSTEM_CLASS`, compiled now if the cache has none (None
-    without a `javac` or PySpark's Hadoop classes, when the compile failed, or when the cache's
-    path could not be given to Spark)."""
+    without a `javac` or PySpark's Hadoop classes, when the cache's path could not be given to
+    Spark, or when the compile failed: a source `javac` refuses is tried once, its error kept
+    in a `.failed` file beside where the jar would be, deleted to try again). Any settings of
+    an embedded driver ask for it (`spark.session_conf`), so the first compiles it, ~1 s."""
     javac, hadoop = _javac(), _hadoop_classes()
     if javac is None or hadoop is None:
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(hadoop.name.encode())
-    jar = cache_dir() / "classes" / f"lake-local-fs-{digest.hexdigest()[:16]}.jar"
-    # `spark.jars` is a list split at commas, and a driver's command line at white space.
-    if any(c.isspace() or c == "," for c in str(jar)):
+    made_from = hashlib.sha256(SOURCE.read_bytes())
+    built = hadoop.stat()
+    made_from.update(f"{javac}:{hadoop.name}:{built.st_size}:{built.st_mtime_ns}".encode())
+    jar = cache_dir() / "classes" / f"lake-local-fs-{made_from.hexdigest()[:16]}.jar"
+    # Spark reads the jar as a `local:` URI in a comma-separated list: any other character
+    # could end the path early or make the URI invalid, and the driver would not start.
+    if not _URI_SAFE_PATH.fullmatch(str(jar)):
         return None
+    failed = jar.with_suffix(".failed")
     if jar.is_file():
         return jar
+    if failed.is_file():  # the source did not compile: every later driver would fail alike
+        return None
     try:
         _compile(javac, hadoop, jar)
-    except (OSError, subprocess.SubprocessError):
+    except subprocess.CalledProcessError as error:
+        said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else ""
+        with contextlib.suppress(OSError):
+            failed.write_text(f"{error}\n{said}", encoding="utf-8")
+        _log.warning(
+            f"{SOURCE.name} did not compile (see {failed}): local files are written through Hadoop's own class"
+        )
+        return None
+    except (OSError, subprocess.SubprocessError) as error:  # a timeout, a full disk: tried again next time
+        _log.warning(
+            f"{SOURCE.name} was not compiled ({error}): local files are written through Hadoop's own class"
+        )
         return None
     return jar
 

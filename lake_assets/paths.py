@@ -127,6 +127,10 @@ class LakeLayout:
             raise InvalidValue(f"unknown layer {layer!r}")
         return join(self.root, layer, feed, *table_segments(table))
 
+    def change_log_partition(self, feed: str, table: str, column: str, partition: str) -> str:
+        """The folder of one partition of a table's change log (`<column>=<partition>`)."""
+        return f"{self.table('changes', feed, table)}/{column}={partition}"
+
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:
         """A table's quarantine, or that of one of its partitions."""
         return join(

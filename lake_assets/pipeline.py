@@ -300,11 +300,11 @@ def _refuse_to_empty_for_a_landing_gone_blank(
         work.fmt,
         work.storage,
         work.layout,
-        work.feed.landing,
-        work.feed.name,
-        work.table,
-        {key: set(records[key]) for key in keys},
-        listed,
+        landing=work.feed.landing,
+        feed=work.feed.name,
+        table=work.table,
+        read={key: set(records[key]) for key in keys},
+        listed=listed,
         allowed=work.feed.allow_empty_landing,
         read_elsewhere=processed.noted_files(work.storage, work.layout, work.feed.name, work.table),
     )
@@ -361,11 +361,11 @@ def record_processed(
 def _stored_since_read(work: TableWork, partitions: list[str], read: set[str]) -> set[str]:
     """Those of `partitions` whose change-log files are not the ones read (`read`: the URIs a
     fold read the change log back from)."""
-    changes = work.layout.table("changes", work.feed.name, work.table)
-    column = work.fmt.partition_column
     changed = set()
     for partition in partitions:
-        folder = f"{changes}/{column}={partition}"
+        folder = work.layout.change_log_partition(
+            work.feed.name, work.table, work.fmt.partition_column, partition
+        )
         now = set(parquet_files(work.storage, folder))
         if now != {uri for uri in read if uri.startswith(f"{folder}/")}:
             changed.add(partition)

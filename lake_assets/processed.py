@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import TypedDict
 
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
+from lake_assets.engine.state import parquet_files
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
-from lake_assets.quarantine import is_quarantined
 from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, read_lake_json
 
 if TYPE_CHECKING:
@@ -240,12 +240,12 @@ def refusal_for_a_blank_landing(
     fmt: FeedFormat,
     storage: Storage,
     layout: LakeLayout,
+    *,
     landing: str,
     feed: str,
     table: str,
     read: Mapping[str, Collection[str]],
     listed: Mapping[str, list[Entry]],
-    *,
     allowed: bool,
     read_elsewhere: Callable[[str], Collection[str]] = lambda _: (),
 ) -> str | None:
@@ -255,9 +255,11 @@ def refusal_for_a_blank_landing(
     and no other partition lists a file read from it (`read_elsewhere`: partition -> URLs): the
     landing went blank at once, but for files no run has read yet. Not refused: files removed
     among others that remain (a vendor's retention) leave their partitions as usual, a partition
-    whose files were replaced is not emptied, a partition whose every file read was quarantined
-    holds nothing in the change log to lose, and a feed may allow it (`allowed`: its
-    `allow_empty_landing`). Planning, the run's own step and `status` all ask this.
+    whose files were replaced is not emptied, and a feed may allow it (`allowed`: its
+    `allow_empty_landing`). A partition whose change log holds no file (its every file read was
+    quarantined, say) loses nothing when emptied and is left out of the count; a partition
+    whose files were set aside by a run that failed before storing its changes still holds the
+    rows read before, and counts. Planning, the run's own step and `status` all ask this.
 
     An unmounted share (perhaps with a new file written into its mount point) or a mistyped
     prefix lists exactly like a vendor that removed every file, and the change log may be the
@@ -274,16 +276,12 @@ def refusal_for_a_blank_landing(
         return None
     if _lists_a_file_read_before(fmt, storage, landing, table, set(listed) | set(read), read_elsewhere):
         return None
-    emptied = [key for key in emptied if not _all_quarantined(storage, layout, feed, table, key, read[key])]
+    emptied = [
+        key
+        for key in emptied
+        if parquet_files(storage, layout.change_log_partition(feed, table, fmt.partition_column, key))
+    ]
     return blank_landing_refusal(feed, table, landing, partitions_named(emptied)) if emptied else None
-
-
-def _all_quarantined(
-    storage: Storage, layout: LakeLayout, feed: str, table: str, partition: str, urls: Collection[str]
-) -> bool:
-    """Whether every file of `urls` read from `partition` was quarantined: none gave the change
-    log a row, so emptying the partition loses nothing. Asked only on the way to a refusal."""
-    return all(is_quarantined(storage, layout, feed, table, partition, url) for url in urls)
 
 
 def _lists_a_file_read_before(

@@ -1,8 +1,9 @@
 """Spark session settings: embedded `local` by default, a cluster master or Spark Connect remote
 when configured, and the s3a connector wired for S3 (or an S3-compatible endpoint such as moto).
 
-Pure settings logic: `session_conf` returns the dict the Dagster resource hands to the builder.
-Secrets are not part of it; `s3a_secret_conf` reads them from the environment once the driver runs.
+`session_conf` returns the dict the Dagster resource hands to the builder; for an embedded
+driver it may first compile the lake's local file system class, once (`jvm_classes`). Secrets
+are not part of it; `s3a_secret_conf` reads them from the environment once the driver runs.
 """
 
 from __future__ import annotations
@@ -79,29 +80,56 @@ DRIVER_SETTINGS: dict[str, str] = {
     PYSPARK_CALL_SITES: "false",
 }
 
-#: A driver without S3 writes files on local disk without Hadoop's checksum file
-#: (`.<name>.crc`) beside each. Without Hadoop's native library (PySpark ships none) every file
-#: and folder created starts a `chmod` process, and the checksum files add one for each data
-#: file; backfills ran faster without them, hours no slower (docs/profiling.md, "Figures behind
-#: the code"). No reader of the lake checks them (DuckDB, pyarrow). With S3 the default stays:
-#: s3a buffers its uploads through Hadoop's checksummed local file system and refuses another.
-#: An embedded driver writes through the lake's own file system class (`jvm_classes`), which
-#: sets the files' modes without a process, where the class could be compiled; Hadoop's raw one
-#: otherwise, and on a cluster, whose executors would not find the class's jar.
+#: The Hadoop setting naming the class a driver without S3 writes local files through.
 FILE_SYSTEM_SETTING = "spark.hadoop.fs.file.impl"
+#: Hadoop's local file system without checksum files (`.<name>.crc`) beside each file. Without
+#: Hadoop's native library (PySpark ships none) every file and folder created starts a `chmod`
+#: process, and the checksum files add one for each data file; backfills ran faster without
+#: them, hours no slower (docs/profiling.md, "Figures behind the code"). No reader of the lake
+#: checks them (DuckDB, pyarrow). With S3 the default stays: s3a buffers its uploads through
+#: Hadoop's checksummed local file system and refuses another.
 RAW_LOCAL_FILE_SYSTEM = "org.apache.hadoop.fs.RawLocalFileSystem"
+#: Settings whose files spark-submit looks up through the local file system class before any
+#: jar is loaded: named by the config, they keep Hadoop's own class (the lake's is in a jar).
+_FILES_LOOKED_UP_AT_SUBMIT = (
+    "spark.jars",
+    "spark.files",
+    "spark.submit.pyFiles",
+    "spark.archives",
+    "spark.jars.packages",
+)
 
 
-def _local_files_conf(master: str) -> dict[str, str]:
-    """The local file system a driver without S3 writes through, and the jar that holds it."""
+def _local_files_conf() -> dict[str, str]:
+    """The local file system an embedded driver without S3 writes through: the lake's own
+    (`jvm_classes`), which sets the files' modes without a process, with its jar, where the
+    class could be compiled; Hadoop's raw one otherwise."""
     from lake_assets.jvm_classes import LOCAL_FILE_SYSTEM_CLASS, local_file_system_jar
 
-    jar = local_file_system_jar() if is_local(master) else None
-    # `local:` puts the jar on the driver's class path as it starts; a `file:` jar would be
-    # looked up through the very file system class it holds, before it can be loaded.
+    jar = local_file_system_jar()
     if jar is None:
         return {FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM}
+    # `local:` puts the jar on the driver's class path as it starts; a `file:` jar would be
+    # looked up through the very file system class it holds, before it can be loaded.
     return {FILE_SYSTEM_SETTING: LOCAL_FILE_SYSTEM_CLASS, "spark.jars": f"local:{jar}"}
+
+
+def _settle_the_local_file_system(conf: dict[str, str], extra: Mapping[str, str]) -> None:
+    """Hadoop's raw local file system instead of the lake's when the config's own settings
+    (`extra`) make a master that is not local (its executors would not find the jar) or name
+    files spark-submit looks up before the jar is loaded; a file system of the config's own
+    stands as it is."""
+    from lake_assets.jvm_classes import LOCAL_FILE_SYSTEM_CLASS
+
+    if conf.get(FILE_SYSTEM_SETTING) != LOCAL_FILE_SYSTEM_CLASS or FILE_SYSTEM_SETTING in extra:
+        return
+    if is_local(conf.get("spark.master", "local")) and not any(
+        k in extra for k in _FILES_LOOKED_UP_AT_SUBMIT
+    ):
+        return
+    conf[FILE_SYSTEM_SETTING] = RAW_LOCAL_FILE_SYSTEM
+    if "spark.jars" not in extra:
+        conf.pop("spark.jars", None)
 
 
 # The embedded driver JVM runs the tasks too. The JDK's default collector (G1) does part of
@@ -205,7 +233,6 @@ def session_conf(
     session gets the lake's SQL settings only: the server's JVM, its cluster and its s3a
     connector are configured where the server starts (README: Running on Spark Connect)."""
     conf: dict[str, str] = {"spark.app.name": app_name}
-    local_files: dict[str, str] = {}
     if remote:
         conf["spark.remote"] = remote
         conf.update(LAKE_SQL_SETTINGS)
@@ -228,8 +255,11 @@ def session_conf(
             conf.update(LOCAL_DRIVER_SQL_SETTINGS)
             conf.update(local_shuffle_partitions(conf["spark.master"]))
         if not use_s3:
-            local_files = _local_files_conf(conf["spark.master"])
-            conf.update(local_files)
+            conf.update(
+                _local_files_conf()
+                if is_local(conf["spark.master"])
+                else {FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM}
+            )
         if use_s3:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())
@@ -251,17 +281,8 @@ def session_conf(
                 ).lower()
     if extra:
         conf.update(extra)
-        _keep_the_jar_of(local_files, conf)
+        _settle_the_local_file_system(conf, extra)
     return conf
-
-
-def _keep_the_jar_of(local_files: Mapping[str, str], conf: dict[str, str]) -> None:
-    """Add the local file system's jar to jars the config's own `spark.conf` names, unless it
-    names another file system too: the class must load wherever it is named."""
-    jar = local_files.get("spark.jars")
-    if jar and conf.get(FILE_SYSTEM_SETTING) == local_files[FILE_SYSTEM_SETTING]:
-        jars = [j for j in conf.get("spark.jars", "").split(",") if j]
-        conf["spark.jars"] = ",".join([*jars, jar] if jar not in jars else jars)
 
 
 def is_local(master: str) -> bool:
@@ -324,10 +345,11 @@ def build_session(conf: Mapping[str, str]):
             # PySpark takes its workers' interpreter from this variable when the context starts;
             # the configured one wins over a value inherited from the calling environment.
             os.environ["PYSPARK_PYTHON"] = worker_python
+        _unless_its_jar_is_gone(settings)
         for key, value in settings.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
-        if "spark.jars" in settings or any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
+        if any(k.startswith("spark.hadoop.fs.s3a") for k in settings):
             _give_s3a_its_keys(session)
         if is_local(settings.get("spark.master", "local")):
             return session
@@ -335,6 +357,19 @@ def build_session(conf: Mapping[str, str]):
 
     prepare_executors(session)
     return session
+
+
+def _unless_its_jar_is_gone(settings: dict[str, str]) -> None:
+    """Hadoop's raw local file system if the lake's class's jar left the cache since the
+    settings were made (a driver named a missing jar's class would fail every file access)."""
+    from lake_assets.jvm_classes import LOCAL_FILE_SYSTEM_CLASS
+
+    jar = settings.get("spark.jars", "")
+    if settings.get(FILE_SYSTEM_SETTING) != LOCAL_FILE_SYSTEM_CLASS or not jar.startswith("local:"):
+        return
+    if not Path(jar.removeprefix("local:")).is_file():
+        settings[FILE_SYSTEM_SETTING] = RAW_LOCAL_FILE_SYSTEM
+        del settings["spark.jars"]
 
 
 #: held while a session is checked and, its driver ended, forgotten and built again

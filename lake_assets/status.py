@@ -145,11 +145,11 @@ def table_status(
                 fmt,
                 storage,
                 layout,
-                landing,
-                feed,
-                table,
-                {partition: set(note) for partition, note in notes.items()},
-                landed,
+                landing=landing,
+                feed=feed,
+                table=table,
+                read={partition: set(note) for partition, note in notes.items()},
+                listed=landed,
                 allowed=allow_empty_landing,
             )
     return TableStatus(

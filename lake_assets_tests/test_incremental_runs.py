@@ -30,6 +30,7 @@ from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
 from lake_assets.console import format_status
 from lake_assets.errors import LakeAssetsError
+from lake_assets.orchestration import io_managers
 from lake_assets.orchestration.definitions import resources_for
 from lake_assets.orchestration.execution import lake_status
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -389,6 +390,45 @@ def test_a_table_whose_only_files_were_set_aside_and_then_removed_is_emptied_not
     assert not list((lake.lake / "_quarantine").rglob("*.*"))
     assert sorted(lake.changes()) == [hour(1), hour(2), hour(3)]
     assert lake.run() == []
+
+
+@pytest.mark.parametrize("how", ["beside a good file", "by a run that failed before storing"])
+def test_a_table_whose_change_log_holds_rows_of_a_set_aside_file_is_still_refused(lake, monkeypatch, how):
+    """A file set aside beside a good one, or rewritten into garbage and set aside by a run that
+    then failed before it stored its changes (the change log still holds the rows read before):
+    a landing gone blank would empty rows, quarantine or not, and is refused."""
+    folder = hour_dir(lake.landing, "cards", 4)
+    good = write_events(
+        lake.landing,
+        "cards",
+        4,
+        "part-0.parquet",
+        [event("k", "I", 1, at(4, 5), name="k", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    if how == "beside a good file":
+        (folder / "part-bad.parquet").write_bytes(b"not parquet at all")
+        lake.run()
+    else:
+        lake.run()
+        good.write_bytes(b"garbage now, and longer than before: " + b"x" * 4096)
+
+        def fails(*_, **__):
+            raise RuntimeError("the store failed")
+
+        monkeypatch.setattr(io_managers, "store_partitions", fails)
+        with pytest.raises(LakeAssetsError):
+            lake.run()
+        monkeypatch.undo()
+    by_table = {s.table: s for s in lake_status(lake.config, lake.instance)}
+    assert by_table["cards"].quarantined and hour(4) in lake.changes("cards")
+    for landed in folder.iterdir():
+        landed.unlink()
+    by_table = {s.table: s for s in lake_status(lake.config, lake.instance)}
+    assert by_table["cards"].refused
+    with pytest.raises(LakeAssetsError, match="unit/cards: the landing"):
+        lake.run()
+    assert lake.changes("cards")[hour(4)] == ["k"]
 
 
 def test_a_run_that_empties_an_old_hour_and_reads_a_new_one_goes_on_while_others_remain(lake):

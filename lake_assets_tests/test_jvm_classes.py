@@ -5,10 +5,12 @@ Hadoop's own local file system gives them."""
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 import pytest
 
 from lake_assets import jvm_classes
+from lake_assets import spark as spark_settings
 from lake_assets.spark import FILE_SYSTEM_SETTING, RAW_LOCAL_FILE_SYSTEM, session_conf
 
 
@@ -29,10 +31,19 @@ def test_the_class_is_compiled_once_into_the_cache_and_named_with_its_jar(empty_
     # a cluster's executors would not find the jar: they write through Hadoop's own
     cluster = session_conf(master="spark://10.0.0.5:7077")
     assert cluster[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM and "spark.jars" not in cluster
-    # jars of the config's own are kept, the class's added; its own file system replaces both
-    assert session_conf(extra={"spark.jars": "/opt/x.jar"})["spark.jars"] == f"/opt/x.jar,local:{jar}"
+    # files of the config's own that spark-submit looks up before any jar is loaded, or a
+    # cluster master of its own: Hadoop's class; a file system of its own stands
+    for extra in (
+        {"spark.jars": "/opt/x.jar"},
+        {"spark.files": "/opt/lookup.csv"},
+        {"spark.jars.packages": "org.example:x:1.0"},
+        {"spark.master": "spark://10.0.0.5:7077"},
+    ):
+        settled = session_conf(extra=extra)
+        assert settled[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM, extra
+        assert settled.get("spark.jars") == extra.get("spark.jars"), extra
     own = session_conf(extra={"spark.jars": "/opt/x.jar", FILE_SYSTEM_SETTING: "my.FileSystem"})
-    assert own["spark.jars"] == "/opt/x.jar"
+    assert (own["spark.jars"], own[FILE_SYSTEM_SETTING]) == ("/opt/x.jar", "my.FileSystem")
     assert FILE_SYSTEM_SETTING not in session_conf(use_s3=True)  # s3a buffers through the checksummed one
     assert FILE_SYSTEM_SETTING not in session_conf(remote="sc://127.0.0.1:15002")  # the server's to choose
 
@@ -44,11 +55,21 @@ def test_without_a_javac_the_lake_writes_through_hadoops_raw_local_file_system(e
     assert conf[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM and "spark.jars" not in conf
 
 
-def test_a_cache_path_spark_could_not_take_gets_no_jar(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "my cache"))
+@pytest.mark.parametrize("folder", ["my cache", "a,b", "a#b", "100%", "a[1]"])
+def test_a_cache_path_spark_could_not_take_gets_no_jar(monkeypatch, tmp_path, folder):
+    """The jar is given as a `local:` URI in a comma-separated list: a path that would end
+    early or not parse would stop the driver."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / folder))
     assert jvm_classes.local_file_system_jar() is None
     assert session_conf()[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM
-    assert not (tmp_path / "my cache").exists()
+    assert not (tmp_path / folder).exists()
+
+
+def test_a_jar_gone_from_the_cache_before_the_driver_starts_leaves_hadoops_class(empty_cache):
+    settings = session_conf()
+    Path(settings["spark.jars"].removeprefix("local:")).unlink()
+    spark_settings._unless_its_jar_is_gone(settings)
+    assert settings[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM and "spark.jars" not in settings
 
 
 def test_a_compile_that_fails_leaves_no_jar_and_the_raw_file_system(empty_cache, monkeypatch, tmp_path):
@@ -57,6 +78,9 @@ def test_a_compile_that_fails_leaves_no_jar_and_the_raw_file_system(empty_cache,
     monkeypatch.setattr(jvm_classes, "SOURCE", broken)
     assert jvm_classes.local_file_system_jar() is None
     assert not list(empty_cache.rglob("*.jar"))
+    [failed] = empty_cache.rglob("*.failed")  # why, kept; later drivers do not compile again
+    assert "Broken.java" in failed.read_text()
+    monkeypatch.setattr(jvm_classes, "_compile", lambda *_: pytest.fail("compiled again"))
     assert session_conf()[FILE_SYSTEM_SETTING] == RAW_LOCAL_FILE_SYSTEM
 
 
@@ -93,16 +117,18 @@ def test_files_and_folders_get_the_modes_hadoops_own_file_system_gives(
         hadoop_path = jvm.org.apache.hadoop.fs.Path
         fs.mkdirs(hadoop_path(f"file://{root}/hour=01/nested"))
         fs.create(hadoop_path(f"file://{root}/hour=01/part-0.parquet"), True).close()
-        fs.setPermission(
-            hadoop_path(f"file://{root}/hour=01/nested"),
-            jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o750),
-        )
+        fs.mkdirs(hadoop_path(f"file://{root}/shared"))
+        for folder, mode in (("hour=01/nested", 0o750), ("shared", 0o1777)):  # a sticky bit too
+            fs.setPermission(
+                hadoop_path(f"file://{root}/{folder}"),
+                jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(mode),
+            )
         modes[name] = {
             str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in sorted(root.rglob("*"))
         }
     assert modes["ours"] == modes["hadoop's"]
-    assert set(modes["ours"]) == {"hour=01", "hour=01/nested", "hour=01/part-0.parquet"}
-    assert modes["ours"]["hour=01/nested"] == 0o750
+    assert set(modes["ours"]) == {"hour=01", "hour=01/nested", "hour=01/part-0.parquet", "shared"}
+    assert (modes["ours"]["hour=01/nested"], modes["ours"]["shared"]) == (0o750, 0o1777)
     assert modes["ours"]["hour=01/part-0.parquet"] == 0o666 & ~int(umask, 8)
 
 
