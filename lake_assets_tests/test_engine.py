@@ -109,6 +109,20 @@ def test_a_version_filled_again_from_late_data_takes_the_later_sync_time(spark, 
     ]
 
 
+def test_a_version_read_again_takes_the_new_sync_time_as_a_re_import_does(spark, tmp_path):
+    """docs/semantics.md: a version read again (its partition run again because a file landed
+    beside it) is synced anew even when its copy is unchanged, as Fivetran does when it
+    re-imports a table; a key the later batch does not hold keeps its time."""
+    lake = EngineLake(spark, tmp_path)
+    first_sync, second_sync = T[1] + dt.timedelta(days=1), T[1] + dt.timedelta(days=2)
+    lake.fold(
+        [ev("1", "insert", T[1], 1, "abc", 1), ev("2", "insert", T[1], 2, "mno", 3)], synced_at=first_sync
+    )
+    lake.fold([ev("1", "insert", T[1], 1, "abc", 1)], synced_at=second_sync)
+    rows = [(r["id"], r["c1"], r["_fivetran_start"], r["_fivetran_synced"]) for r in lake.history()]
+    assert sorted(rows) == [("1", "abc", T[1], second_sync), ("2", "mno", T[1], first_sync)]
+
+
 def test_deletes_late_events_and_resurrection(spark, tmp_path):
     lake = EngineLake(spark, tmp_path)
     lake.fold(
