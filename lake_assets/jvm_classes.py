@@ -26,6 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from lake_assets.jvm_archive import java_path, spark_jars_folder
 from lake_assets.spark import cache_dir
 
@@ -55,13 +57,24 @@ def local_file_system_jar() -> Path | None:
     # could end the path early or make the URI invalid, and the driver would not start.
     if not _URI_SAFE_PATH.fullmatch(str(jar)):
         return None
-    failed = jar.with_suffix(".failed")
-    if jar.is_file():
-        return jar
-    if failed.is_file():  # the source did not compile: every later driver would fail alike
+    if not jar.is_file() and not _compiled_once(javac, hadoop, jar):
         return None
+    return jar
+
+
+def _compiled_once(javac: Path, hadoop: Path, jar: Path) -> bool:
+    """Compile `jar` unless it is there or its source is known not to compile; whether it is
+    there now. Processes starting drivers at once (the tests' two) take turns: the one that
+    waited finds the other's jar, or its `.failed` file, and does not compile again."""
+    failed = jar.with_suffix(".failed")
     try:
-        _compile(javac, hadoop, jar)
+        jar.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(jar.with_suffix(".lock"), timeout=COMPILE_SECONDS):
+            if jar.is_file():
+                return True
+            if failed.is_file():  # the source did not compile: every later driver would fail alike
+                return False
+            _compile(javac, hadoop, jar)
     except subprocess.CalledProcessError as error:
         said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else ""
         with contextlib.suppress(OSError):
@@ -69,13 +82,14 @@ def local_file_system_jar() -> Path | None:
         _log.warning(
             f"{SOURCE.name} did not compile (see {failed}): local files are written through Hadoop's own class"
         )
-        return None
-    except (OSError, subprocess.SubprocessError) as error:  # a timeout, a full disk: tried again next time
+        return False
+    # a full disk, a compile that hung or another process's that did: tried again next time
+    except (OSError, subprocess.SubprocessError, Timeout) as error:
         _log.warning(
             f"{SOURCE.name} was not compiled ({error}): local files are written through Hadoop's own class"
         )
-        return None
-    return jar
+        return False
+    return True
 
 
 def _javac() -> Path | None:
@@ -90,9 +104,8 @@ def _hadoop_classes() -> Path | None:
 
 
 def _compile(javac: Path, hadoop: Path, jar: Path) -> None:
-    """Compile `SOURCE` and write its classes into `jar`, whole or not at all: test processes
-    may compile at once, and the last to finish replaces the others' identical jar."""
-    jar.parent.mkdir(parents=True, exist_ok=True)
+    """Compile `SOURCE` and write its classes into `jar`, whole or not at all: a reader never
+    finds half a jar, whether the compile fails or the process dies in it."""
     with tempfile.TemporaryDirectory(dir=jar.parent) as work:
         classes = Path(work) / "classes"
         subprocess.run(

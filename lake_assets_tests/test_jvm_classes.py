@@ -5,6 +5,8 @@ Hadoop's own local file system gives them."""
 from __future__ import annotations
 
 import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,22 @@ def test_the_class_is_compiled_once_into_the_cache_and_named_with_its_jar(empty_
     assert (own["spark.jars"], own[FILE_SYSTEM_SETTING]) == ("/opt/x.jar", "my.FileSystem")
     assert FILE_SYSTEM_SETTING not in session_conf(use_s3=True)  # s3a buffers through the checksummed one
     assert FILE_SYSTEM_SETTING not in session_conf(remote="sc://127.0.0.1:15002")  # the server's to choose
+
+
+def test_drivers_started_at_once_compile_the_class_once(empty_cache, monkeypatch):
+    compiles = []
+    compile_now = jvm_classes._compile
+
+    def slow_compile(*args):
+        compiles.append(args)
+        time.sleep(0.5)  # every other driver looks for the jar meanwhile
+        compile_now(*args)
+
+    monkeypatch.setattr(jvm_classes, "_compile", slow_compile)
+    with ThreadPoolExecutor(3) as pool:
+        jars = list(pool.map(lambda _: jvm_classes.local_file_system_jar(), range(3)))
+    assert len(compiles) == 1
+    assert jars[0] is not None and jars[0].is_file() and jars == [jars[0]] * 3
 
 
 def test_without_a_javac_the_lake_writes_through_hadoops_raw_local_file_system(empty_cache, monkeypatch):
