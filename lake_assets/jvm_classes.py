@@ -8,10 +8,11 @@ cores they cost a large share of the write (docs/profiling.md, "Figures behind t
 
 It is compiled once, with the JDK's `javac`, against the Hadoop classes PySpark ships, into a
 jar in the lake's cache; the jar's name carries a hash of the source, the `javac` and those
-classes' jar (name, size, time), so an upgrade of any compiles it again. Where there is no
-`javac` (a JRE alone) or the compile fails, the lake writes through Hadoop's own local file
-system, as before: same files, slower. A cluster's executors keep Hadoop's own too: the jar
-is only in this machine's cache.
+classes' jar (name, size, time), so an upgrade of any compiles it again. A jar made for an
+earlier source stays (a few KB): two installs sharing the cache would otherwise remove each
+other's at every start and compile again. Where there is no `javac` (a JRE alone) or the
+compile fails, the lake writes through Hadoop's own local file system, as before: same files,
+slower. A cluster's executors keep Hadoop's own too: the jar is only in this machine's cache.
 """
 
 from __future__ import annotations

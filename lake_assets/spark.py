@@ -240,7 +240,8 @@ def session_conf(
         conf["spark.master"] = master or "local[2]"
         conf.update(LAKE_SQL_SETTINGS)
         conf.update(DRIVER_SETTINGS)
-        if not is_local(conf["spark.master"]):
+        local = is_local(conf["spark.master"])
+        if not local:
             # On a cluster the driver must be reachable by executors: do not pin it to loopback.
             conf.pop("spark.driver.bindAddress")
             conf.pop("spark.driver.host")
@@ -255,12 +256,8 @@ def session_conf(
             conf.update(LOCAL_DRIVER_SQL_SETTINGS)
             conf.update(local_shuffle_partitions(conf["spark.master"]))
         if not use_s3:
-            conf.update(
-                _local_files_conf()
-                if is_local(conf["spark.master"])
-                else {FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM}
-            )
-        if use_s3:
+            conf.update(_local_files_conf() if local else {FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM})
+        else:
             conf.update(S3A_DURATIONS)
             conf["spark.jars"] = ",".join(s3a_jars())
             conf["spark.hadoop.fs.s3a.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
