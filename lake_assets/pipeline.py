@@ -251,7 +251,11 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         if url not in {entry.uri for entry in listed.get(key, [])}
         for record in records
     ]
-    _refuse_to_empty_for_a_landing_gone_blank(work, keys, listed, recorded)
+    # Of the run's own partitions: it empties no other (Flow's context hour is read, not
+    # emptied), and a file read before that another partition still lists vouches as ever.
+    _refuse_to_empty_for_a_landing_gone_blank(
+        work, partitions, {key: listed.get(key, []) for key in partitions}, recorded
+    )
     retire_landed(work.store, gone)
     refused: list[str] = []
 
@@ -519,7 +523,7 @@ def _set_aside(
             work.layout,
             work.feed.name,
             work.table,
-            partition_of.get(item.uri, "unknown"),
+            partition_of.get(item.uri) or item.partition or "unknown",
             item,
             work.run_id,
         )

@@ -51,6 +51,10 @@ class Quarantined:
     uri: str
     reason: str
     rows: int | None = None
+    #: the partition whose folder holds the file, from a reader that met it outside the run's
+    #: catalog (a Flow fragment landed after the catalog step): the run files it there, so that
+    #: the partition's next run withdraws it once the file reads
+    partition: str | None = None
 
 
 #: the longest name a quarantined copy keeps: with `REASON_SUFFIX` its note's name must stay

@@ -1437,3 +1437,92 @@ def test_a_damaged_processed_note_stops_no_flow_run_and_is_written_again(spark, 
     job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
     assert job.execute_in_process(instance=instance, partition_key="2024-06-01-10").success
     assert json.loads(note.read_text())
+
+
+def _a_fragment_lands_after_the_catalog_step(tmp_path, monkeypatch, stored: bytes | None = None):
+    """Journal 00 holds at 11 an acknowledgement of PRODUCER's transaction whose documents 1
+    and 2 are in a fragment of 10; journal 01 holds a document at 10, so the run takes 10 and
+    11. Journal 00's 10:00 fragment (`stored` as its bytes, if given) lands after the run's
+    catalog step: reading back from the acknowledgement lists the hour and meets it. Returns
+    the journal, the lake, the configuration, the instance and the fragment's lines."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    write_fragment(journal.parent / "pivot=01", 0, transaction_line(10, 0x0, 10), hour=10)
+    late = transaction_line(1, 0x1, 10) + transaction_line(2, 0x1, 10)
+    ack = transaction_line(3, 0x2, 11, ack=True) + transaction_line(4, 0x0, 11)
+    write_fragment(journal, len(late), ack, hour=11)
+    from lake_assets import pipeline
+
+    catalogue_now = pipeline.catalogue_landing
+
+    def then_a_fragment_lands(*args, **kwargs):
+        catalogued = catalogue_now(*args, **kwargs)
+        write_fragment(journal, 0, late, stored=stored, hour=10)
+        return catalogued
+
+    monkeypatch.setattr(pipeline, "catalogue_landing", then_a_fragment_lands)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    monkeypatch.setattr(pipeline, "catalogue_landing", catalogue_now)
+    return journal, lake, config, instance, late
+
+
+def test_a_fragment_landed_after_the_catalog_step_is_read_and_counted(spark, tmp_path, monkeypatch):
+    """The fragment read back is counted among the hour's files: the run's counts reconcile
+    (they did not, and the run failed)."""
+    _, lake, config, instance, _ = _a_fragment_lands_after_the_catalog_step(tmp_path, monkeypatch)
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 4, 10]
+    run_feeds(config, instance=instance, say=lambda _: None)  # catalogued now: read again, same rows
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 4, 10]
+
+
+def test_a_fragment_landed_after_the_catalog_step_and_set_aside_is_withdrawn_once_it_reads(
+    spark, tmp_path, monkeypatch
+):
+    """Set aside, it is filed under the hour whose folder holds it, not under no partition
+    (`unknown`), where no run would ever withdraw it: status would name it for good."""
+    from lake_assets.paths import LakeLayout
+    from lake_assets.status import table_status
+
+    journal, lake, config, instance, late = _a_fragment_lands_after_the_catalog_step(
+        tmp_path, monkeypatch, stored=b"not gzip at all"
+    )
+
+    def set_aside() -> list[tuple[str | None, str]]:
+        status = table_status(
+            Storage(S3Config()),
+            LakeLayout(config.lake),
+            config.feeds[0].landing,
+            "flow",
+            FlowJournalFormat(config.feeds[0].collections),
+            "acmeco_customers",
+        )
+        return sorted(
+            (note["partition"], Path(note["file"]).parent.name) for note in status.quarantined or []
+        )
+
+    assert set_aside() == [("2024-06-01-10", "utc_hour=10")]
+    write_fragment(journal, 0, late, hour=10)  # delivered again whole: it reads
+    run_feeds(config, instance=instance, say=lambda _: None)
+    assert set_aside() == []
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 4, 10]
+
+
+@pytest.mark.parametrize("run_by", ["command", "dagster"])
+def test_a_run_of_a_new_hour_is_not_refused_for_its_context_hour_gone_blank(spark, tmp_path, run_by):
+    """Hour 10 was read; its fragment goes (a retention) and one lands at 11. A run of 11
+    empties nothing: the hour before it, read for transactions begun there, is not the run's
+    to empty, so the landing gone blank there is no reason to refuse it."""
+    from lake_assets.orchestration.definitions import feed_job_name
+
+    journal, lake, config, instance = customers_lake(tmp_path)
+    first = transaction_line(1, 0x0, 10)
+    removed = write_fragment(journal, 0, first, hour=10)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    removed.unlink()
+    write_fragment(journal, len(first), transaction_line(2, 0x0, 11), hour=11)
+    if run_by == "command":
+        run_feeds(config, instance=instance, say=lambda _: None, first="2024-06-01-11", last="2024-06-01-11")
+    else:
+        job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
+        assert job.execute_in_process(instance=instance, partition_key="2024-06-01-11").success
+    by_hour = sorted((r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers"))
+    assert by_hour == [("2024-06-01-10", 1), ("2024-06-01-11", 2)]

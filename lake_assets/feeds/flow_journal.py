@@ -941,6 +941,7 @@ class FlowJournalFormat(FeedFormat):
                     frame.unpersist()
                 cached.clear()
             read, skipped, gaps, reading = self._tally(journals, wanted, quarantined)
+            listed += self._landed_since_the_catalog(journals, files, wanted)
             documents = [
                 outcome.where(F.col("kind") == "doc").where(~F.col("journal").isin(sorted(retried)))
                 if retried
@@ -1043,12 +1044,33 @@ class FlowJournalFormat(FeedFormat):
                     continue
                 if fragment.uri in journal.failed:
                     # the URI as listed: a fragment's name is never URL-encoded (Flow's escapes are text)
-                    quarantined.append(Quarantined(fragment.uri, journal.failed[fragment.uri]))
+                    quarantined.append(
+                        Quarantined(
+                            fragment.uri,
+                            journal.failed[fragment.uri],
+                            partition=journal.hour_of[fragment.uri],
+                        )
+                    )
                 elif fragment.uri in used:
                     read += 1
                 else:
                     skipped += 1
         return read, skipped, gaps, Reading(ranges, frozenset(set_aside))
+
+    @staticmethod
+    def _landed_since_the_catalog(
+        journals: list[_JournalFragments], files: dict[str, list[Entry]], wanted: frozenset[str]
+    ) -> int:
+        """Fragments of the run's hours that landed after its catalog step, met in a folder
+        listed while reading back or on: `_tally` counts them read, superseded or set aside, so
+        they count as listed too (the next run of their hour reads them as catalogued)."""
+        catalogued = {entry.uri for entries in files.values() for entry in entries}
+        return sum(
+            1
+            for journal in journals
+            for fragment in journal.fragments
+            if journal.hour_of[fragment.uri] in wanted and fragment.uri not in catalogued
+        )
 
     @staticmethod
     def _journal_fragments(
