@@ -12,8 +12,9 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
     without a message, its type's name), cut at `limit` characters (py4j errors carry the
     JVM's whole stack). An error of the JVM (py4j's) is told by the JVM's own message and its
     root cause, not by py4j's "An error occurred while calling o1098.save", which names nothing
-    and changes from run to run; cut to `limit`, the root cause keeps its half."""
-    jvm = _jvm_message(error)
+    and changes from run to run; so is a Spark Connect error standing for one, whose text names
+    no cause. Cut to `limit`, the root cause keeps its half."""
+    jvm = _jvm_message(error) or _connect_message(error)
     if jvm is not None:
         message, root = jvm
         if root is None:
@@ -83,6 +84,37 @@ def _jvm_message(error: str | BaseException) -> tuple[str, str | None] | None:
     except Exception:  # noqa: BLE001 - py4j raises its own errors, or any, once the gateway is gone
         return None
     return _first_of(message), None if root is None else _first_of(root)
+
+
+#: the Spark Connect errors that stand for what a classic session leaves as a py4j error: a JVM
+#: exception PySpark has no class of its own for
+_CONNECT_JVM_ERRORS = frozenset({"SparkException", "UnknownException"})
+_CONNECT_ERRORS_MODULE = "pyspark.errors.exceptions.connect"
+_CAUSED_BY = "Caused by: "
+
+
+def connect_server_chain(error: BaseException) -> str:
+    """The chain of JVM errors a Spark Connect server sent with `error`: the class, then a
+    `Caused by: <class>: <message>` line for each cause, among their frames. The client keeps
+    it whether or not the error's text shows it (`spark.sql.connect.serverStacktrace.enabled`);
+    "" for any other error."""
+    if not type(error).__module__.startswith(_CONNECT_ERRORS_MODULE):
+        return ""
+    chain = getattr(error, "getStackTrace", lambda: None)()
+    return chain if isinstance(chain, str) else ""
+
+
+def _connect_message(error: str | BaseException) -> tuple[str, str | None] | None:
+    """`_jvm_message` of a Spark Connect error standing for a JVM one (the JVM's class and
+    message, and its root cause's), from the chain its server sent; None for any other."""
+    if not isinstance(error, BaseException) or type(error).__name__ not in _CONNECT_JVM_ERRORS:
+        return None
+    chain = connect_server_chain(error).splitlines()
+    message = _first_of(str(error))  # the server's message; the chain follows it when shown
+    if not chain or not chain[0].strip() or not message:
+        return None
+    causes = [line.removeprefix(_CAUSED_BY) for line in chain if line.startswith(_CAUSED_BY)]
+    return f"{chain[0].strip()}: {message}", _first_of(causes[-1]) if causes else None
 
 
 class ConfigError(LakeAssetsError):

@@ -26,7 +26,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
-from lake_assets.errors import ConfigError, DamagedLakeFile, InvalidValue, first_line
+from lake_assets.errors import ConfigError, DamagedLakeFile, InvalidValue, connect_server_chain, first_line
 from lake_assets.paths import safe_segment
 from lake_assets.storage import FILE_ERRORS, Storage, each_file
 
@@ -130,7 +130,9 @@ def is_request_failure(error: BaseException) -> bool:
     ]
     if any(_names_a_request_failure(throwable) for throwable in chain if throwable is not None):
         return True
-    text = "\n".join(str(seen) for seen in _python_chain(error))
+    # A Spark Connect error's text shows its server's chain of causes only as the session is
+    # set to (`spark.sql.connect.serverStacktrace.enabled`); the chain is kept all the same.
+    text = "\n".join(f"{seen}\n{connect_server_chain(seen)}" for seen in _python_chain(error))
     named = set(_NAMED_ERROR.findall(text))
     return bool(named & (_REQUEST_FAILURES | _REQUEST_FAILURE_FAMILIES)) or (
         _BAD_REQUEST in named and any(code in text for code in _REQUEST_FAILURE_CODES)

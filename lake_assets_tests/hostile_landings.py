@@ -96,6 +96,20 @@ def write_parquet(path: Path, rows: list[dict] | pa.Table, schema: pa.Schema | N
 # --- GRAX Data Lake v2 -------------------------------------------------------------------------
 
 
+def garble_data_pages(path: Path) -> Path:
+    """Overwrite the data pages of a Parquet file, its footer left as it was: the file opens,
+    and Spark fails only as it reads the rows."""
+    footer = pq.ParquetFile(path).metadata
+    data = bytearray(path.read_bytes())
+    for group in range(footer.num_row_groups):
+        for column in range(footer.num_columns):
+            chunk = footer.row_group(group).column(column)
+            start = chunk.dictionary_page_offset or chunk.data_page_offset  # the chunk's first page
+            data[start : start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    path.write_bytes(bytes(data))
+    return path
+
+
 def grax_time(hour: int) -> dt.datetime:
     return dt.datetime(2024, 1, 1, hour, tzinfo=UTC)
 

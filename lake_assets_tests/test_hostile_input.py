@@ -21,7 +21,6 @@ from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from lake_assets.cli import main
@@ -38,6 +37,7 @@ from lake_assets_tests.hostile_landings import (
     flow_doc,
     flow_journal,
     flow_valid_content,
+    garble_data_pages,
     grax_batch,
     grax_time,
     landing_complete_passed,
@@ -102,14 +102,7 @@ def corrupt_pages_and_clashing_schema(landing: Path) -> list[Path]:
         [event(f"k{i}", "I", 100 + i, at(2, 7), name="x" * 50, balance=i) for i in range(200)],
         ACCOUNT_SCHEMA,
     )
-    footer = pq.ParquetFile(corrupt).metadata
-    data = bytearray(corrupt.read_bytes())
-    for group in range(footer.num_row_groups):
-        for column in range(footer.num_columns):
-            chunk = footer.row_group(group).column(column)
-            start = chunk.data_page_offset
-            data[start : start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
-    corrupt.write_bytes(bytes(data))
+    garble_data_pages(corrupt)
     clash_schema = pa.schema(
         [
             *(f for f in ACCOUNT_SCHEMA if f.name != "balance"),

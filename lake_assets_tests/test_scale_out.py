@@ -25,6 +25,7 @@ from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.runner import run_feeds
 from lake_assets_tests.deployed_lake import lake_table
+from lake_assets_tests.hostile_landings import garble_data_pages, quarantine_notes
 from lake_assets_tests.jvm_options import TEST_JVM_OPTIONS
 from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
 
@@ -58,6 +59,12 @@ class Landings:
             ),
         )
         self.unit_dir = unit.landing_dir
+        # a file Spark fails on only as it reads its rows: set aside with the same reason, its
+        # root cause named, by the local driver, the cluster and a Connect server alike
+        first = min((unit.landing_dir / "accounts").rglob("*.parquet"))
+        garbled = first.with_name("pages-garbled.parquet")
+        pq.write_table(pq.read_table(first), garbled)
+        garble_data_pages(garbled)
 
     def config(self, lake: Path, spark: SparkConfig = SparkConfig()) -> LakeConfig:
         return LakeConfig(lake=f"file://{lake}", feeds=self.feeds, spark=spark)
@@ -143,6 +150,14 @@ def assert_same_lake(lake: Path, reference: Path) -> None:
                 f"{feed}/{table}/{layer}: {len(rows)} rows, the local driver wrote {len(expected)}"
             )
             assert expected, f"{feed}/{table}/{layer} is empty"
+    reasons, expected_reasons = set_aside(lake), set_aside(reference)
+    assert any("pages-garbled.parquet" in file for file in expected_reasons), expected_reasons
+    assert reasons == expected_reasons
+
+
+def set_aside(lake: Path) -> dict[str, str]:
+    """Landed file -> why the lake set it aside."""
+    return {file: note["reason"] for file, note in quarantine_notes(lake).items()}
 
 
 def _tables(lake: Path) -> list[tuple[str, str]]:
