@@ -571,3 +571,26 @@ def test_a_landing_that_lists_empty_leaves_the_change_log_as_it_was(
         in said.out + said.err
     )
     assert events(lake, feed) == stored
+
+
+def test_a_good_fragment_a_damaged_one_claims_the_start_of_is_read_not_set_aside(
+    valid_events, spark, tmp_path, monkeypatch
+):
+    """The damaged fragment claims the good one's range and ten bytes of the next fragment's,
+    so the first cover reads that one from ten bytes in, inside a document. Set aside for it,
+    a good fragment went to quarantine, its documents out of `changes`; judged again on the
+    cover without the damaged fragment, it is read whole."""
+    after = flow_doc(20) + flow_doc(21)
+
+    def add(landing: Path) -> list[Path]:
+        return [
+            *garbage_fragment_over_the_good_one(landing),
+            write_flow_fragment(flow_journal(landing), valid_length(), after),
+        ]
+
+    code, lake, _, (damaged, good) = run_cli(tmp_path, "flow", add, monkeypatch)
+    notes = quarantine_notes(lake)
+    assert code == 0 and uri(damaged) in notes
+    assert uri(good) not in notes, notes.get(uri(good))
+    assert {20, 21} <= {int(row["id"]) for row in layer_rows(lake, "changes", FEEDS["flow"])}
+    assert valid_events["flow"] <= events(lake, FEEDS["flow"])

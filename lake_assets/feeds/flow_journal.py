@@ -574,6 +574,30 @@ class _PassNotes:
         }
 
 
+def _failures_of_their_own(notes: list, by_name: dict[str, _JournalFragments]) -> dict[tuple[str, str], str]:
+    """(journal, fragment URI) -> why it failed, of the pieces a pass reports bad, less those
+    read from inside (a skip) after a piece of their journal that failed too: where such a
+    piece starts is the failed piece's doing (a damaged fragment claiming more than its
+    content holds), so the next pass, on a cover without that one, judges it again from where
+    it starts then. Each pass still sets its journals' first failed piece aside, so the passes
+    end."""
+    bad = [note for note in notes if note["kind"] == "bad"]
+    placed: dict[tuple[str, str], tuple[int, int]] = {}  # -> (order, skip) on the pass's cover
+    for name in {note["journal"] for note in bad}:
+        for order, piece in enumerate(by_name[name].cover()[0]):
+            placed[(name, piece.fragment.uri)] = (order, piece.skip)
+    first_failed: dict[str, int] = {}
+    for note in bad:
+        order, _ = placed.get((note["journal"], note["uri"]), (0, 0))
+        first_failed[note["journal"]] = min(first_failed.get(note["journal"], order), order)
+    own = {}
+    for note in bad:
+        order, skip = placed.get((note["journal"], note["uri"]), (0, 0))
+        if not (skip > 0 and order > first_failed[note["journal"]]):
+            own[(note["journal"], note["uri"])] = note["reason"]
+    return own
+
+
 def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
     """Merge `found` spellings into `kept`, keeping of two the first in sort order: the one
     Spark's reading of JSON listed first when the spellings were columns apart."""
@@ -1123,12 +1147,12 @@ class FlowJournalFormat(FeedFormat):
         journals not read again, what `found` collects; returns the journals to read again."""
         by_name = {journal.name: journal for journal in journals}
         retry = set()
+        for (journal, uri), reason in _failures_of_their_own(notes, by_name).items():
+            by_name[journal].failed[uri] = reason
         for note in notes:
-            if note["kind"] == "bad":
-                by_name[note["journal"]].failed[note["uri"]] = note["reason"]
-                retry.add(note["journal"])
-            elif note["kind"] in ("opened_earlier", "pending_after") and reach(
-                by_name[note["journal"]], note["kind"] == "pending_after"
+            if note["kind"] == "bad" or (
+                note["kind"] in ("opened_earlier", "pending_after")
+                and reach(by_name[note["journal"]], note["kind"] == "pending_after")
             ):
                 retry.add(note["journal"])
         for note in notes:
