@@ -113,8 +113,12 @@ def _connect_message(error: str | BaseException) -> tuple[str, str | None] | Non
     message = _first_of(str(error))  # the server's message; the chain follows it when shown
     if not chain or not chain[0].strip() or not message:
         return None
+    # The chain starts with the class alone, or, when the client could not fetch the error's
+    # details and kept the server's short trace, with the class and its message.
+    head = chain[0].strip()
+    top = head if ": " in head else f"{head}: {message}"
     causes = [line.removeprefix(_CAUSED_BY) for line in chain if line.startswith(_CAUSED_BY)]
-    return f"{chain[0].strip()}: {message}", _first_of(causes[-1]) if causes else None
+    return _first_of(top), _first_of(causes[-1]) if causes else None
 
 
 class ConfigError(LakeAssetsError):

@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from lake_assets.jvm_archive import java_path, spark_jars_folder
 from lake_assets.spark import cache_dir
@@ -75,22 +75,28 @@ def _compiled_once(javac: Path, hadoop: Path, jar: Path) -> bool:
                 return True
             if failed.is_file():  # the source did not compile: every later driver would fail alike
                 return False
-            _compile(javac, hadoop, jar)
-    except subprocess.CalledProcessError as error:
-        said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else ""
-        with contextlib.suppress(OSError):
-            failed.write_text(f"{error}\n{said}", encoding="utf-8")
-        _log.warning(
-            f"{SOURCE.name} did not compile (see {failed}): local files are written through Hadoop's own class"
-        )
-        return False
-    # a full disk, a compile that hung or another process's that did: tried again next time
-    except (OSError, subprocess.SubprocessError, Timeout) as error:
+            try:
+                _compile(javac, hadoop, jar)
+            except subprocess.CalledProcessError as error:
+                _remember_the_failure(failed, error)  # before the lock goes: no one compiles it again
+                return False
+    # a full disk, a compile that hung, or the lock not had in time (filelock's `Timeout` is an
+    # OSError): tried again next time
+    except (OSError, subprocess.SubprocessError) as error:
         _log.warning(
             f"{SOURCE.name} was not compiled ({error}): local files are written through Hadoop's own class"
         )
         return False
     return True
+
+
+def _remember_the_failure(failed: Path, error: subprocess.CalledProcessError) -> None:
+    said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else ""
+    with contextlib.suppress(OSError):
+        failed.write_text(f"{error}\n{said}", encoding="utf-8")
+    _log.warning(
+        f"{SOURCE.name} did not compile (see {failed}): local files are written through Hadoop's own class"
+    )
 
 
 def _javac() -> Path | None:

@@ -251,11 +251,9 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         if url not in {entry.uri for entry in listed.get(key, [])}
         for record in records
     ]
-    # Of the run's own partitions: it empties no other (Flow's context hour is read, not
-    # emptied), and a file read before that another partition still lists vouches as ever.
-    _refuse_to_empty_for_a_landing_gone_blank(
-        work, partitions, {key: listed.get(key, []) for key in partitions}, recorded
-    )
+    # Of every partition read, a Flow run's context hour too: the run retires its records of
+    # gone files, and read without its context a new hour's transactions may go uncommitted.
+    _refuse_to_empty_for_a_landing_gone_blank(work, keys, listed, recorded)
     retire_landed(work.store, gone)
     refused: list[str] = []
 

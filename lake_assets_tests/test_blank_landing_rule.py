@@ -115,4 +115,5 @@ def test_a_partition_whose_change_log_holds_no_file_is_emptied_without_refusal(l
 
 def test_partitions_never_read_are_not_emptied(lake):
     lake.land(11, "b.parquet")
+    lake.store_changes(10)
     assert lake.refusal({10: set()}) is None

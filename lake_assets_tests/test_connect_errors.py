@@ -66,3 +66,28 @@ def test_a_throttled_read_on_connect_is_a_failed_request_not_a_damaged_file(show
     assert is_request_failure(throttled)
     damaged = failed_read("org.apache.parquet.io.ParquetDecodingException", "Can not read value", shown=shown)
     assert not is_request_failure(damaged)
+
+
+def test_a_connect_error_without_its_details_names_its_message_once():
+    """When the client could not fetch an error's details it keeps the server's short trace,
+    whose first line is the class with its message already."""
+    short_trace = (
+        f"org.apache.spark.SparkException: {READ_FAILED}\n\tat org.apache.spark.Reader.read(Reader.scala:1)\n"
+        "Caused by: org.apache.parquet.io.ParquetDecodingException: Can not read value\n\tat x.y(Z.java:2)"
+    )
+    error = _convert_exception(
+        classes=SPARK_EXCEPTION,
+        sql_state="KD001",
+        error_class="FAILED_READ_FILE.NO_HINT",
+        reason=None,
+        root_error_idx=None,
+        errors=None,
+        truncated_message=READ_FAILED,
+        truncated_message_parameters={},
+        truncated_stacktrace=short_trace,
+        display_server_stacktrace=False,
+    )
+    assert first_line(error) == (
+        f"org.apache.spark.SparkException: {READ_FAILED} "
+        "(caused by org.apache.parquet.io.ParquetDecodingException: Can not read value)"
+    )

@@ -1506,23 +1506,62 @@ def test_a_fragment_landed_after_the_catalog_step_and_set_aside_is_withdrawn_onc
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 4, 10]
 
 
-@pytest.mark.parametrize("run_by", ["command", "dagster"])
-def test_a_run_of_a_new_hour_is_not_refused_for_its_context_hour_gone_blank(spark, tmp_path, run_by):
-    """Hour 10 was read; its fragment goes (a retention) and one lands at 11. A run of 11
-    empties nothing: the hour before it, read for transactions begun there, is not the run's
-    to empty, so the landing gone blank there is no reason to refuse it."""
+def test_over_an_unmounted_landing_a_run_of_the_next_hour_is_refused_and_empties_nothing_later(
+    spark, tmp_path
+):
+    """The share is unmounted and a sync job writes a fragment of 11 into its mount point. A
+    Dagster run of 11 (a sensor's, a backfill's) reads 10 for context: asked of 10 too, the
+    blank landing refuses it, and it retires none of 10's records. Were 10 not asked, the run
+    would retire them, and a run of 10 after it, finding no record of what 10 read, would empty
+    10's changes."""
     from lake_assets.orchestration.definitions import feed_job_name
 
     journal, lake, config, instance = customers_lake(tmp_path)
     first = transaction_line(1, 0x0, 10)
-    removed = write_fragment(journal, 0, first, hour=10)
+    write_fragment(journal, 0, first, hour=10)
     run_feeds(config, instance=instance, say=lambda _: None)
-    removed.unlink()
+    landing = tmp_path / "landing"
+    landing.rename(tmp_path / "landing-unmounted")
     write_fragment(journal, len(first), transaction_line(2, 0x0, 11), hour=11)
-    if run_by == "command":
-        run_feeds(config, instance=instance, say=lambda _: None, first="2024-06-01-11", last="2024-06-01-11")
-    else:
-        job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
-        assert job.execute_in_process(instance=instance, partition_key="2024-06-01-11").success
-    by_hour = sorted((r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers"))
-    assert by_hour == [("2024-06-01-10", 1), ("2024-06-01-11", 2)]
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("flow"))
+    for hour in ("2024-06-01-11", "2024-06-01-10"):
+        result = job.execute_in_process(instance=instance, partition_key=hour, raise_on_error=False)
+        failures = [
+            event.step_failure_data.error.to_string()
+            for event in result.all_events
+            if event.is_step_failure and event.step_failure_data.error
+        ]
+        assert not result.success and any("lists none of the files" in said for said in failures), hour
+    assert [(r["hour"], r["id"]) for r in rows(lake, "changes", "acmeco_customers")] == [("2024-06-01-10", 1)]
+
+
+def test_a_pass_sets_aside_the_pieces_that_failed_of_their_own_and_judges_again_those_a_failure_placed():
+    """Which of a pass's failed pieces are set aside (`_failures_of_their_own`), on covers built
+    from fragment names alone: the first failed piece of a journal always; a piece read from
+    inside after it (its start placed by the failed one) only on the next pass; a fragment with
+    a piece of its own read from its start, and a fragment blamed that is not on the cover,
+    always."""
+    from lake_assets.feeds import flow_fragments as ff
+    from lake_assets.feeds.flow_journal import _failures_of_their_own, _JournalFragments
+
+    def fragment(begin: int, end: int, tag: str) -> ff.Fragment:
+        return ff.Fragment(f"file:///j/{tag}", "j", ff.FragmentName(begin, end, tag * 40, "gzip"))
+
+    def set_aside(fragments: list[ff.Fragment], hours: list[str], failed: list[str]) -> list[str]:
+        journal = _JournalFragments("j", fragments, {f.uri: h for f, h in zip(fragments, hours, strict=True)})
+        notes = [
+            {"journal": "j", "kind": "bad", "uri": f"file:///j/{tag}", "reason": "bad"} for tag in failed
+        ]
+        return sorted(uri.rsplit("/", 1)[1] for _, uri in _failures_of_their_own(notes, {"j": journal}))
+
+    hour = ["2024-06-01-10"] * 3
+    # a damaged fragment claiming the first 10 bytes of the next: that one is read from 10 bytes in
+    damaged, after = fragment(0, 110, "d"), fragment(100, 200, "n")
+    assert set_aside([damaged, after], hour[:2], ["d", "n"]) == ["d"]
+    assert set_aside([damaged, after], hour[:2], ["n"]) == ["n"]  # nothing failed before it
+    # a fragment on the cover twice, cut by one that landed first, failing at its own start
+    spanning, first = fragment(0, 300, "p"), fragment(100, 200, "t")
+    assert set_aside([spanning, first], ["2024-06-01-11", "2024-06-01-10"], ["p", "t", "p"]) == ["p", "t"]
+    # a fragment blamed that is not on the cover excuses nothing and is set aside
+    a, b, c = fragment(0, 100, "a"), fragment(90, 200, "b"), fragment(150, 300, "c")
+    assert set_aside([a, b, c], hour, ["z", "b", "c"]) == ["b", "z"]

@@ -576,26 +576,29 @@ class _PassNotes:
 
 def _failures_of_their_own(notes: list, by_name: dict[str, _JournalFragments]) -> dict[tuple[str, str], str]:
     """(journal, fragment URI) -> why it failed, of the pieces a pass reports bad, less those
-    read from inside (a skip) after a piece of their journal that failed too: where such a
-    piece starts is the failed piece's doing (a damaged fragment claiming more than its
-    content holds), so the next pass, on a cover without that one, judges it again from where
-    it starts then. Each pass still sets its journals' first failed piece aside, so the passes
-    end."""
+    read only from inside (a skip) after a piece of their journal that failed too: where such
+    a piece starts is the failed piece's doing (a damaged fragment claiming more bytes than it
+    holds), so the next pass, on a cover without that one, judges it again from where it
+    starts then. Each pass still sets its journals' first failed piece aside, so the passes
+    end; a failure not placed on the cover (a fragment blamed for another's stop) is kept."""
     bad = [note for note in notes if note["kind"] == "bad"]
-    placed: dict[tuple[str, str], tuple[int, int]] = {}  # -> (order, skip) on the pass's cover
+    placed: dict[tuple[str, str], list[tuple[int, int]]] = {}  # -> its pieces' (order, skip)
     for name in {note["journal"] for note in bad}:
         for order, piece in enumerate(by_name[name].cover()[0]):
-            placed[(name, piece.fragment.uri)] = (order, piece.skip)
+            placed.setdefault((name, piece.fragment.uri), []).append((order, piece.skip))
     first_failed: dict[str, int] = {}
     for note in bad:
-        order, _ = placed.get((note["journal"], note["uri"]), (0, 0))
-        first_failed[note["journal"]] = min(first_failed.get(note["journal"], order), order)
-    own = {}
-    for note in bad:
-        order, skip = placed.get((note["journal"], note["uri"]), (0, 0))
-        if not (skip > 0 and order > first_failed[note["journal"]]):
-            own[(note["journal"], note["uri"])] = note["reason"]
-    return own
+        for order, _ in placed.get((note["journal"], note["uri"]), []):
+            first_failed[note["journal"]] = min(first_failed.get(note["journal"], order), order)
+
+    def started_inside_after_a_failure(journal: str, pieces: list[tuple[int, int]]) -> bool:
+        return bool(pieces) and all(skip > 0 and order > first_failed[journal] for order, skip in pieces)
+
+    return {
+        (note["journal"], note["uri"]): note["reason"]
+        for note in bad
+        if not started_inside_after_a_failure(note["journal"], placed.get((note["journal"], note["uri"]), []))
+    }
 
 
 def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
