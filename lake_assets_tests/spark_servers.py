@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
@@ -178,10 +179,11 @@ class StandaloneCluster:
 
 class ConnectServer:
     """`spark-submit --class ...SparkConnectServer` on 127.0.0.1 with a token of its own; s3a
-    wired to `s3_endpoint` when given (a Connect server's s3a settings are its own)."""
+    wired to `s3_endpoint` when given (a Connect server's s3a settings are its own), and `conf`
+    on top."""
 
-    def __init__(self, work: Path, s3_endpoint: str | None = None):
-        self.work, self.s3_endpoint = work, s3_endpoint
+    def __init__(self, work: Path, s3_endpoint: str | None = None, conf: Mapping[str, str] | None = None):
+        self.work, self.s3_endpoint, self.extra_conf = work, s3_endpoint, dict(conf or {})
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"sc://127.0.0.1:{self.port}"
@@ -220,6 +222,7 @@ class ConnectServer:
             conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
                 "com.amazonaws.auth.EnvironmentVariableCredentialsProvider"
             )
+        conf.update(self.extra_conf)
         args = [
             spark_submit,
             "--master",

@@ -27,6 +27,7 @@ from lake_assets.runner import run_feeds
 from lake_assets_tests.deployed_lake import lake_table
 from lake_assets_tests.hostile_landings import garble_data_pages, quarantine_notes
 from lake_assets_tests.jvm_options import TEST_JVM_OPTIONS
+from lake_assets_tests.s3_faults import FEW_RETRIES, THROTTLE, FaultyS3, unit_landing_on_s3, upload_folder
 from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale_out, pytest.mark.minutes(8)]
@@ -214,12 +215,6 @@ def _without_source(rows: list[tuple]) -> list[tuple]:
     return sorted(tuple(pair for pair in row if pair[0] != "_source_file") for row in rows)
 
 
-def _upload(client, bucket: str, local_root: Path, prefix: str) -> None:
-    for path in local_root.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
-
-
 def _download(client, bucket: str, prefix: str, target: Path) -> None:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
@@ -238,7 +233,7 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
     session; a Connect server has its own s3a settings and takes the keys from its environment."""
     started = request.getfixturevalue(server)
     client = moto_server.client("s3")
-    _upload(client, s3_bucket, landings.unit_dir, "landing/unit")
+    upload_folder(client, s3_bucket, landings.unit_dir, "landing/unit")
     if server == "cluster":
         spark, env = (
             SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable, TEST_JVM_OPTIONS)),
@@ -263,6 +258,48 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
             assert _without_source(lake_table(work / "lake", layer, "unit", table)) == _without_source(
                 lake_table(local_lake, layer, "unit", table)
             ), f"unit/{table}/{layer} on S3 differs from the local driver's"
+
+
+@pytest.mark.s3
+def test_on_connect_with_server_traces_hidden_a_throttled_read_fails_the_run_and_sets_no_file_aside(
+    tmp_path, moto_server, s3_bucket
+):
+    """A Connect server whose store throttles its reads of a good file (503 SlowDown) past its
+    retries, with the client not shown the server's stack traces: the run fails and sets no file
+    aside, and once the store answers again the next run reads every row. The failure reaches
+    the client as an error whose text names no class of the server's chain of causes; taken for
+    a damaged file, the file's rows would leave `changes` in a run that exits 0."""
+    client = moto_server.client("s3")
+    victim, landed = unit_landing_on_s3(client, s3_bucket, tmp_path)
+    few_retries = {f"spark.hadoop.fs.s3a.{name}": value for name, value in FEW_RETRIES.items()}
+    with FaultyS3(moto_server.url).serving() as s3:
+        server = ConnectServer(tmp_path / "connect", s3_endpoint=s3.url, conf=few_retries)
+        server.start(sys.executable, TEST_JVM_OPTIONS)
+        try:
+            config = LakeConfig(
+                lake=f"file://{tmp_path / 'lake'}",
+                s3=S3Config(endpoint_url=moto_server.url),
+                spark=SparkConfig(
+                    remote=server.url, conf={"spark.sql.connect.serverStacktrace.enabled": "false"}
+                ),
+                feeds=(
+                    FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts",)),
+                ),
+            )
+            token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": server.token}
+            s3.fail(s3_bucket, victim, THROTTLE)
+            failed = run_cli(config, tmp_path / "throttled", token)
+            assert failed.returncode != 0 and s3.answered(THROTTLE) > 0, failed.stderr
+            assert not quarantine_notes(tmp_path / "lake")
+
+            s3.heal()
+            healed = run_cli(config, tmp_path / "healed", token)
+            assert_ran(healed, tmp_path / "healed")
+        finally:
+            server.stop()
+    assert not quarantine_notes(tmp_path / "lake")
+    changes = lake_table(tmp_path / "lake", "changes", "unit", "accounts")
+    assert {dict(row)["_source_file"] for row in changes} == landed
 
 
 def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(

@@ -1,0 +1,184 @@
+"""An S3 endpoint on 127.0.0.1 in front of the moto server that fails the reads of chosen
+objects the way a real store's requests fail: a throttling answer (503 SlowDown), or a
+connection closed before an object's bytes. Everything else passes through unchanged.
+
+A test points Spark's s3a connector at it for one bucket (`fs.s3a.bucket.<name>.endpoint`), so
+the lake's own client and every other bucket keep talking to moto directly."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from lake_assets.demo.unit_sample import write_unit_landing
+from lake_assets_tests.loopback import free_port
+
+THROTTLE, CUT = "throttle", "cut"
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>fault-1</RequestId></Error>"
+)
+#: hop-by-hop headers the proxy does not pass on (it answers with a length of its own)
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+
+
+@dataclasses.dataclass
+class _Faults:
+    #: ("/bucket/key", HTTP method) -> THROTTLE or CUT
+    of_request: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    #: how many GETs each fault answered
+    answered: dict[str, int] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class FaultyS3:
+    """`with FaultyS3(upstream).serving() as s3:`, then `s3.fail(bucket, key, THROTTLE)`; `s3.url`
+    is the endpoint, `s3.heal()` lets every request through again."""
+
+    def __init__(self, upstream_url: str):
+        self.upstream = urllib.parse.urlsplit(upstream_url)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.faults = _Faults()
+
+    def fail(self, bucket: str, key: str, how: str, methods: tuple[str, ...] = ("GET",)) -> None:
+        """Answer `methods` requests for the object with the fault `how` until `heal`."""
+        with self.faults.lock:
+            for method in methods:
+                self.faults.of_request[(f"/{bucket}/{key}", method)] = how
+
+    def heal(self) -> None:
+        with self.faults.lock:
+            self.faults.of_request.clear()
+
+    def answered(self, how: str) -> int:
+        with self.faults.lock:
+            return self.faults.answered.get(how, 0)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[FaultyS3]:
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="faulty-s3", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=10)
+
+
+def _handler_for(s3: FaultyS3) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_args) -> None:  # quiet: a test's output is its own
+            pass
+
+        def _fault(self) -> str | None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            with s3.faults.lock:
+                how = s3.faults.of_request.get((path, self.command))
+                if how:
+                    s3.faults.answered[how] = s3.faults.answered.get(how, 0) + 1
+                return how
+
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            fault = self._fault()
+            if fault == THROTTLE:
+                self._answer(503, {"Content-Type": "application/xml"}, _SLOW_DOWN, length=len(_SLOW_DOWN))
+                return
+            upstream = http.client.HTTPConnection(s3.upstream.netloc, timeout=60)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                content = answer.read()
+                passed = {k: v for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP}
+            finally:
+                upstream.close()
+            if fault == CUT and content:
+                self._cut(answer.status, passed, content)
+            else:
+                self._answer(answer.status, passed, content)
+
+        def _answer(self, status: int, headers: dict, content: bytes, length: int | None = None) -> None:
+            """Pass an answer on; a HEAD's gives the object's length (`headers`), with no bytes."""
+            self.send_response(status)
+            for name, value in headers.items():
+                if name.lower() != "content-length" or self.command == "HEAD":
+                    self.send_header(name, value)
+            if self.command != "HEAD" or length is not None:
+                self.send_header("Content-Length", str(len(content) if length is None else length))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(content)
+
+        def _cut(self, status: int, headers: dict, content: bytes) -> None:
+            """The whole length promised, none of the bytes sent: the connection closes first."""
+            self.send_response(status)
+            for name, value in headers.items():
+                if name.lower() != "content-length":
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _relay
+
+    return Handler
+
+
+#: the connector's retries kept short, so a fault that lasts fails a read in well under a second
+FEW_RETRIES = {
+    "attempts.maximum": "1",
+    "retry.limit": "1",
+    "retry.interval": "10",
+    "retry.throttle.limit": "1",
+    "retry.throttle.interval": "10",
+}
+
+
+@contextlib.contextmanager
+def bucket_read_through(spark, bucket: str, endpoint: str) -> Iterator[None]:
+    """Spark's s3a connector (the test session's) reads `bucket` from `endpoint`, with few
+    retries; every other bucket as before. The bucket's connector must not exist yet (a bucket
+    of its own per test), since s3a reads these settings when it opens a bucket."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    settings = {"endpoint": endpoint, **FEW_RETRIES}
+    for name, value in settings.items():
+        hadoop.set(f"fs.s3a.bucket.{bucket}.{name}", value)
+    try:
+        yield
+    finally:
+        for name in settings:
+            hadoop.unset(f"fs.s3a.bucket.{bucket}.{name}")
+
+
+def upload_folder(client, bucket: str, local_root: Path, prefix: str) -> None:
+    """Every file under `local_root` to `bucket`, under `prefix` and its path below the root."""
+    for path in local_root.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
+
+
+def unit_landing_on_s3(client, bucket: str, root: Path) -> tuple[str, set[str]]:
+    """Two hours of the Unit sample's `accounts` under `landing/unit` in `bucket`: the key of
+    its first file (for a fault) and the s3a URI of every landed file."""
+    sample = write_unit_landing(root / "landing" / "unit", hours=2, tables=("accounts",))
+    upload_folder(client, bucket, sample.landing_dir, "landing/unit")
+    keys = sorted(
+        f"landing/unit/{path.relative_to(sample.landing_dir).as_posix()}"
+        for path in (sample.landing_dir / "accounts").rglob("*.parquet")
+    )
+    return keys[0], {f"s3a://{bucket}/{key}" for key in keys}
