@@ -16,6 +16,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import duckdb
+
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
+from lake_assets.demo.flow_sample import write_flow_landing
+from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets_tests.loopback import free_port
 
@@ -172,13 +177,46 @@ def upload_folder(client, bucket: str, local_root: Path, prefix: str) -> None:
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
 
 
-def unit_landing_on_s3(client, bucket: str, root: Path) -> tuple[str, set[str]]:
-    """Two hours of the Unit sample's `accounts` under `landing/unit` in `bucket`: the key of
-    its first file (for a fault) and the s3a URI of every landed file."""
-    sample = write_unit_landing(root / "landing" / "unit", hours=2, tables=("accounts",))
-    upload_folder(client, bucket, sample.landing_dir, "landing/unit")
-    keys = sorted(
-        f"landing/unit/{path.relative_to(sample.landing_dir).as_posix()}"
-        for path in (sample.landing_dir / "accounts").rglob("*.parquet")
-    )
-    return keys[0], {f"s3a://{bucket}/{key}" for key in keys}
+@dataclasses.dataclass(frozen=True)
+class LandingOnS3:
+    feed: FeedConfig
+    victim: str  #: the key of a good file of the landing, for a fault
+    lake: Path
+
+    def config(self, endpoint: str) -> LakeConfig:
+        """The lake (a local folder) over the landing, the lake's own client at `endpoint`."""
+        return LakeConfig(lake=f"file://{self.lake}", feeds=(self.feed,), s3=S3Config(endpoint_url=endpoint))
+
+    def read_from(self) -> set[str]:
+        """The landed files the feed's change logs hold rows of."""
+        files = [str(path) for path in (self.lake / "changes" / self.feed.name).rglob("*.parquet")]
+        if not files:
+            return set()
+        query = f"SELECT DISTINCT _source_file FROM read_parquet({files}, union_by_name = true)"
+        return {uri for (uri,) in duckdb.connect().execute(query).fetchall()}
+
+
+def landing_on_s3(client, bucket: str, root: Path, feed: str) -> LandingOnS3:
+    """A small sample of `feed` (unit, grax or flow) under `landing/<feed>` in `bucket`, with a
+    lake in `root`; its victim is a data file of the sample's first table, halfway through."""
+    prefix = f"landing/{feed}"
+    landing = f"s3a://{bucket}/{prefix}"
+    if feed == "unit":
+        folder = write_unit_landing(root / prefix, hours=2, tables=("accounts",)).landing_dir
+        config = FeedConfig(name=feed, format="unit_cdc", landing=landing, tables=("accounts",))
+        files = sorted(folder.rglob("*.parquet"))
+    elif feed == "grax":
+        folder = write_grax_landing(root / prefix, batches=4).landing_dir
+        config = FeedConfig(name=feed, format="grax_v2", landing=landing, objects=("Account",))
+        files = sorted(path for path in folder.rglob("*.parquet") if "object=Account" in path.as_posix())
+    else:
+        flow = write_flow_landing(root / prefix)
+        folder = flow.landing_dir
+        collections = tuple(
+            CollectionConfig(name=name, key=tuple(key)) for name, key in flow.collections.items()
+        )
+        config = FeedConfig(name=feed, format="flow_journal", landing=landing, collections=collections)
+        files = sorted(path for path in folder.rglob("*") if path.is_file() and not path.name.startswith("."))
+    upload_folder(client, bucket, folder, prefix)
+    victim = files[len(files) // 2].relative_to(folder).as_posix()
+    return LandingOnS3(config, f"{prefix}/{victim}", root / "lake")

@@ -3,7 +3,6 @@ the sample data against the brute-force reference, and the same graph on S3 (mot
 
 import datetime as dt
 import json
-import uuid
 
 import dagster as dg
 import duckdb
@@ -15,17 +14,10 @@ from lake_assets.demo.unit_sample import write_unit_landing
 from lake_assets.orchestration.definitions import feed_job_name
 from lake_assets.orchestration.io_managers import InMemoryHandover
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
-from lake_assets.runner import RunFailed, run_feeds
+from lake_assets.runner import run_feeds
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
-from lake_assets_tests.s3_faults import (
-    CUT,
-    THROTTLE,
-    FaultyS3,
-    bucket_read_through,
-    unit_landing_on_s3,
-    upload_folder,
-)
+from lake_assets_tests.s3_faults import upload_folder
 
 pytestmark = pytest.mark.minutes(4)
 
@@ -551,44 +543,4 @@ def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
 
     notes = [json.loads(p.read_text())["file"] for p in (lake / "_quarantine").rglob("*.reason.json")]
     assert notes == [f"s3a://{s3_bucket}/{stray_key}"]
-    assert {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")} == landed
-
-
-@pytest.mark.parametrize(
-    "how, methods",
-    [(THROTTLE, ("GET",)), (THROTTLE, ("HEAD", "GET")), (CUT, ("GET",))],
-    ids=["throttled-reads", "throttled-everything", "connection-closed"],
-)
-def test_a_read_the_store_fails_sets_no_file_aside_and_the_next_run_reads_it(
-    tmp_path, moto_server, spark, how, methods
-):
-    """S3 throttles Spark's requests for a good file (503 SlowDown), or closes the connection
-    before its bytes, past the connector's retries. That is about the request, not the file: the
-    run fails naming the cause, no file is quarantined, and once the store answers again the
-    next run reads every row. Set aside as damaged, the file's rows would leave `changes` in a
-    run that exits 0."""
-    client = moto_server.client("s3")
-    # a bucket of its own, whose s3a connector this test opens first (`bucket_read_through`)
-    s3_bucket = f"faulty-{uuid.uuid4().hex[:16]}"
-    client.create_bucket(Bucket=s3_bucket)
-    victim, landed = unit_landing_on_s3(client, s3_bucket, tmp_path)
-    lake = tmp_path / "lake"
-    config = LakeConfig(
-        lake=f"file://{lake}",
-        feeds=(FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts",)),),
-        s3=S3Config(endpoint_url=moto_server.url),
-    )
-
-    with FaultyS3(moto_server.url).serving() as s3, bucket_read_through(spark, s3_bucket, s3.url):
-        s3.fail(s3_bucket, victim, how, methods)
-        with pytest.raises(RunFailed) as failed:
-            run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
-        assert s3.answered(how) > 0
-        assert "unit/accounts" in str(failed.value) and "changes" in str(failed.value)
-        assert not list((lake / "_quarantine").rglob("*.reason.json"))
-
-        s3.heal()
-        run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
-
-    assert not list((lake / "_quarantine").rglob("*.reason.json"))
     assert {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")} == landed

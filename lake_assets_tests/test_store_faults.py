@@ -1,0 +1,63 @@
+"""A store that fails a good file's requests (throttling past the connector's retries, a
+connection closed before the bytes) is not a damaged file: the run fails naming its cause, no
+file is set aside, and once the store answers again the next run reads every file. Set aside as
+damaged, the file's rows would leave `changes` in a run that exits 0.
+
+The store is moto behind `s3_faults.FaultyS3`, on 127.0.0.1, for Spark's s3a connector; the
+lake's own client talks to moto directly. (The same on a Spark Connect server with its stack
+traces hidden: `test_scale_out.py`.)"""
+
+from __future__ import annotations
+
+import uuid
+
+import dagster as dg
+import pytest
+
+from lake_assets.runner import RunFailed, run_feeds
+from lake_assets_tests.hostile_landings import quarantine_notes
+from lake_assets_tests.s3_faults import CUT, THROTTLE, FaultyS3, bucket_read_through, landing_on_s3
+
+pytestmark = [pytest.mark.s3, pytest.mark.minutes(2)]
+
+
+@pytest.mark.parametrize(
+    "feed, how, methods",
+    [
+        ("unit", THROTTLE, ("GET",)),
+        ("unit", THROTTLE, ("HEAD", "GET")),
+        ("unit", CUT, ("GET",)),
+        ("grax", THROTTLE, ("GET",)),
+        ("flow", CUT, ("GET",)),
+    ],
+    ids=[
+        "unit-throttled-reads",
+        "unit-throttled-everything",
+        "unit-connection-closed",
+        "grax-throttled",
+        "flow-connection-closed",
+    ],
+)
+def test_a_read_the_store_fails_sets_no_file_aside_and_the_next_run_reads_it(
+    tmp_path, moto_server, spark, feed, how, methods
+):
+    client = moto_server.client("s3")
+    # a bucket of its own, whose s3a connector this test opens first (`bucket_read_through`)
+    bucket = f"faulty-{uuid.uuid4().hex[:16]}"
+    client.create_bucket(Bucket=bucket)
+    landing = landing_on_s3(client, bucket, tmp_path, feed)
+    config = landing.config(moto_server.url)
+
+    with FaultyS3(moto_server.url).serving() as s3, bucket_read_through(spark, bucket, s3.url):
+        s3.fail(bucket, landing.victim, how, methods)
+        with pytest.raises(RunFailed) as failed:
+            run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+        assert s3.answered(how) > 0
+        assert "changes" in str(failed.value)
+        assert not quarantine_notes(landing.lake)
+
+        s3.heal()
+        run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+
+    assert not quarantine_notes(landing.lake)
+    assert f"s3a://{bucket}/{landing.victim}" in landing.read_from()
