@@ -372,15 +372,19 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     One walk of the whole table: a run's cost, not a sensor tick's.
     """
     strays = []
+    # asked once per folder: an hour folder's files share its answer
+    folder_reasons: dict[tuple[str, ...], str | None] = {}
     for entry in storage.walk_files(table_uri, skip=is_hidden):
-        folders = entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1]
-        reason = entry.unreadable or _why_no_hour_reads(folders)
+        folders = tuple(entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1])
+        if folders not in folder_reasons:
+            folder_reasons[folders] = _why_no_hour_reads(folders)
+        reason = entry.unreadable or folder_reasons[folders]
         if reason is not None:
             strays.append((entry, reason))
     return strays
 
 
-def _why_no_hour_reads(folders: list[str]) -> str | None:
+def _why_no_hour_reads(folders: tuple[str, ...]) -> str | None:
     """Why a file in `folders` (the path below the table folder) is in no hour, or None."""
     prefix: tuple[int, ...] = ()
     for depth, name in enumerate(folders[: len(_HOURLY_LEVELS)]):
