@@ -14,7 +14,7 @@ def first_line(error: str | BaseException, limit: int | None = None) -> str:
     root cause, not by py4j's "An error occurred while calling o1098.save", which names nothing
     and changes from run to run; so is a Spark Connect error standing for one, whose text names
     no cause. Cut to `limit`, the root cause keeps its half."""
-    jvm = _jvm_message(error) or _connect_message(error)
+    jvm = _jvm_message(error) or _connect_message(error) or _py4j_text_message(error)
     if jvm is not None:
         message, root = jvm
         if root is None:
@@ -121,6 +121,28 @@ def _connect_message(error: str | BaseException) -> tuple[str, str | None] | Non
     return _first_of(top), _first_of(causes[-1]) if causes else None
 
 
+#: py4j's own first line of a JVM error, which names only the call (`o638.count`)
+_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.\s*$")
+#: py4j puts the JVM's stack trace after it, each of its lines as Java prints them
+_PY4J_TRACE = ": "
+
+
+def _py4j_text_message(error: str | BaseException) -> tuple[str, str | None] | None:
+    """`_jvm_message` of a py4j error kept only as text (a Dagster step's recorded failure):
+    the JVM exception's line after py4j's, and the last `Caused by:` of its trace (the root
+    cause; the indented ones are suppressed errors' causes). None for any other text."""
+    if isinstance(error, BaseException):
+        return None
+    lines = error.splitlines()
+    if not lines or not _PY4J_CALL.search(_first_of(error)):
+        return None
+    thrown = next((line.removeprefix(_PY4J_TRACE) for line in lines if line.startswith(_PY4J_TRACE)), None)
+    if not thrown or not thrown.strip():
+        return None
+    causes = [line.removeprefix(_CAUSED_BY) for line in lines if line.startswith(_CAUSED_BY)]
+    return thrown.strip(), causes[-1].strip() if causes else None
+
+
 class ConfigError(LakeAssetsError):
     """The feed configuration is invalid."""
 
@@ -181,6 +203,12 @@ class LandingEmptied(LakeAssetsError):
 class LandingChanged(LakeAssetsError):
     """A landed file the run catalogued went before the run read it: the run stops rather than
     write its partition without the file's rows."""
+
+
+class LandingUnreachable(LakeAssetsError):
+    """Spark's read of the landed files failed on a request to the store (throttled, timed out,
+    a connection lost), not on a file: the step fails and sets no file aside, so that a run once
+    the store answers reads them all."""
 
 
 class SchemaClash(LakeAssetsError):

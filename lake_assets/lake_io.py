@@ -103,11 +103,21 @@ _REQUEST_FAILURES = frozenset(
         "software.amazon.awssdk.core.exception.SdkClientException",
         "software.amazon.awssdk.core.exception.ApiCallTimeoutException",
         "software.amazon.awssdk.core.exception.ApiCallAttemptTimeoutException",
-        "org.apache.http.NoHttpResponseException",
-        "org.apache.http.conn.ConnectionPoolTimeoutException",
         "java.net.SocketTimeoutException",
         "java.net.UnknownHostException",
     }
+)
+#: the HTTP client's failures (a connection closed before an answer's end, no answer, the pool
+#: exhausted), under whatever package each AWS SDK shades it (`com.amazonaws.thirdparty.`, ...)
+_HTTP_CLIENT_FAILURES = tuple(
+    f"apache.http.{name}"
+    for name in (
+        "ConnectionClosedException",
+        "NoHttpResponseException",
+        "TruncatedChunkException",
+        "MalformedChunkCodingException",
+        "conn.ConnectionPoolTimeoutException",
+    )
 )
 #: families of network failures, matched with their subclasses (a refused connection, a reset,
 #: no route to the host, a failed TLS handshake)
@@ -134,14 +144,20 @@ def is_request_failure(error: BaseException) -> bool:
     # set to (`spark.sql.connect.serverStacktrace.enabled`); the chain is kept all the same.
     text = "\n".join(f"{seen}\n{connect_server_chain(seen)}" for seen in _python_chain(error))
     named = set(_NAMED_ERROR.findall(text))
-    return bool(named & (_REQUEST_FAILURES | _REQUEST_FAILURE_FAMILIES)) or (
+    return any(_names_a_failed_request(name) or name in _REQUEST_FAILURE_FAMILIES for name in named) or (
         _BAD_REQUEST in named and any(code in text for code in _REQUEST_FAILURE_CODES)
     )
 
 
+def _names_a_failed_request(class_name: str) -> bool:
+    """Whether a JVM class is one of `_REQUEST_FAILURES` or `_HTTP_CLIENT_FAILURES`."""
+    return class_name in _REQUEST_FAILURES or class_name.endswith(_HTTP_CLIENT_FAILURES)
+
+
 def _names_a_request_failure(throwable) -> bool:
-    """Whether a JVM throwable, or one of its causes, is a `_REQUEST_FAILURES` class, of a
-    `_REQUEST_FAILURE_FAMILIES` family, or a bad request about the credentials or the clock."""
+    """Whether a JVM throwable, or one of its causes, is a failed request's class
+    (`_names_a_failed_request`), of a `_REQUEST_FAILURE_FAMILIES` family, or a bad request about
+    the credentials or the clock."""
     while throwable is not None:
         try:
             kind = throwable.getClass()
@@ -154,7 +170,7 @@ def _names_a_request_failure(throwable) -> bool:
         except Py4JError:
             return False
         if (
-            name in _REQUEST_FAILURES
+            _names_a_failed_request(name)
             or lineage & _REQUEST_FAILURE_FAMILIES
             or (name == _BAD_REQUEST and any(code in message for code in _REQUEST_FAILURE_CODES))
         ):

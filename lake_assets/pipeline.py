@@ -48,7 +48,14 @@ from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
 from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, is_parquet_file, parquet_files, recover
-from lake_assets.errors import DamagedLakeFile, LandingChanged, LandingEmptied, SchemaClash, first_line
+from lake_assets.errors import (
+    DamagedLakeFile,
+    LandingChanged,
+    LandingEmptied,
+    LandingUnreachable,
+    SchemaClash,
+    first_line,
+)
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
 from lake_assets.paths import LakeLayout
@@ -481,8 +488,25 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
 
 
 def _read(session: SparkSession, work: TableWork, partitions: list[str], catalogued: dict, log) -> Batch:
-    """The change batch of the catalogued files of `partitions`: Parquet files through the common
-    reader, the rest by their format (Flow: journals, covers and transactions)."""
+    """The change batch of the catalogued files of `partitions`; a request to the store that
+    failed under Spark's read is raised as `LandingUnreachable`, named by its cause (the Spark
+    error's text may not name it: a Spark Connect server's stack traces can be hidden)."""
+    try:
+        return _read_by_format(session, work, partitions, catalogued, log)
+    except SPARK_ERRORS as failure:
+        if not lake_io.is_request_failure(failure):
+            raise
+        raise LandingUnreachable(
+            f"{work.feed.name}/{work.table}: reading the landed files failed on a request to the store, not "
+            f"on a file (none was set aside; a run once the store answers reads them): {first_line(failure)}"
+        ) from failure
+
+
+def _read_by_format(
+    session: SparkSession, work: TableWork, partitions: list[str], catalogued: dict, log
+) -> Batch:
+    """Parquet files through the common reader, the rest by their format (Flow: journals,
+    covers and transactions)."""
     fmt, storage, feed, table = work.fmt, work.storage, work.feed, work.table
     if fmt.file_format == "parquet":
         return read_batch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -79,6 +80,13 @@ class MotoServer:
         import boto3
 
         return boto3.client(service, endpoint_url=self.url, region_name="us-east-1")
+
+    def upload(self, bucket: str, local_root: Path, prefix: str) -> None:
+        """Every file under `local_root` to `bucket`, under `prefix` and its path below the root."""
+        client = self.client("s3")
+        for path in local_root.rglob("*"):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
 
 
 @pytest.fixture(scope="session")

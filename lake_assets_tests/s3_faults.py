@@ -1,6 +1,7 @@
 """An S3 endpoint on 127.0.0.1 in front of the moto server that fails the reads of chosen
 objects the way a real store's requests fail: a throttling answer (503 SlowDown), or a
-connection closed before an object's bytes. Everything else passes through unchanged.
+connection closed before an object's bytes. Every other read passes through unchanged; it
+serves reads only (GET and HEAD: listings are GETs), and refuses any other request.
 
 A test points Spark's s3a connector at it for one bucket (`fs.s3a.bucket.<name>.endpoint`), so
 the lake's own client and every other bucket keep talking to moto directly."""
@@ -15,6 +16,7 @@ import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -22,23 +24,36 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import write_flow_landing
 from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets_tests.loopback import free_port
+
+if TYPE_CHECKING:
+    from lake_assets_tests.conftest import MotoServer
 
 THROTTLE, CUT = "throttle", "cut"
 _SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>fault-1</RequestId></Error>"
 )
-#: hop-by-hop headers the proxy does not pass on (it answers with a length of its own)
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+#: headers not passed on: hop-by-hop ones (it answers with a length of its own), and those its
+#: own answer carries already
+_NOT_PASSED = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "expect",
+    "server",
+    "date",
+}
 
 
 @dataclasses.dataclass
 class _Faults:
     #: ("/bucket/key", HTTP method) -> THROTTLE or CUT
     of_request: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    #: how many GETs each fault answered
-    answered: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: (fault, HTTP method) -> how many requests it was delivered to
+    delivered: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -48,27 +63,33 @@ class FaultyS3:
 
     def __init__(self, upstream_url: str):
         self.upstream = urllib.parse.urlsplit(upstream_url)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""  # set once it listens
         self.faults = _Faults()
 
     def fail(self, bucket: str, key: str, how: str, methods: tuple[str, ...] = ("GET",)) -> None:
         """Answer `methods` requests for the object with the fault `how` until `heal`."""
+        if how == CUT and "HEAD" in methods:
+            raise ValueError("a HEAD's answer has no bytes to cut")
         with self.faults.lock:
             for method in methods:
                 self.faults.of_request[(f"/{bucket}/{key}", method)] = how
 
     def heal(self) -> None:
+        """Let every request through again."""
         with self.faults.lock:
             self.faults.of_request.clear()
 
-    def answered(self, how: str) -> int:
+    def delivered(self, how: str, method: str = "GET") -> int:
+        """How many `method` requests got the fault `how`."""
         with self.faults.lock:
-            return self.faults.answered.get(how, 0)
+            return self.faults.delivered.get((how, method), 0)
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[FaultyS3]:
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
+        """Listen on a port of 127.0.0.1 the system picks. Connections the JVM keeps open are
+        served by daemon threads until the process ends: they only ever pass reads through."""
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
         server.daemon_threads = True
         thread = threading.Thread(target=server.serve_forever, name="faulty-s3", daemon=True)
         thread.start()
@@ -90,31 +111,36 @@ def _handler_for(s3: FaultyS3) -> type[BaseHTTPRequestHandler]:
         def _fault(self) -> str | None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             with s3.faults.lock:
-                how = s3.faults.of_request.get((path, self.command))
-                if how:
-                    s3.faults.answered[how] = s3.faults.answered.get(how, 0) + 1
-                return how
+                return s3.faults.of_request.get((path, self.command))
+
+        def _count(self, how: str) -> None:
+            with s3.faults.lock:
+                key = (how, self.command)
+                s3.faults.delivered[key] = s3.faults.delivered.get(key, 0) + 1
 
         def _relay(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
             fault = self._fault()
             if fault == THROTTLE:
+                self._count(THROTTLE)
                 self._answer(503, {"Content-Type": "application/xml"}, _SLOW_DOWN, length=len(_SLOW_DOWN))
                 return
             upstream = http.client.HTTPConnection(s3.upstream.netloc, timeout=60)
             try:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                upstream.request(self.command, self.path, body=body, headers=headers)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _NOT_PASSED}
+                upstream.request(self.command, self.path, headers=headers)
                 answer = upstream.getresponse()
                 content = answer.read()
-                passed = {k: v for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP}
+                passed = {k: v for k, v in answer.getheaders() if k.lower() not in _NOT_PASSED}
             finally:
                 upstream.close()
             if fault == CUT and content:
+                self._count(CUT)
                 self._cut(answer.status, passed, content)
             else:
                 self._answer(answer.status, passed, content)
+
+        def _refuse(self) -> None:
+            self.send_error(501, "this endpoint serves reads only")
 
         def _answer(self, status: int, headers: dict, content: bytes, length: int | None = None) -> None:
             """Pass an answer on; a HEAD's gives the object's length (`headers`), with no bytes."""
@@ -139,12 +165,14 @@ def _handler_for(s3: FaultyS3) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
             self.close_connection = True
 
-        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _relay
+        do_GET = do_HEAD = _relay
+        do_PUT = do_POST = do_DELETE = _refuse
 
     return Handler
 
 
-#: the connector's retries kept short, so a fault that lasts fails a read in well under a second
+#: the connector's retries kept short: a fault that lasts fails a read in about a second (the
+#: AWS SDK still waits a few hundred milliseconds before its retry of a throttled request)
 FEW_RETRIES = {
     "attempts.maximum": "1",
     "retry.limit": "1",
@@ -155,12 +183,13 @@ FEW_RETRIES = {
 
 
 @contextlib.contextmanager
-def bucket_read_through(spark, bucket: str, endpoint: str) -> Iterator[None]:
+def bucket_read_through(spark, bucket: str, endpoint: str, retries: int = 1) -> Iterator[None]:
     """Spark's s3a connector (the test session's) reads `bucket` from `endpoint`, with few
-    retries; every other bucket as before. The bucket's connector must not exist yet (a bucket
-    of its own per test), since s3a reads these settings when it opens a bucket."""
+    retries (`retries` of a failed read); every other bucket as before. The bucket's connector
+    must not exist yet (a bucket of its own per test), since s3a reads these settings when it
+    opens a bucket."""
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    settings = {"endpoint": endpoint, **FEW_RETRIES}
+    settings = {"endpoint": endpoint, **FEW_RETRIES, "retry.limit": str(retries)}
     for name, value in settings.items():
         hadoop.set(f"fs.s3a.bucket.{bucket}.{name}", value)
     try:
@@ -170,15 +199,10 @@ def bucket_read_through(spark, bucket: str, endpoint: str) -> Iterator[None]:
             hadoop.unset(f"fs.s3a.bucket.{bucket}.{name}")
 
 
-def upload_folder(client, bucket: str, local_root: Path, prefix: str) -> None:
-    """Every file under `local_root` to `bucket`, under `prefix` and its path below the root."""
-    for path in local_root.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local_root).as_posix()}")
-
-
 @dataclasses.dataclass(frozen=True)
 class LandingOnS3:
+    """A feed's small landing in a bucket, the key of a good file to fail, and a local lake."""
+
     feed: FeedConfig
     victim: str  #: the key of a good file of the landing, for a fault
     lake: Path
@@ -187,7 +211,7 @@ class LandingOnS3:
         """The lake (a local folder) over the landing, the lake's own client at `endpoint`."""
         return LakeConfig(lake=f"file://{self.lake}", feeds=(self.feed,), s3=S3Config(endpoint_url=endpoint))
 
-    def read_from(self) -> set[str]:
+    def files_in_changes(self) -> set[str]:
         """The landed files the feed's change logs hold rows of."""
         files = [str(path) for path in (self.lake / "changes" / self.feed.name).rglob("*.parquet")]
         if not files:
@@ -196,9 +220,10 @@ class LandingOnS3:
         return {uri for (uri,) in duckdb.connect().execute(query).fetchall()}
 
 
-def landing_on_s3(client, bucket: str, root: Path, feed: str) -> LandingOnS3:
+def landing_on_s3(moto: MotoServer, bucket: str, root: Path, feed: str) -> LandingOnS3:
     """A small sample of `feed` (unit, grax or flow) under `landing/<feed>` in `bucket`, with a
-    lake in `root`; its victim is a data file of the sample's first table, halfway through."""
+    lake in `root`; its victim is the data file halfway through the sample's files (of Unit's
+    `accounts`, of GRAX's `Account`, of any Flow journal)."""
     prefix = f"landing/{feed}"
     landing = f"s3a://{bucket}/{prefix}"
     if feed == "unit":
@@ -217,6 +242,6 @@ def landing_on_s3(client, bucket: str, root: Path, feed: str) -> LandingOnS3:
         )
         config = FeedConfig(name=feed, format="flow_journal", landing=landing, collections=collections)
         files = sorted(path for path in folder.rglob("*") if path.is_file() and not path.name.startswith("."))
-    upload_folder(client, bucket, folder, prefix)
+    moto.upload(bucket, folder, prefix)
     victim = files[len(files) // 2].relative_to(folder).as_posix()
     return LandingOnS3(config, f"{prefix}/{victim}", root / "lake")

@@ -135,6 +135,37 @@ def test_a_jvm_error_is_told_by_its_message_and_root_cause_never_by_py4js_call_n
     assert first_line(_FromTheJvm(looping)).startswith("SparkException: top")  # and ends
 
 
+def test_a_jvm_error_kept_as_text_is_told_by_its_message_and_root_cause():
+    """A Dagster step records its error as text: py4j's call line, then the JVM's trace. The
+    failure line names the JVM's exception and its root cause (the last unindented `Caused by`:
+    an indented one is a suppressed error's), never py4j's call number."""
+    from lake_assets.errors import first_line
+
+    recorded = (
+        "py4j.protocol.Py4JJavaError: An error occurred while calling o638.count.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: reading s3a://b/x.parquet\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2)\n"
+        "Caused by: org.apache.hadoop.fs.s3a.AWSServiceThrottledException: read s3a://b/x.parquet: 503\n"
+        "\tat org.apache.hadoop.fs.s3a.S3AUtils.translateException(S3AUtils.java:1)\n"
+        "\tSuppressed: java.io.IOException: close\n"
+        "\t\tCaused by: java.lang.IllegalStateException: not the root\n"
+        "Caused by: com.amazonaws.services.s3.model.AmazonS3Exception: Please reduce your request rate.\n"
+        "\t... 42 more\n"
+    )
+    assert first_line(recorded) == (
+        "org.apache.spark.SparkException: Job aborted due to stage failure: reading s3a://b/x.parquet "
+        "(caused by com.amazonaws.services.s3.model.AmazonS3Exception: Please reduce your request rate.)"
+    )
+    assert first_line(recorded.split("\nCaused by")[0]) == (
+        "org.apache.spark.SparkException: Job aborted due to stage failure: reading s3a://b/x.parquet"
+    )
+    # other text that merely mentions a call is told by its own first line
+    assert (
+        first_line("An error occurred while calling o1.save.") == "An error occurred while calling o1.save."
+    )
+    assert first_line("ValueError: bad\n: not a trace") == "ValueError: bad"
+
+
 def test_a_jvm_error_whose_jvm_is_gone_is_told_by_its_own_text():
     from lake_assets.errors import first_line
 

@@ -889,6 +889,14 @@ def test_a_failed_request_is_told_from_a_damaged_file_by_the_causes_spark_report
         ("org.apache.hadoop.fs.s3a.AWSBadRequestException", "open s3a://b/k: ExpiredToken: token expired"),
         ("org.apache.hadoop.fs.s3a.RemoteFileChangedException", "the object changed while it was read"),
         ("org.apache.http.conn.ConnectionPoolTimeoutException", "Timeout waiting for connection from pool"),
+        (
+            "com.amazonaws.thirdparty.apache.http.ConnectionClosedException",
+            "Premature end of Content-Length delimited message body (expected: 8; received: 0)",
+        ),
+        (
+            "software.amazon.awssdk.thirdparty.org.apache.http.NoHttpResponseException",
+            "The target server failed to respond",
+        ),
     ]:
         assert is_request_failure(failure(spark_task, (name, message))), name
     for name, message in [

@@ -17,7 +17,6 @@ from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.reference import reference_tables, unit_events_to_normalised
-from lake_assets_tests.s3_faults import upload_folder
 
 pytestmark = pytest.mark.minutes(4)
 
@@ -260,7 +259,7 @@ def test_the_same_graph_runs_on_s3_through_s3a(tmp_path, moto_server, s3_bucket,
     every file operation of the commit protocol is a round of HTTP requests."""
     sample = write_unit_landing(tmp_path / "landing" / "unit", hours=12, tables=("accounts", "customers"))
     client = moto_server.client("s3")
-    upload_folder(client, s3_bucket, sample.landing_dir, "landing/unit")
+    moto_server.upload(s3_bucket, sample.landing_dir, "landing/unit")
     for where, landing, lake in (
         ("local", f"file://{sample.landing_dir}", f"file://{tmp_path / 'lake'}"),
         ("s3", f"s3a://{s3_bucket}/landing/unit", f"s3a://{s3_bucket}/lake"),
@@ -498,7 +497,7 @@ def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
     reads it and withdraws the report."""
     sample = write_unit_landing(tmp_path / "landing" / "unit", hours=3, tables=("accounts", "customers"))
     client = moto_server.client("s3")
-    upload_folder(client, s3_bucket, sample.landing_dir, "landing/unit")
+    moto_server.upload(s3_bucket, sample.landing_dir, "landing/unit")
     hour_files = sorted((sample.landing_dir / "accounts").rglob("*.parquet"))
     archived_key = f"landing/unit/{hour_files[0].relative_to(sample.landing_dir).as_posix()}"
     client.copy_object(

@@ -27,7 +27,7 @@ from lake_assets.runner import run_feeds
 from lake_assets_tests.deployed_lake import lake_table
 from lake_assets_tests.hostile_landings import garble_data_pages, quarantine_notes
 from lake_assets_tests.jvm_options import TEST_JVM_OPTIONS
-from lake_assets_tests.s3_faults import FEW_RETRIES, THROTTLE, FaultyS3, landing_on_s3, upload_folder
+from lake_assets_tests.s3_faults import FEW_RETRIES, THROTTLE, FaultyS3, landing_on_s3
 from lake_assets_tests.spark_servers import ConnectServer, StandaloneCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale_out, pytest.mark.minutes(8)]
@@ -233,7 +233,7 @@ def test_the_unit_feed_on_s3_through_s3a_equals_the_local_driver(
     session; a Connect server has its own s3a settings and takes the keys from its environment."""
     started = request.getfixturevalue(server)
     client = moto_server.client("s3")
-    upload_folder(client, s3_bucket, landings.unit_dir, "landing/unit")
+    moto_server.upload(s3_bucket, landings.unit_dir, "landing/unit")
     if server == "cluster":
         spark, env = (
             SparkConfig(master=started.master_url, conf=started.spark_conf(sys.executable, TEST_JVM_OPTIONS)),
@@ -269,26 +269,23 @@ def test_on_connect_with_server_traces_hidden_a_throttled_read_fails_the_run_and
     aside, and once the store answers again the next run reads every row. The failure reaches
     the client as an error whose text names no class of the server's chain of causes; taken for
     a damaged file, the file's rows would leave `changes` in a run that exits 0."""
-    landing = landing_on_s3(moto_server.client("s3"), s3_bucket, tmp_path, "unit")
+    landing = landing_on_s3(moto_server, s3_bucket, tmp_path, "unit")
     few_retries = {f"spark.hadoop.fs.s3a.{name}": value for name, value in FEW_RETRIES.items()}
     with FaultyS3(moto_server.url).serving() as s3:
         server = ConnectServer(tmp_path / "connect", s3_endpoint=s3.url, conf=few_retries)
         server.start(sys.executable, TEST_JVM_OPTIONS)
         try:
-            config = LakeConfig(
-                lake=f"file://{tmp_path / 'lake'}",
-                s3=S3Config(endpoint_url=moto_server.url),
-                spark=SparkConfig(
-                    remote=server.url, conf={"spark.sql.connect.serverStacktrace.enabled": "false"}
-                ),
-                feeds=(
-                    FeedConfig("unit", "unit_cdc", f"s3a://{s3_bucket}/landing/unit", tables=("accounts",)),
-                ),
+            hidden = SparkConfig(
+                remote=server.url, conf={"spark.sql.connect.serverStacktrace.enabled": "false"}
             )
+            config = landing.config(moto_server.url).model_copy(update={"spark": hidden})
             token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": server.token}
             s3.fail(s3_bucket, landing.victim, THROTTLE)
             failed = run_cli(config, tmp_path / "throttled", token)
-            assert failed.returncode != 0 and s3.answered(THROTTLE) > 0, failed.stderr
+            assert failed.returncode != 0 and s3.delivered(THROTTLE) > 0, failed.stderr
+            assert "failed on a request to the store" in failed.stderr and "SlowDown" in failed.stderr, (
+                failed.stderr
+            )
             assert not quarantine_notes(landing.lake)
 
             s3.heal()
@@ -297,7 +294,7 @@ def test_on_connect_with_server_traces_hidden_a_throttled_read_fails_the_run_and
         finally:
             server.stop()
     assert not quarantine_notes(landing.lake)
-    assert f"s3a://{s3_bucket}/{landing.victim}" in landing.read_from()
+    assert f"s3a://{s3_bucket}/{landing.victim}" in landing.files_in_changes()
 
 
 def test_executors_that_cannot_import_the_lake_fail_the_run_in_one_line_saying_how_to_fix_it(

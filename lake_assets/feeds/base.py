@@ -372,7 +372,8 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     One walk of the whole table: a run's cost, not a sensor tick's.
     """
     strays = []
-    # asked once per folder: an hour folder's files share its answer
+    # asked once per folder of this walk (an hour folder's files share its answer); not kept
+    # beyond it, since whether an hour has begun depends on the clock
     folder_reasons: dict[tuple[str, ...], str | None] = {}
     for entry in storage.walk_files(table_uri, skip=is_hidden):
         folders = tuple(entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1])
