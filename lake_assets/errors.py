@@ -117,30 +117,35 @@ def _connect_message(error: str | BaseException) -> tuple[str, str | None] | Non
     # details and kept the server's short trace, with the class and its message.
     head = chain[0].strip()
     top = head if ": " in head else f"{head}: {message}"
-    causes = [line.removeprefix(_CAUSED_BY) for line in chain if line.startswith(_CAUSED_BY)]
-    return _first_of(top), _first_of(causes[-1]) if causes else None
+    return _first_of(top), _root_cause(chain)
 
 
-#: py4j's own first line of a JVM error, which names only the call (`o638.count`)
-_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.\s*$")
+def _root_cause(trace: list[str]) -> str | None:
+    """The last `Caused by:` of a JVM trace's lines: the root cause (an indented one is a
+    suppressed error's, and is passed over), or None."""
+    causes = [line.removeprefix(_CAUSED_BY) for line in trace if line.startswith(_CAUSED_BY)]
+    return _first_of(causes[-1]) if causes else None
+
+
+#: py4j's own first line of a JVM error, which names only the call: an object's method
+#: (`o638.count`) or a class's static one (`z:org.apache.spark.api.python.PythonRDD.runJob`)
+_PY4J_CALL = re.compile(r"An error occurred while calling (?:z:)?[\w.$]+\.\s*$")
 #: py4j puts the JVM's stack trace after it, each of its lines as Java prints them
 _PY4J_TRACE = ": "
 
 
 def _py4j_text_message(error: str | BaseException) -> tuple[str, str | None] | None:
     """`_jvm_message` of a py4j error kept only as text (a Dagster step's recorded failure):
-    the JVM exception's line after py4j's, and the last `Caused by:` of its trace (the root
-    cause; the indented ones are suppressed errors' causes). None for any other text."""
+    the JVM exception's line, right after py4j's, and its trace's root cause. None for any
+    other text."""
     if isinstance(error, BaseException):
         return None
-    lines = error.splitlines()
-    if not lines or not _PY4J_CALL.search(_first_of(error)):
+    lines = [line for line in error.splitlines() if line.strip()]
+    call = next((at for at, line in enumerate(lines) if _PY4J_CALL.search(line)), None)
+    if call is None or call + 1 == len(lines) or not lines[call + 1].startswith(_PY4J_TRACE):
         return None
-    thrown = next((line.removeprefix(_PY4J_TRACE) for line in lines if line.startswith(_PY4J_TRACE)), None)
-    if not thrown or not thrown.strip():
-        return None
-    causes = [line.removeprefix(_CAUSED_BY) for line in lines if line.startswith(_CAUSED_BY)]
-    return thrown.strip(), causes[-1].strip() if causes else None
+    thrown = lines[call + 1].removeprefix(_PY4J_TRACE).strip()
+    return (thrown, _root_cause(lines[call + 2 :])) if thrown else None
 
 
 class ConfigError(LakeAssetsError):

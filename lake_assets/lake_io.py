@@ -109,15 +109,18 @@ _REQUEST_FAILURES = frozenset(
 )
 #: the HTTP client's failures (a connection closed before an answer's end, no answer, the pool
 #: exhausted), under whatever package each AWS SDK shades it (`com.amazonaws.thirdparty.`, ...)
-_HTTP_CLIENT_FAILURES = tuple(
-    f"apache.http.{name}"
-    for name in (
-        "ConnectionClosedException",
-        "NoHttpResponseException",
-        "TruncatedChunkException",
-        "MalformedChunkCodingException",
-        "conn.ConnectionPoolTimeoutException",
-    )
+_HTTP_CLIENT_FAILURES = (
+    *(
+        f".apache.http.{name}"
+        for name in (
+            "ConnectionClosedException",
+            "NoHttpResponseException",
+            "TruncatedChunkException",
+            "MalformedChunkCodingException",
+            "conn.ConnectionPoolTimeoutException",
+        )
+    ),
+    ".hc.core5.http.ConnectionClosedException",  # HttpClient 5's
 )
 #: families of network failures, matched with their subclasses (a refused connection, a reset,
 #: no route to the host, a failed TLS handshake)
@@ -131,32 +134,32 @@ _NAMED_ERROR = re.compile(r"(?:^|Caused by: |\(|\s)([a-z][\w$]*(?:\.[\w$]+)+)(?:
 
 def is_request_failure(error: BaseException) -> bool:
     """Whether an error from Spark comes from the store's request failing, not from the file
-    (`_REQUEST_FAILURES`): asked of the JVM's chain of causes where PySpark keeps it, and of the
+    (`_REQUEST_FAILURES`, `_HTTP_CLIENT_FAILURES`, `_REQUEST_FAILURE_FAMILIES`): asked of the JVM's chain of causes where PySpark keeps it, and of the
     class names the errors' text gives (a Spark Connect client, or a task's error the driver
     holds only as text)."""
     chain = [
         seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
         for seen in _python_chain(error)
     ]
-    if any(_names_a_request_failure(throwable) for throwable in chain if throwable is not None):
+    if any(_chain_has_request_failure(throwable) for throwable in chain if throwable is not None):
         return True
     # A Spark Connect error's text shows its server's chain of causes only as the session is
     # set to (`spark.sql.connect.serverStacktrace.enabled`); the chain is kept all the same.
     text = "\n".join(f"{seen}\n{connect_server_chain(seen)}" for seen in _python_chain(error))
     named = set(_NAMED_ERROR.findall(text))
-    return any(_names_a_failed_request(name) or name in _REQUEST_FAILURE_FAMILIES for name in named) or (
+    return any(_is_request_failure_class(name) or name in _REQUEST_FAILURE_FAMILIES for name in named) or (
         _BAD_REQUEST in named and any(code in text for code in _REQUEST_FAILURE_CODES)
     )
 
 
-def _names_a_failed_request(class_name: str) -> bool:
+def _is_request_failure_class(class_name: str) -> bool:
     """Whether a JVM class is one of `_REQUEST_FAILURES` or `_HTTP_CLIENT_FAILURES`."""
     return class_name in _REQUEST_FAILURES or class_name.endswith(_HTTP_CLIENT_FAILURES)
 
 
-def _names_a_request_failure(throwable) -> bool:
+def _chain_has_request_failure(throwable) -> bool:
     """Whether a JVM throwable, or one of its causes, is a failed request's class
-    (`_names_a_failed_request`), of a `_REQUEST_FAILURE_FAMILIES` family, or a bad request about
+    (`_is_request_failure_class`), of a `_REQUEST_FAILURE_FAMILIES` family, or a bad request about
     the credentials or the clock."""
     while throwable is not None:
         try:
@@ -170,7 +173,7 @@ def _names_a_request_failure(throwable) -> bool:
         except Py4JError:
             return False
         if (
-            _names_a_failed_request(name)
+            _is_request_failure_class(name)
             or lineage & _REQUEST_FAILURE_FAMILIES
             or (name == _BAD_REQUEST and any(code in message for code in _REQUEST_FAILURE_CODES))
         ):

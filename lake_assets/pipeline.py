@@ -57,7 +57,7 @@ from lake_assets.errors import (
     first_line,
 )
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.ingest import SPARK_ERRORS, Batch, read_batch
+from lake_assets.ingest import SPARK_ERRORS, SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.storage import Entry, Storage
@@ -498,7 +498,8 @@ def _read(session: SparkSession, work: TableWork, partitions: list[str], catalog
             raise
         raise LandingUnreachable(
             f"{work.feed.name}/{work.table}: reading the landed files failed on a request to the store, not "
-            f"on a file (none was set aside; a run once the store answers reads them): {first_line(failure)}"
+            f"on a file (none was set aside; the next run reads them once the store answers): "
+            f"{first_line(failure, limit=SPARK_REASON_CHARACTERS)}"
         ) from failure
 
 

@@ -171,7 +171,8 @@ def _handler_for(s3: FaultyS3) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-#: the connector's retries kept short: a fault that lasts fails a read in about a second (the
+#: the connector's retries kept short (`bucket_read_through` sets the read's own limit; a Spark
+#: Connect server started for a test takes these as they are): a fault that lasts fails a read in about a second (the
 #: AWS SDK still waits a few hundred milliseconds before its retry of a throttled request)
 FEW_RETRIES = {
     "attempts.maximum": "1",

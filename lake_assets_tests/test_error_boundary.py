@@ -159,6 +159,10 @@ def test_a_jvm_error_kept_as_text_is_told_by_its_message_and_root_cause():
     assert first_line(recorded.split("\nCaused by")[0]) == (
         "org.apache.spark.SparkException: Job aborted due to stage failure: reading s3a://b/x.parquet"
     )
+    static = recorded.replace(
+        "calling o638.count.", "calling z:org.apache.spark.api.python.PythonRDD.runJob."
+    )
+    assert first_line(static) == first_line(recorded)
     # other text that merely mentions a call is told by its own first line
     assert (
         first_line("An error occurred while calling o1.save.") == "An error occurred while calling o1.save."

@@ -64,6 +64,7 @@ def test_a_read_the_store_fails_sets_no_file_aside_and_the_next_run_reads_it(
             run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
         assert s3.delivered(how, methods[0]) > 0  # a HEAD refused, the GET is never sent
         assert "failed on a request to the store" in str(failed.value), failed.value
+        assert landing.victim in str(failed.value), failed.value
         assert (NAMED if retries else NAMED_WITHOUT_RETRIES)[how] in str(failed.value), failed.value
         assert not quarantine_notes(landing.lake)
 
