@@ -125,6 +125,19 @@ _HTTP_CLIENT_FAILURES = (
 #: families of network failures, matched with their subclasses (a refused connection, a reset,
 #: no route to the host, a failed TLS handshake)
 _REQUEST_FAILURE_FAMILIES = frozenset({"java.net.SocketException", "javax.net.ssl.SSLException"})
+#: the JDK's members of those families, for an error known only by its text (a Spark Connect
+#: client's, a task's), where no class hierarchy can be asked
+_FAMILY_MEMBERS = frozenset(
+    {
+        "java.net.ConnectException",
+        "java.net.NoRouteToHostException",
+        "java.net.PortUnreachableException",
+        "javax.net.ssl.SSLHandshakeException",
+        "javax.net.ssl.SSLProtocolException",
+        "javax.net.ssl.SSLPeerUnverifiedException",
+        "javax.net.ssl.SSLKeyException",
+    }
+)
 #: S3's 400 answers about the request's credentials or clock (S3A raises them as a bad request)
 _REQUEST_FAILURE_CODES = ("ExpiredToken", "InvalidToken", "TokenRefreshRequired", "RequestTimeTooSkewed")
 _BAD_REQUEST = "org.apache.hadoop.fs.s3a.AWSBadRequestException"
@@ -147,7 +160,8 @@ def is_request_failure(error: BaseException) -> bool:
     # set to (`spark.sql.connect.serverStacktrace.enabled`); the chain is kept all the same.
     text = "\n".join(f"{seen}\n{connect_server_chain(seen)}" for seen in _python_chain(error))
     named = set(_NAMED_ERROR.findall(text))
-    return any(_is_request_failure_class(name) or name in _REQUEST_FAILURE_FAMILIES for name in named) or (
+    families = _REQUEST_FAILURE_FAMILIES | _FAMILY_MEMBERS
+    return any(_is_request_failure_class(name) or name in families for name in named) or (
         _BAD_REQUEST in named and any(code in text for code in _REQUEST_FAILURE_CODES)
     )
 

@@ -929,3 +929,6 @@ def test_a_failed_request_is_told_from_a_damaged_file_by_the_causes_spark_report
         RuntimeError("(org.apache.spark.SparkException) … java.net.UnknownHostException: h")
     )
     assert not is_request_failure(RuntimeError("(org.apache.parquet.io.ParquetDecodingException) bad page"))
+    # a network failure's subclass, known by its text alone
+    for named in ("java.net.ConnectException: Connection refused", "javax.net.ssl.SSLHandshakeException: x"):
+        assert is_request_failure(RuntimeError(f"Job aborted.\nCaused by: {named}")), named
