@@ -210,10 +210,10 @@ class LandingChanged(LakeAssetsError):
     write its partition without the file's rows."""
 
 
-class LandingUnreachable(LakeAssetsError):
-    """Spark's read of the landed files failed on a request to the store (throttled, timed out,
-    a connection lost), not on a file: the step fails and sets no file aside, so that a run once
-    the store answers reads them all."""
+class StoreUnreachable(LakeAssetsError):
+    """A step's Spark work failed on a request to the store (throttled, timed out, a connection
+    lost), not on the data: the step fails before it records its partitions done and sets no
+    landed file aside, so that a run once the store answers does the work again."""
 
 
 class SchemaClash(LakeAssetsError):

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -52,8 +52,8 @@ from lake_assets.errors import (
     DamagedLakeFile,
     LandingChanged,
     LandingEmptied,
-    LandingUnreachable,
     SchemaClash,
+    StoreUnreachable,
     first_line,
 )
 from lake_assets.feeds.base import FeedFormat
@@ -487,20 +487,35 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     )
 
 
-def _read(session: SparkSession, work: TableWork, partitions: list[str], catalogued: dict, log) -> Batch:
-    """The change batch of the catalogued files of `partitions`; a request to the store that
-    failed under Spark's read is raised as `LandingUnreachable`, named by its cause (the Spark
-    error's text may not name it: a Spark Connect server's stack traces can be hidden)."""
+@contextlib.contextmanager
+def failed_requests_told(
+    what: str,
+    meaning: str = "not on the data (the step stopped before recording its partitions done; the next "
+    "run does them again)",
+) -> Iterator[None]:
+    """A Spark error of the block that is a failed request to the store (`lake_io.is_request_failure`)
+    raised as `StoreUnreachable`: `what` failed on a request to the store, its `meaning`, and the
+    store's answer. It is named by the live error, whose text may not name it (a Spark Connect
+    server's stack traces can be hidden); any other error passes as it is."""
     try:
-        return _read_by_format(session, work, partitions, catalogued, log)
+        yield
     except SPARK_ERRORS as failure:
         if not lake_io.is_request_failure(failure):
             raise
-        raise LandingUnreachable(
-            f"{work.feed.name}/{work.table}: reading the landed files failed on a request to the store, not "
-            f"on a file (none was set aside; the next run reads them once the store answers): "
+        raise StoreUnreachable(
+            f"{what} failed on a request to the store, {meaning}: "
             f"{first_line(failure, limit=SPARK_REASON_CHARACTERS)}"
         ) from failure
+
+
+def _read(session: SparkSession, work: TableWork, partitions: list[str], catalogued: dict, log) -> Batch:
+    """The change batch of the catalogued files of `partitions`; a request to the store that
+    failed under Spark's read is raised as `StoreUnreachable`."""
+    with failed_requests_told(
+        f"{work.feed.name}/{work.table}: reading the landed files",
+        "not on a file (none was set aside; the next run reads them once the store answers)",
+    ):
+        return _read_by_format(session, work, partitions, catalogued, log)
 
 
 def _read_by_format(
@@ -723,24 +738,27 @@ def store_partitions(
         finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
     replacing = functools.partial(_replacing_partitions, storage, state, feed, table)
     emptying = functools.partial(_ask_to_finish_emptying, storage, state, log) if state is not None else None
-    erase = (
-        purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
-        if state is not None and frame is not None
-        else None
-    )
+    with failed_requests_told(f"{feed}/{table}: reading the purged keys"):
+        erase = (
+            purges.Erasure.of_table(frame.sparkSession, storage, state, keys)
+            if state is not None and frame is not None
+            else None
+        )
     removed = RemovedFiles(storage, store, feed, table, CHANGE_TIME_COLUMNS)
-    written = lake_io.write_partitions(
-        frame,
-        storage,
-        location,
-        column,
-        partitions,
-        keys,
-        erase,
-        removed,
-        replacing=replacing,
-        emptying=emptying,
-    )
+    # A batch whose cached rows Spark evicted is read again from the landing here.
+    with failed_requests_told(f"{feed}/{table}: storing the changes"):
+        written = lake_io.write_partitions(
+            frame,
+            storage,
+            location,
+            column,
+            partitions,
+            keys,
+            erase,
+            removed,
+            replacing=replacing,
+            emptying=emptying,
+        )
     files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()
@@ -789,16 +807,17 @@ def fold_into_state(
     fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
-    report = fold(
-        session,
-        work.storage,
-        state,
-        batch,
-        fmt.table_spec(work.table),
-        log_column=fmt.partition_column,
-        removing=commits.retire_replaced,
-        delivered=lambda: delivered_now(work, list(partitions)),
-    )
+    with failed_requests_told(f"{work.feed.name}/{work.table}: folding the changes into current and history"):
+        report = fold(
+            session,
+            work.storage,
+            state,
+            batch,
+            fmt.table_spec(work.table),
+            log_column=fmt.partition_column,
+            removing=commits.retire_replaced,
+            delivered=lambda: delivered_now(work, list(partitions)),
+        )
     commits.record_put_in_place([*report.files_written, *report.log_files_written])
     if report.newly_purged:
         log.info(
@@ -828,6 +847,13 @@ def check_fold(
     After a fold into an empty table every stored row is read back and compared with the batch's
     versions as a summary the fold took (`checks.VersionSet`), so the batch is not shuffled
     beside them; otherwise the rows the fold could have changed are read, with the batch."""
+    with failed_requests_told(f"{work.feed.name}/{work.table}: checking the fold"):
+        return _check_fold(session, work, batch, report)
+
+
+def _check_fold(
+    session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport
+) -> list[checks.Outcome]:
     spec = work.fmt.table_spec(work.table)
     state = TableState(work.layout, work.feed.name, work.table)
     current = lake_io.read_table(session, work.storage, state.current, spec.keys)

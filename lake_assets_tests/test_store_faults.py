@@ -14,6 +14,12 @@ import uuid
 import dagster as dg
 import pytest
 
+from lake_assets import lake_io, pipeline
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
+from lake_assets.engine.state import TableState
+from lake_assets.errors import StoreUnreachable
+from lake_assets.feeds import format_for
+from lake_assets.paths import LakeLayout
 from lake_assets.runner import RunFailed, run_feeds
 from lake_assets_tests.hostile_landings import quarantine_notes
 from lake_assets_tests.s3_faults import CUT, THROTTLE, FaultyS3, bucket_read_through, landing_on_s3
@@ -72,4 +78,69 @@ def test_a_read_the_store_fails_sets_no_file_aside_and_the_next_run_reads_it(
         run_feeds(config, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
 
     assert not quarantine_notes(landing.lake)
+    assert f"s3a://{bucket}/{landing.victim}" in landing.files_in_changes()
+
+
+@pytest.mark.parametrize("step", ["store", "fold"])
+def test_a_step_reading_an_evicted_batch_again_that_the_store_fails_says_so_and_leaves_the_next_run_whole(
+    tmp_path, moto_server, spark, step
+):
+    """A step after the ingest reads the landed files again when Spark evicted the batch's
+    cached rows (here: released): a request the store fails there fails the step as a failed
+    request naming the store's answer, not as a raw Spark error, and nothing is recorded done."""
+    bucket = f"faulty-{uuid.uuid4().hex[:16]}"
+    moto_server.client("s3").create_bucket(Bucket=bucket)
+    landing = landing_on_s3(moto_server, bucket, tmp_path, "unit")
+    config = landing.config(moto_server.url)
+    storage, layout, fmt = config.storage(), LakeLayout(config.lake), format_for(landing.feed)
+    work = pipeline.TableWork(
+        landing.feed,
+        fmt,
+        "accounts",
+        storage,
+        layout,
+        ParquetCatalogStore(layout.catalog(), storage),
+        "run-1",
+    )
+    hours = fmt.partition_keys(storage, landing.feed.landing, "accounts")
+
+    def store(batch):
+        return pipeline.store_partitions(
+            storage,
+            work.store,
+            layout.table("changes", landing.feed.name, "accounts"),
+            batch,
+            fmt.partition_column,
+            hours,
+            feed=landing.feed.name,
+            table="accounts",
+            run_id=work.run_id,
+            keys=fmt.table_spec("accounts").keys,
+            state=TableState(layout, landing.feed.name, "accounts"),
+        )
+
+    with FaultyS3(moto_server.url).serving() as s3, bucket_read_through(spark, bucket, s3.url):
+        pipeline.catalogue_landing(work, hours)
+        batch = pipeline.ingest(spark, work, hours).batch.events
+        assert batch is not None and lake_io.is_cached(batch)
+        if step == "fold":
+            store(batch)
+        batch.unpersist(blocking=True)  # as Spark evicts a cached block it has no room for
+        s3.fail(bucket, landing.victim, THROTTLE)
+        with pytest.raises(StoreUnreachable) as failed:
+            store(batch) if step == "store" else pipeline.fold_into_state(
+                spark, work, batch, partitions=hours
+            )
+        assert s3.delivered(THROTTLE) > 0
+        what = "storing the changes" if step == "store" else "folding the changes into current and history"
+        assert f"unit/accounts: {what} failed on a request to the store" in str(failed.value), failed.value
+        assert NAMED[THROTTLE] in str(failed.value), failed.value
+        assert not storage.exists(TableState(layout, "unit", "accounts").current)  # nothing committed
+
+        s3.heal()
+        if step == "store":
+            store(batch)
+        report = pipeline.fold_into_state(spark, work, batch, partitions=hours)
+
+    assert report.events_in == batch.count() > 0
     assert f"s3a://{bucket}/{landing.victim}" in landing.files_in_changes()
