@@ -147,9 +147,9 @@ _NAMED_ERROR = re.compile(r"(?:^|Caused by: |\(|\s)([a-z][\w$]*(?:\.[\w$]+)+)(?:
 
 def is_request_failure(error: BaseException) -> bool:
     """Whether an error from Spark comes from the store's request failing, not from the file
-    (`_REQUEST_FAILURES`, `_HTTP_CLIENT_FAILURES`, `_REQUEST_FAILURE_FAMILIES`): asked of the JVM's chain of causes where PySpark keeps it, and of the
-    class names the errors' text gives (a Spark Connect client, or a task's error the driver
-    holds only as text)."""
+    (`_REQUEST_FAILURES`, `_HTTP_CLIENT_FAILURES`, `_REQUEST_FAILURE_FAMILIES`): asked of the
+    JVM's chain of causes where PySpark keeps it, and of the class names the errors' text gives
+    (a Spark Connect client, or a task's error the driver holds only as text)."""
     chain = [
         seen.java_exception if isinstance(seen, Py4JJavaError) else getattr(seen, "_origin", None)
         for seen in _python_chain(error)
