@@ -206,8 +206,9 @@ class LandingEmptied(LakeAssetsError):
 
 
 class LandingChanged(LakeAssetsError):
-    """A landed file the run catalogued went before the run read it: the run stops rather than
-    write its partition without the file's rows."""
+    """A landed file the run catalogued went before the run read it, or changed before the run
+    recorded what it stored or folded from it: the run stops rather than record a partition done
+    without the file's rows, or with another version's."""
 
 
 class StoreUnreachable(LakeAssetsError):

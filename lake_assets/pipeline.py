@@ -27,6 +27,7 @@ from lake_assets.catalog.files import (
     Refused,
     catalog_file,
     catalogued_entries,
+    hash_file,
     landed_record_versions,
     landed_records,
     landing_work_id,
@@ -389,12 +390,46 @@ def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) ->
     """Once the changes of `partitions` are stored, record what they were read from: the
     catalogued landed files (`processed.STORED_FOLDER`, which their fold's success makes the
     processed notes) and, for a format that reads streams (Flow journals), the byte ranges,
-    which tell a later run whether a late file was read."""
+    which tell a later run whether a late file was read. The files must still be the versions
+    catalogued (`confirm_landing_unchanged`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
     lease.confirm_held()
+    confirm_landing_unchanged(work, ingested.read_from, "storing the changes")
     processed.write_stored_notes(storage, layout, feed, table, ingested.read_from, work.run_id)
     if ingested.batch.reading is not None:
         reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
+
+
+def confirm_landing_unchanged(
+    work: TableWork, read_from: dict[str, dict[str, processed.ProcessedFile]], step: str
+) -> None:
+    """Raise `LandingChanged` when a landed file a change batch was read from (`read_from`: the
+    catalog's records of it, by partition) no longer holds the content its record describes.
+
+    Spark reads a landed file after the run catalogued it, and reads it again whenever it loses
+    the batch's cached blocks (an executor lost, with its shuffle files): the step that uses the
+    batch then (the change log's write, the fold) reads the file as it is by then. Rewritten in
+    place meanwhile, it would give the lake another version's rows while the notes name the one
+    catalogued. Asked after a step's last use of the batch and before it records anything done,
+    this fails the step instead, and the next run catalogues the landing as it is then. A file
+    gone is not asked about (a read of it again fails on its own); one whose listing cannot tell
+    (the same size, modified after or just before its record) is hashed."""
+    files = {url: note for notes in read_from.values() for url, note in notes.items()}
+    if not files:
+        return
+    listed = work.fmt.partitions_files(work.storage, work.feed.landing, work.table, sorted(read_from))
+    now = {entry.uri: entry for entries in listed.values() for entry in entries}
+    for url, note in sorted(files.items()):
+        entry = now.get(url)
+        if entry is None or unchanged_since_recorded(entry, note.size, note.recorded_ms):
+            continue
+        if entry.size == note.size and hash_file(work.storage, url) == note.hash:
+            continue
+        raise LandingChanged(
+            f"{work.feed.name}/{work.table}: {url} changed after the run catalogued it (found while "
+            f"{step}): its rows may have been read from a version the catalog does not hold; nothing "
+            "was recorded done, and the next run catalogues the landing as it is then"
+        )
 
 
 def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
@@ -807,6 +842,19 @@ def fold_into_state(
     fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
+    before_commit = None
+    if partitions and lake_io.is_cached(batch):
+        # The run's own batch (handed over in memory), whose lineage is the landed files: at the
+        # commit's record, after the fold's last read of the batch, they must still be the
+        # versions its changes were stored from.
+        stored, _ = processed.read_stored_notes(
+            work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
+        )
+
+        def before_commit(step: str) -> None:
+            if step == "record":
+                confirm_landing_unchanged(work, stored, "folding the changes")
+
     with failed_requests_told(f"{work.feed.name}/{work.table}: folding the changes into current and history"):
         report = fold(
             session,
@@ -814,6 +862,7 @@ def fold_into_state(
             state,
             batch,
             fmt.table_spec(work.table),
+            on_commit_step=before_commit,
             log_column=fmt.partition_column,
             removing=commits.retire_replaced,
             delivered=lambda: delivered_now(work, list(partitions)),

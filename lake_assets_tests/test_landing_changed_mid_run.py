@@ -1,0 +1,153 @@
+"""A landed file rewritten in place while a run is under way: after the run catalogued it and
+before its read, or, once Spark has lost the batch's cached blocks (an executor lost with its
+shuffle files), before a later step reads the batch again from the landing. The run must not
+record the partition stored or folded from the version it catalogued while the lake holds
+another version's rows: it fails (`LandingChanged`), and the next run takes the landing as it
+is then (docs/bad-input.md, "Files that change during a run")."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from lake_assets import lake_io, pipeline, processed
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
+from lake_assets.config import FeedConfig
+from lake_assets.engine.state import TableState
+from lake_assets.errors import LandingChanged
+from lake_assets.feeds import format_for
+from lake_assets.paths import LakeLayout
+from lake_assets.storage import Storage
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+pytestmark = pytest.mark.minutes(1)
+
+HOUR = "2024-03-01-01"
+FIRST = [event(k, "I", i, at(1, 5), name=f"{k}-first", balance=1) for i, k in enumerate("abc")]
+REWRITTEN = [event(k, "I", 10 + i, at(1, 6), name=f"{k}-again", balance=2) for i, k in enumerate("xyz")]
+
+
+def _land(landing, rows) -> None:
+    write_events(landing, "accounts", 1, "part-0.parquet", rows, ACCOUNT_SCHEMA)
+
+
+def _work(landing, lake, run_id: str) -> pipeline.TableWork:
+    feed = FeedConfig(name="unit", format="unit_cdc", landing=f"file://{landing}")
+    storage, layout = Storage(), LakeLayout(f"file://{lake}")
+    store = ParquetCatalogStore(layout.catalog(), storage)
+    return pipeline.TableWork(feed, format_for(feed), "accounts", storage, layout, store, run_id)
+
+
+def _store(work: pipeline.TableWork, batch) -> None:
+    fmt = work.fmt
+    pipeline.store_partitions(
+        work.storage,
+        work.store,
+        work.layout.table("changes", "unit", "accounts"),
+        batch,
+        fmt.partition_column,
+        [HOUR],
+        feed="unit",
+        table="accounts",
+        run_id=work.run_id,
+        keys=fmt.table_spec("accounts").keys,
+        state=TableState(work.layout, "unit", "accounts"),
+    )
+
+
+def _ids(lake, layer: str) -> list[str]:
+    files = f"{lake}/{layer}/unit/accounts/**/*.parquet"
+    try:
+        rows = duckdb.execute(f"SELECT DISTINCT id FROM read_parquet('{files}')").fetchall()
+    except duckdb.IOException:  # no file yet
+        return []
+    return sorted(row[0] for row in rows)
+
+
+def _noted(work: pipeline.TableWork) -> dict:
+    return processed.read_notes_of(work.storage, work.layout, "unit", "accounts", [HOUR], print)
+
+
+def _whole_run(spark, work: pipeline.TableWork) -> None:
+    pipeline.catalogue_landing(work, [HOUR])
+    ingested = pipeline.ingest(spark, work, [HOUR])
+    batch = ingested.batch.events
+    assert batch is not None
+    try:
+        _store(work, batch)
+        pipeline.record_stored(work, [HOUR], ingested)
+        report = pipeline.fold_into_state(spark, work, batch, partitions=[HOUR])
+        assert all(outcome.passed for outcome in pipeline.check_fold(spark, work, batch, report))
+        pipeline.record_processed(work, [HOUR], work.run_id)
+    finally:
+        batch.unpersist()
+
+
+@pytest.mark.parametrize("when", ["before-the-read", "before-the-store", "before-the-fold"])
+def test_a_file_rewritten_during_a_run_fails_it_before_anything_is_recorded_and_the_next_run_takes_the_new_version(
+    tmp_path, spark, monkeypatch, when
+):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    _land(landing, FIRST)
+    work = _work(landing, lake, "run-1")
+
+    pipeline.catalogue_landing(work, [HOUR])
+    if when == "before-the-read":
+        _land(landing, REWRITTEN)
+    ingested = pipeline.ingest(spark, work, [HOUR])
+    batch = ingested.batch.events
+    assert lake_io.is_cached(batch) and ingested.batch.events_out == 3
+    if when == "before-the-store":
+        # As when Spark loses the cached blocks: the write reads the landed file again.
+        batch.unpersist(blocking=True)
+        _land(landing, REWRITTEN)
+    _store(work, batch)
+    if when != "before-the-fold":
+        with pytest.raises(LandingChanged, match=r"part-0\.parquet changed after the run catalogued it"):
+            pipeline.record_stored(work, [HOUR], ingested)
+        stored, _ = processed.read_stored_notes(work.storage, work.layout, "unit", "accounts", [HOUR], None)
+        assert stored == {}  # the next run takes the hour whatever its listing shows
+    else:
+        pipeline.record_stored(work, [HOUR], ingested)
+        assert _ids(lake, "changes") == ["a", "b", "c"]
+        # Spark still counts the batch as cached (its storage level outlives the lost blocks)
+        # while the fold reads the landed file again.
+        batch.unpersist(blocking=True)
+        monkeypatch.setattr(lake_io, "is_cached", lambda frame: frame is batch or frame.is_cached)
+        _land(landing, REWRITTEN)
+        with pytest.raises(LandingChanged, match="found while folding the changes"):
+            pipeline.fold_into_state(spark, work, batch, partitions=[HOUR])
+        assert _ids(lake, "current") == [] and _ids(lake, "history") == []  # nothing committed
+        monkeypatch.undo()
+    assert _noted(work) == {}
+    batch.unpersist()
+
+    _whole_run(spark, _work(landing, lake, "run-2"))
+
+    assert _ids(lake, "changes") == _ids(lake, "current") == _ids(lake, "history") == ["x", "y", "z"]
+    (note,) = _noted(work)[HOUR].values()
+    (record,) = pipeline.landed_records(work.store, "unit", "accounts", [HOUR])[HOUR].values()
+    assert (
+        note == processed.note_from_records({"": record})[""]
+    )  # the processed note names the version the lake holds
+
+
+def test_a_file_unchanged_since_it_was_catalogued_passes_without_being_read_again(
+    tmp_path, spark, monkeypatch
+):
+    """A listing that shows a file as catalogued (same size, modified well before its record)
+    settles it: only a file the listing cannot vouch for is hashed."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    _land(landing, FIRST)
+    work = _work(landing, lake, "run-1")
+    pipeline.catalogue_landing(work, [HOUR])
+    ingested = pipeline.ingest(spark, work, [HOUR])
+    hashed: list[str] = []
+    monkeypatch.setattr(pipeline, "hash_file", lambda storage, url: hashed.append(url) or "")
+    old = {
+        url: note.__class__(note.size, note.hash, note.recorded_ms + 10_000)
+        for url, note in ingested.read_from[HOUR].items()
+    }
+    pipeline.confirm_landing_unchanged(work, {HOUR: old}, "storing the changes")
+    assert hashed == []
+    ingested.batch.events.unpersist()
