@@ -393,8 +393,8 @@ def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) ->
     which tell a later run whether a late file was read. The files must still be the versions
     catalogued (`confirm_landing_unchanged`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
-    lease.confirm_held()
     confirm_landing_unchanged(work, ingested.read_from, "storing the changes")
+    lease.confirm_held()
     processed.write_stored_notes(storage, layout, feed, table, ingested.read_from, work.run_id)
     if ingested.batch.reading is not None:
         reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
@@ -410,26 +410,37 @@ def confirm_landing_unchanged(
     the batch's cached blocks (an executor lost, with its shuffle files): the step that uses the
     batch then (the change log's write, the fold) reads the file as it is by then. Rewritten in
     place meanwhile, it would give the lake another version's rows while the notes name the one
-    catalogued. Asked after a step's last use of the batch and before it records anything done,
-    this fails the step instead, and the next run catalogues the landing as it is then. A file
-    gone is not asked about (a read of it again fails on its own); one whose listing cannot tell
-    (the same size, modified after or just before its record) is hashed."""
+    catalogued. Asked after a step's last use of the batch and before it records its partitions
+    stored or folded, this fails the step instead, and the next run catalogues the landing as it
+    is then. A file gone is not asked about (the next run sees it gone); one whose listing cannot
+    tell (the same size, modified after or just before its record) is hashed. A format whose
+    batch does not reach back to the landed files (`batch_rereads_landing`) is not asked."""
     files = {url: note for notes in read_from.values() for url, note in notes.items()}
-    if not files:
+    if not files or not work.fmt.batch_rereads_landing:
         return
     listed = work.fmt.partitions_files(work.storage, work.feed.landing, work.table, sorted(read_from))
     now = {entry.uri: entry for entries in listed.values() for entry in entries}
-    for url, note in sorted(files.items()):
-        entry = now.get(url)
-        if entry is None or unchanged_since_recorded(entry, note.size, note.recorded_ms):
-            continue
-        if entry.size == note.size and hash_file(work.storage, url) == note.hash:
-            continue
+    changed = [url for url, note in sorted(files.items()) if url in now and _changed(work, now[url], note)]
+    if changed:
         raise LandingChanged(
-            f"{work.feed.name}/{work.table}: {url} changed after the run catalogued it (found while "
-            f"{step}): its rows may have been read from a version the catalog does not hold; nothing "
-            "was recorded done, and the next run catalogues the landing as it is then"
+            f"{work.feed.name}/{work.table}: {changed[0]}{f' (and {len(changed) - 1} more)' if changed[1:] else ''} "
+            f"changed after the run catalogued it (found while {step}): rows may have been read from a "
+            "version the catalog does not hold, so the run records none of its partitions done; the "
+            "next run catalogues the landing as it is then (run it again once the vendor has "
+            "finished rewriting the files)"
         )
+
+
+def _changed(work: TableWork, entry: Entry, note: processed.ProcessedFile) -> bool:
+    """Whether a listed landed file no longer holds the content `note` records."""
+    if unchanged_since_recorded(entry, note.size, note.recorded_ms):
+        return False
+    if entry.size != note.size:
+        return True
+    try:
+        return hash_file(work.storage, entry.uri) != note.hash
+    except FileNotFoundError:  # gone since the listing: the next run sees it gone
+        return False
 
 
 def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
@@ -838,21 +849,23 @@ def fold_into_state(
 ) -> FoldReport:
     """Fold a change batch (the changes of `partitions`) into the table's current and history,
     erasing keys it purges for the first time from the change log too, cataloguing the files the
-    fold wrote and retiring those it replaced."""
+    fold wrote and retiring those it replaced.
+
+    The run's own batch (handed over in memory, its lineage the landed files) must still have
+    been read from the versions its changes were stored from when the fold's commit is recorded
+    (`confirm_landing_unchanged`): otherwise `LandingChanged`, with nothing committed. A request
+    to the store that fails under Spark raises `StoreUnreachable`."""
     fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
     before_commit = None
-    if partitions and lake_io.is_cached(batch):
-        # The run's own batch (handed over in memory), whose lineage is the landed files: at the
-        # commit's record, after the fold's last read of the batch, they must still be the
-        # versions its changes were stored from.
-        stored, _ = processed.read_stored_notes(
-            work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
-        )
+    if partitions and fmt.batch_rereads_landing and lake_io.is_cached(batch):
 
         def before_commit(step: str) -> None:
-            if step == "record":
+            if step == "record":  # after the fold's last read of the batch
+                stored, _ = processed.read_stored_notes(
+                    work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
+                )
                 confirm_landing_unchanged(work, stored, "folding the changes")
 
     with failed_requests_told(f"{work.feed.name}/{work.table}: folding the changes into current and history"):

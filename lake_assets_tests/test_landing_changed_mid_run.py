@@ -119,7 +119,6 @@ def test_a_file_rewritten_during_a_run_fails_it_before_anything_is_recorded_and_
             pipeline.fold_into_state(spark, work, batch, partitions=[HOUR])
         assert _ids(lake, "current") == [] and _ids(lake, "history") == []  # nothing committed
         monkeypatch.undo()
-    assert _noted(work) == {}
     batch.unpersist()
 
     _whole_run(spark, _work(landing, lake, "run-2"))
@@ -132,22 +131,38 @@ def test_a_file_rewritten_during_a_run_fails_it_before_anything_is_recorded_and_
     )  # the processed note names the version the lake holds
 
 
-def test_a_file_unchanged_since_it_was_catalogued_passes_without_being_read_again(
-    tmp_path, spark, monkeypatch
+@pytest.mark.parametrize(
+    "case, recorded_after_mtime_ms, stored_hash, hashed, changed",
+    [
+        ("the listing vouches for it", 10_000, None, False, False),
+        ("modified just before its record, the same bytes", 0, None, True, False),
+        ("the same size, other bytes", 0, "0" * 32, True, True),
+    ],
+)
+def test_the_listing_settles_a_file_and_the_hash_what_the_listing_cannot(
+    tmp_path, spark, monkeypatch, case, recorded_after_mtime_ms, stored_hash, hashed, changed
 ):
-    """A listing that shows a file as catalogued (same size, modified well before its record)
-    settles it: only a file the listing cannot vouch for is hashed."""
+    """Only a file the listing cannot vouch for (the same size, modified after or within the
+    slack before its record) is read again, to hash it."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     _land(landing, FIRST)
     work = _work(landing, lake, "run-1")
     pipeline.catalogue_landing(work, [HOUR])
     ingested = pipeline.ingest(spark, work, [HOUR])
-    hashed: list[str] = []
-    monkeypatch.setattr(pipeline, "hash_file", lambda storage, url: hashed.append(url) or "")
-    old = {
-        url: note.__class__(note.size, note.hash, note.recorded_ms + 10_000)
-        for url, note in ingested.read_from[HOUR].items()
-    }
-    pipeline.confirm_landing_unchanged(work, {HOUR: old}, "storing the changes")
-    assert hashed == []
     ingested.batch.events.unpersist()
+    (url, note), *_ = ingested.read_from[HOUR].items()
+    (listed,) = [entry for entry in work.storage.list(url.rsplit("/", 1)[0]) if entry.uri == url]
+    assert listed.mtime_ms is not None
+    recorded_ms = listed.mtime_ms + recorded_after_mtime_ms
+    as_noted = processed.ProcessedFile(note.size, stored_hash or note.hash, recorded_ms)
+    read_again: list[str] = []
+    hash_file = pipeline.hash_file
+    monkeypatch.setattr(
+        pipeline, "hash_file", lambda storage, uri: read_again.append(uri) or hash_file(storage, uri)
+    )
+    if changed:
+        with pytest.raises(LandingChanged):
+            pipeline.confirm_landing_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
+    else:
+        pipeline.confirm_landing_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
+    assert read_again == ([url] if hashed else []), case

@@ -211,15 +211,17 @@ def commit(
 ) -> None:
     """Record the plan, apply it, then forget it.
 
-    The table's lease must still be the step's (`lease.confirm_held`). `on_step` is called
-    before every file operation; the crash tests use it to kill the process at an exact point.
+    The table's lease must still be the step's (`lease.confirm_held`, asked right before the
+    record). `on_step` is called before every file operation: the crash tests kill the process
+    there at an exact point, and a fold's caller makes its last check of what the fold read at
+    "record", which may still stop the commit.
     `removing` is told the files the plan deletes once the record is written (from then on they
     go, by this commit or by the next run's `recover`)."""
     step = on_step or (lambda _: None)
     record = f"{state.commits}/{plan.fold_id}.json"
     _check_staged(storage, state, plan)
-    lease.confirm_held()
     step("record")
+    lease.confirm_held()
     storage.write_bytes(record, plan.to_json().encode())  # whole or absent
     if removing is not None:
         removing(plan.deletes)

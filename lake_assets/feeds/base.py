@@ -72,6 +72,10 @@ class FeedFormat(abc.ABC):
     files_share_data: bool = False
     #: the landed files' event-time column(s), for the catalog's time span of a file
     time_columns: tuple[str, ...] = ()
+    #: whether the change batch's lineage reaches the landed files, so that Spark reads them
+    #: again after it lost the batch's cached blocks, and a run must check that they are still the
+    #: versions it catalogued (`pipeline.confirm_landing_unchanged`)
+    batch_rereads_landing: bool = True
     #: the model of a feed of this format in the configuration file (a `FeedConfig`)
     config_model: type
 

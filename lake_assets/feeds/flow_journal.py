@@ -723,6 +723,8 @@ class FlowJournalFormat(FeedFormat):
     partition_column = "hour"
     partitioning = "hourly"
     file_format = "flow"
+    # Its events are checkpointed once parsed, and a fragment's name holds its content's checksum.
+    batch_rereads_landing = False
     files_share_data = True
 
     #: the most bytes one fragment's content may hold (see `flow_fragments.MAX_FRAGMENT_BYTES`)
