@@ -418,8 +418,7 @@ def confirm_landing_unchanged(
     files = {url: note for notes in read_from.values() for url, note in notes.items()}
     if not files or not work.fmt.batch_rereads_landing:
         return
-    listed = work.fmt.partitions_files(work.storage, work.feed.landing, work.table, sorted(read_from))
-    now = {entry.uri: entry for entries in listed.values() for entry in entries}
+    now = work.storage.files_now(files)
     changed = [url for url, note in sorted(files.items()) if url in now and _changed(work, now[url], note)]
     if changed:
         raise LandingChanged(

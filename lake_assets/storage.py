@@ -488,6 +488,63 @@ class Storage:
                 continue
             yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip)
 
+    def files_now(self, uris: Iterable[str]) -> dict[str, Entry]:
+        """The entries of these files as the store holds them now, by URI; a file gone, or no
+        longer a file, is left out. On S3 it is one listing of the key range the files span
+        (a page per thousand keys), not a request per file or per folder: a run asks this of
+        every file it read, which can be a week of hours."""
+        found: dict[str, Entry] = {}
+        by_bucket: dict[str, dict[str, str]] = {}
+        for uri in uris:
+            fs, path = self.resolve(uri)
+            if fs is self._local:
+                if (entry := self._local_file_now(uri, path)) is not None:
+                    found[uri] = entry
+            else:
+                bucket, _, key = path.partition("/")
+                by_bucket.setdefault(bucket, {})[key] = uri
+        for bucket, uri_of in by_bucket.items():
+            found.update(self._s3_files_now(bucket, uri_of))
+        return found
+
+    @staticmethod
+    def _local_file_now(uri: str, path: str) -> Entry | None:
+        try:
+            info = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return Entry(uri, os.path.basename(path), False, info.st_size, info.st_mtime_ns // 1_000_000)
+
+    def _s3_files_now(self, bucket: str, uri_of: dict[str, str]) -> dict[str, Entry]:
+        """The keys of `uri_of` found in one listing from the first to the last of them: S3
+        lists keys in order, so the range holds every one (and whatever lies between)."""
+        first, last = min(uri_of), max(uri_of)
+        prefix = os.path.commonprefix([first, last])  # noqa: RUF071 - an S3 prefix is any string
+        start = {"StartAfter": first[:-1]} if first[:-1] else {}  # a key just before the first
+        found: dict[str, Entry] = {}
+        with _s3_request(f"listing s3a://{bucket}/{prefix}", self, absent_is_empty=True):
+            pages = (
+                self._s3_client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=bucket, Prefix=prefix, **start)
+            )
+            for page in pages:
+                for listed in page.get("Contents", []):
+                    key = listed["Key"]
+                    if key > last:
+                        return found
+                    if key in uri_of:
+                        found[uri_of[key]] = Entry(
+                            uri=uri_of[key],
+                            name=key.rsplit("/", 1)[-1],
+                            is_dir=False,
+                            size=int(listed["Size"]),
+                            mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                        )
+        return found
+
     def exists(self, uri: str) -> bool:
         fs, path = self.resolve(uri)
         return fs.get_file_info(path).type != pafs.FileType.NotFound

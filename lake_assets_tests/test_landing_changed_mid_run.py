@@ -7,12 +7,15 @@ is then (docs/bad-input.md, "Files that change during a run")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import duckdb
 import pytest
 
 from lake_assets import lake_io, pipeline, processed
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import FeedConfig
+from lake_assets.config_model import S3Config
 from lake_assets.engine.state import TableState
 from lake_assets.errors import LandingChanged
 from lake_assets.feeds import format_for
@@ -166,3 +169,41 @@ def test_the_listing_settles_a_file_and_the_hash_what_the_listing_cannot(
     else:
         pipeline.confirm_landing_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
     assert read_again == ([url] if hashed else []), case
+
+
+def test_on_s3_the_check_of_a_day_of_hours_is_one_listing_and_tells_a_rewritten_file_from_a_gone_one(
+    moto_server, s3_bucket
+):
+    """The check runs in every step that records partitions, so on S3 it asks for the files'
+    key range in one listing rather than listing each hour's folder again."""
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    work = dataclasses.replace(
+        _work("/unused", "/unused", "run-1"),
+        feed=FeedConfig(name="unit", format="unit_cdc", landing=f"s3a://{s3_bucket}/unit"),
+        storage=storage,
+    )
+    folder = f"s3a://{s3_bucket}/unit/accounts/year=2024/month=03/day=01"
+    for hour in range(24):
+        storage.write_bytes(f"{folder}/hour={hour:02d}/part-0.parquet", b"x" * 10)
+    storage.write_bytes(f"{folder}/hour=07/not-read.parquet", b"between the files asked about")
+    listings: list[dict] = []
+    storage._s3_client().meta.events.register(
+        "before-parameter-build.s3.ListObjectsV2", lambda params, **_: listings.append(params)
+    )
+    much_later = 2**62  # a record made long after the files' writes: the listing vouches for them
+    noted = {
+        f"2024-03-01-{hour:02d}": {
+            f"{folder}/hour={hour:02d}/part-0.parquet": processed.ProcessedFile(10, "0" * 32, much_later)
+        }
+        for hour in range(24)
+    }
+
+    pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+    assert len(listings) == 1
+
+    storage.delete_file(f"{folder}/hour=03/part-0.parquet")  # gone: the next run sees it gone
+    pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+    storage.write_bytes(f"{folder}/hour=23/part-0.parquet", b"y" * 11)
+    with pytest.raises(LandingChanged, match=r"hour=23/part-0\.parquet changed after the run catalogued it"):
+        pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+    assert len(listings) == 3
