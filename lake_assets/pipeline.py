@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -858,14 +858,11 @@ def fold_into_state(
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
     before_commit = None
-    if partitions and fmt.batch_rereads_landing and lake_io.is_cached(batch):
+    if confirm := _landing_confirmation(work, batch, partitions, "folding the changes"):
 
         def before_commit(step: str) -> None:
             if step == "record":  # after the fold's last read of the batch
-                stored, _ = processed.read_stored_notes(
-                    work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
-                )
-                confirm_landing_unchanged(work, stored, "folding the changes")
+                confirm()
 
     with failed_requests_told(f"{work.feed.name}/{work.table}: folding the changes into current and history"):
         report = fold(
@@ -890,6 +887,24 @@ def fold_into_state(
     return report
 
 
+def _landing_confirmation(
+    work: TableWork, batch: DataFrame, partitions: Collection[str], step: str
+) -> Callable[[], None] | None:
+    """For the run's own batch (handed over in memory, its lineage the landed files, which
+    Spark reads again when it loses the cached blocks): `confirm_landing_unchanged` against the
+    versions its changes were stored from. None for a batch read back from the change log."""
+    if not (partitions and work.fmt.batch_rereads_landing and lake_io.is_cached(batch)):
+        return None
+
+    def confirm() -> None:
+        stored, _ = processed.read_stored_notes(
+            work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
+        )
+        confirm_landing_unchanged(work, stored, step)
+
+    return confirm
+
+
 def delivered_now(work: TableWork, partitions: list[str]) -> set[str]:
     """The landed files the changes of `partitions`, as stored now, were read from (their stored
     notes): what those partitions deliver. A stored copy of a write read from another file of
@@ -900,16 +915,27 @@ def delivered_now(work: TableWork, partitions: list[str]) -> set[str]:
 
 
 def check_fold(
-    session: SparkSession, work: TableWork, batch: DataFrame, report: FoldReport
+    session: SparkSession,
+    work: TableWork,
+    batch: DataFrame,
+    report: FoldReport,
+    partitions: Collection[str] = (),
 ) -> list[checks.Outcome]:
     """The table's invariants after a fold, read back from the committed files: unique keys in
     current, consistent history windows, and every folded event accounted for.
 
     After a fold into an empty table every stored row is read back and compared with the batch's
     versions as a summary the fold took (`checks.VersionSet`), so the batch is not shuffled
-    beside them; otherwise the rows the fold could have changed are read, with the batch."""
+    beside them; otherwise the rows the fold could have changed are read, with the batch. When a
+    check fails on the run's own batch (of `partitions`), which Spark may have read again from
+    landed files rewritten since the commit, a changed file is told as such (`LandingChanged`)
+    rather than as the lake's inconsistency."""
     with failed_requests_told(f"{work.feed.name}/{work.table}: checking the fold"):
-        return _check_fold(session, work, batch, report)
+        outcomes = _check_fold(session, work, batch, report)
+    failed = not all(outcome.passed for outcome in outcomes)
+    if failed and (confirm := _landing_confirmation(work, batch, partitions, "checking the fold")):
+        confirm()
+    return outcomes
 
 
 def _check_fold(

@@ -432,7 +432,9 @@ def state_asset(
                     table, spark.spark_session, work, batch, context.log, list(context.partition_keys)
                 )
                 yield from state_materializations(table, spark.spark_session, work, report)
-                outcomes = pipeline.check_fold(spark.spark_session, work, batch, report)
+                outcomes = pipeline.check_fold(
+                    spark.spark_session, work, batch, report, list(context.partition_keys)
+                )
                 if all(outcome.passed for outcome in outcomes):
                     pipeline.record_processed(
                         work, list(context.partition_keys), stored_by, context.log, folded_files
