@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from lake_assets import pipeline, processed, reruns
+from lake_assets import lake_io, pipeline, processed, reruns
 from lake_assets.catalog.files import landed_records
 from lake_assets.cli import main
 from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
@@ -70,6 +70,10 @@ class Lake:
             for key, by_url in landed_records(store, "unit", table, hours).items()
             if by_url
         }
+
+    def current_ids(self, table: str = "accounts") -> list[str]:
+        files = f"{self.lake}/current/unit/{table}/**/*.parquet"
+        return sorted(row[0] for row in duckdb.execute(f"SELECT id FROM read_parquet('{files}')").fetchall())
 
     def changes(self, table: str = "accounts") -> dict[str, list]:
         """hour -> the sorted ids of the change log's rows."""
@@ -460,6 +464,34 @@ def test_a_file_gone_between_the_catalog_and_the_read_fails_the_run_and_loses_no
     late.with_name(".away").rename(late)
     assert lake.run() == [(hour(3), hour(3))]
     assert lake.changes()[hour(3)] == ["c", "d"]
+
+
+def test_a_file_rewritten_before_the_fold_reads_it_again_fails_the_dagster_run_and_the_next_run_folds_it(
+    lake, monkeypatch
+):
+    """Through Dagster: the state step folds the batch the changes step handed over in memory.
+    Should Spark have lost its cached blocks, the fold reads the landed file again; rewritten by
+    then, the run fails in the state step (`LandingChanged`) with nothing committed, and the next
+    run folds the version the landing holds (docs/bad-input.md, "Files that change during a run")."""
+    landed = lake.write(4, "part-0.parquet", [event("d", "I", 4, at(4, 5), name="d", balance=4)])
+    fold_into_state = pipeline.fold_into_state
+
+    def fold_after_the_file_was_rewritten(session, work, batch, **options):
+        batch.unpersist(blocking=True)  # as when an executor is lost with the cached blocks
+        monkeypatch.setattr(lake_io, "is_cached", lambda frame: frame is batch or frame.is_cached)
+        lake.write(4, landed.name, [event("e", "I", 5, at(4, 6), name="e")])
+        return fold_into_state(session, work, batch, **options)
+
+    monkeypatch.setattr(pipeline, "fold_into_state", fold_after_the_file_was_rewritten)
+    with pytest.raises(
+        LakeAssetsError, match=r"part-0\.parquet changed after the run catalogued it \(found while folding"
+    ):
+        lake.run()
+    monkeypatch.undo()
+    assert lake.current_ids() == ["a", "b", "c"]  # the fold committed nothing
+
+    assert lake.run() == [(hour(4), hour(4))]
+    assert lake.changes()[hour(4)] == ["e"] and lake.current_ids() == ["a", "b", "c", "e"]
 
 
 @pytest.mark.parametrize("new_file", [False, True])
