@@ -31,6 +31,7 @@ from lake_assets.catalog.files import (
     landed_record_versions,
     landed_records,
     landing_work_id,
+    modified_after_recorded,
     newest_records,
     retire_landed,
     retirements,
@@ -431,10 +432,13 @@ def confirm_landing_unchanged(
 
 
 def _changed(work: TableWork, entry: Entry, note: processed.ProcessedFile) -> bool:
-    """Whether a listed landed file no longer holds the content `note` records."""
+    """Whether a listed landed file may no longer hold, or may not have held when the run read
+    it, the content `note` records. A file written after its record counts as changed even when
+    it holds the recorded bytes again: a vendor's delivery made again in place (a truncation, a
+    placeholder or a removal, then the same bytes) could have been read in between."""
     if unchanged_since_recorded(entry, note.size, note.recorded_ms):
         return False
-    if entry.size != note.size:
+    if entry.size != note.size or modified_after_recorded(entry, note.recorded_ms):
         return True
     try:
         return hash_file(work.storage, entry.uri) != note.hash

@@ -8,6 +8,7 @@ is then (docs/bad-input.md, "Files that change during a run")."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import duckdb
 import pytest
@@ -170,12 +171,47 @@ def test_a_file_rewritten_after_the_fold_committed_fails_its_checks_as_a_changed
     assert "x" in _ids(lake, "current") and "x" in _ids(lake, "history")
 
 
+def test_a_file_delivered_again_in_place_while_the_run_read_it_fails_the_run_though_it_holds_its_bytes_again(
+    tmp_path, spark
+):
+    """A vendor delivers the same file again in place, not atomically (a truncation, then the
+    bytes): the run read the half-written file and set it aside as unreadable, and by the check
+    the file holds its recorded bytes again. Written after its record, it counts as changed: the
+    run records nothing done, and the next run reads it and withdraws the quarantine entry."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    _land(landing, FIRST)
+    write_events(landing, "accounts", 1, "part-1.parquet", [event("o", "I", 9, at(1, 7))], ACCOUNT_SCHEMA)
+    work = _work(landing, lake, "run-1")
+    pipeline.catalogue_landing(work, [HOUR])
+    (path,) = (landing / "accounts").rglob("part-0.parquet")
+    delivered = path.read_bytes()
+    path.write_bytes(delivered[: len(delivered) // 2])
+
+    ingested = pipeline.ingest(spark, work, [HOUR])
+    assert [q.reason for q in ingested.batch.quarantined if q.uri.endswith("part-0.parquet")]
+    path.write_bytes(delivered)
+    recorded_ms = next(
+        note.recorded_ms for url, note in ingested.read_from[HOUR].items() if url.endswith("part-0.parquet")
+    )
+    written_ns = (recorded_ms + 3_000) * 1_000_000  # written again some seconds after its record
+    os.utime(path, ns=(written_ns, written_ns))
+    _store(work, ingested.batch.events)
+    with pytest.raises(LandingChanged, match=r"part-0\.parquet changed after the run catalogued it"):
+        pipeline.record_stored(work, [HOUR], ingested)
+    ingested.batch.events.unpersist()
+
+    _whole_run(spark, _work(landing, lake, "run-2"))
+    assert _ids(lake, "changes") == _ids(lake, "current") == ["a", "b", "c", "o"]
+    assert not [p for p in (lake / "_quarantine").rglob("*") if p.is_file()]
+
+
 @pytest.mark.parametrize(
     "case, recorded_after_mtime_ms, stored_hash, hashed, changed",
     [
         ("the listing vouches for it", 10_000, None, False, False),
         ("modified just before its record, the same bytes", 0, None, True, False),
         ("the same size, other bytes", 0, "0" * 32, True, True),
+        ("written after its record, the recorded bytes again", -10_000, None, False, True),
     ],
 )
 def test_the_listing_settles_a_file_and_the_hash_what_the_listing_cannot(
