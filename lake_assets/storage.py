@@ -229,6 +229,10 @@ _KEY_THAT_IS_A_FOLDER = (
 )
 
 
+#: how the name of an S3 directory bucket (S3 Express One Zone) ends
+_DIRECTORY_BUCKET_SUFFIX = "--x-s3"
+
+
 def _folder_marker(name: str, size: int) -> bool:
     """Whether an S3 object is a folder's marker, not data: empty, and named like a folder
     (`x/`) or as Hadoop's older S3 connectors and EMR mark one (`x_$folder$`)."""
@@ -518,11 +522,16 @@ class Storage:
         return Entry(uri, os.path.basename(path), False, info.st_size, info.st_mtime_ns // 1_000_000)
 
     def _s3_files_now(self, bucket: str, uri_of: dict[str, str]) -> dict[str, Entry]:
-        """The keys of `uri_of` found in one listing from the first to the last of them: S3
-        lists keys in order, so the range holds every one (and whatever lies between)."""
+        """The keys of `uri_of` found in one listing from the first to the last of them: a
+        general purpose bucket lists keys in order, so the range holds every one (and whatever
+        lies between). A directory bucket (S3 Express) lists them in no order and takes no
+        `StartAfter`: the whole common prefix is listed."""
         first, last = min(uri_of), max(uri_of)
         prefix = os.path.commonprefix([first, last])  # noqa: RUF071 - an S3 prefix is any string
-        start = {"StartAfter": first[:-1]} if first[:-1] else {}  # a key just before the first
+        ordered = not bucket.endswith(_DIRECTORY_BUCKET_SUFFIX)
+        start = {"StartAfter": first[:-1]} if ordered and first[:-1] else {}  # a key just before the first
+        if not ordered:  # a directory bucket lists only prefixes that end in '/'
+            prefix = prefix[: prefix.rfind("/") + 1]
         found: dict[str, Entry] = {}
         with _s3_request(f"listing s3a://{bucket}/{prefix}", self, absent_is_empty=True):
             pages = (
@@ -533,7 +542,7 @@ class Storage:
             for page in pages:
                 for listed in page.get("Contents", []):
                     key = listed["Key"]
-                    if key > last:
+                    if ordered and key > last:
                         return found
                     if key in uri_of:
                         found[uri_of[key]] = Entry(

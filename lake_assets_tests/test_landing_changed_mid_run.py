@@ -279,3 +279,30 @@ def test_on_s3_the_check_of_a_day_of_hours_is_one_listing_and_tells_a_rewritten_
     with pytest.raises(LandingChanged, match=r"hour=23/part-0\.parquet changed after the run catalogued it"):
         pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
     assert len(listings) == 3
+
+
+def test_in_a_directory_bucket_whose_listing_has_no_order_the_files_are_found_from_the_folder_they_share(
+    moto_server, monkeypatch
+):
+    """An S3 Express directory bucket lists keys in no order and takes no `StartAfter`: the
+    files are looked up in a listing of the folder they share, read to its end. (boto3 asks a
+    bucket named as a directory bucket for an S3 Express session, which moto does not serve,
+    so the bucket here is told apart by another suffix.)"""
+    from lake_assets import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "_DIRECTORY_BUCKET_SUFFIX", "-directory")
+    bucket = "landing-directory"
+    moto_server.client("s3").create_bucket(Bucket=bucket)
+    storage = Storage(S3Config(endpoint_url=moto_server.url))
+    listings: list[dict] = []
+    storage._s3_client().meta.events.register(
+        "before-parameter-build.s3.ListObjectsV2", lambda params, **_: listings.append(dict(params))
+    )
+    folder = f"s3a://{bucket}/unit/accounts/year=2024/month=03/day=01"
+    uris = [f"{folder}/hour={hour:02d}/part-0.parquet" for hour in (3, 14)]
+    for size, uri in enumerate(uris, start=1):
+        storage.write_bytes(uri, b"x" * size)
+
+    assert {uri: entry.size for uri, entry in storage.files_now(uris).items()} == {uris[0]: 1, uris[1]: 2}
+    (asked,) = listings
+    assert "StartAfter" not in asked and asked["Prefix"] == "unit/accounts/year=2024/month=03/day=01/"
