@@ -155,7 +155,7 @@ def run_pipeline(
         assert batch is not None, "every benchmark hour lands events"
         report = pipeline.fold_into_state(spark, work, batch, partitions=partitions)
     with _timed(timings, "check"):
-        outcomes = pipeline.check_fold(spark, work, batch, report, partitions)
+        outcomes = pipeline.check_fold(spark, work, batch, report, partitions=partitions)
         batch.unpersist()
     assert all(o.passed for o in outcomes), [o.description for o in outcomes if not o.passed]
     with _timed(timings, "record processed"):

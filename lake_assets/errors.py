@@ -206,9 +206,10 @@ class LandingEmptied(LakeAssetsError):
 
 
 class LandingChanged(LakeAssetsError):
-    """A landed file the run catalogued went before the run read it, or changed before the run
-    recorded what it stored or folded from it: the run stops rather than record a partition done
-    without the file's rows, or with another version's."""
+    """A landed file the run catalogued went before the run read it, or was written again while
+    the run used what it read (found before the run records what it stored or folded, or when
+    the fold's checks fail): the run stops rather than record a partition done without the
+    file's rows, or with another version's."""
 
 
 class StoreUnreachable(LakeAssetsError):

@@ -31,7 +31,6 @@ from lake_assets.catalog.files import (
     landed_record_versions,
     landed_records,
     landing_work_id,
-    modified_after_recorded,
     newest_records,
     retire_landed,
     retirements,
@@ -55,6 +54,7 @@ from lake_assets.errors import (
     LandingChanged,
     LandingEmptied,
     SchemaClash,
+    StorageRequestError,
     StoreUnreachable,
     first_line,
 )
@@ -413,9 +413,11 @@ def confirm_landing_unchanged(
     place meanwhile, it would give the lake another version's rows while the notes name the one
     catalogued. Asked after a step's last use of the batch and before it records its partitions
     stored or folded, this fails the step instead, and the next run catalogues the landing as it
-    is then. A file gone is not asked about (the next run sees it gone); one whose listing cannot
-    tell (the same size, modified after or just before its record) is hashed. A format whose
-    batch does not reach back to the landed files (`batch_rereads_landing`) is not asked."""
+    is then. A file gone is not asked about (the next run sees it gone); one written since the
+    run began to read it (`ProcessedFile.read_mtime_ms`) is changed whatever it holds now; one
+    whose listing cannot tell otherwise (the same size, modified after or just before its
+    record) is hashed. A format whose batch does not reach back to the landed files
+    (`batch_rereads_landing`) is not asked."""
     files = {url: note for notes in read_from.values() for url, note in notes.items()}
     if not files or not work.fmt.batch_rereads_landing:
         return
@@ -432,14 +434,17 @@ def confirm_landing_unchanged(
 
 
 def _changed(work: TableWork, entry: Entry, note: processed.ProcessedFile) -> bool:
-    """Whether a listed landed file may no longer hold, or may not have held when the run read
-    it, the content `note` records. A file written after its record counts as changed even when
-    it holds the recorded bytes again: a vendor's delivery made again in place (a truncation, a
-    placeholder or a removal, then the same bytes) could have been read in between."""
+    """Whether a listed landed file may no longer hold, or may not have held while the run read
+    it, the content `note` records. A file written since the run began to read it (its
+    modification time is not the one listed then, both by the store's clock) counts as changed
+    even when it holds the recorded bytes again: a delivery made again in place (a truncation,
+    a placeholder or a removal, then the same bytes) could have been read half way."""
+    if entry.size != note.size:
+        return True
+    if note.read_mtime_ms is not None and entry.mtime_ms != note.read_mtime_ms:
+        return True
     if unchanged_since_recorded(entry, note.size, note.recorded_ms):
         return False
-    if entry.size != note.size or modified_after_recorded(entry, note.recorded_ms):
-        return True
     try:
         return hash_file(work.storage, entry.uri) != note.hash
     except FileNotFoundError:  # gone since the listing: the next run sees it gone
@@ -507,6 +512,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
+    as_read = _listed_before_the_read(work, catalogued)
     batch = _read(session, work, partitions, catalogued, log)
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
     # partition's run; each run sets them aside again, so none goes unreported.
@@ -532,8 +538,17 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         files_catalogued=_catalogue_strays_and_copies(work, readable_strays, copies, log),
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
-        read_from={key: _note_of_what_was_held(records[key], uncopied) for key in partitions},
+        read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
     )
+
+
+def _listed_before_the_read(work: TableWork, catalogued: dict[str, list[Entry]]) -> dict[str, Entry]:
+    """The catalogued files as their store lists them just before the batch is read: what
+    `confirm_landing_unchanged` compares their modification times with, the store's clock
+    against itself. Only for a format whose batch reaches back to the landed files."""
+    if not work.fmt.batch_rereads_landing:
+        return {}
+    return work.storage.files_now(entry.uri for entries in catalogued.values() for entry in entries)
 
 
 @contextlib.contextmanager
@@ -686,12 +701,19 @@ def _refused_to_the_catalog(
     return refused
 
 
-def _note_of_what_was_held(records: dict, uncopied: set[str]) -> dict[str, processed.ProcessedFile]:
-    """A partition's processed note: its catalogued files, but for those set aside whose bytes
-    could not be copied (their store refused the bytes; a file gone stops the run first). Their rows are in neither `changes`
-    nor quarantine, so the partition must not count as having processed them: listed again,
-    they make the next run take it."""
-    return processed.note_from_records({url: r for url, r in records.items() if url not in uncopied})
+def _note_of_what_was_held(
+    records: dict, uncopied: set[str], as_read: dict[str, Entry]
+) -> dict[str, processed.ProcessedFile]:
+    """A partition's processed note: its catalogued files, each with its modification time as
+    listed before the read (`as_read`), but for those set aside whose bytes could not be copied
+    (their store refused the bytes; a file gone stops the run first). Their rows are in neither
+    `changes` nor quarantine, so the partition must not count as having processed them: listed
+    again, they make the next run take it."""
+    held = processed.note_from_records({url: r for url, r in records.items() if url not in uncopied})
+    return {
+        url: dataclasses.replace(note, read_mtime_ms=as_read[url].mtime_ms) if url in as_read else note
+        for url, note in held.items()
+    }
 
 
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:
@@ -923,7 +945,9 @@ def check_fold(
     work: TableWork,
     batch: DataFrame,
     report: FoldReport,
-    partitions: Collection[str] = (),
+    *,
+    partitions: Collection[str],
+    log=_log,
 ) -> list[checks.Outcome]:
     """The table's invariants after a fold, read back from the committed files: unique keys in
     current, consistent history windows, and every folded event accounted for.
@@ -934,11 +958,18 @@ def check_fold(
     check fails on the run's own batch (of `partitions`), which Spark may have read again from
     landed files rewritten since the commit, a changed file is told as such (`LandingChanged`)
     rather than as the lake's inconsistency."""
+    confirm = _landing_confirmation(work, batch, partitions, "checking the fold")
     with failed_requests_told(f"{work.feed.name}/{work.table}: checking the fold"):
         outcomes = _check_fold(session, work, batch, report)
-    failed = not all(outcome.passed for outcome in outcomes)
-    if failed and (confirm := _landing_confirmation(work, batch, partitions, "checking the fold")):
-        confirm()
+    failed = [outcome.description for outcome in outcomes if not outcome.passed]
+    if confirm and failed:
+        log.warning(f"{work.feed.name}/{work.table}: checks failed: {'; '.join(failed)}; asking the landing")
+        try:
+            confirm()
+        except StorageRequestError as unasked:  # the checks' own failure stands
+            log.warning(
+                f"{work.feed.name}/{work.table}: the landing could not be asked: {first_line(unasked)}"
+            )
     return outcomes
 
 

@@ -49,6 +49,9 @@ class ProcessedFile:
     hash: str
     #: when the catalog recorded (hashed) this content, ms since the epoch
     recorded_ms: int
+    #: the file's modification time, by its store's clock, as listed when the run began to read
+    #: it (None in notes written before runs noted it)
+    read_mtime_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

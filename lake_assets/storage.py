@@ -498,17 +498,15 @@ class Storage:
         (a page per thousand keys), not a request per file or per folder: a run asks this of
         every file it read, which can be a week of hours."""
         found: dict[str, Entry] = {}
-        by_bucket: dict[str, dict[str, str]] = {}
+        by_bucket: dict[str, dict[str, builtins.list[str]]] = {}
         for uri in uris:
-            fs, path = self.resolve(uri)
-            if fs is self._local:
-                if (entry := self._local_file_now(uri, path)) is not None:
-                    found[uri] = entry
-            else:
-                bucket, _, key = path.partition("/")
-                by_bucket.setdefault(bucket, {})[key] = uri
-        for bucket, uri_of in by_bucket.items():
-            found.update(self._s3_files_now(bucket, uri_of))
+            if is_s3(uri):
+                bucket, _, key = uri.split("://", 1)[1].partition("/")
+                by_bucket.setdefault(bucket, {}).setdefault(key, []).append(uri)  # s3:// and s3a://
+            elif (entry := self._local_file_now(uri, self.resolve(uri)[1])) is not None:
+                found[uri] = entry
+        for bucket, uris_of in by_bucket.items():
+            found.update(self._s3_files_now(bucket, uris_of))
         return found
 
     @staticmethod
@@ -521,19 +519,22 @@ class Storage:
             return None
         return Entry(uri, os.path.basename(path), False, info.st_size, info.st_mtime_ns // 1_000_000)
 
-    def _s3_files_now(self, bucket: str, uri_of: dict[str, str]) -> dict[str, Entry]:
-        """The keys of `uri_of` found in one listing from the first to the last of them: a
+    def _s3_files_now(self, bucket: str, uris_of: dict[str, builtins.list[str]]) -> dict[str, Entry]:
+        """The keys of `uris_of` found in one listing from the first to the last of them: a
         general purpose bucket lists keys in order, so the range holds every one (and whatever
         lies between). A directory bucket (S3 Express) lists them in no order and takes no
         `StartAfter`: the whole common prefix is listed."""
-        first, last = min(uri_of), max(uri_of)
+        first, last = min(uris_of), max(uris_of)
         prefix = os.path.commonprefix([first, last])  # noqa: RUF071 - an S3 prefix is any string
         ordered = not bucket.endswith(_DIRECTORY_BUCKET_SUFFIX)
-        start = {"StartAfter": first[:-1]} if ordered and first[:-1] else {}  # a key just before the first
+        # StartAfter is exclusive: a prefix of the first key sorts just before it
+        start = {"StartAfter": first[:-1]} if ordered and first[:-1] else {}
         if not ordered:  # a directory bucket lists only prefixes that end in '/'
             prefix = prefix[: prefix.rfind("/") + 1]
         found: dict[str, Entry] = {}
-        with _s3_request(f"listing s3a://{bucket}/{prefix}", self, absent_is_empty=True):
+        with _s3_request(
+            f"looking up landed files again: listing {bucket}/{prefix}", self, absent_is_empty=True
+        ):
             pages = (
                 self._s3_client()
                 .get_paginator("list_objects_v2")
@@ -544,9 +545,9 @@ class Storage:
                     key = listed["Key"]
                     if ordered and key > last:
                         return found
-                    if key in uri_of:
-                        found[uri_of[key]] = Entry(
-                            uri=uri_of[key],
+                    for uri in uris_of.get(key, ()):
+                        found[uri] = Entry(
+                            uri=uri,
                             name=key.rsplit("/", 1)[-1],
                             is_dir=False,
                             size=int(listed["Size"]),

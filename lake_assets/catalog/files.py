@@ -178,13 +178,6 @@ def unchanged_since_recorded(entry: Entry, size: int, recorded_ms: int) -> bool:
     )
 
 
-def modified_after_recorded(entry: Entry, recorded_ms: int) -> bool:
-    """Whether a listed file was surely written after its content was recorded at `recorded_ms`
-    (beyond the slack of coarse modification times): whatever it holds now, a reader between
-    the two may have found other bytes."""
-    return entry.mtime_ms is not None and entry.mtime_ms > recorded_ms + MTIME_SLACK_MS
-
-
 def hash_file(storage: Storage, url: str) -> str:
     """The catalog's hash of a file's bytes (blake2b-16, as datalake-common)."""
     with storage.open_input_file(url) as handle:

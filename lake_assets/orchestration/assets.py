@@ -433,7 +433,12 @@ def state_asset(
                 )
                 yield from state_materializations(table, spark.spark_session, work, report)
                 outcomes = pipeline.check_fold(
-                    spark.spark_session, work, batch, report, list(context.partition_keys)
+                    spark.spark_session,
+                    work,
+                    batch,
+                    report,
+                    partitions=list(context.partition_keys),
+                    log=context.log,
                 )
                 if all(outcome.passed for outcome in outcomes):
                     pipeline.record_processed(
