@@ -229,6 +229,11 @@ _KEY_THAT_IS_A_FOLDER = (
 )
 
 
+def _listed_object(listed: dict, uri: str, name: str) -> Entry:
+    """The entry of an object as a ListObjectsV2 page gives it."""
+    return Entry(uri, name, False, int(listed["Size"]), int(listed["LastModified"].timestamp() * 1000))
+
+
 #: how the name of an S3 directory bucket (S3 Express One Zone) ends
 _DIRECTORY_BUCKET_SUFFIX = "--x-s3"
 
@@ -312,12 +317,8 @@ class Storage:
             for page in pages:
                 folders.update(p["Prefix"][len(prefix) : -1] for p in page.get("CommonPrefixes", []))
                 files += [
-                    Entry(
-                        uri=self._uri(uri, listed["Key"][len(prefix) :]),
-                        name=listed["Key"][len(prefix) :],
-                        is_dir=False,
-                        size=int(listed["Size"]),
-                        mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                    _listed_object(
+                        listed, self._uri(uri, listed["Key"][len(prefix) :]), listed["Key"][len(prefix) :]
                     )
                     for listed in page.get("Contents", [])
                     if not _folder_marker(listed["Key"][len(prefix) :], int(listed["Size"]))
@@ -418,12 +419,12 @@ class Storage:
                     size = int(listed["Size"])
                     if _folder_marker(segments[-1], size):
                         continue
-                    found[relative] = Entry(
-                        uri=f"{uri.rstrip('/')}/{relative}",
-                        name=next((s for s in reversed(segments) if s), relative),
-                        is_dir=False,
-                        size=size,
-                        mtime_ms=int(listed["LastModified"].timestamp() * 1000),
+                    found[relative] = dataclasses.replace(
+                        _listed_object(
+                            listed,
+                            f"{uri.rstrip('/')}/{relative}",
+                            next((s for s in reversed(segments) if s), relative),
+                        ),
                         unreadable=_unnameable_key(segments, size),
                     )
         for relative, entry in found.items():
@@ -546,13 +547,7 @@ class Storage:
                     if ordered and key > last:
                         return found
                     for uri in uris_of.get(key, ()):
-                        found[uri] = Entry(
-                            uri=uri,
-                            name=key.rsplit("/", 1)[-1],
-                            is_dir=False,
-                            size=int(listed["Size"]),
-                            mtime_ms=int(listed["LastModified"].timestamp() * 1000),
-                        )
+                        found[uri] = _listed_object(listed, uri, key.rsplit("/", 1)[-1])
         return found
 
     def exists(self, uri: str) -> bool:
