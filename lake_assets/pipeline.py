@@ -54,7 +54,6 @@ from lake_assets.errors import (
     LandingChanged,
     LandingEmptied,
     SchemaClash,
-    StorageRequestError,
     StoreUnreachable,
     first_line,
 )
@@ -545,10 +544,17 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
 def _listed_before_the_read(work: TableWork, catalogued: dict[str, list[Entry]]) -> dict[str, Entry]:
     """The catalogued files as their store lists them just before the batch is read: what
     `confirm_landing_unchanged` compares their modification times with, the store's clock
-    against itself. Only for a format whose batch reaches back to the landed files."""
+    against itself. A file gone by then raises `LandingChanged` (written again before the read
+    ends, it could be read half way and then pass its hash). Only for a format whose batch
+    reaches back to the landed files."""
     if not work.fmt.batch_rereads_landing:
         return {}
-    return work.storage.files_now(entry.uri for entries in catalogued.values() for entry in entries)
+    uris = [entry.uri for entries in catalogued.values() for entry in entries]
+    listed = work.storage.files_now(uris)
+    for uri in uris:
+        if uri not in listed:
+            raise _gone_under_the_run(uri)
+    return listed
 
 
 @contextlib.contextmanager
@@ -645,11 +651,15 @@ def _unless_any_is_gone(storage: Storage, uris: list[str]) -> None:
     is raised by the store's answer; a file its store refuses for good is set aside as before.)"""
     for uri in uris:
         if isinstance(storage.refusal_to_read(uri), FileNotFoundError):
-            raise LandingChanged(
-                f"{uri} was catalogued by this run but is gone now: the landing changed under the run "
-                "(a share unmounted, a file removed); nothing of the table was written, and the next run "
-                "catalogues the landing as it is then"
-            )
+            raise _gone_under_the_run(uri)
+
+
+def _gone_under_the_run(uri: str) -> LandingChanged:
+    return LandingChanged(
+        f"{uri} was catalogued by this run but is gone now: the landing changed under the run "
+        "(a share unmounted, a file removed); nothing of the table was written, and the next run "
+        "catalogues the landing as it is then"
+    )
 
 
 def _catalogue_strays_and_copies(work: TableWork, strays: list[Entry], copies: list[str], log) -> int:
@@ -966,7 +976,7 @@ def check_fold(
         log.warning(f"{work.feed.name}/{work.table}: checks failed: {'; '.join(failed)}; asking the landing")
         try:
             confirm()
-        except StorageRequestError as unasked:  # the checks' own failure stands
+        except (OSError, DamagedLakeFile) as unasked:  # the checks' own failure stands
             log.warning(
                 f"{work.feed.name}/{work.table}: the landing could not be asked: {first_line(unasked)}"
             )

@@ -234,8 +234,9 @@ def _listed_object(listed: dict, uri: str, name: str) -> Entry:
     return Entry(uri, name, False, int(listed["Size"]), int(listed["LastModified"].timestamp() * 1000))
 
 
-#: how the name of an S3 directory bucket (S3 Express One Zone) ends
-_DIRECTORY_BUCKET_SUFFIX = "--x-s3"
+#: how the name of an S3 directory bucket (S3 Express One Zone) ends, and of an access point's
+#: alias for one
+_DIRECTORY_BUCKET_SUFFIXES = ("--x-s3", "--xa-s3")
 
 
 def _folder_marker(name: str, size: int) -> bool:
@@ -527,7 +528,7 @@ class Storage:
         `StartAfter`: the whole common prefix is listed."""
         first, last = min(uris_of), max(uris_of)
         prefix = os.path.commonprefix([first, last])  # noqa: RUF071 - an S3 prefix is any string
-        ordered = not bucket.endswith(_DIRECTORY_BUCKET_SUFFIX)
+        ordered = not bucket.endswith(_DIRECTORY_BUCKET_SUFFIXES)
         # StartAfter is exclusive: a prefix of the first key sorts just before it
         start = {"StartAfter": first[:-1]} if ordered and first[:-1] else {}
         if not ordered:  # a directory bucket lists only prefixes that end in '/'

@@ -175,19 +175,27 @@ def test_a_file_rewritten_after_the_fold_committed_fails_its_checks_as_a_changed
     assert _ids(lake, "current") == _ids(lake, "history") == ["a", "b", "c", "p", "x", "y", "z"]
 
 
-def test_a_file_delivered_again_in_place_while_the_run_read_it_fails_the_run_though_it_holds_its_bytes_again(
-    tmp_path, spark
-):
-    """A vendor delivers the same file again in place, not atomically (a truncation, then the
-    bytes): the run read the half-written file and set it aside as unreadable, and by the check
-    the file holds its recorded bytes again. Written after its record, it counts as changed: the
-    run records nothing done, and the next run reads it and withdraws the quarantine entry."""
+def _catalogued_beside_another_file(tmp_path):
+    """(landing, lake, the run's work, the landed file part-0) once the hour's two files are
+    catalogued."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     _land(landing, FIRST)
     write_events(landing, "accounts", 1, "part-1.parquet", [event("o", "I", 9, at(1, 7))], ACCOUNT_SCHEMA)
     work = _work(landing, lake, "run-1")
     pipeline.catalogue_landing(work, [HOUR])
     (path,) = (landing / "accounts").rglob("part-0.parquet")
+    return landing, lake, work, path
+
+
+def test_a_file_delivered_again_in_place_while_the_run_read_it_fails_the_run_though_it_holds_its_bytes_again(
+    tmp_path, spark
+):
+    """A vendor delivers the same file again in place, not atomically (a truncation, then the
+    bytes): the run read the half-written file and set it aside as unreadable, and by the check
+    the file holds its recorded bytes again. Written since the run listed it before the read, it
+    counts as changed: the run records nothing done, and the next run reads it and withdraws the
+    quarantine entry."""
+    landing, lake, work, path = _catalogued_beside_another_file(tmp_path)
     delivered = path.read_bytes()
     path.write_bytes(delivered[: len(delivered) // 2])
 
@@ -202,6 +210,32 @@ def test_a_file_delivered_again_in_place_while_the_run_read_it_fails_the_run_tho
     _whole_run(spark, _work(landing, lake, "run-2"))
     assert _ids(lake, "changes") == _ids(lake, "current") == ["a", "b", "c", "o"]
     assert not [p for p in (lake / "_quarantine").rglob("*") if p.is_file()]
+
+
+def test_a_file_removed_when_the_read_begins_fails_the_run_though_it_is_back_whole_by_the_store(
+    tmp_path, spark, monkeypatch
+):
+    """A delivery made again by removing the file, then writing it: gone when the run lists the
+    files it is about to read, half written when Spark reads it, whole again by the check. With
+    no modification time noted at the read, its hash would pass it; the run stops at the read."""
+    landing, lake, work, path = _catalogued_beside_another_file(tmp_path)
+    delivered = path.read_bytes()
+    files_now = Storage.files_now
+
+    def listed_while_delivered_again(storage, uris):
+        path.unlink()
+        listed = files_now(storage, uris)
+        path.write_bytes(delivered[: len(delivered) // 2])
+        return listed
+
+    monkeypatch.setattr(Storage, "files_now", listed_while_delivered_again)
+    with pytest.raises(LandingChanged, match=r"part-0\.parquet was catalogued by this run but is gone now"):
+        pipeline.ingest(spark, work, [HOUR])
+    monkeypatch.undo()
+    path.write_bytes(delivered)
+
+    _whole_run(spark, _work(landing, lake, "run-2"))
+    assert _ids(lake, "changes") == _ids(lake, "current") == ["a", "b", "c", "o"]
 
 
 def test_a_file_written_again_with_its_bytes_between_runs_is_read_by_the_next_run_as_usual(tmp_path, spark):
@@ -342,7 +376,7 @@ def test_in_a_directory_bucket_whose_listing_has_no_order_the_files_are_found_fr
     so the bucket here is told apart by another suffix.)"""
     from lake_assets import storage as storage_module
 
-    monkeypatch.setattr(storage_module, "_DIRECTORY_BUCKET_SUFFIX", "-directory")
+    monkeypatch.setattr(storage_module, "_DIRECTORY_BUCKET_SUFFIXES", ("-directory",))
     bucket = "landing-directory"
     moto_server.client("s3").create_bucket(Bucket=bucket)
     storage = Storage(S3Config(endpoint_url=moto_server.url))
