@@ -34,7 +34,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
-from lake_assets.errors import SchemaClash, first_line
+from lake_assets.errors import SchemaClash, StorageRequestError, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
@@ -106,19 +106,47 @@ BOMB_RATIO = 100
 
 
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
-    """(schema, rows, stored types) of a usable file, or the reason it is not usable."""
+    """(schema, rows, stored types) of a usable file, or the reason it is not usable.
+
+    pyarrow raises a failed request to the store (throttled past its retries, a connection
+    reset) as it raises a damaged footer. So a file that fails is asked for again: a store that
+    still fails raises (`Storage.refusal_to_read`: the run fails and sets nothing aside), one
+    that hands it over has it vetted once more, and only a file that fails the same way twice
+    is unreadable. (A file gone, or refused for good, keeps its first failure: setting it aside
+    tells those apart, `pipeline._set_aside`.)"""
     try:
-        with storage.open_input_file(entry.uri) as handle:
-            meta = pq.ParquetFile(handle)
-            schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
-            reason = (
-                _decompression_bomb(meta.metadata)
-                or schema_case_clash(schema)
-                or fmt.vet_schema(schema)
-                or _keys_finer_than_microseconds(meta, keys)
-            )
+        return _vet_once(storage, fmt, entry, keys)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
-        return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
+        first = _unreadable(exc)
+    if storage.refusal_to_read(entry.uri) is not None:
+        return None, first
+    try:
+        return _vet_once(storage, fmt, entry, keys)
+    except Exception as exc:  # noqa: BLE001 - as above
+        again = _unreadable(exc)
+    if again != first:
+        raise StorageRequestError(
+            f"reading the footer of {entry.uri} failed two different ways, as a failing store's "
+            f"requests do, not a damaged file's: {first}; then {again}"
+        )
+    return None, again
+
+
+def _unreadable(exc: Exception) -> str:
+    return f"not a readable Parquet file ({type(exc).__name__}: {exc})"
+
+
+def _vet_once(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
+    """`_vet`'s answer for one reading of the file; a file it cannot read raises."""
+    with storage.open_input_file(entry.uri) as handle:
+        meta = pq.ParquetFile(handle)
+        schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
+        reason = (
+            _decompression_bomb(meta.metadata)
+            or schema_case_clash(schema)
+            or fmt.vet_schema(schema)
+            or _keys_finer_than_microseconds(meta, keys)
+        )
     return ((schema, rows, stored), None) if reason is None else (None, reason)
 
 

@@ -4,7 +4,9 @@ connection closed before an object's bytes. Every other read passes through unch
 serves reads only (GET and HEAD: listings are GETs), and refuses any other request.
 
 A test points Spark's s3a connector at it for one bucket (`fs.s3a.bucket.<name>.endpoint`), so
-the lake's own client and every other bucket keep talking to moto directly."""
+the lake's own client and every other bucket keep talking to moto directly; or the lake's own
+client (`LakeConfig.s3`'s endpoint) for a step that only reads the landing. A fault lasts until
+`heal`, or for a number of requests (one that passes)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ _NOT_PASSED = {
 class _Faults:
     #: ("/bucket/key", HTTP method) -> THROTTLE or CUT
     of_request: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    #: ("/bucket/key", HTTP method) -> how many more requests get its fault (absent: until `heal`)
+    remaining: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     #: (fault, HTTP method) -> how many requests it was delivered to
     delivered: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -66,18 +70,24 @@ class FaultyS3:
         self.url = ""  # set once it listens
         self.faults = _Faults()
 
-    def fail(self, bucket: str, key: str, how: str, methods: tuple[str, ...] = ("GET",)) -> None:
-        """Answer `methods` requests for the object with the fault `how` until `heal`."""
+    def fail(
+        self, bucket: str, key: str, how: str, methods: tuple[str, ...] = ("GET",), times: int | None = None
+    ) -> None:
+        """Answer `methods` requests for the object with the fault `how` until `heal`, or only
+        the next `times` requests of each method (a fault that passes)."""
         if how == CUT and "HEAD" in methods:
             raise ValueError("a HEAD's answer has no bytes to cut")
         with self.faults.lock:
             for method in methods:
                 self.faults.of_request[(f"/{bucket}/{key}", method)] = how
+                if times is not None:
+                    self.faults.remaining[(f"/{bucket}/{key}", method)] = times
 
     def heal(self) -> None:
         """Let every request through again."""
         with self.faults.lock:
             self.faults.of_request.clear()
+            self.faults.remaining.clear()
 
     def delivered(self, how: str, method: str = "GET") -> int:
         """How many `method` requests got the fault `how`."""
@@ -109,9 +119,15 @@ def _handler_for(s3: FaultyS3) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _fault(self) -> str | None:
-            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            request = (urllib.parse.unquote(urllib.parse.urlsplit(self.path).path), self.command)
             with s3.faults.lock:
-                return s3.faults.of_request.get((path, self.command))
+                fault = s3.faults.of_request.get(request)
+                left = s3.faults.remaining.get(request)
+                if left is not None:
+                    if left <= 0:
+                        return None
+                    s3.faults.remaining[request] = left - 1
+                return fault
 
         def _count(self, how: str) -> None:
             with s3.faults.lock:
@@ -207,6 +223,10 @@ class LandingOnS3:
     feed: FeedConfig
     victim: str  #: the key of a good file of the landing, for a fault
     lake: Path
+
+    @property
+    def bucket(self) -> str:
+        return urllib.parse.urlsplit(self.feed.landing).netloc
 
     def config(self, endpoint: str) -> LakeConfig:
         """The lake (a local folder) over the landing, the lake's own client at `endpoint`."""

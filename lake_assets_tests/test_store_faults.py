@@ -4,11 +4,13 @@ answer, no file is set aside, and once the store answers again the next run read
 Set aside as damaged, the file's rows would leave `changes` in a run that exits 0.
 
 The store is moto behind `s3_faults.FaultyS3`, on 127.0.0.1, for Spark's s3a connector; the
-lake's own client talks to moto directly. (The same on a Spark Connect server with its stack
-traces hidden: `test_scale_out.py`.)"""
+lake's own client talks to moto directly, except in the footer tests at the end, where the
+lake's own client asks through it. (The same on a Spark Connect server with its stack traces
+hidden: `test_scale_out.py`.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import dagster as dg
@@ -16,8 +18,9 @@ import pytest
 
 from lake_assets import lake_io, pipeline
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
+from lake_assets.engine.model import SOURCE_FILE
 from lake_assets.engine.state import TableState
-from lake_assets.errors import StoreUnreachable
+from lake_assets.errors import StorageRequestError, StoreUnreachable
 from lake_assets.feeds import format_for
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import RunFailed, run_feeds
@@ -31,6 +34,8 @@ pytestmark = [pytest.mark.s3, pytest.mark.minutes(2)]
 #: by the HTTP client itself when it did not)
 NAMED = {THROTTLE: "Status Code: 503", CUT: "different length than the expected"}
 NAMED_WITHOUT_RETRIES = {CUT: "ConnectionClosedException"}
+#: attempts pyarrow's S3 client makes of a request (its default retry strategy)
+PYARROW_S3_ATTEMPTS = 3
 
 
 @pytest.mark.parametrize(
@@ -144,3 +149,60 @@ def test_a_step_reading_an_evicted_batch_again_that_the_store_fails_says_so_and_
 
     assert report.events_in == batch.count() > 0
     assert f"s3a://{bucket}/{landing.victim}" in landing.files_in_changes()
+
+
+def test_a_footer_read_the_store_fails_for_a_while_is_asked_again_and_sets_no_file_aside(
+    tmp_path, moto_server, spark
+):
+    """Before Spark reads them, the ingest reads the landed files' footers through the lake's own
+    client (pyarrow), whose failed request raises as a damaged footer does. A good file whose
+    footer the store throttled past pyarrow's retries, and that the store hands over again when
+    asked, is read, not set aside as 'not a readable Parquet file' (its rows would have left
+    `changes` in a run that exits 0, and its partition's note would have named it processed)."""
+    with FaultyS3(moto_server.url).serving() as s3:
+        landing, through, hours = _catalogued_then_read_through(s3, moto_server, tmp_path)
+        s3.fail(landing.bucket, landing.victim, THROTTLE, times=PYARROW_S3_ATTEMPTS)
+        ingested = pipeline.ingest(spark, through, hours)
+        assert s3.delivered(THROTTLE) == PYARROW_S3_ATTEMPTS
+
+    assert not quarantine_notes(landing.lake)
+    assert ingested.batch.events is not None
+    read = {row[0] for row in ingested.batch.events.select(SOURCE_FILE).distinct().collect()}
+    assert f"s3a://{landing.bucket}/{landing.victim}" in read
+
+
+def test_a_footer_the_store_keeps_failing_fails_the_run_and_sets_no_file_aside(tmp_path, moto_server, spark):
+    """The same request failing on and on, the store's answer to the lake's own client fails the
+    run, and no file is set aside: a later run reads it."""
+    with FaultyS3(moto_server.url).serving() as s3:
+        landing, through, hours = _catalogued_then_read_through(s3, moto_server, tmp_path)
+        s3.fail(landing.bucket, landing.victim, THROTTLE)
+        with pytest.raises(StorageRequestError, match="SlowDown"):
+            pipeline.ingest(spark, through, hours)
+    assert not quarantine_notes(landing.lake)
+
+
+def _catalogued_then_read_through(s3: FaultyS3, moto_server, root):
+    """A Unit landing in a bucket of its own, catalogued through moto directly; then the work of
+    its `accounts` table with the lake's own client asking through `s3` (Spark still asks moto),
+    and the table's hours."""
+    bucket = f"faulty-{uuid.uuid4().hex[:16]}"
+    moto_server.client("s3").create_bucket(Bucket=bucket)
+    landing = landing_on_s3(moto_server, bucket, root, "unit")
+    work = _accounts_work(landing, landing.config(moto_server.url))
+    hours = work.fmt.partition_keys(work.storage, landing.feed.landing, "accounts")
+    pipeline.catalogue_landing(work, hours)
+    return landing, dataclasses.replace(work, storage=landing.config(s3.url).storage()), hours
+
+
+def _accounts_work(landing, config) -> pipeline.TableWork:
+    storage, layout = config.storage(), LakeLayout(config.lake)
+    return pipeline.TableWork(
+        landing.feed,
+        format_for(landing.feed),
+        "accounts",
+        storage,
+        layout,
+        ParquetCatalogStore(layout.catalog(), storage),
+        "run-1",
+    )
