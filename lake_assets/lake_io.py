@@ -13,7 +13,6 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import PySparkException
@@ -26,9 +25,9 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
-from lake_assets.errors import ConfigError, DamagedLakeFile, InvalidValue, connect_server_chain, first_line
+from lake_assets.errors import ConfigError, InvalidValue, connect_server_chain
 from lake_assets.paths import safe_segment
-from lake_assets.storage import FILE_ERRORS, Storage, each_file
+from lake_assets.storage import Storage, each_file, parquet_footer
 
 if TYPE_CHECKING:
     from lake_assets.engine.purges import Erasure
@@ -283,7 +282,9 @@ def read_drifting(
             raise
     groups: dict[str, list[str]] = {}
     for uri in _parquet_files(storage, paths, recursive=True):
-        signature = footer(storage, uri).schema.to_arrow_schema().to_string(show_schema_metadata=False)
+        signature = (
+            parquet_footer(storage, uri).schema.to_arrow_schema().to_string(show_schema_metadata=False)
+        )
         groups.setdefault(signature, []).append(uri)
     frames = []
     for uris in groups.values():
@@ -355,33 +356,8 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
         return None
 
 
-#: bytes first read from a Parquet file's end: its footer and the 8 bytes after it, nearly always
-_FOOTER_GUESS = 64 * 1024
-_PARQUET_MAGIC = b"PAR1"
-
-
-def footer(storage: Storage, uri: str) -> pq.FileMetaData:
-    """The footer of one of the lake's own Parquet files. Bytes that are not a footer raise
-    `DamagedLakeFile`; a failure to read them (a file gone since it was listed, the network) is
-    raised as it is, so that it is never taken for damage, which asks for a rebuild."""
-    with storage.open_input_file(uri) as handle:
-        size = handle.size()
-        end = handle.read_at(min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))
-        if size < 12 or end[-4:] != _PARQUET_MAGIC:
-            raise DamagedLakeFile(uri, f"not Parquet: its {size} bytes do not end in PAR1")
-        length = int.from_bytes(end[-8:-4], "little")
-        if length > size - 12:
-            raise DamagedLakeFile(uri, f"its footer claims {length} bytes, more than the file holds")
-        if length + 8 > len(end):
-            end = handle.read_at(length + 8, size - length - 8)
-    try:  # the footer alone, behind a leading magic: all a footer's decoding reads
-        return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
-    except FILE_ERRORS as exc:
-        raise DamagedLakeFile(uri, first_line(exc)) from exc
-
-
 def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
-    return each_file(lambda uri: footer(storage, uri), files)
+    return each_file(lambda uri: parquet_footer(storage, uri), files)
 
 
 def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:
@@ -592,7 +568,7 @@ def _partitions_by_schema(storage: Storage, present: dict[str, str]) -> list[lis
     values = [value for value in listed if files[value]]  # a folder without files holds nothing to erase
     every = [uri for value in values for uri in files[value]]
     signatures = dict(
-        zip(every, each_file(lambda uri: _schema_signature(footer(storage, uri)), every), strict=True)
+        zip(every, each_file(lambda uri: _schema_signature(parquet_footer(storage, uri)), every), strict=True)
     )
     groups: dict[frozenset[str], list[str]] = {}
     for value in values:

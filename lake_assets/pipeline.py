@@ -61,7 +61,7 @@ from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -208,7 +208,7 @@ def forget_table(
         readable = []
         for uri in files:
             try:
-                lake_io.footer(storage, uri)
+                parquet_footer(storage, uri)
                 readable.append(uri)
             except DamagedLakeFile:
                 damaged.append(uri)

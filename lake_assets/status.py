@@ -20,10 +20,9 @@ from lake_assets.engine.state import TableState, unfinished_commits
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.lake_io import footer
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import QuarantineNote, notes_under, unreported_strays
-from lake_assets.storage import Entry, Storage, read_lake_json
+from lake_assets.storage import Entry, Storage, parquet_footer, read_lake_json
 
 _Read = TypeVar("_Read")
 
@@ -65,7 +64,7 @@ def count_rows(storage: Storage, uri: str) -> int:
     if not storage.exists(uri):
         return 0
     files = storage.walk_files(uri, skip=lambda name: name.startswith((".", "_")))
-    return sum(footer(storage, entry.uri).num_rows for entry in files)
+    return sum(parquet_footer(storage, entry.uri).num_rows for entry in files)
 
 
 @dataclasses.dataclass(frozen=True)

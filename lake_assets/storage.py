@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pydantic
 
 from lake_assets.config_model import S3Config, aws_credentials_from_environment
@@ -721,3 +722,29 @@ def _note_reader(shape: type[_Note]) -> pydantic.TypeAdapter[_Note]:
     if shape not in _note_readers:
         _note_readers[shape] = pydantic.TypeAdapter(shape)
     return _note_readers[shape]
+
+
+#: bytes first read from a Parquet file's end: its footer and the 8 bytes after it, nearly always
+_FOOTER_GUESS = 64 * 1024
+_PARQUET_MAGIC = b"PAR1"
+
+
+def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
+    """The footer of a Parquet file, in one ranged read (two for a footer over 64 KiB). Bytes
+    that are not a footer raise `DamagedLakeFile` (of a landed file, its caller says what that
+    means); a failure to read them (a file gone since it was listed, the network) is raised as
+    it is, so that it is never taken for damage, which asks for a rebuild."""
+    with storage.open_input_file(uri) as handle:
+        size = handle.size()
+        end = handle.read_at(min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))
+        if size < 12 or end[-4:] != _PARQUET_MAGIC:
+            raise DamagedLakeFile(uri, f"not Parquet: its {size} bytes do not end in PAR1")
+        length = int.from_bytes(end[-8:-4], "little")
+        if length > size - 12:
+            raise DamagedLakeFile(uri, f"its footer claims {length} bytes, more than the file holds")
+        if length + 8 > len(end):
+            end = handle.read_at(length + 8, size - length - 8)
+    try:  # the footer alone, behind a leading magic: all a footer's decoding reads
+        return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
+    except FILE_ERRORS as exc:
+        raise DamagedLakeFile(uri, first_line(exc)) from exc

@@ -15,6 +15,7 @@ from lake_assets.epoch import DAY_MS
 from lake_assets.orchestration.definitions import feed_job_name, resources_for
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
+from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
@@ -209,7 +210,6 @@ def test_a_grax_file_with_rows_in_the_years_1_and_9999_is_catalogued_and_the_run
 
 def test_a_files_span_is_read_exactly_from_its_footer_whatever_its_times(tmp_path):
     from lake_assets.catalog.files import parquet_span
-    from lake_assets.storage import Storage
 
     def span_of(name: str, values, arrow_type) -> tuple[int, int] | None:
         path = tmp_path / name
@@ -234,6 +234,42 @@ def test_a_files_span_is_read_exactly_from_its_footer_whatever_its_times(tmp_pat
         1,
     )  # floor: -1 ns is in ms -1
     assert span_of("text.parquet", ["2024-01-01"], pa.string()) is None
+
+
+class _StoreFailing(Storage):
+    """A store whose reads of files fail the way a failing request does (a connection reset)."""
+
+    def open_input_file(self, uri: str):
+        raise ConnectionResetError(f"reading {uri}: the connection was reset")
+
+
+def test_a_span_that_cannot_be_read_now_is_a_failure_not_a_missing_span(tmp_path):
+    """A lake file's span places its catalog record, and its retirement is placed the same way
+    when the file is about to go: a read failure taken for 'no span' placed the one by the
+    modification time and the other by the span, and the removed file's record stayed behind.
+    So the failure is raised (the step fails, and runs again); bytes that are no Parquet have no
+    span. A landed file's record is retired as stored, so its span is left unknown instead."""
+    from lake_assets.catalog.files import parquet_span, written_files
+    from lake_assets.feeds import format_for
+    from lake_assets.pipeline import RemovedFiles
+
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"t": pa.array([FIRST_YEAR, LAST_YEAR], pa.timestamp("us", tz="UTC"))}), path)
+    uri = f"file://{path}"
+    assert parquet_span(Storage(), uri, ("t",)) == (_ms(FIRST_YEAR), _ms(LAST_YEAR))
+    with pytest.raises(ConnectionResetError):
+        parquet_span(_StoreFailing(), uri, ("t",))
+    with pytest.raises(ConnectionResetError):
+        written_files("unit", "accounts", "run-1", _StoreFailing(), [uri], ("t",))
+    removed = RemovedFiles(_StoreFailing(), store=None, feed="unit", table="accounts", time_columns=("t",))
+    with pytest.raises(ConnectionResetError):
+        removed([uri])
+    assert removed.pending == []
+
+    (tmp_path / "garbled.parquet").write_bytes(b"PAR1 not a footer PAR1")
+    assert parquet_span(Storage(), f"file://{tmp_path / 'garbled.parquet'}", ("t",)) is None
+    unit = format_for(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{tmp_path}"))
+    assert unit.landing_span(_StoreFailing(), uri) is None
 
 
 # --------------------------------------------------------------------------------------------

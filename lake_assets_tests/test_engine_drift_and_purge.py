@@ -16,7 +16,7 @@ from lake_assets.engine.fold import fold
 from lake_assets.engine.schema import union_all, widen
 from lake_assets.engine.state import CommitPlan, parquet_files
 from lake_assets.errors import SchemaClash
-from lake_assets.storage import Storage, read_lake_json
+from lake_assets.storage import Storage, parquet_footer, read_lake_json
 from lake_assets_tests.engine_harness import SCHEMA, EngineLake, as_row, utc
 
 
@@ -281,7 +281,7 @@ def test_a_purge_erasure_stages_every_change_log_partition_still_holding_the_key
 
 
 def _arrow_type(storage, uri, column) -> str:
-    return str(lake_io.footer(storage, uri).schema.to_arrow_schema().field(column).type)
+    return str(parquet_footer(storage, uri).schema.to_arrow_schema().field(column).type)
 
 
 def _parquet_type(storage, folder, column):

@@ -11,7 +11,7 @@ from pyspark.errors import PySparkException
 
 from lake_assets import lake_io
 from lake_assets.errors import ConfigError, DamagedLakeFile
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, parquet_footer
 
 
 def test_write_partitions_replaces_exactly_the_given_partitions(spark, tmp_path):
@@ -270,7 +270,7 @@ def test_a_footer_that_does_not_decode_is_damage_and_a_file_that_cannot_be_reach
     long_footer = tmp_path / "long.parquet"
     pq.write_table(pa.table({"a": list(range(20_000))}), long_footer, row_group_size=10)
     assert pq.ParquetFile(long_footer).metadata.serialized_size > 64 * 1024
-    assert lake_io.footer(storage, f"file://{long_footer}").num_rows == 20_000
+    assert parquet_footer(storage, f"file://{long_footer}").num_rows == 20_000
 
     whole = long_footer.read_bytes()
     cases = {
@@ -282,8 +282,8 @@ def test_a_footer_that_does_not_decode_is_damage_and_a_file_that_cannot_be_reach
     for name, (content, cause) in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(DamagedLakeFile) as damaged:
-            lake_io.footer(storage, f"file://{tmp_path / name}")
+            parquet_footer(storage, f"file://{tmp_path / name}")
         assert f"the lake file file://{tmp_path / name} cannot be read" in str(damaged.value)
         assert cause in str(damaged.value), str(damaged.value)
     with pytest.raises(FileNotFoundError):
-        lake_io.footer(storage, f"file://{tmp_path / 'gone.parquet'}")
+        parquet_footer(storage, f"file://{tmp_path / 'gone.parquet'}")

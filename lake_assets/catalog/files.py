@@ -20,7 +20,6 @@ import json
 import uuid
 from collections.abc import Callable, Iterable
 
-import pyarrow.parquet as pq
 from pyarrow.fs import FileType
 
 from lake_assets.catalog.metadata import (
@@ -32,9 +31,9 @@ from lake_assets.catalog.metadata import (
     hash_stream,
 )
 from lake_assets.catalog.store import CatalogStore
-from lake_assets.errors import CatalogError
+from lake_assets.errors import CatalogError, DamagedLakeFile
 from lake_assets.paths import as_name
-from lake_assets.storage import FILE_ERRORS, Entry, Storage
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, parquet_footer
 
 CHUNK = 8 * 1024 * 1024
 
@@ -96,11 +95,13 @@ def _statistic_ms(stats, raw: int) -> int | None:
 def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[int, int] | None:
     """(min, max) in ms of the first of `columns` the file has, from its footer statistics only.
 
-    Any span is kept as it is (a row dated 9999 included): the catalog indexes any span."""
+    Any span is kept as it is (a row dated 9999 included): the catalog indexes any span. A
+    file that is no Parquet has none; a failure to read it is raised: the span places the file's
+    record, and a record and its retirement placed apart (one by the span, one by the
+    modification time, for want of it) would leave the record of a removed file behind."""
     try:
-        with storage.open_input_file(uri) as handle:
-            meta = pq.ParquetFile(handle).metadata
-    except Exception:  # noqa: BLE001 - not Parquet, or damaged: the caller falls back
+        meta = parquet_footer(storage, uri)
+    except DamagedLakeFile:  # bytes that are no footer: the caller falls back
         return None
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     for column in columns:

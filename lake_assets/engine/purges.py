@@ -44,7 +44,7 @@ from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
 from lake_assets.errors import DamagedLakeFile
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, parquet_footer
 
 PURGED_AT = "__purged_at"
 
@@ -81,7 +81,7 @@ def _purged_in_open_history(
     marked = []
     for uri in parquet_files(storage, state.history_active):
         try:
-            if lake_io.holds_true(lake_io.footer(storage, uri), m.PURGED):
+            if lake_io.holds_true(parquet_footer(storage, uri), m.PURGED):
                 marked.append(uri)
         except DamagedLakeFile:
             continue  # it shows nothing; the fold, which reads it, names it

@@ -21,7 +21,7 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import HOUR_KEY_FORMAT, parse_hour_key
-from lake_assets.storage import Entry, Storage, is_hidden
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, is_hidden
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -121,8 +121,14 @@ class FeedFormat(abc.ABC):
         raise NotImplementedError(f"{self.name} is not partitioned by hour")
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:
-        """Event-time span (ms) inside a landed file, for the catalog; None when unknown."""
-        return parquet_span(storage, uri, self.time_columns)
+        """Event-time span (ms) inside a landed file, for the catalog; None when unknown. A file
+        that cannot be read now has none: reading it to hash it meets the same failure, and the
+        catalog step says what it is (`pipeline.catalogue_landing`). A landed file's record is
+        retired as it was stored, so a span missed here places it elsewhere, no more."""
+        try:
+            return parquet_span(storage, uri, self.time_columns)
+        except FILE_ERRORS:
+            return None
 
     def read_partitions(self, partitions: list[str]) -> list[str]:
         """The partitions whose files a run over `partitions` reads (a format may need context)."""
