@@ -26,7 +26,7 @@ from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
 from lake_assets.errors import ConfigError, InvalidValue, connect_server_chain
-from lake_assets.paths import safe_segment
+from lake_assets.paths import partition_folder
 from lake_assets.storage import Storage, each_file, parquet_footer
 
 if TYPE_CHECKING:
@@ -471,8 +471,7 @@ def write_partitions(
     `emptying`, the stored partitions about to be removed.
     """
     values = sorted(set(values))
-    for value in values:
-        safe_segment(f"{column}={value}", "partition")
+    folders = {value: partition_folder(table_uri, column, value) for value in values}
     discard_unfinished_writes(storage, table_uri)
     if removing is not None:
         present = existing_partitions(storage, table_uri, column)
@@ -510,11 +509,11 @@ def write_partitions(
                 .partitionBy(column)
                 .parquet(table_uri)
             )
-    emptied = [v for v in values if v not in counts and storage.exists(f"{table_uri}/{column}={v}")]
+    emptied = [v for v in values if v not in counts and storage.exists(folders[v])]
     if emptied and emptying is not None:
         emptying(emptied)
     for value in emptied:
-        storage.delete_tree(f"{table_uri}/{column}={value}")
+        storage.delete_tree(folders[value])
     return counts
 
 

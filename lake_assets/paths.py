@@ -60,6 +60,12 @@ def safe_segment(value: str, what: str = "path segment") -> str:
     return value
 
 
+def partition_folder(table_uri: str, column: str, value: str) -> str:
+    """The folder of one Hive partition of a table (`<column>=<value>`), its name checked: a
+    partition's value comes from a landed file's path or a run's partition key."""
+    return f"{table_uri}/{safe_segment(f'{column}={value}', 'partition')}"
+
+
 def normalise_root_uri(uri: str, what: str) -> str:
     """Accept `file:///abs`, an absolute local path, `s3a://bucket/prefix` or `s3://…`.
 
@@ -129,7 +135,7 @@ class LakeLayout:
 
     def change_log_partition(self, feed: str, table: str, column: str, partition: str) -> str:
         """The folder of one partition of a table's change log (`<column>=<partition>`)."""
-        return f"{self.table('changes', feed, table)}/{column}={partition}"
+        return partition_folder(self.table("changes", feed, table), column, partition)
 
     def quarantine(self, feed: str, table: str, partition: str | None = None) -> str:
         """A table's quarantine, or that of one of its partitions."""

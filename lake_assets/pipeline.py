@@ -59,7 +59,7 @@ from lake_assets.errors import (
 )
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_ERRORS, SPARK_REASON_CHARACTERS, Batch, read_batch
-from lake_assets.paths import LakeLayout
+from lake_assets.paths import LakeLayout, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.storage import Entry, Storage, parquet_footer
 
@@ -840,7 +840,9 @@ def store_partitions(
             replacing=replacing,
             emptying=emptying,
         )
-    files = [uri for value in written for uri in parquet_files(storage, f"{location}/{column}={value}")]
+    files = [
+        uri for value in written for uri in parquet_files(storage, partition_folder(location, column, value))
+    ]
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     removed.retire()
     return written, files

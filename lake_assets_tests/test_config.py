@@ -21,7 +21,7 @@ from lake_assets.errors import ConfigError, UnsafePathError
 from lake_assets.feeds.grax_v2 import split_table
 from lake_assets.feeds.unit_cdc import UnitCdcFeedConfig
 from lake_assets.jvm_classes import LOCAL_FILE_SYSTEM_CLASS
-from lake_assets.paths import LakeLayout, join, normalise_root_uri, safe_segment
+from lake_assets.paths import LakeLayout, join, normalise_root_uri, partition_folder, safe_segment
 from lake_assets.spark import DRIVER_JAVA_OPTIONS_ENV, session_conf
 from lake_assets.storage import Storage
 
@@ -597,6 +597,14 @@ def test_layout_builds_contract_paths():
     )
     with pytest.raises(UnsafePathError):
         join("file:///lake", "changes", "../../etc")
+    assert layout.change_log_partition("unit", "accounts", "hour", "2024-01-01-05") == (
+        "s3a://bucket/prefix/changes/unit/accounts/hour=2024-01-01-05"
+    )
+    for partition in ("../../../current", "2024/../..", "x/y", "a b"):
+        with pytest.raises(UnsafePathError, match="partition"):
+            layout.change_log_partition("unit", "accounts", "hour", partition)
+        with pytest.raises(UnsafePathError, match="partition"):
+            partition_folder("file:///lake/changes/unit/accounts", "hour", partition)
     assert normalise_root_uri("/abs/lake", "lake") == "file:///abs/lake"
     with pytest.raises(ConfigError):
         normalise_root_uri("file:///abs/../etc", "lake")

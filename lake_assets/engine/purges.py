@@ -44,6 +44,7 @@ from lake_assets.engine.run_values import with_run_values
 from lake_assets.engine.schema import union_all
 from lake_assets.engine.state import CommitPlan, TableState, parquet_files
 from lake_assets.errors import DamagedLakeFile
+from lake_assets.paths import partition_folder
 from lake_assets.storage import Storage, parquet_footer
 
 PURGED_AT = "__purged_at"
@@ -233,7 +234,7 @@ def stage_log_erasure(
     staged = f"{stage}/changes"
     partitions = lake_io.erase_keys_in_partitions(spark, storage, state.changes, column, keys, purged, staged)
     for value in partitions:
-        final = f"{state.changes}/{column}={value}"
+        final = partition_folder(state.changes, column, value)
         plan.replace_folder(storage, final)
-        plan.stage_folder(storage, f"{staged}/{column}={value}", final)
+        plan.stage_folder(storage, partition_folder(staged, column, value), final)
     return partitions
