@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from lake_assets.catalog.metadata import datetime_to_ms
 from lake_assets.config import (
     CollectionConfig,
     FeedConfig,
@@ -184,7 +185,7 @@ def _moment_ms(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither an ISO date/time (2024-03-02, 2024-03-02T05:00:00Z) nor epoch milliseconds"
         ) from None
-    return int((moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)).timestamp() * 1000)
+    return datetime_to_ms(moment)
 
 
 def _reversed_range(args: argparse.Namespace) -> str | None:

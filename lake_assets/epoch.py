@@ -1,6 +1,8 @@
 """Moments as numbers: milliseconds (or seconds) since the Unix epoch, as catalog records and
 vendors' files give them."""
 
+#: one hour in milliseconds
+HOUR_MS = 3_600_000
 #: one UTC day in milliseconds
 DAY_MS = 86_400_000
 #: an epoch number beyond this (in magnitude) is milliseconds, otherwise seconds: 1e11 seconds is

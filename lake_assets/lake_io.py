@@ -1,6 +1,7 @@
 """Spark Parquet tables in the lake: partitioned change logs and whole state tables.
 
-Pure Spark + storage logic (no Dagster), used by the IO manager and the state assets.
+Pure Spark + storage logic (no Dagster): the pipeline's steps, the fold, purges and the IO
+manager read and write the lake's tables through it.
 """
 
 from __future__ import annotations

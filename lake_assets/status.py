@@ -22,7 +22,7 @@ from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.paths import LakeLayout
 from lake_assets.quarantine import QuarantineNote, notes_under, unreported_strays
-from lake_assets.storage import Entry, Storage, parquet_footer, read_lake_json
+from lake_assets.storage import Entry, Storage, is_hidden, parquet_footer, read_lake_json
 
 _Read = TypeVar("_Read")
 
@@ -59,11 +59,11 @@ class TableStatus:
 
 def count_rows(storage: Storage, uri: str) -> int:
     """Rows of a lake table as any Hive-aware reader sees them: the row counts in the footers
-    of its Parquet files, leaving out hidden entries (names starting with `.` or `_`, which
-    Spark and pyarrow skip too). Footers only: no data page is read."""
+    of its Parquet files, leaving out hidden entries (`storage.is_hidden`, as Spark and
+    pyarrow do). Footers only: no data page is read."""
     if not storage.exists(uri):
         return 0
-    files = storage.walk_files(uri, skip=lambda name: name.startswith((".", "_")))
+    files = storage.walk_files(uri, skip=is_hidden)
     return sum(parquet_footer(storage, entry.uri).num_rows for entry in files)
 
 
@@ -81,7 +81,7 @@ class LayerRows:
     def of(cls, storage: Storage, layout: LakeLayout, feed: str, table: str) -> LayerRows:
         rows: dict[str, int | None] = {}
         damaged: list[str] = []
-        for layer in ("changes", "current", "history"):
+        for layer in LakeLayout.LAYERS:
             try:
                 rows[layer] = count_rows(storage, layout.table(layer, feed, table))
             except DamagedLakeFile as exc:

@@ -1,4 +1,5 @@
-"""Listing, reading and copying files under `file://` and `s3a://` URIs (pyarrow.fs).
+"""Listing, reading and copying files under `file://` and `s3a://` URIs (pyarrow.fs; boto3 for
+S3's listings, conditional writes and keys pyarrow cannot name).
 
 Spark does the data work; this module does the small metadata work around it that Spark has no
 API for: listing a landing folder for the sensor, reading a Parquet footer to vet a file,

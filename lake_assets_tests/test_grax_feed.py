@@ -665,7 +665,7 @@ def test_object_folders_differing_only_in_case_are_one_table(spark, tmp_path):
     instance = process(landing, lake)
 
     table = f"{ORG}/account"
-    assert GraxV2Format().discover_tables(CountingStorage(), f"file://{landing}") == [table]
+    assert GraxV2Format().survey(CountingStorage(), f"file://{landing}").tables == [table]
     assert [(r["Id"], r["Name"]) for r in layer_rows(lake, "current", table)] == [
         ("a", "A2"),
         ("b", "B"),

@@ -19,6 +19,7 @@ import dataclasses
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
 from lake_assets.engine.schema import union_all
@@ -134,7 +135,6 @@ def windows_and_versions_stored(
     hc = spec.history_columns
     marked = _marked_rows(rows, versions, spec)
     is_version = (F.col(SIDE) == STORED) & ~(F.col(m.OP) == m.DELETE)
-    one_ms = F.expr("INTERVAL 1 MILLISECOND")
 
     def versions_where(condition) -> F.Column:
         return F.count(F.when(is_version & condition, 1))
@@ -149,7 +149,10 @@ def windows_and_versions_stored(
         versions_where(
             F.col("__next_start").isNotNull()
             & ~(
-                ((F.col("__next_op") != m.DELETE) & (F.col(hc.end) == F.col("__next_start") - one_ms))
+                (
+                    (F.col("__next_op") != m.DELETE)
+                    & (F.col(hc.end) == merge.before_next(F.col("__next_start")))
+                )
                 | ((F.col("__next_op") == m.DELETE) & (F.col(hc.end) == F.col("__next_start")))
             )
         ).alias("inconsistent_end"),

@@ -60,10 +60,8 @@ COMPACT_AFTER_FILES = 8  # a settled closed day with more files than this is mer
 COMPACT_LOOKBACK_DAYS = 2  # how many days before the fold's earliest version are looked at
 #: (kind, end date) -> closed history ("history") or delete ("delete") files of that end date
 ClosedFiles = dict[tuple[str, str], list[str]]
-
-
-def _one_ms():
-    return F.expr("INTERVAL 1 MILLISECOND")
+#: a version at `t` closes the one before it at `t - _END_GAP`: its closed rows end from there on
+_END_GAP = dt.timedelta(milliseconds=m.END_GAP_MS)
 
 
 @dataclasses.dataclass
@@ -362,7 +360,7 @@ def closed_files_to_redo(
         return closed_files_ending_from(storage, state, spec, None)
     if late_since is None:
         return {}
-    return closed_files_ending_from(storage, state, spec, _earlier(late_since, dt.timedelta(milliseconds=1)))
+    return closed_files_ending_from(storage, state, spec, _earlier(late_since, _END_GAP))
 
 
 def _files_of(days: ClosedFiles) -> list[str]:
@@ -381,7 +379,7 @@ def split_closed_rows(
         return closed, None
     late = late_keys(open_touched, spec)
     late = F.broadcast(late) if late_count <= BROADCAST_KEYS else late
-    reached = F.coalesce(F.col(END) >= F.col(FROM) - _one_ms(), F.lit(False))
+    reached = F.coalesce(F.col(END) >= merge.before_next(F.col(FROM)), F.lit(False))
     flagged = closed.join(late, list(spec.keys), "left").withColumn(REACHED, reached)
     return flagged.where(~F.col(REACHED)).drop(REACHED, FROM), flagged.where(F.col(REACHED)).drop(REACHED)
 
@@ -774,7 +772,7 @@ def stored_rows_since(
 ) -> DataFrame | None:
     """Stored history and delete rows (in their stored shape) that may end at or after `since`:
     the open set plus the closed files from `since` on. What the last fold could have changed."""
-    ending_from = _earlier(since, dt.timedelta(milliseconds=1)) if since else None
+    ending_from = _earlier(since, _END_GAP) if since else None
     closed = closed_files_ending_from(storage, state, spec, ending_from)
     paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
     paths += [uri for files in closed.values() for uri in files]

@@ -228,6 +228,11 @@ def fill_unmodified(
     return events.select(*others, *filled).select(*[col(c) for c in events.drop("__life").columns])
 
 
+def before_next(next_start: Column) -> Column:
+    """The end of a version that the version starting at `next_start` closes (`m.END_GAP_MS`)."""
+    return next_start - F.expr(f"INTERVAL {m.END_GAP_MS} MILLISECOND")
+
+
 def with_windows(events: DataFrame, spec: m.TableSpec, order: list[Column] | None = None) -> DataFrame:
     """Add each row's end (see rule 4) and whether it is the key's last event."""
     window = _per_key(spec, order or event_order())
@@ -235,7 +240,7 @@ def with_windows(events: DataFrame, spec: m.TableSpec, order: list[Column] | Non
     end = (
         F.when(next_at.isNull(), F.to_timestamp(F.lit(m.END_OF_TIME)))
         .when((next_op == m.DELETE) & (F.col(m.OP) != m.DELETE), next_at)
-        .otherwise(next_at - F.expr("INTERVAL 1 MILLISECOND"))
+        .otherwise(before_next(next_at))
     )
     return events.withColumns({END: end, ACTIVE: next_at.isNull()})
 

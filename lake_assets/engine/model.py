@@ -74,10 +74,12 @@ def _folded_character(character: str) -> str:
 
 
 INSERT, UPDATE, DELETE = "insert", "update", "delete"
-OPERATIONS = (INSERT, UPDATE, DELETE)
 
 # Fivetran's "open" end of an active version.
 END_OF_TIME = "9999-12-31 23:59:59.999"
+#: a closed version ends this many milliseconds before the next one starts (Fivetran's history
+#: mode; `merge.before_next`)
+END_GAP_MS = 1
 # The earliest version time the lake keeps: Python's datetime (the fold's bookkeeping, Dagster's
 # metadata) and many readers of the lake have no year 0 or before.
 START_OF_TIME = "0001-01-01 00:00:00"

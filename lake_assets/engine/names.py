@@ -1,6 +1,6 @@
 """Column names: what a vendor's column is called in the lake, and how Spark is handed a name.
 
-The rules, the same in every feed (README "Bad input"):
+The rules, the same in every feed (docs/bad-input.md, "Column names"):
 
 - **Reserved names are kept, renamed.** A vendor column named like one of the lake's own
   (`model.is_reserved`: `_op`, `_source_file`, `_fivetran_start`, the partition columns `hour`

@@ -84,10 +84,6 @@ class FeedFormat(abc.ABC):
         """The tables present in the landing area, and what in it no table reads (lists it:
         `lake-assets discover` and every run, never at load)."""
 
-    def discover_tables(self, storage: Storage, landing: str) -> list[str]:
-        """Table names present in the landing area."""
-        return self.survey(storage, landing).tables
-
     def configured_tables(self, feed) -> list[str] | None:
         """The tables the feed's configuration names, or None when discovery finds them."""
         return list(feed.tables) if feed.tables else None

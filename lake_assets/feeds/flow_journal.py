@@ -47,10 +47,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lake_assets.catalog.metadata import datetime_to_ms
 from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name, same_name
 from lake_assets.engine.schema import DECIMAL_DIGITS, one_column_per_name
+from lake_assets.epoch import HOUR_MS
 from lake_assets.errors import InvalidValue, UnsafePathError
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import (
@@ -900,8 +902,8 @@ class FlowJournalFormat(FeedFormat):
         start = folder_hour(date, hour_folder) if date else None
         if start is None:
             return None
-        start_ms = int(start.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
-        return start_ms, start_ms + 3_600_000 - 1
+        start_ms = datetime_to_ms(start)
+        return start_ms, start_ms + HOUR_MS - 1
 
     def partition_keys(self, storage: Storage, landing: str, table: str) -> list[str]:
         return sorted(self.landed_hours(storage, landing, table, None))
