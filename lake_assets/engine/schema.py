@@ -13,6 +13,30 @@ from lake_assets.engine.names import col, same_name
 from lake_assets.errors import SchemaClash
 
 
+def change_columns(
+    *,
+    op: Column,
+    version_at: Column,
+    seq: Column,
+    source_file: Column,
+    partition: Column,
+    partition_column: str,
+    purged: Column | None = None,
+) -> list[Column]:
+    """A feed's normalised rows' system columns, in the change model's order (`system_fields`),
+    then its partition: every feed's rows are whole images (no column left unmodified), and
+    none but GRAX's marks a purge."""
+    return [
+        op.alias(m.OP),
+        version_at.alias(m.VERSION_AT),
+        seq.alias(m.SEQ),
+        F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
+        (F.lit(False) if purged is None else purged).alias(m.PURGED),
+        source_file.alias(m.SOURCE_FILE),
+        partition.alias(partition_column),
+    ]
+
+
 def system_fields(*, ingested_at: bool) -> list[T.StructField]:
     """The change model's system columns as Spark fields (`_seq` as a long: what an empty or
     generated change log uses; a feed's own `_seq` type widens with it). `_ingested_at` is

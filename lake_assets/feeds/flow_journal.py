@@ -51,7 +51,7 @@ from lake_assets.catalog.metadata import datetime_to_ms
 from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import case_clash, col, lake_name, same_name
-from lake_assets.engine.schema import DECIMAL_DIGITS, one_column_per_name
+from lake_assets.engine.schema import DECIMAL_DIGITS, change_columns, one_column_per_name
 from lake_assets.epoch import HOUR_MS
 from lake_assets.errors import InvalidValue, UnsafePathError
 from lake_assets.feeds import flow_fragments as ff
@@ -1314,12 +1314,13 @@ class FlowJournalFormat(FeedFormat):
                 .alias(c)
                 for c in payload
             ],
-            F.col("__op").alias(m.OP),
-            F.date_trunc("millisecond", F.to_timestamp("__at")).alias(m.VERSION_AT),
-            F.col("__clock").cast("long").alias(m.SEQ),
-            F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
-            F.lit(False).alias(m.PURGED),
-            F.col("__uri").alias(m.SOURCE_FILE),
-            F.col("__hour").alias(self.partition_column),
+            *change_columns(
+                op=F.col("__op"),
+                version_at=F.date_trunc("millisecond", F.to_timestamp("__at")),
+                seq=F.col("__clock").cast("long"),
+                source_file=F.col("__uri"),
+                partition=F.col("__hour"),
+                partition_column=self.partition_column,
+            ),
             *([F.col(TEXT_REPAIRED)] if TEXT_REPAIRED in parsed.columns else []),
         )

@@ -43,7 +43,7 @@ from pyspark.sql import types as T
 from lake_assets.config_model import FeedConfig, HourKey, LateHours, Names, checked, refused
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, vendor_name
-from lake_assets.engine.schema import widen
+from lake_assets.engine.schema import change_columns, widen
 from lake_assets.epoch import DAY_MS
 from lake_assets.errors import InvalidValue, SchemaClash
 from lake_assets.feeds.base import (
@@ -404,13 +404,15 @@ class GraxV2Format(FeedFormat):
         versions = rows.raw.select(
             F.col(KEY).cast("string").alias(KEY),
             *rows.payload(),
-            F.lit(m.UPDATE).alias(m.OP),
-            version_at.alias(m.VERSION_AT),
-            seq.alias(m.SEQ),
-            F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
-            rows.stamp(PURGED).isNotNull().alias(m.PURGED),
-            F.col(FILE_URI).alias(m.SOURCE_FILE),
-            F.col(FILE_PARTITION).alias(self.partition_column),
+            *change_columns(
+                op=F.lit(m.UPDATE),
+                version_at=version_at,
+                seq=seq,
+                source_file=F.col(FILE_URI),
+                partition=F.col(FILE_PARTITION),
+                partition_column=self.partition_column,
+                purged=rows.stamp(PURGED).isNotNull(),
+            ),
             rows.invalid_reason(version_at, seq).alias(INVALID),
             F.col(FILE_URI),
             F.lit(False).alias(DERIVED),

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from lake_assets.config_model import TABLE_NAME, FeedConfig
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col
+from lake_assets.engine.schema import change_columns
 from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
@@ -186,13 +187,14 @@ class UnitCdcFormat(FeedFormat):
         return raw.select(
             F.col(KEY),
             *[col(c) for c in payload],
-            op.alias(m.OP),
-            version_at.alias(m.VERSION_AT),
-            seq.alias(m.SEQ),
-            F.lit(None).cast("array<string>").alias(m.UNMODIFIED),
-            F.lit(False).alias(m.PURGED),
-            F.col(FILE_URI).alias(m.SOURCE_FILE),
-            F.col(FILE_PARTITION).alias(self.partition_column),
+            *change_columns(
+                op=op,
+                version_at=version_at,
+                seq=seq,
+                source_file=F.col(FILE_URI),
+                partition=F.col(FILE_PARTITION),
+                partition_column=self.partition_column,
+            ),
             invalid.alias(INVALID),
             F.col(FILE_URI),
         )
