@@ -163,7 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"config written to {config_file}")
     code = _run_and_report(config, args, everything=True)
     _say(
-        f"lake at {root / 'lake'}; browse it with: LAKE_ASSETS_CONFIG={config_file} dagster dev -w workspace.yaml -h 127.0.0.1"
+        f"lake at {root / 'lake'}; to browse it in the Dagster UI, see README.md, 'The Dagster UI' "
+        f"(LAKE_ASSETS_CONFIG={config_file})"
     )
     return code
 

@@ -213,7 +213,13 @@ def format_summary(tables: list[TableSummary]) -> str:
         for t in tables
     ]
     damage = [f"{t.feed}/{t.table}: damaged: {damage}" for t in tables for damage in t.rows.damaged]
-    return "\n".join([_table(header, body, 2), *damage])
+    set_aside = sum(t.quarantined for t in tables)
+    where = (
+        [f"{set_aside} file(s) in quarantine: `lake-assets status` names each with its reason"]
+        if set_aside
+        else []
+    )
+    return "\n".join([_table(header, body, 2), *damage, *where])
 
 
 def format_records(records: list[dict]) -> str:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from lake_assets.errors import LakeAssetsError
 from lake_assets.feeds.base import FeedFormat, current_hour, hour_key, parse_hour_key
+from lake_assets.processed import ProcessedWith
 from lake_assets.storage import Entry, Storage
 
 
@@ -82,11 +83,14 @@ def scan_table(
     cursor: TableCursor,
     late_hours: int,
     first_hour: str | None = None,
+    processed: ProcessedWith | None = None,
 ) -> TableScan:
     """The files new since `cursor` in the hours from `late_hours` before its high water on,
     and in the hours a `first_hour` (the table's first partition) moved earlier than the
     cursor's uncovers. Hours before `first_hour` are never found (no run could name them) nor
-    remembered: they are returned as `before_start` on every scan that lists them."""
+    remembered: they are returned as `before_start` on every scan that lists them. On a first
+    scan (a cursor that has seen nothing), an hour the lake last `processed` with the files it
+    holds now is remembered but not found (`_first_scan_finds`)."""
     since = window = None
     # A cursor saved while a future-dated folder counted as an hour may point past the hour under
     # way: it is held to it, or the tick would look only at hours no listing returns yet.
@@ -99,6 +103,7 @@ def scan_table(
         since = min(since, parse_hour_key(first_hour))
     found: list[NewFiles] = []
     before_start: list[str] = []
+    first_scan = cursor.high_water is None and not cursor.seen
     seen = dict(cursor.seen)
     listed = fmt.landed_hours(storage, landing, table, since)
     # An hour remembered but no longer listed lost every file: a run empties it. (A cursor held
@@ -113,7 +118,7 @@ def scan_table(
             continue  # looked at by the scans before (listed only to reach the uncovered hours)
         versions = {landed_version(entry): entry.name for entry in files}
         fresh, removed = _compared(versions, seen.get(key, ()))
-        if fresh or removed:
+        if (fresh or removed) and _first_scan_finds(first_scan, processed, key, files):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         if versions:
             seen[key] = sorted(versions)
@@ -124,6 +129,17 @@ def scan_table(
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
     return TableScan(found, TableCursor(high_water, seen, first_hour, cursor.strays_looked_at), before_start)
+
+
+def _first_scan_finds(
+    first_scan: bool, processed: ProcessedWith | None, partition: str, files: Sequence[Entry]
+) -> bool:
+    """Whether a partition with new files counts as found. A sensor that scans a table for the
+    first time (started after `lake-assets run` did the backfill, or its cursor reset) would
+    otherwise take every partition of the landing for new and fold the whole history again,
+    ahead of the hours that are really new; a partition the lake last processed with the very
+    files it holds now needs no run."""
+    return not (first_scan and processed is not None and processed(partition, files))
 
 
 def _compared(versions: dict[str, str], remembered: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -220,10 +236,16 @@ class BatchCursor:
 
 
 def scan_batches(
-    storage: Storage, fmt: FeedFormat, landing: str, table: str, cursor: BatchCursor
+    storage: Storage,
+    fmt: FeedFormat,
+    landing: str,
+    table: str,
+    cursor: BatchCursor,
+    processed: ProcessedWith | None = None,
 ) -> tuple[list[NewFiles], BatchCursor]:
     """Batches that are new since the cursor, and the open (greatest) batch if it gained, rewrote or
-    lost files.
+    lost files. On a first scan, a batch the lake last `processed` with the files it holds now
+    is not found (`_first_scan_finds`).
 
     One listing of the table's batch folders, then file listings only of the batches at or after
     the cursor: closed batches (a greater one exists) are never listed again.
@@ -249,7 +271,7 @@ def scan_batches(
             fresh, removed = _compared(versions, cursor.open_files)
         else:
             fresh, removed = tuple(sorted(entry.name for entry in entries)), ()
-        if fresh or removed:
+        if (fresh or removed) and _first_scan_finds(cursor.last is None, processed, key, entries):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         last, open_files = key, sorted(versions)
     return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)

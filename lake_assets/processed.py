@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import TypedDict
@@ -379,6 +379,23 @@ def changed_partitions(
     for partition in sorted(set(stored) - set(landed) - set(notes)):
         changes.append(Change(partition, "stored but never folded, and its landed files are gone"))
     return changes
+
+
+#: whether a partition was last processed with exactly these landed files
+ProcessedWith = Callable[[str, Sequence[Entry]], bool]
+
+
+def processed_with(storage: Storage, notes: dict[str, dict[str, ProcessedFile]]) -> ProcessedWith:
+    """`ProcessedWith` by the partitions' processed notes (`read_notes`): true when planning a run
+    would find nothing changed in the partition (`changed_partitions`)."""
+
+    def unchanged(partition: str, files: Sequence[Entry]) -> bool:
+        note = notes.get(partition)
+        return note is not None and not changed_partitions(
+            storage, {partition: list(files)}, {partition: note}
+        )
+
+    return unchanged
 
 
 def holding_removed_data(

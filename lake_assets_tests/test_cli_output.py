@@ -3,6 +3,7 @@ pseudo-terminal) and into a pipe."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pty
 import re
@@ -123,3 +124,18 @@ def test_into_a_pipe_the_lines_are_plain_and_the_summary_equals_the_tables_on_di
         for layer in ("changes", "current", "history")
     ]
     assert summary == ["unit", "accounts", *map(str, on_disk), "0"]
+
+
+def test_the_summary_says_where_the_quarantined_files_are_named():
+    """The summary counts a table's quarantined files; a line after it says which command names
+    each with its reason (the run's own log is in a file), and none when nothing is set aside."""
+    from lake_assets.console import format_summary
+    from lake_assets.status import LayerRows, TableSummary
+
+    tables = [
+        TableSummary("unit", "accounts", LayerRows(3, 2, 3), quarantined=2),
+        TableSummary("unit", "cards", LayerRows(1, 1, 1), quarantined=1),
+    ]
+    lines = format_summary(tables).splitlines()
+    assert lines[-1] == "3 file(s) in quarantine: `lake-assets status` names each with its reason"
+    assert "in quarantine" not in format_summary([dataclasses.replace(t, quarantined=0) for t in tables])

@@ -16,6 +16,7 @@ from lake_assets.landing_watch import STRAYS_EVERY_SECONDS
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
@@ -173,6 +174,39 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
     assert set(late.run_requests[0].asset_selection) == {
         dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes", "current", "history")
     }
+
+
+def test_a_landing_sensor_started_after_a_cli_backfill_runs_only_what_changed_since(tmp_path, spark):
+    """The README's deployment: `lake-assets run` does the backfill, then the daemon starts. The
+    sensor's first tick (no cursor) must not take every landed hour for new: it folded the whole
+    history again, ahead of the hours that were really new. It runs the hours whose files differ
+    from those the lake processed them with (a late file, a new hour), and remembers the rest."""
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    run_feeds(_config(tmp_path, landing), instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    late = [event("b", "I", 99, at(5, 30), name="late", balance=2)]
+    write_events(landing, "accounts", 5, "part-late.parquet", late, ACCOUNT_SCHEMA)
+    write_events(
+        landing,
+        "accounts",
+        10,
+        "part-0.parquet",
+        [event("n", "I", 1, at(10), name="new", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        first = sensor(context)
+    assert sorted(
+        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG])
+        for r in first.run_requests
+    ) == [("accounts", "2024-03-01-05", "2024-03-01-05"), ("accounts", "2024-03-01-10", "2024-03-01-10")]
+
+    # every hour is remembered now: only a change since this tick runs
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+        assert sensor(context).run_requests == []
+    write_events(landing, "accounts", 9, "part-late.parquet", late, ACCOUNT_SCHEMA)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+        assert [r.tags[RANGE_START_TAG] for r in sensor(context).run_requests] == ["2024-03-01-09"]
 
 
 def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(tmp_path, capfd):

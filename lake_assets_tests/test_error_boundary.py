@@ -178,3 +178,25 @@ def test_a_jvm_error_whose_jvm_is_gone_is_told_by_its_own_text():
             raise ConnectionError("the gateway is gone")
 
     assert first_line(_FromTheJvm(Gone("x"))) == "An error occurred while calling o1098.save."
+
+
+def test_a_step_failing_because_the_driver_jvm_is_gone_says_so():
+    """A step whose Spark driver was killed fails on PySpark's gateway: 'Connection refused'
+    alone reads like the store's fault, so the line names the driver; the same error raised
+    elsewhere (not in py4j) is told as it is."""
+    from dagster._core.execution.plan.objects import StepFailureData
+    from dagster._utils.error import SerializableErrorInfo
+
+    from lake_assets.orchestration.execution import _reason
+
+    def failure(cls_name: str, frame: str) -> StepFailureData:
+        error = SerializableErrorInfo(f"{cls_name}: [Errno 111] Connection refused\n", [frame], cls_name)
+        return StepFailureData(error=error, user_failure_data=None)
+
+    in_py4j = '  File "/venv/lib/python3.11/site-packages/py4j/clientserver.py", line 506, in send_command\n'
+    assert _reason(failure("ConnectionRefusedError", in_py4j)).startswith("the Spark driver's JVM is gone")
+    assert "Connection refused" in _reason(failure("ConnectionRefusedError", in_py4j))
+    elsewhere = '  File "/venv/lib/python3.11/site-packages/urllib3/connection.py", line 1, in connect\n'
+    assert _reason(failure("ConnectionRefusedError", elsewhere)) == (
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    )

@@ -1268,3 +1268,29 @@ def test_a_file_whose_name_is_not_utf8_is_reported_and_its_batch_and_table_go_on
     ]
     assert copy.read_bytes() == content
     assert "copy failed" not in note["reason"]
+
+
+def test_a_batch_sensor_started_after_a_cli_run_runs_only_the_batches_that_changed_since(tmp_path, spark):
+    """The batch sensor's first tick (no cursor) after `lake-assets run` processed the landing
+    runs no batch the lake processed with the files it holds now (it folded them all again);
+    a batch landing later runs, as does a file landing late in a processed open batch."""
+    from lake_assets_tests import grax_lake
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    grax_lake.land(landing, "000000001", "data-1.parquet", [grax_lake.version("a", 1, "01", name="A")])
+    grax_lake.land(landing, "000000002", "data-1.parquet", [grax_lake.version("b", 2, "01", name="B")])
+    config, instance = grax_lake.config_for(landing, lake), dg.DagsterInstance.ephemeral()
+    grax_lake.cli(config, instance)
+
+    cursor, runs = grax_lake.sensor_tick(config, instance, None)
+    assert runs == 0
+    grax_lake.land(landing, "000000003", "data-1.parquet", [grax_lake.version("c", 3, "01", name="C")])
+    cursor, runs = grax_lake.sensor_tick(config, instance, cursor)
+    assert runs == 1
+    assert {row["Id"] for row in grax_lake.rows(lake, "current")} == {"a", "b", "c"}
+
+    # a file landing late in the open batch, seen by a sensor whose cursor was reset
+    grax_lake.land(landing, "000000003", "data-2.parquet", [grax_lake.version("d", 4, "01", name="D")])
+    _, runs = grax_lake.sensor_tick(config, instance, None)
+    assert runs == 1
+    assert {row["Id"] for row in grax_lake.rows(lake, "current")} == {"a", "b", "c", "d"}

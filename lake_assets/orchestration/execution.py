@@ -206,7 +206,19 @@ def _reason(failure) -> str:
     error = failure.error
     while error is not None and error.cause is not None and error.cls_name not in own:
         error = error.cause
-    return first_line(error.message) if error is not None else "no error recorded; see the run's event log"
+    if error is None:
+        return "no error recorded; see the run's event log"
+    if _driver_unreachable(error):
+        return f"the Spark driver's JVM is gone (killed, or out of memory; the next run starts another): {first_line(error.message)}"
+    return first_line(error.message)
+
+
+def _driver_unreachable(error) -> bool:
+    """Whether an error is PySpark's gateway failing to reach the driver JVM: said plainly, a
+    bare 'Connection refused' reads like the store's fault."""
+    return error.cls_name in ("ConnectionRefusedError", "Py4JNetworkError") and any(
+        "/py4j/" in frame for frame in error.stack
+    )
 
 
 def _subclass_names(base: type[Exception]) -> set[str]:

@@ -37,6 +37,7 @@ from lake_assets.landing_watch import (
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
+from lake_assets.processed import ProcessedWith, processed_with, read_notes
 from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
@@ -136,7 +137,10 @@ def _hourly_runs(
     """One hourly table's runs for this tick, what it observed, and its cursor after it."""
     context, storage, layout, feed, fmt = tick.context, tick.storage, tick.layout, tick.feed, tick.fmt
     name, first = assets.table, _first_hour(assets)
-    found, cursor, before_start = scan_table(storage, fmt, feed.landing, name, cursor, feed.late_hours, first)
+    processed = _processed_with(tick, name) if cursor.high_water is None and not cursor.seen else None
+    found, cursor, before_start = scan_table(
+        storage, fmt, feed.landing, name, cursor, feed.late_hours, first, processed
+    )
     if before_start:
         context.log.warning(
             f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
@@ -163,6 +167,20 @@ def _hourly_runs(
         in_range = [f for f in found if start <= f.partition <= end]
         requests.append(_range_run(feed.name, assets, start, end, in_range))
     return requests, [_observation(assets, found)] if found else [], _strays_reported(cursor)
+
+
+def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
+    """For a table's first scan: what the lake processed, from its notes (read once). A damaged
+    note is no reason to stop watching the table: its first scan then runs every partition."""
+    try:
+        notes = read_notes(tick.storage, tick.layout, tick.feed.name, table, tick.fmt.is_partition_key)
+    except DamagedLakeFile as damaged:
+        tick.context.log.warning(
+            f"{tick.feed.name}/{table}: its processed notes are not read, so this first scan runs "
+            f"every partition with files: {damaged}"
+        )
+        return None
+    return processed_with(tick.storage, notes)
 
 
 _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
@@ -279,7 +297,8 @@ def _batch_runs(
     """One batch table's runs for this tick, what it observed, the batches it registers, and
     its cursor after it."""
     feed = tick.feed
-    found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor)
+    processed = _processed_with(tick, assets.table) if cursor.last is None else None
+    found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
     if not found:
         strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
         return strays, [], [], cursor
