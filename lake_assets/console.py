@@ -215,7 +215,7 @@ def format_summary(tables: list[TableSummary]) -> str:
     damage = [f"{t.feed}/{t.table}: damaged: {damage}" for t in tables for damage in t.rows.damaged]
     set_aside = sum(t.quarantined for t in tables)
     where = (
-        [f"{set_aside} file(s) in quarantine: `lake-assets status` names each with its reason"]
+        [f"{set_aside} file(s) in quarantine: `lake-assets status --config …` names each with its reason"]
         if set_aside
         else []
     )

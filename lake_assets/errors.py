@@ -190,6 +190,7 @@ class DamagedLakeFile(LakeAssetsError):
             f"or changed outside a run: {remedy}"
         )
         self.uri = uri
+        self.cause = cause
 
 
 class AnotherWriter(LakeAssetsError):

@@ -34,11 +34,11 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
-from lake_assets.errors import SchemaClash, StorageRequestError, first_line
+from lake_assets.errors import DamagedLakeFile, SchemaClash, StorageRequestError, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
-from lake_assets.storage import Entry, Storage, each_file
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, parquet_footer
 
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
@@ -108,49 +108,60 @@ BOMB_RATIO = 100
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
     """(schema, rows, stored types) of a usable file, or the reason it is not usable.
 
-    pyarrow raises a failed request to the store (throttled past its retries, a connection
-    reset) as it raises a damaged footer. So a file that fails is asked for again: a store that
-    still fails raises (`Storage.refusal_to_read`: the run fails and sets nothing aside), one
-    that hands it over has it vetted once more, and only a file that fails the same way twice
-    is unreadable. (A file gone, or refused for good, keeps its first failure: setting it aside
-    tells those apart, `pipeline._set_aside`.)"""
+    The footer's bytes are read apart from their decoding (`storage.parquet_footer`), so a
+    failed request to the store is never taken for a damaged file: a read failure sets the file
+    aside only when the store says it is gone or refuses it for good (`Storage.refusal_to_read`,
+    which raises a failure that may pass); otherwise it is read once more, and a second failure
+    fails the run, which sets nothing aside, for a later run to read it."""
     try:
-        return _vet_once(storage, fmt, entry, keys)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
-        first = _unreadable(exc)
-    if storage.refusal_to_read(entry.uri) is not None:
-        return None, first
+        footer = _footer_read(storage, entry.uri)
+    except DamagedLakeFile as damaged:
+        return None, _unreadable(damaged.cause)
+    except StorageRequestError:  # a failure that may pass
+        raise
+    except FILE_ERRORS as exc:  # gone, or refused for good: setting it aside says which
+        return None, _unreadable(f"{type(exc).__name__}: {exc}")
     try:
-        return _vet_once(storage, fmt, entry, keys)
-    except Exception as exc:  # noqa: BLE001 - as above
-        again = _unreadable(exc)
-    if again != first:
-        raise StorageRequestError(
-            f"reading the footer of {entry.uri} failed two different ways, as a failing store's "
-            f"requests do, not a damaged file's: {first}; then {again}"
-        )
-    return None, again
-
-
-def _unreadable(exc: Exception) -> str:
-    return f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-
-
-def _vet_once(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
-    """`_vet`'s answer for one reading of the file; a file it cannot read raises."""
-    with storage.open_input_file(entry.uri) as handle:
-        meta = pq.ParquetFile(handle)
-        schema, rows, stored = meta.schema_arrow, meta.metadata.num_rows, _stored_types(meta.schema)
+        schema, rows, stored = footer.schema.to_arrow_schema(), footer.num_rows, _stored_types(footer.schema)
         reason = (
-            _decompression_bomb(meta.metadata)
+            _decompression_bomb(footer)
             or schema_case_clash(schema)
             or fmt.vet_schema(schema)
-            or _keys_finer_than_microseconds(meta, keys)
+            or _keys_finer_than_microseconds(storage, entry.uri, schema, footer, keys)
         )
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for footers it cannot use
+        return None, _unreadable(f"{type(exc).__name__}: {exc}")
     return ((schema, rows, stored), None) if reason is None else (None, reason)
 
 
-def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -> str | None:
+def _footer_read(storage: Storage, uri: str) -> pq.FileMetaData:
+    """The file's footer; a read failure that the store does not explain (gone, refused for
+    good: raised as they are) is tried once more, then raised as a failed request."""
+    try:
+        return parquet_footer(storage, uri)
+    except DamagedLakeFile:
+        raise
+    except FILE_ERRORS as first:
+        if storage.refusal_to_read(uri) is not None:
+            raise
+        try:
+            return parquet_footer(storage, uri)
+        except DamagedLakeFile:
+            raise
+        except FILE_ERRORS as again:
+            raise StorageRequestError(
+                f"reading the footer of {uri} failed twice while the store serves the file: "
+                f"{first_line(first)}; then {first_line(again)}"
+            ) from again
+
+
+def _unreadable(cause: str) -> str:
+    return f"not a readable Parquet file ({cause})"
+
+
+def _keys_finer_than_microseconds(
+    storage: Storage, uri: str, schema: pa.Schema, footer: pq.FileMetaData, keys: tuple[str, ...]
+) -> str | None:
     """Why a file's key times cannot be kept, or None. Spark keeps times to the microsecond, so a
     key column of nanoseconds (`timestamp[ns]`) is rounded down as it is read: two keys a few
     nanoseconds apart would become one, and the first key's record would be lost. Only such a
@@ -158,16 +169,18 @@ def _keys_finer_than_microseconds(meta: pq.ParquetFile, keys: tuple[str, ...]) -
     not read: pyarrow wraps those outside 1677-2262 around, which would set good files aside.)"""
     wanted = {same_name(k) for k in keys}
     stored_as = {
-        column.path: column.physical_type for column in map(meta.schema.column, range(len(meta.schema)))
+        column.path: column.physical_type for column in map(footer.schema.column, range(len(footer.schema)))
     }
-    for field in meta.schema_arrow:
+    for field in schema:
         if (
             same_name(lake_name(field.name)) not in wanted
             or not (pa.types.is_timestamp(field.type) and field.type.unit == "ns")
             or stored_as.get(field.name) != "INT64"
         ):
             continue
-        nanoseconds = meta.read(columns=[field.name]).column(0).cast(pa.int64())
+        with storage.open_input_file(uri) as handle:
+            column = pq.ParquetFile(handle).read(columns=[field.name]).column(0)
+        nanoseconds = column.cast(pa.int64())
         finer = pc.not_equal(pc.subtract(nanoseconds, pc.multiply(pc.divide(nanoseconds, 1000), 1000)), 0)
         if pc.any(finer).as_py():
             return (

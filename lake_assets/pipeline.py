@@ -843,8 +843,8 @@ def store_partitions(
     files = [
         uri for value in written for uri in parquet_files(storage, partition_folder(location, column, value))
     ]
+    removed.retire()  # first: a failure recording the new files leaves no record of a removed one
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
-    removed.retire()
     return written, files
 
 

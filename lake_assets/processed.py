@@ -386,8 +386,11 @@ ProcessedWith = Callable[[str, Sequence[Entry]], bool]
 
 
 def processed_with(storage: Storage, notes: dict[str, dict[str, ProcessedFile]]) -> ProcessedWith:
-    """`ProcessedWith` by the partitions' processed notes (`read_notes`): true when planning a run
-    would find nothing changed in the partition (`changed_partitions`)."""
+    """`ProcessedWith` by the partitions' processed notes (`read_notes`): true when the landed
+    files are those the note names, as planning compares them (`changed_partitions`). Planning
+    also runs partitions asked to run again, and, for formats whose files share data, those
+    holding data of a file removed elsewhere: a caller leaves those out of `notes`, or does not
+    use this."""
 
     def unchanged(partition: str, files: Sequence[Entry]) -> bool:
         note = notes.get(partition)

@@ -737,15 +737,24 @@ def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
     it is, so that it is never taken for damage, which asks for a rebuild."""
     with storage.open_input_file(uri) as handle:
         size = handle.size()
-        end = handle.read_at(min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))
+        end = _read_exactly(handle, uri, min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))
         if size < 12 or end[-4:] != _PARQUET_MAGIC:
             raise DamagedLakeFile(uri, f"not Parquet: its {size} bytes do not end in PAR1")
         length = int.from_bytes(end[-8:-4], "little")
         if length > size - 12:
             raise DamagedLakeFile(uri, f"its footer claims {length} bytes, more than the file holds")
         if length + 8 > len(end):
-            end = handle.read_at(length + 8, size - length - 8)
+            end = _read_exactly(handle, uri, length + 8, size - length - 8)
     try:  # the footer alone, behind a leading magic: all a footer's decoding reads
         return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
     except FILE_ERRORS as exc:
         raise DamagedLakeFile(uri, first_line(exc)) from exc
+
+
+def _read_exactly(handle, uri: str, length: int, offset: int) -> bytes:
+    """`length` bytes at `offset`. Fewer is a failed read (a connection closed before its last
+    byte), raised as one: taken for the file's bytes, it would read as damage."""
+    data = handle.read_at(length, offset)
+    if len(data) != length:
+        raise StorageRequestError(f"reading {uri}: {len(data)} of the {length} bytes asked at {offset} came")
+    return data

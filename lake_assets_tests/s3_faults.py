@@ -80,7 +80,9 @@ class FaultyS3:
         with self.faults.lock:
             for method in methods:
                 self.faults.of_request[(f"/{bucket}/{key}", method)] = how
-                if times is not None:
+                if times is None:
+                    self.faults.remaining.pop((f"/{bucket}/{key}", method), None)
+                else:
                     self.faults.remaining[(f"/{bucket}/{key}", method)] = times
 
     def heal(self) -> None:

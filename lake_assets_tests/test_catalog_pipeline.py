@@ -266,6 +266,11 @@ def test_a_span_that_cannot_be_read_now_is_a_failure_not_a_missing_span(tmp_path
         removed([uri])
     assert removed.pending == []
 
+    # a fold killed mid-commit is finished with files of its delete list gone already
+    gone = RemovedFiles(Storage(), store=None, feed="unit", table="accounts", time_columns=("t",))
+    gone([f"file://{tmp_path / 'deleted-before-the-kill.parquet'}"])
+    assert gone.pending == []
+
     (tmp_path / "garbled.parquet").write_bytes(b"PAR1 not a footer PAR1")
     assert parquet_span(Storage(), f"file://{tmp_path / 'garbled.parquet'}", ("t",)) is None
     unit = format_for(FeedConfig(name="unit", format="unit_cdc", landing=f"file://{tmp_path}"))

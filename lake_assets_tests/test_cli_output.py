@@ -137,5 +137,5 @@ def test_the_summary_says_where_the_quarantined_files_are_named():
         TableSummary("unit", "cards", LayerRows(1, 1, 1), quarantined=1),
     ]
     lines = format_summary(tables).splitlines()
-    assert lines[-1] == "3 file(s) in quarantine: `lake-assets status` names each with its reason"
+    assert lines[-1] == "3 file(s) in quarantine: `lake-assets status --config …` names each with its reason"
     assert "in quarantine" not in format_summary([dataclasses.replace(t, quarantined=0) for t in tables])

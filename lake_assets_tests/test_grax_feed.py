@@ -1284,6 +1284,13 @@ def test_a_batch_sensor_started_after_a_cli_run_runs_only_the_batches_that_chang
 
     cursor, runs = grax_lake.sensor_tick(config, instance, None)
     assert runs == 0
+    # a deployment's instance that the CLI's run did not register them in: the UI can run them
+    fresh = dg.DagsterInstance.ephemeral()
+    assert grax_lake.sensor_tick(config, fresh, None)[1] == 0
+    assert fresh.get_dynamic_partitions(batch_partitions_name("grax", grax_lake.TABLE)) == [
+        "000000001",
+        "000000002",
+    ]
     grax_lake.land(landing, "000000003", "data-1.parquet", [grax_lake.version("c", 3, "01", name="C")])
     cursor, runs = grax_lake.sensor_tick(config, instance, cursor)
     assert runs == 1

@@ -834,7 +834,11 @@ def test_a_nanosecond_key_after_a_nested_column_is_checked_by_its_own_stored_typ
         }
     )
     pq.write_table(table, tmp_path / "nested.parquet")
-    reason = _keys_finer_than_microseconds(pq.ParquetFile(tmp_path / "nested.parquet"), ("id",))
+    path = tmp_path / "nested.parquet"
+    footer = pq.ParquetFile(path).metadata
+    reason = _keys_finer_than_microseconds(
+        Storage(), f"file://{path}", footer.schema.to_arrow_schema(), footer, ("id",)
+    )
     assert reason is not None and "key column 'id'" in reason
 
 

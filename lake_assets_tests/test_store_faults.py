@@ -161,9 +161,14 @@ def test_a_footer_read_the_store_fails_for_a_while_is_asked_again_and_sets_no_fi
     `changes` in a run that exits 0, and its partition's note would have named it processed)."""
     with FaultyS3(moto_server.url).serving() as s3:
         landing, through, hours = _catalogued_then_read_through(s3, moto_server, tmp_path)
+        asked, ask = [], through.storage.refusal_to_read
+        through.storage.refusal_to_read = lambda uri: (asked.append(uri), ask(uri))[1]
         s3.fail(landing.bucket, landing.victim, THROTTLE, times=PYARROW_S3_ATTEMPTS)
         ingested = pipeline.ingest(spark, through, hours)
         assert s3.delivered(THROTTLE) == PYARROW_S3_ATTEMPTS
+        assert asked == [
+            f"s3a://{landing.bucket}/{landing.victim}"
+        ]  # the store was asked, then the footer read again
 
     assert not quarantine_notes(landing.lake)
     assert ingested.batch.events is not None
@@ -171,13 +176,18 @@ def test_a_footer_read_the_store_fails_for_a_while_is_asked_again_and_sets_no_fi
     assert f"s3a://{landing.bucket}/{landing.victim}" in read
 
 
-def test_a_footer_the_store_keeps_failing_fails_the_run_and_sets_no_file_aside(tmp_path, moto_server, spark):
-    """The same request failing on and on, the store's answer to the lake's own client fails the
-    run, and no file is set aside: a later run reads it."""
+@pytest.mark.parametrize("how, named", [(THROTTLE, "SlowDown"), (CUT, "failed twice while the store serves")])
+def test_a_footer_the_store_keeps_failing_fails_the_run_and_sets_no_file_aside(
+    tmp_path, moto_server, spark, how, named
+):
+    """A footer read failing on and on fails the run, and no file is set aside, so a later run
+    reads it: throttled, the store's own answer says so; cut after its headers (the store
+    answers a request, and the bytes never come), the same failure twice is not taken for
+    damage."""
     with FaultyS3(moto_server.url).serving() as s3:
         landing, through, hours = _catalogued_then_read_through(s3, moto_server, tmp_path)
-        s3.fail(landing.bucket, landing.victim, THROTTLE)
-        with pytest.raises(StorageRequestError, match="SlowDown"):
+        s3.fail(landing.bucket, landing.victim, how)
+        with pytest.raises(StorageRequestError, match=named):
             pipeline.ingest(spark, through, hours)
     assert not quarantine_notes(landing.lake)
 

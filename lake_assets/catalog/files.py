@@ -96,12 +96,18 @@ def parquet_span(storage: Storage, uri: str, columns: Iterable[str]) -> tuple[in
     """(min, max) in ms of the first of `columns` the file has, from its footer statistics only.
 
     Any span is kept as it is (a row dated 9999 included): the catalog indexes any span. A
-    file that is no Parquet has none; a failure to read it is raised: the span places the file's
-    record, and a record and its retirement placed apart (one by the span, one by the
-    modification time, for want of it) would leave the record of a removed file behind."""
+    file that is no Parquet, or gone, has none (a gone file is neither recorded nor retired).
+    A failure to read it is tried once more, then raised: the span places the file's record,
+    and a record and its retirement placed apart (one by the span, one by the modification
+    time, for want of it) would leave the record of a removed file behind."""
     try:
-        meta = parquet_footer(storage, uri)
-    except DamagedLakeFile:  # bytes that are no footer: the caller falls back
+        try:
+            meta = parquet_footer(storage, uri)
+        except FILE_ERRORS as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            meta = parquet_footer(storage, uri)  # most failures of a read pass
+    except (DamagedLakeFile, FileNotFoundError):  # no footer, or no file: the caller falls back
         return None
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     for column in columns:

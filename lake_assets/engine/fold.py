@@ -297,7 +297,7 @@ def read_open_set(
     spark: SparkSession, storage: Storage, state: TableState, spec: m.TableSpec, touched: DataFrame
 ) -> OpenSet:
     """The stored open rows, split by the `touched` keys (with their `FROM`)."""
-    paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
+    paths = state.open_folders(storage)
     rows = _read(spark, storage, paths, spec)
     if rows is None:
         return OpenSet(paths)
@@ -556,7 +556,7 @@ def plan_state_commit(
     for files in (*rewrite.values(), *compact.values()):
         plan.deletes.extend(files)
     appended = []
-    for kind, final_root in (("history", state.history_closed), ("delete", state.deletes_closed)):
+    for kind, final_root in state.closed_roots:
         for day, staged_files in sorted(_staged_closed_days(storage, stage, kind).items()):
             plan.stage_files(staged_files, f"{final_root}/{day}")
             if (kind, day) not in rewrite and (kind, day) not in compact:
@@ -618,7 +618,7 @@ def _totals(marked: DataFrame, open_rows: DataFrame | None, keys: list[str]) -> 
 
 
 def _any_closed_days(storage: Storage, state: TableState) -> bool:
-    return any(closed_days(storage, root) for root in (state.history_closed, state.deletes_closed))
+    return any(closed_days(storage, root) for _, root in state.closed_roots)
 
 
 def _earlier(moment, delta: dt.timedelta):
@@ -710,7 +710,7 @@ def closed_files_ending_from(
     floor = ending_from.date().isoformat() if ending_from else ""
     candidates = {
         (kind, day): parquet_files(storage, uri)
-        for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed))
+        for kind, root in state.closed_roots
         for day, uri in closed_days(storage, root).items()
         if day >= floor
     }
@@ -758,7 +758,7 @@ def settled_days_to_compact(
     last = since.date()
     first = _earlier(last, dt.timedelta(days=COMPACT_LOOKBACK_DAYS)).isoformat()
     found = {}
-    for kind, root in (("history", state.history_closed), ("delete", state.deletes_closed)):
+    for kind, root in state.closed_roots:
         for day, uri in closed_days(storage, root).items():
             if first <= day < last.isoformat() and (kind, day) not in skip:
                 files = parquet_files(storage, uri)
@@ -774,7 +774,7 @@ def stored_rows_since(
     the open set plus the closed files from `since` on. What the last fold could have changed."""
     ending_from = _earlier(since, _END_GAP) if since else None
     closed = closed_files_ending_from(storage, state, spec, ending_from)
-    paths = [f for f in (state.history_active, state.deletes_active) if storage.exists(f)]
+    paths = state.open_folders(storage)
     paths += [uri for files in closed.values() for uri in files]
     if not paths:
         return None

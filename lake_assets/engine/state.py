@@ -89,6 +89,15 @@ class TableState:
         return f"{self.state_root}/deletes/closed"
 
     @property
+    def closed_roots(self) -> tuple[tuple[str, str], ...]:
+        """(kind, folder) of the closed rows: history's ("history") and the deletes' ("delete")."""
+        return (("history", self.history_closed), ("delete", self.deletes_closed))
+
+    def open_folders(self, storage: Storage) -> list[str]:
+        """The open set's folders that exist: history's active rows and the open deletes."""
+        return [f for f in (self.history_active, self.deletes_active) if storage.exists(f)]
+
+    @property
     def purged(self) -> str:
         return f"{self.state_root}/purged"
 

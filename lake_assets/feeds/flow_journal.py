@@ -985,30 +985,19 @@ class FlowJournalFormat(FeedFormat):
             if bodies is not None and rows_in:
                 parsed = self._parsed(spark, bodies, found)
                 events = self._events(parsed, collection).localCheckpoint(eager=True)
-        if events is None:
-            return Batch(
-                None,
-                listed,
-                read,
-                0,
-                0,
-                0,
-                quarantined,
-                files_skipped=skipped,
-                gaps=gaps,
-                counts=found.counts,
-                committed_elsewhere=found.elsewhere,
-                reading=reading,
-            )
-        collapsed = collapse_counted(events, self.table_spec(table), keep=False)
-        repaired = text_repaired_per_file(events, m.SOURCE_FILE) if collapsed.text_repaired else {}
+        collapsed = None if events is None else collapse_counted(events, self.table_spec(table), keep=False)
+        repaired = (
+            text_repaired_per_file(events, m.SOURCE_FILE)
+            if events is not None and collapsed is not None and collapsed.text_repaired
+            else {}
+        )
         return Batch(
-            collapsed.events,
+            None if collapsed is None else collapsed.events,
             listed,
             read,
             rows_in,
-            collapsed.events_out,
-            collapsed.duplicates,
+            0 if collapsed is None else collapsed.events_out,
+            0 if collapsed is None else collapsed.duplicates,
             quarantined,
             files_skipped=skipped,
             gaps=gaps,

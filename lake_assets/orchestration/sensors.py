@@ -170,17 +170,24 @@ def _hourly_runs(
 
 
 def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
-    """For a table's first scan: what the lake processed, from its notes (read once). A damaged
-    note is no reason to stop watching the table: its first scan then runs every partition."""
+    """For a table's first scan: what the lake processed, from its notes (read once), less the
+    partitions a run asked to run again. None (run every partition with files, as a first scan
+    always did) for a format whose files share data (Flow: a fragment removed from one hour may
+    change what another hour's unchanged files give, which only planning over every hour sees),
+    and when a note or request is damaged (no reason to stop watching the table)."""
+    if tick.fmt.files_share_data:
+        return None
+    storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
-        notes = read_notes(tick.storage, tick.layout, tick.feed.name, table, tick.fmt.is_partition_key)
+        notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
+        asked = reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key)
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
-            f"{tick.feed.name}/{table}: its processed notes are not read, so this first scan runs "
-            f"every partition with files: {damaged}"
+            f"{feed}/{table}: its processed notes are not read, so this first scan runs every "
+            f"partition with files: {damaged}"
         )
         return None
-    return processed_with(tick.storage, notes)
+    return processed_with(storage, {p: note for p, note in notes.items() if p not in asked})
 
 
 _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
@@ -297,23 +304,26 @@ def _batch_runs(
     """One batch table's runs for this tick, what it observed, the batches it registers, and
     its cursor after it."""
     feed = tick.feed
-    processed = _processed_with(tick, assets.table) if cursor.last is None else None
+    first_scan = cursor.last is None
+    processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
-    if not found:
-        strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
-        return strays, [], [], cursor
-    cursor = _strays_reported(cursor)
     partitions = _batch_partitions(assets)
     known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
-    added = [f.partition for f in found if f.partition not in registered]
+    # A first scan registers the batches it found processed too: the UI can then re-run them.
+    landed = tick.fmt.partition_keys(tick.storage, feed.landing, assets.table) if first_scan else []
+    added = sorted({*landed, *(f.partition for f in found)} - registered, key=tick.fmt.partition_order)
+    additions = [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
+    if not found:
+        strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
+        return strays, [], additions, cursor
+    cursor = _strays_reported(cursor)
     # One run per stretch the instance holds in a row: batches registered out of order
     # (by a `--from/--to` run) make more than one.
     requests = [
         _range_run(feed.name, assets, stretch[0], stretch[-1], [f for f in found if f.partition in stretch])
         for stretch in stretches_in_order([*known, *added], [f.partition for f in found])
     ]
-    additions = [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
     return requests, [_observation(assets, found)], additions, cursor
 
 
