@@ -129,6 +129,8 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
             or fmt.vet_schema(schema)
             or _keys_finer_than_microseconds(storage, entry.uri, schema, footer, keys)
         )
+    except StorageRequestError:  # a failure that may pass
+        raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for footers it cannot use
         return None, _unreadable(f"{type(exc).__name__}: {exc}")
     return ((schema, rows, stored), None) if reason is None else (None, reason)
@@ -142,7 +144,7 @@ def _footer_read(storage: Storage, uri: str) -> pq.FileMetaData:
     except DamagedLakeFile:
         raise
     except FILE_ERRORS as first:
-        if storage.refusal_to_read(uri) is not None:
+        if _refused_or_gone(storage, uri):
             raise
         try:
             return parquet_footer(storage, uri)
@@ -153,6 +155,17 @@ def _footer_read(storage: Storage, uri: str) -> pq.FileMetaData:
                 f"reading the footer of {uri} failed twice while the store serves the file: "
                 f"{first_line(first)}; then {first_line(again)}"
             ) from again
+
+
+def _refused_or_gone(storage: Storage, uri: str) -> bool:
+    """Whether the store says the file is gone or refuses it for good; its failure to answer is
+    raised as a failed request (`StorageRequestError`), on S3 as on a local or mounted share."""
+    try:
+        return storage.refusal_to_read(uri) is not None
+    except StorageRequestError:
+        raise
+    except FILE_ERRORS as failing:
+        raise StorageRequestError(f"reading {uri}: {first_line(failing)}") from failing
 
 
 def _unreadable(cause: str) -> str:

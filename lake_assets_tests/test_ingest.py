@@ -936,3 +936,27 @@ def test_a_failed_request_is_told_from_a_damaged_file_by_the_causes_spark_report
     # a network failure's subclass, known by its text alone
     for named in ("java.net.ConnectException: Connection refused", "javax.net.ssl.SSLHandshakeException: x"):
         assert is_request_failure(RuntimeError(f"Job aborted.\nCaused by: {named}")), named
+
+
+def test_a_footer_a_mounted_share_fails_to_read_fails_the_run_and_sets_no_file_aside(tmp_path):
+    """On a local or mounted landing a read failing with an I/O error (EIO, a stale handle) is a
+    failure that may pass, like a store's throttle: the run fails, and the file is not set aside
+    as damaged (before, only S3's answers were told apart)."""
+    import errno
+
+    from lake_assets.errors import StorageRequestError
+    from lake_assets.feeds.unit_cdc import UnitCdcFormat
+    from lake_assets.ingest import _vet
+
+    class FailingShare(Storage):
+        def open_input_file(self, uri: str):
+            raise OSError(errno.EIO, "Input/output error", uri)
+
+        def refusal_to_read(self, uri: str):
+            raise OSError(errno.EIO, "Input/output error", uri)
+
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": [1]}), path)
+    entry = next(e for e in Storage().list(f"file://{tmp_path}") if e.name == "part-0.parquet")
+    with pytest.raises(StorageRequestError, match="Input/output error"):
+        _vet(FailingShare(), UnitCdcFormat(), entry, ("id",))

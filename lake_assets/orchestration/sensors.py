@@ -307,6 +307,9 @@ def _batch_runs(
     first_scan = cursor.last is None
     processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
+    if not found and not first_scan:
+        strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
+        return strays, [], [], cursor
     partitions = _batch_partitions(assets)
     known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
