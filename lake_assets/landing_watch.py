@@ -40,6 +40,11 @@ class TableCursor:
     #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
     strays_looked_at: float | None = None
 
+    @property
+    def first_scan(self) -> bool:
+        """Whether the cursor has seen nothing of the table yet (a sensor new to it, or reset)."""
+        return self.high_water is None and not self.seen
+
 
 @dataclasses.dataclass(frozen=True)
 class NewFiles:
@@ -103,7 +108,7 @@ def scan_table(
         since = min(since, parse_hour_key(first_hour))
     found: list[NewFiles] = []
     before_start: list[str] = []
-    first_scan = cursor.high_water is None and not cursor.seen
+    first_scan = cursor.first_scan
     seen = dict(cursor.seen)
     listed = fmt.landed_hours(storage, landing, table, since)
     # An hour remembered but no longer listed lost every file: a run empties it. (A cursor held
@@ -234,6 +239,11 @@ class BatchCursor:
     #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
     strays_looked_at: float | None = None
 
+    @property
+    def first_scan(self) -> bool:
+        """Whether the cursor has seen no batch of the table yet (a sensor new to it, or reset)."""
+        return self.last is None
+
 
 def scan_batches(
     storage: Storage,
@@ -271,7 +281,7 @@ def scan_batches(
             fresh, removed = _compared(versions, cursor.open_files)
         else:
             fresh, removed = tuple(sorted(entry.name for entry in entries)), ()
-        if (fresh or removed) and _first_scan_finds(cursor.last is None, processed, key, entries):
+        if (fresh or removed) and _first_scan_finds(cursor.first_scan, processed, key, entries):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         last, open_files = key, sorted(versions)
     return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)

@@ -137,7 +137,7 @@ def _hourly_runs(
     """One hourly table's runs for this tick, what it observed, and its cursor after it."""
     context, storage, layout, feed, fmt = tick.context, tick.storage, tick.layout, tick.feed, tick.fmt
     name, first = assets.table, _first_hour(assets)
-    processed = _processed_with(tick, name) if cursor.high_water is None and not cursor.seen else None
+    processed = _processed_with(tick, name) if cursor.first_scan else None
     found, cursor, before_start = scan_table(
         storage, fmt, feed.landing, name, cursor, feed.late_hours, first, processed
     )
@@ -304,7 +304,7 @@ def _batch_runs(
     """One batch table's runs for this tick, what it observed, the batches it registers, and
     its cursor after it."""
     feed = tick.feed
-    first_scan = cursor.last is None
+    first_scan = cursor.first_scan
     processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
     if not found and not first_scan:
