@@ -196,6 +196,8 @@ def test_a_step_failing_because_the_driver_jvm_is_gone_says_so():
     in_py4j = '  File "/venv/lib/python3.11/site-packages/py4j/clientserver.py", line 506, in send_command\n'
     assert _reason(failure("ConnectionRefusedError", in_py4j)).startswith("the Spark driver's JVM is gone")
     assert "Connection refused" in _reason(failure("ConnectionRefusedError", in_py4j))
+    for killed_during_a_call in ("ConnectionResetError", "BrokenPipeError"):
+        assert _reason(failure(killed_during_a_call, in_py4j)).startswith("the Spark driver's JVM is gone")
     elsewhere = '  File "/venv/lib/python3.11/site-packages/urllib3/connection.py", line 1, in connect\n'
     assert _reason(failure("ConnectionRefusedError", elsewhere)) == (
         "ConnectionRefusedError: [Errno 111] Connection refused"

@@ -213,12 +213,23 @@ def _reason(failure) -> str:
     return first_line(error.message)
 
 
+#: what PySpark's gateway raises when the driver JVM is gone: refused when it died between two
+#: calls, reset or a broken pipe when it died during one
+_GATEWAY_LOST = frozenset(
+    {
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+        "Py4JNetworkError",
+    }
+)
+
+
 def _driver_unreachable(error) -> bool:
     """Whether an error is PySpark's gateway failing to reach the driver JVM: said plainly, a
     bare 'Connection refused' reads like the store's fault."""
-    return error.cls_name in ("ConnectionRefusedError", "Py4JNetworkError") and any(
-        "/py4j/" in frame for frame in error.stack
-    )
+    return error.cls_name in _GATEWAY_LOST and any("/py4j/" in frame for frame in error.stack)
 
 
 def _subclass_names(base: type[Exception]) -> set[str]:
