@@ -20,7 +20,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -99,7 +99,11 @@ def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> li
     if len(items) < 2:
         return [request(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_REQUESTS, len(items))) as pool:
-        return list(pool.map(request, items))
+        # Not `pool.map`: its first failure cancels the requests not yet started, so some notes
+        # of a run would be written and the rest not even tried.
+        requests = [pool.submit(request, item) for item in items]
+        wait(requests)
+    return [done.result() for done in requests]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,8 @@ Pure: botocore's errors are built as S3 sends them; no server."""
 
 from __future__ import annotations
 
+import time
+
 import botocore.exceptions
 import pytest
 
@@ -56,3 +58,28 @@ def test_a_local_permission_error_refuses_and_another_error_does_not():
     assert not _refuses_for_good(
         botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
     )
+
+
+def test_each_file_tries_every_item_before_it_raises_the_first_failure():
+    """A run writes its notes (and reads footers) with `each_file`; one failure must not leave
+    the items queued behind it untried."""
+    import threading
+
+    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, each_file
+
+    tried: list[int] = []
+    lock = threading.Lock()
+
+    def request(item: int) -> int:
+        with lock:
+            tried.append(item)
+        if item == 0:
+            raise OSError("the first request failed")
+        time.sleep(0.01)
+        return item
+
+    items = range(PARALLEL_SMALL_REQUESTS * 4)
+    with pytest.raises(OSError, match="the first request failed"):
+        each_file(request, items)
+    assert sorted(tried) == list(items)
+    assert each_file(lambda item: item * 2, range(40)) == [item * 2 for item in range(40)]
