@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -38,7 +40,7 @@ from lake_assets.errors import DamagedLakeFile, SchemaClash, StorageRequestError
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, parquet_footer
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, parquet_column, parquet_footer
 
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
@@ -108,20 +110,11 @@ BOMB_RATIO = 100
 def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...]):
     """(schema, rows, stored types) of a usable file, or the reason it is not usable.
 
-    The footer's bytes are read apart from their decoding (`storage.parquet_footer`), so a
-    failed request to the store is never taken for a damaged file: a read failure sets the file
-    aside only when the store says it is gone or refuses it for good (`Storage.refusal_to_read`,
-    which raises a failure that may pass); otherwise it is read once more, and a second failure
-    fails the run, which sets nothing aside, for a later run to read it."""
+    Every read of a landed file's bytes here keeps them apart from their decoding
+    (`storage.parquet_footer`, `storage.parquet_column`), so a failed request to the store is
+    never taken for a damaged file (`_read_landed`)."""
     try:
-        footer = _footer_read(storage, entry.uri)
-    except DamagedLakeFile as damaged:
-        return None, _unreadable(damaged.cause)
-    except StorageRequestError:  # a failure that may pass
-        raise
-    except FILE_ERRORS as exc:  # gone, or refused for good: setting it aside says which
-        return None, _unreadable(f"{type(exc).__name__}: {exc}")
-    try:
+        footer = _read_landed(storage, entry.uri, parquet_footer)
         schema, rows, stored = footer.schema.to_arrow_schema(), footer.num_rows, _stored_types(footer.schema)
         reason = (
             _decompression_bomb(footer)
@@ -129,6 +122,8 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
             or fmt.vet_schema(schema)
             or _keys_finer_than_microseconds(storage, entry.uri, schema, footer, keys)
         )
+    except _SetAside as unusable:
+        return None, _unreadable(unusable.cause)
     except StorageRequestError:  # a failure that may pass
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for footers it cannot use
@@ -136,32 +131,48 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
     return ((schema, rows, stored), None) if reason is None else (None, reason)
 
 
-def _footer_read(storage: Storage, uri: str) -> pq.FileMetaData:
-    """The file's footer; a read failure that the store does not explain (gone, refused for
-    good: raised as they are) is tried once more, then raised as a failed request."""
+class _SetAside(Exception):
+    """A landed file that cannot be read for good (damaged, gone, refused by its store), and why."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+_Read = TypeVar("_Read")
+
+
+def _read_landed(storage: Storage, uri: str, read: Callable[[Storage, str], _Read]) -> _Read:
+    """What `read` gives of a landed file. Bytes that do not decode, and a read failure the store
+    explains (the file is gone, or refused for good), raise `_SetAside`; any other read failure
+    is tried once more and then raised as a failed request, which fails the run and sets
+    nothing aside, for a later run to read the file."""
     try:
-        return parquet_footer(storage, uri)
-    except DamagedLakeFile:
-        raise
+        return read(storage, uri)
+    except DamagedLakeFile as damaged:
+        raise _SetAside(damaged.cause) from damaged
     except FILE_ERRORS as first:
-        if _refused_or_gone(storage, uri):
-            raise
+        refusal = _refusal(storage, uri)
+        if refusal is not None:
+            # a failed request says nothing of the file: the store's refusal does
+            told = refusal if isinstance(first, StorageRequestError) else first
+            raise _SetAside(f"{type(told).__name__}: {told}") from first
         try:
-            return parquet_footer(storage, uri)
-        except DamagedLakeFile:
-            raise
+            return read(storage, uri)
+        except DamagedLakeFile as damaged:
+            raise _SetAside(damaged.cause) from damaged
         except FILE_ERRORS as again:
             raise StorageRequestError(
-                f"reading the footer of {uri} failed twice while the store serves the file: "
+                f"reading {uri} failed twice while the store serves the file: "
                 f"{first_line(first)}; then {first_line(again)}"
             ) from again
 
 
-def _refused_or_gone(storage: Storage, uri: str) -> bool:
-    """Whether the store says the file is gone or refuses it for good; its failure to answer is
-    raised as a failed request (`StorageRequestError`), on S3 as on a local or mounted share."""
+def _refusal(storage: Storage, uri: str) -> Exception | None:
+    """The store's word that the file is gone or refused for good (`Storage.refusal_to_read`);
+    its failure to answer is raised as a failed request, on S3 as on a local or mounted share."""
     try:
-        return storage.refusal_to_read(uri) is not None
+        return storage.refusal_to_read(uri)
     except StorageRequestError:
         raise
     except FILE_ERRORS as failing:
@@ -191,8 +202,7 @@ def _keys_finer_than_microseconds(
             or stored_as.get(field.name) != "INT64"
         ):
             continue
-        with storage.open_input_file(uri) as handle:
-            column = pq.ParquetFile(handle).read(columns=[field.name]).column(0)
+        column = _read_landed(storage, uri, functools.partial(parquet_column, name=field.name))
         nanoseconds = column.cast(pa.int64())
         finer = pc.not_equal(pc.subtract(nanoseconds, pc.multiply(pc.divide(nanoseconds, 1000), 1000)), 0)
         if pc.any(finer).as_py():

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import email.utils
 import errno
+import io
 import os
 import re
 import stat
@@ -315,21 +316,15 @@ class Storage:
         prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
         files: builtins.list[Entry] = []
         folders: set[str] = set()
-        with _s3_request(f"listing {uri}", self, absent_is_empty=True):
-            pages = (
-                self._s3_client()
-                .get_paginator("list_objects_v2")
-                .paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-            )
-            for page in pages:
-                folders.update(p["Prefix"][len(prefix) : -1] for p in page.get("CommonPrefixes", []))
-                files += [
-                    _listed_object(
-                        listed, self._uri(uri, listed["Key"][len(prefix) :]), listed["Key"][len(prefix) :]
-                    )
-                    for listed in page.get("Contents", [])
-                    if not _folder_marker(listed["Key"][len(prefix) :], int(listed["Size"]))
-                ]
+        for page in self._listing(f"listing {uri}", bucket, Prefix=prefix, Delimiter="/"):
+            folders.update(p["Prefix"][len(prefix) : -1] for p in page.get("CommonPrefixes", []))
+            files += [
+                _listed_object(
+                    listed, self._uri(uri, listed["Key"][len(prefix) :]), listed["Key"][len(prefix) :]
+                )
+                for listed in page.get("Contents", [])
+                if not _folder_marker(listed["Key"][len(prefix) :], int(listed["Size"]))
+            ]
         named = [
             *(
                 dataclasses.replace(e, unreadable=_KEY_THAT_IS_A_FOLDER) if e.name in folders else e
@@ -414,26 +409,24 @@ class Storage:
         prefix = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
         found: dict[str, Entry] = {}
         folders: set[str] = set()  # every key's parent folders, below the prefix
-        with _s3_request(f"listing {uri}", self, absent_is_empty=True):
-            pages = self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            for page in pages:
-                for listed in page.get("Contents", []):
-                    relative = listed["Key"][len(prefix) :]
-                    segments = relative.split("/")
-                    folders.update("/".join(segments[:end]) for end in range(1, len(segments)))
-                    if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
-                        continue
-                    size = int(listed["Size"])
-                    if _folder_marker(segments[-1], size):
-                        continue
-                    found[relative] = dataclasses.replace(
-                        _listed_object(
-                            listed,
-                            f"{uri.rstrip('/')}/{relative}",
-                            next((s for s in reversed(segments) if s), relative),
-                        ),
-                        unreadable=_unnameable_key(segments, size),
-                    )
+        for page in self._listing(f"listing {uri}", bucket, Prefix=prefix):
+            for listed in page.get("Contents", []):
+                relative = listed["Key"][len(prefix) :]
+                segments = relative.split("/")
+                folders.update("/".join(segments[:end]) for end in range(1, len(segments)))
+                if any(skip(s) for s in segments if s not in _UNNAMEABLE_SEGMENTS):
+                    continue
+                size = int(listed["Size"])
+                if _folder_marker(segments[-1], size):
+                    continue
+                found[relative] = dataclasses.replace(
+                    _listed_object(
+                        listed,
+                        f"{uri.rstrip('/')}/{relative}",
+                        next((s for s in reversed(segments) if s), relative),
+                    ),
+                    unreadable=_unnameable_key(segments, size),
+                )
         for relative, entry in found.items():
             shadowed = relative in folders and entry.unreadable is None
             yield dataclasses.replace(entry, unreadable=_KEY_THAT_IS_A_FOLDER) if shadowed else entry
@@ -540,22 +533,22 @@ class Storage:
         if not ordered:  # a directory bucket lists only prefixes that end in '/'
             prefix = prefix[: prefix.rfind("/") + 1]
         found: dict[str, Entry] = {}
-        with _s3_request(
-            f"looking up landed files again: listing {bucket}/{prefix}", self, absent_is_empty=True
-        ):
-            pages = (
-                self._s3_client()
-                .get_paginator("list_objects_v2")
-                .paginate(Bucket=bucket, Prefix=prefix, **start)
-            )
-            for page in pages:
-                for listed in page.get("Contents", []):
-                    key = listed["Key"]
-                    if ordered and key > last:
-                        return found
-                    for uri in uris_of.get(key, ()):
-                        found[uri] = _listed_object(listed, uri, key.rsplit("/", 1)[-1])
+        looking = f"looking up landed files again: listing {bucket}/{prefix}"
+        for page in self._listing(looking, bucket, Prefix=prefix, **start):
+            for listed in page.get("Contents", []):
+                key = listed["Key"]
+                if ordered and key > last:
+                    return found
+                for uri in uris_of.get(key, ()):
+                    found[uri] = _listed_object(listed, uri, key.rsplit("/", 1)[-1])
         return found
+
+    def _listing(self, what: str, bucket: str, **asked: str) -> Iterator[dict]:
+        """The pages of the bucket's listing of its keys (`list_objects_v2` with `asked`), boto3's
+        failures raised as `StorageRequestError` naming `what`; a bucket that does not exist
+        lists as empty, as pyarrow's listing does."""
+        with _s3_request(what, self, absent_is_empty=True):
+            yield from self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, **asked)
 
     def exists(self, uri: str) -> bool:
         fs, path = self.resolve(uri)
@@ -753,6 +746,65 @@ def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
         return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
     except FILE_ERRORS as exc:
         raise DamagedLakeFile(uri, first_line(exc)) from exc
+
+
+def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:
+    """One column of a Parquet file, its bytes read apart from their decoding as
+    `parquet_footer`'s are: bytes that do not decode raise `DamagedLakeFile`, a failure to read
+    them is raised as it is."""
+    with storage.open_input_file(uri) as handle:
+        try:
+            return (
+                pq.ParquetFile(pa.PythonFile(_StoredBytes(handle, uri), mode="r"))
+                .read(columns=[name])
+                .column(0)
+            )
+        except _ByteReadFailed as failed:
+            raise failed.cause from None
+        except Exception as exc:  # pyarrow raises several types for bytes it cannot decode
+            raise DamagedLakeFile(uri, first_line(exc)) from exc
+
+
+class _ByteReadFailed(Exception):
+    """A failed read of a file's bytes, carried through pyarrow's decoding (which hands a Python
+    reader's exception back as it was raised) so it is not taken for the bytes' fault."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _StoredBytes(io.RawIOBase):
+    """A store's file as the Python file pyarrow decodes from, each read exact (`_read_exactly`)
+    and its failure marked as the store's (`_ByteReadFailed`)."""
+
+    def __init__(self, handle, uri: str):
+        super().__init__()
+        self._handle, self._uri, self._at = handle, uri, 0
+        self._size = handle.size()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        wanted = max(0, min(len(buffer), self._size - self._at))
+        if wanted:
+            try:
+                buffer[:wanted] = _read_exactly(self._handle, self._uri, wanted, self._at)
+            except Exception as exc:
+                raise _ByteReadFailed(exc) from exc
+            self._at += wanted
+        return wanted
 
 
 def _read_exactly(handle, uri: str, length: int, offset: int) -> bytes:

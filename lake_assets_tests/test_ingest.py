@@ -21,7 +21,7 @@ from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.ingest import SPARK_ERRORS, _BatchFiles, read_batch
 from lake_assets.lake_io import is_request_failure
 from lake_assets.runner import run_feeds
-from lake_assets.storage import Storage, data_files
+from lake_assets.storage import Entry, Storage, data_files
 from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
 from lake_assets_tests.test_flow_feed import PRODUCER, doc_line, write_fragment
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
@@ -840,6 +840,104 @@ def test_a_nanosecond_key_after_a_nested_column_is_checked_by_its_own_stored_typ
         Storage(), f"file://{path}", footer.schema.to_arrow_schema(), footer, ("id",)
     )
     assert reason is not None and "key column 'id'" in reason
+
+
+class _HandedOut:
+    """A file handle of `Storage` whose reads go through `read_at(handle, length, offset)`."""
+
+    def __init__(self, handle, read_at):
+        self._handle, self._read_at = handle, read_at
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self._handle.close()
+
+    def size(self) -> int:
+        return self._handle.size()
+
+    def read_at(self, length: int, offset: int) -> bytes:
+        return self._read_at(self._handle, length, offset)
+
+
+def _nanosecond_keys(tmp_path) -> Entry:
+    """A Unit file whose key times are a nanosecond apart, its key column first."""
+    landed = pa.table(
+        {
+            "id": pa.array([1_000_000_001, 1_000_000_002], pa.timestamp("ns")),
+            "cdc_operation_type": ["I", "I"],
+            "cdc_change_seq": pa.array([1, 2], pa.int64()),
+            "cdc_commit_timestamp": pa.array([1, 2], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    pq.write_table(landed, tmp_path / "n.parquet")
+    return next(e for e in Storage().list(f"file://{tmp_path}") if e.name == "n.parquet")
+
+
+def test_a_landed_file_whose_read_came_short_and_that_is_gone_now_is_set_aside(tmp_path):
+    """A read that came short (a connection closed early) is a failed request, and the store,
+    asked, says the file is gone: it is set aside as gone, as every other read failure of a gone
+    file is, not taken for a failure that may pass (which failed the run)."""
+    from lake_assets.ingest import _vet
+
+    class ShortThenGone(Storage):
+        def open_input_file(self, uri: str):
+            return _HandedOut(super().open_input_file(uri), lambda h, n, at: h.read_at(n, at)[: n // 2])
+
+        def refusal_to_read(self, uri: str):
+            return FileNotFoundError(uri)
+
+    entry = _nanosecond_keys(tmp_path)
+    usable, reason = _vet(ShortThenGone(), UnitCdcFormat(), entry, ("id",))
+    assert usable is None and reason == f"not a readable Parquet file (FileNotFoundError: {entry.uri})"
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_the_nanosecond_key_check_tells_a_failed_read_from_damage(tmp_path, failures):
+    """The check of key times finer than a microsecond reads the key column: a read of it that
+    fails once (an I/O error, the file still served) is read again, and the file is judged by its
+    keys; one that fails again fails the run. Before, either was taken for a damaged file and set
+    it aside, its rows gone from `changes` in a run that exited 0."""
+    import errno
+
+    from lake_assets.errors import StorageRequestError
+    from lake_assets.ingest import _vet
+
+    class FailingAfterTheFooter(Storage):
+        opened, failing = 0, failures
+
+        def open_input_file(self, uri: str):
+            self.opened += 1
+            handle = super().open_input_file(uri)
+            return handle if self.opened == 1 else _HandedOut(handle, self._read)
+
+        def _read(self, handle, length: int, offset: int) -> bytes:
+            if self.failing:
+                self.failing -= 1
+                raise OSError(errno.EIO, "Input/output error")
+            return handle.read_at(length, offset)
+
+    entry, storage = _nanosecond_keys(tmp_path), FailingAfterTheFooter()
+    if failures == 2:
+        with pytest.raises(StorageRequestError, match="failed twice while the store serves the file"):
+            _vet(storage, UnitCdcFormat(), entry, ("id",))
+        return
+    usable, reason = _vet(storage, UnitCdcFormat(), entry, ("id",))
+    assert usable is None and "key column 'id' holds times finer than a microsecond" in reason
+
+
+def test_the_nanosecond_key_check_sets_a_file_with_damaged_key_pages_aside(tmp_path):
+    """Bytes of the key column that do not decode, under a sound footer, are the file's damage."""
+    from lake_assets.ingest import _vet
+
+    entry = _nanosecond_keys(tmp_path)
+    path = tmp_path / "n.parquet"
+    data = bytearray(path.read_bytes())
+    data[4:40] = b"\xff" * 36  # the first page's header and values
+    path.write_bytes(bytes(data))
+    usable, reason = _vet(Storage(), UnitCdcFormat(), entry, ("id",))
+    assert usable is None and reason.startswith("not a readable Parquet file ("), reason
 
 
 class _JavaClass:
