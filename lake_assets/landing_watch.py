@@ -95,7 +95,8 @@ def scan_table(
     cursor's uncovers. Hours before `first_hour` are never found (no run could name them) nor
     remembered: they are returned as `before_start` on every scan that lists them. On a first
     scan (a cursor that has seen nothing), an hour the lake last `processed` with the files it
-    holds now is remembered but not found (`_first_scan_finds`)."""
+    holds now is remembered but not found (`_first_scan_finds`), and an hour it processed with
+    files that holds none now is found as emptied."""
     since = window = None
     # A cursor saved while a future-dated folder counted as an hour may point past the hour under
     # way: it is held to it, or the tick would look only at hours no listing returns yet.
@@ -114,6 +115,9 @@ def scan_table(
     # An hour remembered but no longer listed lost every file: a run empties it. (A cursor held
     # to the hour under way may remember later hours, which no listing returns yet.)
     emptied = {key for key in seen if key not in listed and key <= hour_key(current_hour())}
+    # A first scan remembers nothing: the hours the lake processed with files that hold none now.
+    processed_files = processed.emptied(listed) if first_scan and processed is not None else {}
+    emptied |= {key for key in processed_files if key <= hour_key(current_hour())}
     for key in sorted({*listed, *emptied}):
         files = listed.get(key, ())
         if first_hour and key < first_hour:
@@ -122,7 +126,7 @@ def scan_table(
         if window is not None and key < window and key >= uncovered:
             continue  # looked at by the scans before (listed only to reach the uncovered hours)
         versions = {landed_version(entry): entry.name for entry in files}
-        fresh, removed = _compared(versions, seen.get(key, ()))
+        fresh, removed = _compared(versions, seen.get(key, processed_files.get(key, ())))
         if (fresh or removed) and _first_scan_finds(first_scan, processed, key, files):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         if versions:
@@ -144,7 +148,7 @@ def _first_scan_finds(
     otherwise take every partition of the landing for new and fold the whole history again,
     ahead of the hours that are really new; a partition the lake last processed with the very
     files it holds now needs no run."""
-    return not (first_scan and processed is not None and processed(partition, files))
+    return not (first_scan and processed is not None and processed.unchanged(partition, files))
 
 
 def _compared(versions: dict[str, str], remembered: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

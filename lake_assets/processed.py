@@ -381,24 +381,36 @@ def changed_partitions(
     return changes
 
 
-#: whether a partition was last processed with exactly these landed files
-ProcessedWith = Callable[[str, Sequence[Entry]], bool]
+@dataclasses.dataclass(frozen=True)
+class ProcessedWith:
+    """What the lake last processed each partition with (its notes, `read_notes`), for a sensor's
+    first scan, which has no cursor to compare the landing with. `run_anyway` are the
+    partitions planning runs whatever their files: those asked to run again and, for formats
+    whose files share data, those holding data of a file removed elsewhere."""
 
+    storage: Storage
+    notes: dict[str, dict[str, ProcessedFile]]
+    run_anyway: frozenset[str] = frozenset()
 
-def processed_with(storage: Storage, notes: dict[str, dict[str, ProcessedFile]]) -> ProcessedWith:
-    """`ProcessedWith` by the partitions' processed notes (`read_notes`): true when the landed
-    files are those the note names, as planning compares them (`changed_partitions`). Planning
-    also runs partitions asked to run again, and, for formats whose files share data, those
-    holding data of a file removed elsewhere: a caller leaves those out of `notes`, or does not
-    use this."""
-
-    def unchanged(partition: str, files: Sequence[Entry]) -> bool:
-        note = notes.get(partition)
-        return note is not None and not changed_partitions(
-            storage, {partition: list(files)}, {partition: note}
+    def unchanged(self, partition: str, files: Sequence[Entry]) -> bool:
+        """Whether the partition's landed `files` are those it was processed with, as planning
+        compares them (`changed_partitions`), and nothing else asks it to run."""
+        note = self.notes.get(partition)
+        return (
+            partition not in self.run_anyway
+            and note is not None
+            and not changed_partitions(self.storage, {partition: list(files)}, {partition: note})
         )
 
-    return unchanged
+    def emptied(self, listed: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """partition -> the names of the files it was processed with, for the partitions
+        processed with files that hold none now (not `listed`): a run empties them."""
+        listed = set(listed)
+        return {
+            partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in note))
+            for partition, note in self.notes.items()
+            if note and partition not in listed
+        }
 
 
 def holding_removed_data(

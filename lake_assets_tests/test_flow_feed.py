@@ -971,9 +971,8 @@ def test_files_outside_valid_hour_folders_are_stray_never_a_crash(spark, tmp_pat
     assert metadata["files_quarantined"] == len(strays) and metadata["reconciled"] is True
     assert landing_complete_passed(instance, "acmeco_customers") is False
 
-    # processed, it is run again by a first scan all the same: Flow's files share data, and only
-    # planning over every hour tells whether an unchanged hour holds a removed fragment's data
-    assert first_tick() == [("2024-06-01-10", "2024-06-01-10")]
+    # processed with the files it holds, it needs no run: a first scan leaves it out
+    assert first_tick() == []
 
 
 def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
@@ -1343,6 +1342,33 @@ def _originals_and_their_compaction_run(tmp_path):
     write_fragment(journal, at[0], b"".join(docs[0:5]), hour=12)
     run_feeds(config, instance=instance, say=lambda _: None)
     return lake, config, instance, (first, second)
+
+
+def test_a_first_sensor_tick_runs_the_hours_that_changed_and_the_compactions_hour_holding_their_data(
+    spark, tmp_path
+):
+    """A landing sensor's first tick (started after `lake-assets run`, or its cursor reset) runs
+    no hour processed with the files it holds: Flow's too, though its files share data. Once
+    the originals are removed, it runs their hours and the compaction's, whose own fragment is
+    unchanged but whose run read those bytes from the originals: left out, their documents
+    would be in no hour of `changes`."""
+    from lake_assets.orchestration.resources import LakeResource
+    from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+    from lake_assets_tests.discovered import discovered_definitions
+
+    _, config, _, (first, second) = _originals_and_their_compaction_run(tmp_path)
+    defs = discovered_definitions(config)
+    sensor = defs.resolve_sensor_def("flow_landing_sensor")
+
+    def first_tick() -> list[tuple[str, str]]:
+        resources = {"lake": LakeResource(root=config.lake)}
+        with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+            return [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in sensor(context).run_requests]
+
+    assert first_tick() == []
+    first.unlink()
+    second.unlink()
+    assert first_tick() == [("2024-06-01-10", "2024-06-01-12")]
 
 
 def test_a_run_of_the_emptied_hours_alone_leaves_the_compactions_hour_asked_to_run_again(spark, tmp_path):

@@ -37,7 +37,7 @@ from lake_assets.landing_watch import (
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
-from lake_assets.processed import ProcessedWith, processed_with, read_notes
+from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes
 from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
@@ -171,23 +171,25 @@ def _hourly_runs(
 
 def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
     """For a table's first scan: what the lake processed, from its notes (read once), less the
-    partitions a run asked to run again. None (run every partition with files, as a first scan
-    always did) for a format whose files share data (Flow: a fragment removed from one hour may
-    change what another hour's unchanged files give, which only planning over every hour sees),
-    and when a note or request is damaged (no reason to stop watching the table)."""
-    if tick.fmt.files_share_data:
-        return None
+    partitions a run asked to run again and, for a format whose files share data (Flow), those
+    holding data of a file removed from another partition (which planning over every hour runs
+    again though their own files are unchanged). None (run every partition with files, as a
+    first scan always did) when a note or request is damaged: no reason to stop watching."""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
-        asked = reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key)
+        to_run = set(reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key))
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
             f"{feed}/{table}: its processed notes are not read, so this first scan runs every "
             f"partition with files: {damaged}"
         )
         return None
-    return processed_with(storage, {p: note for p, note in notes.items() if p not in asked})
+    if fmt.files_share_data:
+        landing = tick.feed.landing
+        landed = fmt.partitions_files(storage, landing, table, fmt.partition_keys(storage, landing, table))
+        to_run |= holding_removed_data(landed, notes, fmt.holding_removed_data).keys()
+    return ProcessedWith(storage, notes, frozenset(to_run))
 
 
 _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
