@@ -2,6 +2,7 @@
 
 import datetime as dt
 import decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -572,14 +573,19 @@ def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
     }
 
 
+def _upload_without_links(moto_server, bucket: str, landing: Path) -> None:
+    """A local landing's files to `unit/` in `bucket`, leaving out its symbolic links: S3 has none."""
+    s3 = moto_server.client("s3")
+    for path in sorted(landing.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "up" not in path.relative_to(landing).parts:
+            s3.upload_file(str(path), bucket, f"unit/{path.relative_to(landing).as_posix()}")
+
+
 def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, s3_bucket):
     """On S3 the stray scan is one listing of every key under the table (no folders to walk)."""
     landing = tmp_path / "unit"
     good, expected = landing_with_strays(landing)
-    s3 = moto_server.client("s3")
-    for path in sorted(landing.rglob("*")):
-        if path.is_file() and not path.is_symlink() and "up" not in path.relative_to(landing).parts:
-            s3.upload_file(str(path), s3_bucket, f"unit/{path.relative_to(landing).as_posix()}")
+    _upload_without_links(moto_server, s3_bucket, landing)
     storage = CountingStorage(S3Config(endpoint_url=moto_server.url))
     uri = f"s3a://{s3_bucket}/unit"
 
@@ -903,3 +909,45 @@ def test_an_s3_key_holding_a_carriage_return_is_listed_as_it_is_and_read(
     assert hash_file(storage, listed.uri)
     assert FMT.stray_files(storage, uri, "accounts") == []
     assert read_landed(spark, "parquet", [listed.uri]).count() == 1
+
+
+def test_a_whole_landing_is_listed_in_one_walk_that_finds_what_the_folder_descent_finds(
+    tmp_path, moto_server, s3_bucket
+):
+    """With no window (a sensor's first scan) the landed hours come from one listing of the
+    table's keys: descending folder by folder made a request per year, month, day and hour, and
+    a year of hours on S3 took minutes, past the time Dagster gives a sensor's tick. The walk
+    finds exactly the files the descent finds, on a landing of every kind of stray, an hour
+    spelt two ways, hidden files and an hour not begun yet, on S3 and on local disk."""
+    landing = tmp_path / "unit"
+    good, _ = landing_with_strays(landing)
+    table = landing / "accounts"
+    for folder, name in (
+        ("year=2024/month=3/day=1/hour=1", "part-unpadded.parquet"),  # hour 2024-03-01-01 again
+        ("year=2024/month=03/day=01/hour=02", "part-next.parquet"),
+        ("year=2024/month=03/day=01/hour=02", "_SUCCESS"),
+        ("year=2024/month=03/day=01/hour=02/_temporary", "part-hidden.parquet"),
+        ("year=2999/month=01/day=01/hour=00", "part-future.parquet"),
+    ):
+        (table / folder).mkdir(parents=True, exist_ok=True)
+        (table / folder / name).write_bytes(good.read_bytes())
+    since_ever = dt.datetime(1000, 1, 1)  # a window reaching every hour: the descent's listing
+
+    def found(storage: Storage, uri: str, since: dt.datetime | None) -> dict[str, list[tuple[str, str, int]]]:
+        hours = FMT.landed_hours(storage, uri, "accounts", since)
+        return {key: [(e.uri, e.name, e.size) for e in files] for key, files in hours.items() if files}
+
+    local = f"file://{landing}"
+    assert found(Storage(), local, None) == found(Storage(), local, since_ever)
+    assert sorted(found(Storage(), local, None)) == ["2024-03-01-01", "2024-03-01-02"]
+    assert [name for _, name, _ in found(Storage(), local, None)["2024-03-01-01"]] == [
+        "part-good.parquet",
+        "part-unpadded.parquet",
+    ]
+
+    _upload_without_links(moto_server, s3_bucket, landing)
+    storage = CountingStorage(S3Config(endpoint_url=moto_server.url))
+    uri = f"s3a://{s3_bucket}/unit"
+    whole = found(storage, uri, None)
+    assert storage.listed == []  # one listing of the keys, no folder listed
+    assert whole == found(storage, uri, since_ever) and sorted(whole) == ["2024-03-01-01", "2024-03-01-02"]

@@ -21,7 +21,7 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import HOUR_KEY_FORMAT, parse_hour_key
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, is_hidden
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, data_files, is_hidden
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -368,6 +368,51 @@ def hour_folders(
 
     descend(table_uri, 0, ())
     return found
+
+
+def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) -> dict[str, list[Entry]]:
+    """Hour key -> the data files landed in that hour (in every folder spelling of it), for the
+    hours at or after `since` up to the hour under way: with `since`, from the folders that can
+    hold those hours (`hour_folders`, a sensor's window), without it from one walk
+    (`walked_hours`)."""
+    if since is None:
+        return walked_hours(storage, table_uri, _hour_of_levels)
+    return {
+        key: [e for folder in folders for e in data_files(storage, folder)]
+        for key, folders in hour_folders(storage, table_uri, since).items()
+    }
+
+
+def walked_hours(
+    storage: Storage, uri: str, hour_of: Callable[[list[str]], dt.datetime | None]
+) -> dict[str, list[Entry]]:
+    """Hour key -> the data files under `uri` whose folders below it `hour_of` names an hour up
+    to the hour under way, from one walk of `uri` (`Storage.walk_files`: on S3 a listing of its
+    keys, a thousand to a request). Descending folder by folder asks once per folder: a year of
+    hours took minutes on S3, more than a sensor's tick may take."""
+    now = current_hour()
+    found: dict[str, list[Entry]] = {}
+    for entry in storage.walk_files(uri, skip=is_hidden):
+        if entry.is_dir or entry.unreadable is not None:
+            continue
+        hour = hour_of(entry.uri[len(uri.rstrip("/")) + 1 :].split("/")[:-1])
+        if hour is not None and hour <= now:
+            found.setdefault(hour_key(hour), []).append(entry)
+    return found
+
+
+def _hour_of_levels(folders: list[str]) -> dt.datetime | None:
+    """The hour a file's folders below its table name, or None unless they are exactly the four
+    levels of the hourly layout, each valid (`_level_value`)."""
+    if len(folders) != len(_HOURLY_LEVELS):
+        return None
+    parts: tuple[int, ...] = ()
+    for depth, name in enumerate(folders):
+        value = _level_value(name, depth, parts)
+        if value is None:
+            return None
+        parts = (*parts, value)
+    return _first_moment(parts)
 
 
 def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:

@@ -61,6 +61,7 @@ from lake_assets.feeds.base import (
     current_hour,
     hour_key,
     parse_hour_key,
+    walked_hours,
     why_not_yet,
 )
 from lake_assets.ingest import (
@@ -719,6 +720,12 @@ def _journal_folder(uri: str) -> str:
     return uri.split("/utc_date=", 1)[0]
 
 
+def _fragment_hour(folders: list[str]) -> dt.datetime | None:
+    """The hour a fragment's folders below its journal name (`utc_date=…/utc_hour=…`), or None."""
+    date = folder_date(folders[0]) if len(folders) == 2 else None
+    return folder_hour(date, folders[1]) if date else None
+
+
 class FlowJournalFormat(FeedFormat):
     name = "flow_journal"
     config_model = FlowJournalFeedConfig
@@ -881,17 +888,27 @@ class FlowJournalFormat(FeedFormat):
         moment = parse_hour_key(key)
         return f"{journal.uri}/utc_date={moment:%Y-%m-%d}/utc_hour={moment:%H}"
 
+    def _hour_files(
+        self, storage: Storage, journal: Journal, since: dt.datetime | None
+    ) -> dict[str, list[Entry]]:
+        """Hour key -> the fragments of a journal's valid hour folders at or after `since`; with no
+        `since`, from one walk of the journal (`walked_hours`)."""
+        if since is None:
+            return walked_hours(storage, journal.uri, _fragment_hour)
+        return {
+            key: data_files(storage, folder)
+            for key, folder in self._hour_folders(storage, journal, since).items()
+        }
+
     def landed_hours(
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
     ) -> dict[str, tuple[Entry, ...]]:
         hours: dict[str, list[Entry]] = {}
         for journal in self.journals(storage, landing, table):
-            for key, folder in self._hour_folders(storage, journal, since).items():
-                files = [
-                    dataclasses.replace(e, name=f"{journal.name}/{e.name}")
-                    for e in data_files(storage, folder)
-                ]
-                hours.setdefault(key, []).extend(files)
+            for key, files in self._hour_files(storage, journal, since).items():
+                hours.setdefault(key, []).extend(
+                    dataclasses.replace(e, name=f"{journal.name}/{e.name}") for e in files
+                )
         return {k: tuple(sorted(v, key=lambda e: e.name)) for k, v in hours.items() if v}
 
     def landing_span(self, storage: Storage, uri: str) -> tuple[int, int] | None:

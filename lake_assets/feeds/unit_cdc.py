@@ -30,6 +30,7 @@ from lake_assets.feeds.base import (
     LandingSurvey,
     ascii_upper,
     hour_folders,
+    hourly_files,
     hourly_strays,
     is_text_type,
     list_hour_folders,
@@ -96,10 +97,8 @@ class UnitCdcFormat(FeedFormat):
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
     ) -> dict[str, tuple[Entry, ...]]:
         return {
-            key: tuple(
-                sorted((e for folder in folders for e in data_files(storage, folder)), key=lambda e: e.name)
-            )
-            for key, folders in hour_folders(storage, self._table_uri(landing, table), since).items()
+            key: tuple(sorted(files, key=lambda e: e.name))
+            for key, files in hourly_files(storage, self._table_uri(landing, table), since).items()
         }
 
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
