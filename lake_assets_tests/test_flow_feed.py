@@ -1345,7 +1345,7 @@ def _originals_and_their_compaction_run(tmp_path):
 
 
 def test_a_first_sensor_tick_runs_the_hours_that_changed_and_the_compactions_hour_holding_their_data(
-    spark, tmp_path
+    spark, tmp_path, monkeypatch
 ):
     """A landing sensor's first tick (started after `lake-assets run`, or its cursor reset) runs
     no hour processed with the files it holds: Flow's too, though its files share data. Once
@@ -1355,6 +1355,7 @@ def test_a_first_sensor_tick_runs_the_hours_that_changed_and_the_compactions_hou
     from lake_assets.orchestration.resources import LakeResource
     from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
     from lake_assets_tests.discovered import discovered_definitions
+    from lake_assets_tests.storage_spy import spy_on_every_storage
 
     _, config, _, (first, second) = _originals_and_their_compaction_run(tmp_path)
     defs = discovered_definitions(config)
@@ -1365,7 +1366,10 @@ def test_a_first_sensor_tick_runs_the_hours_that_changed_and_the_compactions_hou
         with dg.build_sensor_context(resources=resources, definitions=defs) as context:
             return [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in sensor(context).run_requests]
 
+    touched = spy_on_every_storage(monkeypatch)
     assert first_tick() == []
+    # the landing walked, not listed hour folder by hour folder (a year of them outlasted a tick)
+    assert not [uri for call, uri in touched if call == "list" and "utc_hour=" in uri]
     first.unlink()
     second.unlink()
     assert first_tick() == [("2024-06-01-10", "2024-06-01-12")]

@@ -185,9 +185,11 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
             f"partition with files: {damaged}"
         )
         return None
-    if fmt.files_share_data:
-        landing = tick.feed.landing
-        landed = fmt.partitions_files(storage, landing, table, fmt.partition_keys(storage, landing, table))
+    if fmt.files_share_data:  # from one walk of the landing: by partition it lists folder by folder
+        landed = {
+            key: list(files)
+            for key, files in fmt.landed_hours(storage, tick.feed.landing, table, None).items()
+        }
         to_run |= holding_removed_data(landed, notes, fmt.holding_removed_data).keys()
     return ProcessedWith(storage, notes, frozenset(to_run))
 
