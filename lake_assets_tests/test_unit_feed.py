@@ -951,3 +951,30 @@ def test_a_whole_landing_is_listed_in_one_walk_that_finds_what_the_folder_descen
     whole = found(storage, uri, None)
     assert storage.listed == []  # one listing of the keys, no folder listed
     assert whole == found(storage, uri, since_ever) and sorted(whole) == ["2024-03-01-01", "2024-03-01-02"]
+
+
+def test_a_landing_walk_that_cannot_list_an_hour_folder_raises_rather_than_leave_the_hour_out(tmp_path):
+    """A local folder the walk cannot list (an I/O error, a stale NFS handle) comes out of it
+    as an unreadable entry; its hour must not simply be missing from the landing (a first sensor
+    scan would move past it for good): the landing is listed folder by folder instead, which
+    raises for it as it always did."""
+    import errno
+
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA)
+    failing = write_events(
+        landing, "accounts", 2, "part-0.parquet", [event("b", "I", 1, at(2))], ACCOUNT_SCHEMA
+    )
+
+    class FailingShare(Storage):
+        def _list_local(self, uri: str, path: str):
+            if path.rstrip("/") == str(failing.parent):
+                raise OSError(errno.EIO, "Input/output error", path)
+            return super()._list_local(uri, path)
+
+    with pytest.raises(OSError, match="Input/output error"):
+        FMT.landed_hours(FailingShare(), f"file://{landing}", "accounts", None)
+    assert sorted(FMT.landed_hours(Storage(), f"file://{landing}", "accounts", None)) == [
+        "2024-03-01-01",
+        "2024-03-01-02",
+    ]

@@ -374,9 +374,10 @@ def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) ->
     """Hour key -> the data files landed in that hour (in every folder spelling of it), for the
     hours at or after `since` up to the hour under way: with `since`, from the folders that can
     hold those hours (`hour_folders`, a sensor's window), without it from one walk
-    (`walked_hours`)."""
-    if since is None:
-        return walked_hours(storage, table_uri, _hour_of_levels)
+    (`walked_hours`) where the walk can list every folder."""
+    walked = walked_hours(storage, table_uri, _hour_of_levels) if since is None else None
+    if walked is not None:
+        return walked
     return {
         key: [e for folder in folders for e in data_files(storage, folder)]
         for key, folders in hour_folders(storage, table_uri, since).items()
@@ -385,14 +386,19 @@ def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) ->
 
 def walked_hours(
     storage: Storage, uri: str, hour_of: Callable[[list[str]], dt.datetime | None]
-) -> dict[str, list[Entry]]:
+) -> dict[str, list[Entry]] | None:
     """Hour key -> the data files under `uri` whose folders below it `hour_of` names an hour up
     to the hour under way, from one walk of `uri` (`Storage.walk_files`: on S3 a listing of its
     keys, a thousand to a request). Descending folder by folder asks once per folder: a year of
-    hours took minutes on S3, more than a sensor's tick may take."""
+    hours took minutes on S3, more than a sensor's tick may take. None when the walk met a
+    folder it could not enter (a local folder it may not list, a link loop): the caller
+    descends instead, which raises for such a folder where it could hold an hour, rather than
+    leave its hours out."""
     now = current_hour()
     found: dict[str, list[Entry]] = {}
     for entry in storage.walk_files(uri, skip=is_hidden):
+        if entry.is_dir and entry.unreadable is not None:
+            return None
         if entry.is_dir or entry.unreadable is not None:
             continue
         hour = hour_of(entry.uri[len(uri.rstrip("/")) + 1 :].split("/")[:-1])

@@ -892,9 +892,10 @@ class FlowJournalFormat(FeedFormat):
         self, storage: Storage, journal: Journal, since: dt.datetime | None
     ) -> dict[str, list[Entry]]:
         """Hour key -> the fragments of a journal's valid hour folders at or after `since`; with no
-        `since`, from one walk of the journal (`walked_hours`)."""
-        if since is None:
-            return walked_hours(storage, journal.uri, _fragment_hour)
+        `since`, from one walk of the journal (`walked_hours`) where it can list every folder."""
+        walked = walked_hours(storage, journal.uri, _fragment_hour) if since is None else None
+        if walked is not None:
+            return walked
         return {
             key: data_files(storage, folder)
             for key, folder in self._hour_folders(storage, journal, since).items()
