@@ -124,7 +124,7 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
         )
     except _SetAside as unusable:
         return None, _unreadable(unusable.cause)
-    except StorageRequestError:  # a failure that may pass
+    except (StorageRequestError, MemoryError):  # a failure that may pass; the process's limit
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for footers it cannot use
         return None, _unreadable(f"{type(exc).__name__}: {exc}")
@@ -151,6 +151,8 @@ def _read_landed(storage: Storage, uri: str, read: Callable[[Storage, str], _Rea
         return read(storage, uri)
     except DamagedLakeFile as damaged:
         raise _SetAside(damaged.cause) from damaged
+    except MemoryError:  # pyarrow's is an ArrowException too: not the store's failure
+        raise
     except FILE_ERRORS as first:
         refusal = _refusal(storage, uri)
         if refusal is not None:

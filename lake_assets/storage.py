@@ -753,14 +753,13 @@ def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:
     `parquet_footer`'s are: bytes that do not decode raise `DamagedLakeFile`, a failure to read
     them is raised as it is."""
     with storage.open_input_file(uri) as handle:
+        stored = _StoredBytes(handle, uri)  # asks the store for the size: a failure is raised as it is
         try:
-            return (
-                pq.ParquetFile(pa.PythonFile(_StoredBytes(handle, uri), mode="r"))
-                .read(columns=[name])
-                .column(0)
-            )
+            return pq.ParquetFile(pa.PythonFile(stored, mode="r")).read(columns=[name]).column(0)
         except _ByteReadFailed as failed:
             raise failed.cause from None
+        except MemoryError:  # the process's limit (pyarrow's too), not the file's damage
+            raise
         except Exception as exc:  # pyarrow raises several types for bytes it cannot decode
             raise DamagedLakeFile(uri, first_line(exc)) from exc
 

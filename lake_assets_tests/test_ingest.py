@@ -927,6 +927,21 @@ def test_the_nanosecond_key_check_tells_a_failed_read_from_damage(tmp_path, fail
     assert usable is None and "key column 'id' holds times finer than a microsecond" in reason
 
 
+def test_the_nanosecond_key_check_running_out_of_memory_fails_the_run_and_sets_no_file_aside(
+    tmp_path, monkeypatch
+):
+    """Decoding a key column too large for the process's memory says nothing of the file: it was
+    set aside as 'not a readable Parquet file'."""
+    import lake_assets.ingest as ingest
+
+    def out_of_memory(storage, uri, name):
+        raise pa.ArrowMemoryError("malloc of size 1073741824 failed")
+
+    monkeypatch.setattr(ingest, "parquet_column", out_of_memory)
+    with pytest.raises(MemoryError):
+        ingest._vet(Storage(), UnitCdcFormat(), _nanosecond_keys(tmp_path), ("id",))
+
+
 def test_the_nanosecond_key_check_sets_a_file_with_damaged_key_pages_aside(tmp_path):
     """Bytes of the key column that do not decode, under a sound footer, are the file's damage."""
     from lake_assets.ingest import _vet

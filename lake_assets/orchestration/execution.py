@@ -213,8 +213,8 @@ def _reason(failure) -> str:
     return first_line(error.message)
 
 
-#: what PySpark's gateway raises when the driver JVM is gone: refused when it died between two
-#: calls, reset or a broken pipe when it died during one
+#: what PySpark's gateway raises when the driver JVM is gone: py4j wraps most socket failures
+#: as `Py4JNetworkError`, but a bare socket error can pass when it (re)connects
 _GATEWAY_LOST = frozenset(
     {
         "ConnectionRefusedError",
