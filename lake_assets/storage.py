@@ -140,6 +140,9 @@ PARTIAL_SUFFIX = ".partial"
 #: errors (`ArrowInvalid` for an S3 path with an empty segment, for a footer that does not decode)
 FILE_ERRORS = (OSError, pa.ArrowException)
 
+#: how a walk (`Storage.walk_files`) tells of a folder it could not list
+UNLISTABLE_FOLDER = "a folder that cannot be listed"
+
 #: S3 key segments that no Hadoop path can name
 _UNNAMEABLE_SEGMENTS = ("", ".", "..")
 
@@ -481,9 +484,7 @@ class Storage:
                 loop = (info.st_dev, info.st_ino) in ancestors
                 children = [] if loop else self._list_local(entry.uri, path)
             except OSError as exc:
-                yield dataclasses.replace(
-                    entry, unreadable=f"a folder that cannot be listed ({exc.strerror})"
-                )
+                yield dataclasses.replace(entry, unreadable=f"{UNLISTABLE_FOLDER} ({exc.strerror})")
                 continue
             if loop:
                 yield dataclasses.replace(

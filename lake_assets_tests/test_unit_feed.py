@@ -912,13 +912,15 @@ def test_an_s3_key_holding_a_carriage_return_is_listed_as_it_is_and_read(
 
 
 def test_a_whole_landing_is_listed_in_one_walk_that_finds_what_the_folder_descent_finds(
-    tmp_path, moto_server, s3_bucket
+    tmp_path, moto_server, s3_bucket, monkeypatch
 ):
     """With no window (a sensor's first scan) the landed hours come from one listing of the
     table's keys: descending folder by folder made a request per year, month, day and hour, and
     a year of hours on S3 took minutes, past the time Dagster gives a sensor's tick. The walk
     finds exactly the files the descent finds, on a landing of every kind of stray, an hour
     spelt two ways, hidden files and an hour not begun yet, on S3 and on local disk."""
+    from lake_assets.feeds import unit_cdc
+
     landing = tmp_path / "unit"
     good, _ = landing_with_strays(landing)
     table = landing / "accounts"
@@ -939,6 +941,16 @@ def test_a_whole_landing_is_listed_in_one_walk_that_finds_what_the_folder_descen
 
     local = f"file://{landing}"
     assert found(Storage(), local, None) == found(Storage(), local, since_ever)
+    # a run asking many hours' files (a backfill) walks too, and is given what the listing gives
+    asked = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-02-00"]
+    listed = FMT.partitions_files(Storage(), local, "accounts", asked)
+    monkeypatch.setattr(unit_cdc, "WALK_FROM_HOURS", 1)
+    walking = CountingStorage()
+    assert {
+        k: sorted(e.uri for e in v)
+        for k, v in FMT.partitions_files(walking, local, "accounts", asked).items()
+    } == {k: sorted(e.uri for e in v) for k, v in listed.items()}
+    assert walking.listed == [] and listed["2024-03-01-00"] == [] and len(listed["2024-03-01-01"]) == 2
     assert sorted(found(Storage(), local, None)) == ["2024-03-01-01", "2024-03-01-02"]
     assert [name for _, name, _ in found(Storage(), local, None)["2024-03-01-01"]] == [
         "part-good.parquet",

@@ -21,7 +21,7 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import HOUR_KEY_FORMAT, parse_hour_key
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, data_files, is_hidden
+from lake_assets.storage import FILE_ERRORS, UNLISTABLE_FOLDER, Entry, Storage, data_files, is_hidden
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -391,13 +391,13 @@ def walked_hours(
     to the hour under way, from one walk of `uri` (`Storage.walk_files`: on S3 a listing of its
     keys, a thousand to a request). Descending folder by folder asks once per folder: a year of
     hours took minutes on S3, more than a sensor's tick may take. None when the walk met a
-    folder it could not enter (a local folder it may not list, a link loop): the caller
-    descends instead, which raises for such a folder where it could hold an hour, rather than
-    leave its hours out."""
+    folder it could not list (a local or mounted folder's I/O error): the caller descends
+    instead, which raises for such a folder where it could hold an hour, rather than leave its
+    hours out."""
     now = current_hour()
     found: dict[str, list[Entry]] = {}
     for entry in storage.walk_files(uri, skip=is_hidden):
-        if entry.is_dir and entry.unreadable is not None:
+        if entry.is_dir and (entry.unreadable or "").startswith(UNLISTABLE_FOLDER):
             return None
         if entry.is_dir or entry.unreadable is not None:
             continue

@@ -68,6 +68,13 @@ class UnitCdcFeedConfig(FeedConfig):
     format: Literal["unit_cdc"]
 
 
+#: hours asked at once from which their files come from one walk of the table rather than a
+#: listing per hour folder (a year of hours: ~8,760 requests on S3, minutes of a backfill). The
+#: walk lists the whole table, a thousand keys a request: fewer requests than a week's hour
+#: folders until the table holds some 170k files
+WALK_FROM_HOURS = 168
+
+
 class UnitCdcFormat(FeedFormat):
     name = "unit_cdc"
     config_model = UnitCdcFeedConfig
@@ -111,9 +118,14 @@ class UnitCdcFormat(FeedFormat):
         self, storage: Storage, landing: str, table: str, partitions: list[str]
     ) -> dict[str, list[Entry]]:
         """The files of each hour, in every folder spelling of it (`hour=05`, `hour=5`), from
-        one listing pruned to the hours' range."""
+        one listing pruned to the hours' range, or for many hours (a backfill) one walk of the
+        table (`hourly_files`), which lists a thousand keys a request where the pruned listing
+        asks once per hour folder."""
         if not partitions:
             return {}
+        if len(set(partitions)) >= WALK_FROM_HOURS:
+            landed = hourly_files(storage, self._table_uri(landing, table), None)
+            return {key: landed.get(key, []) for key in partitions}
         moments = [parse_hour_key(key) for key in partitions]
         folders = hour_folders(storage, self._table_uri(landing, table), min(moments), max(moments))
         return {
