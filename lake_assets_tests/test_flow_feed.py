@@ -1599,3 +1599,33 @@ def test_a_pass_sets_aside_the_pieces_that_failed_of_their_own_and_judges_again_
     # a fragment blamed that is not on the cover excuses nothing and is set aside
     a, b, c = fragment(0, 100, "a"), fragment(90, 200, "b"), fragment(150, 300, "c")
     assert set_aside([a, b, c], hour, ["z", "b", "c"]) == ["b", "z"]
+
+
+def test_many_hours_files_come_from_one_walk_of_each_journal_as_the_hour_listings_give_them(
+    tmp_path, monkeypatch
+):
+    """A run over many hours (a backfill) is given each hour's fragments from one walk of each
+    journal, not a listing of every journal's every hour folder, and they are the same files."""
+    from lake_assets.feeds import flow_journal
+    from lake_assets_tests.storage_spy import CountingStorage
+
+    landing = tmp_path / "landing"
+    offset = 0
+    for pivot in ("pivot=00", "pivot=01"):
+        for hour in (10, 11, 13):
+            line = doc_line(hour)
+            write_fragment(landing / "acmeCo" / "customers" / pivot, offset, line, hour=hour)
+            offset += len(line)
+    fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
+    hours = [f"2024-06-01-{hour:02d}" for hour in range(9, 15)]
+
+    def files(storage) -> dict[str, list[str]]:
+        found = fmt.partitions_files(storage, f"file://{landing}", "acmeco_customers", hours)
+        return {key: [e.uri for e in entries] for key, entries in found.items()}
+
+    listed = files(Storage())
+    monkeypatch.setattr(flow_journal, "WALK_FROM_HOURS", 1)
+    walking = CountingStorage()
+    assert files(walking) == listed
+    assert [len(listed[hour]) for hour in hours] == [0, 2, 2, 0, 2, 0]
+    assert not [uri for uri in walking.listed if "utc_hour=" in uri]

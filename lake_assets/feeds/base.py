@@ -370,6 +370,13 @@ def hour_folders(
     return found
 
 
+#: hours asked at once from which their files come from one walk of the table rather than a
+#: listing per hour folder (a year of hours: ~8,760 requests on S3, minutes of a backfill). The
+#: walk lists the whole table, a thousand keys a request: fewer requests than a week's hour
+#: folders until the table holds some 170k files
+WALK_FROM_HOURS = 168
+
+
 def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) -> dict[str, list[Entry]]:
     """Hour key -> the data files landed in that hour (in every folder spelling of it), for the
     hours at or after `since` up to the hour under way: with `since`, from the folders that can

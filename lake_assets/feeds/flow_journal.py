@@ -56,6 +56,7 @@ from lake_assets.epoch import HOUR_MS
 from lake_assets.errors import InvalidValue, UnsafePathError
 from lake_assets.feeds import flow_fragments as ff
 from lake_assets.feeds.base import (
+    WALK_FROM_HOURS,
     FeedFormat,
     LandingSurvey,
     current_hour,
@@ -932,6 +933,19 @@ class FlowJournalFormat(FeedFormat):
             for journal in self.journals(storage, landing, table)
             for e in data_files(storage, self._hour_folder(journal, partition))
         ]
+
+    def partitions_files(
+        self, storage: Storage, landing: str, table: str, partitions: list[str]
+    ) -> dict[str, list[Entry]]:
+        """`partition_files` of each hour; for many hours (a backfill) from one walk of each
+        journal (`WALK_FROM_HOURS`)."""
+        if len(set(partitions)) < WALK_FROM_HOURS:
+            return super().partitions_files(storage, landing, table, partitions)
+        landed: dict[str, list[Entry]] = {}
+        for journal in self.journals(storage, landing, table):
+            for key, files in self._hour_files(storage, journal, None).items():
+                landed.setdefault(key, []).extend(files)
+        return {key: landed.get(key, []) for key in partitions}
 
     # --- reading ------------------------------------------------------------------------------
     def read_partitions(self, partitions: list[str]) -> list[str]:

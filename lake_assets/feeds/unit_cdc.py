@@ -26,6 +26,7 @@ from lake_assets.feeds.base import (
     FILE_PARTITION,
     FILE_URI,
     INVALID,
+    WALK_FROM_HOURS,
     FeedFormat,
     LandingSurvey,
     ascii_upper,
@@ -66,13 +67,6 @@ class UnitCdcFeedConfig(FeedConfig):
     """A Unit CDC feed: the options every feed has, nothing more."""
 
     format: Literal["unit_cdc"]
-
-
-#: hours asked at once from which their files come from one walk of the table rather than a
-#: listing per hour folder (a year of hours: ~8,760 requests on S3, minutes of a backfill). The
-#: walk lists the whole table, a thousand keys a request: fewer requests than a week's hour
-#: folders until the table holds some 170k files
-WALK_FROM_HOURS = 168
 
 
 class UnitCdcFormat(FeedFormat):
