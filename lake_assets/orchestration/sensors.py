@@ -185,7 +185,7 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
             f"partition with files: {damaged}"
         )
         return None
-    if fmt.files_share_data:  # from one walk of the landing: by partition it lists folder by folder
+    if fmt.files_share_data:  # one walk (no window), where `partitions_files` lists each hour's folders
         landed = {
             key: list(files)
             for key, files in fmt.landed_hours(storage, tick.feed.landing, table, None).items()
