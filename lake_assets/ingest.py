@@ -36,7 +36,7 @@ from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
 from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
-from lake_assets.errors import DamagedLakeFile, SchemaClash, StorageRequestError, first_line
+from lake_assets.errors import DamagedLakeFile, LakeAssetsError, SchemaClash, StorageRequestError, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
@@ -131,7 +131,7 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
     return ((schema, rows, stored), None) if reason is None else (None, reason)
 
 
-class _SetAside(Exception):
+class _SetAside(LakeAssetsError):
     """A landed file that cannot be read for good (damaged, gone, refused by its store), and why."""
 
     def __init__(self, cause: str):

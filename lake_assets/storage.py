@@ -30,7 +30,14 @@ import pyarrow.parquet as pq
 import pydantic
 
 from lake_assets.config_model import S3Config, aws_credentials_from_environment
-from lake_assets.errors import DamagedLakeFile, InvalidValue, NotAFile, StorageRequestError, first_line
+from lake_assets.errors import (
+    DamagedLakeFile,
+    InvalidValue,
+    LakeAssetsError,
+    NotAFile,
+    StorageRequestError,
+    first_line,
+)
 from lake_assets.paths import is_s3
 
 #: small file requests (footers and notes read, notes written) made at once: on S3 each is a
@@ -765,7 +772,7 @@ def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:
             raise DamagedLakeFile(uri, first_line(exc)) from exc
 
 
-class _ByteReadFailed(Exception):
+class _ByteReadFailed(LakeAssetsError):
     """A failed read of a file's bytes, carried through pyarrow's decoding (which hands a Python
     reader's exception back as it was raised) so it is not taken for the bytes' fault."""
 
