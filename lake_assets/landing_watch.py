@@ -259,7 +259,8 @@ def scan_batches(
 ) -> tuple[list[NewFiles], BatchCursor]:
     """Batches that are new since the cursor, and the open (greatest) batch if it gained, rewrote or
     lost files. On a first scan, a batch the lake last `processed` with the files it holds now
-    is not found (`_first_scan_finds`).
+    is not found (`_first_scan_finds`), and one it read from files that are all gone now is
+    found as emptied.
 
     One listing of the table's batch folders, then file listings only of the batches at or after
     the cursor: closed batches (a greater one exists) are never listed again.
@@ -288,6 +289,10 @@ def scan_batches(
         if (fresh or removed) and _first_scan_finds(cursor.first_scan, processed, key, entries):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         last, open_files = key, sorted(versions)
+    if cursor.first_scan and processed is not None:
+        # A first scan remembers nothing: the batches the lake read that hold no file now.
+        found += [NewFiles(table, key, (), (), names) for key, names in processed.emptied(files).items()]
+        found.sort(key=lambda new: fmt.partition_order(new.partition))
     return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)
 
 

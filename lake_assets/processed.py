@@ -169,20 +169,44 @@ def read_stored_notes(
     for those that run `stored_by` stored, or any run when None; the partitions whose changes
     another run stored). A partition whose changes were stored before these notes has none."""
     wanted = set(partitions)
-    folder = notes_folder(layout, feed, table, STORED_FOLDER)
-    entries = [e for e in json_files(storage, folder) if json_name(e) in wanted]
-    # A note written before notes named their run is a plain URL -> file mapping: no run's own,
-    # but what is stored when the fold read the change log back.
-    shape: Any = _StoredNote | dict[str, ProcessedFile]
-    notes: dict[str, Any] = dict(
-        each_file(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries)
-    )
+    notes = _read_stored(storage, layout, feed, table, wanted.__contains__)
     ours = {
         partition: _files_of(note)
         for partition, note in notes.items()
         if stored_by is None or (_is_stored_note(note) and note["run"] == stored_by)
     }
     return ours, sorted(set(notes) - set(ours))
+
+
+def unfolded_notes(
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    processed: Collection[str],
+    is_partition: Callable[[str], bool],
+) -> dict[str, dict[str, ProcessedFile]]:
+    """partition -> URL -> file its stored changes were read from, for the partitions whose
+    changes a run stored and no fold has processed since (not among `processed`): a run killed
+    before its fold, or `changes` materialised alone, left them."""
+    return {
+        partition: _files_of(note)
+        for partition, note in _read_stored(
+            storage, layout, feed, table, lambda p: is_partition(p) and p not in processed
+        ).items()
+    }
+
+
+def _read_stored(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, wanted: Callable[[str], bool]
+) -> dict[str, Any]:
+    """partition -> its stored note as written, for the `wanted` partitions with one."""
+    folder = notes_folder(layout, feed, table, STORED_FOLDER)
+    entries = [e for e in json_files(storage, folder) if wanted(json_name(e))]
+    # A note written before notes named their run is a plain URL -> file mapping: no run's own,
+    # but what is stored when the fold read the change log back.
+    shape: Any = _StoredNote | dict[str, ProcessedFile]
+    return dict(each_file(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries))
 
 
 def stored_partitions(
@@ -391,6 +415,8 @@ class ProcessedWith:
     storage: Storage
     notes: dict[str, dict[str, ProcessedFile]]
     run_anyway: frozenset[str] = frozenset()
+    #: the partitions stored but never processed (`unfolded_notes`), with the files they were read from
+    unfolded: Mapping[str, dict[str, ProcessedFile]] = dataclasses.field(default_factory=dict)
 
     def unchanged(self, partition: str, files: Sequence[Entry]) -> bool:
         """Whether the partition's landed `files` are those it was processed with, as planning
@@ -403,12 +429,13 @@ class ProcessedWith:
         )
 
     def emptied(self, listed: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """partition -> the names of the files it was processed with, for the partitions
-        processed with files that hold none now (not `listed`): a run empties them."""
+        """partition -> the names of the files it was processed (or its changes stored) with,
+        for the partitions read from files that hold none now (not `listed`): a run empties
+        them, as planning's `changed_partitions` does."""
         listed = set(listed)
         return {
             partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in note))
-            for partition, note in self.notes.items()
+            for partition, note in {**self.unfolded, **self.notes}.items()
             if note and partition not in listed
         }
 

@@ -15,6 +15,7 @@ from lake_assets.landing_watch import (
     scan_table,
     stretches_in_order,
 )
+from lake_assets.processed import ProcessedFile, ProcessedWith
 from lake_assets.storage import Storage
 from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
@@ -212,3 +213,32 @@ def test_a_cursor_saved_with_names_alone_runs_nothing_again_after_an_upgrade(tmp
     saved.seen["2024-03-01-00"].append("part-gone.parquet")
     [removal], _, _ = scan_table(storage, fmt, uri, "accounts", saved, 4)
     assert removal.new_names == () and removal.removed == ("part-gone.parquet",)
+
+
+def test_a_first_scan_finds_the_hours_read_from_files_that_are_all_gone_now(tmp_path):
+    """A first scan has no cursor to miss a file from: an hour the lake read (processed, or its
+    changes stored and never folded: a run killed before its fold) whose files are all gone is
+    found from its note, the files it was read from as removed. Its run empties it, as
+    planning's does."""
+    landing = tmp_path / "unit"
+    _write(landing, 0, "part-0.parquet")
+    storage, fmt, uri = Storage(), UnitCdcFormat(), f"file://{landing}"
+
+    def read_from(hour: int, name: str) -> dict[str, ProcessedFile]:
+        return {
+            f"{uri}/accounts/year=2024/month=03/day=01/hour={hour:02d}/{name}": ProcessedFile(10, "0" * 64, 0)
+        }
+
+    processed = ProcessedWith(
+        storage,
+        {"2024-03-01-03": read_from(3, "part-0.parquet")},
+        unfolded={"2024-03-01-04": read_from(4, "part-1.parquet")},
+    )
+    found, cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4, processed=processed)
+
+    assert [(f.partition, f.new_names, f.removed) for f in found] == [
+        ("2024-03-01-00", ("part-0.parquet",), ()),
+        ("2024-03-01-03", (), ("part-0.parquet",)),
+        ("2024-03-01-04", (), ("part-1.parquet",)),
+    ]
+    assert list(cursor.seen) == ["2024-03-01-00"]

@@ -195,6 +195,31 @@ def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_we
     assert {r["batch"] for r in rows(root, "changes")} == {B1, B3}
 
 
+@pytest.mark.parametrize("folded", [False, True], ids=["stored-only", "folded"])
+def test_a_first_sensor_tick_runs_the_purge_batch_whose_files_went_and_removes_its_changes(
+    lake, tmp_path, folded
+):
+    """The daemon starts (or its cursor is reset) after the purge batch went from the landing:
+    `changes` alone had stored it (or its run was killed before the fold), or it was folded. A
+    first tick remembers nothing and lists no B2: it finds B2 from what the lake read it from
+    (its stored or processed note), and its run removes B2's stored changes, as `lake-assets
+    run` does. X stays purged."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B1)
+    backfill(
+        config, instance, B2, B2, layers=("catalog", "changes", "current", "history")[: 4 if folded else 2]
+    )
+    _without_the_purge_batch(tmp_path / "landing")
+
+    cursor, runs = sensor_tick(config, instance, None)
+
+    assert runs == 1  # B2 .. B3, registered in a row
+    assert {r["batch"] for r in rows(root, "changes")} == {B1, B3}
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert sensor_tick(config, instance, cursor)[1] == 0
+
+
 def test_a_purge_the_change_log_met_is_applied_by_a_fold_with_no_events(lake, tmp_path):
     """As above, but nothing lands after the purge batch went: the only partition left to run
     is the purge batch's own, now without files. Its fold has no events; it still records the

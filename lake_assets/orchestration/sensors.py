@@ -37,7 +37,7 @@ from lake_assets.landing_watch import (
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
-from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes
+from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes, unfolded_notes
 from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
@@ -170,14 +170,16 @@ def _hourly_runs(
 
 
 def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
-    """For a table's first scan: what the lake processed, from its notes (read once), less the
-    partitions a run asked to run again and, for a format whose files share data (Flow), those
+    """For a table's first scan: what the lake processed, from its notes (read once), and the
+    partitions whose changes were stored but never folded; less the partitions a run asked to
+    run again and, for a format whose files share data (Flow), those
     holding data of a file removed from another partition (which planning over every hour runs
     again though their own files are unchanged). None (run every partition with files, as a
     first scan always did) when a note or request is damaged: no reason to stop watching."""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
+        unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
         to_run = set(reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key))
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
@@ -191,7 +193,7 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
             for key, files in fmt.landed_hours(storage, tick.feed.landing, table, None).items()
         }
         to_run |= holding_removed_data(landed, notes, fmt.holding_removed_data).keys()
-    return ProcessedWith(storage, notes, frozenset(to_run))
+    return ProcessedWith(storage, notes, frozenset(to_run), unfolded)
 
 
 _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
