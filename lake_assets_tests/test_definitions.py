@@ -13,6 +13,7 @@ from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
 from lake_assets.landing_watch import STRAYS_EVERY_SECONDS
+from lake_assets.orchestration import sensors
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -207,6 +208,38 @@ def test_a_landing_sensor_started_after_a_cli_backfill_runs_only_what_changed_si
     write_events(landing, "accounts", 9, "part-late.parquet", late, ACCOUNT_SCHEMA)
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
         assert [r.tags[RANGE_START_TAG] for r in sensor(context).run_requests] == ["2024-03-01-09"]
+
+
+def test_tables_still_to_scan_for_the_first_time_wait_for_the_next_tick_once_one_has_run_long(
+    tmp_path, monkeypatch, capfd
+):
+    """A first scan reads every note the lake keeps of the table: a feed of several long tables
+    would pass the 60 s Dagster gives a sensor's evaluation on every tick, and no cursor would
+    ever be saved. Past `FIRST_SCANS_SECONDS` (here at once), the tick leaves the other tables'
+    first scans to the next tick, and says so; the next tick takes them, and the tables already
+    scanned go on as usual."""
+    monkeypatch.setattr(sensors, "FIRST_SCANS_SECONDS", 0)
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+
+    def tables_run(cursor):
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            result = sensor(context)
+        return sorted({r.tags["lake_assets/table"] for r in result.run_requests}), result.cursor
+
+    first, cursor = tables_run(None)
+    assert first == ["accounts"]
+    assert "unit/cards: its first scan waits for the next tick" in capfd.readouterr().err
+    write_events(
+        landing,
+        "accounts",
+        10,
+        "part-0.parquet",
+        [event("n", "I", 10, at(10), name="x", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    second, cursor = tables_run(cursor)
+    assert second == ["accounts", "cards"]
+    assert tables_run(cursor)[0] == []
 
 
 def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(tmp_path, capfd):

@@ -75,14 +75,17 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations = [], []
         failures = _ScanFailures(context, feed.name)
+        scanned = 0
         for name, assets in sorted(by_name.items()):
+            cursor = cursors.get(name) or TableCursor()
+            if not tick.takes_first_scan(name, cursor.first_scan):
+                continue
+            scanned += 1
             with failures.of(name):
-                requests, observed, cursors[name] = _hourly_runs(
-                    tick, assets, cursors.get(name) or TableCursor()
-                )
+                requests, observed, cursors[name] = _hourly_runs(tick, assets, cursor)
                 run_requests += requests
                 observations += observed
-        failures.unless_every_table_failed(len(by_name))
+        failures.unless_every_table_failed(scanned)
         return dg.SensorResult(
             run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
         )
@@ -118,7 +121,14 @@ class _ScanFailures:
             )
 
 
-@dataclasses.dataclass(frozen=True)
+#: seconds of a tick after which tables still to be scanned for the first time wait for the next
+#: tick. A first scan reads every note the lake keeps of the table (on S3 a request each: some
+#: 10-15 s for a year of hours), and Dagster stops a sensor's evaluation after 60 s, which a feed
+#: of several long tables would pass, failing every tick, as no cursor would ever be saved.
+FIRST_SCANS_SECONDS = 20
+
+
+@dataclasses.dataclass
 class _Tick:
     """What a sensor's tick scans every table of its feed with."""
 
@@ -129,6 +139,23 @@ class _Tick:
     fmt: FeedFormat
     #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
     strays_turn: str | None = None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    first_scans: int = 0
+
+    def takes_first_scan(self, table: str, first_scan: bool) -> bool:
+        """Whether the table is scanned this tick: every table but one scanned for the first
+        time once the tick has run `FIRST_SCANS_SECONDS` (the first such table always is)."""
+        if not first_scan:
+            return True
+        elapsed = time.monotonic() - self.started
+        if self.first_scans and elapsed >= FIRST_SCANS_SECONDS:
+            self.context.log.info(
+                f"{self.feed.name}/{table}: its first scan waits for the next tick (this one has "
+                f"scanned for {elapsed:.0f} s)"
+            )
+            return False
+        self.first_scans += 1
+        return True
 
 
 def _hourly_runs(
@@ -285,15 +312,18 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations, additions = [], [], []
         failures = _ScanFailures(context, feed.name)
+        scanned = 0
         for name, assets in sorted(by_name.items()):
+            cursor = cursors.get(name) or BatchCursor()
+            if not tick.takes_first_scan(name, cursor.first_scan):
+                continue
+            scanned += 1
             with failures.of(name):
-                requests, observed, added, cursors[name] = _batch_runs(
-                    tick, assets, cursors.get(name) or BatchCursor()
-                )
+                requests, observed, added, cursors[name] = _batch_runs(tick, assets, cursor)
                 run_requests += requests
                 observations += observed
                 additions += added
-        failures.unless_every_table_failed(len(by_name))
+        failures.unless_every_table_failed(scanned)
         return dg.SensorResult(
             run_requests=run_requests,
             asset_events=observations,
