@@ -39,11 +39,14 @@ class TableCursor:
     first_hour: str | None = None
     #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
     strays_looked_at: float | None = None
+    #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
+    scanned: bool = False
 
     @property
     def first_scan(self) -> bool:
-        """Whether the cursor has seen nothing of the table yet (a sensor new to it, or reset)."""
-        return self.high_water is None and not self.seen
+        """Whether the table was never scanned (a sensor new to it, or reset). A cursor saved
+        before `scanned` was kept has scanned the table when it has seen an hour."""
+        return not self.scanned and self.high_water is None and not self.seen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +140,9 @@ def scan_table(
     if high_water is not None:
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
-    return TableScan(found, TableCursor(high_water, seen, first_hour, cursor.strays_looked_at), before_start)
+    return TableScan(
+        found, TableCursor(high_water, seen, first_hour, cursor.strays_looked_at, scanned=True), before_start
+    )
 
 
 def _first_scan_finds(
@@ -242,11 +247,14 @@ class BatchCursor:
     open_files: list[str] = dataclasses.field(default_factory=list)
     #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
     strays_looked_at: float | None = None
+    #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
+    scanned: bool = False
 
     @property
     def first_scan(self) -> bool:
-        """Whether the cursor has seen no batch of the table yet (a sensor new to it, or reset)."""
-        return self.last is None
+        """Whether the table was never scanned (a sensor new to it, or reset). A cursor saved
+        before `scanned` was kept has scanned the table when it has seen a batch."""
+        return not self.scanned and self.last is None
 
 
 def scan_batches(
@@ -293,7 +301,9 @@ def scan_batches(
         # A first scan remembers nothing: the batches the lake read that hold no file now.
         found += [NewFiles(table, key, (), (), names) for key, names in processed.emptied(files).items()]
         found.sort(key=lambda new: fmt.partition_order(new.partition))
-    return found, BatchCursor(last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at)
+    return found, BatchCursor(
+        last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at, scanned=True
+    )
 
 
 def _open_batch_before(

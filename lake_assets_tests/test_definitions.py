@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,28 @@ def test_tables_still_to_scan_for_the_first_time_wait_for_the_next_tick_once_one
     second, cursor = tables_run(cursor)
     assert second == ["accounts", "cards"]
     assert tables_run(cursor)[0] == []
+
+
+def test_a_landing_gone_blank_is_scanned_for_the_first_time_once(tmp_path, monkeypatch):
+    """Every file of a table went after `lake-assets run` processed it. The first tick finds its
+    hours emptied (their runs meet the blank-landing rule); its cursor, which has seen no file,
+    must still say the table was scanned, or every tick would be a first one and read every
+    note the lake keeps of the table again."""
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    run_feeds(_config(tmp_path, landing), instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    shutil.rmtree(landing / "cards")
+    notes_read, read_notes = [], sensors.read_notes
+    monkeypatch.setattr(sensors, "read_notes", lambda *args: notes_read.append(args[3]) or read_notes(*args))
+
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        first = sensor(context)
+    assert [(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in first.run_requests] == [
+        ("cards", "2024-03-01-04")
+    ]
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=first.cursor) as context:
+        assert sensor(context).run_requests == []
+
+    assert notes_read == ["accounts", "cards"]
 
 
 def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(tmp_path, capfd):
