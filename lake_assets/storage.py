@@ -386,9 +386,13 @@ class Storage:
             )
         return sorted(out, key=lambda e: e.name)
 
-    def walk_files(self, uri: str, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Entry]:
+    def walk_files(
+        self, uri: str, skip: Callable[[str], bool] = lambda name: False, levels: int | None = None
+    ) -> Iterator[Entry]:
         """Every file under a folder, depth first, leaving out entries (and what they hold)
-        whose name `skip` accepts.
+        whose name `skip` accepts. With `levels`, a local folder deeper than that many levels
+        below `uri` is not entered but comes out as a folder entry: a link in an hour folder to
+        a large tree is not walked through when only the hours' own files are wanted.
 
         The walk neither loops nor stops on one bad entry: a folder that a symbolic link leads
         back into one of its own ancestors is not entered again, nor is a folder that cannot be
@@ -403,7 +407,7 @@ class Storage:
             top = os.stat(path)
         except FileNotFoundError:
             return
-        yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip)
+        yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip, levels)
 
     def _walk_s3(self, uri: str, path: str, skip: Callable[[str], bool]) -> Iterator[Entry]:
         """Every object under the prefix, from the bucket's own listing of its keys.
@@ -477,12 +481,12 @@ class Storage:
         return self._boto3_client
 
     def _walk_local(
-        self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool]
+        self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool], levels: int | None
     ) -> Iterator[Entry]:
         for entry in entries:
             if skip(entry.name):
                 continue
-            if not entry.is_dir or entry.unreadable:
+            if not entry.is_dir or entry.unreadable or levels == 0:
                 yield entry
                 continue
             _, path = self.resolve(entry.uri)
@@ -499,7 +503,8 @@ class Storage:
                     unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)",
                 )
                 continue
-            yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip)
+            deeper = None if levels is None else levels - 1
+            yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip, deeper)
 
     def files_now(self, uris: Iterable[str]) -> dict[str, Entry]:
         """The entries of these files as the store holds them now, by URI; a file gone, or no

@@ -990,3 +990,33 @@ def test_a_landing_walk_that_cannot_list_an_hour_folder_raises_rather_than_leave
         "2024-03-01-01",
         "2024-03-01-02",
     ]
+
+
+def test_a_landing_walk_enters_no_folder_below_the_hour_folders(tmp_path):
+    """A link in an hour folder may lead into a large tree (a share's root): the walk that lists
+    the landing's hours lists the hour folders' own entries and enters nothing below them, where
+    no file is an hour's. It finds what the folder descent finds."""
+    landing = tmp_path / "unit"
+    write_events(landing, "accounts", 1, "part-0.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA)
+    tree = tmp_path / "share"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "part-deep.parquet").write_bytes(b"PAR1")
+    hour = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=01"
+    (hour / "share").symlink_to(tree, target_is_directory=True)
+    (hour / "nested").mkdir()
+
+    listed: list[str] = []
+
+    class ListingSpy(Storage):
+        def _list_local(self, uri: str, path: str):
+            listed.append(path)
+            return super()._list_local(uri, path)
+
+    uri = f"file://{landing}"
+    walked = FMT.landed_hours(ListingSpy(), uri, "accounts", None)
+    assert [p for p in listed if p.startswith(str(hour)) and p.rstrip("/") != str(hour)] == []
+    descended = FMT.landed_hours(Storage(), uri, "accounts", dt.datetime(1000, 1, 1))
+    assert {k: [e.uri for e in v] for k, v in walked.items()} == {
+        k: [e.uri for e in v] for k, v in descended.items() if v
+    }
+    assert [e.name for e in walked["2024-03-01-01"]] == ["part-0.parquet"]

@@ -382,7 +382,7 @@ def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) ->
     hours at or after `since` up to the hour under way: with `since`, from the folders that can
     hold those hours (`hour_folders`, a sensor's window), without it from one walk
     (`walked_hours`) where the walk can list every folder."""
-    walked = walked_hours(storage, table_uri, _hour_of_levels) if since is None else None
+    walked = walked_hours(storage, table_uri, _hour_of_levels, len(_HOURLY_LEVELS)) if since is None else None
     if walked is not None:
         return walked
     return {
@@ -392,18 +392,18 @@ def hourly_files(storage: Storage, table_uri: str, since: dt.datetime | None) ->
 
 
 def walked_hours(
-    storage: Storage, uri: str, hour_of: Callable[[list[str]], dt.datetime | None]
+    storage: Storage, uri: str, hour_of: Callable[[list[str]], dt.datetime | None], levels: int
 ) -> dict[str, list[Entry]] | None:
-    """Hour key -> the data files under `uri` whose folders below it `hour_of` names an hour up
-    to the hour under way, from one walk of `uri` (`Storage.walk_files`: on S3 a listing of its
-    keys, a thousand to a request). Descending folder by folder asks once per folder: a year of
+    """Hour key -> the data files under `uri` whose folders below it (`levels` of them) `hour_of`
+    names an hour up to the hour under way, from one walk of `uri` (`Storage.walk_files`: on
+    S3 a listing of its keys, a thousand to a request; no folder deeper is entered). Descending folder by folder asks once per folder: a year of
     hours took minutes on S3, more than a sensor's tick may take. None when the walk met a
     folder it could not list (a local or mounted folder's I/O error): the caller descends
     instead, which raises for such a folder where it could hold an hour, rather than leave its
     hours out."""
     now = current_hour()
     found: dict[str, list[Entry]] = {}
-    for entry in storage.walk_files(uri, skip=is_hidden):
+    for entry in storage.walk_files(uri, skip=is_hidden, levels=levels):
         if entry.is_dir and (entry.unreadable or "").startswith(UNLISTABLE_FOLDER):
             return None
         if entry.is_dir or entry.unreadable is not None:

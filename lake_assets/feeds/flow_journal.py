@@ -721,9 +721,13 @@ def _journal_folder(uri: str) -> str:
     return uri.split("/utc_date=", 1)[0]
 
 
+#: the folders of a fragment below its journal name: `utc_date=…/utc_hour=…`
+FRAGMENT_LEVELS = 2
+
+
 def _fragment_hour(folders: list[str]) -> dt.datetime | None:
-    """The hour a fragment's folders below its journal name (`utc_date=…/utc_hour=…`), or None."""
-    date = folder_date(folders[0]) if len(folders) == 2 else None
+    """The hour a fragment's folders below its journal name (`FRAGMENT_LEVELS`), or None."""
+    date = folder_date(folders[0]) if len(folders) == FRAGMENT_LEVELS else None
     return folder_hour(date, folders[1]) if date else None
 
 
@@ -894,7 +898,9 @@ class FlowJournalFormat(FeedFormat):
     ) -> dict[str, list[Entry]]:
         """Hour key -> the fragments of a journal's valid hour folders at or after `since`; with no
         `since`, from one walk of the journal (`walked_hours`) where it can list every folder."""
-        walked = walked_hours(storage, journal.uri, _fragment_hour) if since is None else None
+        walked = (
+            walked_hours(storage, journal.uri, _fragment_hour, FRAGMENT_LEVELS) if since is None else None
+        )
         if walked is not None:
             return walked
         return {
