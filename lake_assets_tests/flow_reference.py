@@ -1,6 +1,6 @@
 """The whole read of one journal composed from the fragment rules (`cover`, `read_piece`,
 `Sequencer`) in one call: a reference the fragment tests check those rules against. The feed
-reads journals in Spark tasks (`flow_journal.read_journal_task`), cut at gaps and across hours."""
+reads journals in Spark tasks (`flow_tasks.read_journal_task`), cut at gaps and across hours."""
 
 from __future__ import annotations
 

@@ -795,7 +795,7 @@ def test_a_text_key_beside_number_keys_sets_its_fragment_aside_instead_of_mergin
     ],
 )
 def test_a_key_values_kind_is_its_json_kind_with_booleans_apart_from_numbers(value, kind):
-    from lake_assets.feeds.flow_journal import key_kind
+    from lake_assets.feeds.flow_documents import key_kind
 
     assert key_kind(value) == kind
 
@@ -803,7 +803,7 @@ def test_a_key_values_kind_is_its_json_kind_with_booleans_apart_from_numbers(val
 def test_the_stored_key_column_gives_the_kind_and_a_column_of_another_type_gives_none():
     from pyspark.sql import types as T
 
-    from lake_assets.feeds.flow_journal import stored_key_kinds
+    from lake_assets.feeds.flow_documents import stored_key_kinds
 
     schema = T.StructType(
         [
@@ -1237,7 +1237,7 @@ def test_a_bad_fragment_under_an_escaped_partition_folder_is_set_aside_by_its_ow
 def test_a_fragment_the_read_returned_no_bytes_for_is_reported_bad_not_dropped():
     """The journal task gets each cover piece beside its file's bytes (a left join): a piece
     without bytes (a path the read spelled otherwise) is a bad fragment with its reason."""
-    from lake_assets.feeds.flow_journal import read_journal_task
+    from lake_assets.feeds.flow_tasks import read_journal_task
 
     docs, _ = journal_lines([1, 2])
     content = b"".join(docs)

@@ -3,10 +3,11 @@
 Layout (docs/formats/flow-journals.md, "Landing layout"):
 `<prefix>/<collection>/<logical partition k=v>…/pivot=<hex>/utc_date=YYYY-MM-DD/utc_hour=HH/<fragment>`.
 Each `pivot=` folder is a journal; its fragments are named by byte range and checksum and may
-overlap. `flow_fragments` holds the pure rules (names, cover, codecs, checksums, transactions);
-this module lists the landing area and runs those rules inside Spark: Spark reads the fragment
-bytes (`binaryFile`, so s3a works), and one Python task per journal walks its cover in journal
-order, because transactions can only be sequenced in order.
+overlap. `flow_fragments` holds the pure rules (names, cover, codecs, checksums, transactions),
+`flow_documents` what a document becomes as a row, and `flow_tasks` what one Spark task runs
+over a journal's cover. This module lists the landing area and runs those tasks: Spark reads
+the fragment bytes (`binaryFile`, so s3a works), and one Python task per journal walks its
+cover in journal order, because transactions can only be sequenced in order.
 
 A collection is a table named after it (lower case, anything but [a-z0-9_] as `_`), partitioned
 by hour. A document belongs to the hour of the fragment holding the record that committed it
@@ -37,9 +38,8 @@ import datetime as dt
 import functools
 import json
 import re
-import reprlib
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import PlainSerializer, PlainValidator, model_validator
@@ -50,8 +50,8 @@ from pyspark.sql import types as T
 from lake_assets.catalog.metadata import datetime_to_ms
 from lake_assets.config_model import FeedConfig, Model, Names, checked, expected, refused
 from lake_assets.engine import model as m
-from lake_assets.engine.names import case_clash, col, lake_name, same_name
-from lake_assets.engine.schema import DECIMAL_DIGITS, change_columns, one_column_per_name
+from lake_assets.engine.names import col
+from lake_assets.engine.schema import change_columns, one_column_per_name
 from lake_assets.epoch import HOUR_MS
 from lake_assets.errors import InvalidValue, UnsafePathError
 from lake_assets.feeds import flow_fragments as ff
@@ -65,6 +65,8 @@ from lake_assets.feeds.base import (
     walked_hours,
     why_not_yet,
 )
+from lake_assets.feeds.flow_documents import KEY_KINDS, keep_first_spellings, key_column, stored_key_kinds
+from lake_assets.feeds.flow_tasks import TASK_OUTPUT_DDL, read_journal_task
 from lake_assets.ingest import (
     TEXT_REPAIRED,
     Batch,
@@ -79,25 +81,10 @@ from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading, merged
 from lake_assets.storage import Entry, Storage, data_files, is_hidden
 
-_OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
-#: Spark's column for JSON lines it cannot parse: an engine name (`__`), which vendor fields never keep
 _SPARK_CORRUPT_RECORD = "__spark_corrupt_record"
 _DATE = re.compile(r"utc_date=([0-9]{4}-[0-9]{2}-[0-9]{2})")
 _HOUR = re.compile(r"utc_hour=([0-9]{2})")
 
-# What each journal's task returns: documents, fragments set aside, and the task's counts.
-_OUT = pa.schema(
-    [
-        ("journal", pa.string()),
-        ("kind", pa.string()),
-        ("hour", pa.string()),
-        ("uri", pa.string()),
-        ("offset", pa.int64()),
-        ("body", pa.string()),
-        ("reason", pa.string()),
-    ]
-)
-_OUT_DDL = "journal string, kind string, hour string, uri string, offset long, body string, reason string"
 _PLAN_DDL = "journal string, uri string, skip long, stop long, taken_over_by string, order long, hour string"
 
 
@@ -151,377 +138,6 @@ def stray_reason(journal: str, folders: list[str]) -> str | None:
         )
     hour = folder_hour(date, folders[1])
     return why_not_yet(hour, f"{journal}/{folders[0]}/{folders[1]}") if hour else None
-
-
-def key_column(pointer: str) -> str:
-    """The column a key pointer becomes: `/id` -> `id`, `/a/b` -> `a_b` (by its lake name)."""
-    return lake_name(pointer.strip("/").replace("/", "_"))
-
-
-def _resolve(document: dict, pointer: str):
-    value = document
-    for escaped in pointer.strip("/").split("/"):
-        token = escaped.replace("~1", "/").replace("~0", "~")
-        if not isinstance(value, dict) or token not in value:
-            return None
-        value = value[token]
-    return value
-
-
-def _columns_of(document: dict, key: tuple[str, ...]) -> list[str]:
-    """The columns a document becomes (`document_row`), each once."""
-    return list(
-        dict.fromkeys([*(lake_name(name) for name in document if name != "_meta"), *map(key_column, key)])
-    )
-
-
-def _column_value(value: Any) -> Any:
-    """A top-level field's value as its column takes it: objects and arrays as JSON text, and an
-    integer with more digits than a decimal holds as its digits (Spark would read it as a
-    double, which rounds), so that its column becomes text and no value changes."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**DECIMAL_DIGITS:
-        return str(value)
-    return value
-
-
-class DocumentRow(NamedTuple):
-    """A committed document as `FlowJournalFormat._parsed` reads it."""
-
-    #: a flat JSON object: key columns, top-level fields and the change-model fields the feed
-    #: derives, each column under its name folded to one case (`names.same_name`)
-    json: str
-    #: the folded columns holding empty text: Spark's reading of JSON takes `""` for a value of
-    #: any type, and would then refuse it in a column of numbers or booleans
-    empty_text: list[str]
-    #: folded column -> its spelling in this document. Spark's reading of JSON merges fields
-    #: spelled alike but for case into one column, then reads the values of one spelling only
-    spellings: dict[str, str]
-
-
-def document_row(doc: ff.Doc, key: tuple[str, ...], hour: str) -> DocumentRow:
-    """One committed document as the row `FlowJournalFormat._parsed` reads."""
-    body, repaired = ff.valid_text_fields(doc.doc) if doc.garbled else (doc.doc, 0)
-    meta = body.get("_meta") or {}
-    try:
-        fields = {lake_name(name): _column_value(value) for name, value in body.items() if name != "_meta"}
-    except RecursionError:  # read at the edge of the parser's depth, too deep to write out again
-        raise ff.FragmentError(doc.uri, "document nests too deeply to be written out", doc.offset) from None
-    for pointer in key:
-        fields[key_column(pointer)] = _resolve(body, pointer)
-    # One spelling per folded name: a document spelling two alike is refused (`vet_document`).
-    row = {same_name(column): value for column, value in fields.items()}
-    spellings = {same_name(column): column for column in fields}
-    empty_text = [column for column, value in row.items() if value == ""]
-    row.update(
-        {
-            "__op": _OPS.get(meta.get("op", ""), m.UPDATE),  # a document without an op is an upsert
-            "__clock": doc.uuid.order,
-            "__at": doc.uuid.timestamp.isoformat(),
-            "__uri": doc.uri,
-            "__offset": doc.offset,
-            "__hour": hour,
-            **({TEXT_REPAIRED: repaired} if repaired else {}),
-        }
-    )
-    return DocumentRow(json.dumps(row, separators=(",", ":")), empty_text, spellings)
-
-
-def _exact_key_number(value: object) -> bool:
-    """Whether a key value that is a number reaches Spark as that number: JSON numbers with a
-    fraction or beyond 64 bits are inferred as doubles, which round (2^53 + 1 reads as 2^53)."""
-    if isinstance(value, ff.NumberText):
-        return False  # a number no double holds
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return True  # not a number: text and booleans keep their values
-    return isinstance(value, int) and -(2**63) <= value < 2**63
-
-
-#: the JSON kinds a key value may have, as `key_kind` names them; of kinds equally common in a
-#: batch, the first here stands (`_PassNotes.mixed_key_kinds`)
-KEY_KINDS = ("boolean", "number", "text")
-
-
-def key_kind(value: object) -> str:
-    """The JSON kind of a scalar key value: boolean, number or text."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float, ff.NumberText)):
-        return "number"
-    return "text"
-
-
-def stored_key_kinds(stored: T.StructType | None, key: tuple[str, ...]) -> dict[str, str]:
-    """pointer -> the kind of the key's column in the table as stored (none for a new table, or
-    a column of another type)."""
-    if stored is None:
-        return {}
-    types = {same_name(field.name): field.dataType for field in stored.fields}
-    kinds = {}
-    for pointer in key:
-        kind = types.get(same_name(key_column(pointer)))
-        if isinstance(kind, T.StringType):
-            kinds[pointer] = "text"
-        elif isinstance(kind, T.BooleanType):
-            kinds[pointer] = "boolean"
-        elif isinstance(kind, T.NumericType):
-            kinds[pointer] = "number"
-    return kinds
-
-
-def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None = None) -> None:
-    """FragmentError (naming the document's offset) unless the document is data the change model
-    can take: a known op, every key pointer resolving to a scalar (string, number, boolean) whose
-    text is valid UTF-8 and whose kind is the one `kinds` gives the key (if it gives one), and no
-    two fields whose names are equal ignoring case (Spark would take them for one column)."""
-    op = doc.doc["_meta"].get("op")
-    if op is not None and (not isinstance(op, str) or op not in _OPS):
-        raise ff.FragmentError(doc.uri, f"document has an unknown _meta.op {reprlib.repr(op)}", doc.offset)
-    values = {pointer: _resolve(doc.doc, pointer) for pointer in key}
-    missing = [pointer for pointer, value in values.items() if value is None]
-    if missing:
-        raise ff.FragmentError(doc.uri, f"document has no key {missing}", doc.offset)
-    for pointer, value in values.items():
-        if isinstance(value, (dict, list)):
-            kind = "object" if isinstance(value, dict) else "array"
-            raise ff.FragmentError(
-                doc.uri,
-                f"document key {pointer} is a JSON {kind}, not a string, number or boolean",
-                doc.offset,
-            )
-        if not _exact_key_number(value):
-            number = value if isinstance(value, ff.NumberText) else reprlib.repr(value)  # as written
-            raise ff.FragmentError(
-                doc.uri,
-                f"document key {pointer} is the number {number}: a key number must be a whole "
-                "number of 64 bits, as other numbers are read as doubles and two keys could become one",
-                doc.offset,
-            )
-    for pointer, value in values.items():
-        wanted = (kinds or {}).get(pointer)
-        if wanted is not None and key_kind(value) != wanted:
-            raise ff.FragmentError(
-                doc.uri,
-                f"document key {pointer} is {key_kind(value)} ({reprlib.repr(value)}) where the collection's "
-                f'key is {wanted}: read together, both become text and two keys (1 and "1") could become one',
-                doc.offset,
-            )
-    garbled = [pointer for pointer, value in values.items() if doc.garbled and ff.holds_invalid_text(value)]
-    if garbled:  # a key is an identity: repaired, two keys could become one
-        raise ff.FragmentError(
-            doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset
-        )
-    clash = case_clash(_columns_of(doc.doc, key)) or _field_named_like_a_key(doc.doc, key)
-    if clash:
-        raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
-
-
-def _field_named_like_a_key(document: dict, key: tuple[str, ...]) -> str | None:
-    """A top-level field whose column is a key's column without being that key's field (`a_b`
-    beside the key `/a/b`, `a~1b` beside the key `/a~1b`): the key's value takes the column, and
-    the field's value would be dropped without a word."""
-    taken = _key_columns_taken(key)
-    for name in document:
-        pointer = taken.get(same_name(lake_name(name)))
-        if name != "_meta" and pointer is not None and name != _field_of(pointer):
-            return f"a field '{name}' whose column is the column of the key {pointer}"
-    return None
-
-
-@functools.lru_cache(maxsize=64)
-def _key_columns_taken(key: tuple[str, ...]) -> dict[str, str]:
-    """The key's columns (as Spark compares names) -> their pointers."""
-    return {same_name(key_column(pointer)): pointer for pointer in key}
-
-
-def _field_of(pointer: str) -> str | None:
-    """The top-level field a one-token pointer names (`/a~1b` -> `a/b`), else None."""
-    tokens = pointer.strip("/").split("/")
-    return tokens[0].replace("~1", "/").replace("~0", "~") if len(tokens) == 1 else None
-
-
-def read_journal_task(
-    key: tuple[str, ...],
-    wanted_hours: frozenset[str],
-    max_bytes: int = ff.MAX_FRAGMENT_BYTES,
-    kinds: dict[str, str] | None = None,
-) -> Callable[[pa.Table], pa.Table]:
-    """The per-journal function Spark runs (`applyInArrow`): the cover pieces of one journal,
-    with their bytes, in; committed documents, bad fragments and counts out (`_JournalRead`).
-    A document whose key is not of the kind `kinds` gives it sets its fragment aside."""
-
-    def run(table: pa.Table) -> pa.Table:
-        rows = table.sort_by("order").to_pylist()
-        return _JournalRead(key, wanted_hours, max_bytes, rows, kinds or {}).read()
-
-    return run
-
-
-#: How far before a run's first hour a document's clock may lie and still make the run read
-#: back for the document it may repeat (`Sequencer.may_repeat_unread`): a clock older than that is
-#: taken for a skewed producer's, so that it cannot make every run read the whole journal.
-REPEAT_LOOKBACK = dt.timedelta(hours=24)
-
-
-def _hour_start(hour: str) -> dt.datetime:
-    return parse_hour_key(hour).replace(tzinfo=dt.timezone.utc)
-
-
-class _JournalRead:
-    """One journal's cover pieces read in order, in a Spark task.
-
-    Once a piece fails, the journal's documents are not emitted (the driver reads the journal
-    again on a new cover), but the remaining pieces are still checked, so that one pass finds
-    every bad fragment of the cover."""
-
-    def __init__(
-        self,
-        key: tuple[str, ...],
-        wanted_hours: frozenset[str],
-        max_bytes: int,
-        rows: list[dict[str, Any]],
-        kinds: dict[str, str],
-    ):
-        self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
-        self.kinds = kinds
-        # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
-        self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
-        # Clocks before the earliest hour this pass reads were written before it; those more
-        # than REPEAT_LOOKBACK before the run's first hour are taken for a skewed producer's.
-        self.unread = ff.ClockWindow(
-            _hour_start(min(wanted_hours)) - REPEAT_LOOKBACK,
-            _hour_start(min([r["hour"] for r in rows] or [self.context_hour])),
-        )
-        self.journal = rows[0]["journal"] if rows else None
-        self.content = {r["uri"]: r["content"] for r in rows}
-        self.hour_of = {r["uri"]: r["hour"] for r in rows}
-        self.sequencer = ff.Sequencer()
-        self.out: dict[str, list[Any]] = {name: [] for name in _OUT.names}
-        self.broken = False
-        self.read_to: int | None = None  # the journal offset read so far
-        self.first_hour: dict[str, str] = {}  # producer -> the hour of its first record read
-        #: producers whose ACK in the run's hours may commit unread documents, or whose document
-        #: there may repeat one unread (`Sequencer.may_repeat_unread`)
-        self.opened: set[str] = set()
-        self.blind = False  # such an ACK found nothing of its producer pending: its documents are unread
-        self.elsewhere: set[tuple[str, str]] = set()  # (hour, fragment): the run's documents committed there
-        self.empty_text: set[str] = set()  # columns of emitted documents holding "" (`DocumentRow`)
-        self.spellings: dict[str, str] = {}  # folded column -> its first spelling in sort order
-        self.key_kinds: dict[str, dict[str, int]] = {}  # pointer -> kind -> emitted documents
-
-    def read(self) -> pa.Table:
-        for row in self.rows:
-            self._read_piece(row)
-        if not self.broken:
-            self._finish()
-        return pa.table(self.out, schema=_OUT)
-
-    def _emit(self, kind, hour, uri=None, offset=None, body=None, reason=None) -> None:
-        values = (self.journal, kind, hour, uri, offset, body, reason)
-        for name, value in zip(_OUT.names, values, strict=True):
-            self.out[name].append(value)
-
-    def _read_piece(self, row: dict[str, Any]) -> None:
-        uri, hour = row["uri"], row["hour"]
-        fragment = ff.Fragment(
-            uri=uri, journal=row["journal"], name=ff.parse_fragment_name(uri.rsplit("/", 1)[1])
-        )
-        piece = ff.CoverPiece(
-            fragment=fragment, skip=row["skip"], stop=row["stop"], taken_over_by=row["taken_over_by"]
-        )
-        if self.read_to is not None and piece.start > self.read_to:
-            self.sequencer.cut_at_gap()
-        self.read_to = piece.end
-        try:
-            docs = self._vetted_documents(uri, piece)
-            if not self.broken:
-                self._sequence(hour, docs)
-        except ff.FragmentError as error:
-            self._emit("bad", hour, error.uri, error.offset, None, str(error))
-            self.broken = True
-        except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
-            unforeseen = ff.FragmentError(uri, f"could not be read ({type(error).__name__}: {error})")
-            self._emit("bad", hour, unforeseen.uri, None, None, str(unforeseen))
-            self.broken = True
-
-    def _vetted_documents(self, uri: str, piece: ff.CoverPiece) -> list:
-        if self.content[uri] is None:
-            raise ff.FragmentError(uri, "the landing's read returned no bytes for this path")
-        docs = ff.read_piece(piece, self.content.__getitem__, self.max_bytes)
-        for doc in docs:
-            if not doc.is_ack:
-                vet_document(doc, self.key, self.kinds)
-        return docs
-
-    def _sequence(self, hour: str, docs: list) -> None:
-        """Feed a piece's documents to the sequencer; emit those it commits in the run's hours,
-        and note which documents of the run's hours a later hour commits."""
-        for doc in docs:
-            self.first_hour.setdefault(doc.uuid.producer, hour)
-            unread_ack = hour in self.wanted_hours and self.sequencer.may_commit_unread(doc)
-            if unread_ack or (
-                hour in self.wanted_hours and self.sequencer.may_repeat_unread(doc, self.unread)
-            ):
-                self.opened.add(doc.uuid.producer)
-                # reading goes on back while nothing of the producer was met before: its
-                # documents are unread (none pending), or this is a copy (a clock before what was read)
-                self.blind = (
-                    self.blind
-                    or not self.sequencer.has_pending(doc.uuid.producer)
-                    or (unread_ack and self.unread.holds(doc))
-                )
-            for committed in self.sequencer.feed(doc):
-                # a document belongs to the hour of the record that committed it
-                if hour in self.wanted_hours:
-                    row = document_row(committed, self.key, hour)
-                    self._count_key_kinds(committed)
-                    self.empty_text.update(row.empty_text)
-                    _keep_first_spellings(self.spellings, row.spellings)
-                    self._emit("doc", hour, committed.uri, committed.offset, row.json)
-                elif (
-                    self.hour_of[committed.uri] in self.wanted_hours
-                    and (hour, committed.uri) not in self.elsewhere
-                ):
-                    self.elsewhere.add((hour, committed.uri))
-                    self._emit("committed_elsewhere", hour, committed.uri)
-
-    def _count_key_kinds(self, doc: ff.Doc) -> None:
-        """Count the kind of each key of an emitted document: the driver learns from the sums
-        whether the batch's documents agree (`_PassNotes.mixed_key_kinds`)."""
-        for pointer in self.key:
-            counted = self.key_kinds.setdefault(pointer, {})
-            kind = key_kind(_resolve(doc.doc, pointer))
-            counted[kind] = counted.get(kind, 0) + 1
-
-    def _finish(self) -> None:
-        left = self.sequencer.finish()
-        self._emit("counts", None, body=json.dumps(self.sequencer.counts))
-        self._emit("key_kinds", None, body=json.dumps(self.key_kinds))
-        if self.empty_text:
-            self._emit("empty_text", None, body=json.dumps(sorted(self.empty_text)))
-        self._emit("spellings", None, body=json.dumps(self.spellings))
-        # Documents of the run's hours whose transaction is still open: its end, if landed,
-        # lies in a later hour, which the driver reads too (to learn which hour commits them).
-        if any(self.hour_of[d.uri] in self.wanted_hours for d in left):
-            self._emit("pending_after", None)
-        if self._may_have_begun_earlier():
-            self._emit("opened_earlier", None)
-
-    def _may_have_begun_earlier(self) -> bool:
-        """A producer with no commit point before its ACK may have begun its transaction before
-        what was read. The driver reads earlier hours: once whenever no more than the context
-        hour was read before the run's hours (the producer may have been silent there in
-        mid-transaction), and again for as long as it wrote from the first hour read on, or had
-        nothing pending (a producer writes an ACK only to journals it wrote to in the transaction)."""
-        if not self.opened:
-            return False
-        earliest = min(r["hour"] for r in self.rows)
-        return (
-            self.blind
-            or earliest >= self.context_hour
-            or any(self.first_hour[p] == earliest for p in self.opened)
-        )
 
 
 @dataclasses.dataclass
@@ -603,14 +219,6 @@ def _failures_of_their_own(notes: list, by_name: dict[str, _JournalFragments]) -
         for note in bad
         if not started_inside_after_a_failure(note["journal"], placed.get((note["journal"], note["uri"]), []))
     }
-
-
-def _keep_first_spellings(kept: dict[str, str], found: dict[str, str]) -> None:
-    """Merge `found` spellings into `kept`, keeping of two the first in sort order: the one
-    Spark's reading of JSON listed first when the spellings were columns apart."""
-    for folded, spelling in found.items():
-        if folded not in kept or spelling < kept[folded]:
-            kept[folded] = spelling
 
 
 def _collection_name(value: Any) -> bool:
@@ -1167,7 +775,12 @@ class FlowJournalFormat(FeedFormat):
         )
         # A piece whose file the read did not return keeps its row (no content): the task
         # reports its fragment as bad, where an inner join would drop it without a word.
-        return pieces.join(content, "uri", "left").groupBy("journal").applyInArrow(task, _OUT_DDL).persist()
+        return (
+            pieces.join(content, "uri", "left")
+            .groupBy("journal")
+            .applyInArrow(task, TASK_OUTPUT_DDL)
+            .persist()
+        )
 
     @staticmethod
     def _take_notes(
@@ -1198,7 +811,7 @@ class FlowJournalFormat(FeedFormat):
             elif note["kind"] == "empty_text":
                 found.empty_text.update(json.loads(note["body"]))
             elif note["kind"] == "spellings":
-                _keep_first_spellings(found.spellings, json.loads(note["body"]))
+                keep_first_spellings(found.spellings, json.loads(note["body"]))
             elif note["kind"] == "key_kinds":
                 for pointer, counted in json.loads(note["body"]).items():
                     for kind, documents in counted.items():
