@@ -24,13 +24,10 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lake_assets import lake_io
 from lake_assets.engine import merge
 from lake_assets.engine import model as m
 from lake_assets.engine.names import col, lake_name, same_name, schema_case_clash
@@ -40,14 +37,13 @@ from lake_assets.errors import DamagedLakeFile, LakeAssetsError, SchemaClash, St
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
+from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
 from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, parquet_column, parquet_footer
 
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
 #: how much of Spark's error a reason keeps: its message names the file (a long URI) and the cause
 SPARK_REASON_CHARACTERS = 1000
-#: what Spark raises when it cannot read a file (the JVM's errors arrive through py4j)
-SPARK_ERRORS = (Py4JJavaError, PySparkException)
 
 
 @dataclasses.dataclass
@@ -463,14 +459,14 @@ def _readable_group(
         return _read_group(spark, fmt, files.partitions(uris), schema)
     except SPARK_ERRORS as exc:
         failure = exc
-    if lake_io.is_request_failure(failure):
+    if is_request_failure(failure):
         raise failure
     unopened = {}
     for uri in uris:
         try:
             _read_group(spark, fmt, files.partitions([uri]), schema)
         except SPARK_ERRORS as exc:
-            if lake_io.is_request_failure(exc):
+            if is_request_failure(exc):
                 raise
             unopened[uri] = (
                 f"Spark could not open the file ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
@@ -548,7 +544,7 @@ def _unreadable_in_spark(
         try:
             _read_in_full(spark, fmt, table, files, [uri])
         except SPARK_ERRORS as exc:
-            if lake_io.is_request_failure(exc):
+            if is_request_failure(exc):
                 raise
             bad[uri] = (
                 f"Spark could not read the file's data ({first_line(exc, limit=SPARK_REASON_CHARACTERS)})"
@@ -570,7 +566,7 @@ def _reads_in_spark(
     try:
         _read_in_full(spark, fmt, table, files, uris)
     except SPARK_ERRORS as exc:
-        if lake_io.is_request_failure(exc):
+        if is_request_failure(exc):
             raise
         return False
     return True
@@ -750,7 +746,7 @@ def _read_collapsed(
     try:
         return events, collapse_counted(events, fmt.table_spec(table))
     except SPARK_ERRORS as failure:
-        if lake_io.is_request_failure(failure):
+        if is_request_failure(failure):
             raise
         failing = _failing_together(spark, fmt, table, files)
         suspects = [uri for uris in failing.values() for uri in uris] if failing else list(files.signature_of)

@@ -58,9 +58,10 @@ from lake_assets.errors import (
     first_line,
 )
 from lake_assets.feeds.base import FeedFormat
-from lake_assets.ingest import SPARK_ERRORS, SPARK_REASON_CHARACTERS, Batch, read_batch
+from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
+from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
 from lake_assets.storage import Entry, Storage, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
@@ -563,14 +564,14 @@ def failed_requests_told(
     meaning: str = "not on the data (the step stopped before recording its partitions done; the next "
     "run does them again)",
 ) -> Iterator[None]:
-    """A Spark error of the block that is a failed request to the store (`lake_io.is_request_failure`)
+    """A Spark error of the block that is a failed request to the store (`is_request_failure`)
     raised as `StoreUnreachable`: `what` failed on a request to the store, its `meaning`, and the
     store's answer. It is named by the live error, whose text may not name it (a Spark Connect
     server's stack traces can be hidden); any other error passes as it is."""
     try:
         yield
     except SPARK_ERRORS as failure:
-        if not lake_io.is_request_failure(failure):
+        if not is_request_failure(failure):
             raise
         raise StoreUnreachable(
             f"{what} failed on a request to the store, {meaning}: "

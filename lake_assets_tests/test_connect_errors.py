@@ -10,7 +10,7 @@ import pytest
 from pyspark.errors.exceptions.connect import _convert_exception
 
 from lake_assets.errors import first_line
-from lake_assets.lake_io import is_request_failure
+from lake_assets.spark_errors import is_request_failure
 
 FILE = "s3a://landing/unit/accounts/year=2024/month=03/day=01/hour=02/part-0.parquet"
 SPARK_EXCEPTION = ["org.apache.spark.SparkException", "java.lang.Exception", "java.lang.Throwable"]

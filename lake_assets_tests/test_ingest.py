@@ -18,9 +18,9 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Confi
 from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
-from lake_assets.ingest import SPARK_ERRORS, _BatchFiles, read_batch
-from lake_assets.lake_io import is_request_failure
+from lake_assets.ingest import _BatchFiles, read_batch
 from lake_assets.runner import run_feeds
+from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
 from lake_assets.storage import Entry, Storage, data_files
 from lake_assets_tests.test_flow_feed import HOUR as FLOW_HOUR
 from lake_assets_tests.test_flow_feed import PRODUCER, doc_line, write_fragment

@@ -9,7 +9,7 @@ import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 
-from lake_assets import lake_io
+from lake_assets import lake_io, spark_errors
 from lake_assets.errors import ConfigError, DamagedLakeFile
 from lake_assets.storage import Storage, parquet_footer
 
@@ -244,14 +244,14 @@ def test_files_whose_types_disagree_are_known_by_spark_s_error_condition(spark, 
     pq.write_table(pa.table({"n": pa.array([2**40], pa.int64())}), folder / "b.parquet")
     with pytest.raises((PySparkException, Py4JJavaError)) as refused:
         _ = spark.read.option("mergeSchema", "true").parquet(f"file://{folder}").schema
-    assert lake_io.SCHEMAS_DISAGREE in lake_io.error_conditions(refused.value)
+    assert spark_errors.SCHEMAS_DISAGREE in spark_errors.error_conditions(refused.value)
 
     frame = lake_io.read_drifting(spark, Storage(), [f"file://{folder}"])
     assert sorted(r["n"] for r in frame.collect()) == [1, 2**40]
 
     with pytest.raises(PySparkException) as missing:
         lake_io.read_drifting(spark, Storage(), [f"file://{tmp_path}/absent"])
-    assert lake_io.error_conditions(missing.value) == {"PATH_NOT_FOUND"}
+    assert spark_errors.error_conditions(missing.value) == {"PATH_NOT_FOUND"}
 
 
 def test_frames_a_failing_block_cached_are_released(spark):
