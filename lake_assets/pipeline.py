@@ -16,18 +16,17 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from lake_assets import lake_io, lease, processed, reruns
+from lake_assets import lake_io, landing_confirmation, lease, processed, reruns
 from lake_assets.catalog.files import (
     Refused,
     catalog_file,
     catalogued_entries,
-    hash_file,
     landed_record_versions,
     landed_records,
     landing_work_id,
@@ -51,7 +50,6 @@ from lake_assets.engine.parallel import run_together
 from lake_assets.engine.state import TableState, is_parquet_file, parquet_files, recover
 from lake_assets.errors import (
     DamagedLakeFile,
-    LandingChanged,
     LandingEmptied,
     SchemaClash,
     StoreUnreachable,
@@ -392,63 +390,13 @@ def record_stored(work: TableWork, partitions: list[str], ingested: Ingested) ->
     catalogued landed files (`processed.STORED_FOLDER`, which their fold's success makes the
     processed notes) and, for a format that reads streams (Flow journals), the byte ranges,
     which tell a later run whether a late file was read. The files must still be the versions
-    catalogued (`confirm_landing_unchanged`)."""
+    catalogued (`landing_confirmation.confirm_unchanged`)."""
     storage, layout, feed, table = work.storage, work.layout, work.feed.name, work.table
-    confirm_landing_unchanged(work, ingested.read_from, "storing the changes")
+    landing_confirmation.confirm_unchanged(work, ingested.read_from, "storing the changes")
     lease.confirm_held()
     processed.write_stored_notes(storage, layout, feed, table, ingested.read_from, work.run_id)
     if ingested.batch.reading is not None:
         reruns.leave_reading(storage, layout, feed, table, partitions, ingested.batch.reading)
-
-
-def confirm_landing_unchanged(
-    work: TableWork, read_from: dict[str, dict[str, processed.ProcessedFile]], step: str
-) -> None:
-    """Raise `LandingChanged` when a landed file a change batch was read from (`read_from`: the
-    catalog's records of it, by partition) no longer holds the content its record describes.
-
-    Spark reads a landed file after the run catalogued it, and reads it again whenever it loses
-    the batch's cached blocks (an executor lost, with its shuffle files): the step that uses the
-    batch then (the change log's write, the fold) reads the file as it is by then. Rewritten in
-    place meanwhile, it would give the lake another version's rows while the notes name the one
-    catalogued. Asked after a step's last use of the batch and before it records its partitions
-    stored or folded, this fails the step instead, and the next run catalogues the landing as it
-    is then. A file gone is not asked about (the next run sees it gone); one written since the
-    run began to read it (`ProcessedFile.read_mtime_ms`) is changed whatever it holds now; one
-    whose listing cannot tell otherwise (the same size, modified after or just before its
-    record) is hashed. A format whose batch does not reach back to the landed files
-    (`batch_rereads_landing`) is not asked."""
-    files = {url: note for notes in read_from.values() for url, note in notes.items()}
-    if not files or not work.fmt.batch_rereads_landing:
-        return
-    now = work.storage.files_now(files)
-    changed = [url for url, note in sorted(files.items()) if url in now and _changed(work, now[url], note)]
-    if changed:
-        raise LandingChanged(
-            f"{work.feed.name}/{work.table}: {changed[0]}{f' (and {len(changed) - 1} more)' if changed[1:] else ''} "
-            f"changed after the run catalogued it (found while {step}): rows may have been read from a "
-            "version the catalog does not hold, so the run records none of its partitions done; the "
-            "next run catalogues the landing as it is then (run it again once the vendor has "
-            "finished rewriting the files)"
-        )
-
-
-def _changed(work: TableWork, entry: Entry, note: processed.ProcessedFile) -> bool:
-    """Whether a listed landed file may no longer hold, or may not have held while the run read
-    it, the content `note` records. A file written since the run began to read it (its
-    modification time is not the one listed then, both by the store's clock) counts as changed
-    even when it holds the recorded bytes again: a delivery made again in place (a truncation,
-    a placeholder or a removal, then the same bytes) could have been read half way."""
-    if entry.size != note.size:
-        return True
-    if note.read_mtime_ms is not None and entry.mtime_ms != note.read_mtime_ms:
-        return True
-    if unchanged_since_recorded(entry, note.size, note.recorded_ms):
-        return False
-    try:
-        return hash_file(work.storage, entry.uri) != note.hash
-    except FileNotFoundError:  # gone since the listing: the next run sees it gone
-        return False
 
 
 def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: set[str]) -> list[str]:
@@ -512,7 +460,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
-    as_read = _listed_before_the_read(work, catalogued)
+    as_read = landing_confirmation.listed_before_the_read(work, catalogued)
     batch = _read(session, work, partitions, catalogued, log)
     # Files outside every valid partition (e.g. a batch folder that is not hex) never reach a
     # partition's run; each run sets them aside again, so none goes unreported.
@@ -540,22 +488,6 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
         read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
     )
-
-
-def _listed_before_the_read(work: TableWork, catalogued: dict[str, list[Entry]]) -> dict[str, Entry]:
-    """The catalogued files as their store lists them just before the batch is read: what
-    `confirm_landing_unchanged` compares their modification times with, the store's clock
-    against itself. A file gone by then raises `LandingChanged` (written again before the read
-    ends, it could be read half way and then pass its hash). Only for a format whose batch
-    reaches back to the landed files."""
-    if not work.fmt.batch_rereads_landing:
-        return {}
-    uris = [entry.uri for entries in catalogued.values() for entry in entries]
-    listed = work.storage.files_now(uris)
-    for uri in uris:
-        if uri not in listed:
-            raise _gone_under_the_run(uri)
-    return listed
 
 
 @contextlib.contextmanager
@@ -624,7 +556,9 @@ def _set_aside(
     """Copy each file the batch set aside to quarantine beside its reason; returns (the copies and
     notes written, the `catalogued` files whose copy failed: the next run of their partition
     reads them again). A catalogued file that is gone raises `LandingChanged` first."""
-    _unless_any_is_gone(work.storage, [item.uri for item in batch.quarantined if item.uri in catalogued])
+    landing_confirmation.unless_any_is_gone(
+        work.storage, [item.uri for item in batch.quarantined if item.uri in catalogued]
+    )
     copies, uncopied = [], set()
     for item in batch.quarantined:
         where = quarantine_file(
@@ -642,25 +576,6 @@ def _set_aside(
             uncopied.add(item.uri)
             log.warning(f"{item.uri} could not be copied: the next run of its partition reads it again")
     return copies, uncopied
-
-
-def _unless_any_is_gone(storage: Storage, uris: list[str]) -> None:
-    """Raise `LandingChanged` when one of the files the run catalogued and then set aside is gone
-    (whichever read found it so: its footer's, Spark's, a journal's): set aside, it would leave
-    its partition's changes without its rows and no copy of it, and a share that dropped
-    between the catalog step and the read looks like that. (A failure that may pass, a timeout,
-    is raised by the store's answer; a file its store refuses for good is set aside as before.)"""
-    for uri in uris:
-        if isinstance(storage.refusal_to_read(uri), FileNotFoundError):
-            raise _gone_under_the_run(uri)
-
-
-def _gone_under_the_run(uri: str) -> LandingChanged:
-    return LandingChanged(
-        f"{uri} was catalogued by this run but is gone now: the landing changed under the run "
-        "(a share unmounted, a file removed); nothing of the table was written, and the next run "
-        "catalogues the landing as it is then"
-    )
 
 
 def _catalogue_strays_and_copies(work: TableWork, strays: list[Entry], copies: list[str], log) -> int:
@@ -891,13 +806,13 @@ def fold_into_state(
 
     The run's own batch (handed over in memory, its lineage the landed files) must still have
     been read from the versions its changes were stored from when the fold's commit is recorded
-    (`confirm_landing_unchanged`): otherwise `LandingChanged`, with nothing committed. A request
+    (`landing_confirmation.confirm_unchanged`): otherwise `LandingChanged`, with nothing committed. A request
     to the store that fails under Spark raises `StoreUnreachable`."""
     fmt = work.fmt
     state = TableState(work.layout, work.feed.name, work.table)
     commits = CommitCatalog(work.storage, work.store, work.feed.name, work.table, work.run_id, state)
     before_commit = None
-    if confirm := _landing_confirmation(work, batch, partitions, "folding the changes"):
+    if confirm := landing_confirmation.confirmation_for(work, batch, partitions, "folding the changes"):
 
         def before_commit(step: str) -> None:
             if step == "record":  # after the fold's last read of the batch
@@ -924,24 +839,6 @@ def fold_into_state(
     if report.recovered_folds:
         log.warning(f"finished interrupted fold(s) {report.recovered_folds} before folding")
     return report
-
-
-def _landing_confirmation(
-    work: TableWork, batch: DataFrame, partitions: Collection[str], step: str
-) -> Callable[[], None] | None:
-    """For the run's own batch (handed over in memory, its lineage the landed files, which
-    Spark reads again when it loses the cached blocks): `confirm_landing_unchanged` against the
-    versions its changes were stored from. None for a batch read back from the change log."""
-    if not (partitions and work.fmt.batch_rereads_landing and lake_io.is_cached(batch)):
-        return None
-
-    def confirm() -> None:
-        stored, _ = processed.read_stored_notes(
-            work.storage, work.layout, work.feed.name, work.table, list(partitions), work.run_id
-        )
-        confirm_landing_unchanged(work, stored, step)
-
-    return confirm
 
 
 def delivered_now(work: TableWork, partitions: list[str]) -> set[str]:
@@ -971,7 +868,7 @@ def check_fold(
     check fails on the run's own batch (of `partitions`), which Spark may have read again from
     landed files rewritten since the commit, a changed file is told as such (`LandingChanged`)
     rather than as the lake's inconsistency."""
-    confirm = _landing_confirmation(work, batch, partitions, "checking the fold")
+    confirm = landing_confirmation.confirmation_for(work, batch, partitions, "checking the fold")
     with failed_requests_told(f"{work.feed.name}/{work.table}: checking the fold"):
         outcomes = _check_fold(session, work, batch, report)
     failed = [outcome.description for outcome in outcomes if not outcome.passed]

@@ -14,7 +14,7 @@ import time
 import duckdb
 import pytest
 
-from lake_assets import lake_io, pipeline, processed
+from lake_assets import lake_io, landing_confirmation, pipeline, processed
 from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.config import FeedConfig
 from lake_assets.config_model import S3Config
@@ -304,15 +304,15 @@ def test_the_listing_settles_a_file_and_the_hash_what_the_listing_cannot(
     ]
     as_noted = processed.ProcessedFile(note.size, stored_hash or note.hash, recorded_ms, read_mtime_ms)
     read_again: list[str] = []
-    hash_file = pipeline.hash_file
+    hash_file = landing_confirmation.hash_file
     monkeypatch.setattr(
-        pipeline, "hash_file", lambda storage, uri: read_again.append(uri) or hash_file(storage, uri)
+        landing_confirmation, "hash_file", lambda storage, uri: read_again.append(uri) or hash_file(storage, uri)
     )
     if changed:
         with pytest.raises(LandingChanged):
-            pipeline.confirm_landing_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
+            landing_confirmation.confirm_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
     else:
-        pipeline.confirm_landing_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
+        landing_confirmation.confirm_unchanged(work, {HOUR: {url: as_noted}}, "storing the changes")
     assert read_again == ([url] if hashed else []), case
 
 
@@ -344,17 +344,17 @@ def test_on_s3_the_check_of_a_day_of_hours_is_one_listing_and_tells_a_rewritten_
         for hour in range(24)
     }
 
-    pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+    landing_confirmation.confirm_unchanged(work, noted, "storing the changes")
     assert len(listings) == 1
 
     storage.delete_file(f"{folder}/hour=03/part-0.parquet")  # gone: the next run sees it gone
-    pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+    landing_confirmation.confirm_unchanged(work, noted, "storing the changes")
     for first_or_last in ("hour=00", "hour=23"):
         storage.write_bytes(f"{folder}/{first_or_last}/part-0.parquet", b"y" * 11)
         with pytest.raises(
             LandingChanged, match=rf"{first_or_last}/part-0\.parquet changed after the run catalogued"
         ):
-            pipeline.confirm_landing_unchanged(work, noted, "storing the changes")
+            landing_confirmation.confirm_unchanged(work, noted, "storing the changes")
         storage.write_bytes(f"{folder}/{first_or_last}/part-0.parquet", b"x" * 10)
     assert len(listings) == 4
 

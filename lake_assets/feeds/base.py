@@ -74,7 +74,7 @@ class FeedFormat(abc.ABC):
     time_columns: tuple[str, ...] = ()
     #: whether the change batch's lineage reaches the landed files, so that Spark reads them
     #: again after it lost the batch's cached blocks, and a run must check that they are still the
-    #: versions it catalogued (`pipeline.confirm_landing_unchanged`)
+    #: versions it catalogued (`landing_confirmation.confirm_unchanged`)
     batch_rereads_landing: bool = True
     #: the model of a feed of this format in the configuration file (a `FeedConfig`)
     config_model: type
