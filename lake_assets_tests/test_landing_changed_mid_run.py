@@ -306,7 +306,9 @@ def test_the_listing_settles_a_file_and_the_hash_what_the_listing_cannot(
     read_again: list[str] = []
     hash_file = landing_confirmation.hash_file
     monkeypatch.setattr(
-        landing_confirmation, "hash_file", lambda storage, uri: read_again.append(uri) or hash_file(storage, uri)
+        landing_confirmation,
+        "hash_file",
+        lambda storage, uri: read_again.append(uri) or hash_file(storage, uri),
     )
     if changed:
         with pytest.raises(LandingChanged):
