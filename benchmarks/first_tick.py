@@ -3,7 +3,7 @@
 Builds, without Spark, a Unit landing of H hour folders (1-3 small files each) and the processed
 notes a run would have written for them (`processed.write_notes`, from the landing's own
 listing, with the real `hash_file` hashes), then times what `sensors._hourly_runs` does on a
-first scan: `_processed_with` (read_notes + read_reruns) and `scan_table` with a fresh
+first scan: `_processed_with` (read_notes + unfolded_notes + read_reruns) and `scan_table` with a fresh
 TableCursor, split into the landing listing (`landed_hours`) and the per-hour
 `ProcessedWith.unchanged` -> `changed_partitions` calls. Optionally also the strays walk a first
 tick makes for one table (`unreported_strays`: due at once for a fresh cursor). S3 is a moto
@@ -43,7 +43,7 @@ from lake_assets.feeds.base import current_hour, hour_key
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.landing_watch import TableCursor, scan_table
 from lake_assets.paths import LakeLayout
-from lake_assets.processed import ProcessedFile, ProcessedWith, read_notes, write_notes
+from lake_assets.processed import ProcessedFile, ProcessedWith, read_notes, unfolded_notes, write_notes
 from lake_assets.quarantine import unreported_strays
 from lake_assets.storage import Storage
 
@@ -165,7 +165,7 @@ def first_tick(storage: CountingStorage, landing: str, lake: str, hours: int, st
     first = hour_key(hours_back(hours)[0])
     spent = {
         name: _Spent(storage)
-        for name in ("read_notes", "read_reruns", "listing", "unchanged", "scan", "strays")
+        for name in ("read_notes", "unfolded_notes", "read_reruns", "listing", "unchanged", "scan", "strays")
     }
 
     class TimedFormat(UnitCdcFormat):
@@ -181,10 +181,12 @@ def first_tick(storage: CountingStorage, landing: str, lake: str, hours: int, st
     fmt = TimedFormat()
     with spent["read_notes"].timing():
         notes = read_notes(storage, layout, FEED, TABLE, fmt.is_partition_key)
+    with spent["unfolded_notes"].timing():
+        unfolded = unfolded_notes(storage, layout, FEED, TABLE, notes.keys(), fmt.is_partition_key)
     with spent["read_reruns"].timing():
         asked = reruns.read_reruns(storage, layout, FEED, TABLE, fmt.is_partition_key)
     with spent["scan"].timing():
-        processed = TimedProcessedWith(storage, notes, frozenset(asked))
+        processed = TimedProcessedWith(storage, notes, frozenset(asked), unfolded)
         scan = scan_table(storage, fmt, landing, TABLE, TableCursor(), 4, first, processed)
     if strays:
         with spent["strays"].timing():
@@ -193,6 +195,7 @@ def first_tick(storage: CountingStorage, landing: str, lake: str, hours: int, st
     rest = spent["scan"].seconds - spent["listing"].seconds - spent["unchanged"].seconds
     return {
         "read_notes": (spent["read_notes"].seconds, dict(spent["read_notes"].calls)),
+        "unfolded_notes": (spent["unfolded_notes"].seconds, dict(spent["unfolded_notes"].calls)),
         "read_reruns": (spent["read_reruns"].seconds, dict(spent["read_reruns"].calls)),
         "scan: landed_hours listing": (spent["listing"].seconds, dict(spent["listing"].calls)),
         "scan: unchanged() per hour": (spent["unchanged"].seconds, dict(spent["unchanged"].calls)),

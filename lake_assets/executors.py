@@ -27,8 +27,8 @@ import lake_assets
 from lake_assets.errors import LakeAssetsError, first_line
 
 #: what the executors' Python workers import: PySpark's Arrow functions need pyarrow and pandas;
-#: the lake's function (the Flow reader's) is in flow_journal, which brings pydantic and cramjam
-EXECUTOR_IMPORTS = ("pyarrow", "pandas", "lake_assets.feeds.flow_journal")
+#: the lake's function (the Flow reader's) is in flow_tasks, which brings pydantic and cramjam
+EXECUTOR_IMPORTS = ("pyarrow", "pandas", "lake_assets.feeds.flow_tasks")
 
 #: distributions the cluster provides (Spark's own Python) or the session ships (lake_assets)
 _PROVIDED = {"pyspark", "py4j", "lake_assets", "lake-assets"}

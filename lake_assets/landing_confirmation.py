@@ -3,8 +3,8 @@
 Spark reads a landed file after the run catalogued it, and again whenever it loses the
 batch's cached blocks, so a file rewritten in place, or gone, while a run is under way could
 give the lake rows of a version the catalog does not hold. The steps ask these functions before
-they record anything, and fail with `LandingChanged` instead (docs/bad-input.md). Pure storage
-logic over the pipeline's `TableWork`: no Dagster.
+they record anything, and fail with `LandingChanged` instead (docs/bad-input.md). The pipeline's
+steps call each function at its point of the run, so they are public; no Dagster.
 """
 
 from __future__ import annotations

@@ -229,10 +229,13 @@ def encode_cursor(cursors: dict) -> str:
 
 
 def decode_cursor(text: str | None, kind: type | None = None) -> dict:
+    """The cursors `encode_cursor` saved. A field this version does not know (saved by a newer
+    one, before a rollback) is left out rather than fail every tick."""
     kind = kind or TableCursor
     if not text:
         return {}
-    return {t: kind(**c) for t, c in json.loads(text).items()}
+    known = {field.name for field in dataclasses.fields(kind)}
+    return {t: kind(**{k: v for k, v in c.items() if k in known}) for t, c in json.loads(text).items()}
 
 
 # --- feeds partitioned by the vendor's own batches (GRAX) ---------------------------------------

@@ -428,15 +428,16 @@ class ProcessedWith:
             and not changed_partitions(self.storage, {partition: list(files)}, {partition: note})
         )
 
-    def emptied(self, listed: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    def emptied(self, landed: Mapping[str, Sequence[Entry]]) -> dict[str, tuple[str, ...]]:
         """partition -> the names of the files it was processed (or its changes stored) with,
-        for the partitions read from files that hold none now (not `listed`): a run empties
-        them, as planning's `changed_partitions` does."""
-        listed = set(listed)
+        for the partitions read from files that hold none now (`landed` lists none for them;
+        a folder may outlive its files): a run empties them, as planning's
+        `changed_partitions` does."""
+        holding = {partition for partition, files in landed.items() if files}
         return {
             partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in note))
             for partition, note in {**self.unfolded, **self.notes}.items()
-            if note and partition not in listed
+            if note and partition not in holding
         }
 
 

@@ -265,6 +265,21 @@ def test_a_landing_gone_blank_is_scanned_for_the_first_time_once(tmp_path, monke
     assert notes_read == ["accounts", "cards"]
 
 
+def test_a_damaged_note_of_changes_never_folded_costs_a_first_scan_only_what_it_names(tmp_path, capfd):
+    """A first scan reads the notes of changes stored and never folded to find such partitions
+    whose files are all gone. One of them damaged must not make the scan take every landed hour
+    for new (what a damaged processed note does, since nothing then says what was processed):
+    the scan goes on without it, and says so."""
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    run_feeds(_config(tmp_path, landing), instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+    stored = tmp_path / "lake" / "_state" / "unit" / "accounts" / "stored"
+    (stored / "2024-03-01-01.json").write_text("{not json")  # an hour no run processed
+
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        assert sensor(context).run_requests == []
+    assert "the notes of its changes stored and never folded are not read" in capfd.readouterr().err
+
+
 def test_the_landing_sensor_runs_no_hour_before_the_first_partition_and_says_so(tmp_path, capfd):
     """With `start` after the first landed hours, the sensor asked for one run over 03..05,
     which Dagster refused whole (03 is no partition): 04 and 05 were never run, and the next

@@ -195,21 +195,30 @@ def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_we
     assert {r["batch"] for r in rows(root, "changes")} == {B1, B3}
 
 
-@pytest.mark.parametrize("folded", [False, True], ids=["stored-only", "folded"])
+@pytest.mark.parametrize(
+    "folded, folder_left",
+    [(False, False), (True, False), (True, True)],
+    ids=["stored-only", "folded", "folded-folder-left"],
+)
 def test_a_first_sensor_tick_runs_the_purge_batch_whose_files_went_and_removes_its_changes(
-    lake, tmp_path, folded
+    lake, tmp_path, folded, folder_left
 ):
-    """The daemon starts (or its cursor is reset) after the purge batch went from the landing:
-    `changes` alone had stored it (or its run was killed before the fold), or it was folded. A
-    first tick remembers nothing and lists no B2: it finds B2 from what the lake read it from
-    (its stored or processed note), and its run removes B2's stored changes, as `lake-assets
-    run` does. X stays purged."""
+    """The daemon starts (or its cursor is reset) after the purge batch's files went from the
+    landing (on a share, perhaps leaving its folder): `changes` alone had stored it (or its run
+    was killed before the fold), or it was folded. A first tick remembers nothing and lists no
+    file of B2: it finds B2 from what the lake read it from (its stored or processed note), and
+    its run removes B2's stored changes, as `lake-assets run` does. X stays purged."""
     config, root, instance = lake
     backfill(config, instance, B1, B1)
     backfill(
         config, instance, B2, B2, layers=("catalog", "changes", "current", "history")[: 4 if folded else 2]
     )
-    _without_the_purge_batch(tmp_path / "landing")
+    if folder_left:
+        batch = tmp_path / "landing" / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}"
+        for landed in batch.glob("*.parquet"):
+            landed.unlink()
+    else:
+        _without_the_purge_batch(tmp_path / "landing")
 
     cursor, runs = sensor_tick(config, instance, None)
 

@@ -202,11 +202,12 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
     run again and, for a format whose files share data (Flow), those
     holding data of a file removed from another partition (which planning over every hour runs
     again though their own files are unchanged). None (run every partition with files, as a
-    first scan always did) when a note or request is damaged: no reason to stop watching."""
+    first scan always did) when a processed note or request is damaged: no reason to stop
+    watching. A damaged note of changes stored and never folded costs only what it names: the
+    partitions whose files are all gone are then not found."""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
-        unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
         to_run = set(reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key))
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
@@ -214,6 +215,14 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
             f"partition with files: {damaged}"
         )
         return None
+    try:
+        unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
+    except DamagedLakeFile as damaged:
+        tick.context.log.warning(
+            f"{feed}/{table}: the notes of its changes stored and never folded are not read, so this "
+            f"first scan finds no such partition whose files are all gone (`lake-assets run` does): {damaged}"
+        )
+        unfolded = {}
     if fmt.files_share_data:  # one walk (no window), where `partitions_files` lists each hour's folders
         landed = {
             key: list(files)
