@@ -396,7 +396,8 @@ def walked_hours(
 ) -> dict[str, list[Entry]] | None:
     """Hour key -> the data files under `uri` whose folders below it (`levels` of them) `hour_of`
     names an hour up to the hour under way, from one walk of `uri` (`Storage.walk_files`: on
-    S3 a listing of its keys, a thousand to a request; no folder deeper is entered). Descending folder by folder asks once per folder: a year of
+    S3 a listing of its keys, a thousand to a request; no folder deeper is entered).
+    Descending folder by folder asks once per folder: a year of
     hours took minutes on S3, more than a sensor's tick may take. None when the walk met a
     folder it could not list (a local or mounted folder's I/O error): the caller descends
     instead, which raises for such a folder where it could hold an hour, rather than leave its
