@@ -107,7 +107,7 @@ def _exact_key_number(value: object) -> bool:
 
 
 #: the JSON kinds a key value may have, as `key_kind` names them; of kinds equally common in a
-#: batch, the first here stands (`_PassNotes.mixed_key_kinds`)
+#: batch, the first here stands (`flow_journal._PassNotes.mixed_key_kinds`)
 KEY_KINDS = ("boolean", "number", "text")
 
 

@@ -85,7 +85,7 @@ class _JournalRead:
     ):
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
         self.kinds = kinds
-        # The hour read before the run's hours (`read_partitions`): what a first pass reads before them.
+        # The hour read before the run's hours (`FlowJournalFormat.read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
         # Clocks before the earliest hour this pass reads were written before it; those more
         # than REPEAT_LOOKBACK before the run's first hour are taken for a skewed producer's.
@@ -188,7 +188,7 @@ class _JournalRead:
 
     def _count_key_kinds(self, doc: ff.Doc) -> None:
         """Count the kind of each key of an emitted document: the driver learns from the sums
-        whether the batch's documents agree (`_PassNotes.mixed_key_kinds`)."""
+        whether the batch's documents agree (`flow_journal._PassNotes.mixed_key_kinds`)."""
         for pointer in self.key:
             counted = self.key_kinds.setdefault(pointer, {})
             kind = key_kind(resolve(doc.doc, pointer))
