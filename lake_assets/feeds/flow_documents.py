@@ -1,6 +1,7 @@
 """Flow documents as rows of a table: the columns a document becomes, the kinds of its key
-values, and the rules a document must meet to be data (docs/formats/flow-journals.md). Pure
-Python, run inside the Spark tasks that read the journals (`flow_tasks`) and by the driver.
+values, and the rules a document must meet to be data (docs/formats/flow-journals.md). Plain
+Python, no Spark job (Spark's types only describe a stored schema): run inside the Spark tasks
+that read the journals (`flow_tasks`) and by the driver.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def key_column(pointer: str) -> str:
 
 
 def resolve(document: dict, pointer: str):
+    """The value a JSON pointer (`/a/b`, `~1` for `/`, `~0` for `~`) names in `document`, or
+    None where the path does not lead to one."""
     value = document
     for escaped in pointer.strip("/").split("/"):
         token = escaped.replace("~1", "/").replace("~0", "~")
