@@ -387,12 +387,20 @@ class Storage:
         return sorted(out, key=lambda e: e.name)
 
     def walk_files(
-        self, uri: str, skip: Callable[[str], bool] = lambda name: False, levels: int | None = None
+        self,
+        uri: str,
+        skip: Callable[[str], bool] = lambda name: False,
+        levels: int | None = None,
+        links_within: int | None = None,
     ) -> Iterator[Entry]:
         """Every file under a folder, depth first, leaving out entries (and what they hold)
         whose name `skip` accepts. With `levels`, a local folder deeper than that many levels
         below `uri` is not entered but comes out as a folder entry: a link in an hour folder to
-        a large tree is not walked through when only the hours' own files are wanted.
+        a large tree is not walked through when only the hours' own files are wanted. With
+        `links_within`, a symbolic link to a folder deeper than that is not followed but comes
+        out as one entry with `unreadable` set: a stray walk reports such a link once rather
+        than every file of the tree it leads to (a share's root), while a real folder there
+        still has each of its files reported.
 
         The walk neither loops nor stops on one bad entry: a folder that a symbolic link leads
         back into one of its own ancestors is not entered again, nor is a folder that cannot be
@@ -407,7 +415,9 @@ class Storage:
             top = os.stat(path)
         except FileNotFoundError:
             return
-        yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip, levels)
+        yield from self._walk_local(
+            self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip, levels, links_within
+        )
 
     def _walk_s3(self, uri: str, path: str, skip: Callable[[str], bool]) -> Iterator[Entry]:
         """Every object under the prefix, from the bucket's own listing of its keys.
@@ -481,7 +491,12 @@ class Storage:
         return self._boto3_client
 
     def _walk_local(
-        self, entries: builtins.list[Entry], ancestors: set, skip: Callable[[str], bool], levels: int | None
+        self,
+        entries: builtins.list[Entry],
+        ancestors: set,
+        skip: Callable[[str], bool],
+        levels: int | None,
+        links_within: int | None,
     ) -> Iterator[Entry]:
         for entry in entries:
             if skip(entry.name):
@@ -493,7 +508,8 @@ class Storage:
             try:
                 info = os.stat(path)
                 loop = (info.st_dev, info.st_ino) in ancestors
-                children = [] if loop else self._list_local(entry.uri, path)
+                link_held_back = not loop and links_within == 0 and os.path.islink(path)
+                children = [] if loop or link_held_back else self._list_local(entry.uri, path)
             except OSError as exc:
                 yield dataclasses.replace(entry, unreadable=f"{UNLISTABLE_FOLDER} ({exc.strerror})")
                 continue
@@ -503,8 +519,20 @@ class Storage:
                     unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)",
                 )
                 continue
-            deeper = None if levels is None else levels - 1
-            yield from self._walk_local(children, ancestors | {(info.st_dev, info.st_ino)}, skip, deeper)
+            if link_held_back:
+                yield dataclasses.replace(
+                    entry,
+                    unreadable=f"a symbolic link to the folder {os.path.realpath(path)}, below the folders "
+                    "whose files are read (not followed)",
+                )
+                continue
+            yield from self._walk_local(
+                children,
+                ancestors | {(info.st_dev, info.st_ino)},
+                skip,
+                None if levels is None else levels - 1,
+                None if links_within is None else links_within - 1,
+            )
 
     def files_now(self, uris: Iterable[str]) -> dict[str, Entry]:
         """The entries of these files as the store holds them now, by URI; a file gone, or no

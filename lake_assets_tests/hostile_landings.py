@@ -227,6 +227,21 @@ FEEDS = {
 # --- running and reading a lake ----------------------------------------------------------------
 
 
+def link_to_a_tree_beside_a_real_folder(data_file: Path, tree: Path) -> tuple[Path, Path]:
+    """Beside a landed file that a run reads: a link to a folder tree elsewhere (a share's root,
+    holding copies of the file) and a real folder holding another copy. Returns (the link, the
+    copy in the real folder)."""
+    for n in range(3):
+        (tree / f"d{n}").mkdir(parents=True)
+        (tree / f"d{n}" / data_file.name).write_bytes(data_file.read_bytes())
+    link = data_file.parent / "share"
+    link.symlink_to(tree, target_is_directory=True)
+    nested = data_file.parent / "retry" / data_file.name
+    nested.parent.mkdir()
+    nested.write_bytes(data_file.read_bytes())
+    return link, nested
+
+
 def write_config(root: Path, feed: Feed, landing: Path, lake: Path) -> Path:
     path = root / f"{feed.name}.yaml"
     path.write_text(dump_config(LakeConfig(lake=f"file://{lake}", feeds=(feed.config(landing),))))

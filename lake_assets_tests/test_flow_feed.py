@@ -21,7 +21,7 @@ from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
-from lake_assets_tests.hostile_landings import duck
+from lake_assets_tests.hostile_landings import duck, link_to_a_tree_beside_a_real_folder
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -991,6 +991,23 @@ def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
     assert fmt.landing_span(storage, uri(good)) == (1717236000000, 1717239599999)
     strays = fmt.stray_files(storage, f"file://{landing}", "acmeco_customers")
     assert sorted(entry.uri for entry, _ in strays) == sorted(uri(p) for p in bad)
+
+
+def test_a_link_to_a_folder_in_an_hour_folder_is_one_stray_and_a_real_folder_there_has_each_file(tmp_path):
+    """A link in an hour folder to a large tree (a share's root) is reported once and not
+    walked through; a real folder there still has each of its files reported."""
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    link, nested = link_to_a_tree_beside_a_real_folder(
+        write_fragment(journal, 0, doc_line(1)), tmp_path / "share"
+    )
+    fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
+
+    strays = {e.uri: r for e, r in fmt.stray_files(Storage(), f"file://{landing}", "acmeco_customers")}
+
+    assert set(strays) == {uri(link), uri(nested)}
+    assert f"symbolic link to the folder {(tmp_path / 'share').resolve()}" in strays[uri(link)]
+    assert "a folder within hour folder" in strays[uri(nested)]
 
 
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):

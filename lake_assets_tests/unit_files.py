@@ -105,6 +105,11 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
     )
     (hour / "up").symlink_to("..")  # a folder loop: up/hour=01/up/hour=01/…
     expected["up"] = ("symbolic link", "loop")
+    share = landing.parent / f"{landing.name}-share"  # a large tree elsewhere: one stray, not each file
+    (share / "a").mkdir(parents=True)
+    (share / "a" / "part-in-the-share.parquet").write_bytes(good.read_bytes())
+    (hour / "share").symlink_to(share, target_is_directory=True)
+    expected["share"] = ("symbolic link", str(share.resolve()), "not followed")
     (hour / "self.parquet").symlink_to("self.parquet")  # a link to itself
     expected["self.parquet"] = ("symbolic link",)
     (hour / "gone.parquet").symlink_to(table / "removed.parquet")  # a link to nothing

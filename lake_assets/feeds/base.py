@@ -432,7 +432,8 @@ def _hour_of_levels(folders: list[str]) -> dt.datetime | None:
 def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     """Every file under `table_uri` that no hour reads, with the reason: in a folder that is
     not a valid time, not inside an hour folder, inside a folder within an hour folder, or a
-    link that cannot be read. Hidden and marker files are not data (`is_hidden`).
+    link that cannot be read. A link to a folder within an hour folder is one stray, not
+    followed. Hidden and marker files are not data (`is_hidden`).
 
     One walk of the whole table: a run's cost, not a sensor tick's.
     """
@@ -440,7 +441,7 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     # asked once per folder of this walk (an hour folder's files share its answer); not kept
     # beyond it, since whether an hour has begun depends on the clock
     folder_reasons: dict[tuple[str, ...], str | None] = {}
-    for entry in storage.walk_files(table_uri, skip=is_hidden):
+    for entry in storage.walk_files(table_uri, skip=is_hidden, links_within=len(_HOURLY_LEVELS)):
         folders = tuple(entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1])
         if folders not in folder_reasons:
             folder_reasons[folders] = _why_no_hour_reads(folders)

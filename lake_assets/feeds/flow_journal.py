@@ -472,7 +472,7 @@ class FlowJournalFormat(FeedFormat):
                 for file in (storage.walk_files(entry.uri, skip=is_hidden) if entry.is_dir else [entry])
             ]
         for journal in journals:
-            for entry in storage.walk_files(journal.uri, skip=is_hidden):
+            for entry in storage.walk_files(journal.uri, skip=is_hidden, links_within=FRAGMENT_LEVELS):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
                 # A file no one can open (a link that leads nowhere, a local name that is not
                 # UTF-8, an S3 hour folder's own key holding data) is in no hour's listing

@@ -129,6 +129,10 @@ def _unread_entry(entry: Entry, expected: str) -> list[str]:
     return [f"{entry.uri}{'/' if entry.is_dir else ''}: not {expected}, so no table reads it"]
 
 
+#: the folders of a data file below its object folder: `batch=<hex>`
+BATCH_LEVELS = 1
+
+
 def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
     """Why a file in `folders` (its path below `object_folder`) is in no batch, or None when it
     is directly in a `batch=<hex>` folder, where a run reads it."""
@@ -340,7 +344,7 @@ class GraxV2Format(FeedFormat):
         One walk of each object folder: a run's cost, not a sensor tick's."""
         strays = []
         for folder in self.object_folders(storage, landing, table):
-            for entry in storage.walk_files(folder, skip=is_hidden):
+            for entry in storage.walk_files(folder, skip=is_hidden, links_within=BATCH_LEVELS):
                 folders = entry.uri[len(folder.rstrip("/")) + 1 :].split("/")[:-1]
                 reason = entry.unreadable or _why_no_batch_reads(folder.rsplit("/", 1)[-1], folders)
                 if reason is not None:
