@@ -41,6 +41,9 @@ class TableCursor:
     strays_looked_at: float | None = None
     #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
     scanned: bool = False
+    #: when a first scan of the table was last begun and did not save a cursor (it failed), in
+    #: seconds since the epoch: tables waiting for a first scan take turns by it
+    first_scan_tried_at: float | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -252,6 +255,9 @@ class BatchCursor:
     strays_looked_at: float | None = None
     #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
     scanned: bool = False
+    #: when a first scan of the table was last begun and did not save a cursor (it failed), in
+    #: seconds since the epoch: tables waiting for a first scan take turns by it
+    first_scan_tried_at: float | None = None
 
     @property
     def first_scan(self) -> bool:

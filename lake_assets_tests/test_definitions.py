@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -13,7 +14,7 @@ import pytest
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
-from lake_assets.landing_watch import STRAYS_EVERY_SECONDS
+from lake_assets.landing_watch import STRAYS_EVERY_SECONDS, TableCursor
 from lake_assets.orchestration import sensors
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
@@ -241,6 +242,60 @@ def test_tables_still_to_scan_for_the_first_time_wait_for_the_next_tick_once_one
     second, cursor = tables_run(cursor)
     assert second == ["accounts", "cards"]
     assert tables_run(cursor)[0] == []
+
+
+def test_a_first_scan_that_runs_long_and_fails_lets_the_tables_waiting_behind_it_go_first(
+    tmp_path, monkeypatch, capfd
+):
+    """Tables waiting for a first scan took them in name order: a first table whose scan ran
+    past `FIRST_SCANS_SECONDS` (here at once) and then failed took every tick's time, and the
+    tables after it were never scanned. The failed try is now kept on its cursor, the tables
+    not tried yet go before it on the next tick, and a tick that leaves tables waiting does
+    not fail, so the try is saved."""
+    monkeypatch.setattr(sensors, "FIRST_SCANS_SECONDS", 0)
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    processed_with = sensors._processed_with
+
+    def accounts_cannot_be_scanned(tick, table):
+        if table == "accounts":
+            raise LakeAssetsError("the store timed out listing accounts' notes")
+        return processed_with(tick, table)
+
+    monkeypatch.setattr(sensors, "_processed_with", accounts_cannot_be_scanned)
+
+    def tick(cursor):
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            result = sensor(context)
+        return sorted({r.tags["lake_assets/table"] for r in result.run_requests}), result.cursor
+
+    first, cursor = tick(None)
+    assert first == []
+    logged = capfd.readouterr().err
+    assert "unit/accounts: its landing could not be scanned" in logged
+    assert "unit/cards: its first scan waits for the next tick" in logged
+    second, cursor = tick(cursor)
+    assert second == ["cards"]
+    assert "unit/accounts: its first scan waits for the next tick" in capfd.readouterr().err
+    monkeypatch.setattr(sensors, "_processed_with", processed_with)  # the store answers again
+    third, _ = tick(cursor)
+    assert third == ["accounts"]
+
+
+def test_the_strays_turn_goes_to_a_table_the_tick_scans():
+    """The strays turn went to the due table walked longest ago, and a table never scanned
+    counts as never walked: when its first scan then waited for a later tick, no table was
+    walked for strays, tick after tick. Tables scanned before now come first; among tables
+    never scanned, the one the tick scans first."""
+    now = time.time()
+    walked_long_ago = TableCursor(scanned=True, strays_looked_at=now - 2 * STRAYS_EVERY_SECONDS)
+    assert sensors._strays_turn({"cards": walked_long_ago}, ["accounts", "cards"]) == "cards"
+    tried = TableCursor(first_scan_tried_at=now - 60)
+    assert sensors._strays_turn({"accounts": tried}, ["accounts", "cards"]) == "cards"
+    walked_just_now = TableCursor(scanned=True, strays_looked_at=now)
+    assert (
+        sensors._strays_turn({"accounts": tried, "cards": walked_just_now}, ["accounts", "cards"])
+        == "accounts"
+    )
 
 
 def test_a_landing_gone_blank_is_scanned_for_the_first_time_once(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ its standing requests.
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import dagster as dg
@@ -75,22 +75,20 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations = [], []
         failures = _ScanFailures(context, feed.name)
-        scanned = 0
-        for name, assets in sorted(by_name.items()):
-            cursor = cursors.get(name) or TableCursor()
-            if not tick.takes_first_scan(name, cursor.first_scan):
-                continue
-            scanned += 1
-            with failures.of(name):
-                requests, observed, cursors[name] = _hourly_runs(tick, assets, cursor)
+        for assets, cursor in tick.tables_in_turn(by_name, cursors, TableCursor):
+            with failures.of(assets.table):
+                requests, observed, cursors[assets.table] = _hourly_runs(tick, assets, cursor)
                 run_requests += requests
                 observations += observed
-        failures.unless_every_table_failed(scanned)
+        failures.unless_every_table_failed(tick)
         return dg.SensorResult(
             run_requests=run_requests, asset_events=observations, cursor=encode_cursor(cursors)
         )
 
     return landing_sensor
+
+
+_Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
 
 
 class _ScanFailures:
@@ -114,8 +112,11 @@ class _ScanFailures:
                 f"(the next tick tries again): {first_line(failure)}"
             )
 
-    def unless_every_table_failed(self, tables: int) -> None:
-        if tables and len(self.failed) == tables:
+    def unless_every_table_failed(self, tick: "_Tick") -> None:
+        """Fails the tick when every table it scanned failed and none waits for a later tick (a
+        waiting table's first scan comes before the failed one's next try, which the saved
+        cursor records)."""
+        if tick.scanned and len(self.failed) == tick.scanned and not tick.waiting:
             raise LakeAssetsError(
                 f"{self.feed}: no table's landing could be scanned: {'; '.join(self.failed)}"
             )
@@ -141,6 +142,35 @@ class _Tick:
     strays_turn: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
     first_scans: int = 0
+    #: tables this tick scanned, and tables whose first scan waits for a later tick
+    scanned: int = 0
+    waiting: int = 0
+
+    def tables_in_turn(
+        self, by_name: dict[str, TableAssets], cursors: dict, blank: Callable[[], _Cursor]
+    ) -> Iterator[tuple[TableAssets, _Cursor]]:
+        """The tables this tick scans, with their cursors: every table scanned before, then those
+        never scanned, the one whose first scan was tried longest ago first, while
+        `takes_first_scan` allows. A first scan that runs long and fails then does not take
+        every tick's time ahead of the others. The try is marked on the table's cursor, which
+        a scan that succeeds replaces."""
+
+        def cursor_of(name: str) -> _Cursor:
+            return cursors.get(name) or blank()
+
+        def turn(name: str) -> tuple[bool, float, str]:
+            cursor = cursor_of(name)
+            return cursor.first_scan, cursor.first_scan_tried_at or 0.0, name
+
+        for name in sorted(by_name, key=turn):
+            cursor = cursor_of(name)
+            if not self.takes_first_scan(name, cursor.first_scan):
+                self.waiting += 1
+                continue
+            if cursor.first_scan:
+                cursors[name] = dataclasses.replace(cursor, first_scan_tried_at=time.time())
+            self.scanned += 1
+            yield by_name[name], cursor
 
     def takes_first_scan(self, table: str, first_scan: bool) -> bool:
         """Whether the table is scanned this tick: every table but one scanned for the first
@@ -232,9 +262,6 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
     return ProcessedWith(storage, notes, frozenset(to_run), unfolded)
 
 
-_Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
-
-
 def _strays_run(
     tick: _Tick, assets: TableAssets, cursor: _Cursor, last: str | None
 ) -> tuple[list[dg.RunRequest], _Cursor]:
@@ -282,11 +309,22 @@ def _strays_reported(cursor: _Cursor) -> _Cursor:
 def _strays_turn(cursors: dict, tables: Iterable[str]) -> str | None:
     """The table to walk for strays this tick, if any: of those due (`strays_due`), the one
     walked longest ago. One a tick keeps a tick short however many tables are due (after an
-    upgrade, every one is), and each gets its turn."""
+    upgrade, every one is), and each gets its turn. A table never scanned comes after every
+    table scanned before, in the order the tick takes first scans (`_Tick.tables_in_turn`): the
+    first of them is always scanned, while a later one may wait for another tick and would
+    leave the turn unused, tick after tick."""
     now = time.time()
-    looked_at = {table: getattr(cursors.get(table), "strays_looked_at", None) for table in tables}
-    due = [table for table, at in looked_at.items() if strays_due(at, now)]
-    return min(due, key=lambda table: (looked_at[table] or 0.0, table), default=None)
+
+    def turn(table: str) -> tuple[bool, float, str]:
+        cursor = cursors.get(table)
+        if cursor is None or cursor.first_scan:
+            return True, getattr(cursor, "first_scan_tried_at", None) or 0.0, table
+        return False, cursor.strays_looked_at or 0.0, table
+
+    due = [
+        table for table in tables if strays_due(getattr(cursors.get(table), "strays_looked_at", None), now)
+    ]
+    return min(due, key=turn, default=None)
 
 
 def _first_hour(assets: TableAssets) -> str | None:
@@ -321,18 +359,13 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
         run_requests, observations, additions = [], [], []
         failures = _ScanFailures(context, feed.name)
-        scanned = 0
-        for name, assets in sorted(by_name.items()):
-            cursor = cursors.get(name) or BatchCursor()
-            if not tick.takes_first_scan(name, cursor.first_scan):
-                continue
-            scanned += 1
-            with failures.of(name):
-                requests, observed, added, cursors[name] = _batch_runs(tick, assets, cursor)
+        for assets, cursor in tick.tables_in_turn(by_name, cursors, BatchCursor):
+            with failures.of(assets.table):
+                requests, observed, added, cursors[assets.table] = _batch_runs(tick, assets, cursor)
                 run_requests += requests
                 observations += observed
                 additions += added
-        failures.unless_every_table_failed(scanned)
+        failures.unless_every_table_failed(tick)
         return dg.SensorResult(
             run_requests=run_requests,
             asset_events=observations,
