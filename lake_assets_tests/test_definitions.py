@@ -253,7 +253,7 @@ def test_a_first_scan_that_runs_long_and_fails_lets_the_tables_waiting_behind_it
     not tried yet go before it on the next tick, and a tick that leaves tables waiting does
     not fail, so the try is saved."""
     monkeypatch.setattr(sensors, "FIRST_SCANS_SECONDS", 0)
-    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    _landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
     processed_with = sensors._processed_with
 
     def accounts_cannot_be_scanned(tick, table):
