@@ -133,7 +133,10 @@ def scan_table(
             continue  # looked at by the scans before (listed only to reach the uncovered hours)
         versions = {landed_version(entry): entry.name for entry in files}
         fresh, removed = _compared(versions, seen.get(key, processed_files.get(key, ())))
-        if (fresh or removed) and _first_scan_finds(first_scan, processed, key, files):
+        # an hour stored from no file (each was set aside) and emptied names no file, yet runs
+        if (fresh or removed or key in processed_files) and _first_scan_finds(
+            first_scan, processed, key, files
+        ):
             found.append(NewFiles(table, key, fresh, tuple(sorted(versions)), removed))
         if versions:
             seen[key] = sorted(versions)

@@ -390,8 +390,9 @@ def changed_partitions(
     """The partitions whose landed files differ from what they held when last processed, or
     that a run asked to run again (`asked`: partition -> why), in `landed`'s order (then
     partitions whose files are all gone); and of the partitions whose changes were `stored`, those
-    never processed whose landed files are all gone: their run removes their stored changes (a
-    run killed before its fold, or `changes` materialised alone, left them)."""
+    never processed whose landed files are all gone (a folder may outlive its files): their run
+    removes their stored changes (a run killed before its fold, or `changes` materialised
+    alone, left them)."""
     asked = asked or {}
     changes = []
     for partition in [*landed, *(p for p in notes if p not in landed)]:
@@ -400,8 +401,9 @@ def changed_partitions(
             reason = f"to run again: {asked[partition]}"
         if reason is not None:
             changes.append(Change(partition, reason))
-    for partition in sorted(set(stored) - set(landed) - set(notes)):
-        changes.append(Change(partition, "stored but never folded, and its landed files are gone"))
+    for partition in sorted(set(stored) - set(notes)):
+        if not landed.get(partition):
+            changes.append(Change(partition, "stored but never folded, and its landed files are gone"))
     return changes
 
 
@@ -430,14 +432,20 @@ class ProcessedWith:
 
     def emptied(self, landed: Mapping[str, Sequence[Entry]]) -> dict[str, tuple[str, ...]]:
         """partition -> the names of the files it was processed (or its changes stored) with,
-        for the partitions read from files that hold none now (`landed` lists none for them;
-        a folder may outlive its files): a run empties them, as planning's
-        `changed_partitions` does."""
-        holding = {partition for partition, files in landed.items() if files}
+        for the partitions that hold no file now (`landed` lists none for them; a folder may
+        outlive its files) and that planning runs for it (`changed_partitions`), which empties
+        them."""
+        read_from = {**self.unfolded, **self.notes}
+        gone: dict[str, list[Entry]] = {partition: [] for partition in read_from if not landed.get(partition)}
+        runs = changed_partitions(
+            self.storage,
+            gone,
+            {p: self.notes[p] for p in gone if p in self.notes},
+            stored=self.unfolded.keys(),
+        )
         return {
-            partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in note))
-            for partition, note in {**self.unfolded, **self.notes}.items()
-            if note and partition not in holding
+            change.partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in read_from[change.partition]))
+            for change in runs
         }
 
 

@@ -15,7 +15,7 @@ from lake_assets.landing_watch import (
     scan_table,
     stretches_in_order,
 )
-from lake_assets.processed import ProcessedFile, ProcessedWith
+from lake_assets.processed import ProcessedFile, ProcessedWith, changed_partitions
 from lake_assets.storage import Storage
 from lake_assets_tests.storage_spy import CountingStorage
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
@@ -231,17 +231,31 @@ def test_a_first_scan_finds_the_hours_read_from_files_that_are_all_gone_now(tmp_
 
     processed = ProcessedWith(
         storage,
-        {"2024-03-01-03": read_from(3, "part-0.parquet")},
-        unfolded={"2024-03-01-04": read_from(4, "part-1.parquet")},
+        {"2024-03-01-03": read_from(3, "part-0.parquet"), "2024-03-01-06": {}},
+        unfolded={
+            "2024-03-01-04": read_from(4, "part-1.parquet"),
+            "2024-03-01-05": {},  # stored from no file (each was set aside), then killed
+            "2024-03-01-07": read_from(7, "part-1.parquet"),  # its folder outlived its files
+        },
     )
+    left = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=07"
+    left.mkdir(parents=True)
+    (left / "_SUCCESS").write_bytes(b"")
     found, cursor, _ = scan_table(storage, fmt, uri, "accounts", TableCursor(), 4, processed=processed)
 
     assert [(f.partition, f.new_names, f.removed) for f in found] == [
         ("2024-03-01-00", ("part-0.parquet",), ()),
         ("2024-03-01-03", (), ("part-0.parquet",)),
         ("2024-03-01-04", (), ("part-1.parquet",)),
+        ("2024-03-01-05", (), ()),
+        ("2024-03-01-07", (), ("part-1.parquet",)),
     ]
     assert list(cursor.seen) == ["2024-03-01-00"]
+    # the hours planning runs, from the same notes (hour 06, processed from no file, is not one)
+    keys = fmt.partition_keys(storage, uri, "accounts")
+    landed = fmt.partitions_files(storage, uri, "accounts", keys)
+    planned = changed_partitions(storage, landed, processed.notes, stored=processed.unfolded)
+    assert [c.partition for c in planned] == [f.partition for f in found]
 
 
 def test_a_cursor_field_this_version_does_not_know_is_left_out():

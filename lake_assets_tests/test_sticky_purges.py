@@ -172,19 +172,29 @@ def test_a_change_log_written_before_its_fold_holds_no_purged_fields(clean, lake
     assert tables(root) == clean
 
 
-def _without_the_purge_batch(landing):
-    shutil.rmtree(landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}")
+def _without_the_purge_batch(landing, folder_left: bool = False):
+    """The purge batch's files removed from the landing, with its folder unless `folder_left`
+    (a share may keep an emptied folder)."""
+    batch = landing / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}"
+    if not folder_left:
+        shutil.rmtree(batch)
+        return
+    for landed in batch.glob("*.parquet"):
+        landed.unlink()
 
 
-def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_went(lake, tmp_path):
+@pytest.mark.parametrize("folder_left", [False, True], ids=["batch-gone", "folder-left"])
+def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_went(
+    lake, tmp_path, folder_left
+):
     """`changes` alone materialised (or the run killed before its fold): the write erased X in
-    the change log by the purge its own rows carried. The vendor then removes the purge batch:
-    the next run re-reads B1 from the landing, where X's fields still are. The purge the change
-    log met is kept (`purges.seen`) and the next fold records it, so X's fields come back into
-    no layer."""
+    the change log by the purge its own rows carried. The vendor then removes the purge batch
+    (perhaps leaving its folder): the next run re-reads B1 from the landing, where X's fields
+    still are. The purge the change log met is kept (`purges.seen`) and the next fold records
+    it, so X's fields come back into no layer; the batch's stored changes go with its files."""
     config, root, instance = lake
     backfill(config, instance, B1, B3, layers=("catalog", "changes"))
-    _without_the_purge_batch(tmp_path / "landing")
+    _without_the_purge_batch(tmp_path / "landing", folder_left)
 
     cli(config, instance)
 
@@ -197,8 +207,8 @@ def test_a_purge_the_change_log_met_stays_when_no_fold_followed_and_its_batch_we
 
 @pytest.mark.parametrize(
     "folded, folder_left",
-    [(False, False), (True, False), (True, True)],
-    ids=["stored-only", "folded", "folded-folder-left"],
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["stored-only", "stored-only-folder-left", "folded", "folded-folder-left"],
 )
 def test_a_first_sensor_tick_runs_the_purge_batch_whose_files_went_and_removes_its_changes(
     lake, tmp_path, folded, folder_left
@@ -213,12 +223,7 @@ def test_a_first_sensor_tick_runs_the_purge_batch_whose_files_went_and_removes_i
     backfill(
         config, instance, B2, B2, layers=("catalog", "changes", "current", "history")[: 4 if folded else 2]
     )
-    if folder_left:
-        batch = tmp_path / "landing" / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B2}"
-        for landed in batch.glob("*.parquet"):
-            landed.unlink()
-    else:
-        _without_the_purge_batch(tmp_path / "landing")
+    _without_the_purge_batch(tmp_path / "landing", folder_left)
 
     cursor, runs = sensor_tick(config, instance, None)
 
