@@ -320,6 +320,56 @@ def test_a_landing_gone_blank_is_scanned_for_the_first_time_once(tmp_path, monke
     assert notes_read == ["accounts", "cards"]
 
 
+def test_a_first_tick_runs_an_hour_stored_and_never_folded_whose_files_went_and_removes_its_changes(tmp_path):
+    """An hour's change log was written and its fold never ran (a run killed before it, or
+    `changes` materialised alone); then its files went. A first tick remembers no file of it:
+    it finds the hour from its note of changes stored, and the run removes its changes, as
+    `lake-assets run` does."""
+    from lake_assets.orchestration.definitions import feed_job_name
+
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(_config(tmp_path, landing), instance=instance, say=lambda _: None)
+    hour_6 = write_events(
+        landing,
+        "cards",
+        6,
+        "part-0.parquet",
+        [event("z", "I", 6, at(6), name="z", balance=1)],
+        ACCOUNT_SCHEMA,
+    )
+    job = defs.resolve_job_def(feed_job_name("unit"))
+    changes_alone = [dg.AssetKey(["unit", "cards", layer]) for layer in ("catalog", "changes")]
+    assert job.execute_in_process(
+        instance=instance, partition_key="2024-03-01-06", asset_selection=changes_alone
+    ).success
+    changes = tmp_path / "lake" / "changes" / "unit" / "cards"
+    assert "z" in _keys_in(changes)
+    shutil.rmtree(hour_6.parent)
+
+    with dg.build_sensor_context(resources=resources, definitions=defs, instance=instance) as context:
+        first = sensor(context)
+    assert [(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]) for r in first.run_requests] == [
+        ("cards", "2024-03-01-06")
+    ]
+    (request,) = first.run_requests
+    assert job.execute_in_process(
+        instance=instance, tags=request.tags, asset_selection=request.asset_selection
+    ).success
+    assert "z" not in _keys_in(changes) and "c" in _keys_in(changes)
+
+
+def _keys_in(layer: Path) -> set[str]:
+    """The keys of the rows a layer's Parquet files hold."""
+    import pyarrow.parquet as pq
+
+    return {
+        key
+        for path in layer.rglob("*.parquet")
+        for key in pq.read_table(path, columns=["id"])["id"].to_pylist()
+    }
+
+
 def test_a_damaged_note_of_changes_never_folded_costs_a_first_scan_only_what_it_names(tmp_path, capfd):
     """A first scan reads the notes of changes stored and never folded to find such partitions
     whose files are all gone. One of them damaged must not make the scan take every landed hour
