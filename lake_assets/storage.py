@@ -100,18 +100,60 @@ def _refuse_to_copy_what_is_not_a_file(path: str | bytes) -> None:
         raise NotAFile(errno.EINVAL, "not a regular file, so not copied", os.fsdecode(path))
 
 
+#: what pyarrow's S3 client says of a request the store did not answer at all: no connection
+#: made (refused, no route, a name that does not resolve), or one that timed out
+_NO_ANSWER_MARKS = ("AWS Error NETWORK_CONNECTION", "curlCode: 28")
+
+
+def store_out_of_reach(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it was raised from) says the store did not answer at all,
+    as against refusing one request: every other request would wait for the same answer."""
+    import botocore.exceptions
+
+    no_answer = (
+        botocore.exceptions.EndpointConnectionError,
+        botocore.exceptions.ConnectTimeoutError,
+        botocore.exceptions.ReadTimeoutError,
+    )
+    while error is not None:
+        if isinstance(error, no_answer):
+            return True
+        if isinstance(error, OSError) and any(mark in str(error) for mark in _NO_ANSWER_MARKS):
+            return True
+        error = error.__cause__
+    return False
+
+
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
-    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items`'
-    order. Every item is tried before the first failure is raised."""
+    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items'`
+    order. Every item is tried before the first failure is raised, unless the store is out of
+    reach (`store_out_of_reach`): then the requests not yet begun are not made, and that
+    failure is raised once those under way end. In an outage each request waits through its
+    retries and timeouts, and a thousand notes would have kept a run (or a sensor's tick) waiting
+    for each of them in turn."""
     items = list(items)
     if len(items) < 2:
         return [request(item) for item in items]
+    outage: list[BaseException] = []
+
+    def unless_out_of_reach(item: _Item) -> _Result | None:
+        if outage:
+            return None
+        try:
+            return request(item)
+        except Exception as error:
+            if store_out_of_reach(error):
+                outage.append(error)
+            raise
+
     with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_REQUESTS, len(items))) as pool:
         # Not `pool.map`: its first failure cancels the requests not yet started, so some notes
         # of a run would be written and the rest not even tried.
-        requests = [pool.submit(request, item) for item in items]
+        requests = [pool.submit(unless_out_of_reach, item) for item in items]
         wait(requests)
-    return [done.result() for done in requests]
+    if outage:
+        raise outage[0]
+    return [done.result() for done in requests]  # type: ignore[misc]  # None only in an outage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,3 +83,38 @@ def test_each_file_tries_every_item_before_it_raises_the_first_failure():
         each_file(request, items)
     assert sorted(tried) == list(items)
     assert each_file(lambda item: item * 2, range(40)) == [item * 2 for item in range(40)]
+
+
+def _closed_loopback_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: the store out of reach."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("client", ["pyarrow", "boto3"])
+def test_each_file_stops_asking_once_the_store_is_out_of_reach(client):
+    """In an outage every request waits through its retries and timeouts: a run's thousand
+    notes kept it waiting for each in turn before it failed. Once one request finds the store
+    out of reach (from either client S3 is asked through), the requests not yet begun are not
+    made, and that failure is raised."""
+    import threading
+
+    from lake_assets.config import S3Config
+    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, Storage, each_file
+
+    storage = Storage(S3Config(endpoint_url=f"http://127.0.0.1:{_closed_loopback_port()}"))
+    asked: list[str] = []
+    lock = threading.Lock()
+
+    def request(uri: str) -> object:
+        with lock:
+            asked.append(uri)
+        return storage.exists(uri) if client == "pyarrow" else list(storage.walk_files(uri))
+
+    uris = [f"s3a://bucket/notes/{n}.json" for n in range(PARALLEL_SMALL_REQUESTS * 20)]
+    with pytest.raises(OSError, match=r"(?i)connect"):
+        each_file(request, uris)
+    assert len(asked) <= 2 * PARALLEL_SMALL_REQUESTS, len(asked)
