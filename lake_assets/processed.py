@@ -401,7 +401,8 @@ def changed_partitions(
             reason = f"to run again: {asked[partition]}"
         if reason is not None:
             changes.append(Change(partition, reason))
-    for partition in sorted(set(stored) - set(notes)):
+    chosen = {change.partition for change in changes}
+    for partition in sorted(set(stored) - set(notes) - chosen):
         if not landed.get(partition):
             changes.append(Change(partition, "stored but never folded, and its landed files are gone"))
     return changes
@@ -441,7 +442,7 @@ class ProcessedWith:
             self.storage,
             gone,
             {p: self.notes[p] for p in gone if p in self.notes},
-            stored=self.unfolded.keys(),
+            stored=[p for p in self.unfolded if p in gone],
         )
         return {
             change.partition: tuple(sorted(url.rsplit("/", 1)[-1] for url in read_from[change.partition]))

@@ -236,6 +236,7 @@ def test_a_first_scan_finds_the_hours_read_from_files_that_are_all_gone_now(tmp_
             "2024-03-01-04": read_from(4, "part-1.parquet"),
             "2024-03-01-05": {},  # stored from no file (each was set aside), then killed
             "2024-03-01-07": read_from(7, "part-1.parquet"),  # its folder outlived its files
+            "2024-03-01-00": read_from(0, "part-0.parquet"),  # its file is still there: not emptied
         },
     )
     left = landing / "accounts" / "year=2024" / "month=03" / "day=01" / "hour=07"
@@ -256,6 +257,11 @@ def test_a_first_scan_finds_the_hours_read_from_files_that_are_all_gone_now(tmp_
     landed = fmt.partitions_files(storage, uri, "accounts", keys)
     planned = changed_partitions(storage, landed, processed.notes, stored=processed.unfolded)
     assert [c.partition for c in planned] == [f.partition for f in found]
+    # asked to run again as well, a partition is planned once
+    asked = changed_partitions(
+        storage, landed, processed.notes, {"2024-03-01-07": "a request"}, processed.unfolded
+    )
+    assert sorted(c.partition for c in asked) == sorted(c.partition for c in planned)
 
 
 def test_a_cursor_field_this_version_does_not_know_is_left_out():
