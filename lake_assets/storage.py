@@ -124,6 +124,28 @@ def store_out_of_reach(error: BaseException | None) -> bool:
     return False
 
 
+@dataclasses.dataclass(frozen=True)
+class _LocalWalk:
+    """What a walk of a local folder (`Storage.walk_files`) leaves out and which links it follows."""
+
+    root: str
+    skip: Callable[[str], bool]
+    follow_link: Callable[[list[str]], bool] | None
+
+    def holds_back(self, uri: str, path: str) -> bool:
+        """Whether the folder at `uri` is a symbolic link the walk does not follow."""
+        if self.follow_link is None or not os.path.islink(path):
+            return False
+        return not self.follow_link(uri[len(self.root.rstrip("/")) + 1 :].split("/"))
+
+
+def _link_not_followed(path: str) -> str:
+    return (
+        f"a symbolic link to the folder {os.path.realpath(path)}, where the layout reads no "
+        "partition's files (not followed)"
+    )
+
+
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
     """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items'`
     order. Every item is tried before the first failure is raised, unless the store is out of
@@ -433,16 +455,18 @@ class Storage:
         uri: str,
         skip: Callable[[str], bool] = lambda name: False,
         levels: int | None = None,
-        links_within: int | None = None,
+        follow_link: Callable[[builtins.list[str]], bool] | None = None,
     ) -> Iterator[Entry]:
         """Every file under a folder, depth first, leaving out entries (and what they hold)
         whose name `skip` accepts. With `levels`, a local folder deeper than that many levels
         below `uri` is not entered but comes out as a folder entry: a link in an hour folder to
         a large tree is not walked through when only the hours' own files are wanted. With
-        `links_within`, a symbolic link to a folder deeper than that is not followed but comes
-        out as one entry with `unreadable` set: a stray walk reports such a link once rather
-        than every file of the tree it leads to (a share's root), while a real folder there
-        still has each of its files reported.
+        `follow_link`, a symbolic link to a folder (`uri` itself included) is followed only
+        where `follow_link` accepts the folders below `uri` that lead to it (its own name last;
+        none for `uri`); elsewhere it comes out as one entry with `unreadable` set. A stray
+        walk so reports a link to a share's root once, where the layout reads no files, rather
+        than every file of the tree it leads to, while a real folder there still has each of
+        its files reported.
 
         The walk neither loops nor stops on one bad entry: a folder that a symbolic link leads
         back into one of its own ancestors is not entered again, nor is a folder that cannot be
@@ -457,9 +481,17 @@ class Storage:
             top = os.stat(path)
         except FileNotFoundError:
             return
-        yield from self._walk_local(
-            self._list_local(uri, path), {(top.st_dev, top.st_ino)}, skip, levels, links_within
-        )
+        if (
+            follow_link is not None
+            and stat.S_ISDIR(top.st_mode)
+            and os.path.islink(path)
+            and not follow_link([])
+        ):
+            name = uri.rstrip("/").rsplit("/", 1)[-1]
+            yield Entry(uri, name, True, 0, top.st_mtime_ns // 1_000_000, _link_not_followed(path))
+            return
+        walk = _LocalWalk(uri, skip, follow_link)
+        yield from self._walk_local(self._list_local(uri, path), {(top.st_dev, top.st_ino)}, walk, levels)
 
     def _walk_s3(self, uri: str, path: str, skip: Callable[[str], bool]) -> Iterator[Entry]:
         """Every object under the prefix, from the bucket's own listing of its keys.
@@ -533,15 +565,10 @@ class Storage:
         return self._boto3_client
 
     def _walk_local(
-        self,
-        entries: builtins.list[Entry],
-        ancestors: set,
-        skip: Callable[[str], bool],
-        levels: int | None,
-        links_within: int | None,
+        self, entries: builtins.list[Entry], ancestors: set, walk: _LocalWalk, levels: int | None
     ) -> Iterator[Entry]:
         for entry in entries:
-            if skip(entry.name):
+            if walk.skip(entry.name):
                 continue
             if not entry.is_dir or entry.unreadable or levels == 0:
                 yield entry
@@ -550,7 +577,7 @@ class Storage:
             try:
                 info = os.stat(path)
                 loop = (info.st_dev, info.st_ino) in ancestors
-                link_held_back = not loop and links_within == 0 and os.path.islink(path)
+                link_held_back = not loop and walk.holds_back(entry.uri, path)
                 children = [] if loop or link_held_back else self._list_local(entry.uri, path)
             except OSError as exc:
                 yield dataclasses.replace(entry, unreadable=f"{UNLISTABLE_FOLDER} ({exc.strerror})")
@@ -562,18 +589,13 @@ class Storage:
                 )
                 continue
             if link_held_back:
-                yield dataclasses.replace(
-                    entry,
-                    unreadable=f"a symbolic link to the folder {os.path.realpath(path)}, below the folders "
-                    "whose files are read (not followed)",
-                )
+                yield dataclasses.replace(entry, unreadable=_link_not_followed(path))
                 continue
             yield from self._walk_local(
                 children,
                 ancestors | {(info.st_dev, info.st_ino)},
-                skip,
+                walk,
                 None if levels is None else levels - 1,
-                None if links_within is None else links_within - 1,
             )
 
     def files_now(self, uris: Iterable[str]) -> dict[str, Entry]:

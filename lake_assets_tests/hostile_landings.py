@@ -227,19 +227,24 @@ FEEDS = {
 # --- running and reading a lake ----------------------------------------------------------------
 
 
-def link_to_a_tree_beside_a_real_folder(data_file: Path, tree: Path) -> tuple[Path, Path]:
+def links_to_a_tree_beside_a_real_folder(
+    data_file: Path, tree: Path, misplaced: Path
+) -> tuple[list[Path], Path]:
     """Beside a landed file that a run reads: a link to a folder tree elsewhere (a share's root,
-    holding copies of the file) and a real folder holding another copy. Returns (the link, the
-    copy in the real folder)."""
+    holding copies of the file), a real folder holding another copy and another link to the
+    tree, and a link to the tree at `misplaced`, where the layout reads no files. Returns (the
+    links, the copy in the real folder)."""
     for n in range(3):
         (tree / f"d{n}").mkdir(parents=True)
         (tree / f"d{n}" / data_file.name).write_bytes(data_file.read_bytes())
-    link = data_file.parent / "share"
-    link.symlink_to(tree, target_is_directory=True)
     nested = data_file.parent / "retry" / data_file.name
     nested.parent.mkdir()
     nested.write_bytes(data_file.read_bytes())
-    return link, nested
+    links = [data_file.parent / "share", nested.parent / "share", misplaced]
+    misplaced.parent.mkdir(parents=True, exist_ok=True)
+    for link in links:
+        link.symlink_to(tree, target_is_directory=True)
+    return links, nested
 
 
 def write_config(root: Path, feed: Feed, landing: Path, lake: Path) -> Path:

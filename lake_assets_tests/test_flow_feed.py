@@ -21,7 +21,7 @@ from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
-from lake_assets_tests.hostile_landings import duck, link_to_a_tree_beside_a_real_folder
+from lake_assets_tests.hostile_landings import duck, links_to_a_tree_beside_a_real_folder
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -993,20 +993,24 @@ def test_invalid_hour_folders_are_neither_partitions_nor_spans(tmp_path):
     assert sorted(entry.uri for entry, _ in strays) == sorted(uri(p) for p in bad)
 
 
-def test_a_link_to_a_folder_in_an_hour_folder_is_one_stray_and_a_real_folder_there_has_each_file(tmp_path):
-    """A link in an hour folder to a large tree (a share's root) is reported once and not
-    walked through; a real folder there still has each of its files reported."""
+def test_a_link_to_a_folder_where_no_hour_is_read_is_one_stray_and_a_real_folder_there_has_each_file(
+    tmp_path,
+):
+    """A link to a large tree (a share's root) in an hour folder, in a folder within it, or in
+    the collection where no journal is, is reported once and not walked through; a real folder
+    there still has each of its files reported."""
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "pivot=00"
-    link, nested = link_to_a_tree_beside_a_real_folder(
-        write_fragment(journal, 0, doc_line(1)), tmp_path / "share"
+    tree = tmp_path / "share"
+    links, nested = links_to_a_tree_beside_a_real_folder(
+        write_fragment(journal, 0, doc_line(1)), tree, landing / "acmeCo" / "customers" / "elsewhere"
     )
     fmt = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),))
 
     strays = {e.uri: r for e, r in fmt.stray_files(Storage(), f"file://{landing}", "acmeco_customers")}
 
-    assert set(strays) == {uri(link), uri(nested)}
-    assert f"symbolic link to the folder {(tmp_path / 'share').resolve()}" in strays[uri(link)]
+    assert set(strays) == {*map(uri, links), uri(nested)}
+    assert all(f"symbolic link to the folder {tree.resolve()}" in strays[uri(link)] for link in links)
     assert "a folder within hour folder" in strays[uri(nested)]
 
 

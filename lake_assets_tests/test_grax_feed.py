@@ -25,7 +25,7 @@ from lake_assets.orchestration.definitions import batch_partitions_name
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
 from lake_assets_tests.discovered import discovered_definitions
-from lake_assets_tests.hostile_landings import link_to_a_tree_beside_a_real_folder
+from lake_assets_tests.hostile_landings import links_to_a_tree_beside_a_real_folder
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
@@ -382,19 +382,23 @@ def test_bad_files_and_batch_folders_are_quarantined_and_the_batch_goes_on(spark
     assert metadata["rows_in"].value == 1 and metadata["events_out"].value == 1
 
 
-def test_a_link_to_a_folder_in_a_batch_folder_is_one_stray_and_a_real_folder_there_has_each_file(tmp_path):
-    """A link in a batch folder to a large tree (a share's root) is reported once and not
-    walked through; a real folder there still has each of its files reported."""
+def test_a_link_to_a_folder_where_no_batch_is_read_is_one_stray_and_a_real_folder_there_has_each_file(
+    tmp_path,
+):
+    """A link to a large tree (a share's root) in a batch folder, in a folder within it, or
+    beside the batch folders is reported once and not walked through; a real folder there
+    still has each of its files reported."""
     landing = tmp_path / "landing"
     row = [{"Id": "a", "source__modified": t(1), "grax__idseq": "01"}]
     good = write_file(landing, "Account", "00000000a", "data-00000000001.parquet", row)
-    link, nested = link_to_a_tree_beside_a_real_folder(good, tmp_path / "share")
+    tree = tmp_path / "share"
+    links, nested = links_to_a_tree_beside_a_real_folder(good, tree, good.parent.parent / "misc")
 
     found = GraxV2Format().stray_files(Storage(), f"file://{landing}", f"{ORG}/account")
 
     strays = {Path(e.uri.removeprefix("file://")): r for e, r in found}
-    assert set(strays) == {link, nested}
-    assert f"symbolic link to the folder {(tmp_path / 'share').resolve()}" in strays[link]
+    assert set(strays) == {*links, nested}
+    assert all(f"symbolic link to the folder {tree.resolve()}" in strays[link] for link in links)
     assert "a folder within batch folder" in strays[nested]
 
 

@@ -591,7 +591,7 @@ def test_strays_on_s3_come_from_one_listing_of_the_table(tmp_path, moto_server, 
 
     strays = FMT.stray_files(storage, uri, "accounts")
 
-    links = {"up", "share", "self.parquet", "gone.parquet"}  # S3 has no links
+    links = {"up", "share", "linked", "shared", "self.parquet", "gone.parquet"}  # S3 has no links
     assert {e.name: r for e, r in strays}.keys() == set(expected) - links
     assert storage.listed == []  # one recursive listing, not a walk folder by folder
     assert [e.name for e in FMT.partition_files(storage, uri, "accounts", "2024-03-01-01")] == [good.name]

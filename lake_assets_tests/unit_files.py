@@ -110,6 +110,10 @@ def landing_with_strays(landing: Path) -> tuple[Path, dict[str, tuple[str, ...]]
     (share / "a" / "part-in-the-share.parquet").write_bytes(good.read_bytes())
     (hour / "share").symlink_to(share, target_is_directory=True)
     expected["share"] = ("symbolic link", str(share.resolve()), "not followed")
+    (nested / "linked").symlink_to(share, target_is_directory=True)  # in a folder within an hour
+    expected["linked"] = ("symbolic link", str(share.resolve()), "not followed")
+    (table / "year=2024" / "shared").symlink_to(share, target_is_directory=True)  # where no hour is
+    expected["shared"] = ("symbolic link", str(share.resolve()), "not followed")
     (hour / "self.parquet").symlink_to("self.parquet")  # a link to itself
     expected["self.parquet"] = ("symbolic link",)
     (hour / "gone.parquet").symlink_to(table / "removed.parquet")  # a link to nothing

@@ -420,20 +420,33 @@ def _hour_of_levels(folders: list[str]) -> dt.datetime | None:
     levels of the hourly layout, each valid (`_level_value`)."""
     if len(folders) != len(_HOURLY_LEVELS):
         return None
+    parts = _leading_level_values(folders)
+    return _first_moment(parts) if len(parts) == len(_HOURLY_LEVELS) else None
+
+
+def _leading_level_values(folders: Sequence[str]) -> tuple[int, ...]:
+    """The values of the leading `folders` (at most the layout's four) that are valid levels of
+    the hourly layout (`_level_value`), up to the first that is not."""
     parts: tuple[int, ...] = ()
-    for depth, name in enumerate(folders):
+    for depth, name in enumerate(folders[: len(_HOURLY_LEVELS)]):
         value = _level_value(name, depth, parts)
         if value is None:
-            return None
+            break
         parts = (*parts, value)
-    return _first_moment(parts)
+    return parts
+
+
+def _in_the_hourly_layout(folders: list[str]) -> bool:
+    """Whether `folders` (below a table folder) are an hour folder's path or the beginning of
+    one, where a link is followed as the hours' listing follows it."""
+    return len(folders) <= len(_HOURLY_LEVELS) and len(_leading_level_values(folders)) == len(folders)
 
 
 def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     """Every file under `table_uri` that no hour reads, with the reason: in a folder that is
     not a valid time, not inside an hour folder, inside a folder within an hour folder, or a
-    link that cannot be read. A link to a folder within an hour folder is one stray, not
-    followed. Hidden and marker files are not data (`is_hidden`).
+    link that cannot be read. A link to a folder anywhere but on an hour folder's path is one
+    stray, not followed. Hidden and marker files are not data (`is_hidden`).
 
     One walk of the whole table: a run's cost, not a sensor tick's.
     """
@@ -441,7 +454,7 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
     # asked once per folder of this walk (an hour folder's files share its answer); not kept
     # beyond it, since whether an hour has begun depends on the clock
     folder_reasons: dict[tuple[str, ...], str | None] = {}
-    for entry in storage.walk_files(table_uri, skip=is_hidden, links_within=len(_HOURLY_LEVELS)):
+    for entry in storage.walk_files(table_uri, skip=is_hidden, follow_link=_in_the_hourly_layout):
         folders = tuple(entry.uri[len(table_uri.rstrip("/")) + 1 :].split("/")[:-1])
         if folders not in folder_reasons:
             folder_reasons[folders] = _why_no_hour_reads(folders)
@@ -453,14 +466,12 @@ def hourly_strays(storage: Storage, table_uri: str) -> list[tuple[Entry, str]]:
 
 def _why_no_hour_reads(folders: tuple[str, ...]) -> str | None:
     """Why a file in `folders` (the path below the table folder) is in no hour, or None."""
-    prefix: tuple[int, ...] = ()
-    for depth, name in enumerate(folders[: len(_HOURLY_LEVELS)]):
-        value = _level_value(name, depth, prefix)
-        if value is None:
-            level = _HOURLY_LEVELS[depth][0]
-            where = "/".join(folders[: depth + 1])
-            return f"folder '{where}' is not a valid {level} folder ({_LEVEL_HINTS[level]}), so the file belongs to no hour"
-        prefix += (value,)
+    prefix = _leading_level_values(folders)
+    depth = len(prefix)
+    if depth < min(len(folders), len(_HOURLY_LEVELS)):
+        level = _HOURLY_LEVELS[depth][0]
+        where = "/".join(folders[: depth + 1])
+        return f"folder '{where}' is not a valid {level} folder ({_LEVEL_HINTS[level]}), so the file belongs to no hour"
     if len(folders) < len(_HOURLY_LEVELS):
         return "the file is not inside an hour folder (year=/month=/day=/hour=)"
     if len(folders) > len(_HOURLY_LEVELS):

@@ -333,6 +333,17 @@ def _journal_folder(uri: str) -> str:
 FRAGMENT_LEVELS = 2
 
 
+def _in_the_fragment_layout(folders: list[str]) -> bool:
+    """Whether `folders` (below a journal folder) are an hour folder's path or the beginning of
+    one, where a link is followed as the hours' listing follows it."""
+    date = folder_date(folders[0]) if folders else None
+    if len(folders) == 1:
+        return date is not None
+    return not folders or (
+        len(folders) == FRAGMENT_LEVELS and date is not None and folder_hour(date, folders[1]) is not None
+    )
+
+
 def _fragment_hour(folders: list[str]) -> dt.datetime | None:
     """The hour a fragment's folders below its journal name (`FRAGMENT_LEVELS`), or None."""
     date = folder_date(folders[0]) if len(folders) == FRAGMENT_LEVELS else None
@@ -468,11 +479,15 @@ class FlowJournalFormat(FeedFormat):
                 "so the file is in no journal"
             )
             strays += [
-                (file, misfit)
-                for file in (storage.walk_files(entry.uri, skip=is_hidden) if entry.is_dir else [entry])
+                (file, file.unreadable or misfit)
+                for file in (
+                    storage.walk_files(entry.uri, skip=is_hidden, follow_link=lambda folders: False)
+                    if entry.is_dir
+                    else [entry]
+                )
             ]
         for journal in journals:
-            for entry in storage.walk_files(journal.uri, skip=is_hidden, links_within=FRAGMENT_LEVELS):
+            for entry in storage.walk_files(journal.uri, skip=is_hidden, follow_link=_in_the_fragment_layout):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
                 # A file no one can open (a link that leads nowhere, a local name that is not
                 # UTF-8, an S3 hour folder's own key holding data) is in no hour's listing

@@ -129,8 +129,14 @@ def _unread_entry(entry: Entry, expected: str) -> list[str]:
     return [f"{entry.uri}{'/' if entry.is_dir else ''}: not {expected}, so no table reads it"]
 
 
-#: the folders of a data file below its object folder: `batch=<hex>`
-BATCH_LEVELS = 1
+def _is_batch_folder(name: str) -> bool:
+    return name.startswith("batch=") and is_batch_key(name.removeprefix("batch="))
+
+
+def _in_the_batch_layout(folders: list[str]) -> bool:
+    """Whether `folders` (below an object folder) are none or a batch folder, where a link is
+    followed as the batches' listing follows it."""
+    return not folders or (len(folders) == 1 and _is_batch_folder(folders[0]))
 
 
 def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
@@ -138,10 +144,9 @@ def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
     is directly in a `batch=<hex>` folder, where a run reads it."""
     if not folders:
         return f"the file is directly in '{object_folder}', not inside a batch=<hex number> folder"
-    batch = folders[0].removeprefix("batch=") if folders[0].startswith("batch=") else None
-    if batch is None:
+    if not folders[0].startswith("batch="):
         return f"folder '{folders[0]}' is not a batch folder (batch=<hex number>), so the file belongs to no batch"
-    if not is_batch_key(batch):
+    if not _is_batch_folder(folders[0]):
         return f"batch folder '{folders[0]}' is not a hex number, so the file belongs to no batch"
     if len(folders) > 1:
         return (
@@ -344,7 +349,7 @@ class GraxV2Format(FeedFormat):
         One walk of each object folder: a run's cost, not a sensor tick's."""
         strays = []
         for folder in self.object_folders(storage, landing, table):
-            for entry in storage.walk_files(folder, skip=is_hidden, links_within=BATCH_LEVELS):
+            for entry in storage.walk_files(folder, skip=is_hidden, follow_link=_in_the_batch_layout):
                 folders = entry.uri[len(folder.rstrip("/")) + 1 :].split("/")[:-1]
                 reason = entry.unreadable or _why_no_batch_reads(folder.rsplit("/", 1)[-1], folders)
                 if reason is not None:
