@@ -1,5 +1,6 @@
 """The code location as Dagster loads it: validation, asset graph shape, the landing sensor."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
-from lake_assets.landing_watch import STRAYS_EVERY_SECONDS, TableCursor
+from lake_assets.landing_watch import STRAYS_EVERY_SECONDS, TableCursor, decode_cursor, encode_cursor
 from lake_assets.orchestration import sensors
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
@@ -279,6 +280,36 @@ def test_a_first_scan_that_runs_long_and_fails_lets_the_tables_waiting_behind_it
     monkeypatch.setattr(sensors, "_processed_with", processed_with)  # the store answers again
     third, _ = tick(cursor)
     assert third == ["accounts"]
+
+
+def test_a_table_whose_scan_keeps_failing_passes_the_strays_turn_on(tmp_path, monkeypatch):
+    """The strays turn goes to the due table walked longest ago, and only a scan that got as
+    far as the walk marked it walked: a table whose scan failed every tick kept the turn, and
+    no other table's strays were ever looked for. The turn is now marked taken when the scan
+    begins."""
+    _landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+
+    def tick(cursor):
+        with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+            return sensor(context).cursor
+
+    cursors = decode_cursor(tick(None))
+    both_due = encode_cursor(
+        {name: dataclasses.replace(c, strays_looked_at=None) for name, c in cursors.items()}
+    )
+    assert sensors._strays_turn(decode_cursor(both_due), ["accounts", "cards"]) == "accounts"
+    scan_table = sensors.scan_table
+
+    def accounts_cannot_be_scanned(storage, fmt, landing, table, *rest):
+        if table == "accounts":
+            raise LakeAssetsError("the store timed out listing accounts")
+        return scan_table(storage, fmt, landing, table, *rest)
+
+    monkeypatch.setattr(sensors, "scan_table", accounts_cannot_be_scanned)
+    after = decode_cursor(tick(both_due))
+
+    assert sensors._strays_turn(after, ["accounts", "cards"]) == "cards"
+    assert after["accounts"].high_water == cursors["accounts"].high_water  # what it had seen is kept
 
 
 def test_the_strays_turn_goes_to_a_table_the_tick_scans():

@@ -94,8 +94,9 @@ _Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
 class _ScanFailures:
     """The tables of a feed whose landing a tick could not scan (a folder it may not list, the
     store out of reach). One such table stops no other table's runs: its failure goes to the
-    tick's log, and its cursor stays where it was, so the next tick scans the same files again.
-    When no table could be scanned, the tick fails, as a tick that can do nothing should."""
+    tick's log, and its cursor keeps what it had seen (marked only with the try, `_Tick.
+    tables_in_turn`), so a later tick scans the same files again. When no table could be
+    scanned and none waits for its turn, the tick fails, as a tick that can do nothing should."""
 
     def __init__(self, context: dg.SensorEvaluationContext, feed: str):
         self.context, self.feed = context, feed
@@ -109,13 +110,13 @@ class _ScanFailures:
             self.failed.append(f"{table}: {first_line(failure)}")
             self.context.log.error(
                 f"{self.feed}/{table}: its landing could not be scanned, so this tick requests no run of it "
-                f"(the next tick tries again): {first_line(failure)}"
+                f"(a later tick tries again): {first_line(failure)}"
             )
 
     def unless_every_table_failed(self, tick: "_Tick") -> None:
-        """Fails the tick when every table it scanned failed and none waits for a later tick (a
-        waiting table's first scan comes before the failed one's next try, which the saved
-        cursor records)."""
+        """Fails the tick when every table it scanned failed and none waits for a later tick. A
+        waiting table's first scan comes before the failed one's next try, and only a tick that
+        returns saves the cursor recording that try: each failure is in the log as an error."""
         if tick.scanned and len(self.failed) == tick.scanned and not tick.waiting:
             raise LakeAssetsError(
                 f"{self.feed}: no table's landing could be scanned: {'; '.join(self.failed)}"
@@ -147,28 +148,26 @@ class _Tick:
     waiting: int = 0
 
     def tables_in_turn(
-        self, by_name: dict[str, TableAssets], cursors: dict, blank: Callable[[], _Cursor]
+        self, by_name: dict[str, TableAssets], cursors: dict[str, _Cursor], blank: Callable[[], _Cursor]
     ) -> Iterator[tuple[TableAssets, _Cursor]]:
-        """The tables this tick scans, with their cursors: every table scanned before, then those
-        never scanned, the one whose first scan was tried longest ago first, while
-        `takes_first_scan` allows. A first scan that runs long and fails then does not take
-        every tick's time ahead of the others. The try is marked on the table's cursor, which
-        a scan that succeeds replaces."""
-
-        def cursor_of(name: str) -> _Cursor:
-            return cursors.get(name) or blank()
-
-        def turn(name: str) -> tuple[bool, float, str]:
-            cursor = cursor_of(name)
-            return cursor.first_scan, cursor.first_scan_tried_at or 0.0, name
-
-        for name in sorted(by_name, key=turn):
-            cursor = cursor_of(name)
+        """The tables this tick scans, with their cursors, in `_turn_order`, while
+        `takes_first_scan` allows: a first scan that runs long and fails then does not take
+        every tick's time ahead of the tables never tried. Each try is marked on the table's
+        cursor (a first scan's, and the strays turn as taken), which a scan that succeeds
+        replaces; a scan that keeps failing so passes the strays turn on. (A tick that Dagster
+        stops at 60 s saves no cursor, and so no mark: `FIRST_SCANS_SECONDS` and `each_file`'s
+        stop in an outage keep a tick well inside that.)"""
+        for name in sorted(by_name, key=lambda name: _turn_order(name, cursors.get(name))):
+            cursor = cursors.get(name) or blank()
             if not self.takes_first_scan(name, cursor.first_scan):
                 self.waiting += 1
                 continue
-            if cursor.first_scan:
-                cursors[name] = dataclasses.replace(cursor, first_scan_tried_at=time.time())
+            now = time.time()
+            cursors[name] = dataclasses.replace(
+                cursor,
+                first_scan_tried_at=now if cursor.first_scan else cursor.first_scan_tried_at,
+                strays_looked_at=now if name == self.strays_turn else cursor.strays_looked_at,
+            )
             self.scanned += 1
             yield by_name[name], cursor
 
@@ -307,24 +306,26 @@ def _strays_reported(cursor: _Cursor) -> _Cursor:
 
 
 def _strays_turn(cursors: dict, tables: Iterable[str]) -> str | None:
-    """The table to walk for strays this tick, if any: of those due (`strays_due`), the one
-    walked longest ago. One a tick keeps a tick short however many tables are due (after an
-    upgrade, every one is), and each gets its turn. A table never scanned comes after every
-    table scanned before, in the order the tick takes first scans (`_Tick.tables_in_turn`): the
-    first of them is always scanned, while a later one may wait for another tick and would
-    leave the turn unused, tick after tick."""
+    """The table to walk for strays this tick, if any: of those due (`strays_due`), the first in
+    `_turn_order`, which for tables scanned before is the one walked longest ago. One a tick
+    keeps a tick short however many tables are due (after an upgrade, every one is), and each
+    gets its turn."""
     now = time.time()
-
-    def turn(table: str) -> tuple[bool, float, str]:
-        cursor = cursors.get(table)
-        if cursor is None or cursor.first_scan:
-            return True, getattr(cursor, "first_scan_tried_at", None) or 0.0, table
-        return False, cursor.strays_looked_at or 0.0, table
-
     due = [
         table for table in tables if strays_due(getattr(cursors.get(table), "strays_looked_at", None), now)
     ]
-    return min(due, key=turn, default=None)
+    return min(due, key=lambda table: _turn_order(table, cursors.get(table)), default=None)
+
+
+def _turn_order(table: str, cursor: TableCursor | BatchCursor | None) -> tuple[bool, float, str]:
+    """Where a table comes in a tick's turns: the tables scanned before first, by when they
+    were last walked for strays; then those never scanned, by when their first scan was last
+    tried. A table never scanned goes after the others for the strays turn, too: the tick's
+    first first scan is always taken, but a later one may wait for another tick and would
+    leave the turn unused, tick after tick."""
+    if cursor is None or cursor.first_scan:
+        return True, getattr(cursor, "first_scan_tried_at", None) or 0.0, table
+    return False, cursor.strays_looked_at or 0.0, table
 
 
 def _first_hour(assets: TableAssets) -> str | None:
