@@ -106,21 +106,26 @@ _NO_ANSWER_MARKS = ("AWS Error NETWORK_CONNECTION", "curlCode: 28")
 
 
 def store_out_of_reach(error: BaseException | None) -> bool:
-    """Whether `error` (or an error it was raised from) says the store did not answer at all,
-    as against refusing one request: every other request would wait for the same answer."""
+    """Whether `error` (or an error it was raised from or while handling) says S3 did not answer
+    at all, as against refusing one request: every other request would wait for the same
+    answer. One object that is slow to read counts too (a read that timed out): the requests
+    left are then not made, and the step fails and is run again, as in an outage."""
     import botocore.exceptions
 
     no_answer = (
         botocore.exceptions.EndpointConnectionError,
         botocore.exceptions.ConnectTimeoutError,
         botocore.exceptions.ReadTimeoutError,
+        botocore.exceptions.ConnectionClosedError,
     )
-    while error is not None:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
         if isinstance(error, no_answer):
             return True
         if isinstance(error, OSError) and any(mark in str(error) for mark in _NO_ANSWER_MARKS):
             return True
-        error = error.__cause__
+        error = error.__cause__ or error.__context__
     return False
 
 
@@ -147,8 +152,8 @@ def _link_not_followed(path: str) -> str:
 
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
-    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in `items'`
-    order. Every item is tried before the first failure is raised, unless the store is out of
+    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in the
+    order of `items`. Every item is tried before the first failure is raised, unless the store is out of
     reach (`store_out_of_reach`): then the requests not yet begun are not made, and that
     failure is raised once those under way end. In an outage each request waits through its
     retries and timeouts, and a thousand notes would have kept a run (or a sensor's tick) waiting

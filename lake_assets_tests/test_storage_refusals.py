@@ -118,3 +118,25 @@ def test_each_file_stops_asking_once_the_store_is_out_of_reach(client):
     with pytest.raises(OSError, match=r"(?i)connect"):
         each_file(request, uris)
     assert len(asked) <= 2 * PARALLEL_SMALL_REQUESTS, len(asked)
+
+
+@pytest.mark.parametrize(("code", "status"), [("AccessDenied", 403), ("NoSuchKey", 404), ("SlowDown", 503)])
+def test_an_answer_from_the_store_is_not_the_store_out_of_reach(code, status):
+    """A refusal of one request is an answer: the requests after it are still made."""
+    from lake_assets.storage import store_out_of_reach
+
+    assert not store_out_of_reach(_s3_failure(code, status))
+    assert not store_out_of_reach(OSError("When reading key 'k': AWS Error ACCESS_DENIED during GetObject"))
+
+
+def test_no_answer_is_found_behind_the_errors_raised_while_handling_it():
+    """An error raised while handling a connection failure, without `from`, still tells of it."""
+    from lake_assets.storage import store_out_of_reach
+
+    try:
+        try:
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
+        except botocore.exceptions.BotoCoreError:
+            raise StorageRequestError("reading s3a://b/k: the connection closed")  # noqa: B904
+    except StorageRequestError as error:
+        assert store_out_of_reach(error)
