@@ -37,7 +37,8 @@ class TableCursor:
     #: so a first partition moved earlier since (a reload after discovery pinned an earlier
     #: hour) makes the next scan look back to them
     first_hour: str | None = None
-    #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
+    #: when the table last had its turn to be walked for strays (`strays_due`; a scan that failed
+    #: in its turn counts), in seconds since the epoch
     strays_looked_at: float | None = None
     #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
     scanned: bool = False
@@ -254,7 +255,8 @@ class BatchCursor:
 
     last: str | None = None
     open_files: list[str] = dataclasses.field(default_factory=list)
-    #: when the table was last walked for strays (`strays_due`), in seconds since the epoch
+    #: when the table last had its turn to be walked for strays (`strays_due`; a scan that failed
+    #: in its turn counts), in seconds since the epoch
     strays_looked_at: float | None = None
     #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
     scanned: bool = False

@@ -125,7 +125,12 @@ def store_out_of_reach(error: BaseException | None) -> bool:
             return True
         if isinstance(error, OSError) and any(mark in str(error) for mark in _NO_ANSWER_MARKS):
             return True
-        error = error.__cause__ or error.__context__
+        # as a traceback tells it: `raise ... from None` hides the error being handled
+        error = (
+            error.__cause__
+            if error.__cause__ is not None
+            else (None if error.__suppress_context__ else error.__context__)
+        )
     return False
 
 
@@ -489,7 +494,7 @@ class Storage:
         if (
             follow_link is not None
             and stat.S_ISDIR(top.st_mode)
-            and os.path.islink(path)
+            and os.path.islink(path.rstrip("/") or path)
             and not follow_link([])
         ):
             name = uri.rstrip("/").rsplit("/", 1)[-1]

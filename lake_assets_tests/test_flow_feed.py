@@ -1012,6 +1012,9 @@ def test_a_link_to_a_folder_where_no_hour_is_read_is_one_stray_and_a_real_folder
     assert set(strays) == {*map(uri, links), uri(nested)}
     assert all(f"symbolic link to the folder {tree.resolve()}" in strays[uri(link)] for link in links)
     assert "a folder within hour folder" in strays[uri(nested)]
+    # the walk of a link it may not follow, asked with a trailing slash, is still the one entry
+    walked = list(Storage().walk_files(f"{uri(links[-1])}/", follow_link=lambda folders: False))
+    assert [entry.unreadable is not None for entry in walked] == [True]
 
 
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):

@@ -140,3 +140,17 @@ def test_no_answer_is_found_behind_the_errors_raised_while_handling_it():
             raise StorageRequestError("reading s3a://b/k: the connection closed")  # noqa: B904
     except StorageRequestError as error:
         assert store_out_of_reach(error)
+
+
+def test_an_error_raised_from_none_hides_the_failure_it_was_handling():
+    """`raise ... from None` says the error handled is not the cause, as a traceback shows it."""
+    from lake_assets.errors import InvalidValue
+    from lake_assets.storage import store_out_of_reach
+
+    try:
+        try:
+            raise botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+        except botocore.exceptions.BotoCoreError:
+            raise InvalidValue("a value no request could mend") from None
+    except InvalidValue as error:
+        assert not store_out_of_reach(error)
