@@ -336,12 +336,12 @@ FRAGMENT_LEVELS = 2
 def _in_the_fragment_layout(folders: list[str]) -> bool:
     """Whether `folders` (below a journal folder) are an hour folder's path or the beginning of
     one, where a link is followed as the hours' listing follows it."""
-    date = folder_date(folders[0]) if folders else None
-    if len(folders) == 1:
-        return date is not None
-    return not folders or (
-        len(folders) == FRAGMENT_LEVELS and date is not None and folder_hour(date, folders[1]) is not None
-    )
+    if not folders:
+        return True
+    date = folder_date(folders[0])
+    if date is None or len(folders) > FRAGMENT_LEVELS:
+        return False
+    return len(folders) == 1 or folder_hour(date, folders[1]) is not None
 
 
 def _fragment_hour(folders: list[str]) -> dt.datetime | None:

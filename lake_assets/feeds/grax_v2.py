@@ -130,6 +130,7 @@ def _unread_entry(entry: Entry, expected: str) -> list[str]:
 
 
 def _is_batch_folder(name: str) -> bool:
+    """Whether `name` is a batch folder's: `batch=` and a hex number."""
     return name.startswith("batch=") and is_batch_key(name.removeprefix("batch="))
 
 
