@@ -1017,6 +1017,31 @@ def test_a_link_to_a_folder_where_no_hour_is_read_is_one_stray_and_a_real_folder
     assert [entry.unreadable is not None for entry in walked] == [True]
 
 
+def test_a_file_or_a_link_loop_where_another_journal_has_the_hour_folder_is_a_stray_not_a_crash(tmp_path):
+    """A run asks each journal for the hour's folder. A regular file named like it in one
+    journal, or a link there that leads round a loop, made the listing raise and stopped the
+    table; each holds no fragment, and the walk for strays reports it."""
+    landing = tmp_path / "landing"
+    collection = landing / "acmeCo" / "customers"
+    good = write_fragment(collection / "pivot=00", 0, doc_line(1))
+    hour_folder = good.parent.relative_to(collection / "pivot=00")
+    a_file = collection / "pivot=01" / hour_folder
+    a_file.parent.mkdir(parents=True)
+    a_file.write_bytes(b"not a folder")
+    a_loop = collection / "pivot=02" / hour_folder
+    a_loop.parent.mkdir(parents=True)
+    a_loop.symlink_to(a_loop.name)
+    fmt, storage = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),)), Storage()
+    table, key = "acmeco_customers", "2024-06-01-10"
+
+    read = fmt.partitions_files(storage, f"file://{landing}", table, [key])[key]
+    assert [e.uri for e in read] == [uri(good)]
+    walked = fmt.landed_hours(storage, f"file://{landing}", table, None)[key]
+    assert [e.uri for e in walked] == [uri(good)]  # the walk agrees
+    strays = {e.uri for e, _ in fmt.stray_files(storage, f"file://{landing}", table)}
+    assert strays == {uri(a_file), uri(a_loop)}
+
+
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "pivot=00"
