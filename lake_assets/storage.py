@@ -420,18 +420,11 @@ class Storage:
 
     def _list_local(self, uri: str, path: str) -> builtins.list[Entry]:
         """A local folder's children, symbolic links followed. pyarrow leaves out a link that
-        leads nowhere (to a missing target, or round a loop); listed here, it can be reported.
-        A path that holds no folder (nothing there, a file, a link round a loop) lists as
-        empty: a feed asks for the folder an hour would have in each journal, and the walk for
-        strays reports what is there instead. A folder that cannot be listed raises."""
+        leads nowhere (to a missing target, or round a loop); listed here, it can be reported."""
         try:
             children = list(os.scandir(path))
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return []
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return []
-            raise
         out = []
         for child in children:
             name, not_utf8 = _text_of_local_name(child.name)

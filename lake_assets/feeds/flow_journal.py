@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime as dt
+import errno
 import functools
 import json
 import re
@@ -344,6 +345,20 @@ def _in_the_fragment_layout(folders: list[str]) -> bool:
     return len(folders) == 1 or folder_hour(date, folders[1]) is not None
 
 
+def _fragments_in(storage: Storage, hour_folder: str) -> list[Entry]:
+    """The fragments directly in one journal's folder of an hour. A run asks every journal for
+    it: where one holds a file, or a link round a loop, in the folder's place, that journal has
+    none (the walk for strays reports what is there), and the other journals' are still read."""
+    try:
+        return data_files(storage, hour_folder)
+    except NotADirectoryError:
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return []
+        raise
+
+
 def _fragment_hour(folders: list[str]) -> dt.datetime | None:
     """The hour a fragment's folders below its journal name (`FRAGMENT_LEVELS`), or None."""
     date = folder_date(folders[0]) if len(folders) == FRAGMENT_LEVELS else None
@@ -560,7 +575,7 @@ class FlowJournalFormat(FeedFormat):
         return [
             e
             for journal in self.journals(storage, landing, table)
-            for e in data_files(storage, self._hour_folder(journal, partition))
+            for e in _fragments_in(storage, self._hour_folder(journal, partition))
         ]
 
     def partitions_files(
