@@ -149,6 +149,22 @@ class _LocalWalk:
         return not self.follow_link(uri[len(self.root.rstrip("/")) + 1 :].split("/"))
 
 
+def _leads_back_up(path: str) -> bool:
+    """Whether `path` is a symbolic link to the folder holding it or to one above that: listed
+    through, it holds the same folders again, one level deeper each time, up to the system's
+    limit on links (`region=eu -> .` lists every journal forty times; `hour=05 -> ..` is a day)."""
+    path = path.rstrip("/") or path
+    if not os.path.islink(path):
+        return False
+    target = os.path.realpath(path)
+    holder = os.path.realpath(os.path.dirname(path))
+    return holder == target or holder.startswith(target.rstrip("/") + "/")
+
+
+def _loop_link(path: str) -> str:
+    return f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)"
+
+
 def _link_not_followed(path: str) -> str:
     return (
         f"a symbolic link to the folder {os.path.realpath(path)}, where the layout reads no "
@@ -420,7 +436,11 @@ class Storage:
 
     def _list_local(self, uri: str, path: str) -> builtins.list[Entry]:
         """A local folder's children, symbolic links followed. pyarrow leaves out a link that
-        leads nowhere (to a missing target, or round a loop); listed here, it can be reported."""
+        leads nowhere (to a missing target, or round a loop); listed here, it can be reported.
+        A link back up to a folder that holds it (`_leads_back_up`) is such a loop too: listed,
+        it is no folder; asked to list, it raises as a link to itself does (`ELOOP`)."""
+        if _leads_back_up(path):
+            raise OSError(errno.ELOOP, _loop_link(path), path)
         try:
             children = list(os.scandir(path))
         except FileNotFoundError:
@@ -447,6 +467,9 @@ class Storage:
                 )
                 continue
             is_dir = stat.S_ISDIR(info.st_mode)
+            if is_dir and child.is_symlink() and _leads_back_up(child.path):
+                out.append(Entry(child_uri, child.name, False, 0, None, _loop_link(child.path)))
+                continue
             odd = None if is_dir else _why_not_readable(child.path, info.st_mode)
             out.append(
                 Entry(
@@ -593,10 +616,7 @@ class Storage:
                 yield dataclasses.replace(entry, unreadable=f"{UNLISTABLE_FOLDER} ({exc.strerror})")
                 continue
             if loop:
-                yield dataclasses.replace(
-                    entry,
-                    unreadable=f"a symbolic link back into its own folder {os.path.realpath(path)} (a loop; not followed)",
-                )
+                yield dataclasses.replace(entry, unreadable=_loop_link(path))
                 continue
             if link_held_back:
                 yield dataclasses.replace(entry, unreadable=_link_not_followed(path))

@@ -176,12 +176,14 @@ def test_discover_names_what_in_a_landing_no_table_reads(lake, capsys):
         write_events(unit, folder, 0, "part-0.parquet", [event("x", "I", 1, at(0))], ACCOUNT_SCHEMA)
     (unit / "stray.parquet").write_bytes(b"PAR1")
     (unit / "_SUCCESS").write_text("")
+    (unit / "again").symlink_to(".", target_is_directory=True)  # the whole landing, once more
     grax_root = Path(config.feeds[1].landing[len("file://") :])
     v2 = next(p for p in [grax_root / "parquet" / "v2", grax_root] if p.is_dir())
     (v2 / "README.txt").write_text("batches below")
     org = next(v2.glob("org=*"))
     (org / "objects.json").write_text("{}")
     (org / "object=bad name").mkdir()
+    (org / "object=again").symlink_to(".", target_is_directory=True)
 
     assert main(["discover", "--config", str(config_file)]) == 0
     captured = capsys.readouterr()
@@ -192,6 +194,8 @@ def test_discover_names_what_in_a_landing_no_table_reads(lake, capsys):
     for name in ("Accounts/", "accounts-v2/"):
         assert f"{config.feeds[0].landing}/{name}: no table has this name" in unit_line
     assert "stray.parquet: a file outside every table's folder" in unit_line and "_SUCCESS" not in unit_line
+    assert f"again: a symbolic link back into its own folder {unit.resolve()} (a loop" in unit_line
+    assert f"object=again (a symbolic link back into its own folder {org.resolve()}" in grax_line
     for name in (
         "README.txt: not an org=",
         "objects.json: not an object=",

@@ -1042,6 +1042,30 @@ def test_a_file_or_a_link_loop_where_another_journal_has_the_hour_folder_is_a_st
     assert strays == {uri(a_file), uri(a_loop)}
 
 
+def test_links_back_up_the_collection_are_loops_not_more_journals(tmp_path):
+    """A logical partition linked to its own collection (`region=eu -> .`) listed every journal
+    again under each spelling of the loop, and a journal linked to the landing had every other
+    table's file reported as this table's stray. Each is one stray, a loop, and nothing else."""
+    landing = tmp_path / "landing"
+    collection = landing / "acmeCo" / "customers"
+    good = write_fragment(collection / "region=us" / "pivot=00", 0, doc_line(1))
+    other_table = write_fragment(landing / "acmeCo" / "orders" / "pivot=00", 0, doc_line(2))
+    again = collection / "region=eu"
+    again.symlink_to(".", target_is_directory=True)
+    up = collection / "region=us" / "pivot=01"
+    up.symlink_to("../../..", target_is_directory=True)
+    fmt, storage = FlowJournalFormat((CollectionConfig(name="acmeCo/customers", key=("/id",)),)), Storage()
+    table = "acmeco_customers"
+
+    assert [j.uri for j in fmt.journals(storage, f"file://{landing}", table)] == [uri(good.parents[2])]
+    assert [e.uri for e in fmt.landed_hours(storage, f"file://{landing}", table, None)["2024-06-01-10"]] == [
+        uri(good)
+    ]
+    strays = {e.uri: why for e, why in fmt.stray_files(storage, f"file://{landing}", table)}
+    assert set(strays) == {uri(again), uri(up)}, f"{uri(other_table)} is the orders table's"
+    assert all("a loop; not followed" in why for why in strays.values()), strays
+
+
 def test_fragment_listing_is_pruned_to_the_hours_asked_for(tmp_path):
     landing = tmp_path / "landing"
     journal = landing / "acmeCo" / "customers" / "pivot=00"

@@ -573,6 +573,27 @@ def test_every_file_no_hour_reads_is_a_stray_with_its_reason(tmp_path):
     }
 
 
+def test_an_hour_folder_linked_back_to_its_day_is_a_loop_and_reads_nothing(tmp_path):
+    """`hour=05 -> .` in a day folder: the folder descent read the day's own files as hour 05's
+    while the walk for strays called the link a loop and set those same files aside. The link
+    is one stray, a loop; the day's files are strays, and no hour reads them."""
+    landing = tmp_path / "unit"
+    good = write_events(
+        landing, "accounts", 1, "part-good.parquet", [event("a", "I", 1, at(1))], ACCOUNT_SCHEMA
+    )
+    day = good.parent.parent
+    (day / "under-a-day.parquet").write_bytes(good.read_bytes())
+    (day / "hour=05").symlink_to(".", target_is_directory=True)
+    uri = f"file://{landing}"
+
+    assert FMT.partition_keys(Storage(), uri, "accounts") == ["2024-03-01-01"]
+    assert list(FMT.landed_hours(Storage(), uri, "accounts", None)) == ["2024-03-01-01"]
+    assert FMT.partition_files(Storage(), uri, "accounts", "2024-03-01-05") == []
+    strays = {entry.name: reason for entry, reason in FMT.stray_files(Storage(), uri, "accounts")}
+    assert set(strays) == {"under-a-day.parquet", "hour=05"}, strays
+    assert "a loop; not followed" in strays["hour=05"]
+
+
 def _upload_without_links(moto_server, bucket: str, landing: Path) -> None:
     """A local landing's files to `unit/` in `bucket`, leaving out its symbolic links: S3 has none."""
     s3 = moto_server.client("s3")

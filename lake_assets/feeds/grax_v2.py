@@ -126,7 +126,8 @@ def _unread_entry(entry: Entry, expected: str) -> list[str]:
     """The entry, with why no table reads it, unless hidden (`_SUCCESS`, `.crc`)."""
     if is_hidden(entry.name):
         return []
-    return [f"{entry.uri}{'/' if entry.is_dir else ''}: not {expected}, so no table reads it"]
+    what = f" ({entry.unreadable})" if entry.unreadable else ""
+    return [f"{entry.uri}{'/' if entry.is_dir else ''}{what}: not {expected}, so no table reads it"]
 
 
 def _is_batch_folder(name: str) -> bool:
