@@ -22,6 +22,7 @@ from lake_assets.config import (
     check_landings,
     dump_config,
     load_config,
+    parse_config,
     resolved_config,
 )
 from lake_assets.console import (
@@ -122,7 +123,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
     # checked before any file is written: a mistake here is one line, not a half-made demo
     spark = (
-        LakeConfig(lake=f"file://{root / 'lake'}")
+        parse_config({"lake": f"file://{root / 'lake'}"})
         .replace(spark={"master": args.master, "remote": args.remote, "conf": dict(args.spark_conf or [])})
         .spark
     )

@@ -88,7 +88,12 @@ def _spark_setting(value: Any) -> str:
 
 
 #: the names of the Java system properties a setting's value sets (`-Dname=value`)
-_JAVA_PROPERTY = re.compile(r"(?:^|\s)-D([^=\s]+)=")
+_JAVA_PROPERTY = re.compile(r"(?:^|[\s\"'])-D([^=\s]+)=")
+
+
+#: Spark settings that say where Spark runs: given as `spark.master` or `spark.remote`, where
+#: they are checked (no credentials, one of the two), never among the other settings
+_PLACE_SETTINGS = {"spark.master": "master", "spark.remote": "remote"}
 
 
 def _spark_name(name: Any) -> str:
@@ -96,18 +101,50 @@ def _spark_name(name: Any) -> str:
         raise expected("a Spark setting name such as spark.executor.memory")
     if looks_secret(name):
         raise refused(f"looks like a credential; {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
+    if name.strip() in _PLACE_SETTINGS:
+        raise refused(
+            f"where Spark runs is given as spark.{_PLACE_SETTINGS[name.strip()]}, not among its settings"
+        )
     return name
 
 
+#: the parameters of a Spark Connect URL that PySpark reads; any other becomes a header of every
+#: request (`authorization=Bearer …`), which is how a credential would travel
+_CONNECT_PARAMETERS = frozenset(
+    {
+        "use_ssl",
+        "user_id",
+        "user_agent",
+        "session_id",
+        "grpc_keepalive_enabled",
+        "grpc_keepalive_time_ms",
+        "grpc_keepalive_timeout_ms",
+        "grpc_keepalive_without_calls",
+    }
+)
+_CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT = (
+    "a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
+    "never from the configuration file"
+)
+
+
 def _connect_url(value: Any) -> str:
-    """A Spark Connect URL, `sc://host:port[/;param=value…]`, without a token in it."""
-    if not isinstance(value, str) or not value.startswith("sc://"):
+    """A Spark Connect URL, `sc://host:port[/;param=value…]`, without a token in it. Its
+    credentials are looked for before its shape, so that no error repeats them."""
+    if not isinstance(value, str):
         raise expected("a Spark Connect URL such as sc://host:15002")
-    params = value.partition("/;")[2].split(";")
-    if "@" in value.partition("/;")[0] or any(looks_secret(p.partition("=")[0]) for p in params if p):
+    address, _, parameters = value.partition("/;")
+    names = [p.partition("=")[0].strip() for p in parameters.split(";") if p]
+    if "@" in address or any(looks_secret(name) for name in names):
+        raise refused(_CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT)
+    if not value.startswith("sc://"):
+        raise expected("a Spark Connect URL such as sc://host:15002")
+    if any(name not in _CONNECT_PARAMETERS for name in names):
+        # not named: a parameter written without its '=' may be the token itself
         raise refused(
-            "a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
-            "never from the configuration file"
+            "a Spark Connect URL takes only the parameters "
+            f"{', '.join(sorted(_CONNECT_PARAMETERS))}: any other would be sent as a header of every "
+            f"request, as a credential would be; {_CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT}"
         )
     return value
 
@@ -320,6 +357,8 @@ def load_config(path: str | os.PathLike[str]) -> LakeConfig:
         raise ConfigError(f"{path}: not UTF-8 text (line {line})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:  # the parser descends once per level: `[[[[…]]]]` a few hundred deep
+        raise ConfigError(f"{path}: nested too deeply to be a configuration") from None
     return parse_config(raw, source=str(path), feeds_required=True)
 
 

@@ -53,7 +53,9 @@ def aws_credentials_from_environment() -> AwsCredentials | None:
 SECRET_NAME = re.compile(
     r"secret|passw(or)?d|token|credential"
     # a key, not a setting about keys (`spark.io.encryption.keySizeBits`)
-    r"|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key([._-]|$)",
+    r"|(^|[._-])(access|account|api|private|session|encryption|signing)[._-]?key([._-]|$)"
+    # an AWS key id, however spelt (`fs.s3a.awsAccessKeyId`, `aws.accessKeyId`, `access_key_id`)
+    r"|access[._-]?key[._-]?id",
     re.IGNORECASE,
 )
 #: ... unless it only names a mechanism (a credentials provider class, a token binding, a switch)
@@ -106,19 +108,29 @@ def _hour(value: Any) -> bool:
 #: URL inside another (`k8s://https://user:password@host`)
 _URL_WITH_CREDENTIALS = re.compile(
     r"[A-Za-z][A-Za-z0-9+.-]*://("
-    r"[^/\s,;@]*"  # a user (`scheme://user@host`)
+    # a user (`scheme://user@host`); a user or password may hold ',' and ';' (RFC 3986 allows them)
+    r"[^/\s@]*"
     # or a user and a password, which may hold '/' (AWS secret keys do), unless what follows the
     # ':' is a port (`host:5432/db?user=a@b`, `host:8020/user/alice@REALM`)
-    r"|[^/\s,;@:]*:(?!\d{1,5}(?:[/?#]|$))[^\s,;@?#]*"
+    r"|[^/\s@:]*:(?!\d{1,5}(?:[/?#]|$))[^\s@?#]*"
     r")@"
     # an S3 URL has no port: whatever follows the ':' is a secret (one may start `2049/`)
-    r"|s3[an]?://[^/\s,;@:]*:[^\s,;@]*@"
+    r"|s3[an]?://[^/\s@:]*:[^\s@]*@"
 )
+#: the name of a URL's query parameter (`?X-Amz-Security-Token=…`, `&sig=…`)
+_URL_PARAMETER = re.compile(r"://[^\s?#]*\?([^\s#]*)")
+#: a query parameter that signs a request: a presigned URL's or a shared access signature's
+_SIGNATURE_NAME = re.compile(r"signature|^sig$", re.IGNORECASE)
 
 
 def without_credentials_in_url(value: str) -> str:
-    """`value`, unless a URL in it has a user or password (refused, without echoing it)."""
-    if _URL_WITH_CREDENTIALS.search(value):
+    """`value`, unless a URL in it has a user or password, or a query parameter that holds a
+    credential or signs a request (refused, without echoing it)."""
+    if _URL_WITH_CREDENTIALS.search(value) or any(
+        looks_secret(name) or _SIGNATURE_NAME.search(name)
+        for query in _URL_PARAMETER.findall(value)
+        for name in (pair.partition("=")[0] for pair in re.split(r"[&;,]", query))
+    ):
         raise refused(f"credentials in a URL are refused: {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}")
     return value
 
@@ -134,9 +146,11 @@ def _root_uri(value: Any) -> str:
 
 
 def _endpoint(value: Any) -> str:
+    if isinstance(value, str):  # before its shape, so that no error repeats a credential
+        without_credentials_in_url(value)
     if not _text(r"https?://[^\s/]+(/\S*)?")(value):
         raise expected("an http:// or https:// URL")
-    return without_credentials_in_url(value)
+    return value
 
 
 ROOT_URI = (
@@ -284,10 +298,16 @@ def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
 
 def _line(detail: ErrorDetails, model: type[BaseModel]) -> str:
     kind, loc, ctx = detail["type"], detail["loc"], detail.get("ctx") or {}
+    # a value under a key that looks like a credential's is never repeated, whatever is wrong with it
+    got = (
+        ""
+        if any(isinstance(part, str) and looks_secret(part) for part in loc)
+        else f", got {show(detail.get('input'))}"
+    )
     if kind == "refused":
         return f"{key_path(loc + tuple(ctx['at']))}: {ctx['reason']}"
     if kind == "expected":
-        return f"{key_path(loc)}: expected {ctx['expected']}, got {show(detail['input'])}"
+        return f"{key_path(loc)}: expected {ctx['expected']}{got}"
     if kind == "missing":
         return f"{key_path(loc)}: required"
     if kind == "extra_forbidden":
@@ -306,8 +326,8 @@ def _line(detail: ErrorDetails, model: type[BaseModel]) -> str:
         )
     what = _EXPECTED.get(kind)
     if what is None:
-        return f"{key_path(loc)}: {detail['msg']}, got {show(detail.get('input'))}"
-    return f"{key_path(loc)}: expected {what}, got {show(detail.get('input'))}"
+        return f"{key_path(loc)}: {detail['msg']}{got}"
+    return f"{key_path(loc)}: expected {what}{got}"
 
 
 _EXPECTED = {
@@ -339,8 +359,42 @@ def key_path(loc: tuple) -> str:
     return out or "top level"
 
 
+#: what an error shows in place of a value that may hold a credential
+NOT_REPEATED = "(a value not repeated here: it may hold a credential)"
+#: a setting's name in a text (`;token=…`, `password: …`)
+_NAME_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9_.-]*)\s*[=:]")
+
+
+def may_hold_credential(text: str) -> bool:
+    """Whether a text holds a URL with credentials (`without_credentials_in_url`) or sets
+    something whose name looks like a credential's (`sc://h/;token=…`)."""
+    try:
+        without_credentials_in_url(text)
+    except PydanticCustomError:
+        return True
+    return any(looks_secret(name) for name in _NAME_IN_TEXT.findall(text))
+
+
+def _redacted(value: Any) -> Any:
+    """`value` with each text that may hold a credential, and each value under a key that looks
+    like a credential's, replaced by `NOT_REPEATED`."""
+    if isinstance(value, str):
+        return NOT_REPEATED if may_hold_credential(value) else value
+    if isinstance(value, dict):
+        return {
+            key: NOT_REPEATED if isinstance(key, str) and looks_secret(key) else _redacted(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_redacted(item) for item in value]
+    return value
+
+
 def show(value: Any) -> str:
-    """A value as YAML writes it, cut short."""
+    """A value as YAML writes it, cut short, and never a credential it may hold (`_redacted`)."""
+    value = _redacted(value)
+    if value == NOT_REPEATED:
+        return value
     if isinstance(value, bool) or value is None:
         text = {True: "true", False: "false", None: "null"}[value]
     elif isinstance(value, str):

@@ -20,6 +20,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from lake_assets.errors import ConfigError
 from lake_assets.runner import NAMED_CHANGES, PlannedRun, StepDone
 from lake_assets.status import TableStatus, TableSummary
 
@@ -45,7 +46,13 @@ def log_directory() -> Path:
 
 def new_log_path(command: str) -> Path:
     folder = log_directory()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"the log folder {folder} cannot be made ({exc.strerror}): set LAKE_ASSETS_LOG_DIR to a folder "
+            "this user can write"
+        ) from None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     return folder / f"{command}-{stamp}-{os.getpid()}.log"
 

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 from lake_assets.errors import ConfigError, InvalidValue, UnsafePathError
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]*")  # whole (`fullmatch`): `$` passes a final newline
 #: the characters of a name the lake and its catalog use as it is: a feed's name, a catalog
 #: record's `where` and `what` (the datalake-common rule)
 _NAME_CHARACTERS = "a-z0-9_-"
@@ -55,7 +55,7 @@ def identifier(*parts: str) -> str:
 
 def safe_segment(value: str, what: str = "path segment") -> str:
     """Return `value` if it can stand as one folder or file name, else raise UnsafePathError."""
-    if not isinstance(value, str) or not _SEGMENT.match(value) or value in (".", "..") or ".." in value:
+    if not isinstance(value, str) or not _SEGMENT.fullmatch(value) or value in (".", "..") or ".." in value:
         raise UnsafePathError(f"{what} {value!r} is not a safe path segment")
     return value
 

@@ -405,6 +405,81 @@ def test_credentials_in_the_file_are_refused_without_repeating_them(raw, path):
     assert "wJalrXSECRET" not in problem and "AKIAEXAMPLE" not in problem
 
 
+SECRET = "wJalrXSECRET"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # a user or password holding ',' or ';' (RFC 3986 allows both)
+        {"lake": "/lake", "s3": {"endpoint_url": f"http://user:{SECRET};x@minio:9000"}},
+        {"lake": f"s3a://AKIAEXAMPLE:{SECRET},x@bucket/lake"},
+        {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": f"http://u:{SECRET};x@m"}}},
+        {"lake": "/lake", "spark": {"conf": {"spark.jars.repositories": f"https://u:{SECRET};x@repo"}}},
+        {"lake": "/lake", "spark": {"master": f"spark://u;x:{SECRET}@master:7077"}},
+        # a credential or a signature in a URL's query
+        {"lake": "/lake", "s3": {"endpoint_url": f"https://minio/?X-Amz-Security-Token={SECRET}"}},
+        {
+            "lake": "/lake",
+            "spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": f"https://m/?a=1&sig={SECRET}"}},
+        },
+        {"lake": "/lake", "spark": {"master": f"spark://master:7077?token={SECRET}"}},
+        # an AWS key id however spelt, and a Java property set inside quotes
+        {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.awsAccessKeyId": SECRET}}},
+        {
+            "lake": "/lake",
+            "spark": {"conf": {"spark.driver.extraJavaOptions": f"-Daws.accessKeyId={SECRET}"}},
+        },
+        {
+            "lake": "/lake",
+            "spark": {"conf": {"spark.driver.extraJavaOptions": f'"-Daws.secretAccessKey={SECRET}"'}},
+        },
+        # a value of the wrong shape is not repeated when it holds a credential
+        {"lake": "/lake", "s3": {"endpoint_url": f"HTTP://user:{SECRET}@minio"}},
+        {"lake": "/lake", "s3": {"endpoint_url": f"ftp://user:{SECRET}@minio"}},
+        {"lake": "/lake", "s3": {"endpoint_url": {"password": SECRET}}},
+        {"lake": "/lake", "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": [SECRET]}}},
+        {"lake": "/lake", "spark": {"conf": {"spark.foo": {"password": SECRET}}}},
+        {"lake": "/lake", "spark": {"remote": {"token": SECRET}}},
+        {"lake": "/lake", "spark": {"remote": f"SC://connect:15002/;token={SECRET}"}},
+        # where Spark runs is checked where it is given, not slipped in among the settings
+        {"lake": "/lake", "spark": {"conf": {"spark.remote": f"sc://connect:15002/;token={SECRET}"}}},
+        # a Connect parameter PySpark does not read is a header of every request
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/;authorization=Bearer%20{SECRET}"}},
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/;{SECRET}"}},
+        {
+            "lake": "/lake",
+            "feeds": [
+                {
+                    "name": "f",
+                    "format": "flow_journal",
+                    "landing": "/landing/flow",
+                    "collections": [
+                        {"name": "a/b", "key": ["/id"], "partitions": {"region": {"token": SECRET}}}
+                    ],
+                }
+            ],
+        },
+    ],
+)
+def test_no_problem_repeats_a_credential_the_file_holds(raw):
+    """Each is refused, and no line of the error holds the credential: a user or password with
+    ',' or ';', one in a URL's query, an AWS key id spelt in camel case, a Java property in
+    quotes, a value whose shape is wrong, a Connect parameter sent as a header."""
+    lines = problems(raw)
+    assert lines and all(SECRET not in line for line in lines), lines
+
+
+def test_spark_master_and_remote_are_refused_among_the_spark_settings():
+    assert problems({"lake": "/lake", "spark": {"conf": {"spark.master": "local[4]"}}}) == [
+        "spark.conf['spark.master']: where Spark runs is given as spark.master, not among its settings"
+    ]
+    config = parse_config(
+        {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;use_ssl=true;user_id=etl"}}
+    )
+    assert config.spark.remote == "sc://connect:15002/;use_ssl=true;user_id=etl"
+
+
 def test_a_spark_connect_token_is_refused_without_repeating_it():
     assert problems(
         {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;user_id=etl;token=wJalrXSECRET"}}
@@ -470,6 +545,33 @@ def test_settings_that_only_name_a_credentials_mechanism_are_accepted():
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_file_nested_too_deeply_is_a_clear_error(tmp_path):
+    assert file_problem(tmp_path, "lake: /lake\nx: " + "[" * 5000 + "]" * 5000 + "\n") == (
+        "c.yaml: nested too deeply to be a configuration"
+    )
+
+
+def test_the_cli_says_what_is_wrong_with_its_environment_and_its_demo_folder(tmp_path, monkeypatch, capsys):
+    """A DAGSTER_HOME that is no folder, a log folder that cannot be made, and a demo folder no
+    lake URI can name each end the command with one line, not a traceback."""
+    from lake_assets.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"lake: {tmp_path / 'lake'}\nfeeds: [{{name: u, format: unit_cdc, landing: {tmp_path}/u}}]\n"
+    )
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no-such-home"))
+    assert main(["status", "--config", str(config)]) == 1
+    assert "lake-assets: error: DAGSTER_HOME: " in capsys.readouterr().err
+    monkeypatch.delenv("DAGSTER_HOME")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LAKE_ASSETS_LOG_DIR", str(tmp_path / "a-file" / "logs"))
+    assert main(["run", "--config", str(config)]) == 1
+    assert "the log folder " in capsys.readouterr().err
+    assert main(["demo", "--dir", str(tmp_path / "x#y")]) == 1
+    assert "lake-assets: error: lake: expected " in capsys.readouterr().err
 
 
 def file_problem(tmp_path, content: str | bytes) -> str:
@@ -583,7 +685,7 @@ def test_configs_built_in_code_take_positional_values_and_pick_the_format_model(
         FeedConfig("unit", "csv", "/x")
 
 
-@pytest.mark.parametrize("bad", ["..", ".", "../x", "a/b", "", ".hidden", "a\\b", "x..y", "a b"])
+@pytest.mark.parametrize("bad", ["..", ".", "../x", "a/b", "", ".hidden", "a\\b", "x..y", "a b", "abc\n"])
 def test_unsafe_path_segments_are_refused(bad):
     with pytest.raises(UnsafePathError):
         safe_segment(bad)

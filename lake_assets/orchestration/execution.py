@@ -19,7 +19,7 @@ import dagster as dg
 
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
-from lake_assets.errors import LakeAssetsError, first_line
+from lake_assets.errors import ConfigError, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import stretches_in_order
 from lake_assets.orchestration.definitions import (
@@ -35,7 +35,13 @@ from lake_assets.status import TableStatus, table_status
 
 
 def instance_for_cli() -> dg.DagsterInstance:
-    return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    """The Dagster instance of `$DAGSTER_HOME`, else one in memory for this command."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return dg.DagsterInstance.ephemeral()
+    try:
+        return dg.DagsterInstance.get()
+    except dg.DagsterInvariantViolationError as exc:  # not an absolute path, or no such folder
+        raise ConfigError(f"DAGSTER_HOME: {first_line(exc)}") from None
 
 
 def execute(
