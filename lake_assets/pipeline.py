@@ -433,6 +433,9 @@ class Ingested:
     reruns: list[str] = dataclasses.field(default_factory=list)
     #: partition -> the catalogued landed files the batch was read from (`record_stored`)
     read_from: dict[str, dict[str, processed.ProcessedFile]] = dataclasses.field(default_factory=dict)
+    #: landed file read or set aside -> the partition it was read for or quarantined under
+    #: (`UNPARTITIONED` for a stray)
+    partition_of: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType | None:
@@ -471,6 +474,8 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     for key, item in _refused_to_the_catalog(work, read_partitions, records, log):
         partition_of[item.uri] = key
         batch.quarantine(item)
+    for item in batch.quarantined:  # a reader names the partition of a file the catalog did not list
+        partition_of.setdefault(item.uri, item.partition or "unknown")
     for uri, values in sorted(batch.text_repaired.items()):
         log.warning(f"repaired {values} value(s) of {uri} holding text that was not valid UTF-8 (now U+FFFD)")
     copies, uncopied = _set_aside(
@@ -487,6 +492,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
         read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
+        partition_of=partition_of,
     )
 
 
@@ -566,7 +572,7 @@ def _set_aside(
             work.layout,
             work.feed.name,
             work.table,
-            partition_of.get(item.uri) or item.partition or "unknown",
+            partition_of[item.uri],
             item,
             work.run_id,
         )

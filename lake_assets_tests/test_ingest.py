@@ -100,6 +100,43 @@ def _changes_metadata(instance, feed: str = "unit", table: str = "accounts") -> 
     return {k: getattr(v, "value", v) for k, v in event_.asset_materialization.metadata.items()}
 
 
+def test_a_range_run_lists_on_each_hour_only_the_files_set_aside_there(spark, tmp_path):
+    """A run of three hours with a damaged file in the first and the last, and a stray: each
+    hour's materialisation lists its own file (Dagster copied one list onto every hour of a
+    range), its figures say they are the run's, and the landing check names the stray."""
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    damaged = {}
+    for hour in (0, 1, 2):
+        write_events(landing, "accounts", hour, "part-good.parquet", [event(f"k{hour}", "I", 1, at(hour))])
+        if hour != 1:
+            damaged[hour] = hour_dir(landing, "accounts", hour) / "damaged.parquet"
+            damaged[hour].write_bytes(b"PAR1 not a footer PAR1")
+    stray = landing / "accounts" / "misc" / "x.parquet"
+    stray.parent.mkdir()
+    stray.write_bytes(b"PAR1")
+
+    instance = _run(landing, lake)
+
+    changes = dg.AssetKey(["unit", "accounts", "changes"])
+    listed, shared = {}, set()
+    for hour in (0, 1, 2):
+        partition = f"2024-03-01-{hour:02d}"
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=changes, asset_partitions=[partition]), limit=1
+        ).records
+        metadata = {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
+        listed[hour] = [q["file"] for q in metadata["quarantined"]]
+        shared.add((metadata["run_partitions"], metadata["files_quarantined"], metadata["files_read"]))
+    assert listed == {0: [f"file://{damaged[0]}"], 1: [], 2: [f"file://{damaged[2]}"]}
+    [(run_partitions, files_quarantined, files_read)] = shared
+    assert run_partitions.startswith("2024-03-01-00 to 2024-03-01-02: 3 partitions in one run")
+    assert files_quarantined == 3 and files_read == 3
+    check_key = dg.AssetCheckKey(changes, "landing_complete")
+    check = instance.event_log_storage.get_latest_asset_check_execution_by_key([check_key])[check_key]
+    outside = check.event.dagster_event.event_specific_data.metadata["quarantined_outside_the_partitions"]
+    assert [q["file"] for q in outside.value] == [f"file://{stray}"]
+
+
 def _notes(lake: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((lake / "_quarantine").rglob("*.reason.json"))]
 

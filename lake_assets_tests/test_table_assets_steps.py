@@ -13,7 +13,7 @@ from lake_assets.ingest import Batch
 from lake_assets.orchestration import assets as steps
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource
-from lake_assets.quarantine import Quarantined
+from lake_assets.quarantine import UNPARTITIONED, Quarantined
 
 HOURS = dg.HourlyPartitionsDefinition(start_date="2024-03-01-00:00")
 
@@ -107,7 +107,9 @@ def test_a_batch_that_does_not_reconcile_fails_its_step():
 
 def test_the_change_log_metadata_counts_every_file_and_row():
     batch = _batch(gaps=["journal bytes 10..20"], text_repaired={"file:///b": 2, "file:///a": 1}, derived=0)
-    metadata = steps.changes_metadata(pipeline.Ingested(batch, files_catalogued=4, strays=[]))
+    metadata = steps.changes_metadata(
+        pipeline.Ingested(batch, files_catalogued=4, strays=[]), ["2024-03-01-00"]
+    )
     plain = {name: getattr(value, "value", value) for name, value in metadata.items()}
     assert plain == {
         "files_listed": 3,
@@ -130,11 +132,49 @@ def test_the_change_log_metadata_counts_every_file_and_row():
     }
 
 
-def test_the_landing_check_fails_on_gaps_and_strays_only():
-    assert steps.landing_check(pipeline.Ingested(_batch(), files_catalogued=0)).passed
+def test_a_range_run_lists_each_partitions_own_files_and_the_check_those_of_none():
+    """Dagster copies a range run's metadata onto each of its partitions: a backfill's
+    quarantined files were listed on every hour of it. Each hour now lists its own, the shared
+    figures say they are the run's, and the landing check names the strays."""
+    hours = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02"]
+    bad = [
+        Quarantined(f"file:///landing/unit/accounts/{n}.parquet", f"reason {n}") for n in ("h0", "h2", "odd")
+    ]
+    batch = _batch(files_listed=5, quarantined=bad, text_repaired={"file:///h1-text.parquet": 3})
     stray = Quarantined("file:///landing/unit/accounts/nohour/x.parquet", "outside every partition")
-    with_stray = steps.landing_check(pipeline.Ingested(_batch(), files_catalogued=1, strays=[stray]))
-    with_gap = steps.landing_check(pipeline.Ingested(_batch(gaps=["bytes 0..9"]), files_catalogued=0))
+    batch.quarantine(stray)
+    of = {bad[0].uri: hours[0], bad[1].uri: hours[2], bad[2].uri: "unknown", stray.uri: UNPARTITIONED}
+    ingested = pipeline.Ingested(
+        batch, files_catalogued=0, strays=[stray], partition_of={**of, "file:///h1-text.parquet": hours[1]}
+    )
+
+    shared = {k: getattr(v, "value", v) for k, v in steps.changes_metadata(ingested, hours).items()}
+    own = {
+        partition: {k: getattr(v, "value", v) for k, v in metadata.items()}
+        for partition, metadata in steps.files_of_each_partition(ingested, hours).items()
+    }
+    check = steps.landing_check(ingested, hours)
+
+    assert "quarantined" not in shared and "text_repaired" not in shared
+    assert shared["run_partitions"].startswith("2024-03-01-00 to 2024-03-01-02: 3 partitions")
+    assert shared["files_quarantined"] == 4 and shared["text_values_repaired"] == 3
+    assert own == {
+        hours[0]: {"quarantined": [{"file": bad[0].uri, "reason": "reason h0"}], "text_repaired": []},
+        hours[1]: {"quarantined": [], "text_repaired": [{"file": "file:///h1-text.parquet", "values": 3}]},
+        hours[2]: {"quarantined": [{"file": bad[1].uri, "reason": "reason h2"}], "text_repaired": []},
+    }
+    assert check.metadata["quarantined_outside_the_partitions"].value == [
+        {"file": bad[2].uri, "reason": "reason odd"},
+        {"file": stray.uri, "reason": "outside every partition"},
+    ]
+    assert steps.files_of_each_partition(ingested, hours[:1]) == {}  # one partition: all on it
+
+
+def test_the_landing_check_fails_on_gaps_and_strays_only():
+    assert steps.landing_check(pipeline.Ingested(_batch(), files_catalogued=0), []).passed
+    stray = Quarantined("file:///landing/unit/accounts/nohour/x.parquet", "outside every partition")
+    with_stray = steps.landing_check(pipeline.Ingested(_batch(), files_catalogued=1, strays=[stray]), [])
+    with_gap = steps.landing_check(pipeline.Ingested(_batch(gaps=["bytes 0..9"]), files_catalogued=0), [])
     assert not with_stray.passed and not with_gap.passed
     assert with_stray.check_name == steps.LANDING_COMPLETE
     assert with_stray.severity == dg.AssetCheckSeverity.ERROR

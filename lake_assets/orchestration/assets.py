@@ -21,6 +21,7 @@ from lake_assets.ingest import Batch, canonical_uri
 from lake_assets.orchestration.io_managers import PARTITION_COLUMN_KEY, TABLE_KEYS_KEY
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.paths import identifier, is_s3
+from lake_assets.quarantine import Quarantined
 from lake_assets.spark import release_cached
 
 # Single-run backfills are a design requirement; Dagster marks `backfill_policy` beta and would
@@ -275,9 +276,11 @@ def changes_asset(
             require_reconciled(table, ingested.batch)
             for gap in ingested.batch.gaps:
                 context.log.error(f"{table.label}: gap in the landed data: {gap}")
-            yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested))
+            for partition, files in files_of_each_partition(ingested, partitions).items():
+                context.add_asset_metadata(files, partition_key=partition)
+            yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested, partitions))
             pipeline.record_stored(work, partitions, ingested)
-        yield landing_check(ingested)
+        yield landing_check(ingested, partitions)
 
     return changes
 
@@ -303,16 +306,21 @@ def require_reconciled(table: AssetTable, batch: Batch) -> None:
         raise dg.Failure(f"{table.label}: counts do not reconcile: {batch}")
 
 
-def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
-    """What the change-log step counted, as the materialisation's metadata."""
+def changes_metadata(ingested: pipeline.Ingested, partitions: list[str]) -> dict[str, Any]:
+    """What the change-log step counted, as the materialisation's metadata. Dagster copies it
+    onto every partition of a range run: there the figures are the run's (`run_partitions`
+    says so), and each partition lists only its own files (`files_of_each_partition`). Copied,
+    a backfill's thousand quarantined files would be told of on each of its hours, a list
+    stored as many times as the run has partitions."""
     batch = ingested.batch
+    one_run = {} if len(partitions) == 1 else {"run_partitions": _run_partitions(partitions)}
+    files = _files_metadata(batch.quarantined, batch.text_repaired) if len(partitions) == 1 else {}
     return {
+        **one_run,
         "files_listed": batch.files_listed,
         "files_read": batch.files_read,
         "files_quarantined": len(batch.quarantined),
-        "quarantined": dg.MetadataValue.json(
-            [{"file": q.uri, "reason": q.reason} for q in batch.quarantined]
-        ),
+        **files,
         "rows_in": batch.rows_in,
         "events_out": batch.events_out,
         "duplicates_collapsed": batch.duplicates,
@@ -321,9 +329,6 @@ def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
         "gaps": dg.MetadataValue.json(batch.gaps),
         "reader_counts": dg.MetadataValue.json(batch.counts),
         "text_values_repaired": sum(batch.text_repaired.values()),
-        "text_repaired": dg.MetadataValue.json(
-            [{"file": f, "values": n} for f, n in sorted(batch.text_repaired.items())]
-        ),
         "reconciled": batch.reconciles,
         "stray_and_quarantine_files_catalogued": ingested.files_catalogued,
         "files_stray": len(ingested.strays),
@@ -331,8 +336,40 @@ def changes_metadata(ingested: pipeline.Ingested) -> dict[str, Any]:
     }
 
 
-def landing_check(ingested: pipeline.Ingested) -> dg.AssetCheckResult:
-    """`landing_complete`: fails while the landed data has holes or files that no partition reads."""
+def files_of_each_partition(ingested: pipeline.Ingested, partitions: list[str]) -> dict[str, dict[str, Any]]:
+    """In a range run, each partition's quarantined and repaired files, as its own metadata
+    (`changes_metadata`); files set aside outside the run's partitions (strays) are named by
+    the landing check."""
+    if len(partitions) == 1:
+        return {}
+    quarantined: dict[str, list[Quarantined]] = {p: [] for p in partitions}
+    repaired: dict[str, dict[str, int]] = {p: {} for p in partitions}
+    for item in ingested.batch.quarantined:
+        if (partition := ingested.partition_of.get(item.uri)) in quarantined:
+            quarantined[partition].append(item)
+    for uri, values in ingested.batch.text_repaired.items():
+        if (partition := ingested.partition_of.get(uri)) in repaired:
+            repaired[partition][uri] = values
+    return {p: _files_metadata(quarantined[p], repaired[p]) for p in partitions}
+
+
+def _files_metadata(quarantined: list[Quarantined], repaired: dict[str, int]) -> dict[str, Any]:
+    return {
+        "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in quarantined]),
+        "text_repaired": dg.MetadataValue.json(
+            [{"file": f, "values": n} for f, n in sorted(repaired.items())]
+        ),
+    }
+
+
+def _run_partitions(partitions: list[str]) -> str:
+    return f"{partitions[0]} to {partitions[-1]}: {len(partitions)} partitions in one run, whose figures these are"
+
+
+def landing_check(ingested: pipeline.Ingested, partitions: list[str]) -> dg.AssetCheckResult:
+    """`landing_complete`: fails while the landed data has holes or files that no partition reads.
+    It names the files set aside outside the run's partitions (strays), which no partition's
+    materialisation lists (`files_of_each_partition`)."""
     batch, strays = ingested.batch, ingested.strays
     return dg.AssetCheckResult(
         check_name=LANDING_COMPLETE,
@@ -344,6 +381,13 @@ def landing_check(ingested: pipeline.Ingested) -> dg.AssetCheckResult:
             "gaps": dg.MetadataValue.json(batch.gaps),
             "files_quarantined": len(batch.quarantined),
             "files_stray": len(strays),
+            "quarantined_outside_the_partitions": dg.MetadataValue.json(
+                [
+                    {"file": q.uri, "reason": q.reason}
+                    for q in batch.quarantined
+                    if ingested.partition_of.get(q.uri) not in partitions
+                ]
+            ),
         },
     )
 
