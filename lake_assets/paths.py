@@ -66,12 +66,19 @@ def partition_folder(table_uri: str, column: str, value: str) -> str:
     return f"{table_uri}/{safe_segment(f'{column}={value}', 'partition')}"
 
 
+#: a bucket's name: S3's rules, with the capitals and '_' that buckets made before 2018 may hold
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")
+
+
 def normalise_root_uri(uri: str, what: str) -> str:
     """Accept `file:///abs`, an absolute local path, `s3a://bucket/prefix` or `s3://…`.
 
     Returns `file:///abs/path` or `s3a://bucket/prefix` without a trailing slash.
     """
     uri = uri.strip()
+    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in uri):
+        # a NUL ends the path at the system's door; a line break splits every log line naming it
+        raise ConfigError(f"{what}: {uri!r} holds a control character (a NUL, a line break)")
     if "#" in uri or "?" in uri:
         # A URI parser (and Hadoop's Path) takes what follows for a fragment or a query: the
         # lake would quietly be another folder, and two roots that differ there one lake.
@@ -89,6 +96,11 @@ def normalise_root_uri(uri: str, what: str) -> str:
     if parsed.scheme in ("s3", "s3a"):
         if not parsed.netloc:
             raise ConfigError(f"{what}: {uri!r} has no bucket")
+        if not _BUCKET.fullmatch(parsed.netloc):
+            raise ConfigError(
+                f"{what}: {uri!r}: a bucket's name is 3 to 63 letters, digits, '.', '-' or '_' "
+                "(no port, no user)"
+            )
         prefix = parsed.path.strip("/")
         # An S3 prefix is literal: `unit/.` and `unit//x` are other prefixes than `unit` and
         # `unit/x`, which hold nothing, so a run would find nothing landed and say no more.
