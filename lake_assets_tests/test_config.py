@@ -1,6 +1,7 @@
 import os
 import re
 
+import pydantic
 import pytest
 import yaml
 
@@ -736,6 +737,13 @@ def test_flow_collections_need_keys_and_may_select_logical_partitions():
         {"lake": "/lake", "feeds": [{**feed, "collections": [{"name": "a/b", "key": ["id"]}]}]}
     ) == [
         "feeds[0].collections[0].key[0]: expected a JSON pointer such as /id, got 'id'",
+    ]
+    # in code, the partitions are pairs: a field given twice was the last one, without a word
+    with pytest.raises(pydantic.ValidationError, match="a partition field is given twice"):
+        CollectionConfig(name="a/b", key=("/id",), partitions=(("region", ("eu",)), ("region", ("us",))))
+    twice = {"name": "a/b", "key": ["/id"], "partitions": {"region": ["eu", "eu"]}}
+    assert problems({"lake": "/lake", "feeds": [{**feed, "collections": [twice]}]}) == [
+        "feeds[0].collections[0].partitions: a partition field's list names a value twice"
     ]
 
 

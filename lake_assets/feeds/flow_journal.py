@@ -240,11 +240,16 @@ def _selection(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
     pairs = value.items() if isinstance(value, dict) else value
     what = "a mapping of a partition field to a non-empty list of values, such as {region: [eu, us]}"
     try:
+        pairs = [tuple(pair) for pair in pairs]
         selection = dict(pairs)
     except (TypeError, ValueError):
         raise expected(what) from None
+    if len(selection) < len(pairs):  # given as pairs in code: a field twice, and the last one won
+        raise refused("a partition field is given twice")
     if not all(_field_and_values(field, values) for field, values in selection.items()):
         raise expected(what)
+    if any(len({str(v) for v in values}) < len(values) for values in selection.values()):
+        raise refused("a partition field's list names a value twice")
     return tuple(sorted((field, tuple(str(v) for v in values)) for field, values in selection.items()))
 
 
