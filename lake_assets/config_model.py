@@ -159,7 +159,16 @@ ROOT_URI = (
 RootUri = Annotated[str, PlainValidator(_root_uri)]
 EndpointUrl = Annotated[str, PlainValidator(_endpoint)]
 Text = Annotated[str, checked("text", lambda v: isinstance(v, str) and v.strip() != "")]
-FeedName = Annotated[str, checked("a name of lower-case letters, digits, '_' and '-'", is_name)]
+#: the longest feed name: it is a folder of every layer and part of Dagster's names (a folder's
+#: name is 255 bytes at most)
+MAX_FEED_NAME = 64
+FeedName = Annotated[
+    str,
+    checked(
+        f"a name of lower-case letters, digits, '_' and '-', {MAX_FEED_NAME} at most",
+        lambda v: is_name(v) and len(v) <= MAX_FEED_NAME,
+    ),
+]
 #: a table name a feed's configuration may give (and a Unit table folder has)
 TABLE_NAME = r"[a-z0-9_]+"
 TableName = Annotated[str, checked("a table name of lower-case letters, digits and '_'", _text(TABLE_NAME))]

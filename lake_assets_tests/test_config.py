@@ -63,7 +63,12 @@ def problems(raw) -> list[str]:
     [
         (
             {"name": "Unit"},
-            "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', got 'Unit'",
+            "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', 64 at most, got 'Unit'",
+        ),
+        (
+            {"name": "u" * 65},  # a folder of every layer: a name past 255 bytes failed there, later
+            "feeds[1].name: expected a name of lower-case letters, digits, '_' and '-', 64 at most, "
+            f"got '{'u' * 65}'",
         ),
         ({"format": "csv"}, "feeds[1].format: expected one of unit_cdc, grax_v2, flow_journal, got 'csv'"),
         ({"format": None}, "feeds[1].format: required, one of unit_cdc, grax_v2, flow_journal"),
