@@ -174,11 +174,11 @@ def _link_not_followed(path: str) -> str:
 
 def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
     """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in the
-    order of `items`. Every item is tried before the first failure is raised, unless the store is out of
-    reach (`store_out_of_reach`): then the requests not yet begun are not made, and that
-    failure is raised once those under way end. In an outage each request waits through its
-    retries and timeouts, and a thousand notes would have kept a run (or a sensor's tick) waiting
-    for each of them in turn."""
+    order of `items`. Every item is tried before the first failure is raised, unless the store
+    is out of reach (`store_out_of_reach`): then the requests not yet begun are not made, and
+    that failure is raised once those under way end. In an outage each request waits through
+    its retries and timeouts, and a thousand notes would have kept a run (or a sensor's tick)
+    waiting for each of them in turn."""
     items = list(items)
     if len(items) < 2:
         return [request(item) for item in items]
