@@ -33,7 +33,14 @@ from lake_assets.console import (
     new_log_path,
     output_to,
 )
-from lake_assets.discovery import describe, describe_unread, discover, feed_tables, load_pins
+from lake_assets.discovery import (
+    describe,
+    describe_unread,
+    discover,
+    feed_tables,
+    load_pins,
+    tables_of_every_feed,
+)
 from lake_assets.errors import ConfigError, LakeAssetsError, LandingEmptied
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import parse_hour_key
@@ -103,7 +110,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
     if args.lake:
         config = config.with_lake(args.lake)
     failed = False
-    for found in discover(config, config.storage()):
+    discovered = discover(config, config.storage())
+    for found in discovered:
         print(describe(found))
         unread = describe_unread(found)
         if unread:
@@ -111,6 +119,9 @@ def cmd_discover(args: argparse.Namespace) -> int:
         for line in ([found.problem] if found.problem else []) + list(found.unlisted):
             print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
             failed = True
+    for line in tables_of_every_feed(config, {found.feed.name: found.pin for found in discovered})[1]:
+        print(f"lake-assets: failed: {line}", file=sys.stderr)
+        failed = True
     return 1 if failed else 0
 
 

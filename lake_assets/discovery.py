@@ -23,7 +23,7 @@ from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.errors import InvalidValue, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import FeedFormat, LandingSurvey, hour_key, parse_hour_key
-from lake_assets.paths import LakeLayout, table_segments
+from lake_assets.paths import LakeLayout, identifier, table_segments
 from lake_assets.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,32 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
         wanted = {o.lower() for o in feed.objects}
         tables = [t for t in tables if t.split("/")[-1] in wanted]
     return tables
+
+
+def tables_of_every_feed(config: LakeConfig, pins: dict[str, Pin]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each feed's tables (`feed_tables`), less those whose Dagster names a table before them
+    (in the configuration's order of feeds) already has, and a line for each table left out.
+
+    A table's jobs, ops and pool are named `identifier(feed, table)`, and `__` joins the parts
+    as the table's own name may: feed `a` with table `b__c` and feed `a__b` with table `c` are
+    both `a__b__c`. Dagster refuses two definitions of one name, and so loaded no feed at all:
+    one folder a vendor landed took down every table's runs and sensors."""
+    tables: dict[str, list[str]] = {}
+    left_out: list[str] = []
+    named: dict[str, str] = {}
+    for feed in config.feeds:
+        tables[feed.name] = []
+        for table in feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())):
+            name, label = identifier(feed.name, table), f"{feed.name}/{table}"
+            if name in named:
+                left_out.append(
+                    f"{label}: not loaded: its Dagster names ({name}…) are those of {named[name]}; "
+                    "rename one of the two feeds (or, for a landed folder, the folder)"
+                )
+                continue
+            named[name] = label
+            tables[feed.name].append(table)
+    return tables, left_out
 
 
 def pins_anything(feed: FeedConfig, fmt: FeedFormat) -> bool:

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig, check_landings
-from lake_assets.discovery import Pin, describe, describe_absent, describe_unread, discover, feed_tables
+from lake_assets.discovery import (
+    Pin,
+    describe,
+    describe_absent,
+    describe_unread,
+    discover,
+    tables_of_every_feed,
+)
 from lake_assets.errors import LakeAssetsError, LandingEmptied, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import contiguous_ranges
@@ -166,10 +173,12 @@ def plan_runs(
     layout = LakeLayout(config.lake)
     check_landings(config, storage)
     pins = _pin_what_landed(config, storage, say, failures)
+    tables_of, left_out = tables_of_every_feed(config, pins)
+    failures += left_out
     return [
         run
         for feed in config.feeds
-        for run in _plan_feed(feed, pins[feed.name], storage, layout, selection, say, failures)
+        for run in _plan_feed(feed, tables_of[feed.name], storage, layout, selection, say, failures)
     ]
 
 
@@ -233,21 +242,17 @@ def _pin_what_landed(
 
 def _plan_feed(
     feed,
-    pin: Pin,
+    tables: list[str],
     storage: Storage,
     layout: LakeLayout,
     selection: _Selection,
     say: Callable[[str], None],
     failures: list[str],
 ) -> list[PlannedRun]:
-    """The runs that process a feed's selected partitions. A table whose landing cannot be
-    listed is a failure (added to `failures`); the feed's other tables still run."""
-    try:
-        fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, pin)
-    except Exception as exc:  # noqa: BLE001 - reported at the end; the other feeds go on
-        failures.append(f"{feed.name}: listing its tables: {first_line(exc)}")
-        return []
+    """The runs that process the selected partitions of a feed's `tables`. A table whose
+    landing cannot be listed is a failure (added to `failures`); the feed's other tables
+    still run."""
+    fmt = format_for(feed)
     fitting = selection.for_format(fmt)
     if fitting is None:
         kind = "GRAX batches" if fmt.partitioning == "batch" else "hours"

@@ -460,3 +460,38 @@ def test_the_tables_sensor_warns_of_what_no_table_reads_once_for_each_new_set(la
     cursor, warned = tick(quiet_cursor)
     assert len(warned) == 1 and "Accounts/: no table has this name" in warned[0], warned
     assert tick(cursor) == (cursor, [])
+
+
+def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the_rest_loads(tmp_path, capsys):
+    """Feed `a` with the landed folder `b__c`, and feed `a__b` with `c`: both tables' jobs, ops
+    and pools are named `a__b__c`, and Dagster refused the code location whole: one folder a
+    vendor landed stopped every feed. The later table is left out, and named as a failure by
+    discovery and by planning a run; every other table loads and runs."""
+    for landing, table in (("one", "b__c"), ("one", "ok"), ("two", "c")):
+        write_events(
+            tmp_path / landing, table, 0, "part-0.parquet", [event("x", "I", 1, at(0))], ACCOUNT_SCHEMA
+        )
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(
+            FeedConfig("a", "unit_cdc", f"file://{tmp_path / 'one'}"),
+            FeedConfig("a__b", "unit_cdc", f"file://{tmp_path / 'two'}"),
+        ),
+    )
+    config_file = tmp_path / "lake_assets.yaml"
+    config_file.write_text(dump_config(config))
+
+    assert main(["discover", "--config", str(config_file)]) == 1
+    [failed] = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
+    assert failed == (
+        "lake-assets: failed: a__b/c: not loaded: its Dagster names (a__b__c…) are those of a/b__c; "
+        "rename one of the two feeds (or, for a landed folder, the folder)"
+    )
+    defs = build_definitions(config)
+    defs.resolve_all_job_defs()
+    keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"a/b__c/changes", "a/ok/changes"} <= keys and not any(k.startswith("a__b/") for k in keys)
+    failures: list[str] = []
+    planned = plan_runs(config, _Selection(None, None, forced=True), lambda _: None, failures)
+    assert failures == [failed.removeprefix("lake-assets: failed: ")]
+    assert [(run.feed, run.tables) for run in planned] == [("a", None)]

@@ -17,11 +17,11 @@ from lake_assets.config import FeedConfig, LakeConfig, load_config
 from lake_assets.discovery import (
     DISCOVER_HINT,
     Pin,
-    feed_tables,
     first_hour,
     load_pins,
     pins_anything,
     sharing_landing,
+    tables_of_every_feed,
 )
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
@@ -117,9 +117,12 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     assets: list = []
     sensors: list = []
     jobs: list = []
+    tables_of, left_out = tables_of_every_feed(config, pins)
+    for line in left_out:  # `lake-assets run` and discovery fail on these too
+        log.error(line)
     for feed in config.feeds:
         fmt = format_for(feed)
-        tables = feed_tables(feed, fmt, pins[feed.name])
+        tables = tables_of[feed.name]
         if pins_anything(feed, fmt):
             sensors.append(build_tables_sensor(feed, fmt, pins[feed.name], sharing_landing(config, feed)))
         if not tables:
