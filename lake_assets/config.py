@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
+from urllib.parse import unquote
 
 import yaml
 from pydantic import AfterValidator, Field, PlainValidator, PrivateAttr, ValidationError, model_validator
@@ -35,6 +36,7 @@ from lake_assets.config_model import (
     expected,
     explain,
     looks_secret,
+    may_hold_credential,
     refused,
     without_credentials_in_url,
 )
@@ -83,6 +85,10 @@ def _spark_setting(value: Any) -> str:
             raise refused(
                 f"sets a Java property that looks like a credential; {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
             )
+        if may_hold_credential(text):  # `jdbc:sqlserver://h:1433;password=…`
+            raise refused(
+                f"sets something that looks like a credential; {CREDENTIALS_COME_FROM_THE_ENVIRONMENT}"
+            )
         return text
     raise expected("a text, number or true/false setting value")
 
@@ -108,20 +114,11 @@ def _spark_name(name: Any) -> str:
     return name
 
 
-#: the parameters of a Spark Connect URL that PySpark reads; any other becomes a header of every
-#: request (`authorization=Bearer …`), which is how a credential would travel
-_CONNECT_PARAMETERS = frozenset(
-    {
-        "use_ssl",
-        "user_id",
-        "user_agent",
-        "session_id",
-        "grpc_keepalive_enabled",
-        "grpc_keepalive_time_ms",
-        "grpc_keepalive_timeout_ms",
-        "grpc_keepalive_without_calls",
-    }
-)
+#: a Spark Connect URL as PySpark takes it: a host, maybe a port, then `/;name=value` parameters
+_CONNECT_URL = re.compile(r"sc://[^\s/:;?#@]+(:\d{1,5})?(/(;[^;=\s/?#]+=[^;\s?#]*)*)?")
+#: a parameter PySpark does not read is sent as a header of every request: these carry a
+#: credential there, beside the names that look like a credential's (`looks_secret`)
+_CREDENTIAL_HEADER = re.compile(r"authori[sz]ation|cookie|bearer", re.IGNORECASE)
 _CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT = (
     "a Spark Connect token comes from the environment (SPARK_CONNECT_AUTHENTICATE_TOKEN), "
     "never from the configuration file"
@@ -129,23 +126,22 @@ _CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT = (
 
 
 def _connect_url(value: Any) -> str:
-    """A Spark Connect URL, `sc://host:port[/;param=value…]`, without a token in it. Its
-    credentials are looked for before its shape, so that no error repeats them."""
+    """A Spark Connect URL, `sc://host:port[/;param=value…]`, with no credential in it. It is
+    looked for anywhere in the text (`;token=` with no `/` before it, `?token=`), and no error
+    repeats the text: a parameter written without its `=` may be the token itself."""
     if not isinstance(value, str):
         raise expected("a Spark Connect URL such as sc://host:15002")
     address, _, parameters = value.partition("/;")
-    names = [p.partition("=")[0].strip() for p in parameters.split(";") if p]
-    if "@" in address or any(looks_secret(name) for name in names):
+    pairs = [pair.partition("=") for pair in parameters.split(";") if pair]
+    if (
+        "@" in address
+        or may_hold_credential(value)
+        or any(_CREDENTIAL_HEADER.search(name) or looks_secret(name) for name, _, _ in pairs)
+        or any(unquote(text).strip().lower().startswith(("bearer ", "basic ")) for _, _, text in pairs)
+    ):
         raise refused(_CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT)
-    if not value.startswith("sc://"):
-        raise expected("a Spark Connect URL such as sc://host:15002")
-    if any(name not in _CONNECT_PARAMETERS for name in names):
-        # not named: a parameter written without its '=' may be the token itself
-        raise refused(
-            "a Spark Connect URL takes only the parameters "
-            f"{', '.join(sorted(_CONNECT_PARAMETERS))}: any other would be sent as a header of every "
-            f"request, as a credential would be; {_CONNECT_CREDENTIALS_FROM_THE_ENVIRONMENT}"
-        )
+    if not _CONNECT_URL.fullmatch(value):
+        raise refused("expected a Spark Connect URL such as sc://host:15002 (parameters as /;name=value)")
     return value
 
 

@@ -108,11 +108,12 @@ def _hour(value: Any) -> bool:
 #: URL inside another (`k8s://https://user:password@host`)
 _URL_WITH_CREDENTIALS = re.compile(
     r"[A-Za-z][A-Za-z0-9+.-]*://("
-    # a user (`scheme://user@host`); a user or password may hold ',' and ';' (RFC 3986 allows them)
-    r"[^/\s@]*"
-    # or a user and a password, which may hold '/' (AWS secret keys do), unless what follows the
-    # ':' is a port (`host:5432/db?user=a@b`, `host:8020/user/alice@REALM`)
-    r"|[^/\s@:]*:(?!\d{1,5}(?:[/?#]|$))[^\s@?#]*"
+    # a user (`scheme://user@host`): not `host,other@…`, nor `host;user=a@b` (JDBC's parameters)
+    r"[^/\s@:;,?#]*"
+    # or a user and a password, which may hold '/' (AWS secret keys do) and ',' or ';' (RFC 3986
+    # allows them), unless what follows the ':' is a port (`host:5432/db?user=a@b`,
+    # `host:8020/user/alice@REALM`, `host:1433;user=a@b`)
+    r"|[^/\s@:]*:(?!\d{1,5}(?:[/?#;,]|$))[^\s@?#]*"
     r")@"
     # an S3 URL has no port: whatever follows the ':' is a secret (one may start `2049/`)
     r"|s3[an]?://[^/\s@:]*:[^\s@]*@"
@@ -120,14 +121,14 @@ _URL_WITH_CREDENTIALS = re.compile(
 #: the name of a URL's query parameter (`?X-Amz-Security-Token=…`, `&sig=…`)
 _URL_PARAMETER = re.compile(r"://[^\s?#]*\?([^\s#]*)")
 #: a query parameter that signs a request: a presigned URL's or a shared access signature's
-_SIGNATURE_NAME = re.compile(r"signature|^sig$", re.IGNORECASE)
+_SIGNATURE_NAME = re.compile(r"(x-amz-)?signature|sig", re.IGNORECASE)
 
 
 def without_credentials_in_url(value: str) -> str:
     """`value`, unless a URL in it has a user or password, or a query parameter that holds a
     credential or signs a request (refused, without echoing it)."""
     if _URL_WITH_CREDENTIALS.search(value) or any(
-        looks_secret(name) or _SIGNATURE_NAME.search(name)
+        looks_secret(name) or _SIGNATURE_NAME.fullmatch(name)
         for query in _URL_PARAMETER.findall(value)
         for name in (pair.partition("=")[0] for pair in re.split(r"[&;,]", query))
     ):
@@ -372,6 +373,8 @@ def key_path(loc: tuple) -> str:
 NOT_REPEATED = "(a value not repeated here: it may hold a credential)"
 #: a setting's name in a text (`;token=…`, `password: …`)
 _NAME_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9_.-]*)\s*[=:]")
+#: a user and password before a host, with no scheme (`KEY:SECRET@bucket/lake`)
+_USER_AND_PASSWORD = re.compile(r"(?:^|[\s,;])[^\s/@:,;]+:(?!//)(?:(?!://)[^\s@])+@")
 
 
 def may_hold_credential(text: str) -> bool:
@@ -381,7 +384,9 @@ def may_hold_credential(text: str) -> bool:
         without_credentials_in_url(text)
     except PydanticCustomError:
         return True
-    return any(looks_secret(name) for name in _NAME_IN_TEXT.findall(text))
+    return bool(_USER_AND_PASSWORD.search(text)) or any(
+        looks_secret(name) for name in _NAME_IN_TEXT.findall(text)
+    )
 
 
 def _redacted(value: Any) -> Any:

@@ -453,6 +453,19 @@ SECRET = "wJalrXSECRET"
         # a Connect parameter PySpark does not read is a header of every request
         {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/;authorization=Bearer%20{SECRET}"}},
         {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/;{SECRET}"}},
+        # a token outside the `/;` parameters, where PySpark fails and repeats it
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002;token={SECRET}"}},
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/?token={SECRET}"}},
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002#token={SECRET}"}},
+        {"lake": "/lake", "spark": {"remote": f"sc://connect:15002/token={SECRET}"}},
+        # a user and password with no scheme before them
+        {"lake": "/lake", "s3": {"endpoint_url": f"AKIAEXAMPLE:{SECRET}@minio"}},
+        {"lake": f"AKIAEXAMPLE:{SECRET}@bucket/lake"},
+        # a credential among a JDBC URL's parameters
+        {
+            "lake": "/lake",
+            "spark": {"conf": {"spark.sql.catalog.x.url": f"jdbc:sqlserver://h:1433;password={SECRET}"}},
+        },
         {
             "lake": "/lake",
             "feeds": [
@@ -480,10 +493,11 @@ def test_spark_master_and_remote_are_refused_among_the_spark_settings():
     assert problems({"lake": "/lake", "spark": {"conf": {"spark.master": "local[4]"}}}) == [
         "spark.conf['spark.master']: where Spark runs is given as spark.master, not among its settings"
     ]
-    config = parse_config(
-        {"lake": "/lake", "spark": {"remote": "sc://connect:15002/;use_ssl=true;user_id=etl"}}
-    )
-    assert config.spark.remote == "sc://connect:15002/;use_ssl=true;user_id=etl"
+    for remote in (
+        "sc://connect:15002/;use_ssl=true;user_id=etl",
+        "sc://gw:443/;x-databricks-cluster-id=0123",
+    ):
+        assert parse_config({"lake": "/lake", "spark": {"remote": remote}}).spark.remote == remote
 
 
 def test_a_spark_connect_token_is_refused_without_repeating_it():
@@ -526,6 +540,10 @@ def test_urls_with_a_port_and_an_at_sign_after_it_are_not_taken_for_credentials(
         "spark.hadoop.fs.defaultFS": "hdfs://nn:8020/user/alice@REALM",
         "spark.jars.repositories": "https://npm.corp:4873/@scope/pkg,http://host:8080/?email=a@b.c",
         "spark.driver.extraJavaOptions": "-Dx=http://host:80/a|ops@corp.com",
+        # JDBC's parameters follow the port after ';'; a list of URLs, one with an '@' in a name
+        "spark.sql.catalog.mssql.url": "jdbc:sqlserver://db:1433;databaseName=x;user=svc@corp.com",
+        "spark.jars.ivySettings": "https://host,ops@example.com",
+        "spark.hadoop.fs.s3a.endpoint": "https://minio/?signature_version=s3v4",
     }
     assert parse_config({"lake": "s3a://bucket/lake@x", "spark": {"conf": conf}}).spark.conf == conf
 
