@@ -66,8 +66,9 @@ def partition_folder(table_uri: str, column: str, value: str) -> str:
     return f"{table_uri}/{safe_segment(f'{column}={value}', 'partition')}"
 
 
-#: a bucket's name: S3's rules, with the capitals and '_' that buckets made before 2018 may hold
-_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")
+#: a bucket's name: S3's rules, with the capitals, '_' and length (up to 255) that buckets made
+#: in us-east-1 before 2018 may have
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
 
 
 def normalise_root_uri(uri: str, what: str) -> str:
@@ -98,7 +99,7 @@ def normalise_root_uri(uri: str, what: str) -> str:
             raise ConfigError(f"{what}: {uri!r} has no bucket")
         if not _BUCKET.fullmatch(parsed.netloc):
             raise ConfigError(
-                f"{what}: {uri!r}: a bucket's name is 3 to 63 letters, digits, '.', '-' or '_' "
+                f"{what}: {uri!r}: a bucket's name is 3 to 255 letters, digits, '.', '-' or '_' "
                 "(no port, no user)"
             )
         prefix = parsed.path.strip("/")

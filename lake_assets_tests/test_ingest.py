@@ -125,7 +125,7 @@ def test_a_range_run_lists_on_each_hour_only_the_files_set_aside_there(spark, tm
             dg.AssetRecordsFilter(asset_key=changes, asset_partitions=[partition]), limit=1
         ).records
         metadata = {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
-        listed[hour] = [q["file"] for q in metadata["quarantined"]]
+        listed[hour] = [q["file"] for q in metadata.get("quarantined", [])]  # hour 1: none to list
         shared.add((metadata["run_partitions"], metadata["files_quarantined"], metadata["files_read"]))
     assert listed == {0: [f"file://{damaged[0]}"], 1: [], 2: [f"file://{damaged[2]}"]}
     [(run_partitions, files_quarantined, files_read)] = shared

@@ -136,7 +136,7 @@ def test_a_range_run_lists_each_partitions_own_files_and_the_check_those_of_none
     """Dagster copies a range run's metadata onto each of its partitions: a backfill's
     quarantined files were listed on every hour of it. Each hour now lists its own, the shared
     figures say they are the run's, and the landing check names the strays."""
-    hours = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02"]
+    hours = ["2024-03-01-00", "2024-03-01-01", "2024-03-01-02", "2024-03-01-03"]
     bad = [
         Quarantined(f"file:///landing/unit/accounts/{n}.parquet", f"reason {n}") for n in ("h0", "h2", "odd")
     ]
@@ -156,13 +156,14 @@ def test_a_range_run_lists_each_partitions_own_files_and_the_check_those_of_none
     check = steps.landing_check(ingested, hours)
 
     assert "quarantined" not in shared and "text_repaired" not in shared
-    assert shared["run_partitions"].startswith("2024-03-01-00 to 2024-03-01-02: 3 partitions")
+    assert shared["run_partitions"].startswith("2024-03-01-00 to 2024-03-01-03: 4 partitions")
     assert shared["files_quarantined"] == 4 and shared["text_values_repaired"] == 3
-    assert own == {
+    assert own == {  # the hour with no file to list has no metadata of its own
         hours[0]: {"quarantined": [{"file": bad[0].uri, "reason": "reason h0"}], "text_repaired": []},
         hours[1]: {"quarantined": [], "text_repaired": [{"file": "file:///h1-text.parquet", "values": 3}]},
         hours[2]: {"quarantined": [{"file": bad[1].uri, "reason": "reason h2"}], "text_repaired": []},
     }
+    assert check.metadata["text_repaired_outside_the_partitions"].value == []
     assert check.metadata["quarantined_outside_the_partitions"].value == [
         {"file": bad[2].uri, "reason": "reason odd"},
         {"file": stray.uri, "reason": "outside every partition"},

@@ -83,7 +83,8 @@ class UnitCdcFormat(FeedFormat):
             elif is_hidden(entry.name):
                 continue
             elif not entry.is_dir:
-                unread.append(f"{entry.uri}: {entry.unreadable or 'a file'} outside every table's folder")
+                what = f"{entry.unreadable}, " if entry.unreadable else "a file "
+                unread.append(f"{entry.uri}: {what}outside every table's folder")
             else:
                 unread.append(f"{entry.uri}/: no table has this name (a table folder is named {TABLE_NAME})")
         return LandingSurvey(sorted(tables), sorted(unread))

@@ -337,26 +337,37 @@ def changes_metadata(ingested: pipeline.Ingested, partitions: list[str]) -> dict
 
 
 def files_of_each_partition(ingested: pipeline.Ingested, partitions: list[str]) -> dict[str, dict[str, Any]]:
-    """In a range run, each partition's quarantined and repaired files, as its own metadata
-    (`changes_metadata`); files set aside outside the run's partitions (strays) are named by
-    the landing check."""
+    """In a range run, the quarantined and repaired files of each partition that has any, as
+    that partition's own metadata (`changes_metadata`); files outside the run's partitions
+    (strays, a Flow run's fragments of the hour before it) are named by the landing check.
+    Only those partitions: Dagster looks each one up in the whole range, so a call per hour of
+    a year's backfill would cost it most of a minute."""
     if len(partitions) == 1:
         return {}
-    quarantined: dict[str, list[Quarantined]] = {p: [] for p in partitions}
-    repaired: dict[str, dict[str, int]] = {p: {} for p in partitions}
+    in_run = set(partitions)
+    quarantined: dict[str, list[Quarantined]] = {}
+    repaired: dict[str, dict[str, int]] = {}
     for item in ingested.batch.quarantined:
-        if (partition := ingested.partition_of.get(item.uri)) in quarantined:
-            quarantined[partition].append(item)
+        if (partition := ingested.partition_of.get(item.uri)) in in_run:
+            quarantined.setdefault(partition, []).append(item)
     for uri, values in ingested.batch.text_repaired.items():
-        if (partition := ingested.partition_of.get(uri)) in repaired:
-            repaired[partition][uri] = values
-    return {p: _files_metadata(quarantined[p], repaired[p]) for p in partitions}
-
-
-def _files_metadata(quarantined: list[Quarantined], repaired: dict[str, int]) -> dict[str, Any]:
+        if (partition := ingested.partition_of.get(uri)) in in_run:
+            repaired.setdefault(partition, {})[uri] = values
     return {
-        "quarantined": dg.MetadataValue.json([{"file": q.uri, "reason": q.reason} for q in quarantined]),
-        "text_repaired": dg.MetadataValue.json(
+        p: _files_metadata(quarantined.get(p, []), repaired.get(p, {}))
+        for p in partitions
+        if p in quarantined or p in repaired
+    }
+
+
+def _files_metadata(
+    quarantined: list[Quarantined], repaired: dict[str, int], suffix: str = ""
+) -> dict[str, Any]:
+    return {
+        f"quarantined{suffix}": dg.MetadataValue.json(
+            [{"file": q.uri, "reason": q.reason} for q in quarantined]
+        ),
+        f"text_repaired{suffix}": dg.MetadataValue.json(
             [{"file": f, "values": n} for f, n in sorted(repaired.items())]
         ),
     }
@@ -381,12 +392,14 @@ def landing_check(ingested: pipeline.Ingested, partitions: list[str]) -> dg.Asse
             "gaps": dg.MetadataValue.json(batch.gaps),
             "files_quarantined": len(batch.quarantined),
             "files_stray": len(strays),
-            "quarantined_outside_the_partitions": dg.MetadataValue.json(
-                [
-                    {"file": q.uri, "reason": q.reason}
-                    for q in batch.quarantined
-                    if ingested.partition_of.get(q.uri) not in partitions
-                ]
+            **_files_metadata(
+                [q for q in batch.quarantined if ingested.partition_of.get(q.uri) not in partitions],
+                {
+                    f: n
+                    for f, n in batch.text_repaired.items()
+                    if ingested.partition_of.get(f) not in partitions
+                },
+                suffix="_outside_the_partitions",
             ),
         },
     )
