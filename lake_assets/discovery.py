@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import logging
 
+from lake_assets.catalog.files import catalog_what
 from lake_assets.config import FeedConfig, LakeConfig
 from lake_assets.errors import InvalidValue, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
@@ -113,27 +114,35 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
 
 
 def tables_of_every_feed(config: LakeConfig, pins: dict[str, Pin]) -> tuple[dict[str, list[str]], list[str]]:
-    """Each feed's tables (`feed_tables`), less those whose Dagster names a table before them
-    (in the configuration's order of feeds) already has, and a line for each table left out.
+    """Each feed's tables (`feed_tables`), less those whose Dagster names or catalog name a
+    table before them (in the configuration's order) already has, and a line for each table
+    left out.
 
     A table's jobs, ops and pool are named `identifier(feed, table)`, and `__` joins the parts
     as the table's own name may: feed `a` with table `b__c` and feed `a__b` with table `c` are
     both `a__b__c`. Dagster refuses two definitions of one name, and so loaded no feed at all:
-    one folder a vendor landed took down every table's runs and sensors."""
+    one folder a vendor landed took down every table's runs and sensors. The catalog names a
+    table in lower case (`catalog_what`): GRAX orgs `00DABC` and `00Dabc` (two orgs, as 15-
+    character IDs) would share their records, and each would read the other's files."""
     tables: dict[str, list[str]] = {}
     left_out: list[str] = []
-    named: dict[str, str] = {}
+    taken: dict[str, str] = {}
     for feed in config.feeds:
         tables[feed.name] = []
         for table in feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())):
-            name, label = identifier(feed.name, table), f"{feed.name}/{table}"
-            if name in named:
+            label = f"{feed.name}/{table}"
+            names = {
+                f"Dagster names ({identifier(feed.name, table)}…) are those": identifier(feed.name, table),
+                f"catalog name ({catalog_what(table)}) is that": f"catalog {feed.name} {catalog_what(table)}",
+            }
+            clash = next(((what, taken[name]) for what, name in names.items() if name in taken), None)
+            if clash is not None:
                 left_out.append(
-                    f"{label}: not loaded: its Dagster names ({name}…) are those of {named[name]}; "
-                    "rename one of the two feeds (or, for a landed folder, the folder)"
+                    f"{label}: not loaded: its {clash[0]} of {clash[1]}; rename one of the two feeds "
+                    "or landed folders (names that differ only in case are one in the catalog)"
                 )
                 continue
-            named[name] = label
+            taken.update(dict.fromkeys(names.values(), label))
             tables[feed.name].append(table)
     return tables, left_out
 

@@ -17,7 +17,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_co
 from lake_assets.demo.flow_sample import write_flow_landing
 from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets.discovery import discover
+from lake_assets.discovery import discover, tables_of_every_feed
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.runner import _Selection, plan_runs
@@ -485,7 +485,7 @@ def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the
     [failed] = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
     assert failed == (
         "lake-assets: failed: a__b/c: not loaded: its Dagster names (a__b__c…) are those of a/b__c; "
-        "rename one of the two feeds (or, for a landed folder, the folder)"
+        "rename one of the two feeds or landed folders (names that differ only in case are one in the catalog)"
     )
     defs = build_definitions(config)
     defs.resolve_all_job_defs()
@@ -495,3 +495,27 @@ def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the
     planned = plan_runs(config, _Selection(None, None, forced=True), lambda _: None, failures)
     assert failures == [failed.removeprefix("lake-assets: failed: ")]
     assert [(run.feed, run.tables) for run in planned] == [("a", None)]
+
+
+def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_later_is_left_out(tmp_path):
+    """Two 15-character org IDs that differ only in case are two orgs, and two tables; the
+    catalog names tables in lower case, so they shared their records: each table's catalog step
+    retired the other's files, and its run read them. The later table is left out and named."""
+    for org in ("00D5g000004FrOA", "00D5g000004Froa"):
+        batch = tmp_path / "grax" / "parquet" / "v2" / f"org={org}" / "object=Account" / "batch=01"
+        batch.mkdir(parents=True)
+        (batch / "data-1.parquet").write_bytes(b"PAR1")
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig("grax", "grax_v2", f"file://{tmp_path / 'grax'}"),),
+    )
+    [found] = discover(config, config.storage())
+
+    tables, left_out = tables_of_every_feed(config, {"grax": found.pin})
+
+    assert tables == {"grax": ["00D5g000004FrOA/account"]}
+    assert left_out == [
+        "grax/00D5g000004Froa/account: not loaded: its catalog name (00d5g000004froa-account) is that of "
+        "grax/00D5g000004FrOA/account; rename one of the two feeds or landed folders (names that differ "
+        "only in case are one in the catalog)"
+    ]
