@@ -238,7 +238,7 @@ def discover_feed(
     configured = fmt.configured_tables(feed) is not None
     surveyed = False
     try:
-        survey, surveyed = fmt.survey(storage, feed.landing), True
+        survey, surveyed = fmt.surveying_with(siblings).survey(storage, feed.landing), True
     except Exception as exc:  # noqa: BLE001 - reported with the feed; the pin keeps its tables
         if not configured:
             problem = f"listing its tables under {feed.landing}: {first_line(exc)}"

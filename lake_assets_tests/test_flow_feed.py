@@ -13,10 +13,12 @@ from pathlib import Path
 import boto3
 import dagster as dg
 import pyarrow as pa
+import pydantic
 import pytest
 
 from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
+from lake_assets.discovery import discover
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
@@ -1702,3 +1704,37 @@ def test_many_hours_files_come_from_one_walk_of_each_journal_as_the_hour_listing
     assert files(walking) == listed
     assert [len(listed[hour]) for hour in hours] == [0, 2, 2, 0, 2, 0]
     assert not [uri for uri in walking.listed if "utc_hour=" in uri]
+
+
+def test_collections_landed_but_not_configured_are_named_unless_a_feed_beside_reads_them(tmp_path):
+    """A Flow feed names its collections; one that landed beside them (`acmeCo/customers`
+    beside `acmeCo/orders`, `other/things`) was read by no table and named by no one."""
+    landing = tmp_path / "landing"
+    for collection in ("acmeCo/orders", "acmeCo/customers", "other/things"):
+        write_fragment(landing / collection / "pivot=00", 0, doc_line(1))
+    (landing / "notes.txt").write_text("journals below")
+    orders = CollectionConfig(name="acmeCo/orders", key=("/id",))
+    customers = CollectionConfig(name="acmeCo/customers", key=("/id",))
+    config = LakeConfig(
+        lake=f"file://{tmp_path / 'lake'}",
+        feeds=(FeedConfig("flow", "flow_journal", f"file://{landing}", collections=(orders,)),),
+    )
+
+    [found] = discover(config, config.storage())
+
+    assert found.tables == ["acmeco_orders"]
+    assert sorted(found.unread) == [
+        f"file://{landing}/acmeCo/customers/: no configured collection is in it, so no table reads it",
+        f"file://{landing}/notes.txt: no configured collection is in it, so no table reads it",
+        f"file://{landing}/other/: no configured collection is in it, so no table reads it",
+    ]
+    # a feed beside it over the same landing reads the customers: not named as read by no one
+    beside = FeedConfig("flow-b", "flow_journal", f"file://{landing}", collections=(customers,))
+    shared = config.replace(feeds=(*config.feeds, beside))
+    assert [len(found.unread) for found in discover(shared, shared.storage())] == [2, 2]
+    # nor can one collection lie inside another: the outer one's walk would set its files aside
+    archive = CollectionConfig("acmeCo/orders/archive", ("/id",))
+    with pytest.raises(
+        pydantic.ValidationError, match="acmeCo/orders/archive lies inside collection acmeCo/orders"
+    ):
+        FeedConfig("flow", "flow_journal", f"file://{landing}", collections=(orders, archive))

@@ -108,6 +108,13 @@ class FeedFormat(abc.ABC):
         """The format as one feed configures it (a Flow feed names its collections)."""
         return self
 
+    def surveying_with(self, siblings: Sequence) -> FeedFormat:
+        """The format that surveys a landing these sibling feeds share (`discovery.sharing_landing`),
+        so that what they read is not named as read by no one: a Flow feed's survey reports the
+        collections it is not configured for, and a sibling's are read. The other formats'
+        surveys find every table, and discovery says which ones the siblings take."""
+        return self
+
     def landed_hours(
         self, storage: Storage, landing: str, table: str, since: dt.datetime | None
     ) -> dict[str, tuple[Entry, ...]]:

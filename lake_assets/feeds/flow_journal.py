@@ -313,6 +313,15 @@ class FlowJournalFeedConfig(FeedConfig):
                     at=("collections", index, "name"),
                 )
             seen[collection.table] = collection.name
+        for index, collection in enumerate(self.collections):
+            inside = [c.name for c in self.collections if c.name.startswith(f"{collection.name}/")]
+            if inside:
+                # the outer one's walk would set the inner one's files aside as strays
+                raise refused(
+                    f"collection {inside[0]} lies inside collection {collection.name}: a collection's "
+                    "folder holds its own journals only",
+                    at=("collections", index, "name"),
+                )
         return self
 
 
@@ -417,6 +426,10 @@ class FlowJournalFormat(FeedFormat):
     def configured(self, feed) -> FlowJournalFormat:
         return FlowJournalFormat(tuple(feed.collections or ()))
 
+    def surveying_with(self, siblings: Sequence) -> FlowJournalFormat:
+        theirs = tuple(c for sibling in siblings for c in sibling.collections or ())
+        return FlowJournalFormat((*self.collections.values(), *theirs)) if theirs else self
+
     def collection(self, table: str) -> CollectionConfig:
         try:
             return self.collections[table]
@@ -424,17 +437,31 @@ class FlowJournalFormat(FeedFormat):
             raise InvalidValue(f"no Flow collection is configured for table {table!r}") from None
 
     def survey(self, storage: Storage, landing: str) -> LandingSurvey:
-        """The configured collections that have a folder in the landing: a Flow feed's tables are
-        named in its configuration (a collection's name may hold `/`, so the landing's top does
-        not list them), and one with no folder has landed nothing, or is misspelt."""
-        roots = {t: self._collection_root(landing, t).rsplit("/", 1) for t in sorted(self.collections)}
-        # One listing of each folder that holds collections (`acmeCo/`), as the other feeds list
-        # the landing's top: a folder that is not there lists as empty.
-        folders = {
-            parent: {e.name for e in storage.list(parent) if e.is_dir}
-            for parent in {p for p, _ in roots.values()}
-        }
-        return LandingSurvey([t for t, (parent, name) in roots.items() if name in folders[parent]])
+        """The configured collections that have a folder in the landing, and what lies beside
+        the way to them: a Flow feed's tables are named in its configuration (a collection's
+        name may hold `/`, so the landing's top does not list them), one with no folder has
+        landed nothing, or is misspelt, and a collection landed but not configured
+        (`acmeCo/customers` beside `acmeCo/orders`, `other/things`) is read by no table."""
+        top = landing.rstrip("/")
+        roots = {t: self._collection_root(landing, t) for t in sorted(self.collections)}
+        # folder -> the names in it that lead to a configured collection (`acmeCo` in the
+        # landing, `orders` in `acmeCo/`); one listing of each, as the other feeds list the
+        # landing's top. A folder that is not there lists as empty.
+        leading: dict[str, set[str]] = {}
+        for root in roots.values():
+            folder = top
+            for segment in root[len(top) + 1 :].split("/"):
+                leading.setdefault(folder, set()).add(segment)
+                folder = f"{folder}/{segment}"
+        listed = {folder: storage.list(folder) for folder in leading}
+        found = {e.uri.rstrip("/") for entries in listed.values() for e in entries if e.is_dir}
+        unread = [
+            f"{e.uri}{'/' if e.is_dir else ''}: no configured collection is in it, so no table reads it"
+            for folder, entries in listed.items()
+            for e in entries
+            if not is_hidden(e.name) and not (e.is_dir and e.name in leading[folder])
+        ]
+        return LandingSurvey([t for t, root in roots.items() if root in found], sorted(unread))
 
     def configured_tables(self, feed) -> list[str] | None:
         """A Flow feed names its collections in the configuration: they are its tables."""
