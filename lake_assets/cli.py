@@ -291,8 +291,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     feed_name, _, table = args.table.partition("/")
     feed = config.feed(feed_name)
     fmt = format_for(feed)
-    if table not in feed_tables(feed, fmt, load_pins(config, config.storage())[feed.name]):
+    pins = load_pins(config, config.storage())
+    if table not in feed_tables(feed, fmt, pins[feed.name]):
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
+    for line in tables_of_every_feed(config, pins)[1]:
+        if line.startswith(f"{feed.name}/{table}: "):  # forgotten, it would not be run again
+            raise ConfigError(f"{line}; until then no run rebuilds it")
     store = _catalog_store(config)
     storage, layout = config.storage(), LakeLayout(config.lake)
     if not feed.allow_empty_landing and not landing_vouched_for(

@@ -114,37 +114,47 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
 
 
 def tables_of_every_feed(config: LakeConfig, pins: dict[str, Pin]) -> tuple[dict[str, list[str]], list[str]]:
-    """Each feed's tables (`feed_tables`), less those whose Dagster names or catalog name a
-    table before them (in the configuration's order) already has, and a line for each table
-    left out.
-
-    A table's jobs, ops and pool are named `identifier(feed, table)`, and `__` joins the parts
-    as the table's own name may: feed `a` with table `b__c` and feed `a__b` with table `c` are
-    both `a__b__c`. Dagster refuses two definitions of one name, and so loaded no feed at all:
-    one folder a vendor landed took down every table's runs and sensors. The catalog names a
-    table in lower case (`catalog_what`): GRAX orgs `00DABC` and `00Dabc` (two orgs, as 15-
-    character IDs) would share their records, and each would read the other's files."""
-    tables: dict[str, list[str]] = {}
-    left_out: list[str] = []
-    taken: dict[str, str] = {}
+    """Each feed's tables (`feed_tables`), less those that share a Dagster name or a catalog name
+    with another table (`_names_of`), and a line for each table left out. Every table of a clash
+    is left out, not all but the first: a table landed later that sorts first would otherwise
+    take over the names, and the catalog records, of a table that has run for months."""
+    tables = {
+        feed.name: feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())) for feed in config.feeds
+    }
+    holders: dict[tuple[str, ...], list[str]] = {}
     for feed in config.feeds:
-        tables[feed.name] = []
-        for table in feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())):
-            label = f"{feed.name}/{table}"
-            names = {
-                f"Dagster names ({identifier(feed.name, table)}…) are those": identifier(feed.name, table),
-                f"catalog name ({catalog_what(table)}) is that": f"catalog {feed.name} {catalog_what(table)}",
-            }
-            clash = next(((what, taken[name]) for what, name in names.items() if name in taken), None)
-            if clash is not None:
-                left_out.append(
-                    f"{label}: not loaded: its {clash[0]} of {clash[1]}; rename one of the two feeds "
-                    "or landed folders (names that differ only in case are one in the catalog)"
-                )
-                continue
-            taken.update(dict.fromkeys(names.values(), label))
-            tables[feed.name].append(table)
-    return tables, left_out
+        for table in tables[feed.name]:
+            for name in set(_names_of(feed.name, table)):  # a one-segment table's two Dagster names are one
+                holders.setdefault(name, []).append(f"{feed.name}/{table}")
+    clashes: dict[str, str] = {}
+    for key, labels in holders.items():
+        for label in labels if len(labels) > 1 else ():
+            others = ", ".join(other for other in labels if other != label)
+            clashes.setdefault(label, _CLASH_REMEDY[key[0]].format(name=key[-1], others=others))
+    left_out = [f"{label}: not loaded: {why}" for label, why in clashes.items()]
+    return {feed: [t for t in ts if f"{feed}/{t}" not in clashes] for feed, ts in tables.items()}, left_out
+
+
+def _names_of(feed: str, table: str) -> list[tuple[str, ...]]:
+    """The names a table is known by that another table must not have: its Dagster names (its
+    jobs, state op and pool `identifier(feed, table)`; its assets' ops, from the asset key
+    `feed/<table's segments>/layer`), and its catalog name within its feed. `__` joins the parts
+    of a Dagster name as a name may hold it: feed `a` with table `b__c` and feed `a__b` with table
+    `c` are both `a__b__c`, and Dagster refused the whole code location over it. The catalog
+    names a table in lower case (`catalog_what`): GRAX orgs `00DABC` and `00Dabc` (two orgs, as
+    15-character IDs) shared their records, and each table read the other's files."""
+    return [
+        ("dagster", identifier(feed, table)),
+        ("dagster", identifier(feed, *table.split("/"))),
+        ("catalog", feed, catalog_what(table)),
+    ]
+
+
+_CLASH_REMEDY = {
+    "dagster": "its Dagster names ({name}…) are also those of {others}; rename one of the feeds",
+    "catalog": "its catalog name ({name}) is also that of {others} (the catalog names tables in lower "
+    "case); give the two their own feeds (a GRAX feed's `orgs`)",
+}
 
 
 def pins_anything(feed: FeedConfig, fmt: FeedFormat) -> bool:

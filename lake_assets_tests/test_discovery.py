@@ -17,7 +17,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_co
 from lake_assets.demo.flow_sample import write_flow_landing
 from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets.discovery import discover, tables_of_every_feed
+from lake_assets.discovery import Pin, discover, tables_of_every_feed
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.runner import _Selection, plan_runs
@@ -465,8 +465,8 @@ def test_the_tables_sensor_warns_of_what_no_table_reads_once_for_each_new_set(la
 def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the_rest_loads(tmp_path, capsys):
     """Feed `a` with the landed folder `b__c`, and feed `a__b` with `c`: both tables' jobs, ops
     and pools are named `a__b__c`, and Dagster refused the code location whole: one folder a
-    vendor landed stopped every feed. The later table is left out, and named as a failure by
-    discovery and by planning a run; every other table loads and runs."""
+    vendor landed stopped every feed. Both are left out, and named as failures by discovery and
+    by planning a run; every other table loads and runs."""
     for landing, table in (("one", "b__c"), ("one", "ok"), ("two", "c")):
         write_events(
             tmp_path / landing, table, 0, "part-0.parquet", [event("x", "I", 1, at(0))], ACCOUNT_SCHEMA
@@ -482,25 +482,32 @@ def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the
     config_file.write_text(dump_config(config))
 
     assert main(["discover", "--config", str(config_file)]) == 1
-    [failed] = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
-    assert failed == (
-        "lake-assets: failed: a__b/c: not loaded: its Dagster names (a__b__c…) are those of a/b__c; "
-        "rename one of the two feeds or landed folders (names that differ only in case are one in the catalog)"
-    )
+    failed = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
+    assert failed == [
+        "lake-assets: failed: a/b__c: not loaded: its Dagster names (a__b__c…) are also those of a__b/c; "
+        "rename one of the feeds",
+        "lake-assets: failed: a__b/c: not loaded: its Dagster names (a__b__c…) are also those of a/b__c; "
+        "rename one of the feeds",
+    ]
     defs = build_definitions(config)
     defs.resolve_all_job_defs()
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert {"a/b__c/changes", "a/ok/changes"} <= keys and not any(k.startswith("a__b/") for k in keys)
+    # both are left out: one landed later must not take over the names of one that has run
+    assert "a/ok/changes" in keys and not any(k.startswith(("a__b/", "a/b__c/")) for k in keys)
     failures: list[str] = []
     planned = plan_runs(config, _Selection(None, None, forced=True), lambda _: None, failures)
-    assert failures == [failed.removeprefix("lake-assets: failed: ")]
-    assert [(run.feed, run.tables) for run in planned] == [("a", None)]
+    assert failures == [line.removeprefix("lake-assets: failed: ") for line in failed]
+    assert [(run.feed, run.tables) for run in planned] == [("a", None)]  # all it has: ok
+    # forgotten, a table left out would never be rebuilt
+    capsys.readouterr()
+    assert main(["rebuild", "--config", str(config_file), "--table", "a__b/c"]) == 1
+    assert "a__b/c: not loaded: " in capsys.readouterr().err
 
 
 def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_later_is_left_out(tmp_path):
     """Two 15-character org IDs that differ only in case are two orgs, and two tables; the
     catalog names tables in lower case, so they shared their records: each table's catalog step
-    retired the other's files, and its run read them. The later table is left out and named."""
+    retired the other's files, and its run read them. Both are left out and named."""
     for org in ("00D5g000004FrOA", "00D5g000004Froa"):
         batch = tmp_path / "grax" / "parquet" / "v2" / f"org={org}" / "object=Account" / "batch=01"
         batch.mkdir(parents=True)
@@ -513,9 +520,26 @@ def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_
 
     tables, left_out = tables_of_every_feed(config, {"grax": found.pin})
 
-    assert tables == {"grax": ["00D5g000004FrOA/account"]}
+    assert tables == {"grax": []}  # both: the one landed later must not take the other's records
     assert left_out == [
-        "grax/00D5g000004Froa/account: not loaded: its catalog name (00d5g000004froa-account) is that of "
-        "grax/00D5g000004FrOA/account; rename one of the two feeds or landed folders (names that differ "
-        "only in case are one in the catalog)"
+        f"grax/00D5g000004Fr{a}/account: not loaded: its catalog name (00d5g000004froa-account) is also "
+        f"that of grax/00D5g000004Fr{b}/account (the catalog names tables in lower case); give the two "
+        "their own feeds (a GRAX feed's `orgs`)"
+        for a, b in (("OA", "oa"), ("oa", "OA"))
     ]
+
+
+def test_a_clash_of_asset_op_names_is_found_as_the_jobs_names_are():
+    """An asset's op is named from its key, `feed/<table's segments>/layer`, joined by `__`:
+    GRAX feed `g`'s table `00dabc/account` and Unit feed `g__00dabc`'s table `account` share
+    their ops' names, though not their jobs'."""
+    config = LakeConfig(
+        lake="/lake",
+        feeds=(FeedConfig("g", "grax_v2", "/landing/g"), FeedConfig("g__00dabc", "unit_cdc", "/landing/u")),
+    )
+    pins = {"g": Pin(tables=("00dabc/account", "00dabc/contact")), "g__00dabc": Pin(tables=("account",))}
+
+    tables, left_out = tables_of_every_feed(config, pins)
+
+    assert tables == {"g": ["00dabc/contact"], "g__00dabc": []}
+    assert [line.split(": not loaded")[0] for line in left_out] == ["g/00dabc/account", "g__00dabc/account"]

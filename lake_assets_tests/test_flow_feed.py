@@ -1713,6 +1713,7 @@ def test_collections_landed_but_not_configured_are_named_unless_a_feed_beside_re
     for collection in ("acmeCo/orders", "acmeCo/customers", "other/things"):
         write_fragment(landing / collection / "pivot=00", 0, doc_line(1))
     (landing / "notes.txt").write_text("journals below")
+    (landing / "recovery" / "derivation").mkdir(parents=True)  # Flow's tasks' recovery logs
     orders = CollectionConfig(name="acmeCo/orders", key=("/id",))
     customers = CollectionConfig(name="acmeCo/customers", key=("/id",))
     config = LakeConfig(
@@ -1732,6 +1733,21 @@ def test_collections_landed_but_not_configured_are_named_unless_a_feed_beside_re
     beside = FeedConfig("flow-b", "flow_journal", f"file://{landing}", collections=(customers,))
     shared = config.replace(feeds=(*config.feeds, beside))
     assert [len(found.unread) for found in discover(shared, shared.storage())] == [2, 2]
+    # credentials granted for the collections' prefixes only: the landing's top does not list,
+    # and the collections are found all the same (a misspelt one is still told apart)
+
+    class OnlyTheCollectionsPrefix(Storage):
+        def list(self, uri):
+            if uri.rstrip("/") == f"file://{landing}":
+                raise PermissionError(13, "Access Denied", uri)
+            return super().list(uri)
+
+    fmt = FlowJournalFormat((orders, CollectionConfig(name="acmeCo/ordrs", key=("/id",))))
+    survey = fmt.survey(OnlyTheCollectionsPrefix(), f"file://{landing}")
+    assert survey.tables == ["acmeco_orders"]
+    assert survey.unread == [
+        f"file://{landing}/acmeCo/customers/: no configured collection is in it, so no table reads it"
+    ]
     # nor can one collection lie inside another: the outer one's walk would set its files aside
     archive = CollectionConfig("acmeCo/orders/archive", ("/id",))
     with pytest.raises(

@@ -344,6 +344,10 @@ def _journal_folder(uri: str) -> str:
     return uri.split("/utc_date=", 1)[0]
 
 
+#: the folder beside the collections in a Flow storage mapping's prefix where Flow keeps its
+#: tasks' recovery logs: not a collection, and not reported as one left unread
+FLOW_RECOVERY_LOGS = "recovery"
+
 #: the folders of a fragment below its journal name: `utc_date=…/utc_hour=…`
 FRAGMENT_LEVELS = 2
 
@@ -428,7 +432,8 @@ class FlowJournalFormat(FeedFormat):
 
     def surveying_with(self, siblings: Sequence) -> FlowJournalFormat:
         theirs = tuple(c for sibling in siblings for c in sibling.collections or ())
-        return FlowJournalFormat((*self.collections.values(), *theirs)) if theirs else self
+        # its own last: a sibling's collection of the same table name does not stand in for it
+        return FlowJournalFormat((*theirs, *self.collections.values())) if theirs else self
 
     def collection(self, table: str) -> CollectionConfig:
         try:
@@ -453,13 +458,24 @@ class FlowJournalFormat(FeedFormat):
             for segment in root[len(top) + 1 :].split("/"):
                 leading.setdefault(folder, set()).add(segment)
                 folder = f"{folder}/{segment}"
-        listed = {folder: storage.list(folder) for folder in leading}
+        holding = {root.rsplit("/", 1)[0] for root in roots.values()}
+        listed: dict[str, list[Entry]] = {}
+        for folder in leading:
+            try:
+                listed[folder] = storage.list(folder)
+            except OSError:
+                if folder in holding:
+                    raise
+                # credentials granted for the collections' own prefixes may not list above them:
+                # what lies beside the way goes unsaid, and the collections are still found
         found = {e.uri.rstrip("/") for entries in listed.values() for e in entries if e.is_dir}
         unread = [
             f"{e.uri}{'/' if e.is_dir else ''}: no configured collection is in it, so no table reads it"
             for folder, entries in listed.items()
             for e in entries
-            if not is_hidden(e.name) and not (e.is_dir and e.name in leading[folder])
+            if not is_hidden(e.name)
+            and not (e.is_dir and e.name in leading[folder])
+            and not (folder == top and e.is_dir and e.name == FLOW_RECOVERY_LOGS)
         ]
         return LandingSurvey([t for t, root in roots.items() if root in found], sorted(unread))
 
