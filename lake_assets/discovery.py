@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+from collections.abc import Sequence
 
 from lake_assets.catalog.files import catalog_what
 from lake_assets.config import FeedConfig, LakeConfig
@@ -113,25 +114,26 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
     return tables
 
 
-def tables_of_every_feed(config: LakeConfig, pins: dict[str, Pin]) -> tuple[dict[str, list[str]], list[str]]:
+def tables_of_every_feed(
+    feeds: Sequence[FeedConfig], pins: dict[str, Pin]
+) -> tuple[dict[str, list[str]], list[str]]:
     """Each feed's tables (`feed_tables`), less those that share a Dagster name or a catalog name
     with another table (`_names_of`), and a line for each table left out. Every table of a clash
     is left out, not all but the first: a table landed later that sorts first would otherwise
     take over the names, and the catalog records, of a table that has run for months."""
-    tables = {
-        feed.name: feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())) for feed in config.feeds
-    }
+    tables = {feed.name: feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())) for feed in feeds}
     holders: dict[tuple[str, ...], list[str]] = {}
-    for feed in config.feeds:
+    for feed in feeds:
         for table in tables[feed.name]:
-            for name in set(_names_of(feed.name, table)):  # a one-segment table's two Dagster names are one
+            for name in dict.fromkeys(_names_of(feed.name, table)):  # a one-segment table's two are one
                 holders.setdefault(name, []).append(f"{feed.name}/{table}")
     clashes: dict[str, str] = {}
     for key, labels in holders.items():
         for label in labels if len(labels) > 1 else ():
             others = ", ".join(other for other in labels if other != label)
             clashes.setdefault(label, _CLASH_REMEDY[key[0]].format(name=key[-1], others=others))
-    left_out = [f"{label}: not loaded: {why}" for label, why in clashes.items()]
+    labels = [f"{feed.name}/{table}" for feed in feeds for table in tables[feed.name]]
+    left_out = [f"{label}: not loaded: {clashes[label]}" for label in labels if label in clashes]
     return {feed: [t for t in ts if f"{feed}/{t}" not in clashes] for feed, ts in tables.items()}, left_out
 
 

@@ -173,7 +173,7 @@ def plan_runs(
     layout = LakeLayout(config.lake)
     check_landings(config, storage)
     pins = _pin_what_landed(config, storage, say, failures)
-    tables_of, left_out = tables_of_every_feed(config, pins)
+    tables_of, left_out = tables_of_every_feed(config.feeds, pins)
     failures += left_out
     return [
         run

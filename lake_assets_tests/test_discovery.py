@@ -504,7 +504,9 @@ def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the
     assert "a__b/c: not loaded: " in capsys.readouterr().err
 
 
-def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_later_is_left_out(tmp_path):
+def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_both_are_left_out(
+    tmp_path, capfd
+):
     """Two 15-character org IDs that differ only in case are two orgs, and two tables; the
     catalog names tables in lower case, so they shared their records: each table's catalog step
     retired the other's files, and its run read them. Both are left out and named."""
@@ -518,7 +520,7 @@ def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_
     )
     [found] = discover(config, config.storage())
 
-    tables, left_out = tables_of_every_feed(config, {"grax": found.pin})
+    tables, left_out = tables_of_every_feed(config.feeds, {"grax": found.pin})
 
     assert tables == {"grax": []}  # both: the one landed later must not take the other's records
     assert left_out == [
@@ -527,6 +529,15 @@ def test_grax_orgs_that_differ_only_in_case_are_one_table_in_the_catalog_so_the_
         "their own feeds (a GRAX feed's `orgs`)"
         for a, b in (("OA", "oa"), ("oa", "OA"))
     ]
+    # the daemon's tables sensor says so too, once
+    defs = build_definitions(config)
+    with dg.build_sensor_context(
+        resources={"lake": LakeResource(root=config.lake)}, definitions=defs
+    ) as context:
+        capfd.readouterr()
+        defs.resolve_sensor_def("grax_tables_sensor")(context)
+    warned = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert [line.split(" - ")[-1] for line in warned] == left_out
 
 
 def test_a_clash_of_asset_op_names_is_found_as_the_jobs_names_are():
@@ -539,7 +550,7 @@ def test_a_clash_of_asset_op_names_is_found_as_the_jobs_names_are():
     )
     pins = {"g": Pin(tables=("00dabc/account", "00dabc/contact")), "g__00dabc": Pin(tables=("account",))}
 
-    tables, left_out = tables_of_every_feed(config, pins)
+    tables, left_out = tables_of_every_feed(config.feeds, pins)
 
     assert tables == {"g": ["00dabc/contact"], "g__00dabc": []}
     assert [line.split(": not loaded")[0] for line in left_out] == ["g/00dabc/account", "g__00dabc/account"]

@@ -17,7 +17,15 @@ import dagster as dg
 
 from lake_assets import reruns
 from lake_assets.config import FeedConfig
-from lake_assets.discovery import Pin, describe, describe_absent, describe_unread, discover_feed, feed_tables
+from lake_assets.discovery import (
+    Pin,
+    describe,
+    describe_absent,
+    describe_unread,
+    discover_feed,
+    feed_tables,
+    tables_of_every_feed,
+)
 from lake_assets.errors import DamagedLakeFile, LakeAssetsError, first_line
 from lake_assets.feeds.base import FeedFormat, hour_key
 from lake_assets.landing_watch import (
@@ -429,7 +437,10 @@ def build_tables_sensor(
             raise LakeAssetsError(f"{feed.name}: {found.problem}")
         if found.changed:
             context.log.info(describe(found))
-        notes = [note for note in (describe_unread(found), describe_absent(found)) if note]
+        # a clash within the feed (GRAX orgs that differ only in case); one across feeds is
+        # logged where the code location loads
+        clashes = tables_of_every_feed([feed], {feed.name: found.pin})[1]
+        notes = [note for note in (describe_unread(found), describe_absent(found), *clashes) if note]
         # Said once for each new set of notes, not on every tick: the cursor keeps its digest.
         notes_digest = short_digest("\n".join(notes))
         if notes and notes_digest != context.cursor:
