@@ -114,8 +114,11 @@ def _spark_name(name: Any) -> str:
     return name
 
 
-#: a Spark Connect URL as PySpark takes it: a host, maybe a port, then `/;name=value` parameters
-_CONNECT_URL = re.compile(r"sc://[^\s/:;?#@]+(:\d{1,5})?(/(;[^;=\s/?#]+=[^;\s?#]*)*)?")
+#: a Spark Connect URL as PySpark takes it: a host (an IPv6 address in brackets), maybe a
+#: port, then `/;name=value` parameters
+_CONNECT_URL = re.compile(
+    r"sc://(\[[0-9A-Fa-f:.]+\]|[^\s/:;?#@\[\]]+)(:\d{1,5})?(/(;[^;=\s/?#]+=[^;\s?#]*)*)?"
+)
 #: a parameter PySpark does not read is sent as a header of every request: these carry a
 #: credential there, beside the names that look like a credential's (`looks_secret`)
 _CREDENTIAL_HEADER = re.compile(r"authori[sz]ation|cookie|bearer", re.IGNORECASE)

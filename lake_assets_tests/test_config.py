@@ -496,6 +496,7 @@ def test_spark_master_and_remote_are_refused_among_the_spark_settings():
     for remote in (
         "sc://connect:15002/;use_ssl=true;user_id=etl",
         "sc://gw:443/;x-databricks-cluster-id=0123",
+        "sc://[::1]:15002",
     ):
         assert parse_config({"lake": "/lake", "spark": {"remote": remote}}).spark.remote == remote
 

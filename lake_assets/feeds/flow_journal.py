@@ -450,8 +450,8 @@ class FlowJournalFormat(FeedFormat):
         top = landing.rstrip("/")
         roots = {t: self._collection_root(landing, t) for t in sorted(self.collections)}
         # folder -> the names in it that lead to a configured collection (`acmeCo` in the
-        # landing, `orders` in `acmeCo/`); one listing of each, as the other feeds list the
-        # landing's top. A folder that is not there lists as empty.
+        # landing, `orders` in `acmeCo/`): a listing of each folder on the way, a few in all.
+        # A folder that is not there lists as empty.
         leading: dict[str, set[str]] = {}
         for root in roots.values():
             folder = top

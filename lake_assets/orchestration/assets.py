@@ -313,10 +313,11 @@ def changes_metadata(ingested: pipeline.Ingested, partitions: list[str]) -> dict
     a backfill's thousand quarantined files would be told of on each of its hours, a list
     stored as many times as the run has partitions."""
     batch = ingested.batch
-    one_run = {} if len(partitions) == 1 else {"run_partitions": _run_partitions(partitions)}
-    files = _files_metadata(batch.quarantined, batch.text_repaired) if len(partitions) == 1 else {}
+    one_partition = len(partitions) == 1
+    of_the_run = {} if one_partition else {"run_partitions": _run_partitions(partitions)}
+    files = _files_metadata(batch.quarantined, batch.text_repaired) if one_partition else {}
     return {
-        **one_run,
+        **of_the_run,
         "files_listed": batch.files_listed,
         "files_read": batch.files_read,
         "files_quarantined": len(batch.quarantined),
