@@ -166,6 +166,12 @@ class NotAFile(LakeAssetsError, OSError):
     wait for ever or never end. An OSError, as every caller of `Storage` handles."""
 
 
+class LinkLoop(LakeAssetsError, OSError):
+    """A local folder asked to be listed is a symbolic link to a folder that holds it (`errno`
+    ELOOP, as a link to itself raises): listed through, it would hold the same folders again,
+    one level deeper each time."""
+
+
 class InvalidValue(LakeAssetsError, ValueError):
     """A value (a name, key, URI, record or file's content) does not have the form it must have.
     A ValueError too, so code that checks a value by catching ValueError keeps working."""

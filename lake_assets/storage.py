@@ -34,6 +34,7 @@ from lake_assets.errors import (
     DamagedLakeFile,
     InvalidValue,
     LakeAssetsError,
+    LinkLoop,
     NotAFile,
     StorageRequestError,
     first_line,
@@ -440,7 +441,7 @@ class Storage:
         A link back up to a folder that holds it (`_leads_back_up`) is such a loop too: listed,
         it is no folder; asked to list, it raises as a link to itself does (`ELOOP`)."""
         if _leads_back_up(path):
-            raise OSError(errno.ELOOP, _loop_link(path), path)
+            raise LinkLoop(errno.ELOOP, _loop_link(path), path)
         try:
             children = list(os.scandir(path))
         except FileNotFoundError:
