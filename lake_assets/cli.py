@@ -119,7 +119,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
         for line in ([found.problem] if found.problem else []) + list(found.unlisted):
             print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)
             failed = True
-    for line in tables_of_every_feed(config.feeds, {found.feed.name: found.pin for found in discovered})[1]:
+    _, left_out = tables_of_every_feed(config.feeds, {found.feed.name: found.pin for found in discovered})
+    for line in left_out.values():
         print(f"lake-assets: failed: {line}", file=sys.stderr)
         failed = True
     return 1 if failed else 0
@@ -294,9 +295,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     pins = load_pins(config, config.storage())
     if table not in feed_tables(feed, fmt, pins[feed.name]):
         raise ConfigError(f"feed {feed.name!r} has no table {table!r}; `lake-assets status` lists its tables")
-    for line in tables_of_every_feed(config.feeds, pins)[1]:
-        if line.startswith(f"{feed.name}/{table}: "):  # forgotten, it would not be run again
-            raise ConfigError(f"{line}; until then no run rebuilds it")
+    clash = tables_of_every_feed(config.feeds, pins)[1].get(f"{feed.name}/{table}")
+    if clash:  # forgotten, it would not be run again
+        raise ConfigError(f"{clash}; until then no run rebuilds it")
     store = _catalog_store(config)
     storage, layout = config.storage(), LakeLayout(config.lake)
     if not feed.allow_empty_landing and not landing_vouched_for(

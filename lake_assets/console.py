@@ -160,6 +160,8 @@ def format_status(tables: list[TableStatus], keeps_runs: bool) -> str:
     if not keeps_runs:
         lines.append("(last runs are kept only by a Dagster instance: set DAGSTER_HOME)")
     for s in tables:
+        if s.not_loaded:
+            lines.append(s.not_loaded)
         if s.refused:
             lines.append(f"refused: {s.refused}")
         if s.unfinished_folds:

@@ -116,9 +116,9 @@ def feed_tables(feed: FeedConfig, fmt: FeedFormat, pin: Pin) -> list[str]:
 
 def tables_of_every_feed(
     feeds: Sequence[FeedConfig], pins: dict[str, Pin]
-) -> tuple[dict[str, list[str]], list[str]]:
+) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Each feed's tables (`feed_tables`), less those that share a Dagster name or a catalog name
-    with another table (`_names_of`), and a line for each table left out. Every table of a clash
+    with another table (`_names_of`), and a line for each table left out, by `feed/table`. Every table of a clash
     is left out, not all but the first: a table landed later that sorts first would otherwise
     take over the names, and the catalog records, of a table that has run for months."""
     tables = {feed.name: feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())) for feed in feeds}
@@ -133,7 +133,7 @@ def tables_of_every_feed(
             others = ", ".join(other for other in labels if other != label)
             clashes.setdefault(label, _CLASH_REMEDY[key[0]].format(name=key[-1], others=others))
     labels = [f"{feed.name}/{table}" for feed in feeds for table in tables[feed.name]]
-    left_out = [f"{label}: not loaded: {clashes[label]}" for label in labels if label in clashes]
+    left_out = {label: f"{label}: not loaded: {clashes[label]}" for label in labels if label in clashes}
     return {feed: [t for t in ts if f"{feed}/{t}" not in clashes] for feed, ts in tables.items()}, left_out
 
 

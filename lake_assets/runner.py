@@ -174,7 +174,7 @@ def plan_runs(
     check_landings(config, storage)
     pins = _pin_what_landed(config, storage, say, failures)
     tables_of, left_out = tables_of_every_feed(config.feeds, pins)
-    failures += left_out
+    failures += left_out.values()
     return [
         run
         for feed in config.feeds

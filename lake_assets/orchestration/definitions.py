@@ -118,7 +118,7 @@ def build_definitions(config: LakeConfig) -> dg.Definitions:
     sensors: list = []
     jobs: list = []
     tables_of, left_out = tables_of_every_feed(config.feeds, pins)
-    for line in left_out:  # `lake-assets run` and discovery fail on these too
+    for line in left_out.values():  # `lake-assets run` and discovery fail on these too
         log.error(line)
     for feed in config.feeds:
         fmt = format_for(feed)

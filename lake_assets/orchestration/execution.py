@@ -18,7 +18,7 @@ from collections.abc import Callable
 import dagster as dg
 
 from lake_assets.config import LakeConfig
-from lake_assets.discovery import feed_tables, load_pins
+from lake_assets.discovery import feed_tables, load_pins, tables_of_every_feed
 from lake_assets.errors import ConfigError, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import stretches_in_order
@@ -252,6 +252,7 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
     layout = LakeLayout(config.lake)
     instance = instance or instance_for_cli()
     pins = load_pins(config, storage)
+    _, left_out = tables_of_every_feed(config.feeds, pins)
     found = []
     for feed in config.feeds:
         fmt = format_for(feed)
@@ -269,6 +270,7 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
                 table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
             )
             status.last_run = _last_run(instance, job, f"{feed.name}/{table}")
+            status.not_loaded = left_out.get(f"{feed.name}/{table}")
             found.append(status)
     return found
 

@@ -439,7 +439,7 @@ def build_tables_sensor(
             context.log.info(describe(found))
         # a clash within the feed (GRAX orgs that differ only in case); one across feeds is
         # logged where the code location loads
-        clashes = tables_of_every_feed([feed], {feed.name: found.pin})[1]
+        clashes = tables_of_every_feed([feed], {feed.name: found.pin})[1].values()
         notes = [note for note in (describe_unread(found), describe_absent(found), *clashes) if note]
         # Said once for each new set of notes, not on every tick: the cursor keeps its digest.
         notes_digest = short_digest("\n".join(notes))
