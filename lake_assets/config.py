@@ -210,6 +210,18 @@ class LakeConfig(Model):
                     at=("feeds", index, "name"),
                 )
             seen[as_dagster_name] = index
+            for sibling in self.feeds[:index]:
+                clash = (
+                    feed.clash_with_sibling(sibling)
+                    if (sibling.format, sibling.landing) == (feed.format, feed.landing)
+                    else None
+                )
+                if clash:
+                    reason, at = clash
+                    raise refused(
+                        f"{reason} (one of the two is feed {sibling.name!r}'s, over the same landing)",
+                        at=("feeds", index, *at),
+                    )
             overlap = _overlap(self.lake, feed.landing)
             if overlap:
                 raise refused(

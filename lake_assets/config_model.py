@@ -278,6 +278,11 @@ class FeedConfig(Model):
     objects: GraxOnly = None
     collections: FlowOnly = None
 
+    def clash_with_sibling(self, sibling: FeedConfig) -> tuple[str, tuple[str | int, ...]] | None:
+        """Why this feed and `sibling`, of its format over its landing, cannot both be read
+        (and the key of this feed it is about), or None: each format says, where it can clash."""
+        return None
+
     def __new__(cls, *args: Any, **data: Any):
         if cls is FeedConfig:
             from lake_assets.feeds import get_format

@@ -16,9 +16,10 @@ import pyarrow as pa
 import pydantic
 import pytest
 
-from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config, parse_config
 from lake_assets.demo.flow_sample import build_uuid, clock_of, write_flow_landing
 from lake_assets.discovery import discover
+from lake_assets.errors import ConfigError
 from lake_assets.feeds.flow_journal import FlowJournalFormat
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
@@ -1754,3 +1755,18 @@ def test_collections_landed_but_not_configured_are_named_unless_a_feed_beside_re
         pydantic.ValidationError, match="acmeCo/orders/archive lies inside collection acmeCo/orders"
     ):
         FeedConfig("flow", "flow_journal", f"file://{landing}", collections=(orders, archive))
+    # not even when a feed beside it, over the same landing, names the inner one
+    raw = config.model_dump(mode="json")
+    raw["feeds"].append(
+        {**raw["feeds"][0], "name": "flow-archive", "collections": [{"name": archive.name, "key": ["/id"]}]}
+    )
+    with pytest.raises(ConfigError) as refusal:
+        parse_config(raw)
+    assert str(refusal.value).endswith(
+        "feeds[1].collections[0].name: collection acmeCo/orders/archive lies inside collection acmeCo/orders: "
+        "a collection's folder holds its own journals only (one of the two is feed 'flow''s, over the same "
+        "landing)"
+    ), str(refusal.value)
+    # over another landing it is a folder of its own
+    raw["feeds"][1]["landing"] = f"file://{tmp_path / 'elsewhere'}"
+    assert [feed.name for feed in parse_config(raw).feeds] == ["flow", "flow-archive"]

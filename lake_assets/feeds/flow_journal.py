@@ -313,16 +313,27 @@ class FlowJournalFeedConfig(FeedConfig):
                     at=("collections", index, "name"),
                 )
             seen[collection.table] = collection.name
-        for index, collection in enumerate(self.collections):
-            inside = [c.name for c in self.collections if c.name.startswith(f"{collection.name}/")]
-            if inside:
-                # the outer one's walk would set the inner one's files aside as strays
-                raise refused(
-                    f"collection {inside[0]} lies inside collection {collection.name}: a collection's "
-                    "folder holds its own journals only",
-                    at=("collections", index, "name"),
-                )
+        nested = self._nested_in(self.collections)
+        if nested:
+            raise refused(nested[0], at=nested[1])
         return self
+
+    def clash_with_sibling(self, sibling: FeedConfig) -> tuple[str, tuple[str | int, ...]] | None:
+        return self._nested_in(sibling.collections or ())
+
+    def _nested_in(self, others: Sequence[CollectionConfig]) -> tuple[str, tuple[str | int, ...]] | None:
+        """The first of this feed's collections that lies around or inside one of `others`: the
+        outer one's walk would set the inner one's files aside as strays."""
+        for index, collection in enumerate(self.collections):
+            for other in others:
+                outer, inner = sorted((collection.name, other.name), key=len)
+                if inner.startswith(f"{outer}/"):
+                    return (
+                        f"collection {inner} lies inside collection {outer}: a collection's folder holds "
+                        "its own journals only",
+                        ("collections", index, "name"),
+                    )
+        return None
 
 
 def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
