@@ -56,10 +56,24 @@ def _say(message: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    if args.lake:
-        config = config.with_lake(args.lake)
+    config = _config_of(args)
     return _run_and_report(config, args, first=args.first, last=args.last, everything=args.all)
+
+
+def _config_of(args: argparse.Namespace) -> LakeConfig:
+    """The configuration file's, its lake replaced by `--lake` when given; a mistake in that
+    lake is said as the option's, not as a key of the file."""
+    config = load_config(args.config)
+    if not args.lake:
+        return config
+    try:
+        return config.with_lake(args.lake)
+    except ConfigError as exc:
+        lines = [
+            f"--lake{line.removeprefix('lake')}" if line.startswith("lake: ") else line
+            for line in str(exc).splitlines()
+        ]
+        raise ConfigError("\n".join(lines)) from None
 
 
 def _run_and_report(config: LakeConfig, args: argparse.Namespace, **selection) -> int:
@@ -92,9 +106,7 @@ def _run_and_report(config: LakeConfig, args: argparse.Namespace, **selection) -
 def cmd_status(args: argparse.Namespace) -> int:
     from lake_assets.orchestration.execution import instance_for_cli, lake_status
 
-    config = load_config(args.config)
-    if args.lake:
-        config = config.with_lake(args.lake)
+    config = _config_of(args)
     instance = instance_for_cli()
     tables = lake_status(config, instance)
     if args.json:
@@ -106,9 +118,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_discover(args: argparse.Namespace) -> int:
     """List every feed's landing, pin its tables and first hour in the lake, say what is pinned."""
-    config = load_config(args.config)
-    if args.lake:
-        config = config.with_lake(args.lake)
+    config = _config_of(args)
     failed = False
     discovered = discover(config, config.storage())
     for found in discovered:
@@ -286,9 +296,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from lake_assets.pipeline import forget_table
     from lake_assets.processed import blank_landing_refusal, landing_vouched_for
 
-    config = load_config(args.config)
-    if args.lake:
-        config = config.with_lake(args.lake)
+    config = _config_of(args)
     feed_name, _, table = args.table.partition("/")
     feed = config.feed(feed_name)
     fmt = format_for(feed)

@@ -547,6 +547,18 @@ def test_a_bad_command_line_value_is_one_line_and_exit_code_2(tmp_path, capsys, 
     assert err.splitlines()[-1] == line and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["run", "status", "discover", "rebuild"])
+def test_a_lake_given_by_option_is_refused_as_the_options_not_as_a_key_of_the_file(tmp_path, capsys, command):
+    """`--lake` replaces the file's `lake:`: a mistake in it is said as `--lake`'s, and the
+    value, which may hold a credential, is not repeated."""
+    config = _unit_config(tmp_path, f"file://{tmp_path}/lake")
+    table = ["--table", "unit/accounts"] if command == "rebuild" else []
+    assert main([command, "--config", str(config), "--lake", "s3a://KEY:pa55word@bucket/lake", *table]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lake-assets: error: --lake: credentials in a URL are refused"), err
+    assert "pa55word" not in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("everything", [True, False], ids=["all", "changed"])
 def test_strays_of_a_table_without_partitions_are_named_by_every_run(tmp_path, spark, capsys, everything):
     """A table whose files are all strays has no partition to run, so no run sets them aside:
