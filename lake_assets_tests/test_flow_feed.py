@@ -1770,3 +1770,80 @@ def test_collections_landed_but_not_configured_are_named_unless_a_feed_beside_re
     # over another landing it is a folder of its own
     raw["feeds"][1]["landing"] = f"file://{tmp_path / 'elsewhere'}"
     assert [feed.name for feed in parse_config(raw).feeds] == ["flow", "flow-archive"]
+
+
+def _run_customers(landing: Path, lake: Path) -> dg.DagsterInstance:
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config_for(landing, lake, {"acmeCo/customers": ["/id"]}), instance=instance, say=lambda _: None)
+    return instance
+
+
+def test_a_fragment_the_cover_does_not_read_is_held_against_the_bytes_read_for_its_offsets(spark, tmp_path):
+    """A fragment whose bytes another fragment holds is not read: it was counted superseded
+    unseen. A compaction's copy holds the same bytes; a fragment of the same offsets with other
+    bytes, or one named empty that holds documents, does not, and its documents were in no
+    table and no quarantine. Each is now compared with what was read, and set aside if it differs."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    customers = landing / "acmeCo" / "customers"
+    # a copy: the first half of a larger fragment, byte for byte
+    write_fragment(customers / "pivot=00", 0, doc_line(11) + doc_line(12))
+    write_fragment(customers / "pivot=00", 0, doc_line(11))
+    # one range, two contents: one is read, the other set aside
+    pair = [
+        write_fragment(customers / "pivot=01", 0, doc_line(a) + doc_line(b)) for a, b in ((13, 14), (15, 16))
+    ]
+    # a larger fragment over a smaller one that holds other bytes
+    write_fragment(customers / "pivot=02", 0, doc_line(17) + doc_line(18))
+    other = write_fragment(customers / "pivot=02", 0, doc_line(19))
+    # named empty (begin = end, an all-zero sum), holding a document all the same
+    first = write_fragment(customers / "pivot=03", 0, doc_line(21))
+    named_empty = first.parent / f"{len(doc_line(21)):016x}-{len(doc_line(21)):016x}-{'0' * 40}.gz"
+    named_empty.write_bytes(gzip.compress(doc_line(22)))
+
+    instance = _run_customers(landing, lake)
+
+    ids = {row["id"] for row in rows(lake, "changes", "acmeco_customers")}
+    notes = quarantine_notes(lake)
+    [read] = [path for path, docs in zip(pair, ({13, 14}, {15, 16}), strict=True) if docs <= ids]
+    [unread] = [path for path in pair if path != read]
+    assert ids == {11, 12, 17, 18, 21} | ({13, 14} if read == pair[0] else {15, 16})
+    assert set(notes) == {uri(unread), uri(other), uri(named_empty)}, notes
+    assert notes[uri(unread)].endswith(
+        f"holds other bytes at journal offsets 0..{2 * len(doc_line(13))} than {read.name}, which was read for them"
+    )
+    assert f"holds other bytes at journal offsets 0..{len(doc_line(19))} than " in notes[uri(other)]
+    assert "content inflates to more than 0 bytes" in notes[uri(named_empty)], notes[uri(named_empty)]
+    metadata = metadata_of(instance, "acmeco_customers")
+    assert metadata["files_superseded"] == 1  # the copy alone
+    assert landing_complete_passed(instance, "acmeco_customers")
+
+
+def test_a_document_spark_cannot_take_sets_its_fragment_aside_and_a_long_value_is_read(spark, tmp_path):
+    """A value longer than Spark's JSON reader takes by default (20 million characters) failed
+    the table's every run; a field name longer than it takes at all (50,000), or a name given
+    twice in one object (one value would be dropped, the key's too), sets its fragment aside."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    customers = landing / "acmeCo" / "customers"
+    long_text = "x" * 20_000_001
+    write_fragment(customers / "pivot=00", 0, doc_line(1, note=long_text))
+    write_fragment(customers / "pivot=01", 0, doc_line(2))
+    meta = json.dumps({"uuid": build_uuid(clock_of(HOUR) + 16 * 3, 0, PRODUCER), "op": "c"})
+    refused = {
+        "pivot=02": (doc_line(3, **{"n" * 50_001: 1}), "a field name of 50,001 characters"),
+        "pivot=03": (
+            b'{"id": 3, "name": "a", "name": "b", "_meta": ' + meta.encode() + b"}\n",
+            "'name' twice",
+        ),
+        "pivot=04": (b'{"id": 3, "id": 4, "_meta": ' + meta.encode() + b"}\n", "'id' twice"),
+        "pivot=05": (b'{"id": 3, "o": {"a": 1, "a": 2}, "_meta": ' + meta.encode() + b"}\n", "'a' twice"),
+    }
+    fragments = {pivot: write_fragment(customers / pivot, 0, line) for pivot, (line, _) in refused.items()}
+
+    _run_customers(landing, lake)
+
+    changes = {row["id"]: row for row in rows(lake, "changes", "acmeco_customers")}
+    assert sorted(changes) == [1, 2] and changes[1]["note"] == long_text
+    notes = quarantine_notes(lake)
+    assert set(notes) == {uri(path) for path in fragments.values()}
+    for pivot, (_, reason) in refused.items():
+        assert reason in notes[uri(fragments[pivot])], notes[uri(fragments[pivot])]

@@ -760,3 +760,24 @@ def test_the_landed_fragments_holding_removed_bytes_are_those_that_overlap_one(r
     empty = uri(5, 0, 3)
     assert empty not in FlowJournalFormat().holding_removed_data([uri(0, 10, 1)], [empty])
     assert FlowJournalFormat().holding_removed_data([empty], [uri(0, 10, 2)]) == {}
+
+
+def test_a_fragment_left_out_of_the_cover_is_held_against_the_bytes_read_in_its_stead():
+    """`hold_against`: a copy of bytes that two pieces read passes; one differing byte is named
+    by its offset; bytes no piece read are named too."""
+    journal = b"0123456789abcdefghij"  # 20 bytes over two fragments read whole: [0, 12) and [12, 20)
+    read = {"s3://b/j/a": journal[:12], "s3://b/j/b": journal[12:]}
+    pieces = [CoverPiece(frag(0, 12, "s3://b/j/a"), 0), CoverPiece(frag(12, 20, "s3://b/j/b"), 0)]
+
+    def content_of(fragment: Fragment) -> bytes:
+        return read[fragment.uri]
+
+    ff.hold_against(frag(4, 16, "s3://b/j/copy"), journal[4:16], pieces, content_of)
+    ff.hold_against(frag(8, 8, "s3://b/j/empty"), b"", pieces, content_of)
+    with pytest.raises(
+        FragmentError, match=r"other bytes at journal offsets 12\.\.16 than b, which was read"
+    ) as differs:
+        ff.hold_against(frag(4, 16, "s3://b/j/other"), journal[4:12] + b"WXYZ", pieces, content_of)
+    assert differs.value.offset == 12 and differs.value.uri == "s3://b/j/other"
+    with pytest.raises(FragmentError, match=r"offsets 20\.\.24 are read from no other fragment"):
+        ff.hold_against(frag(16, 24, "s3://b/j/past"), journal[16:] + b"klmn", pieces, content_of)

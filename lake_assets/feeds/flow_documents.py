@@ -20,6 +20,13 @@ from lake_assets.feeds import flow_fragments as ff
 from lake_assets.ingest import TEXT_REPAIRED
 
 _OPS = {"c": m.INSERT, "u": m.UPDATE, "d": m.DELETE}
+#: the longest field name Spark's JSON reader (Jackson's read constraints) takes, in UTF-16 units;
+#: no option of the reader raises it, as `maxStringLen` does for values (`flow_journal._parsed`)
+SPARK_JSON_MAX_NAME = 50_000
+
+
+def _utf16_length(text: str) -> int:
+    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
 
 
 def key_column(pointer: str) -> str:
@@ -182,6 +189,14 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None
     if garbled:  # a key is an identity: repaired, two keys could become one
         raise ff.FragmentError(
             doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset
+        )
+    long_name = next((name for name in doc.doc if _utf16_length(name) > SPARK_JSON_MAX_NAME), None)
+    if long_name is not None:
+        raise ff.FragmentError(
+            doc.uri,
+            f"document has a field name of {len(long_name):,} characters ({reprlib.repr(long_name)}), "
+            f"longer than Spark's JSON reader takes ({SPARK_JSON_MAX_NAME:,})",
+            doc.offset,
         )
     clash = case_clash(_columns_of(doc.doc, key)) or _field_named_like_a_key(doc.doc, key)
     if clash:

@@ -36,10 +36,12 @@ import itertools
 import json
 import math
 import re
+import reprlib
 import uuid as uuidlib
 import zlib
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import cramjam
 
@@ -243,7 +245,8 @@ def cover(
     or not the run reads that later hour too. Fragments whose uri is in `failed` are not used:
     the others holding their bytes take over. Bytes that no usable fragment holds, between
     fragments or claimed only by failed ones, are `Gap`s. Empty fragments are ignored; identical
-    ranges give one piece."""
+    ranges give one piece. (Whether a fragment left out holds the bytes read in its stead is
+    `hold_against`'s to say.)"""
     journals = {f.journal for f in fragments}
     if len(journals) > 1:
         raise InvalidValue(f"cover takes the fragments of one journal; got {sorted(journals)}")
@@ -537,10 +540,30 @@ def _json_value(line: Content):
         text, garbled = line.decode("utf-8-sig"), False
     except UnicodeDecodeError:
         text, garbled = line.decode("utf-8-sig", "surrogateescape"), True
-    value = json.loads(text, parse_constant=_refuse_constant, parse_float=_float_or_text)
+    value = json.loads(
+        text, parse_constant=_refuse_constant, parse_float=_float_or_text, object_pairs_hook=_names_once
+    )
     if not garbled and b"\\u" in line and _ESCAPED_SURROGATE.search(line):
         garbled = holds_invalid_text(value)
     return value, garbled
+
+
+class RepeatedName(InvalidValue):
+    """An object of a document gives one name twice: JSON parsers keep one of the values (Python's
+    and Spark's the last), so the other would be dropped without a word."""
+
+
+def _names_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise RepeatedName(
+                    f"an object gives the name {reprlib.repr(name)} twice: which value is meant is not said"
+                )
+            seen.add(name)
+    return value
 
 
 class NumberText(str):
@@ -595,6 +618,8 @@ def parse_document(line: Content, offset: int, uri: str) -> Doc:
     """One JSON document line; FragmentError (with the line's offset) when it is not usable."""
     try:
         value, garbled = _json_value(line)
+    except RepeatedName as e:
+        raise FragmentError(uri, f"document is not one record: {e}", offset) from None
     except ValueError as e:  # JSONDecodeError is a ValueError
         raise FragmentError(uri, f"line is not JSON ({e})", offset) from None
     except RecursionError:  # valid JSON, but nested deeper than Python's parser goes
@@ -730,12 +755,11 @@ class Sequencer:
 # Reading a journal
 
 
-def read_piece(
-    piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
-) -> list[Doc]:
-    """The documents of one cover piece: inflated (at most its declared length, which may not exceed
-    `max_bytes`), verified, split and parsed (FragmentError if not)."""
-    fragment = piece.fragment
+def verified_content(
+    fragment: Fragment, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
+) -> Content:
+    """A fragment's content, inflated (at most its declared length, which may not exceed
+    `max_bytes`) and verified against its name (FragmentError if not)."""
     name = fragment.name
     if name.length > max_bytes:
         raise FragmentError(
@@ -745,6 +769,50 @@ def read_piece(
         )
     content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
+    return content
+
+
+def hold_against(
+    fragment: Fragment,
+    content: Content,
+    pieces: list[CoverPiece],
+    content_of: Callable[[Fragment], Content],
+) -> None:
+    """Check that the verified `content` of a fragment no piece reads is what `pieces` (a cover)
+    read for its offsets; FragmentError naming the first offset where they differ, or where no
+    piece read its bytes."""
+    name = fragment.name
+    offset = name.begin
+    for piece in pieces:
+        low, high = max(offset, piece.start), min(name.end, piece.end)
+        if high <= low:
+            continue
+        if low > offset:
+            break
+        base = piece.fragment.name.begin
+        theirs = content_of(piece.fragment)[low - base : high - base]
+        if content[low - name.begin : high - name.begin] != theirs:
+            raise FragmentError(
+                fragment.uri,
+                f"holds other bytes at journal offsets {low}..{high} than "
+                f"{piece.fragment.uri.rsplit('/', 1)[-1]}, which was read for them",
+                low,
+            )
+        offset = high
+    if offset < name.end:
+        raise FragmentError(
+            fragment.uri, f"its journal offsets {offset}..{name.end} are read from no other fragment", offset
+        )
+
+
+def read_piece(
+    piece: CoverPiece, fetch: Callable[[str], bytes], max_bytes: int = MAX_FRAGMENT_BYTES
+) -> list[Doc]:
+    """The documents of one cover piece: its fragment's verified content (`verified_content`),
+    split and parsed (FragmentError if not)."""
+    fragment = piece.fragment
+    name = fragment.name
+    content = verified_content(fragment, fetch, max_bytes)
     if piece.stop is not None and piece.stop < name.end:
         cut = piece.stop - name.begin
         if content[cut - 1 : cut] != b"\n":

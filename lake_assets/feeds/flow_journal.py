@@ -86,7 +86,12 @@ _SPARK_CORRUPT_RECORD = "__spark_corrupt_record"
 _DATE = re.compile(r"utc_date=([0-9]{4}-[0-9]{2}-[0-9]{2})")
 _HOUR = re.compile(r"utc_hour=([0-9]{2})")
 
-_PLAN_DDL = "journal string, uri string, skip long, stop long, taken_over_by string, order long, hour string"
+#: a row per cover piece to read, then one per fragment of the run's hours the cover does not
+#: read (`compare`: its bytes are held against those read for its offsets, `flow_tasks`)
+_PLAN_DDL = (
+    "journal string, uri string, skip long, stop long, taken_over_by string, order long, hour string, "
+    "compare boolean"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +167,32 @@ class _JournalFragments:
     def fragment(self, uri: str) -> ff.Fragment:
         return next(f for f in self.fragments if f.uri == uri)
 
-    def plan(self) -> list[tuple]:
-        """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order."""
+    def plan(self, wanted: frozenset[str]) -> list[tuple]:
+        """Rows of `_PLAN_DDL`: the pieces of the current cover, in journal order, then the
+        fragments of the `wanted` hours it does not read (another holds their bytes, or their
+        name says they hold none), to be compared with what it reads."""
+        pieces = self.cover()[0]
+        read = {p.fragment.uri for p in pieces}
+        unread = [
+            f
+            for f in self.fragments
+            if f.uri not in read and f.uri not in self.failed and self.hour_of[f.uri] in wanted
+        ]
         return [
-            (self.name, p.fragment.uri, p.skip, p.stop, p.taken_over_by, order, self.hour_of[p.fragment.uri])
-            for order, p in enumerate(self.cover()[0])
+            (
+                self.name,
+                p.fragment.uri,
+                p.skip,
+                p.stop,
+                p.taken_over_by,
+                order,
+                self.hour_of[p.fragment.uri],
+                False,
+            )
+            for order, p in enumerate(pieces)
+        ] + [
+            (self.name, f.uri, 0, None, None, len(pieces) + order, self.hour_of[f.uri], True)
+            for order, f in enumerate(unread)
         ]
 
 
@@ -698,7 +724,9 @@ class FlowJournalFormat(FeedFormat):
                 journals, listed, quarantined = self._journal_fragments(landing, files, wanted)
                 self._read_what_was_asked(storage, landing, journals, must_read)
                 task = read_journal_task(collection.key, wanted, self.max_fragment_bytes, kinds)
-                outcomes, found = self._read_until_every_piece_reads(spark, journals, task, cached, reach)
+                outcomes, found = self._read_until_every_piece_reads(
+                    spark, journals, wanted, task, cached, reach
+                )
                 mixed = found.mixed_key_kinds()
                 if not mixed:
                     break
@@ -746,6 +774,7 @@ class FlowJournalFormat(FeedFormat):
         self,
         spark: SparkSession,
         journals: list[_JournalFragments],
+        wanted: frozenset[str],
         task,
         cached: list[DataFrame],
         reach: Callable[[_JournalFragments, bool], bool],
@@ -763,7 +792,7 @@ class FlowJournalFormat(FeedFormat):
         found = _PassNotes()
         todo = journals
         while todo:
-            plan = [row for journal in todo for row in journal.plan()]
+            plan = [row for journal in todo for row in journal.plan(wanted)]
             if not plan:
                 break
             outcome = self._read_journals(spark, plan, task)
@@ -885,6 +914,9 @@ class FlowJournalFormat(FeedFormat):
         retry = set()
         for (journal, uri), reason in _failures_of_their_own(notes, by_name).items():
             by_name[journal].failed[uri] = reason
+        for note in notes:  # not read, so its journal's documents stand: set aside, no pass again
+            if note["kind"] == "unread_differs":
+                by_name[note["journal"]].failed[note["uri"]] = note["reason"]
         for note in notes:
             if note["kind"] == "bad" or (
                 note["kind"] in ("opened_earlier", "pending_after")
@@ -1003,10 +1035,12 @@ class FlowJournalFormat(FeedFormat):
         # A field null in every document would be inferred as text, and beside a stored number
         # widen the column to text for good: left out, it is NULL in the stored type, as an
         # absent field is (a document is the whole record).
+        # A value's text is as long as its fragment allows, not Jackson's 20 million characters.
         reader = (
             spark.read.option("mode", "FAILFAST")
             .option("columnNameOfCorruptRecord", _SPARK_CORRUPT_RECORD)
             .option("dropFieldIfAllNull", "true")
+            .option("maxStringLen", ff.MAX_FRAGMENT_BYTES)
         )
         parsed = reader.json(bodies)
         as_text = [

@@ -53,7 +53,9 @@ def read_journal_task(
 
     def run(table: pa.Table) -> pa.Table:
         rows = table.sort_by("order").to_pylist()
-        return _JournalRead(key, wanted_hours, max_bytes, rows, kinds or {}).read()
+        pieces = [row for row in rows if not row.get("compare")]
+        unread = [row for row in rows if row.get("compare")]
+        return _JournalRead(key, wanted_hours, max_bytes, pieces, kinds or {}, unread).read()
 
     return run
 
@@ -82,8 +84,10 @@ class _JournalRead:
         max_bytes: int,
         rows: list[dict[str, Any]],
         kinds: dict[str, str],
+        unread: list[dict[str, Any]] = (),  # type: ignore[assignment]
     ):
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
+        self.unread_rows = list(unread)
         self.kinds = kinds
         # The hour read before the run's hours (`FlowJournalFormat.read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
@@ -94,7 +98,7 @@ class _JournalRead:
             _hour_start(min([r["hour"] for r in rows] or [self.context_hour])),
         )
         self.journal = rows[0]["journal"] if rows else None
-        self.content = {r["uri"]: r["content"] for r in rows}
+        self.content = {r["uri"]: r["content"] for r in [*rows, *self.unread_rows]}
         self.hour_of = {r["uri"]: r["hour"] for r in rows}
         self.sequencer = ff.Sequencer()
         self.out: dict[str, list[Any]] = {name: [] for name in TASK_OUTPUT.names}
@@ -113,9 +117,47 @@ class _JournalRead:
     def read(self) -> pa.Table:
         for row in self.rows:
             self._read_piece(row)
-        if not self.broken:
+        if not self.broken:  # else the journal is read again, on another cover, and compared then
             self._finish()
+            self._compare_unread()
         return pa.table(self.out, schema=TASK_OUTPUT)
+
+    def _compare_unread(self) -> None:
+        """Hold each fragment the cover does not read against the bytes read for its offsets:
+        its documents are taken as read only if it holds the same bytes (a compaction's or a
+        re-upload's copy). One that differs, or cannot be read, is noted `unread_differs`, and
+        the driver sets it aside: its documents are in no other fragment."""
+        pieces = [self._piece(row) for row in self.rows]
+        inflated: dict[str, ff.Content] = {}
+
+        def content_of(fragment: ff.Fragment) -> ff.Content:
+            if fragment.uri not in inflated:
+                inflated[fragment.uri] = self._inflated(fragment)
+            return inflated[fragment.uri]
+
+        for row in self.unread_rows:
+            fragment = self._piece(row).fragment
+            try:
+                ff.hold_against(fragment, content_of(fragment), pieces, content_of)
+            except ff.FragmentError as error:
+                self._emit("unread_differs", row["hour"], fragment.uri, error.offset, None, str(error))
+            except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
+                reason = f"{fragment.uri}: could not be read ({type(error).__name__}: {error})"
+                self._emit("unread_differs", row["hour"], fragment.uri, None, None, reason)
+
+    def _inflated(self, fragment: ff.Fragment) -> ff.Content:
+        if self.content[fragment.uri] is None:
+            raise ff.FragmentError(fragment.uri, "the landing's read returned no bytes for this path")
+        return ff.verified_content(fragment, self.content.__getitem__, self.max_bytes)
+
+    @staticmethod
+    def _piece(row: dict[str, Any]) -> ff.CoverPiece:
+        fragment = ff.Fragment(
+            uri=row["uri"], journal=row["journal"], name=ff.parse_fragment_name(row["uri"].rsplit("/", 1)[1])
+        )
+        return ff.CoverPiece(
+            fragment=fragment, skip=row["skip"], stop=row["stop"], taken_over_by=row["taken_over_by"]
+        )
 
     def _emit(self, kind, hour, uri=None, offset=None, body=None, reason=None) -> None:
         values = (self.journal, kind, hour, uri, offset, body, reason)
@@ -124,12 +166,7 @@ class _JournalRead:
 
     def _read_piece(self, row: dict[str, Any]) -> None:
         uri, hour = row["uri"], row["hour"]
-        fragment = ff.Fragment(
-            uri=uri, journal=row["journal"], name=ff.parse_fragment_name(uri.rsplit("/", 1)[1])
-        )
-        piece = ff.CoverPiece(
-            fragment=fragment, skip=row["skip"], stop=row["stop"], taken_over_by=row["taken_over_by"]
-        )
+        piece = self._piece(row)
         if self.read_to is not None and piece.start > self.read_to:
             self.sequencer.cut_at_gap()
         self.read_to = piece.end
