@@ -49,7 +49,14 @@ class EngineLake:
         self.state = TableState(LakeLayout(f"file://{root}"), "test", spec.name)
 
     def fold(self, events: list[dict], **kwargs):
-        batch = self.spark.createDataFrame([as_row(e) for e in events], SCHEMA) if events else None
+        """Fold `events`; those that name an `hour` carry it as their delivery (the change log's
+        partition), as a run's batch does."""
+        batch = None
+        if any("hour" in e for e in events):
+            delivered = T.StructType([*SCHEMA.fields, T.StructField("hour", T.StringType())])
+            batch = self.spark.createDataFrame([(*as_row(e), e.get("hour")) for e in events], delivered)
+        elif events:
+            batch = self.spark.createDataFrame([as_row(e) for e in events], SCHEMA)
         return fold(self.spark, self.storage, self.state, batch, self.spec, **kwargs)
 
     def _rows(self, folder: str, order: str) -> list[dict]:

@@ -382,8 +382,8 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
 
 
 def test_the_latest_write_of_each_version_is_picked_in_one_window(spark):
-    """Of several writes of one version the greatest sequence wins; of its copies the one with a
-    purge marker, then the greatest file name; of copies equal in that, the last delivery; of
+    """Of several writes of one version the greatest sequence wins; of its copies the greatest
+    file name, whichever carries a purge marker; of copies equal in that, the last delivery; of
     copies equal in every column of the order, exactly one. The pick reads the events in one
     window over (key, version), the order they are sorted in, not three."""
     rows = [  # (label, id, version, seq, purged, file, delivery)
@@ -392,8 +392,8 @@ def test_the_latest_write_of_each_version_is_picked_in_one_window(spark):
         ("a", "a", T[1], 2, False, "b", "h0"),
         ("b-first-delivery", "b", T[1], 1, False, "x", "h0"),
         ("b", "b", T[1], 1, False, "x", "h1"),
-        ("c", "c", T[1], 1, True, "x", "h0"),
-        ("c-unmarked", "c", T[1], 1, False, "y", "h1"),
+        ("c-marked", "c", T[1], 1, True, "x", "h0"),
+        ("c", "c", T[1], 1, False, "y", "h1"),
         ("c-marker-unset", "c", T[1], 1, None, "x", "h1"),
         ("d", "d", T[1], 1, False, "x", "h0"),
         ("d", "d", T[1], 1, False, "x", "h0"),

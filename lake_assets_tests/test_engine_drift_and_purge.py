@@ -500,3 +500,62 @@ def test_a_purges_only_fold_keeps_the_state_types_whatever_the_change_log_drifte
         ("q", "keep", 2),
     ]
     assert not purges.seen_files(lake.storage, lake.state)
+
+
+def _write(op, at, seq, source, hour, **fields) -> dict:
+    return {"id": "k", "op": op, "version_at": at, "seq": seq, "source_file": source, "hour": hour, **fields}
+
+
+def test_copies_of_one_write_keep_the_same_copy_whichever_fold_met_the_purge_marker_first(spark, tmp_path):
+    """Two copies of one write in two deliveries, one carrying the purge marker. Once a key is
+    purged every row of it carries the marker, so a rank by the marker kept whichever copy a
+    fold met first: folded in one order the key was deleted, in the other live, with another
+    `_source_file`. The marker now purges the key whichever copy is kept, and the copy is
+    picked as for any other key (the greatest file)."""
+    at = utc(2024, 1, 1, 0, 0, 1)
+    marked = _write("delete", at, 3, "file:///land/hour=02/b.parquet", "2024-01-01-02", purged=True)
+    plain = _write("update", at, 3, "file:///land/hour=03/c.parquet", "2024-01-01-03", c1="z", c2=1)
+    lakes = {
+        order: EngineLake(spark, tmp_path / order) for order in ("at_once", "marked_first", "plain_first")
+    }
+    lakes["at_once"].fold([marked, plain])
+    for order, batches in (("marked_first", ([marked], [plain])), ("plain_first", ([plain], [marked]))):
+        for batch in batches:
+            lakes[order].fold(batch)
+
+    def seen(lake: EngineLake) -> tuple:
+        history = [
+            (r["_op"], r["c1"], r["c2"], r["_purged"], r["_source_file"], r["_fivetran_active"])
+            for r in lake.history()
+        ]
+        return [(r["id"], r["c1"], r["_source_file"]) for r in lake.current()], history
+
+    expected = (
+        [("k", None, "file:///land/hour=03/c.parquet")],
+        [("update", None, None, True, "file:///land/hour=03/c.parquet", True)],
+    )
+    assert {order: seen(lake) for order, lake in lakes.items()} == dict.fromkeys(lakes, expected)
+
+
+def test_a_purged_key_s_rows_older_than_the_fold_s_batch_keep_their_sync(spark, tmp_path):
+    """`_fivetran_synced` of a purged key: the rows the fold derives again, from the batch's
+    earliest version on, take the fold's time; older rows keep theirs (docs/semantics.md). The
+    open row the batch closes was given the fold's time, on the purge's fold and on every
+    later one, while the rows before it kept theirs."""
+    t = {i: utc(2024, 1, 1, 0, 0, i) for i in range(1, 6)}
+    first, second = utc(2024, 2, 1), utc(2024, 2, 2)
+
+    def event(op, i, **fields) -> dict:
+        return {"id": "p", "op": op, "version_at": t[i], "seq": i, **fields}
+
+    purged_now, purged_before = EngineLake(spark, tmp_path / "now"), EngineLake(spark, tmp_path / "before")
+    purged_now.fold([event("insert", 1, c1="s1"), event("update", 2, c1="s2")], synced_at=first)
+    purged_now.fold([event("update", 3, purged=True)], synced_at=second)
+    purged_before.fold([event("insert", 1, c1="s1"), event("update", 2, purged=True)], synced_at=first)
+    purged_before.fold([event("update", 4, c1="new")], synced_at=second)
+
+    def synced(lake: EngineLake) -> dict:
+        return {r["_fivetran_start"].second: (r["_fivetran_synced"], r["c1"]) for r in lake.history()}
+
+    assert synced(purged_now) == {1: (first, None), 2: (first, None), 3: (second, None)}
+    assert synced(purged_before) == {1: (first, None), 2: (first, None), 4: (second, None)}

@@ -460,13 +460,19 @@ def timeline_rows(
         purges=may_purge,
         undelivered=windows.undelivered,
     )
-    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
     if windows.anchor is None:  # no stored row among them
-        return rows
-    kept_sync = F.when(F.col(m.PURGED), F.col(SYNCED)).otherwise(
+        return with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
+    # A purged key's rows from the batch's earliest version on are derived again, erased, now;
+    # its anchor is older, and keeps its time as the key's closed rows do.
+    rows = rows.withColumn(_REDERIVED, ~F.coalesce(windows.anchor, F.lit(False)))
+    rows = with_run_values(rows.drop(FROM, ORIGIN), {SYNCED: synced_at})
+    kept_sync = F.when(F.col(m.PURGED) & F.col(_REDERIVED), F.col(SYNCED)).otherwise(
         F.coalesce(F.col(PRIOR_SYNCED), F.col(SYNCED))
     )
-    return rows.withColumn(SYNCED, kept_sync).drop(PRIOR_SYNCED)
+    return rows.withColumn(SYNCED, kept_sync).drop(PRIOR_SYNCED, _REDERIVED)
+
+
+_REDERIVED = "__rederived"  # in `timeline_rows`: a row from its key's batch's earliest version on
 
 
 def laid_out(

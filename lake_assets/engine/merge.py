@@ -71,19 +71,20 @@ def _within_version(tie_break: list[Column] | None) -> list[Column]:
 
 def copy_rank(tie_break: list[Column] | None = None, undelivered: Column | None = None) -> Column:
     """What decides between copies of one write (same key, version time and sequence) that
-    `current` and `history` keep: a copy carrying the purge marker (a marker on any copy must
-    survive: a key is purged when any of its events says so), then a copy its partition still
-    delivers over a stored one whose file it no longer does (`undelivered`), then the greatest
-    file name, then, of copies from one file, the one read last (`tie_break`: a stored copy
-    before the batch's), then the operation. History stores all three with the copy, so the pick
-    is the same whichever run met which copy first, and whichever partition ran last. A file
+    `current` and `history` keep: a copy its partition still delivers over a stored one whose
+    file it no longer does (`undelivered`), then the greatest file name, then, of copies from
+    one file, the one read last (`tie_break`: a stored copy before the batch's), then the
+    operation. History stores all three with the copy, so the pick is the same whichever run met
+    which copy first, and whichever partition ran last. The purge marker does not decide: a key
+    is purged when any of its events says so, whichever copy is kept, and once a key is purged
+    every row of it carries the marker, the stored copy and a later fold's alike, so a rank by
+    the marker would keep the copy met first. A file
     rewritten in place, or removed while another file of its partition holds the write again
     (a writer naming each export anew), is the vendor's correction: its new copy of a write wins
     over the one folded from it before, as if the old content had never landed (one run over
     the landing as it is now keeps only the new one)."""
     still_delivered = [] if undelivered is None else [~undelivered]
     return F.struct(
-        F.coalesce(F.col(m.PURGED), F.lit(False)),
         *still_delivered,
         F.col(m.SOURCE_FILE),
         *(tie_break or []),
