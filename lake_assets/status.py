@@ -48,7 +48,8 @@ class TableStatus:
     damaged: list[str]
     #: why the next run of the table will be refused, when it will (a landing gone blank)
     refused: str | None = None
-    #: why no run takes the table, when none does (its names clash with another table's)
+    #: the line saying why no run takes the table, when none does (its names clash with
+    #: another table's): `<feed>/<table>: not loaded: <why>`, as `discover` and `run` print it
     not_loaded: str | None = None
     #: folds stopped while putting their files in place, which the table's next run finishes
     unfinished_folds: list[str] = dataclasses.field(default_factory=list)

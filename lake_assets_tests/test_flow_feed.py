@@ -1799,6 +1799,13 @@ def test_a_fragment_the_cover_does_not_read_is_held_against_the_bytes_read_for_i
     first = write_fragment(customers / "pivot=03", 0, doc_line(21))
     named_empty = first.parent / f"{len(doc_line(21)):016x}-{len(doc_line(21)):016x}-{'0' * 40}.gz"
     named_empty.write_bytes(gzip.compress(doc_line(22)))
+    # the same, alone in its journal: the cover has no piece to read
+    alone = write_fragment(customers / "pivot=04", 0, doc_line(23)).with_name(
+        f"{0:016x}-{0:016x}-{'0' * 40}.gz"
+    )
+    (alone.parent / f"{0:016x}-{len(doc_line(23)):016x}-{hashlib.sha1(doc_line(23)).hexdigest()}.gz").rename(
+        alone
+    )
 
     instance = _run_customers(landing, lake)
 
@@ -1807,7 +1814,7 @@ def test_a_fragment_the_cover_does_not_read_is_held_against_the_bytes_read_for_i
     [read] = [path for path, docs in zip(pair, ({13, 14}, {15, 16}), strict=True) if docs <= ids]
     [unread] = [path for path in pair if path != read]
     assert ids == {11, 12, 17, 18, 21} | ({13, 14} if read == pair[0] else {15, 16})
-    assert set(notes) == {uri(unread), uri(other), uri(named_empty)}, notes
+    assert set(notes) == {uri(unread), uri(other), uri(named_empty), uri(alone)}, notes
     assert notes[uri(unread)].endswith(
         f"holds other bytes at journal offsets 0..{2 * len(doc_line(13))} than {read.name}, which was read for them"
     )
@@ -1847,3 +1854,30 @@ def test_a_document_spark_cannot_take_sets_its_fragment_aside_and_a_long_value_i
     assert set(notes) == {uri(path) for path in fragments.values()}
     for pivot, (_, reason) in refused.items():
         assert reason in notes[uri(fragments[pivot])], notes[uri(fragments[pivot])]
+
+
+def test_the_part_of_a_piece_s_fragment_the_cover_skips_is_held_against_the_bytes_read_for_it(
+    spark, tmp_path
+):
+    """A fragment read from inside (its first bytes read from another) or up to where one that
+    landed before it takes over: those bytes were never compared, so a second writer's document
+    there was in no table. The fragment is set aside, and the bytes only it holds are a gap."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    customers = landing / "acmeCo" / "customers"
+    n = len(doc_line(31))
+    # read from inside: its first document is another than the one read for those bytes
+    write_fragment(customers / "pivot=00", 0, doc_line(31) + doc_line(32))
+    skipped_into = write_fragment(customers / "pivot=00", n, doc_line(33) + doc_line(34))
+    # stopped where a fragment landed an hour before it begins, holding another document there
+    stopped = write_fragment(customers / "pivot=01", 0, doc_line(35) + doc_line(36), hour=11)
+    write_fragment(customers / "pivot=01", n, doc_line(37), hour=10)
+
+    instance = _run_customers(landing, lake)
+
+    ids = {row["id"] for row in rows(lake, "changes", "acmeco_customers")}
+    notes = quarantine_notes(lake)
+    assert ids == {31, 32, 37}
+    assert set(notes) == {uri(skipped_into), uri(stopped)}, notes
+    assert f"holds other bytes at journal offsets {n}..{2 * n} than " in notes[uri(skipped_into)]
+    assert f"holds other bytes at journal offsets {n}..{2 * n} than " in notes[uri(stopped)]
+    assert not landing_complete_passed(instance, "acmeco_customers")  # bytes only they held are gaps

@@ -58,8 +58,9 @@ def event_order(tie_break: list[Column] | None = None) -> list[Column]:
 
 def _within_version(tie_break: list[Column] | None) -> list[Column]:
     """Writes of one version time: by sequence, then the tie-break columns (a stored row before
-    the batch's, the delivery), then `copy_rank`'s columns, so that within a delivery the best
-    copy of a write comes last: the collapse keeps the last copy."""
+    the batch's, the delivery), then the purge marker and `copy_rank`'s columns, so that within
+    a delivery the copy with a marker, and of those the best, comes last: the collapse keeps
+    the last copy, and so the marker (`copy_rank`, between deliveries, does not rank by it)."""
     return [
         F.col(m.SEQ),
         *(tie_break or []),

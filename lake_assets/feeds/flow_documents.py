@@ -190,7 +190,14 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None
         raise ff.FragmentError(
             doc.uri, f"document key {garbled} holds text that is not valid UTF-8", doc.offset
         )
-    long_name = next((name for name in doc.doc if _utf16_length(name) > SPARK_JSON_MAX_NAME), None)
+    long_name = next(
+        (
+            name
+            for name in doc.doc
+            if len(name) > SPARK_JSON_MAX_NAME // 2 and _utf16_length(name) > SPARK_JSON_MAX_NAME
+        ),
+        None,
+    )
     if long_name is not None:
         raise ff.FragmentError(
             doc.uri,

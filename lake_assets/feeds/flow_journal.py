@@ -885,8 +885,9 @@ class FlowJournalFormat(FeedFormat):
 
     @staticmethod
     def _read_journals(spark: SparkSession, plan: list[tuple], task) -> DataFrame:
-        """The task's output over the cover pieces in `plan` (rows of `_PLAN_DDL`), one task per
-        journal, persisted: its notes are collected before its documents are read."""
+        """The task's output over the rows of `plan` (`_PLAN_DDL`: cover pieces and the fragments
+        to compare with them), one task per journal, persisted: its notes are collected before its
+        documents are read."""
         pieces = spark.createDataFrame(plan, _PLAN_DDL)
         content = read_landed(spark, "binaryFile", sorted({p[1] for p in plan})).select(
             canonical_uri_column("path", encoded=False).alias("uri"), "content"
@@ -914,9 +915,6 @@ class FlowJournalFormat(FeedFormat):
         retry = set()
         for (journal, uri), reason in _failures_of_their_own(notes, by_name).items():
             by_name[journal].failed[uri] = reason
-        for note in notes:  # not read, so its journal's documents stand: set aside, no pass again
-            if note["kind"] == "unread_differs":
-                by_name[note["journal"]].failed[note["uri"]] = note["reason"]
         for note in notes:
             if note["kind"] == "bad" or (
                 note["kind"] in ("opened_earlier", "pending_after")
@@ -924,9 +922,11 @@ class FlowJournalFormat(FeedFormat):
             ):
                 retry.add(note["journal"])
         for note in notes:
-            if note["journal"] in retry:
+            if note["journal"] in retry:  # judged again on the next pass
                 continue
-            if note["kind"] == "counts":
+            if note["kind"] == "unread_differs":  # not read: its journal's documents stand, no pass again
+                by_name[note["journal"]].failed[note["uri"]] = note["reason"]
+            elif note["kind"] == "counts":
                 for name, value in json.loads(note["body"]).items():
                     found.counts[name] = found.counts.get(name, 0) + value
             elif note["kind"] == "empty_text":

@@ -54,8 +54,8 @@ def read_journal_task(
     def run(table: pa.Table) -> pa.Table:
         rows = table.sort_by("order").to_pylist()
         pieces = [row for row in rows if not row.get("compare")]
-        unread = [row for row in rows if row.get("compare")]
-        return _JournalRead(key, wanted_hours, max_bytes, pieces, kinds or {}, unread).read()
+        left_out = [row for row in rows if row.get("compare")]
+        return _JournalRead(key, wanted_hours, max_bytes, pieces, kinds or {}, left_out).read()
 
     return run
 
@@ -84,10 +84,11 @@ class _JournalRead:
         max_bytes: int,
         rows: list[dict[str, Any]],
         kinds: dict[str, str],
-        unread: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        left_out: list[dict[str, Any]] | None = None,
     ):
         self.key, self.wanted_hours, self.max_bytes, self.rows = key, wanted_hours, max_bytes, rows
-        self.unread_rows = list(unread)
+        #: fragments of the run's hours that the cover does not read (`compare` rows of the plan)
+        self.left_out = left_out or []
         self.kinds = kinds
         # The hour read before the run's hours (`FlowJournalFormat.read_partitions`): what a first pass reads before them.
         self.context_hour = hour_key(parse_hour_key(min(wanted_hours)) - dt.timedelta(hours=1))
@@ -97,8 +98,8 @@ class _JournalRead:
             _hour_start(min(wanted_hours)) - REPEAT_LOOKBACK,
             _hour_start(min([r["hour"] for r in rows] or [self.context_hour])),
         )
-        self.journal = rows[0]["journal"] if rows else None
-        self.content = {r["uri"]: r["content"] for r in [*rows, *self.unread_rows]}
+        self.journal = next((r["journal"] for r in [*rows, *self.left_out]), None)
+        self.content = {r["uri"]: r["content"] for r in [*rows, *self.left_out]}
         self.hour_of = {r["uri"]: r["hour"] for r in rows}
         self.sequencer = ff.Sequencer()
         self.out: dict[str, list[Any]] = {name: [] for name in TASK_OUTPUT.names}
@@ -119,15 +120,37 @@ class _JournalRead:
             self._read_piece(row)
         if not self.broken:  # else the journal is read again, on another cover, and compared then
             self._finish()
-            self._compare_unread()
+            self._compare_what_the_cover_skips()
         return pa.table(self.out, schema=TASK_OUTPUT)
 
-    def _compare_unread(self) -> None:
-        """Hold each fragment the cover does not read against the bytes read for its offsets:
-        its documents are taken as read only if it holds the same bytes (a compaction's or a
-        re-upload's copy). One that differs, or cannot be read, is noted `unread_differs`, and
-        the driver sets it aside: its documents are in no other fragment."""
+    def _compare_what_the_cover_skips(self) -> None:
+        """Hold the bytes of the run's fragments that the cover does not read against the bytes
+        it reads for their offsets: a fragment it leaves out, and the part of a piece's fragment
+        before its skip or after its stop. Documents there are taken as read only where the
+        bytes are the same (a compaction's or a re-upload's copy). A fragment left out that
+        differs, or cannot be read, is noted `unread_differs`, and the driver sets it aside (its
+        documents are in no other fragment); a piece's fragment that differs is `bad`, and its
+        journal is read again without it, as for any fragment that fails.
+
+        Only journals whose fragments overlap have anything to compare. Ranges are taken in
+        journal order, and a piece's content is kept only while a range further on may need it."""
         pieces = [self._piece(row) for row in self.rows]
+        checks = [
+            *(
+                (self._piece(row).fragment, None, None, "unread_differs", row["hour"])
+                for row in self.left_out
+            ),
+            *(
+                (p.fragment, p.fragment.name.begin, p.start, "bad", self.hour_of[p.fragment.uri])
+                for p in pieces
+                if p.skip
+            ),
+            *(
+                (p.fragment, p.end, p.fragment.name.end, "bad", self.hour_of[p.fragment.uri])
+                for p in pieces
+                if p.stop is not None
+            ),
+        ]
         inflated: dict[str, ff.Content] = {}
 
         def content_of(fragment: ff.Fragment) -> ff.Content:
@@ -135,20 +158,36 @@ class _JournalRead:
                 inflated[fragment.uri] = self._inflated(fragment)
             return inflated[fragment.uri]
 
-        for row in self.unread_rows:
-            fragment = self._piece(row).fragment
+        for fragment, begin, end, kind, hour in sorted(
+            checks, key=lambda c: c[1] if c[1] is not None else c[0].name.begin
+        ):
+            start = fragment.name.begin if begin is None else begin
+            for uri in [uri for uri in inflated if self._fragment_end(uri) <= start]:
+                del inflated[uri]
             try:
-                ff.hold_against(fragment, content_of(fragment), pieces, content_of)
+                content = self._inflated(fragment) if kind == "unread_differs" else content_of(fragment)
+                ff.hold_against(fragment, content, pieces, content_of, begin, end)
             except ff.FragmentError as error:
-                self._emit("unread_differs", row["hour"], fragment.uri, error.offset, None, str(error))
+                self._emit(kind, hour, error.uri, error.offset, None, str(error))
             except Exception as error:  # noqa: BLE001 - input no rule foresaw: this fragment, not the batch
-                reason = f"{fragment.uri}: could not be read ({type(error).__name__}: {error})"
-                self._emit("unread_differs", row["hour"], fragment.uri, None, None, reason)
+                unforeseen = ff.FragmentError(
+                    fragment.uri, f"could not be read ({type(error).__name__}: {error})"
+                )
+                self._emit(kind, hour, unforeseen.uri, None, None, str(unforeseen))
+
+    @staticmethod
+    def _fragment_end(uri: str) -> int:
+        return ff.parse_fragment_name(uri.rsplit("/", 1)[1]).end
 
     def _inflated(self, fragment: ff.Fragment) -> ff.Content:
-        if self.content[fragment.uri] is None:
-            raise ff.FragmentError(fragment.uri, "the landing's read returned no bytes for this path")
-        return ff.verified_content(fragment, self.content.__getitem__, self.max_bytes)
+        """The fragment's verified content (`flow_fragments.verified_content`)."""
+        return ff.verified_content(fragment, self._bytes, self.max_bytes)
+
+    def _bytes(self, uri: str) -> bytes:
+        """A fragment's stored bytes, as the landing's read returned them."""
+        if self.content[uri] is None:
+            raise ff.FragmentError(uri, "the landing's read returned no bytes for this path")
+        return self.content[uri]
 
     @staticmethod
     def _piece(row: dict[str, Any]) -> ff.CoverPiece:
@@ -171,7 +210,7 @@ class _JournalRead:
             self.sequencer.cut_at_gap()
         self.read_to = piece.end
         try:
-            docs = self._vetted_documents(uri, piece)
+            docs = self._vetted_documents(piece)
             if not self.broken:
                 self._sequence(hour, docs)
         except ff.FragmentError as error:
@@ -182,10 +221,8 @@ class _JournalRead:
             self._emit("bad", hour, unforeseen.uri, None, None, str(unforeseen))
             self.broken = True
 
-    def _vetted_documents(self, uri: str, piece: ff.CoverPiece) -> list:
-        if self.content[uri] is None:
-            raise ff.FragmentError(uri, "the landing's read returned no bytes for this path")
-        docs = ff.read_piece(piece, self.content.__getitem__, self.max_bytes)
+    def _vetted_documents(self, piece: ff.CoverPiece) -> list:
+        docs = ff.read_piece(piece, self._bytes, self.max_bytes)
         for doc in docs:
             if not doc.is_ack:
                 vet_document(doc, self.key, self.kinds)
