@@ -1871,12 +1871,17 @@ def test_the_part_of_a_piece_s_fragment_the_cover_skips_is_held_against_the_byte
     # stopped where a fragment landed an hour before it begins, holding another document there
     stopped = write_fragment(customers / "pivot=01", 0, doc_line(35) + doc_line(36), hour=11)
     write_fragment(customers / "pivot=01", n, doc_line(37), hour=10)
+    # a compaction landed after a fragment that lies inside it, holding the same bytes: it is read
+    # around that fragment (stopped at its start, read on from its end) and nothing differs
+    compacted = doc_line(41) + doc_line(42) + doc_line(43)
+    write_fragment(customers / "pivot=02", 0, compacted, hour=11)
+    write_fragment(customers / "pivot=02", n, doc_line(42), hour=10)
 
     instance = _run_customers(landing, lake)
 
     ids = {row["id"] for row in rows(lake, "changes", "acmeco_customers")}
     notes = quarantine_notes(lake)
-    assert ids == {31, 32, 37}
+    assert ids == {31, 32, 37, 41, 42, 43}
     assert set(notes) == {uri(skipped_into), uri(stopped)}, notes
     assert f"holds other bytes at journal offsets {n}..{2 * n} than " in notes[uri(skipped_into)]
     assert f"holds other bytes at journal offsets {n}..{2 * n} than " in notes[uri(stopped)]

@@ -783,14 +783,14 @@ def hold_against(
     end: int | None = None,
 ) -> None:
     """Check that the verified `content` of a fragment, at its journal offsets [begin, end) (by
-    default all of it), is what other `pieces` of a cover read for them; FragmentError naming
-    the first offset where they differ, or where no piece read the bytes."""
+    default all of it), is what `pieces` of a cover read for them; FragmentError naming the
+    first offset where they differ, or where no piece read the bytes. Pieces of the fragment
+    itself read its own bytes there (a fragment read again after one that landed before it and
+    lies inside it), and match."""
     name = fragment.name
     offset = name.begin if begin is None else begin
     until = name.end if end is None else end
     for piece in pieces:
-        if piece.fragment.uri == fragment.uri:
-            continue
         low, high = max(offset, piece.start), min(until, piece.end)
         if high <= low:
             continue
