@@ -118,9 +118,10 @@ def tables_of_every_feed(
     feeds: Sequence[FeedConfig], pins: dict[str, Pin]
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Each feed's tables (`feed_tables`), less those that share a Dagster name or a catalog name
-    with another table (`_names_of`), and a line for each table left out, by `feed/table`. Every table of a clash
-    is left out, not all but the first: a table landed later that sorts first would otherwise
-    take over the names, and the catalog records, of a table that has run for months."""
+    with another table (`_names_of`), and a line for each table left out, by `feed/table`. Every
+    table of a clash is left out, not all but the first: a table landed later that sorts first
+    would otherwise take over the names, and the catalog records, of a table that has run for
+    months."""
     tables = {feed.name: feed_tables(feed, format_for(feed), pins.get(feed.name, Pin())) for feed in feeds}
     holders: dict[tuple[str, ...], list[str]] = {}
     for feed in feeds:

@@ -779,5 +779,5 @@ def test_a_fragment_left_out_of_the_cover_is_held_against_the_bytes_read_in_its_
     ) as differs:
         ff.hold_against(frag(4, 16, "s3://b/j/other"), journal[4:12] + b"WXYZ", pieces, content_of)
     assert differs.value.offset == 12 and differs.value.uri == "s3://b/j/other"
-    with pytest.raises(FragmentError, match=r"offsets 20\.\.24 are read from no other fragment"):
+    with pytest.raises(FragmentError, match=r"offsets 20\.\.24 are read from no fragment of the cover"):
         ff.hold_against(frag(16, 24, "s3://b/j/past"), journal[16:] + b"klmn", pieces, content_of)

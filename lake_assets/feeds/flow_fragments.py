@@ -808,7 +808,9 @@ def hold_against(
         offset = high
     if offset < until:
         raise FragmentError(
-            fragment.uri, f"its journal offsets {offset}..{until} are read from no other fragment", offset
+            fragment.uri,
+            f"its journal offsets {offset}..{until} are read from no fragment of the cover",
+            offset,
         )
 
 
