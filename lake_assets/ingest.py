@@ -669,7 +669,8 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
     (invalid rows, derived events, repaired text), which are then dropped.
 
     With `keep`, the collapsed events stay cached (the caller writes them and hands them on), so
-    a clean batch is read, sorted and cached once.
+    a clean batch is read, sorted and cached once, with the collapse's marks for the fold
+    (`merge.collapse_identical`): storing them drops the marks (`merge.without_marks`).
     """
     carried = [c for c in _CARRIED_COUNTS if c in events.columns]
     before = Observation()
@@ -678,7 +679,9 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
             before, *[F.coalesce(_CARRIED_COUNTS[c](F.col(c)), F.lit(0)).alias(c) for c in carried]
         )
     dropped = Observation()
-    deduped = merge.collapse_identical(stamped(events.drop(*carried, FILE_URI)), spec, count_dropped=dropped)
+    deduped = merge.collapse_identical(
+        stamped(events.drop(*carried, FILE_URI)), spec, count_dropped=dropped, keep_marks=keep
+    )
     if keep:
         deduped = deduped.persist()
     try:

@@ -42,7 +42,7 @@ from lake_assets.catalog.files import (
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config import FeedConfig
 from lake_assets.config_model import DEFAULT_LEASE_WAIT_SECONDS
-from lake_assets.engine import checks, purges
+from lake_assets.engine import checks, merge, purges
 from lake_assets.engine import model as m
 from lake_assets.engine.fold import FoldReport, fold, stored_rows_since
 from lake_assets.engine.names import col
@@ -732,6 +732,7 @@ def store_partitions(
     (a table keyed by `keys`), cataloguing the files written and retiring those replaced;
     returns (rows per written partition, files written). With the table's `state` (a change log),
     the keys it recorded as purged, and those `frame` purges, are written without their field data.
+    The marks a collapse handed on with the events are not stored (`merge.without_marks`).
 
     A fold of the table killed mid-commit is finished first: its commit may put erased change-log
     files in place, which must land before this write replaces their partitions, never beside it.
@@ -739,6 +740,7 @@ def store_partitions(
     so that a run killed while it replaces them leaves them to the next run."""
     if state is not None:
         finish_interrupted_folds(CommitCatalog(storage, store, feed, table, run_id, state), log)
+    frame = None if frame is None else merge.without_marks(frame)
     replacing = functools.partial(_replacing_partitions, storage, state, feed, table)
     emptying = functools.partial(_ask_to_finish_emptying, storage, state, log) if state is not None else None
     with failed_requests_told(f"{feed}/{table}: reading the purged keys"):

@@ -339,19 +339,27 @@ def test_an_empty_batch_leaves_the_state_as_it_was(spark, tmp_path):
         assert (lake.current(), lake.history()) == before
 
 
-def _sorts_or_shuffles_above_the_cache(frame) -> list[str]:
+def _plan_above_the_cache(frame) -> list[str]:
     plan = frame._jdf.queryExecution().executedPlan().toString().splitlines()
-    above_cache = plan[: next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
-    return [line for line in above_cache if "Sort [" in line or "Exchange " in line]
+    return plan[: next(i for i, line in enumerate(plan) if "InMemoryRelation" in line)]
 
 
-@pytest.mark.parametrize("cached", ["marked batch", "handed-over batch"])
+def _sorts_or_shuffles_above_the_cache(frame) -> list[str]:
+    return [line for line in _plan_above_the_cache(frame) if "Sort [" in line or "Exchange " in line]
+
+
+def _windows_above_the_cache(frame) -> list[str]:
+    return [line for line in _plan_above_the_cache(frame) if "Window [" in line]
+
+
+@pytest.mark.parametrize("cached", ["marked batch", "collapsed batch", "handed-over batch"])
 def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
     """A fold into an empty table (a first backfill) builds the timeline from a cached batch:
-    either the marked batch it cached itself, or (handed over from the run's change-log write)
-    the collapsed batch cached by the reader, with the marks computed on top of it. The marks
-    and the rules read events in one order, so Spark plans no shuffle or sort between the cache
-    and the timeline: the batch is sorted once, not twice."""
+    the marked batch it cached itself, a collapsed batch with the marks computed on top of it,
+    or (handed over from the run's change-log write) the batch the reader collapsed and cached
+    with its marks, which are then not computed again. The marks and the rules read events in
+    one order, so Spark plans no shuffle or sort between the cache and the timeline: the batch
+    is sorted once, not twice."""
     events = [
         ev("a", "insert", T[1], 1, "x", 1),
         ev("a", "update", T[2], 2, "y", unmodified=["c2"]),
@@ -365,10 +373,12 @@ def test_a_cached_batch_feeds_the_timeline_without_another_sort(spark, cached):
     if cached == "marked batch":
         cache = marked = merge.mark_identical(batch, SPEC).persist()
     else:
-        cache = merge.collapse_identical(batch, SPEC).persist()
+        cache = merge.collapse_identical(batch, SPEC, keep_marks=cached == "handed-over batch").persist()
         marked = merge.mark_identical(cache, SPEC)
     try:
         cache.count()  # as the fold's totals or the reader's count do: the cached order is known from here on
+        marks_windows = _windows_above_the_cache(marked) if marked is not cache else []
+        assert (marks_windows == []) == (cached != "collapsed batch"), marks_windows
         kept = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
         rows = merge.timeline(kept, SPEC, list(PAYLOAD), tie_break=merge.delivery_order(kept), purges=True)
         assert not _sorts_or_shuffles_above_the_cache(rows)

@@ -7,11 +7,13 @@ each step hands the next.
 from __future__ import annotations
 
 import datetime as dt
+import random
 from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lake_assets.engine import checks, merge
 from lake_assets.engine import fold as fold_module
@@ -116,10 +118,11 @@ def test_marked_batch_keeps_the_delivery_adds_optional_columns_erases_recorded_k
     assert {m.UNMODIFIED, m.PURGED, m.SOURCE_FILE, *merge.COLLAPSE_MARKS} <= set(marked.columns)
     marks = marked.select("id", "hour", m.PURGED, merge.KEPT, merge.LAST_OF_EVENT, merge.FIRST_OF_KEY)
     rows = sorted(tuple(r) for r in marks.collect())
-    # One copy kept per delivery (hour); the event counts once, in its last delivery.
+    # One copy kept per delivery (hour); the event counts once, in its last delivery; the key's
+    # first event is marked on the copy kept of it.
     assert rows == [
-        ("a", "2024-01-01-00", False, False, False, True),
-        ("a", "2024-01-01-00", False, True, False, False),
+        ("a", "2024-01-01-00", False, False, False, False),
+        ("a", "2024-01-01-00", False, True, False, True),
         ("a", "2024-01-01-01", False, True, True, False),
         ("b", "2024-01-01-00", True, True, True, True),
     ]
@@ -167,6 +170,45 @@ def test_a_fold_that_fails_releases_the_marks_it_cached(spark, tmp_path, monkeyp
     with pytest.raises(Killed):
         EngineLake(spark, tmp_path).fold([ev("a", "insert", utc(2024, 1, 1), 1, "x")])
     assert len(marks) == 1 and not marks[0].storageLevel.useMemory
+
+
+def test_the_marks_a_collapse_hands_on_are_those_a_fold_would_give_its_events(spark):
+    """The reader collapses a batch and hands its marks on with it; the fold then marks the
+    events without a window. Over copies in one delivery and across deliveries (the key's
+    first event among them), several writes of a version, NULL sequences and deliveries and
+    purge markers, the marks handed on are those computed afresh for the collapsed events."""
+    rng = random.Random(32)
+    times = [utc(2024, 1, 1, 0, 0, second) for second in range(4)]
+    rows = []
+    for _ in range(400):
+        copy = (
+            rng.choice("abcdefgh"),
+            rng.choice(["x", "y"]),
+            None,
+            rng.choice(["insert", "update", "delete"]),
+            rng.choice(times),
+            rng.choice([None, 1, 2]),
+            None,
+            rng.choice([False, True, None]),
+            rng.choice([None, "file:///a", "file:///b"]),
+            rng.choice([None, "2024-01-01-00", "2024-01-01-01"]),
+        )
+        rows.extend([copy] * rng.choice([1, 1, 2, 3]))
+    rng.shuffle(rows)
+    batch = spark.createDataFrame(rows, T.StructType([*SCHEMA.fields, T.StructField("hour", T.StringType())]))
+
+    handed_on = merge.collapse_identical(batch, SPEC, keep_marks=True)
+    assert merge.carries_marks(handed_on) and merge.KEPT not in handed_on.columns
+    afresh = merge.mark_identical(merge.collapse_identical(batch, SPEC), SPEC)
+
+    def marks(frame: DataFrame) -> list[tuple]:
+        return sorted(
+            (tuple(row) for row in frame.select(*batch.columns, *merge.COLLAPSE_MARKS).collect()), key=repr
+        )
+
+    assert marks(merge.mark_identical(handed_on, SPEC)) == marks(afresh)
+    assert afresh.where(F.col(merge.FIRST_OF_KEY)).count() == batch.select("id").distinct().count()
+    assert merge.without_marks(handed_on).columns == batch.columns
 
 
 def test_touched_keys_are_each_key_with_its_earliest_version(spark):

@@ -11,6 +11,7 @@ import pytest
 
 from lake_assets.config import FeedConfig, LakeConfig, S3Config
 from lake_assets.demo.unit_sample import write_unit_landing
+from lake_assets.engine import merge
 from lake_assets.orchestration.definitions import feed_job_name
 from lake_assets.orchestration.io_managers import InMemoryHandover
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
@@ -108,6 +109,8 @@ def test_changes_hold_every_event_once_in_each_hour_that_delivered_it(sample, lo
         # the sample re-delivers some events an hour later: they count once in current and history
         assert len(delivered) > len({(r["id"], r["cdc_change_seq"]) for r in sample.events[table]})
         assert all(r["_op"] in ("insert", "update", "delete") for r in rows)
+        # The marks the collapse hands the fold with the batch are not stored.
+        assert not set(merge.COLLAPSE_MARKS) & set(rows[0])
 
 
 def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
@@ -125,6 +128,8 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
         metadata["rows_written"].value == metadata["events_out"].value and "dagster/row_count" not in metadata
     )
     assert "path" in metadata and "dagster/column_schema" in metadata
+    schema = {column.name for column in metadata["dagster/column_schema"].value.columns}
+    assert "_op" in schema and not set(merge.COLLAPSE_MARKS) & schema
     for layer in ("current", "history"):  # counted from the footers: the rows a reader gets
         state = instance.get_latest_materialization_event(
             dg.AssetKey(["unit", "accounts", layer])

@@ -267,9 +267,10 @@ def kept_marks(
 
     The marks are read by the totals, the touched keys and the timeline. A batch handed over in
     memory (the run's stored change batch) is already cached, collapsed and in the marks' order,
-    so they are recomputed from it without a sort: caching them as a second copy of the batch
-    cost more (docs/profiling.md, "Figures behind the code"). Joined with the purged keys (a
-    table that has purges), they are computed once and kept."""
+    and carries the collapse's marks (`merge.carries_marks`), so they are read from it: caching
+    them as a second copy of the batch cost more (docs/profiling.md, "Figures behind the
+    code"). Joined with the purged keys (a table that has purges), they are computed once and
+    kept."""
     if lake_io.is_cached(batch) and recorded is None:
         return marked
     cached.append(marked.persist())

@@ -109,8 +109,10 @@ def _last_of_run(window: WindowSpec, columns: list[str]) -> Column:
 KEPT = "__kept"  # the copy kept of identical events delivered in one partition
 LAST_OF_EVENT = "__last_of_event"  # the last copy of its (key, version time, sequence), any partition
 LAST_OF_VERSION = "__last_of_version"  # the last write of its (key, version time)
-FIRST_OF_KEY = "__first_of_key"  # the key's first event
-COLLAPSE_MARKS = (KEPT, LAST_OF_EVENT, LAST_OF_VERSION, FIRST_OF_KEY)
+FIRST_OF_KEY = "__first_of_key"  # the key's first event, the copy kept of it
+#: the marks a collapse can hand on with the events it kept (`collapse_identical`)
+CARRIED_MARKS = (LAST_OF_EVENT, LAST_OF_VERSION, FIRST_OF_KEY)
+COLLAPSE_MARKS = (KEPT, *CARRIED_MARKS)
 
 
 def delivered_in(events: DataFrame) -> list[str]:
@@ -131,18 +133,35 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
     Copies are collapsed within their delivery only: a re-delivery in a later partition is kept
     there too, so a partition's events are the same whichever partitions a run reads with it.
     The delivery sorts before the purge marker, so each delivery keeps its copy with a marker.
+    Each mark but `KEPT` falls on a copy kept (the last of a run of copies is the one kept), so
+    the events a collapse kept carry on the marks this would give them (`carries_marks`): they
+    are not computed again.
     """
+    if carries_marks(events):
+        return events.withColumn(KEPT, F.lit(True))
     delivery = delivered_in(events)
     window = _per_key(spec, event_order(delivery_order(events)))
+    copy_of = F.struct(F.col(m.VERSION_AT), F.col(m.SEQ), *[F.col(c) for c in delivery])
+    kept = _last_of_run(window, [m.VERSION_AT, m.SEQ, *delivery])
     # One projection (withColumns), not several: each projection re-analyses the whole plan.
     return events.withColumns(
         {
-            KEPT: _last_of_run(window, [m.VERSION_AT, m.SEQ, *delivery]),
+            KEPT: kept,
             LAST_OF_EVENT: _last_of_run(window, [m.VERSION_AT, m.SEQ]),
             LAST_OF_VERSION: _last_of_run(window, [m.VERSION_AT]),
-            FIRST_OF_KEY: F.lag(F.lit(1)).over(window).isNull(),
+            FIRST_OF_KEY: kept & F.first(copy_of).over(window).eqNullSafe(copy_of),
         }
     )
+
+
+def carries_marks(events: DataFrame) -> bool:
+    """Whether `events` are a collapse's kept events with its marks (`collapse_identical`)."""
+    return set(CARRIED_MARKS) <= set(events.columns) and KEPT not in events.columns
+
+
+def without_marks(events: DataFrame) -> DataFrame:
+    """`events` without the marks a collapse handed on with them: as the change log stores them."""
+    return events.drop(*COLLAPSE_MARKS)
 
 
 #: the metric under which `collapse_identical` reports the events it dropped
@@ -150,21 +169,29 @@ DROPPED_IDENTICAL = "identical_dropped"
 
 
 def collapse_identical(
-    events: DataFrame, spec: m.TableSpec, count_dropped: Observation | None = None
+    events: DataFrame,
+    spec: m.TableSpec,
+    count_dropped: Observation | None = None,
+    *,
+    keep_marks: bool = False,
 ) -> DataFrame:
     """One event per (key, version time, sequence) and delivery; a deterministic pick if
     re-deliveries differ.
 
     With `count_dropped`, the events the collapse drops are counted as it drops them
     (`DROPPED_IDENTICAL`, in the same pass), so a reader can check its row equation rather than
-    infer the duplicates from it.
+    infer the duplicates from it. With `keep_marks`, the events keep the `CARRIED_MARKS`, so
+    that a fold of them (which marks them again, `mark_identical`) runs no window for them
+    (docs/profiling.md, "Figures behind the code"); whatever stores them drops the marks
+    (`without_marks`).
     """
     marked = mark_identical(events, spec)
     if count_dropped is not None:
         marked = marked.observe(
             count_dropped, F.count(F.when(~F.col(KEPT), F.lit(1))).alias(DROPPED_IDENTICAL)
         )
-    return marked.where(F.col(KEPT)).drop(*COLLAPSE_MARKS)
+    kept = marked.where(F.col(KEPT))
+    return kept.drop(KEPT) if keep_marks else without_marks(kept)
 
 
 def latest_write_per_version(

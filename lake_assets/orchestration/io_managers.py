@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from lake_assets import lake_io, lease
+from lake_assets.engine import merge
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
@@ -167,7 +168,10 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             metadata["dagster/row_count"] = metadata["rows_written"]
         if obj is not None:
             metadata["dagster/column_schema"] = dg.TableSchema(
-                columns=[dg.TableColumn(name, dtype) for name, dtype in lake_io.schema_metadata(obj.schema)]
+                columns=[
+                    dg.TableColumn(name, dtype)
+                    for name, dtype in lake_io.schema_metadata(merge.without_marks(obj).schema)
+                ]
             )
         context.add_output_metadata(metadata)
 
