@@ -84,6 +84,14 @@ class Batch:
             self.files_listed == self.files_read + len(self.quarantined) + self.files_skipped
         )
 
+    def equations(self) -> str:
+        """The two equations `reconciles` checks, with the batch's figures, for a person."""
+        return (
+            f"rows in {self.rows_in} + derived {self.derived} against events out {self.events_out} "
+            f"+ duplicates {self.duplicates}; files listed {self.files_listed} against read "
+            f"{self.files_read} + quarantined {len(self.quarantined)} + superseded {self.files_skipped}"
+        )
+
 
 def canonical_uri(spark_path: str) -> str:
     """Spark reports `file:/a/b` or URL-encoded `file:///a/b`; lake_assets says `file:///a/b`."""

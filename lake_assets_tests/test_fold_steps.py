@@ -183,7 +183,7 @@ def test_the_marks_a_collapse_hands_on_are_those_a_fold_would_give_its_events(sp
     for _ in range(400):
         copy = (
             rng.choice("abcdefgh"),
-            rng.choice(["x", "y"]),
+            "x",  # copies equal in the order are equal: which one a collapse keeps is then moot
             None,
             rng.choice(["insert", "update", "delete"]),
             rng.choice(times),

@@ -101,8 +101,9 @@ def test_the_change_log_is_stored_by_the_io_manager_one_writer_per_table():
 
 def test_a_batch_that_does_not_reconcile_fails_its_step():
     steps.require_reconciled(_unit_table(), _batch())
-    with pytest.raises(dg.Failure, match="unit/accounts: counts do not reconcile"):
+    with pytest.raises(dg.Failure, match="unit/accounts: counts do not reconcile") as failed:
         steps.require_reconciled(_unit_table(), _batch(events_out=8))
+    assert "events out 8" in str(failed.value) and "DataFrame" not in str(failed.value)
 
 
 def test_the_change_log_metadata_counts_every_file_and_row():

@@ -174,7 +174,8 @@ def fold(
     purged_before = purges.either(keys, [recorded, seen])
     with lake_io.released_after([]) as cached:
         # Keys seen purged only (no ledger yet) are few and joined cheaply: as in a first backfill
-        # that carries a purge, the marks are recomputed from the cached batch, not kept.
+        # that carries a purge, the marks are read from the cached batch (or computed on top of
+        # it), not kept.
         marked = kept_marks(batch, marked_batch(batch, spec, purged_before), recorded, cached)
         events = marked.where(F.col(merge.KEPT)).drop(*merge.COLLAPSE_MARKS)
         touched = touched_keys(marked, spec)

@@ -109,7 +109,7 @@ def _last_of_run(window: WindowSpec, columns: list[str]) -> Column:
 KEPT = "__kept"  # the copy kept of identical events delivered in one partition
 LAST_OF_EVENT = "__last_of_event"  # the last copy of its (key, version time, sequence), any partition
 LAST_OF_VERSION = "__last_of_version"  # the last write of its (key, version time)
-FIRST_OF_KEY = "__first_of_key"  # the key's first event, the copy kept of it
+FIRST_OF_KEY = "__first_of_key"  # the key's first event: its copy kept in its first delivery
 #: the marks a collapse can hand on with the events it kept (`collapse_identical`)
 CARRIED_MARKS = (LAST_OF_EVENT, LAST_OF_VERSION, FIRST_OF_KEY)
 COLLAPSE_MARKS = (KEPT, *CARRIED_MARKS)
@@ -155,7 +155,11 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
 
 
 def carries_marks(events: DataFrame) -> bool:
-    """Whether `events` are a collapse's kept events with its marks (`collapse_identical`)."""
+    """Whether `events` are a collapse's kept events with its marks (`collapse_identical`).
+
+    The marks hold for the rows the collapse kept, per key: such a frame may lose whole keys
+    (a ledger's purged keys are erased so), never some rows of a key, and is not joined with
+    other events, or the marks read would be stale."""
     return set(CARRIED_MARKS) <= set(events.columns) and KEPT not in events.columns
 
 

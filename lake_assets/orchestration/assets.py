@@ -303,7 +303,7 @@ LANDING_COMPLETE = "landing_complete"
 def require_reconciled(table: AssetTable, batch: Batch) -> None:
     """A batch whose counts do not add up fails its step: something was lost or doubled."""
     if not batch.reconciles:
-        raise dg.Failure(f"{table.label}: counts do not reconcile: {batch}")
+        raise dg.Failure(f"{table.label}: counts do not reconcile: {batch.equations()}")
 
 
 def changes_metadata(ingested: pipeline.Ingested, partitions: list[str]) -> dict[str, Any]:

@@ -49,7 +49,8 @@ class InMemoryHandover:
     order. Handed over, the fold plans no exchange and no sort for it, which shortens a
     backfill measurably (docs/profiling.md, "Figures behind the code"). The stored files hold
     exactly these rows (less the field data of purged keys, which the fold erases just the
-    same): the write replaced exactly the run's partitions with them.
+    same): the write replaced exactly the run's partitions with them. The batch kept also
+    carries the collapse's marks, which the stored files do not (`merge.without_marks`).
 
     One batch is kept per asset; it is handed over once, for the same partitions, to a step
     loading the output of the run that stored it. Whatever is not taken that way (asked for
