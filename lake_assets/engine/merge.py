@@ -157,9 +157,10 @@ def mark_identical(events: DataFrame, spec: m.TableSpec) -> DataFrame:
 def carries_marks(events: DataFrame) -> bool:
     """Whether `events` are a collapse's kept events with its marks (`collapse_identical`).
 
-    The marks hold for the rows the collapse kept, per key: such a frame may lose whole keys
-    (a ledger's purged keys are erased so), never some rows of a key, and is not joined with
-    other events, or the marks read would be stale."""
+    The marks hold for the rows the collapse kept, per key: such a frame may lose or change a
+    key's rows all alike (a ledger's purged keys have their fields erased, every row marked
+    purged), never drop some rows of a key, and is not joined with other events, or the marks
+    read would be stale."""
     return set(CARRIED_MARKS) <= set(events.columns) and KEPT not in events.columns
 
 
