@@ -59,7 +59,7 @@ FEED, TABLE = "bench", "events"
 #: the quick size (`--quick`), also the size of the cluster figure at every size
 QUICK = {"keys": 5_000, "rate": 1_000}
 PAYLOAD = ["name", "status", "amount", "note"]
-START = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 GOALS = {
     "full_vs_floor": 4.0,
     "full_vs_handwritten": 1.0,

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 # Sequence numbers are hour * SEQ_STRIDE + rank inside the hour, so any later hour (appended by
 # a later call) always carries larger sequence numbers than everything written before it.

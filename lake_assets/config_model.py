@@ -43,8 +43,9 @@ class AwsCredentials:
 
 
 def aws_credentials_from_environment() -> AwsCredentials | None:
-    """The S3 credentials the environment holds, or None without both a key and a secret (the
-    connector then finds credentials its own way: an instance profile, a role)."""
+    """The S3 credentials the environment holds, or None without both a key and a secret (boto3
+    then finds credentials its own way, an instance profile or a role; Spark's connector only
+    when `spark.conf` names a provider that does: README, "S3 credentials")."""
     key, secret, token = (os.environ.get(name) for name in AWS_CREDENTIAL_VARIABLES)
     return AwsCredentials(key, secret, token or None) if key and secret else None
 

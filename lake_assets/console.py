@@ -53,7 +53,7 @@ def new_log_path(command: str) -> Path:
             f"the log folder {folder} cannot be made ({exc.strerror}): set LAKE_ASSETS_LOG_DIR to a folder "
             "this user can write"
         ) from None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     return folder / f"{command}-{stamp}-{os.getpid()}.log"
 
 
@@ -236,9 +236,7 @@ def format_records(records: list[dict]) -> str:
 
     def when(ms):
         return (
-            "-"
-            if ms is None
-            else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         )
 
     body = [

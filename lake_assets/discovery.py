@@ -176,7 +176,7 @@ def first_hour(feed: FeedConfig, pin: Pin) -> str:
         return feed.start
     if pin.first_hour:
         return pin.first_hour
-    today = hour_key(dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0))
+    today = hour_key(dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0))
     log.warning(
         "feed %s: no `start` configured and no first hour pinned: its hours start today (%s); %s",
         feed.name,

@@ -710,7 +710,7 @@ def collapse_counted(events: DataFrame, spec, *, keep: bool = True) -> Collapsed
 
 def stamped(events: DataFrame) -> DataFrame:
     """The events with `_ingested_at`: when this read took place, one instant for the batch."""
-    return with_run_values(events, {m.INGESTED_AT: dt.datetime.now(dt.timezone.utc)})
+    return with_run_values(events, {m.INGESTED_AT: dt.datetime.now(dt.UTC)})
 
 
 def _bad_row_reasons(events: DataFrame) -> dict[str, str]:

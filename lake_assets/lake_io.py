@@ -207,7 +207,7 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
     """The Parquet files in which `column` may hold a time at or after `bound`, decided from the
     footers' row-group statistics without reading any data. A file whose statistics are missing
     (or not a plain timestamp) counts as reaching: only provably older files are left out."""
-    bound = bound if bound.tzinfo else bound.replace(tzinfo=dt.timezone.utc)
+    bound = bound if bound.tzinfo else bound.replace(tzinfo=dt.UTC)
 
     def reaches(meta: pq.FileMetaData) -> bool:
         maxima = _row_group_maxima(meta, column)
@@ -216,7 +216,7 @@ def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.da
         for latest in maxima:
             if not isinstance(latest, dt.datetime):
                 return True
-            if (latest if latest.tzinfo else latest.replace(tzinfo=dt.timezone.utc)) >= bound:
+            if (latest if latest.tzinfo else latest.replace(tzinfo=dt.UTC)) >= bound:
                 return True
         return False
 

@@ -130,7 +130,7 @@ def quarantine_file(
         "table": table,
         "partition": partition,
         "run_id": run_id,
-        "quarantined_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "quarantined_at": dt.datetime.now(dt.UTC).isoformat(),
     }
     storage.write_bytes(target + REASON_SUFFIX, json.dumps(note, indent=2).encode())
     return target

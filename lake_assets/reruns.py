@@ -26,8 +26,9 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from typing import NotRequired
 
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join

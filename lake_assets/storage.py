@@ -54,7 +54,7 @@ def _age_by_store_clock(response: dict) -> float:
     """Seconds from an S3 object's `Last-Modified` to the response's `Date`: both the store's
     clock. A store that sends no `Date` is compared with this machine's clock instead."""
     sent = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    now = email.utils.parsedate_to_datetime(sent) if sent else dt.datetime.now(dt.timezone.utc)
+    now = email.utils.parsedate_to_datetime(sent) if sent else dt.datetime.now(dt.UTC)
     return (now - response["LastModified"]).total_seconds()
 
 

@@ -85,4 +85,4 @@ class EngineLake:
 def utc(
     year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, microsecond: int = 0
 ) -> dt.datetime:
-    return dt.datetime(year, month, day, hour, minute, second, microsecond, tzinfo=dt.timezone.utc)
+    return dt.datetime(year, month, day, hour, minute, second, microsecond, tzinfo=dt.UTC)

@@ -20,7 +20,7 @@ from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
 from lake_assets_tests.discovered import discovered_definitions
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 ORG = "00Dpurge"
 TABLE = f"{ORG}/account"
 FEED = "grax"

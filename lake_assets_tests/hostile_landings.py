@@ -24,7 +24,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_co
 from lake_assets.demo.flow_sample import build_uuid, clock_of
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 GRAX_ORG = "00Dhostile"
 FLOW_COLLECTION = "acmeCo/customers"
 FLOW_TABLE = "acmeco_customers"

@@ -9,7 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
+TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
 MS = dt.timedelta(milliseconds=1)
 UNIT_SPECIAL = ("id", "cdc_operation_type", "cdc_change_seq", "cdc_commit_timestamp")
 UNIT_OPS = {
@@ -24,7 +24,7 @@ UNIT_OPS = {
 
 def to_ms(moment: dt.datetime) -> dt.datetime:
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
+        moment = moment.replace(tzinfo=dt.UTC)
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 

@@ -25,5 +25,5 @@ def assert_read_during_the_runs(stamps: set, instance: dg.DagsterInstance) -> No
     assert len(stamps) == 1, f"expected one read instant, found {sorted(map(str, stamps))}"
     (stamp,) = stamps
     assert stamp is not None, "change-log rows without _ingested_at"
-    when = stamp.replace(tzinfo=dt.timezone.utc).timestamp() if stamp.tzinfo is None else stamp.timestamp()
+    when = stamp.replace(tzinfo=dt.UTC).timestamp() if stamp.tzinfo is None else stamp.timestamp()
     assert first <= when <= last, f"read at {stamp}, outside the runs ({first} to {last})"

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -468,14 +468,14 @@ def test_a_span_of_thirty_one_days_is_indexed_in_thirty_day_buckets():
     "start, end",
     [
         (
-            datetime(1, 1, 1, tzinfo=timezone.utc),
-            datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc),
+            datetime(1, 1, 1, tzinfo=UTC),
+            datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
         ),
-        (datetime(2024, 3, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, tzinfo=timezone.utc)),
-        (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(2024, 3, 1, tzinfo=timezone.utc)),
+        (datetime(2024, 3, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC)),
+        (datetime(1, 1, 1, tzinfo=UTC), datetime(2024, 3, 1, tzinfo=UTC)),
         (
-            datetime(1969, 7, 20, tzinfo=timezone.utc),
-            datetime(1970, 1, 2, tzinfo=timezone.utc),
+            datetime(1969, 7, 20, tzinfo=UTC),
+            datetime(1970, 1, 2, tzinfo=UTC),
         ),  # negative epochs
     ],
 )

@@ -97,12 +97,12 @@ def test_the_catalog_asset_shares_the_partitions_of_the_files_it_lists(tmp_path)
 # --------------------------------------------------------------------------------------------
 # files whose event times span more than 30 days, or the calendar's first and last years
 
-FIRST_YEAR = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
-LAST_YEAR = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
+FIRST_YEAR = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+LAST_YEAR = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
 
 
 def _ms(moment: dt.datetime) -> int:
-    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(milliseconds=1)
+    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(milliseconds=1)
 
 
 def _files_of_the_day(store, table: str, feed: str, moment: dt.datetime) -> list[str]:
@@ -221,8 +221,8 @@ def test_a_files_span_is_read_exactly_from_its_footer_whatever_its_times(tmp_pat
         _ms(LAST_YEAR),
     )
     assert span_of("days.parquet", [dt.date(1, 1, 1), dt.date(9999, 12, 31)], pa.date32()) == (
-        _ms(dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)),
-        _ms(dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)),
+        _ms(dt.datetime(1, 1, 1, tzinfo=dt.UTC)),
+        _ms(dt.datetime(9999, 12, 31, tzinfo=dt.UTC)),
     )
     # microseconds beyond what a Python datetime holds (the year 148 thousand, and as far before year 1)
     assert span_of("far.parquet", [-(2**62), 2**62], pa.timestamp("us", tz="UTC")) == (
@@ -304,9 +304,7 @@ def _assert_the_catalog_lists_exactly_the_lake(
     on_disk = _lake_files(lake)
     assert on_disk  # the lake was written
     for day in range((last.date() - first.date()).days + 1):
-        start = max(
-            first, dt.datetime.combine(first.date() + dt.timedelta(days=day), dt.time(), dt.timezone.utc)
-        )
+        start = max(first, dt.datetime.combine(first.date() + dt.timedelta(days=day), dt.time(), dt.UTC))
         # every file holds data of these days only, so each day's query may list any of them, but no other
         assert (
             _catalogued_lake_files(

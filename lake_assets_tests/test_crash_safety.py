@@ -28,7 +28,7 @@ KILLS = 10
 
 def _events(rng: random.Random) -> list[list[dict]]:
     """Four batches over three days for 30 keys, the last two reaching back (late data)."""
-    base = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    base = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     seq = 0
     batches = []
     for _batch_index, (first_hour, last_hour) in enumerate(((0, 20), (20, 50), (5, 60), (30, 70))):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lake_assets_tests.engine_harness import PAYLOAD, EngineLake
 from lake_assets_tests.reference import reference_tables
 
-BASE = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 # Few instants, some a millisecond apart and some across a day boundary, so ties, adjacent
 # versions and closed-day rewrites all happen.
 INSTANTS = [

@@ -28,7 +28,7 @@ from lake_assets_tests.hostile_landings import duck, links_to_a_tree_beside_a_re
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def rows(lake: Path, layer: str, table: str) -> list[dict]:

@@ -498,8 +498,8 @@ def test_fragment_error_pickles():
 
 
 def test_parse_uuid_decodes_clock_flags_producer_and_time():
-    when = dt.datetime(2024, 3, 1, 12, 34, 56, 789012, tzinfo=dt.timezone.utc)
-    unix_us = (when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+    when = dt.datetime(2024, 3, 1, 12, 34, 56, 789012, tzinfo=dt.UTC)
+    unix_us = (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
     ticks = unix_us * 10 + GREGORIAN_TO_UNIX + 7  # 700 ns past the microsecond
     text = flow_uuid("a1b2c3d4e5f6", (ticks << 4) | 5, CONTINUE_TXN)
     u = parse_uuid(text)

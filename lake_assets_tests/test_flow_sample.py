@@ -249,13 +249,13 @@ def test_uuid_clocks_and_flags(sample):
             clock, flags, producer = parse_uuid(doc["_meta"]["uuid"])
             producers.add(producer)
             assert flags in (0, 1, 2)
-            moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(
+            moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(
                 microseconds=(clock - GREGORIAN_OFFSET) // 10
             )
             assert (
-                dt.datetime(2024, 6, 1, 10, tzinfo=dt.timezone.utc)
+                dt.datetime(2024, 6, 1, 10, tzinfo=dt.UTC)
                 <= moment
-                < dt.datetime(2024, 6, 1, 16, tzinfo=dt.timezone.utc)
+                < dt.datetime(2024, 6, 1, 16, tzinfo=dt.UTC)
             )
             docs.append((clock, producer, doc))
     assert len(producers) == 2

@@ -65,7 +65,7 @@ ROW_SCHEMA = (
 
 def aware(moment: dt.datetime) -> dt.datetime:
     """A time collected from Spark (naive, in the Python process's zone) as an aware UTC time."""
-    return moment.astimezone(dt.timezone.utc)
+    return moment.astimezone(dt.UTC)
 
 
 def ev(id_, op, at, seq, c1=None, purged=False):

@@ -29,7 +29,7 @@ from lake_assets_tests.hostile_landings import links_to_a_tree_beside_a_real_fol
 from lake_assets_tests.run_value_probes import assert_read_during_the_runs
 from lake_assets_tests.storage_spy import CountingStorage
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 TMAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
 MS = dt.timedelta(milliseconds=1)
 ORG = "00Dseed"

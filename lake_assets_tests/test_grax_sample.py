@@ -29,7 +29,7 @@ PATH = re.compile(
     r"^parquet/v2/org=(?P<org>[A-Za-z0-9]+)/object=(?P<object>[A-Za-z0-9_]+)"
     r"/batch=(?P<batch>[0-9a-f]{9})/data-(?P<name>[0-9a-f]{11})\.parquet$"
 )
-START_SECONDS = int(dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc).timestamp())
+START_SECONDS = int(dt.datetime(2024, 3, 1, tzinfo=dt.UTC).timestamp())
 TS_MS = pa.timestamp("ms", tz="UTC")
 SUFFIX_TYPES = {
     "_b": pa.bool_(),

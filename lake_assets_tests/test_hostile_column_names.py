@@ -40,7 +40,7 @@ from lake_assets.ingest import read_batch
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage, data_files
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 ORG = "00Dhostile"
 
 #: payload names the lake uses itself, each with the value the vendor sent in it

@@ -1106,8 +1106,8 @@ def test_a_new_stray_file_makes_a_run_that_reports_it_once(lake):
 def test_the_hour_under_way_is_read_and_a_later_dated_folder_is_reported_not_run(lake):
     """A file of the hour under way is read like any other; a folder dated after it (a vendor's
     clock, or local times) holds no partition yet: it is reported, and the run does not fail."""
-    now = dt.datetime.now(dt.timezone.utc)
-    future = dt.datetime(2999, 6, 1, 10, tzinfo=dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
+    future = dt.datetime(2999, 6, 1, 10, tzinfo=dt.UTC)
     paths = {}
     for name, moment in (("now", now), ("future", future)):
         folder = lake.landing / "accounts" / moment.strftime("year=%Y/month=%m/day=%d/hour=%H")

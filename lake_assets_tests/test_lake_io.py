@@ -92,7 +92,7 @@ def test_partition_values_of_digits_read_back_as_written(spark, tmp_path):
 def test_files_reaching_a_time_are_told_by_their_footers(tmp_path):
     """Only files whose statistics prove every value older than the bound are left out; a file
     without the column or without statistics may reach it."""
-    at = [dt.datetime(2024, 1, 1, h, tzinfo=dt.timezone.utc) for h in range(24)]
+    at = [dt.datetime(2024, 1, 1, h, tzinfo=dt.UTC) for h in range(24)]
 
     def write(name, ends, **options):
         pq.write_table(

@@ -22,7 +22,7 @@ from lake_assets_tests.reference import reference_tables, unit_events_to_normali
 pytestmark = pytest.mark.minutes(4)
 
 TABLES = ("accounts", "customers", "transactions")
-END_OF_TIME = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc)
+END_OF_TIME = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
@@ -437,7 +437,7 @@ def test_runs_follow_the_hours_that_hold_files_not_the_years_between_them(tmp_pa
     from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
 
     landing = tmp_path / "landing"
-    old = dt.datetime(1990, 6, 1, 3, 15, tzinfo=dt.timezone.utc)
+    old = dt.datetime(1990, 6, 1, 3, 15, tzinfo=dt.UTC)
     old_hour = landing / f"legacy/year={old:%Y}/month={old:%m}/day={old:%d}/hour={old:%H}"
     old_hour.mkdir(parents=True)
     pq.write_table(

@@ -14,8 +14,8 @@ def test_a_new_value_each_run_compiles_no_new_code(spark):
     frame = spark.range(3000).select((F.col("id") % 7).alias("k"), F.lit(None).cast("timestamp").alias("at"))
     seen = []
     for moment in (
-        dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-        dt.datetime(2026, 1, 1, 0, 0, 1, 5000, tzinfo=dt.timezone.utc),
+        dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(2026, 1, 1, 0, 0, 1, 5000, tzinfo=dt.UTC),
     ):
         stamped = with_run_values(frame, {"at": moment, "other": moment + dt.timedelta(hours=1)})
         before = classes_compiled(spark)
@@ -28,11 +28,11 @@ def test_a_new_value_each_run_compiles_no_new_code(spark):
             .collect()
         )
         seen.append((classes_compiled(spark) - before, stamped.columns, rows))
-    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     for (_, columns, rows), moment in zip(
         seen, (dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, 0, 0, 1, 5000)), strict=True
     ):
-        micros = (moment.replace(tzinfo=dt.timezone.utc) - epoch) // dt.timedelta(microseconds=1)
+        micros = (moment.replace(tzinfo=dt.UTC) - epoch) // dt.timedelta(microseconds=1)
         assert columns == ["k", "at", "other"]  # the existing `at` was replaced, not doubled
         assert len(rows) == 7 and all(
             (r["min_at"], r["max_at"], r["min_other"], r["max_other"])

@@ -440,7 +440,7 @@ def test_nanosecond_commit_times_are_truncated_to_the_millisecond_not_rounded(sp
     write_events(landing, "accounts", 0, "part-0.parquet", rows, schema)
     batch, _, history = _fold(spark, landing, hours=(0,))
     assert batch.reconciles
-    utc = dt.timezone.utc
+    utc = dt.UTC
     assert [(r["id"], r["name"], r["_fivetran_start"].astimezone(utc)) for r in history] == [
         ("a", "first", dt.datetime(2024, 6, 1, 10, tzinfo=utc)),
         ("a", "second", dt.datetime(2024, 6, 1, 10, 0, 0, 1000, tzinfo=utc)),
@@ -488,7 +488,7 @@ def test_reading_the_same_files_again_compiles_no_new_code(spark, tmp_path):
     compiled, stamps = [], []
     for _ in range(2):
         before = classes_compiled(spark)
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         batch = read_batch(spark, storage, FMT, "accounts", files)
         compiled.append(classes_compiled(spark) - before)
         stamps.append({r[0] for r in batch.events.select(F.unix_micros(m.INGESTED_AT)).collect()})
@@ -794,9 +794,7 @@ def test_payload_times_in_nanoseconds_are_kept_as_times(spark, tmp_path):
         schema = pa.schema(
             [*ACCOUNT_SCHEMA, ("reviewed", pa.timestamp(unit)), ("seen", pa.timestamp(unit, "UTC"))]
         )
-        row = event(
-            f"k{unit}", "I", n, at(0, n), reviewed=moment, seen=moment.replace(tzinfo=dt.timezone.utc)
-        )
+        row = event(f"k{unit}", "I", n, at(0, n), reviewed=moment, seen=moment.replace(tzinfo=dt.UTC))
         write_events(landing, "accounts", n, "part-0.parquet", [row], schema)
     batch, current, _ = _fold(spark, landing, hours=(0, 1))
     assert batch.quarantined == [] and batch.reconciles

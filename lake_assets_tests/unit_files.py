@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def at(hour: int, minute: int = 0, second: int = 0, day: int = 1) -> dt.datetime:

@@ -33,7 +33,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
@@ -87,7 +87,7 @@ _POSIX_ABSOLUTE = re.compile(r"/")
 _WINDOWS_DRIVE_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]")
 _NUMERIC = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _THOUSAND = Decimal(1000)
 _ONE = Decimal(1)
 _MS = timedelta(milliseconds=1)
@@ -97,7 +97,7 @@ def datetime_to_ms(moment: datetime) -> int:
     """Exact integer milliseconds since the epoch (floored); a naive datetime is UTC. Exact for
     every year a datetime holds, where `timestamp()` goes through a float."""
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return (moment - _EPOCH) // _MS
 
 

@@ -65,7 +65,7 @@ import cramjam
 
 from lake_assets.errors import InvalidValue
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 GREGORIAN_OFFSET = 0x01B21DD213814000  # 100 ns intervals from 1582-10-15 to 1970-01-01
 FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN = 0x0, 0x1, 0x2

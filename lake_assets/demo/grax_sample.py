@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from lake_assets.epoch import DAY_MS
 from lake_assets.errors import InvalidValue
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 START = dt.datetime(2024, 3, 1, tzinfo=UTC)
 WINDOW = dt.timedelta(hours=12)
 WINDOW_MS = 12 * 3600 * 1000

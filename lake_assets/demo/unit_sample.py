@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SPECIAL = ("cdc_operation_type", "cdc_change_seq", "cdc_commit_timestamp")
 
 _ARROW_TYPES = {str: pa.string(), int: pa.int64()}

@@ -159,7 +159,7 @@ def fold(
     report = FoldReport(fold_id=new_fold_id(), recovered_folds=[plan.fold_id for plan in recovered])
     # The files an interrupted fold put in place are this run's to report (and catalogue).
     _report_files_put_in_place(report, state, recovered)
-    synced_at, keys = synced_at or dt.datetime.now(dt.timezone.utc), list(spec.keys)
+    synced_at, keys = synced_at or dt.datetime.now(dt.UTC), list(spec.keys)
     # Keys a change-log write erased for a purge its rows carried, not recorded yet: purged too.
     seen_files = purges.seen_files(storage, state)
     seen = purges.seen(spark, storage, state, keys, seen_files)
@@ -640,9 +640,7 @@ def _earlier(moment, delta: dt.timedelta):
 
 def _utc(micros: int | None) -> dt.datetime | None:
     return (
-        None
-        if micros is None
-        else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+        None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
     )
 
 

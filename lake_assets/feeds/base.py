@@ -304,7 +304,7 @@ def hour_key(moment: dt.datetime) -> str:
 def current_hour() -> dt.datetime:
     """The hour under way, in UTC (naive, like the hours folders name): the last hour that is a
     partition. A folder dated later holds no partition yet (`why_not_yet`)."""
-    return dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0, tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0, tzinfo=None)
 
 
 def why_not_yet(moment: dt.datetime, where: str) -> str | None:

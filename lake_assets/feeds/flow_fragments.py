@@ -453,7 +453,7 @@ def _lines(content: Content, pos: int, begin: int) -> Iterator[tuple[int, Conten
 # UUIDs and transactions
 
 OUTSIDE_TXN, CONTINUE_TXN, ACK_TXN = 0x0, 0x1, 0x2
-_GREGORIAN_EPOCH = dt.datetime(1582, 10, 15, tzinfo=dt.timezone.utc)
+_GREGORIAN_EPOCH = dt.datetime(1582, 10, 15, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)

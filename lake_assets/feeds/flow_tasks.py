@@ -67,7 +67,7 @@ REPEAT_LOOKBACK = dt.timedelta(hours=24)
 
 
 def _hour_start(hour: str) -> dt.datetime:
-    return parse_hour_key(hour).replace(tzinfo=dt.timezone.utc)
+    return parse_hour_key(hour).replace(tzinfo=dt.UTC)
 
 
 class _JournalRead:

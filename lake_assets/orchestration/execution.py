@@ -285,7 +285,7 @@ def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None
                 "run_id": run.run_id,
                 "job": job,
                 "status": run.status.value,
-                "started": dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc).isoformat()
+                "started": dt.datetime.fromtimestamp(record.start_time, dt.UTC).isoformat()
                 if record.start_time
                 else None,
                 "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}",
