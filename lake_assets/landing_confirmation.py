@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from lake_assets import lake_io, processed
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.errors import LandingChanged
-from lake_assets.storage import Entry, Storage
+from lake_assets.storage import Entry, Storage, each_file
 
 if TYPE_CHECKING:
     from lake_assets.pipeline import TableWork
@@ -44,7 +44,9 @@ def confirm_unchanged(
     if not files or not work.fmt.batch_rereads_landing:
         return
     now = work.storage.files_now(files)
-    changed = [url for url, note in sorted(files.items()) if url in now and _changed(work, now[url], note)]
+    present = [(url, note) for url, note in sorted(files.items()) if url in now]
+    hashed_if_need_be = each_file(lambda item: _changed(work, now[item[0]], item[1]), present)
+    changed = [url for (url, _), is_changed in zip(present, hashed_if_need_be, strict=True) if is_changed]
     if changed:
         raise LandingChanged(
             f"{work.feed.name}/{work.table}: {changed[0]}{f' (and {len(changed) - 1} more)' if changed[1:] else ''} "

@@ -60,7 +60,7 @@ from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
-from lake_assets.storage import Entry, Storage, parquet_footer
+from lake_assets.storage import Entry, Storage, each_file, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -276,19 +276,19 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
             f"{item.url} cannot be read ({first_line(answer)}): left out of the catalog, reported by its run"
         )
 
+    new = [
+        (key, entry.uri)
+        for key, entries in listed.items()
+        for entry in entries
+        if not _still_recorded(entry, recorded[key].get(entry.uri))
+    ]
+    spans = each_file(
+        lambda item: fmt.landing_span(storage, item[1]), new, storage.requests_at_once(work.feed.landing)
+    )
     hashed = work.catalogue(
         [
-            catalog_file(
-                work.feed.name,
-                work.table,
-                landing_work_id(key),
-                entry.uri,
-                fmt.landing_span(storage, entry.uri),
-                landed=True,
-            )
-            for key, entries in listed.items()
-            for entry in entries
-            if not _still_recorded(entry, recorded[key].get(entry.uri))
+            catalog_file(work.feed.name, work.table, landing_work_id(key), uri, span, landed=True)
+            for (key, uri), span in zip(new, spans, strict=True)
         ],
         refuse,
     )
@@ -405,10 +405,11 @@ def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: s
     or is gone. Left behind, `status` and the run summary would report a file whose rows are in
     `changes` as set aside. Returns the notes withdrawn; their copies go too, and out of the
     catalog."""
+    folders = [work.layout.quarantine(work.feed.name, work.table, p) for p in [*partitions, UNPARTITIONED]]
     stale = [
         entry.uri
-        for partition in [*partitions, UNPARTITIONED]
-        for entry in work.storage.walk_files(work.layout.quarantine(work.feed.name, work.table, partition))
+        for entries in each_file(lambda folder: list(work.storage.walk_files(folder)), folders)
+        for entry in entries
         if not entry.is_dir and entry.unreadable is None and entry.uri not in written
     ]
     if not stale:
@@ -764,9 +765,10 @@ def store_partitions(
             replacing=replacing,
             emptying=emptying,
         )
-    files = [
-        uri for value in written for uri in parquet_files(storage, partition_folder(location, column, value))
-    ]
+    listed = each_file(
+        lambda value: parquet_files(storage, partition_folder(location, column, value)), written
+    )
+    files = [uri for uris in listed for uri in uris]
     removed.retire()  # first: a failure recording the new files leaves no record of a removed one
     record_files(store, storage, written_files(feed, table, run_id, storage, files, CHANGE_TIME_COLUMNS))
     return written, files

@@ -21,7 +21,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -173,36 +173,50 @@ def _link_not_followed(path: str) -> str:
     )
 
 
-def each_file(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
-    """`request` applied to every item, `PARALLEL_SMALL_REQUESTS` at a time; results in the
-    order of `items`. Every item is tried before the first failure is raised, unless the store
-    is out of reach (`store_out_of_reach`): then the requests not yet begun are not made, and
-    that failure is raised once those under way end. In an outage each request waits through
-    its retries and timeouts, and a thousand notes would have kept a run (or a sensor's tick)
-    waiting for each of them in turn."""
+def each_outcome(
+    request: Callable[[_Item], _Result], items: Iterable[_Item], at_once: int = PARALLEL_SMALL_REQUESTS
+) -> list[_Result | Exception]:
+    """`request` applied to every item, `at_once` at a time: per item, in the
+    order of `items`, its result or the exception it raised, for a caller that deals with each
+    file's failure on its own (`catalog.files.record`). When the store is out of reach
+    (`store_out_of_reach`) the requests not yet begun are not made: their outcome is that
+    failure. In an outage each request waits through its retries and timeouts, and a thousand
+    notes would have kept a run (or a sensor's tick) waiting for each of them in turn."""
     items = list(items)
-    if len(items) < 2:
-        return [request(item) for item in items]
-    outage: list[BaseException] = []
+    outage: list[Exception] = []
 
-    def unless_out_of_reach(item: _Item) -> _Result | None:
+    def unless_out_of_reach(item: _Item) -> _Result | Exception:
         if outage:
-            return None
+            return outage[0]
         try:
             return request(item)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - handed back as the item's outcome
             if store_out_of_reach(error):
                 outage.append(error)
-            raise
+            return error
 
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_SMALL_REQUESTS, len(items))) as pool:
+    if len(items) < 2 or at_once < 2:
+        return [unless_out_of_reach(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(at_once, len(items))) as pool:
         # Not `pool.map`: its first failure cancels the requests not yet started, so some notes
         # of a run would be written and the rest not even tried.
         requests = [pool.submit(unless_out_of_reach, item) for item in items]
-        wait(requests)
-    if outage:
-        raise outage[0]
-    return [done.result() for done in requests]  # type: ignore[misc]  # None only in an outage
+    return [done.result() for done in requests]
+
+
+def each_file(
+    request: Callable[[_Item], _Result], items: Iterable[_Item], at_once: int = PARALLEL_SMALL_REQUESTS
+) -> list[_Result]:
+    """`request` applied to every item as `each_outcome` does; results in the order of `items`.
+    Every item is tried before the first failure is raised (the outage's, if the store went
+    out of reach), unless the store is out of reach: then the requests not yet begun are not
+    made."""
+    outcomes = each_outcome(request, items, at_once)
+    failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+    if failures:
+        out_of_reach = [failure for failure in failures if store_out_of_reach(failure)]
+        raise (out_of_reach or failures)[0]
+    return outcomes  # type: ignore[return-value]  # no outcome is a failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,6 +401,14 @@ class Storage:
                 kwargs["force_virtual_addressing"] = False
             self._s3 = pafs.S3FileSystem(**kwargs)
         return self._s3
+
+    def requests_at_once(self, uri: str) -> int:
+        """How many requests of `uri`'s store to make at once (`each_file`) where each is mostly
+        Python's work (catalog parts built and read, a footer's statistics, a hash): on S3 each
+        waits out a round trip, so `PARALLEL_SMALL_REQUESTS`; a local file's takes well under a
+        millisecond, and threads sharing the interpreter only slowed them (docs/profiling.md,
+        "Requests one after another")."""
+        return PARALLEL_SMALL_REQUESTS if is_s3(uri) else 1
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
         if is_s3(uri):

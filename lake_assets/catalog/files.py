@@ -33,7 +33,7 @@ from lake_assets.catalog.metadata import (
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.errors import CatalogError, DamagedLakeFile
 from lake_assets.paths import as_name
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, parquet_footer
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, each_outcome, parquet_footer
 
 CHUNK = 8 * 1024 * 1024
 
@@ -169,7 +169,10 @@ def written_files(
     time_columns: tuple[str, ...],
 ) -> list[CatalogFile]:
     """Lake files a run wrote, each spanning the range of its first present time column."""
-    return [catalog_file(feed, table, run_id, uri, parquet_span(storage, uri, time_columns)) for uri in uris]
+    uris = list(uris)
+    at_once = storage.requests_at_once(uris[0]) if uris else 1
+    spans = each_file(lambda uri: parquet_span(storage, uri, time_columns), uris, at_once)
+    return [catalog_file(feed, table, run_id, uri, span) for uri, span in zip(uris, spans, strict=True)]
 
 
 #: Modification times are coarse (S3 keeps whole seconds): a file modified up to this long before
@@ -200,21 +203,19 @@ def record(
 ) -> int:
     """Hash each file and put its records; returns how many files were recorded. A file whose
     bytes cannot be read fails the call, or, given `refused`, is told to it and left out."""
-    records, recorded = [], 0
+    at_once = storage.requests_at_once(files[0].url) if files else 1
+    outcomes = each_outcome(lambda item: _records_of_retried(storage, item), files, at_once)
+    hashed = [records for records in outcomes if not isinstance(records, Exception)]
     try:
-        for item in files:
-            try:
-                records.extend(_records_of_retried(storage, item))
-            except FILE_ERRORS as exc:
-                if refused is None:
-                    raise
-                refused(item, exc)
-                continue
-            recorded += 1
+        for item, outcome in zip(files, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                if refused is None or not isinstance(outcome, FILE_ERRORS):
+                    raise outcome
+                refused(item, outcome)
     finally:  # what was hashed is kept: a run after a failure hashes only the rest
-        if records:
-            store.put(records)
-    return recorded
+        if hashed:
+            store.put([record for records in hashed for record in records])
+    return len(hashed)
 
 
 def _records_of_retried(storage: Storage, item: CatalogFile) -> list[dict]:

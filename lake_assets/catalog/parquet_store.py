@@ -33,7 +33,7 @@ from lake_assets.catalog.store import (
 )
 from lake_assets.errors import CatalogError, DamagedLakeFile, first_line
 from lake_assets.paths import is_s3, safe_segment
-from lake_assets.storage import FILE_ERRORS, Storage
+from lake_assets.storage import FILE_ERRORS, Storage, each_file
 
 #: the folder name of a time bucket's records, before the bucket's label
 _TIME_FOLDER = "time_bucket="
@@ -300,22 +300,38 @@ class ParquetCatalogStore(CatalogStore):
 
     # CatalogStore -----------------------------------------------------------------------------
 
+    def _write_parts(self, parts: Iterable[tuple[str, list[dict]]], token: str) -> None:
+        """A part of `token` in each folder (folder -> its records), each folder merged after
+        (`_merge_parts`); on a remote store the folders several at a time
+        (`Storage.requests_at_once`): a backfill's records fall in a work-id folder per hour,
+        each a request or more."""
+
+        def write(part: tuple[str, list[dict]]) -> None:
+            folder, records = part
+            self._write_part(folder, records, token)
+            self._merge_parts(folder)
+
+        each_file(write, parts, self.storage.requests_at_once(self.root))
+
     def _write_time_parts(self, records: list[dict], token: str) -> None:
         """One part per time folder the records (or retirements) fall in."""
-        for key, group in _grouped(records, "time_index_key"):
-            folder = self._time_folder(*bucket_and_what(key))
-            self._write_part(folder, group, token)
-            self._merge_parts(folder)
+        self._write_parts(
+            (
+                (self._time_folder(*bucket_and_what(key)), group)
+                for key, group in _grouped(records, "time_index_key")
+            ),
+            token,
+        )
 
     def _put(self, records: list[dict], latest: dict[tuple[str, str], dict]) -> None:
         token = self._token()
         # the time layout first: it is the truth the others are checked against
         self._write_time_parts(records, token)
         with_work_id = [r for r in records if r["metadata"].get("work_id") is not None]
-        for key, group in _grouped(with_work_id, "work_id_index_key"):
-            folder = self._work_folder(key)
-            self._write_part(folder, group, token)
-            self._merge_parts(folder)
+        self._write_parts(
+            ((self._work_folder(key), group) for key, group in _grouped(with_work_id, "work_id_index_key")),
+            token,
+        )
         for (what, where), record in sorted(latest.items()):
             self._offer_latest(what, where, record, token)
 
@@ -369,26 +385,35 @@ class ParquetCatalogStore(CatalogStore):
         return self._work_ids([work_id_index_key], where)[work_id_index_key]
 
     def _work_ids(self, work_id_index_keys: list[str], where: str | None) -> dict[str, list[dict]]:
-        # Time buckets are read once for all the work ids: a day bucket holds many hours' files.
-        buckets: dict[str, dict[tuple[str, str], dict]] = {}
-        return {key: self._verified_hits(key, where, buckets) for key in work_id_index_keys}
-
-    def _verified_hits(
-        self, work_id_index_key: str, where: str | None, current: dict[str, dict[tuple[str, str], dict]]
-    ) -> list[dict]:
-        candidates = winners(self._read_folder(self._work_folder(work_id_index_key), where))
-        # check each hit against the time layout, which a later put may have changed
-        out = []
-        for key in candidates:
-            time_key = key[0]
-            if time_key not in current:
-                current[time_key] = winners(
-                    self._read_folder(self._time_folder(*bucket_and_what(time_key)), where)
-                )
-            record = current[time_key].get(key)
-            if record is not None and record["work_id_index_key"] == work_id_index_key:
-                out.append(record)
-        return out
+        """Each work id's records, checked against the time layout, which a later put may have
+        changed. The folders are read several at a time (a backfill asks for a work id per
+        hour), and each time bucket once for all the work ids: a day bucket holds many hours'
+        files."""
+        candidates = each_file(
+            lambda key: winners(self._read_folder(self._work_folder(key), where)), work_id_index_keys
+        )
+        time_keys = list(dict.fromkeys(key[0] for found in candidates for key in found))
+        buckets = dict(
+            zip(
+                time_keys,
+                each_file(
+                    lambda time_key: winners(
+                        self._read_folder(self._time_folder(*bucket_and_what(time_key)), where)
+                    ),
+                    time_keys,
+                ),
+                strict=True,
+            )
+        )
+        return {
+            work_key: [
+                record
+                for key in found
+                if (record := buckets[key[0]].get(key)) is not None
+                and record["work_id_index_key"] == work_key
+            ]
+            for work_key, found in zip(work_id_index_keys, candidates, strict=True)
+        }
 
     def _latest(self, what: str, where: str) -> dict | None:
         best = None

@@ -42,7 +42,7 @@ from lake_assets.engine.state import (
     parquet_files,
     recover,
 )
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, each_file
 
 FROM = "__from"
 OPEN_FROM = "__open_from"
@@ -574,10 +574,14 @@ def plan_state_commit(
 
 def _staged_closed_days(storage: Storage, stage: str, kind: str) -> dict[str, list[str]]:
     """End day -> the staged closed files of `kind` (a small fold stages a slice per end hour)."""
+    slices = [
+        entry
+        for entry in storage.list(f"{stage}/rows/{KIND}={kind}")
+        if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}"
+    ]
     by_day: dict[str, list[str]] = {}
-    for entry in storage.list(f"{stage}/rows/{KIND}={kind}"):
-        if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}":
-            by_day.setdefault(entry.name.split("=", 1)[1][:10], []).extend(parquet_files(storage, entry.uri))
+    for entry, files in zip(slices, each_file(lambda e: parquet_files(storage, e.uri), slices), strict=True):
+        by_day.setdefault(entry.name.split("=", 1)[1][:10], []).extend(files)
     return by_day
 
 

@@ -41,7 +41,7 @@ from typing_extensions import TypedDict
 from lake_assets import lease
 from lake_assets.errors import AnotherWriter, DamagedLakeFile
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, is_hidden, read_lake_json
+from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, each_file, is_hidden, read_lake_json
 
 _DATE_FOLDER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -202,13 +202,24 @@ def _check_staged(storage: Storage, state: TableState, plan: CommitPlan) -> None
 
 
 def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -> None:
-    for index, (staged, final) in enumerate(plan.adds):
+    """Every add, then every delete, several at a time: on S3 a move is a copy and a delete,
+    and a backfill's hundreds of files moved one after another waited out each round trip
+    (docs/profiling.md, "Requests one after another"). A commit killed at any point is finished
+    by `recover`, whichever of its files had moved."""
+
+    def add(numbered: tuple[int, tuple[str, str]]) -> None:
+        index, (staged, final) = numbered
         on_step(f"add {index}")
         if storage.exists(staged):
             storage.move_file(staged, final)
-    for index, old in enumerate(plan.deletes):
+
+    def delete(numbered: tuple[int, str]) -> None:
+        index, old = numbered
         on_step(f"delete {index}")
         storage.delete_file(old)
+
+    each_file(add, enumerate(plan.adds))
+    each_file(delete, enumerate(plan.deletes))
 
 
 def commit(

@@ -21,7 +21,15 @@ from lake_assets.engine.names import col
 from lake_assets.epoch import EPOCH_MS_THRESHOLD, LARGEST_EPOCH_MS
 from lake_assets.errors import InvalidValue
 from lake_assets.paths import HOUR_KEY_FORMAT, parse_hour_key
-from lake_assets.storage import FILE_ERRORS, UNLISTABLE_FOLDER, Entry, Storage, data_files, is_hidden
+from lake_assets.storage import (
+    FILE_ERRORS,
+    UNLISTABLE_FOLDER,
+    Entry,
+    Storage,
+    data_files,
+    each_file,
+    is_hidden,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -184,8 +192,10 @@ class FeedFormat(abc.ABC):
     def partitions_files(
         self, storage: Storage, landing: str, table: str, partitions: list[str]
     ) -> dict[str, list[Entry]]:
-        """`partition_files` of several partitions (a format may list them together)."""
-        return {key: self.partition_files(storage, landing, table, key) for key in partitions}
+        """`partition_files` of several partitions (a format may list them together), several
+        listed at a time."""
+        listed = each_file(lambda key: self.partition_files(storage, landing, table, key), partitions)
+        return dict(zip(partitions, listed, strict=True))
 
     def landed_partitions_files(
         self, storage: Storage, landing: str, table: str, wanted: Callable[[str], bool]

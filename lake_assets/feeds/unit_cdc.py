@@ -41,7 +41,7 @@ from lake_assets.feeds.base import (
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage, data_files, is_hidden
+from lake_assets.storage import Entry, Storage, data_files, each_file, is_hidden
 
 KEY = "id"
 OPERATION = "cdc_operation_type"
@@ -123,10 +123,11 @@ class UnitCdcFormat(FeedFormat):
             return {key: landed.get(key, []) for key in partitions}
         moments = [parse_hour_key(key) for key in partitions]
         folders = hour_folders(storage, self._table_uri(landing, table), min(moments), max(moments))
-        return {
-            key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)]
-            for key in partitions
-        }
+        listed = each_file(
+            lambda key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)],
+            partitions,
+        )
+        return dict(zip(partitions, listed, strict=True))
 
     @staticmethod
     def _table_uri(landing: str, table: str) -> str:

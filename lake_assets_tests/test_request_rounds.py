@@ -1,0 +1,35 @@
+"""On an object store every request waits out a round trip. A run's requests per file or per
+partition (footers, hashes, catalog parts, listings, the commit's moves) are made several at a
+time, so the requests a backfill makes one after another do not grow with the hours it reads
+(docs/profiling.md, "Requests one after another")."""
+
+from __future__ import annotations
+
+from benchmarks import side_by_side
+from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
+from benchmarks.unit_landing import LandingShape, write_unit_landing
+
+
+def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark, tmp_path):
+    one_after_another = {}
+    for hours in (2, 10):
+        landing = tmp_path / f"landing-{hours}"
+        write_unit_landing(
+            landing, side_by_side.TABLE, LandingShape(keys=40, events_per_hour=12, hours=hours)
+        )
+        feed = side_by_side.feed_config(landing)
+        partitions = side_by_side.landed_hours(feed)
+        assert len(partitions) >= hours
+        with store_requests_counted() as counted:
+            side_by_side.run_pipeline(spark, feed, tmp_path / f"lake-{hours}", partitions, f"run-{hours}")
+        assert counted[ALL] > counted[MAIN_THREAD] > 0
+        one_after_another[hours] = {
+            name: made for name, made in counted.items() if name not in (ALL, MAIN_THREAD)
+        }
+    # (A single item is asked on the main thread: the short backfill may make a few more.)
+    grown = {
+        name: (one_after_another[2].get(name, 0), made)
+        for name, made in one_after_another[10].items()
+        if made > one_after_another[2].get(name, 0)
+    }
+    assert not grown, f"requests one after another (2 hours, 10 hours): {grown}"
