@@ -5,9 +5,14 @@ time, so the requests a backfill makes one after another do not grow with the ho
 
 from __future__ import annotations
 
+import threading
+import time
+
 from benchmarks import side_by_side
 from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
 from benchmarks.unit_landing import LandingShape, write_unit_landing
+from lake_assets.feeds.base import files_in_folders
+from lake_assets.storage import Storage
 
 
 def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark, tmp_path):
@@ -33,3 +38,34 @@ def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark
         if made > one_after_another[2].get(name, 0)
     }
     assert not grown, f"requests one after another (2 hours, 10 hours): {grown}"
+
+
+def test_the_folders_of_many_partitions_are_listed_several_at_a_time(tmp_path, monkeypatch):
+    """What a Unit run of a short range and a GRAX run of several batches list their landed
+    files with (`feeds.base.files_in_folders`)."""
+    folders = {}
+    for number in range(6):
+        folder = tmp_path / f"batch={number:x}"
+        folder.mkdir()
+        (folder / "part-0.parquet").write_bytes(b"PAR1")
+        folders[f"{number:x}"] = [f"file://{folder}"]
+    in_flight, most, lock = 0, 0, threading.Lock()
+    listing = Storage.list
+
+    def slow_list(self, uri):
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        time.sleep(0.05)  # a request's round trip
+        with lock:
+            in_flight -= 1
+        return listing(self, uri)
+
+    monkeypatch.setattr(Storage, "list", slow_list)
+    found = files_in_folders(Storage(), folders, [*folders, "ff"])
+    assert most > 1
+    assert {key: [e.name for e in entries] for key, entries in found.items()} == {
+        **{key: ["part-0.parquet"] for key in folders},
+        "ff": [],
+    }

@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import re
 import string
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -351,6 +351,18 @@ def _level_value(name: str, depth: int, prefix: tuple[int, ...]) -> int | None:
     except ValueError:
         return None
     return parts[-1]
+
+
+def files_in_folders(
+    storage: Storage, folders: Mapping[str, Sequence[str]], keys: list[str]
+) -> dict[str, list[Entry]]:
+    """key -> the data files of its `folders` (a partition may be spelled by several folders),
+    for each of `keys`, their folders listed several at a time (`each_file`): a backfill's
+    partitions are a listing each."""
+    listed = each_file(
+        lambda key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)], keys
+    )
+    return dict(zip(keys, listed, strict=True))
 
 
 def hour_folders(

@@ -53,13 +53,14 @@ from lake_assets.feeds.base import (
     INVALID,
     FeedFormat,
     LandingSurvey,
+    files_in_folders,
     is_text_type,
     outside_history,
     stripped,
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage, data_files, is_hidden
+from lake_assets.storage import Entry, Storage, is_hidden
 
 KEY = "Id"
 MODIFIED = "source__modified"
@@ -381,10 +382,7 @@ class GraxV2Format(FeedFormat):
         # Looked up as keyed: a partition registered under another spelling of a batch (before
         # batches were keyed as `batch_folders` keys them) has no files, so its rows leave
         # `changes` once.
-        return {
-            key: [entry for folder in folders.get(key, []) for entry in data_files(storage, folder)]
-            for key in keys
-        }
+        return files_in_folders(storage, folders, keys)
 
     def table_spec(self, table: str) -> m.TableSpec:
         return m.TableSpec(name=table, keys=(KEY,))

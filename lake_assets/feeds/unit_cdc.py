@@ -30,6 +30,7 @@ from lake_assets.feeds.base import (
     FeedFormat,
     LandingSurvey,
     ascii_upper,
+    files_in_folders,
     hour_folders,
     hourly_files,
     hourly_strays,
@@ -41,7 +42,7 @@ from lake_assets.feeds.base import (
     timestamp_column,
 )
 from lake_assets.paths import safe_segment
-from lake_assets.storage import Entry, Storage, data_files, each_file, is_hidden
+from lake_assets.storage import Entry, Storage, is_hidden
 
 KEY = "id"
 OPERATION = "cdc_operation_type"
@@ -123,11 +124,7 @@ class UnitCdcFormat(FeedFormat):
             return {key: landed.get(key, []) for key in partitions}
         moments = [parse_hour_key(key) for key in partitions]
         folders = hour_folders(storage, self._table_uri(landing, table), min(moments), max(moments))
-        listed = each_file(
-            lambda key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)],
-            partitions,
-        )
-        return dict(zip(partitions, listed, strict=True))
+        return files_in_folders(storage, folders, partitions)
 
     @staticmethod
     def _table_uri(landing: str, table: str) -> str:
