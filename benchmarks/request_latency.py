@@ -55,15 +55,17 @@ def store_requests_counted(latency: float = 0.0) -> Iterator[collections.Counter
     the main thread, and under `MAIN_THREAD` and `ALL`."""
     counted: collections.Counter = collections.Counter()
     originals = {name: getattr(Storage, name) for name in (*STORE_REQUESTS, "requests_at_once")}
+    counting_lock = threading.Lock()
 
     def counting(name: str):
         request = originals[name]
 
         def counted_request(self, *args, **kwargs):
-            if threading.current_thread() is threading.main_thread():
-                counted[name] += 1
-                counted[MAIN_THREAD] += 1
-            counted[ALL] += 1
+            with counting_lock:
+                if threading.current_thread() is threading.main_thread():
+                    counted[name] += 1
+                    counted[MAIN_THREAD] += 1
+                counted[ALL] += 1
             if latency:
                 time.sleep(latency)
             return request(self, *args, **kwargs)

@@ -45,7 +45,11 @@ def confirm_unchanged(
         return
     now = work.storage.files_now(files)
     present = [(url, note) for url, note in sorted(files.items()) if url in now]
-    hashed_if_need_be = each_file(lambda item: _changed(work, now[item[0]], item[1]), present)
+    hashed_if_need_be = each_file(
+        lambda item: _changed(work, now[item[0]], item[1]),
+        present,
+        work.storage.requests_at_once(work.feed.landing),
+    )
     changed = [url for (url, _), is_changed in zip(present, hashed_if_need_be, strict=True) if is_changed]
     if changed:
         raise LandingChanged(

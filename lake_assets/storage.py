@@ -21,7 +21,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -176,16 +176,21 @@ def _link_not_followed(path: str) -> str:
 def each_outcome(
     request: Callable[[_Item], _Result], items: Iterable[_Item], at_once: int = PARALLEL_SMALL_REQUESTS
 ) -> list[_Result | Exception]:
-    """`request` applied to every item, `at_once` at a time: per item, in the
-    order of `items`, its result or the exception it raised, for a caller that deals with each
-    file's failure on its own (`catalog.files.record`). When the store is out of reach
-    (`store_out_of_reach`) the requests not yet begun are not made: their outcome is that
-    failure. In an outage each request waits through its retries and timeouts, and a thousand
-    notes would have kept a run (or a sensor's tick) waiting for each of them in turn."""
+    """`request` applied to every item, `at_once` at a time: per item, in the order of `items`,
+    its result or the exception it raised, for a caller that deals with each file's failure on
+    its own (`catalog.files.record`). When the store is out of reach (`store_out_of_reach`) the
+    requests not yet begun are not made: their outcome is that failure. In an outage each
+    request waits through its retries and timeouts, and a thousand notes would have kept a run
+    (or a sensor's tick) waiting for each of them in turn. An interrupt (Dagster's termination,
+    Ctrl-C), whether the caller's or a request's, makes no further request: the requests under
+    way end, and it is raised."""
     items = list(items)
     outage: list[Exception] = []
+    interrupted: list[BaseException] = []
 
     def unless_out_of_reach(item: _Item) -> _Result | Exception:
+        if interrupted:
+            raise interrupted[0]
         if outage:
             return outage[0]
         try:
@@ -194,13 +199,25 @@ def each_outcome(
             if store_out_of_reach(error):
                 outage.append(error)
             return error
+        except BaseException as interrupt:
+            interrupted.append(interrupt)
+            raise
 
     if len(items) < 2 or at_once < 2:
         return [unless_out_of_reach(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(at_once, len(items))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(at_once, len(items)))
+    try:
         # Not `pool.map`: its first failure cancels the requests not yet started, so some notes
         # of a run would be written and the rest not even tried.
         requests = [pool.submit(unless_out_of_reach, item) for item in items]
+        wait(requests)
+    except BaseException as interrupt:
+        interrupted.append(interrupt)  # no queued request begins: a step stopped stops writing
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if interrupted:
+        raise interrupted[0]
     return [done.result() for done in requests]
 
 
@@ -209,8 +226,7 @@ def each_file(
 ) -> list[_Result]:
     """`request` applied to every item as `each_outcome` does; results in the order of `items`.
     Every item is tried before the first failure is raised (the outage's, if the store went
-    out of reach), unless the store is out of reach: then the requests not yet begun are not
-    made."""
+    out of reach: then the requests not yet begun were not made)."""
     outcomes = each_outcome(request, items, at_once)
     failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
     if failures:
@@ -382,11 +398,15 @@ class Storage:
         self._s3_settings = s3 or S3Config()
         self._s3: pafs.FileSystem | None = None
         self._boto3_client: Any = None  # boto3 (exact listings, conditional writes), made on first use
-        self._boto3_client_made = threading.Lock()
+        self._clients_made = threading.Lock()
         self._s3_unsigned = False  # it found no credentials, and asks unsigned (a public bucket)
         self._local = pafs.LocalFileSystem()
 
     def _s3_fs(self) -> pafs.FileSystem:
+        with self._clients_made:  # the first use may come from several threads (`each_file`)
+            return self._made_s3_fs()
+
+    def _made_s3_fs(self) -> pafs.FileSystem:
         if self._s3 is None:
             settings = self._s3_settings
             kwargs: dict = {"region": settings.region}
@@ -589,7 +609,7 @@ class Storage:
         """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the
         environment's credentials, else boto3's own chain (a profile, an instance role), else
         none at all (a public bucket), as pyarrow's client finds them."""
-        with self._boto3_client_made:  # the first use may come from several threads (`each_file`)
+        with self._clients_made:  # the first use may come from several threads (`each_file`)
             return self._made_s3_client()
 
     def _made_s3_client(self):
@@ -616,7 +636,10 @@ class Storage:
                 "s3",
                 endpoint_url=settings.endpoint_url,
                 region_name=settings.region,
-                config=botocore.config.Config(s3=style, **signing),
+                # one connection for each request `each_file` makes at once (botocore keeps 10)
+                config=botocore.config.Config(
+                    s3=style, max_pool_connections=PARALLEL_SMALL_REQUESTS, **signing
+                ),
             )
         return self._boto3_client
 

@@ -64,11 +64,14 @@ def main() -> None:
     if args.kill_after is not None:
         threading.Timer(args.kill_after, _die).start()
     steps = [0]
+    counting = threading.Lock()  # a commit's moves, and so their steps, run on several threads
 
     def on_step(name: str) -> None:
-        steps[0] += 1
-        print(f"step {steps[0]}: {name}", flush=True)
-        if args.kill_at_step is not None and steps[0] == args.kill_at_step:
+        with counting:
+            steps[0] += 1
+            step = steps[0]
+            print(f"step {step}: {name}", flush=True)
+        if args.kill_at_step is not None and step == args.kill_at_step:
             _die()
 
     lake = EngineLake(session, args.lake)

@@ -506,7 +506,8 @@ def test_the_files_of_an_interrupted_fold_are_catalogued_by_the_run_that_finishe
     )
     _run_hours(spark, feed, lake, ["2024-03-01-00"], "run-0")
 
-    # The next fold dies once its commit record is written, before a file has moved.
+    # The next fold dies once its commit record is written, at its first move (its other moves,
+    # made on other threads, may have run: a commit is finished from any part of it).
     class Killed(Exception):
         pass
 

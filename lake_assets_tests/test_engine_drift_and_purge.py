@@ -396,7 +396,8 @@ def test_a_purge_is_recorded_and_erased_from_state_and_change_log_in_one_commit(
 
 
 def test_a_change_log_partition_stored_again_after_a_killed_purge_commit_holds_each_row_once(spark, tmp_path):
-    """The fold that first meets a purge is killed before its commit moves any file; before the
+    """The fold that first meets a purge is killed at its commit's first move (the others, made
+    on other threads, may have run); before the
     next fold, h1 of the change log is stored again (a run over that hour: a late file). The
     write finishes the killed commit first, so h1 holds each row once, the purged key erased,
     and the files the commit put in place are catalogued; the erased copy of h1 the commit

@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import botocore.exceptions
+import pytest
+
 from benchmarks import side_by_side
 from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
 from benchmarks.unit_landing import LandingShape, write_unit_landing
 from lake_assets.feeds.base import files_in_folders
-from lake_assets.storage import Storage
+from lake_assets.storage import Storage, each_file, each_outcome
 
 
 def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark, tmp_path):
@@ -69,3 +72,48 @@ def test_the_folders_of_many_partitions_are_listed_several_at_a_time(tmp_path, m
         **{key: ["part-0.parquet"] for key in folders},
         "ff": [],
     }
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_each_request_is_tried_and_its_outcome_kept_in_order(at_once):
+    def request(number: int) -> int:
+        if number == 2:
+            raise OSError("the store refused one request")
+        time.sleep(0.01 * (5 - number))  # the later requests end first
+        return number * 10
+
+    outcomes = each_outcome(request, range(5), at_once)
+    assert [o if not isinstance(o, Exception) else "refused" for o in outcomes] == [0, 10, "refused", 30, 40]
+    with pytest.raises(OSError, match="refused one request"):
+        each_file(request, range(5), at_once)
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_once_the_store_is_out_of_reach_no_further_request_is_made(at_once):
+    begun = []
+
+    def request(number: int) -> None:
+        begun.append(number)
+        time.sleep(0.02)
+        raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+
+    outcomes = each_outcome(request, range(40), at_once)
+    assert len(begun) <= at_once
+    assert all(isinstance(o, botocore.exceptions.EndpointConnectionError) for o in outcomes)
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_an_interrupt_makes_no_further_request(at_once):
+    """Dagster's termination of a step, or Ctrl-C, raised in a request: the requests under way
+    end, no other begins (the step no longer holds its table's lease once it is out)."""
+    begun = []
+
+    def request(number: int) -> None:
+        begun.append(number)
+        if number == 0:
+            raise KeyboardInterrupt("the step was terminated")
+        time.sleep(0.05)
+
+    with pytest.raises(KeyboardInterrupt, match="terminated"):
+        each_outcome(request, range(40), at_once)
+    assert len(begun) <= at_once

@@ -16,6 +16,7 @@ from lake_assets.catalog.metadata import time_index_key
 from lake_assets.catalog.store import CatalogStore, best_for_latest, what_where_key
 from lake_assets.config_model import DEFAULT_REGION
 from lake_assets.errors import CatalogError
+from lake_assets.storage import PARALLEL_SMALL_REQUESTS
 
 
 def _to_dynamo(value: Any) -> Any:
@@ -64,13 +65,20 @@ class DynamoCatalogStore(CatalogStore):
         write_threads: int = 8,
     ):
         import boto3
+        import botocore.config
         from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
         self.table = table
         self.latest_table = latest_table
         self.page_size = page_size  # Query page size (None: DynamoDB's own 1 MB pages)
         self.write_threads = max(1, write_threads)
-        self.client = boto3.client("dynamodb", endpoint_url=endpoint_url, region_name=region)
+        self.client = boto3.client(
+            "dynamodb",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            # one connection for each query `each_file` makes at once (botocore keeps 10)
+            config=botocore.config.Config(max_pool_connections=PARALLEL_SMALL_REQUESTS),
+        )
         self._ser = TypeSerializer()
         self._de = TypeDeserializer()
 

@@ -249,19 +249,21 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
     """The retirements (`CatalogStore.retire`) of lake files about to be removed: read now,
     while the files exist, for their span (which places their records); files already gone are
     left out (their retirement was read before they went)."""
-    out = []
     for item in files:
         if item.landed:
             raise CatalogError(f"{item.url}: the lake retires only files it wrote")
+
+    def retirements_of(item: CatalogFile) -> list[dict]:
         fs, path = storage.resolve(item.url)
         info = fs.get_file_info(path)
         if info.type == FileType.NotFound:
-            continue
+            return []
         start, end = item.span or (datetime_to_ms(info.mtime), None)
-        out += build_retirements(
+        return build_retirements(
             url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end
         )
-    return out
+
+    return [retirement for found in each_file(retirements_of, files) for retirement in found]
 
 
 def landed_record_versions(

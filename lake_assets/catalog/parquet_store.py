@@ -386,11 +386,12 @@ class ParquetCatalogStore(CatalogStore):
 
     def _work_ids(self, work_id_index_keys: list[str], where: str | None) -> dict[str, list[dict]]:
         """Each work id's records, checked against the time layout, which a later put may have
-        changed. The folders are read several at a time (a backfill asks for a work id per
-        hour), and each time bucket once for all the work ids: a day bucket holds many hours'
-        files."""
+        changed. On a remote store the folders are read several at a time (a backfill asks for
+        a work id per hour), and each time bucket once for all the work ids: a day bucket holds
+        many hours' files."""
+        at_once = self.storage.requests_at_once(self.root)
         candidates = each_file(
-            lambda key: winners(self._read_folder(self._work_folder(key), where)), work_id_index_keys
+            lambda key: winners(self._read_folder(self._work_folder(key), where)), work_id_index_keys, at_once
         )
         time_keys = list(dict.fromkeys(key[0] for found in candidates for key in found))
         buckets = dict(
@@ -401,6 +402,7 @@ class ParquetCatalogStore(CatalogStore):
                         self._read_folder(self._time_folder(*bucket_and_what(time_key)), where)
                     ),
                     time_keys,
+                    at_once,
                 ),
                 strict=True,
             )
