@@ -21,7 +21,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -187,38 +187,53 @@ def each_outcome(
     items = list(items)
     outage: list[Exception] = []
     interrupted: list[BaseException] = []
+    # the requests under way: an interrupt is raised only once they have ended
+    under_way, running = threading.Condition(), [0]
 
     def unless_out_of_reach(item: _Item) -> _Result | Exception:
-        if interrupted:
-            raise interrupted[0]
-        if outage:
-            return outage[0]
+        with under_way:
+            if interrupted:
+                return _NotBegun()
+            running[0] += 1
         try:
+            if outage:
+                return outage[0]
             return request(item)
         except Exception as error:  # noqa: BLE001 - handed back as the item's outcome
             if store_out_of_reach(error):
                 outage.append(error)
             return error
         except BaseException as interrupt:
-            interrupted.append(interrupt)
+            with under_way:
+                interrupted.append(interrupt)
             raise
+        finally:
+            with under_way:
+                running[0] -= 1
+                under_way.notify_all()
 
     if len(items) < 2 or at_once < 2:
         return [unless_out_of_reach(item) for item in items]
     pool = ThreadPoolExecutor(max_workers=min(at_once, len(items)))
     try:
         # Not `pool.map`: its first failure cancels the requests not yet started, so some notes
-        # of a run would be written and the rest not even tried.
+        # of a run would be written and the rest not even tried. Each `result()` waits under
+        # its future's lock, which an interrupt releases (`concurrent.futures.wait` would not).
         requests = [pool.submit(unless_out_of_reach, item) for item in items]
-        wait(requests)
+        return [done.result() for done in requests]
     except BaseException as interrupt:
-        interrupted.append(interrupt)  # no queued request begins: a step stopped stops writing
+        with under_way:
+            interrupted.append(interrupt)  # no queued request begins: a step stopped stops writing
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    if interrupted:
-        raise interrupted[0]
-    return [done.result() for done in requests]
+        pool.shutdown(wait=False, cancel_futures=True)
+        with under_way:
+            under_way.wait_for(lambda: running[0] == 0)
+
+
+class _NotBegun(Exception):
+    """The outcome of a request `each_outcome` did not begin after an interrupt (never seen: the
+    interrupt is raised)."""
 
 
 def each_file(

@@ -5,6 +5,7 @@ time, so the requests a backfill makes one after another do not grow with the ho
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -117,3 +118,29 @@ def test_an_interrupt_makes_no_further_request(at_once):
     with pytest.raises(KeyboardInterrupt, match="terminated"):
         each_outcome(request, range(40), at_once)
     assert len(begun) <= at_once
+
+
+@pytest.mark.parametrize("after", [0.0, 0.1])
+def test_an_interrupt_of_the_caller_begins_no_request_and_waits_for_those_under_way(after):
+    """Ctrl-C (SIGINT, raised in the main thread) while the requests run, or while they are
+    still being handed to their threads: none begins after it, and it is raised only once
+    those under way have ended."""
+    assert threading.current_thread() is threading.main_thread(), "a signal reaches the main thread only"
+    begun, ended = [], []
+
+    def request(number: int) -> None:
+        begun.append(number)
+        if number == 0:
+            time.sleep(after)
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        time.sleep(0.2)
+        ended.append(number)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            each_outcome(request, range(40), 4)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert sorted(begun) == sorted(ended)
+    assert len(begun) <= 4

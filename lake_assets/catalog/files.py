@@ -263,7 +263,8 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
             url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end
         )
 
-    return [retirement for found in each_file(retirements_of, files) for retirement in found]
+    at_once = storage.requests_at_once(files[0].url) if files else 1
+    return [retirement for found in each_file(retirements_of, files, at_once) for retirement in found]
 
 
 def landed_record_versions(
