@@ -20,7 +20,7 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -444,6 +444,11 @@ class Storage:
         millisecond, and threads sharing the interpreter only slowed them (docs/profiling.md,
         "Requests one after another")."""
         return PARALLEL_SMALL_REQUESTS if is_s3(uri) else 1
+
+    def requests_at_once_for(self, uris: Sequence[str]) -> int:
+        """`requests_at_once` for requests of `uris`, which share one store (a run's files are
+        all in its lake or all in its landing); 1 when there are none."""
+        return self.requests_at_once(uris[0]) if uris else 1
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
         if is_s3(uri):

@@ -170,8 +170,9 @@ def written_files(
 ) -> list[CatalogFile]:
     """Lake files a run wrote, each spanning the range of its first present time column."""
     uris = list(uris)
-    at_once = storage.requests_at_once(uris[0]) if uris else 1
-    spans = each_file(lambda uri: parquet_span(storage, uri, time_columns), uris, at_once)
+    spans = each_file(
+        lambda uri: parquet_span(storage, uri, time_columns), uris, storage.requests_at_once_for(uris)
+    )
     return [catalog_file(feed, table, run_id, uri, span) for uri, span in zip(uris, spans, strict=True)]
 
 
@@ -203,7 +204,7 @@ def record(
 ) -> int:
     """Hash each file and put its records; returns how many files were recorded. A file whose
     bytes cannot be read fails the call, or, given `refused`, is told to it and left out."""
-    at_once = storage.requests_at_once(files[0].url) if files else 1
+    at_once = storage.requests_at_once_for([item.url for item in files])
     outcomes = each_outcome(lambda item: _records_of_retried(storage, item), files, at_once)
     hashed = [records for records in outcomes if not isinstance(records, Exception)]
     try:
@@ -263,7 +264,7 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
             url=item.url, where=item.where, what=item.what, file_id=item.file_id(None), start=start, end=end
         )
 
-    at_once = storage.requests_at_once(files[0].url) if files else 1
+    at_once = storage.requests_at_once_for([item.url for item in files])
     return [retirement for found in each_file(retirements_of, files, at_once) for retirement in found]
 
 
