@@ -38,7 +38,7 @@ from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, F
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, parquet_column, parquet_footer
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_request, parquet_column, parquet_footer
 
 #: per event: how many of its values held text that was not valid UTF-8 and were repaired
 TEXT_REPAIRED = "__text_repaired"
@@ -446,7 +446,7 @@ def _vetted(
     )
     entries = [entry for entries in files.values() for entry in entries]
     for entry, (vetted, reason) in zip(
-        entries, each_file(lambda e: _vet(storage, fmt, e, keys), entries), strict=True
+        entries, each_request(lambda e: _vet(storage, fmt, e, keys), entries), strict=True
     ):
         if vetted is None:
             batch_files.set_aside(entry.uri, reason)

@@ -26,7 +26,7 @@ from lake_assets.engine.state import Removing, is_parquet_file, parquet_files
 from lake_assets.errors import ConfigError, InvalidValue
 from lake_assets.paths import partition_folder
 from lake_assets.spark_errors import SCHEMAS_DISAGREE, SPARK_ERRORS, error_conditions
-from lake_assets.storage import Storage, each_file, parquet_footer
+from lake_assets.storage import Storage, each_request, parquet_footer
 
 if TYPE_CHECKING:
     from lake_assets.engine.purges import Erasure
@@ -200,7 +200,7 @@ def _spark_schema(footers: list[pq.FileMetaData], any_nullability: bool = False)
 
 
 def _footers(storage: Storage, files: list[str]) -> list[pq.FileMetaData]:
-    return each_file(lambda uri: parquet_footer(storage, uri), files)
+    return each_request(lambda uri: parquet_footer(storage, uri), files)
 
 
 def files_reaching(storage: Storage, files: list[str], column: str, bound: dt.datetime) -> list[str]:
@@ -405,12 +405,16 @@ def _partitions_by_schema(storage: Storage, present: dict[str, str]) -> list[lis
     of their files (nullability aside), each group in value order."""
     listed = sorted(present)
     files = dict(
-        zip(listed, each_file(lambda value: parquet_files(storage, present[value]), listed), strict=True)
+        zip(listed, each_request(lambda value: parquet_files(storage, present[value]), listed), strict=True)
     )
     values = [value for value in listed if files[value]]  # a folder without files holds nothing to erase
     every = [uri for value in values for uri in files[value]]
     signatures = dict(
-        zip(every, each_file(lambda uri: _schema_signature(parquet_footer(storage, uri)), every), strict=True)
+        zip(
+            every,
+            each_request(lambda uri: _schema_signature(parquet_footer(storage, uri)), every),
+            strict=True,
+        )
     )
     groups: dict[frozenset[str], list[str]] = {}
     for value in values:

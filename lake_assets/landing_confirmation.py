@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from lake_assets import lake_io, processed
 from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.errors import LandingChanged
-from lake_assets.storage import Entry, Storage, each_file
+from lake_assets.storage import Entry, Storage, each_request
 
 if TYPE_CHECKING:
     from lake_assets.pipeline import TableWork
@@ -45,7 +45,7 @@ def confirm_unchanged(
         return
     now = work.storage.files_now(files)
     present = [(url, note) for url, note in sorted(files.items()) if url in now]
-    hashed_if_need_be = each_file(
+    hashed_if_need_be = each_request(
         lambda item: _changed(work, now[item[0]], item[1]),
         present,
         work.storage.requests_at_once(work.feed.landing),

@@ -60,7 +60,7 @@ from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
-from lake_assets.storage import Entry, Storage, each_file, parquet_footer
+from lake_assets.storage import Entry, Storage, each_request, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -282,7 +282,7 @@ def catalogue_landing(work: TableWork, partitions: list[str], log=_log) -> Landi
         for entry in entries
         if not _still_recorded(entry, recorded[key].get(entry.uri))
     ]
-    spans = each_file(
+    spans = each_request(
         lambda item: fmt.landing_span(storage, item[1]), new, storage.requests_at_once(work.feed.landing)
     )
     hashed = work.catalogue(
@@ -408,7 +408,7 @@ def withdraw_stale_quarantine(work: TableWork, partitions: list[str], written: s
     folders = [work.layout.quarantine(work.feed.name, work.table, p) for p in [*partitions, UNPARTITIONED]]
     stale = [
         entry.uri
-        for entries in each_file(lambda folder: list(work.storage.walk_files(folder)), folders)
+        for entries in each_request(lambda folder: list(work.storage.walk_files(folder)), folders)
         for entry in entries
         if not entry.is_dir and entry.unreadable is None and entry.uri not in written
     ]
@@ -765,7 +765,7 @@ def store_partitions(
             replacing=replacing,
             emptying=emptying,
         )
-    listed = each_file(
+    listed = each_request(
         lambda value: parquet_files(storage, partition_folder(location, column, value)), written
     )
     files = [uri for uris in listed for uri in uris]

@@ -33,7 +33,7 @@ from lake_assets.catalog.files import hash_file, unchanged_since_recorded
 from lake_assets.engine.state import parquet_files
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, read_lake_json
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_request, read_lake_json
 
 if TYPE_CHECKING:
     from lake_assets.feeds.base import FeedFormat
@@ -119,7 +119,7 @@ def _write_each(storage: Storage, folder: str, bodies: dict[str, object]) -> Non
         partition, body = item
         storage.write_bytes(join(folder, f"{partition}.json"), json.dumps(body, indent=1).encode())
 
-    each_file(write, bodies.items())
+    each_request(write, bodies.items())
 
 
 def read_notes(
@@ -145,7 +145,7 @@ def read_notes_of(
     """The processed notes of `partitions` that have one and read, each read by its name; a
     damaged one is told to `damaged` and left out (the run rewrites it)."""
     uris = {p: note_uri(layout, feed, table, p) for p in partitions}
-    present = [p for p, found in zip(uris, each_file(storage.exists, uris.values()), strict=True) if found]
+    present = [p for p, found in zip(uris, each_request(storage.exists, uris.values()), strict=True) if found]
 
     def read(partition: str) -> tuple[str, dict[str, ProcessedFile] | None]:
         try:
@@ -154,7 +154,7 @@ def read_notes_of(
             damaged(exc)
             return partition, None
 
-    return {p: note for p, note in each_file(read, present) if note is not None}
+    return {p: note for p, note in each_request(read, present) if note is not None}
 
 
 class _StoredNote(TypedDict):
@@ -206,7 +206,7 @@ def _read_stored(
     # A note written before notes named their run is a plain URL -> file mapping: no run's own,
     # but what is stored when the fold read the change log back.
     shape: Any = _StoredNote | dict[str, ProcessedFile]
-    return dict(each_file(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries))
+    return dict(each_request(lambda e: (json_name(e), read_lake_json(storage, e.uri, shape)), entries))
 
 
 def stored_partitions(
@@ -235,7 +235,7 @@ def _read_notes(
             raise DamagedLakeFile(entry.uri, f"{partition!r} names no partition of the table")
         return partition, read_lake_json(storage, entry.uri, dict[str, ProcessedFile])
 
-    return dict(each_file(read, entries))
+    return dict(each_request(read, entries))
 
 
 def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str]) -> None:
@@ -248,7 +248,7 @@ def forget_notes(storage: Storage, layout: LakeLayout, feed: str, table: str, pa
     changed and the rows would stay lost. The fold's success writes the notes again. (A
     partition only emptied keeps its note: its files are gone, and the note is what makes the
     next run empty it if this one does not.)"""
-    each_file(
+    each_request(
         storage.delete_file,
         [
             note_uri(layout, feed, table, p, folder)

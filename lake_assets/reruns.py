@@ -33,7 +33,7 @@ from typing_extensions import TypedDict
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.paths import LakeLayout, join
 from lake_assets.processed import json_files, json_name
-from lake_assets.storage import Storage, each_file, read_lake_json
+from lake_assets.storage import Storage, each_request, read_lake_json
 
 READING_FOLDER = "reading"
 RERUNS_FOLDER = "reruns"
@@ -127,7 +127,7 @@ def leave_reading(
     replaces the one before, so it always describes the changes stored), under a mark of its own."""
     body = json.dumps(dataclasses.replace(reading, recorded=uuid.uuid4().hex).to_json()).encode()
     folder = reading_folder(layout, feed, table)
-    each_file(lambda partition: storage.write_bytes(join(folder, f"{partition}.json"), body), partitions)
+    each_request(lambda partition: storage.write_bytes(join(folder, f"{partition}.json"), body), partitions)
 
 
 def read_reading(
@@ -224,7 +224,9 @@ def read_reruns(
         return [request(entry.uri) for entry in json_files(storage, partition_folder.uri)]
 
     return {
-        folder.name: found for folder, found in zip(folders, each_file(read, folders), strict=True) if found
+        folder.name: found
+        for folder, found in zip(folders, each_request(read, folders), strict=True)
+        if found
     }
 
 

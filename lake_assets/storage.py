@@ -236,7 +236,7 @@ class _NotBegun(Exception):
     interrupt is raised)."""
 
 
-def each_file(
+def each_request(
     request: Callable[[_Item], _Result], items: Iterable[_Item], at_once: int = PARALLEL_SMALL_REQUESTS
 ) -> list[_Result]:
     """`request` applied to every item as `each_outcome` does; results in the order of `items`.
@@ -418,7 +418,7 @@ class Storage:
         self._local = pafs.LocalFileSystem()
 
     def _s3_fs(self) -> pafs.FileSystem:
-        with self._clients_made:  # the first use may come from several threads (`each_file`)
+        with self._clients_made:  # the first use may come from several threads (`each_request`)
             return self._made_s3_fs()
 
     def _made_s3_fs(self) -> pafs.FileSystem:
@@ -438,7 +438,7 @@ class Storage:
         return self._s3
 
     def requests_at_once(self, uri: str) -> int:
-        """How many requests of `uri`'s store to make at once (`each_file`) where each is mostly
+        """How many requests of `uri`'s store to make at once (`each_request`) where each is mostly
         Python's work (catalog parts built and read, a footer's statistics, a hash): on S3 each
         waits out a round trip, so `PARALLEL_SMALL_REQUESTS`; a local file's takes well under a
         millisecond, and threads sharing the interpreter only slowed them (docs/profiling.md,
@@ -629,7 +629,7 @@ class Storage:
         """A boto3 S3 client on the configured endpoint (path-style there, as for pyarrow): the
         environment's credentials, else boto3's own chain (a profile, an instance role), else
         none at all (a public bucket), as pyarrow's client finds them."""
-        with self._clients_made:  # the first use may come from several threads (`each_file`)
+        with self._clients_made:  # the first use may come from several threads (`each_request`)
             return self._made_s3_client()
 
     def _made_s3_client(self):
@@ -656,7 +656,7 @@ class Storage:
                 "s3",
                 endpoint_url=settings.endpoint_url,
                 region_name=settings.region,
-                # one connection for each request `each_file` makes at once (botocore keeps 10)
+                # one connection for each request `each_request` makes at once (botocore keeps 10)
                 config=botocore.config.Config(
                     s3=style, max_pool_connections=PARALLEL_SMALL_REQUESTS, **signing
                 ),

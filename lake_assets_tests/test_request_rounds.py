@@ -16,7 +16,7 @@ from benchmarks import side_by_side
 from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
 from benchmarks.unit_landing import LandingShape, write_unit_landing
 from lake_assets.feeds.base import files_in_folders
-from lake_assets.storage import Storage, each_file, each_outcome
+from lake_assets.storage import Storage, each_outcome, each_request
 
 
 def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark, tmp_path):
@@ -86,7 +86,7 @@ def test_each_request_is_tried_and_its_outcome_kept_in_order(at_once):
     outcomes = each_outcome(request, range(5), at_once)
     assert [o if not isinstance(o, Exception) else "refused" for o in outcomes] == [0, 10, "refused", 30, 40]
     with pytest.raises(OSError, match="refused one request"):
-        each_file(request, range(5), at_once)
+        each_request(request, range(5), at_once)
 
 
 @pytest.mark.parametrize("at_once", [1, 4])

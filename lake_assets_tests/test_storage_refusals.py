@@ -61,11 +61,11 @@ def test_a_local_permission_error_refuses_and_another_error_does_not():
 
 
 def test_each_file_tries_every_item_before_it_raises_the_first_failure():
-    """A run writes its notes (and reads footers) with `each_file`; one failure must not leave
+    """A run writes its notes (and reads footers) with `each_request`; one failure must not leave
     the items queued behind it untried."""
     import threading
 
-    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, each_file
+    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, each_request
 
     tried: list[int] = []
     lock = threading.Lock()
@@ -80,9 +80,9 @@ def test_each_file_tries_every_item_before_it_raises_the_first_failure():
 
     items = range(PARALLEL_SMALL_REQUESTS * 4)
     with pytest.raises(OSError, match="the first request failed"):
-        each_file(request, items)
+        each_request(request, items)
     assert sorted(tried) == list(items)
-    assert each_file(lambda item: item * 2, range(40)) == [item * 2 for item in range(40)]
+    assert each_request(lambda item: item * 2, range(40)) == [item * 2 for item in range(40)]
 
 
 def _closed_loopback_port() -> int:
@@ -103,7 +103,7 @@ def test_each_file_stops_asking_once_the_store_is_out_of_reach(client):
     import threading
 
     from lake_assets.config import S3Config
-    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, Storage, each_file
+    from lake_assets.storage import PARALLEL_SMALL_REQUESTS, Storage, each_request
 
     storage = Storage(S3Config(endpoint_url=f"http://127.0.0.1:{_closed_loopback_port()}"))
     asked: list[str] = []
@@ -116,7 +116,7 @@ def test_each_file_stops_asking_once_the_store_is_out_of_reach(client):
 
     uris = [f"s3a://bucket/notes/{n}.json" for n in range(PARALLEL_SMALL_REQUESTS * 20)]
     with pytest.raises(OSError, match=r"(?i)connect"):
-        each_file(request, uris)
+        each_request(request, uris)
     assert len(asked) <= 2 * PARALLEL_SMALL_REQUESTS, len(asked)
 
 

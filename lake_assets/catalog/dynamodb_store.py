@@ -76,7 +76,7 @@ class DynamoCatalogStore(CatalogStore):
             "dynamodb",
             endpoint_url=endpoint_url,
             region_name=region,
-            # one connection for each query `each_file` makes at once (botocore keeps 10)
+            # one connection for each query `each_request` makes at once (botocore keeps 10)
             config=botocore.config.Config(max_pool_connections=PARALLEL_SMALL_REQUESTS),
         )
         self._ser = TypeSerializer()

@@ -33,7 +33,7 @@ from lake_assets.catalog.metadata import (
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.errors import CatalogError, DamagedLakeFile
 from lake_assets.paths import as_name
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_file, each_outcome, parquet_footer
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_outcome, each_request, parquet_footer
 
 CHUNK = 8 * 1024 * 1024
 
@@ -170,7 +170,7 @@ def written_files(
 ) -> list[CatalogFile]:
     """Lake files a run wrote, each spanning the range of its first present time column."""
     uris = list(uris)
-    spans = each_file(
+    spans = each_request(
         lambda uri: parquet_span(storage, uri, time_columns), uris, storage.requests_at_once_for(uris)
     )
     return [catalog_file(feed, table, run_id, uri, span) for uri, span in zip(uris, spans, strict=True)]
@@ -265,7 +265,7 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
         )
 
     at_once = storage.requests_at_once_for([item.url for item in files])
-    return [retirement for found in each_file(retirements_of, files, at_once) for retirement in found]
+    return [retirement for found in each_request(retirements_of, files, at_once) for retirement in found]
 
 
 def landed_record_versions(

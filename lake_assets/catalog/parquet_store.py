@@ -33,7 +33,7 @@ from lake_assets.catalog.store import (
 )
 from lake_assets.errors import CatalogError, DamagedLakeFile, first_line
 from lake_assets.paths import is_s3, safe_segment
-from lake_assets.storage import FILE_ERRORS, Storage, each_file
+from lake_assets.storage import FILE_ERRORS, Storage, each_request
 
 #: the folder name of a time bucket's records, before the bucket's label
 _TIME_FOLDER = "time_bucket="
@@ -311,7 +311,7 @@ class ParquetCatalogStore(CatalogStore):
             self._write_part(folder, records, token)
             self._merge_parts(folder)
 
-        each_file(write, parts, self.storage.requests_at_once(self.root))
+        each_request(write, parts, self.storage.requests_at_once(self.root))
 
     def _write_time_parts(self, records: list[dict], token: str) -> None:
         """One part per time folder the records (or retirements) fall in."""
@@ -390,14 +390,14 @@ class ParquetCatalogStore(CatalogStore):
         a work id per hour), and each time bucket once for all the work ids: a day bucket holds
         many hours' files."""
         at_once = self.storage.requests_at_once(self.root)
-        candidates = each_file(
+        candidates = each_request(
             lambda key: winners(self._read_folder(self._work_folder(key), where)), work_id_index_keys, at_once
         )
         time_keys = list(dict.fromkeys(key[0] for found in candidates for key in found))
         buckets = dict(
             zip(
                 time_keys,
-                each_file(
+                each_request(
                     lambda time_key: winners(
                         self._read_folder(self._time_folder(*bucket_and_what(time_key)), where)
                     ),

@@ -52,7 +52,7 @@ from lake_assets.catalog.metadata import (
 )
 from lake_assets.errors import CatalogError
 from lake_assets.paths import NAME, is_name
-from lake_assets.storage import each_file
+from lake_assets.storage import each_request
 
 #: the fields of a record as the datalake format has them (a store keeps any others too)
 RECORD_FIELDS = (
@@ -363,5 +363,5 @@ class CatalogStore(abc.ABC):
 
     def _work_ids(self, work_id_index_keys: list[str], where: str | None) -> dict[str, list[dict]]:
         """`_work_id` of each key, several asked at a time (a backfill asks for one per hour)."""
-        found = each_file(lambda key: list(self._work_id(key, where)), work_id_index_keys)
+        found = each_request(lambda key: list(self._work_id(key, where)), work_id_index_keys)
         return dict(zip(work_id_index_keys, found, strict=True))

@@ -42,7 +42,7 @@ from lake_assets.engine.state import (
     parquet_files,
     recover,
 )
-from lake_assets.storage import Storage, each_file
+from lake_assets.storage import Storage, each_request
 
 FROM = "__from"
 OPEN_FROM = "__open_from"
@@ -580,7 +580,9 @@ def _staged_closed_days(storage: Storage, stage: str, kind: str) -> dict[str, li
         if entry.is_dir and entry.name.startswith(f"{SLICE}=") and entry.name != f"{SLICE}={OPEN}"
     ]
     by_day: dict[str, list[str]] = {}
-    for entry, files in zip(slices, each_file(lambda e: parquet_files(storage, e.uri), slices), strict=True):
+    for entry, files in zip(
+        slices, each_request(lambda e: parquet_files(storage, e.uri), slices), strict=True
+    ):
         by_day.setdefault(entry.name.split("=", 1)[1][:10], []).extend(files)
     return by_day
 

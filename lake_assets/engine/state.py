@@ -41,7 +41,7 @@ from typing_extensions import TypedDict
 from lake_assets import lease
 from lake_assets.errors import AnotherWriter, DamagedLakeFile
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, each_file, is_hidden, read_lake_json
+from lake_assets.storage import PARTIAL_SUFFIX, Storage, data_files, each_request, is_hidden, read_lake_json
 
 _DATE_FOLDER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -218,8 +218,8 @@ def _apply(storage: Storage, plan: CommitPlan, on_step: Callable[[str], None]) -
         on_step(f"delete {index}")
         storage.delete_file(old)
 
-    each_file(add, enumerate(plan.adds))
-    each_file(delete, enumerate(plan.deletes))
+    each_request(add, enumerate(plan.adds))
+    each_request(delete, enumerate(plan.deletes))
 
 
 def commit(

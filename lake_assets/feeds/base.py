@@ -27,7 +27,7 @@ from lake_assets.storage import (
     Entry,
     Storage,
     data_files,
-    each_file,
+    each_request,
     is_hidden,
 )
 
@@ -194,7 +194,7 @@ class FeedFormat(abc.ABC):
     ) -> dict[str, list[Entry]]:
         """`partition_files` of several partitions (a format may list them together), several
         listed at a time."""
-        listed = each_file(lambda key: self.partition_files(storage, landing, table, key), partitions)
+        listed = each_request(lambda key: self.partition_files(storage, landing, table, key), partitions)
         return dict(zip(partitions, listed, strict=True))
 
     def landed_partitions_files(
@@ -357,9 +357,9 @@ def files_in_folders(
     storage: Storage, folders: Mapping[str, Sequence[str]], keys: list[str]
 ) -> dict[str, list[Entry]]:
     """key -> the data files of its `folders` (a partition may be spelled by several folders),
-    for each of `keys`, their folders listed several at a time (`each_file`): a backfill's
+    for each of `keys`, their folders listed several at a time (`each_request`): a backfill's
     partitions are a listing each."""
-    listed = each_file(
+    listed = each_request(
         lambda key: [e for folder in folders.get(key, ()) for e in data_files(storage, folder)], keys
     )
     return dict(zip(keys, listed, strict=True))

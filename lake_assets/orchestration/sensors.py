@@ -163,7 +163,7 @@ class _Tick:
         every tick's time ahead of the tables never tried. Each try is marked on the table's
         cursor (a first scan's, and the strays turn as taken), which a scan that succeeds
         replaces; a scan that keeps failing so passes the strays turn on. (A tick that Dagster
-        stops at 60 s saves no cursor, and so no mark: `FIRST_SCANS_SECONDS` and `each_file`'s
+        stops at 60 s saves no cursor, and so no mark: `FIRST_SCANS_SECONDS` and `each_request`'s
         stop in an outage keep a tick well inside that.)"""
         for name in sorted(by_name, key=lambda name: _turn_order(name, cursors.get(name))):
             cursor = cursors.get(name) or blank()
