@@ -31,6 +31,7 @@ STORE_REQUESTS = (
     "walk_files",
     "files_now",
     "exists",
+    "file_info",
     "read_bytes",
     "open_input_file",
     "refusal_to_read",

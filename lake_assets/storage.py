@@ -755,6 +755,12 @@ class Storage:
         fs, path = self.resolve(uri)
         return fs.get_file_info(path).type != pafs.FileType.NotFound
 
+    def file_info(self, uri: str) -> pafs.FileInfo:
+        """What the store says of `uri` now (kind, size, modification time); a file that is not
+        there has the kind `NotFound`."""
+        fs, path = self.resolve(uri)
+        return fs.get_file_info(path)
+
     def read_bytes(self, uri: str) -> bytes:
         fs, path = self.resolve(uri)
         if fs is not self._local and not _nameable(path):  # pyarrow would refuse or alter the key

@@ -15,6 +15,7 @@ import pytest
 from benchmarks import side_by_side
 from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
 from benchmarks.unit_landing import LandingShape, write_unit_landing
+from lake_assets.catalog.files import catalog_file, retirements
 from lake_assets.feeds.base import files_in_folders
 from lake_assets.storage import Storage, each_outcome, each_request
 
@@ -42,6 +43,17 @@ def test_a_backfills_requests_one_after_another_do_not_grow_with_its_hours(spark
         if made > one_after_another[2].get(name, 0)
     }
     assert not grown, f"requests one after another (2 hours, 10 hours): {grown}"
+
+
+def test_the_counter_sees_what_the_catalog_asks_of_a_file(tmp_path):
+    """The catalog asks a file's size and time through the store (`Storage.file_info`), so the
+    benchmark's counter (and its latency) sees those requests too."""
+    written = tmp_path / "part-0.parquet"
+    written.write_bytes(b"PAR1")
+    with store_requests_counted() as counted:
+        found = retirements(Storage(), [catalog_file("feed", "table", "run", f"file://{written}", None)])
+    assert found
+    assert counted["file_info"] == 1
 
 
 def test_the_folders_of_many_partitions_are_listed_several_at_a_time(tmp_path, monkeypatch):

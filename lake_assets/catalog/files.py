@@ -228,8 +228,7 @@ def _records_of_retried(storage: Storage, item: CatalogFile) -> list[dict]:
 
 
 def _records_of(storage: Storage, item: CatalogFile) -> list[dict]:
-    fs, path = storage.resolve(item.url)
-    info = fs.get_file_info(path)
+    info = storage.file_info(item.url)
     digest = hash_file(storage, item.url)
     start, end = item.span or (datetime_to_ms(info.mtime), None)
     metadata = {
@@ -255,8 +254,7 @@ def retirements(storage: Storage, files: list[CatalogFile]) -> list[dict]:
             raise CatalogError(f"{item.url}: the lake retires only files it wrote")
 
     def retirements_of(item: CatalogFile) -> list[dict]:
-        fs, path = storage.resolve(item.url)
-        info = fs.get_file_info(path)
+        info = storage.file_info(item.url)
         if info.type == FileType.NotFound:
             return []
         start, end = item.span or (datetime_to_ms(info.mtime), None)
