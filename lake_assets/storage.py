@@ -20,7 +20,7 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -445,10 +445,10 @@ class Storage:
         "Requests one after another")."""
         return PARALLEL_SMALL_REQUESTS if is_s3(uri) else 1
 
-    def requests_at_once_for(self, uris: Sequence[str]) -> int:
-        """`requests_at_once` for requests of `uris`, which share one store (a run's files are
-        all in its lake or all in its landing); 1 when there are none."""
-        return self.requests_at_once(uris[0]) if uris else 1
+    def requests_at_once_for(self, uris: Iterable[str]) -> int:
+        """`requests_at_once` for requests of all of `uris` (a landing's strays and the lake's
+        copies of them may be in different stores): the most any of them takes; 1 for none."""
+        return max((self.requests_at_once(uri) for uri in uris), default=1)
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
         if is_s3(uri):

@@ -15,7 +15,8 @@ import pytest
 from benchmarks import side_by_side
 from benchmarks.request_latency import ALL, MAIN_THREAD, store_requests_counted
 from benchmarks.unit_landing import LandingShape, write_unit_landing
-from lake_assets.catalog.files import catalog_file, retirements
+from lake_assets.catalog.files import catalog_file, record, retirements
+from lake_assets.catalog.parquet_store import ParquetCatalogStore
 from lake_assets.feeds.base import files_in_folders
 from lake_assets.storage import Storage, each_outcome, each_request
 
@@ -50,9 +51,14 @@ def test_the_counter_sees_what_the_catalog_asks_of_a_file(tmp_path):
     benchmark's counter (and its latency) sees those requests too."""
     written = tmp_path / "part-0.parquet"
     written.write_bytes(b"PAR1")
+    item = catalog_file("feed", "table", "run", f"file://{written}", None)
     with store_requests_counted() as counted:
-        found = retirements(Storage(), [catalog_file("feed", "table", "run", f"file://{written}", None)])
+        found = retirements(Storage(), [item])
     assert found
+    assert counted["file_info"] == 1
+    store = ParquetCatalogStore(f"file://{tmp_path / 'catalog'}", Storage())
+    with store_requests_counted() as counted:
+        assert record(store, Storage(), [item]) == 1
     assert counted["file_info"] == 1
 
 

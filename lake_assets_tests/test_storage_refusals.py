@@ -60,7 +60,7 @@ def test_a_local_permission_error_refuses_and_another_error_does_not():
     )
 
 
-def test_each_file_tries_every_item_before_it_raises_the_first_failure():
+def test_each_request_tries_every_item_before_it_raises_the_first_failure():
     """A run writes its notes (and reads footers) with `each_request`; one failure must not leave
     the items queued behind it untried."""
     import threading
@@ -95,7 +95,7 @@ def _closed_loopback_port() -> int:
 
 
 @pytest.mark.parametrize("client", ["pyarrow", "boto3"])
-def test_each_file_stops_asking_once_the_store_is_out_of_reach(client):
+def test_each_request_stops_asking_once_the_store_is_out_of_reach(client):
     """In an outage every request waits through its retries and timeouts: a run's thousand
     notes kept it waiting for each in turn before it failed. Once one request finds the store
     out of reach (from either client S3 is asked through), the requests not yet begun are not
