@@ -339,7 +339,8 @@ def write_partitions(
         if counts and replacing is not None:
             replacing(sorted(counts))
         if erase is not None:  # after `replacing` confirmed the lease: it may keep purges seen
-            df = erase.apply(df, sum(r["marked"] for r in counted))
+            marking = [str(r[column]) for r in counted if r["marked"]]
+            df = erase.apply(df, sum(r["marked"] for r in counted), marking)
         if counts:
             # Dynamic overwrite: Spark replaces only the partition folders present in df.
             (

@@ -16,6 +16,7 @@ from typing import TypeVar
 from lake_assets import processed, reruns
 from lake_assets.config import LakeConfig
 from lake_assets.discovery import feed_tables, load_pins
+from lake_assets.engine import purges
 from lake_assets.engine.state import TableState, unfinished_commits
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds import format_for
@@ -201,11 +202,22 @@ def pending_partitions(
         else {}
     )
     stored = processed.stored_partitions(storage, layout, feed, table, fmt.is_partition_key)
+    stored |= kept_purge_partitions(storage, layout, fmt, feed, table)
     # A request's own reason is kept over the removal's: the request outlives this run.
     changes = processed.changed_partitions(
         storage, landed, notes, {**holding, **asked}, {p for p in stored if within(p)}
     )
     return changes, landed
+
+
+def kept_purge_partitions(
+    storage: Storage, layout: LakeLayout, fmt: FeedFormat, feed: str, table: str
+) -> set[str]:
+    """The change partitions whose write kept a purge it met (`purges.seen_in_partitions`) that
+    no fold has recorded yet: run as changes stored and never folded, so that a fold follows
+    though the write was killed before it noted them stored and their landed files are gone."""
+    kept = purges.seen_in_partitions(storage, TableState(layout, feed, table))
+    return {partition for partition in kept if fmt.is_partition_key(partition)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -490,7 +490,7 @@ def test_a_purges_only_fold_keeps_the_state_types_whatever_the_change_log_drifte
         .withColumn("hour", F.lit("h2"))
     )
     lake_io.write_partitions(h2, lake.storage, lake.state.changes, "hour", ["h2"])
-    purges._remember_seen(lake.storage, lake.state, spark.createDataFrame([("p",)], "id string"))
+    purges._remember_seen(lake.storage, lake.state, spark.createDataFrame([("p",)], "id string"), ["h2"])
 
     report = fold(spark, lake.storage, lake.state, None, lake.spec, log_column="hour")
 

@@ -253,6 +253,31 @@ def test_a_purge_the_change_log_met_is_applied_by_a_fold_with_no_events(lake, tm
     assert {r["batch"] for r in rows(root, "changes")} == {B1}
 
 
+@pytest.mark.usefixtures("spark")  # the sensor's runs fold in this process
+@pytest.mark.parametrize("path", ["cli", "sensor's first scan"])
+def test_a_purge_kept_by_a_write_killed_before_it_noted_its_partition_is_applied(lake, tmp_path, path):
+    """As above, but the run that met the purge was killed after its change-log write kept the
+    purge (`purges_seen`) and before it noted the purge batch's partition stored. With the purge
+    batch gone, no note named a partition to run: every run found nothing to do and X's fields
+    stayed in all three layers. The kept purge names its partition; planning, and a sensor's
+    first scan, run it."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B1)
+    backfill(config, instance, B2, B2, layers=("catalog", "changes"))
+    (root / "_state" / FEED / TABLE / "stored" / f"{B2}.json").unlink()  # where the kill fell
+    _without_the_purge_batch(tmp_path / "landing")
+    shutil.rmtree(tmp_path / "landing" / "parquet" / "v2" / f"org={ORG}" / "object=Account" / f"batch={B3}")
+
+    if path == "cli":
+        cli(config, instance)
+    else:
+        assert sensor_tick(config, instance, None)[1] == 1
+
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))
+
+
 def test_a_rebuild_finishes_a_killed_folds_commit_before_it_forgets_the_table(lake, tmp_path, monkeypatch):
     """A fold killed once its commit record is written has decided: its commit records X's
     purge in the ledger. `lake-assets rebuild` used to remove the record and its staging with

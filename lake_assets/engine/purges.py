@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ from lake_assets.paths import partition_folder
 from lake_assets.storage import Storage, parquet_footer
 
 PURGED_AT = "__purged_at"
+#: a `purges_seen` file's footer key: the change partitions whose rows marked its keys purged
+SEEN_IN_PARTITIONS = b"lake_assets.seen_in_partitions"
 
 _log = logging.getLogger(__name__)
 
@@ -126,13 +129,34 @@ def seen(
     return found.select(*keys)
 
 
-def _remember_seen(storage: Storage, state: TableState, keys: DataFrame) -> None:
-    """Keep `keys` (purged by rows a change-log write is about to write) before the write erases
-    them: should no fold follow (a run killed, a run of `changes` alone) and the landed file
-    that carried the purge go, the erasure must still hold, and the next fold record it."""
+def seen_in_partitions(storage: Storage, state: TableState) -> set[str]:
+    """The change partitions whose rows marked the `seen` keys purged: until a fold records
+    those keys, planning runs these partitions (their landed files may be gone, and the write
+    killed before it noted them stored), so that a fold follows."""
+    found: set[str] = set()
+    for uri in seen_files(storage, state):
+        named = (parquet_footer(storage, uri).metadata or {}).get(SEEN_IN_PARTITIONS, b"[]")
+        try:
+            partitions = json.loads(named)
+        except ValueError:
+            partitions = None
+        if not isinstance(partitions, list) or not all(isinstance(p, str) for p in partitions):
+            raise DamagedLakeFile(
+                uri, f"its footer's {SEEN_IN_PARTITIONS.decode()} is not a list of partitions"
+            )
+        found.update(partitions)
+    return found
+
+
+def _remember_seen(storage: Storage, state: TableState, keys: DataFrame, partitions: Sequence[str]) -> None:
+    """Keep `keys` (purged by rows of the change `partitions` a write is about to write) before
+    the write erases them: should no fold follow (a run killed, a run of `changes` alone) and
+    the landed file that carried the purge go, the erasure must still hold, and the next fold
+    record it (`seen_in_partitions` tells planning which partitions to run for it)."""
     found = keys.toArrow()
     if found.num_rows == 0:
         return
+    found = found.replace_schema_metadata({SEEN_IN_PARTITIONS: json.dumps(sorted(partitions)).encode()})
     sink = pa.BufferOutputStream()
     pq.write_table(found, sink)
     storage.write_bytes(f"{state.purges_seen}/part-{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes())
@@ -173,8 +197,9 @@ class Erasure:
         of its rows to compute on the way (no pass of its own)."""
         return F.count(F.when(F.col(m.PURGED), 1)) if m.PURGED in frame.columns else F.lit(0)
 
-    def apply(self, frame: DataFrame, marked_rows: int) -> DataFrame:
-        """`frame` with the purged keys' rows erased; `frame` itself when no key is purged."""
+    def apply(self, frame: DataFrame, marked_rows: int, marking_partitions: Sequence[str] = ()) -> DataFrame:
+        """`frame` with the purged keys' rows erased; `frame` itself when no key is purged.
+        `marked_rows` rows mark their key purged, in the change partitions `marking_partitions`."""
         if not self.keys or not set(self.keys) <= set(frame.columns):
             return frame
         purged = [] if self.recorded is None else [self.recorded]
@@ -184,7 +209,7 @@ class Erasure:
                 marking = marking.join(
                     merge.keys_typed_as(self.recorded, marking, list(self.keys)), list(self.keys), "left_anti"
                 )
-            _remember_seen(self.storage, self.state, marking)
+            _remember_seen(self.storage, self.state, marking, marking_partitions)
             purged.append(marking)
         if not purged:
             return frame

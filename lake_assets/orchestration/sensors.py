@@ -47,6 +47,7 @@ from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
 from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes, unfolded_notes
 from lake_assets.quarantine import unreported_strays
+from lake_assets.status import kept_purge_partitions
 from lake_assets.storage import Storage
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -254,6 +255,8 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
         return None
     try:
         unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
+        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table) - notes.keys()
+        unfolded = {**{partition: {} for partition in kept_purges}, **unfolded}
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
             f"{feed}/{table}: the notes of its changes stored and never folded are not read, so this "
