@@ -278,6 +278,25 @@ def test_a_purge_kept_by_a_write_killed_before_it_noted_its_partition_is_applied
     assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))
 
 
+def test_the_partitions_of_kept_purges_are_read_from_their_files_footers(tmp_path):
+    """A kept purge's file without the partitions (written before they were kept) or with a
+    value that is not a list of them names none and stops nothing: the fold reads its keys."""
+    from lake_assets.engine.purges import SEEN_IN_PARTITIONS, seen_in_partitions
+    from lake_assets.engine.state import TableState
+    from lake_assets.paths import LakeLayout
+    from lake_assets.storage import Storage
+
+    state = TableState(LakeLayout(f"file://{tmp_path}"), FEED, TABLE)
+    folder = tmp_path / "_state" / FEED / TABLE / "purges_seen"
+    folder.mkdir(parents=True)
+    keys = pa.table({"Id": ["X"]})
+    for name, named in [("a", b'["00000000b"]'), ("b", None), ("c", b"{not json"), ("d", b"[1, 2]")]:
+        metadata = {SEEN_IN_PARTITIONS: named} if named is not None else None
+        pq.write_table(keys.replace_schema_metadata(metadata), folder / f"part-{name}.parquet")
+
+    assert seen_in_partitions(Storage(), state) == {"00000000b"}
+
+
 def test_a_rebuild_finishes_a_killed_folds_commit_before_it_forgets_the_table(lake, tmp_path, monkeypatch):
     """A fold killed once its commit record is written has decided: its commit records X's
     purge in the ledger. `lake-assets rebuild` used to remove the record and its staging with

@@ -135,15 +135,22 @@ def seen_in_partitions(storage: Storage, state: TableState) -> set[str]:
     killed before it noted them stored), so that a fold follows."""
     found: set[str] = set()
     for uri in seen_files(storage, state):
-        named = (parquet_footer(storage, uri).metadata or {}).get(SEEN_IN_PARTITIONS, b"[]")
+        try:
+            named = (parquet_footer(storage, uri).metadata or {}).get(SEEN_IN_PARTITIONS, b"[]")
+        except FileNotFoundError:  # recorded by a fold since it was listed
+            continue
         try:
             partitions = json.loads(named)
         except ValueError:
             partitions = None
         if not isinstance(partitions, list) or not all(isinstance(p, str) for p in partitions):
-            raise DamagedLakeFile(
-                uri, f"its footer's {SEEN_IN_PARTITIONS.decode()} is not a list of partitions"
+            # The fold does not need the names (it reads the keys): planning goes on without them.
+            _log.warning(
+                "%s: its footer's %s is not a list of partitions; they are not run for its purges",
+                uri,
+                SEEN_IN_PARTITIONS.decode(),
             )
+            continue
         found.update(partitions)
     return found
 

@@ -255,14 +255,18 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
         return None
     try:
         unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
-        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table) - notes.keys()
-        unfolded = {**{partition: {} for partition in kept_purges}, **unfolded}
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
             f"{feed}/{table}: the notes of its changes stored and never folded are not read, so this "
             f"first scan finds no such partition whose files are all gone (`lake-assets run` does): {damaged}"
         )
         unfolded = {}
+    try:
+        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table) - notes.keys()
+    except DamagedLakeFile as damaged:
+        tick.context.log.warning(f"{feed}/{table}: the purges its change log kept are not read: {damaged}")
+        kept_purges = set()
+    unfolded = {**{partition: {} for partition in kept_purges}, **unfolded}
     if fmt.files_share_data:  # one walk (no window), where `partitions_files` lists each hour's folders
         landed = {
             key: list(files)
