@@ -202,7 +202,9 @@ def pending_partitions(
         else {}
     )
     stored = processed.stored_partitions(storage, layout, feed, table, fmt.is_partition_key)
-    stored |= kept_purge_partitions(storage, layout, fmt, feed, table)
+    # A write forgets its partitions' processed notes before it keeps a purge: a kept purge's
+    # partition is never taken for processed, and runs as stored and never folded.
+    stored |= kept_purge_partitions(storage, layout, fmt, feed, table).keys()
     # A request's own reason is kept over the removal's: the request outlives this run.
     changes = processed.changed_partitions(
         storage, landed, notes, {**holding, **asked}, {p for p in stored if within(p)}
@@ -212,12 +214,13 @@ def pending_partitions(
 
 def kept_purge_partitions(
     storage: Storage, layout: LakeLayout, fmt: FeedFormat, feed: str, table: str
-) -> set[str]:
-    """The change partitions whose write kept a purge it met (`purges.seen_in_partitions`) that
-    no fold has recorded yet: run as changes stored and never folded, so that a fold follows
-    though the write was killed before it noted them stored and their landed files are gone."""
+) -> dict[str, list[str]]:
+    """The change partitions whose write kept a purge it met that no fold has recorded yet, each
+    with the files keeping it (`purges.seen_in_partitions`): run as changes stored and never
+    folded, so that a fold follows though the write was killed before it noted them stored and
+    their landed files are gone."""
     kept = purges.seen_in_partitions(storage, TableState(layout, feed, table))
-    return {partition for partition in kept if fmt.is_partition_key(partition)}
+    return {partition: files for partition, files in kept.items() if fmt.is_partition_key(partition)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,10 +111,14 @@ def backfill(
 
 
 def sensor_tick(
-    config: LakeConfig, instance: dg.DagsterInstance, cursor: str | None
+    config: LakeConfig,
+    instance: dg.DagsterInstance,
+    cursor: str | None,
+    layers=("catalog", "changes", "current", "history"),
 ) -> tuple[str | None, int]:
-    """One tick of the batch sensor, then the runs it requested, as the daemon would launch them;
-    returns the new cursor and how many runs were requested."""
+    """One tick of the batch sensor, then the runs it requested, as the daemon would launch them
+    (each stopped after `layers`, as a run killed before its fold is); returns the new cursor and
+    how many runs were requested."""
     defs = discovered_definitions(config)
     sensor = defs.resolve_sensor_def(f"{FEED}_batch_sensor")
     with dg.build_sensor_context(
@@ -126,8 +130,9 @@ def sensor_tick(
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     job = defs.resolve_job_def(table_job_name(FEED, TABLE))
     for run_request in result.run_requests or ():
+        selected = [key for key in run_request.asset_selection or () if key.path[-1] in layers]
         assert job.execute_in_process(
-            instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection
+            instance=instance, tags=run_request.tags, asset_selection=selected
         ).success
     return result.cursor, len(result.run_requests or ())
 

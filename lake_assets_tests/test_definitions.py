@@ -180,6 +180,72 @@ def test_landing_sensor_requests_ranged_runs_once_and_late_files_again(tmp_path)
     }
 
 
+def _keep_a_purge(tmp_path, table: str, *partitions: str) -> Path:
+    """A kept purge (`purges_seen`) naming `partitions`, as a change-log write leaves it before
+    its fold records it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lake_assets.engine.purges import SEEN_IN_PARTITIONS
+
+    folder = tmp_path / "lake" / "_state" / "unit" / table / "purges_seen"
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / f"part-{len(list(folder.iterdir()))}.parquet"
+    named = {SEEN_IN_PARTITIONS: json.dumps(list(partitions)).encode()}
+    pq.write_table(pa.table({"id": ["a"]}).replace_schema_metadata(named), kept)
+    return kept
+
+
+def test_a_running_landing_sensor_runs_the_hour_of_a_purge_no_fold_recorded_once_no_run_writes_the_table(
+    tmp_path,
+):
+    """A run stopped between its change-log write and its fold (killed, its retries spent) left
+    a kept purge: a later tick runs the hour it names, unless a run that may write the table is
+    in flight (its own fold is yet to come) or this tick runs the hour anyway. Asked once for
+    the same kept files (the run key); a new kept file asks again."""
+    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+
+    def tick(cursor):
+        with dg.build_sensor_context(
+            resources=resources, definitions=defs, cursor=cursor, instance=instance
+        ) as context:
+            return sensor(context)
+
+    cursor = tick(None).cursor
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
+    in_flight = instance.create_run_for_job(
+        defs.resolve_implicit_global_asset_job_def(),
+        asset_selection=frozenset({dg.AssetKey(["unit", "accounts", "changes"])}),
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    assert tick(cursor).run_requests == []  # its fold may yet record it
+
+    instance.report_run_failed(in_flight)
+    requested = tick(cursor).run_requests
+    assert [
+        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in requested
+    ] == [("accounts", "2024-03-01-04", "2024-03-01-04")]
+    assert [r.run_key for r in tick(cursor).run_requests] == [requested[0].run_key]
+
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04", "2024-03-01-09")
+    write_events(
+        landing,
+        "accounts",
+        9,
+        "part-late.parquet",
+        [event("b", "I", 9, at(9), name="y", balance=2)],
+        ACCOUNT_SCHEMA,
+    )
+    again = tick(cursor).run_requests
+    # 09 runs for its late file; 04 again, for the new kept file
+    assert sorted((r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in again) == [
+        ("2024-03-01-04", "2024-03-01-04"),
+        ("2024-03-01-09", "2024-03-01-09"),
+    ]
+    assert requested[0].run_key not in {r.run_key for r in again}
+
+
 def test_a_landing_sensor_started_after_a_cli_backfill_runs_only_what_changed_since(tmp_path, spark):
     """The README's deployment: `lake-assets run` does the backfill, then the daemon starts. The
     sensor's first tick (no cursor) must not take every landed hour for new: it folded the whole

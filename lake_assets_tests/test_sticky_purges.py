@@ -278,6 +278,46 @@ def test_a_purge_kept_by_a_write_killed_before_it_noted_its_partition_is_applied
     assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))
 
 
+def test_a_purge_kept_by_a_rerun_of_a_processed_batch_stopped_before_its_fold_is_applied(tmp_path, spark):
+    """B1 was processed; a late file with X's purge landed in it, and the run of B1 stopped
+    after its change-log write kept the purge; then the late file went. B1's files are again
+    those it was processed with, but its write forgot its processed note before it kept the
+    purge: planning runs B1 again, and its fold records the purge."""
+    landing, root, instance = tmp_path / "landing", tmp_path / "lake", dg.DagsterInstance.ephemeral()
+    land(landing, B1, "data-00000000001.parquet", [version("X", 1, "01", "Xavier", "555-0101")])
+    config = config_for(landing, root)
+    backfill(config, instance, B1, B1)
+    late = land(landing, B1, "data-00000000002.parquet", [purge("X", 2, "02")])
+    backfill(config, instance, B1, B1, layers=("catalog", "changes"))
+    late.unlink()
+
+    cli(config, instance)
+
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+
+
+@pytest.mark.usefixtures("spark")  # the sensor's runs fold in this process
+def test_a_running_sensor_applies_a_purge_kept_by_its_run_stopped_before_the_fold(lake):
+    """The sensor's run of B2 .. B3 stopped after its change-log write (killed, its retries
+    spent): the write kept X's purge, and nothing new lands. A regular tick, which compares the
+    landing with its cursor only, found nothing to run, and X's fields stayed in current and
+    history. It runs the partition the kept purge names, once."""
+    config, root, instance = lake
+    backfill(config, instance, B1, B1)
+    cursor, runs = sensor_tick(config, instance, None, layers=("catalog", "changes"))
+    assert runs == 1
+    assert leaks(root, {"X"}) != []  # as the stopped run left it
+
+    cursor, runs = sensor_tick(config, instance, cursor)
+
+    assert runs == 1
+    assert leaks(root, {"X"}) == []
+    assert [r["Id"] for r in rows_of_ledger(root)] == ["X"]
+    assert not list((root / "_state" / FEED / TABLE / "purges_seen").glob("*.parquet"))
+    assert sensor_tick(config, instance, cursor)[1] == 0
+
+
 def test_the_partitions_of_kept_purges_are_read_from_their_files_footers(tmp_path):
     """A kept purge's file without the partitions (written before they were kept) or with a
     value that is not a list of them names none and stops nothing: the fold reads its keys."""
@@ -294,7 +334,7 @@ def test_the_partitions_of_kept_purges_are_read_from_their_files_footers(tmp_pat
         metadata = {SEEN_IN_PARTITIONS: named} if named is not None else None
         pq.write_table(keys.replace_schema_metadata(metadata), folder / f"part-{name}.parquet")
 
-    assert seen_in_partitions(Storage(), state) == {"00000000b"}
+    assert seen_in_partitions(Storage(), state) == {"00000000b": [f"file://{folder}/part-a.parquet"]}
 
 
 def test_a_rebuild_finishes_a_killed_folds_commit_before_it_forgets_the_table(lake, tmp_path, monkeypatch):

@@ -129,11 +129,12 @@ def seen(
     return found.select(*keys)
 
 
-def seen_in_partitions(storage: Storage, state: TableState) -> set[str]:
-    """The change partitions whose rows marked the `seen` keys purged: until a fold records
-    those keys, planning runs these partitions (their landed files may be gone, and the write
-    killed before it noted them stored), so that a fold follows."""
-    found: set[str] = set()
+def seen_in_partitions(storage: Storage, state: TableState) -> dict[str, list[str]]:
+    """The change partitions whose rows marked the `seen` keys purged, each with the `seen`
+    files naming it: until a fold records those keys, planning and the landing sensors run
+    these partitions (their landed files may be gone, and the write killed before it noted them
+    stored), so that a fold follows."""
+    found: dict[str, list[str]] = {}
     for uri in seen_files(storage, state):
         try:
             named = (parquet_footer(storage, uri).metadata or {}).get(SEEN_IN_PARTITIONS, b"[]")
@@ -151,7 +152,8 @@ def seen_in_partitions(storage: Storage, state: TableState) -> set[str]:
                 SEEN_IN_PARTITIONS.decode(),
             )
             continue
-        found.update(partitions)
+        for partition in partitions:
+            found.setdefault(partition, []).append(uri)
     return found
 
 

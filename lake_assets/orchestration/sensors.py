@@ -87,7 +87,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         for assets, cursor in tick.tables_in_turn(by_name, cursors, TableCursor):
             with failures.of(assets.table):
                 requests, observed, cursors[assets.table] = _hourly_runs(tick, assets, cursor)
-                run_requests += requests
+                run_requests += requests + _kept_purge_runs(tick, assets, requests)
                 observations += observed
         failures.unless_every_table_failed(tick)
         return dg.SensorResult(
@@ -262,7 +262,7 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
         )
         unfolded = {}
     try:
-        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table) - notes.keys()
+        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table).keys() - notes.keys()
     except DamagedLakeFile as damaged:
         tick.context.log.warning(f"{feed}/{table}: the purges its change log kept are not read: {damaged}")
         kept_purges = set()
@@ -274,6 +274,66 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
         }
         to_run |= holding_removed_data(landed, notes, fmt.holding_removed_data).keys()
     return ProcessedWith(storage, notes, frozenset(to_run), unfolded)
+
+
+#: the statuses of a run that may still write a table (`_kept_purge_runs`)
+_IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+def _kept_purge_runs(tick: _Tick, assets: TableAssets, requested: list[dg.RunRequest]) -> list[dg.RunRequest]:
+    """A run of each partition whose change-log write kept a purge that no fold recorded
+    (`kept_purge_partitions`), unless this tick runs it already or a run that may write the table
+    is in flight (its fold is yet to come). A run killed between its write and its fold (or
+    failed there, its retries spent) otherwise leaves the purged record's fields in current and
+    history until something new lands. Keyed by the files keeping the purge: asked once for
+    them. The purges folder is listed every tick; a table never purged has none to read."""
+    feed, table = tick.feed.name, assets.table
+    try:
+        kept = kept_purge_partitions(tick.storage, tick.layout, tick.fmt, feed, table)
+    except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
+        tick.context.log.warning(
+            f"{feed}/{table}: the purges its change log kept are not read (a later tick tries again): "
+            f"{first_line(failure)}"
+        )
+        return []
+    order = tick.fmt.partition_order
+    covered = [(order(r.tags[RANGE_START_TAG]), order(r.tags[RANGE_END_TAG])) for r in requested]
+    to_run = {
+        partition: files
+        for partition, files in kept.items()
+        if not any(start <= order(partition) <= end for start, end in covered)
+    }
+    if not to_run or _table_run_in_flight(tick.context, assets):
+        return []
+    tick.context.log.info(
+        f"{feed}/{table}: no fold recorded the purge(s) kept by the change-log write of "
+        f"{', '.join(sorted(to_run, key=order))} (its run stopped before its fold): a run of each records them"
+    )
+    return [
+        _whole_table_run(
+            f"{feed}:{table}:kept-purge:{partition}:{short_digest(','.join(sorted(files)))}",
+            assets,
+            partition,
+            partition,
+        )
+        for partition, files in sorted(to_run.items(), key=lambda item: order(item[0]))
+    ]
+
+
+def _table_run_in_flight(context: dg.SensorEvaluationContext, assets: TableAssets) -> bool:
+    """Whether a run not finished yet may write the table: one selecting any of its processed
+    assets, or one whose selection is not recorded (it may select them all)."""
+    keys = set(assets.processed_keys)
+    return any(
+        record.dagster_run.asset_selection is None or keys & record.dagster_run.asset_selection
+        for record in context.instance.get_run_records(filters=dg.RunsFilter(statuses=_IN_FLIGHT))
+    )
 
 
 def _strays_run(
@@ -378,7 +438,9 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         for assets, cursor in tick.tables_in_turn(by_name, cursors, BatchCursor):
             with failures.of(assets.table):
                 requests, observed, added, cursors[assets.table] = _batch_runs(tick, assets, cursor)
-                run_requests += requests
+                kept_purges = _kept_purge_runs(tick, assets, requests)
+                added += _unregistered(tick, assets, added, [r.tags[RANGE_START_TAG] for r in kept_purges])
+                run_requests += requests + kept_purges
                 observations += observed
                 additions += added
         failures.unless_every_table_failed(tick)
@@ -468,6 +530,18 @@ def build_tables_sensor(
         return dg.SkipReason(f"no new table under {feed.landing}")
 
     return tables_sensor
+
+
+def _unregistered(
+    tick: _Tick, assets: TableAssets, additions: list[dg.AddDynamicPartitionsRequest], batches: list[str]
+) -> list[dg.AddDynamicPartitionsRequest]:
+    """A request registering those of `batches` that neither the instance nor `additions` holds
+    (an instance reset since they ran), so that a run of them can start."""
+    partitions = _batch_partitions(assets)
+    known = {*tick.context.instance.get_dynamic_partitions(partitions)}
+    known.update(key for added in additions for key in added.partition_keys)
+    missing = [batch for batch in batches if batch not in known]
+    return [dg.AddDynamicPartitionsRequest(partitions, missing)] if missing else []
 
 
 def _batch_partitions(assets: TableAssets) -> str:
