@@ -752,8 +752,7 @@ class Storage:
             yield from self._s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, **asked)
 
     def exists(self, uri: str) -> bool:
-        fs, path = self.resolve(uri)
-        return fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self.file_info(uri).type != pafs.FileType.NotFound
 
     def file_info(self, uri: str) -> pafs.FileInfo:
         """What the store says of `uri` now (kind, size, modification time); a file that is not
