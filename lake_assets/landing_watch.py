@@ -45,6 +45,9 @@ class TableCursor:
     #: when a first scan of the table was last begun and did not save a cursor (it failed), in
     #: seconds since the epoch: tables waiting for a first scan take turns by it
     first_scan_tried_at: float | None = None
+    #: when the table's purges kept by a change-log write were last looked for (the landing
+    #: sensor's `_kept_purges`), in seconds since the epoch
+    purges_looked_at: float | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -147,9 +150,16 @@ def scan_table(
     if high_water is not None:
         floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
         seen = {k: v for k, v in seen.items() if k >= floor}
-    return TableScan(
-        found, TableCursor(high_water, seen, first_hour, cursor.strays_looked_at, scanned=True), before_start
+    # what the sensor keeps of its turns is carried; a first scan that saved a cursor is not retried
+    scanned = dataclasses.replace(
+        cursor,
+        high_water=high_water,
+        seen=seen,
+        first_hour=first_hour,
+        scanned=True,
+        first_scan_tried_at=None,
     )
+    return TableScan(found, scanned, before_start)
 
 
 def _first_scan_finds(
@@ -263,6 +273,9 @@ class BatchCursor:
     #: when a first scan of the table was last begun and did not save a cursor (it failed), in
     #: seconds since the epoch: tables waiting for a first scan take turns by it
     first_scan_tried_at: float | None = None
+    #: when the table's purges kept by a change-log write were last looked for (the landing
+    #: sensor's `_kept_purges`), in seconds since the epoch
+    purges_looked_at: float | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -315,8 +328,9 @@ def scan_batches(
         # A first scan remembers nothing: the batches the lake read that hold no file now.
         found += [NewFiles(table, key, (), (), names) for key, names in processed.emptied(files).items()]
         found.sort(key=lambda new: fmt.partition_order(new.partition))
-    return found, BatchCursor(
-        last=last, open_files=open_files, strays_looked_at=cursor.strays_looked_at, scanned=True
+    # what the sensor keeps of its turns is carried; a first scan that saved a cursor is not retried
+    return found, dataclasses.replace(
+        cursor, last=last, open_files=open_files, scanned=True, first_scan_tried_at=None
     )
 
 

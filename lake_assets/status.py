@@ -213,13 +213,18 @@ def pending_partitions(
 
 
 def kept_purge_partitions(
-    storage: Storage, layout: LakeLayout, fmt: FeedFormat, feed: str, table: str
+    storage: Storage,
+    layout: LakeLayout,
+    fmt: FeedFormat,
+    feed: str,
+    table: str,
+    files: list[str] | None = None,
 ) -> dict[str, list[str]]:
     """The change partitions whose write kept a purge it met that no fold has recorded yet, each
     with the files keeping it (`purges.seen_in_partitions`): run as changes stored and never
     folded, so that a fold follows though the write was killed before it noted them stored and
     their landed files are gone."""
-    kept = purges.seen_in_partitions(storage, TableState(layout, feed, table))
+    kept = purges.seen_in_partitions(storage, TableState(layout, feed, table), files)
     return {partition: files for partition, files in kept.items() if fmt.is_partition_key(partition)}
 
 

@@ -130,7 +130,8 @@ def sensor_tick(
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     job = defs.resolve_job_def(table_job_name(FEED, TABLE))
     for run_request in result.run_requests or ():
-        selected = [key for key in run_request.asset_selection or () if key.path[-1] in layers]
+        assert run_request.asset_selection is not None  # every run the sensor asks for names its assets
+        selected = [key for key in run_request.asset_selection if key.path[-1] in layers]
         assert job.execute_in_process(
             instance=instance, tags=run_request.tags, asset_selection=selected
         ).success

@@ -17,7 +17,7 @@ from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
 from lake_assets.landing_watch import STRAYS_EVERY_SECONDS, TableCursor, decode_cursor, encode_cursor
 from lake_assets.orchestration import sensors
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, follow_upstream
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, feed_job_name, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.runner import run_feeds
@@ -196,54 +196,130 @@ def _keep_a_purge(tmp_path, table: str, *partitions: str) -> Path:
     return kept
 
 
-def test_a_running_landing_sensor_runs_the_hour_of_a_purge_no_fold_recorded_once_no_run_writes_the_table(
+class _KeptPurgeTicks:
+    """Ticks of the Unit landing sensor on one instance, the kept purges looked for on each."""
+
+    def __init__(self, tmp_path):
+        self.landing, self.defs, self.sensor, self.resources = _unit_landing_sensor(tmp_path)
+        self.instance = dg.DagsterInstance.ephemeral()
+        self.cursor = self.tick().cursor
+
+    def tick(self, cursor: str | None = None) -> dg.SensorResult:
+        """A tick from `cursor` (the one kept, by default), as though the kept purges were last
+        looked for long ago."""
+        cursors = decode_cursor(cursor or getattr(self, "cursor", None))
+        for table, kept in cursors.items():
+            cursors[table] = dataclasses.replace(kept, purges_looked_at=None)
+        with dg.build_sensor_context(
+            resources=self.resources,
+            definitions=self.defs,
+            cursor=encode_cursor(cursors),
+            instance=self.instance,
+        ) as context:
+            return self.sensor(context)
+
+    def run(self, status: dg.DagsterRunStatus, selection=None, job=None, tags=None) -> dg.DagsterRun:
+        """A run on the instance, as Dagster records one of `job` (its asset job by default)."""
+        return self.instance.create_run_for_job(
+            job or self.defs.resolve_implicit_global_asset_job_def(),
+            asset_selection=frozenset(selection) if selection is not None else None,
+            status=status,
+            tags=tags,
+        )
+
+
+def _ranges(requests) -> list[tuple[str, str, str]]:
+    return sorted(
+        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in requests
+    )
+
+
+def test_a_running_landing_sensor_runs_the_hours_of_a_purge_no_fold_recorded_once_no_run_writes_the_table(
     tmp_path,
 ):
     """A run stopped between its change-log write and its fold (killed, its retries spent) left
-    a kept purge: a later tick runs the hour it names, unless a run that may write the table is
-    in flight (its own fold is yet to come) or this tick runs the hour anyway. Asked once for
-    the same kept files (the run key); a new kept file asks again."""
-    landing, defs, sensor, resources = _unit_landing_sensor(tmp_path)
-    instance = dg.DagsterInstance.ephemeral()
+    a kept purge: a later tick runs the hours it names, as one range where they follow each
+    other, unless a run that may write the table is in flight (its own fold is yet to come).
+    Looked for every `KEPT_PURGES_EVERY_SECONDS`; the same kept files make the same request."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04", "2024-03-01-05")
+    with dg.build_sensor_context(
+        resources=ticks.resources, definitions=ticks.defs, cursor=ticks.cursor, instance=ticks.instance
+    ) as context:
+        assert ticks.sensor(context).run_requests == []  # looked for by the first tick, moments ago
+    accounts = [dg.AssetKey(["unit", "accounts", "changes"])]
+    in_flight = ticks.run(dg.DagsterRunStatus.STARTED, accounts)
+    assert ticks.tick().run_requests == []  # its fold may yet record them
 
-    def tick(cursor):
-        with dg.build_sensor_context(
-            resources=resources, definitions=defs, cursor=cursor, instance=instance
-        ) as context:
-            return sensor(context)
+    ticks.instance.report_run_failed(in_flight)
+    requested = ticks.tick()
+    assert _ranges(requested.run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-05")]
+    assert decode_cursor(requested.cursor)["accounts"].purges_looked_at is not None
+    assert [r.run_key for r in ticks.tick().run_requests] == [requested.run_requests[0].run_key]
 
-    cursor = tick(None).cursor
-    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
-    in_flight = instance.create_run_for_job(
-        defs.resolve_implicit_global_asset_job_def(),
-        asset_selection=frozenset({dg.AssetKey(["unit", "accounts", "changes"])}),
-        status=dg.DagsterRunStatus.STARTED,
-    )
-    assert tick(cursor).run_requests == []  # its fold may yet record it
-
-    instance.report_run_failed(in_flight)
-    requested = tick(cursor).run_requests
-    assert [
-        (r.tags["lake_assets/table"], r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in requested
-    ] == [("accounts", "2024-03-01-04", "2024-03-01-04")]
-    assert [r.run_key for r in tick(cursor).run_requests] == [requested[0].run_key]
-
-    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04", "2024-03-01-09")
-    write_events(
-        landing,
-        "accounts",
-        9,
-        "part-late.parquet",
-        [event("b", "I", 9, at(9), name="y", balance=2)],
-        ACCOUNT_SCHEMA,
-    )
-    again = tick(cursor).run_requests
-    # 09 runs for its late file; 04 again, for the new kept file
-    assert sorted((r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in again) == [
-        ("2024-03-01-04", "2024-03-01-04"),
-        ("2024-03-01-09", "2024-03-01-09"),
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-09")
+    late = [event("b", "I", 9, at(9), name="y", balance=2)]
+    write_events(ticks.landing, "accounts", 9, "part-late.parquet", late, ACCOUNT_SCHEMA)
+    # 09 runs for its late file, which takes its kept purge in
+    assert _ranges(ticks.tick().run_requests) == [
+        ("accounts", "2024-03-01-04", "2024-03-01-05"),
+        ("accounts", "2024-03-01-09", "2024-03-01-09"),
     ]
-    assert requested[0].run_key not in {r.run_key for r in again}
+
+
+def test_only_a_run_that_may_write_the_table_holds_back_its_kept_purges_run(tmp_path):
+    """A run of another table, or of another table's job, does not hold the run back; one of
+    the feed's job over every table, which records no selection, does."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
+    ticks.run(dg.DagsterRunStatus.STARTED, [dg.AssetKey(["unit", "cards", "changes"])])
+    ticks.run(dg.DagsterRunStatus.NOT_STARTED, selection=[])  # Dagster's job over every asset: all of them
+    assert ticks.tick().run_requests == []
+    for run in ticks.instance.get_runs():
+        if not run.asset_selection:
+            ticks.instance.report_run_canceled(run)
+    assert _ranges(ticks.tick().run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-04")]
+
+    feed_run = ticks.run(dg.DagsterRunStatus.STARTING, job=ticks.defs.resolve_job_def(feed_job_name("unit")))
+    assert ticks.tick().run_requests == []
+    ticks.instance.report_run_failed(feed_run)
+    assert len(ticks.tick().run_requests) == 1
+
+
+def test_a_failed_kept_purges_run_is_asked_for_again_a_few_times_then_left_to_the_operator(tmp_path, capfd):
+    ticks = _KeptPurgeTicks(tmp_path)
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
+    keys = []
+    for _ in range(sensors.KEPT_PURGE_ATTEMPTS):
+        (request,) = ticks.tick().run_requests
+        keys.append(request.run_key)
+        ticks.run(dg.DagsterRunStatus.FAILURE, request.asset_selection, tags=request.tags)
+    assert len(set(keys)) == sensors.KEPT_PURGE_ATTEMPTS  # each failure makes a new request
+
+    assert ticks.tick().run_requests == []
+    assert "the sensor asks for no more: `lake-assets run`" in capfd.readouterr().err
+
+
+def test_a_tick_that_cannot_ask_the_instance_for_runs_in_flight_still_runs_the_files_it_found(
+    tmp_path, monkeypatch
+):
+    """The look for kept purges fails (the instance's run storage out of reach): the late file
+    found in the same tick still gets its run, and the next tick looks for the purges again."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
+    late = [event("b", "I", 9, at(9), name="y", balance=2)]
+    write_events(ticks.landing, "accounts", 9, "part-late.parquet", late, ACCOUNT_SCHEMA)
+
+    def out_of_reach(*args, **kwargs):
+        raise ConnectionError("run storage out of reach")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ticks.instance, "get_run_records", out_of_reach)
+        failing = ticks.tick()
+    assert _ranges(failing.run_requests) == [("accounts", "2024-03-01-09", "2024-03-01-09")]
+    assert _ranges(ticks.tick(failing.cursor).run_requests) == [
+        ("accounts", "2024-03-01-04", "2024-03-01-04")
+    ]
 
 
 def test_a_landing_sensor_started_after_a_cli_backfill_runs_only_what_changed_since(tmp_path, spark):

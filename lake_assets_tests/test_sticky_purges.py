@@ -298,11 +298,14 @@ def test_a_purge_kept_by_a_rerun_of_a_processed_batch_stopped_before_its_fold_is
 
 
 @pytest.mark.usefixtures("spark")  # the sensor's runs fold in this process
-def test_a_running_sensor_applies_a_purge_kept_by_its_run_stopped_before_the_fold(lake):
+def test_a_running_sensor_applies_a_purge_kept_by_its_run_stopped_before_the_fold(lake, monkeypatch):
     """The sensor's run of B2 .. B3 stopped after its change-log write (killed, its retries
     spent): the write kept X's purge, and nothing new lands. A regular tick, which compares the
     landing with its cursor only, found nothing to run, and X's fields stayed in current and
     history. It runs the partition the kept purge names, once."""
+    from lake_assets.orchestration import sensors
+
+    monkeypatch.setattr(sensors, "KEPT_PURGES_EVERY_SECONDS", 0)  # each tick looks for them
     config, root, instance = lake
     backfill(config, instance, B1, B1)
     cursor, runs = sensor_tick(config, instance, None, layers=("catalog", "changes"))
@@ -319,8 +322,9 @@ def test_a_running_sensor_applies_a_purge_kept_by_its_run_stopped_before_the_fol
 
 
 def test_the_partitions_of_kept_purges_are_read_from_their_files_footers(tmp_path):
-    """A kept purge's file without the partitions (written before they were kept) or with a
-    value that is not a list of them names none and stops nothing: the fold reads its keys."""
+    """A kept purge's file without the partitions (written before they were kept), with a
+    value that is not a list of them, or that is not Parquet at all, names none and stops
+    nothing: the fold reads its keys (and names a damaged file)."""
     from lake_assets.engine.purges import SEEN_IN_PARTITIONS, seen_in_partitions
     from lake_assets.engine.state import TableState
     from lake_assets.paths import LakeLayout
@@ -333,6 +337,7 @@ def test_the_partitions_of_kept_purges_are_read_from_their_files_footers(tmp_pat
     for name, named in [("a", b'["00000000b"]'), ("b", None), ("c", b"{not json"), ("d", b"[1, 2]")]:
         metadata = {SEEN_IN_PARTITIONS: named} if named is not None else None
         pq.write_table(keys.replace_schema_metadata(metadata), folder / f"part-{name}.parquet")
+    (folder / "part-e.parquet").write_bytes(b"not parquet")
 
     assert seen_in_partitions(Storage(), state) == {"00000000b": [f"file://{folder}/part-a.parquet"]}
 

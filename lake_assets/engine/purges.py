@@ -129,16 +129,22 @@ def seen(
     return found.select(*keys)
 
 
-def seen_in_partitions(storage: Storage, state: TableState) -> dict[str, list[str]]:
+def seen_in_partitions(
+    storage: Storage, state: TableState, files: list[str] | None = None
+) -> dict[str, list[str]]:
     """The change partitions whose rows marked the `seen` keys purged, each with the `seen`
-    files naming it: until a fold records those keys, planning and the landing sensors run
-    these partitions (their landed files may be gone, and the write killed before it noted them
-    stored), so that a fold follows."""
+    files naming it (of `files`, listed when not given): until a fold records those keys,
+    planning and the landing sensors run these partitions (their landed files may be gone, and
+    the write killed before it noted them stored), so that a fold follows. A damaged file names
+    none (the fold, which reads its keys, names it)."""
     found: dict[str, list[str]] = {}
-    for uri in seen_files(storage, state):
+    for uri in seen_files(storage, state) if files is None else files:
         try:
             named = (parquet_footer(storage, uri).metadata or {}).get(SEEN_IN_PARTITIONS, b"[]")
         except FileNotFoundError:  # recorded by a fold since it was listed
+            continue
+        except DamagedLakeFile as damaged:
+            _log.warning("%s; the partitions it names are not run for its purges", damaged)
             continue
         try:
             partitions = json.loads(named)

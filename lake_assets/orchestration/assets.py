@@ -65,6 +65,16 @@ def table_pool(feed: str, table: str) -> str:
     return identifier("lake_table", feed, table)
 
 
+def feed_job_name(feed: str) -> str:
+    """The job over every table of an hourly feed (they share one partitions definition)."""
+    return f"{identifier(feed)}_all_tables"
+
+
+def table_job_name(feed: str, table: str) -> str:
+    """The job of one table of a batch feed (each table has its own batches)."""
+    return identifier(feed, table, "job")
+
+
 WHOLE_TABLE_RUN_TAG = "lake_assets/whole_table"
 """Run tag of runs that write every layer of a table's partitions together (catalog, changes,
 current and history): the landing sensors' runs and the table and feed jobs."""

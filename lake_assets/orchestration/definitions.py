@@ -26,7 +26,13 @@ from lake_assets.discovery import (
 from lake_assets.errors import ConfigError
 from lake_assets.feeds import format_for
 from lake_assets.feeds.base import HOUR_KEY_FORMAT, FeedFormat
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets, build_table_assets
+from lake_assets.orchestration.assets import (
+    WHOLE_TABLE_RUN_TAG,
+    TableAssets,
+    build_table_assets,
+    feed_job_name,
+    table_job_name,
+)
 from lake_assets.orchestration.io_managers import SparkParquetIOManager
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.orchestration.sensors import build_batch_sensor, build_landing_sensor, build_tables_sensor
@@ -37,16 +43,6 @@ AUTOMATION_SENSOR = "lake_automation"
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / ".demo" / "lake_assets.yaml"
 
 log = logging.getLogger(__name__)
-
-
-def feed_job_name(feed: str) -> str:
-    """The job over every table of an hourly feed (they share one partitions definition)."""
-    return f"{identifier(feed)}_all_tables"
-
-
-def table_job_name(feed: str, table: str) -> str:
-    """The job of one table of a batch feed (each table has its own batches)."""
-    return identifier(feed, table, "job")
 
 
 def batch_partitions_name(feed: str, table: str) -> str:

@@ -10,7 +10,8 @@ its standing requests.
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 import dagster as dg
@@ -26,8 +27,10 @@ from lake_assets.discovery import (
     feed_tables,
     tables_of_every_feed,
 )
+from lake_assets.engine.purges import seen_files
+from lake_assets.engine.state import TableState
 from lake_assets.errors import DamagedLakeFile, LakeAssetsError, first_line
-from lake_assets.feeds.base import FeedFormat, hour_key
+from lake_assets.feeds.base import FeedFormat, current_hour, hour_key
 from lake_assets.landing_watch import (
     BatchCursor,
     NewFiles,
@@ -42,7 +45,7 @@ from lake_assets.landing_watch import (
     strays_run_key,
     stretches_in_order,
 )
-from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets
+from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets, feed_job_name, table_job_name
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
 from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes, unfolded_notes
@@ -50,6 +53,8 @@ from lake_assets.quarantine import unreported_strays
 from lake_assets.status import kept_purge_partitions
 from lake_assets.storage import Storage
 
+#: the name Dagster's own job over every asset starts with (a run of it selects its assets)
+ASSET_JOB_PREFIX = "__ASSET_JOB"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
@@ -87,7 +92,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
         for assets, cursor in tick.tables_in_turn(by_name, cursors, TableCursor):
             with failures.of(assets.table):
                 requests, observed, cursors[assets.table] = _hourly_runs(tick, assets, cursor)
-                run_requests += requests + _kept_purge_runs(tick, assets, requests)
+                run_requests += requests
                 observations += observed
         failures.unless_every_table_failed(tick)
         return dg.SensorResult(
@@ -151,6 +156,8 @@ class _Tick:
     #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
     strays_turn: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
+    #: (job, assets selected) of the runs not finished yet, asked of the instance once a tick (`writing`)
+    unfinished: list[tuple[str, AbstractSet[dg.AssetKey] | None]] | None = None
     first_scans: int = 0
     #: tables this tick scanned, and tables whose first scan waits for a later tick
     scanned: int = 0
@@ -179,6 +186,20 @@ class _Tick:
             )
             self.scanned += 1
             yield by_name[name], cursor
+
+    def writing(self, assets: TableAssets) -> bool:
+        """Whether a run not finished yet may write the table: one selecting any of its processed
+        assets or, with no selection recorded, one of a job over them (its table's, its feed's,
+        or Dagster's job over every asset)."""
+        if self.unfinished is None:
+            records = self.context.instance.get_run_records(filters=dg.RunsFilter(statuses=_UNFINISHED))
+            self.unfinished = [(r.dagster_run.job_name, r.dagster_run.asset_selection) for r in records]
+        keys = set(assets.processed_keys)
+        jobs = {table_job_name(self.feed.name, assets.table), feed_job_name(self.feed.name)}
+        return any(
+            bool(keys & selection) if selection else (job in jobs or job.startswith(ASSET_JOB_PREFIX))
+            for job, selection in self.unfinished
+        )
 
     def takes_first_scan(self, table: str, first_scan: bool) -> bool:
         """Whether the table is scanned this tick: every table but one scanned for the first
@@ -224,6 +245,11 @@ def _hourly_runs(
         for partition, standing in sorted(standing_requests.items())
         if partition not in {f.partition for f in found}
     ]
+    kept, cursor = _kept_purges(tick, assets, cursor, [*(f.partition for f in found), *standing_requests])
+    in_ranges = [
+        tuple(h for h in sorted(kept) if start <= h <= end) for start, end in contiguous_ranges(list(kept))
+    ]
+    requests += _kept_purge_runs(tick, assets, kept, in_ranges)
     if not found and not requests:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
         strays, cursor = _strays_run(tick, assets, cursor, last)
@@ -276,64 +302,97 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
     return ProcessedWith(storage, notes, frozenset(to_run), unfolded)
 
 
-#: the statuses of a run that may still write a table (`_kept_purge_runs`)
-_IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
+#: how often a table's purges kept by a change-log write are looked for (`_kept_purges`): a
+#: listing of its `purges_seen` folder each time
+KEPT_PURGES_EVERY_SECONDS = 300
+#: the runs asked for one set of kept purges (`_kept_purge_runs`) that may fail before the
+#: sensor stops asking for them
+KEPT_PURGE_ATTEMPTS = 3
+#: the run tag naming the kept purges a run was asked for, by which its attempts are counted
+KEPT_PURGE_TAG = "lake_assets/kept_purges"
+_FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+_UNFINISHED = [status for status in dg.DagsterRunStatus if status not in _FINISHED]
 
 
-def _kept_purge_runs(tick: _Tick, assets: TableAssets, requested: list[dg.RunRequest]) -> list[dg.RunRequest]:
-    """A run of each partition whose change-log write kept a purge that no fold recorded
-    (`kept_purge_partitions`), unless this tick runs it already or a run that may write the table
-    is in flight (its fold is yet to come). A run killed between its write and its fold (or
-    failed there, its retries spent) otherwise leaves the purged record's fields in current and
-    history until something new lands. Keyed by the files keeping the purge: asked once for
-    them. The purges folder is listed every tick; a table never purged has none to read."""
+def _kept_purges(
+    tick: _Tick, assets: TableAssets, cursor: _Cursor, covered: Iterable[str]
+) -> tuple[dict[str, list[str]], _Cursor]:
+    """The partitions whose change-log write kept a purge that no fold has recorded
+    (`kept_purge_partitions`), each with the files keeping it, for runs of their own; and the
+    cursor after the look. A run stopped between its write and its fold (killed, or failed
+    there with its retries spent) otherwise leaves the purged record's fields in current and
+    history until something new lands: a tick compares the landing with its cursor only.
+
+    Looked for every `KEPT_PURGES_EVERY_SECONDS`, and only while no run that may write the
+    table is in flight (its fold may record them yet: looked for again the next tick). Leaves
+    out the partitions this tick runs anyway (`covered`) and those no run can name (an hour
+    before the table's first, or yet to come). Never raises: a failure is logged and the next
+    tick looks again, so it costs none of the runs the tick found."""
+    now = time.time()
+    if cursor.purges_looked_at is not None and now - cursor.purges_looked_at < KEPT_PURGES_EVERY_SECONDS:
+        return {}, cursor
     feed, table = tick.feed.name, assets.table
     try:
-        kept = kept_purge_partitions(tick.storage, tick.layout, tick.fmt, feed, table)
+        files = seen_files(tick.storage, TableState(tick.layout, feed, table))
+        if files and tick.writing(assets):
+            return {}, cursor
+        kept = kept_purge_partitions(tick.storage, tick.layout, tick.fmt, feed, table, files) if files else {}
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
         tick.context.log.warning(
-            f"{feed}/{table}: the purges its change log kept are not read (a later tick tries again): "
-            f"{first_line(failure)}"
+            f"{feed}/{table}: the purges its change log kept could not be looked for (the next tick "
+            f"tries again): {first_line(failure)}"
         )
-        return []
-    order = tick.fmt.partition_order
-    covered = [(order(r.tags[RANGE_START_TAG]), order(r.tags[RANGE_END_TAG])) for r in requested]
-    to_run = {
-        partition: files
-        for partition, files in kept.items()
-        if not any(start <= order(partition) <= end for start, end in covered)
+        return {}, cursor
+    first, last, covered = _first_hour(assets), hour_key(current_hour()), set(covered)
+    runnable = {
+        partition: names
+        for partition, names in kept.items()
+        if partition not in covered
+        and (tick.fmt.partitioning != "hourly" or (first or partition) <= partition <= last)
     }
-    if not to_run or _table_run_in_flight(tick.context, assets):
-        return []
-    tick.context.log.info(
-        f"{feed}/{table}: no fold recorded the purge(s) kept by the change-log write of "
-        f"{', '.join(sorted(to_run, key=order))} (its run stopped before its fold): a run of each records them"
-    )
-    return [
-        _whole_table_run(
-            f"{feed}:{table}:kept-purge:{partition}:{short_digest(','.join(sorted(files)))}",
-            assets,
-            partition,
-            partition,
+    return runnable, dataclasses.replace(cursor, purges_looked_at=now)
+
+
+def _kept_purge_runs(
+    tick: _Tick, assets: TableAssets, kept: dict[str, list[str]], ranges: list[tuple[str, ...]]
+) -> list[dg.RunRequest]:
+    """A run of each range of `kept` partitions (`_kept_purges`), keyed by the files keeping
+    their purges and by the attempt: a run that fails is asked for again, up to
+    `KEPT_PURGE_ATTEMPTS` runs, after which the purges wait for `lake-assets run` or a run from
+    the UI (an error in the tick's log says so)."""
+    feed, table = tick.feed.name, assets.table
+    requests = []
+    for partitions in ranges:
+        files = sorted({name for partition in partitions for name in kept[partition]})
+        digest = short_digest(",".join([*partitions, *files]))
+        span = f"{partitions[0]}..{partitions[-1]}"
+        try:
+            failed = tick.context.instance.get_run_records(
+                filters=dg.RunsFilter(
+                    tags={KEPT_PURGE_TAG: digest}, statuses=list(_FINISHED - {dg.DagsterRunStatus.SUCCESS})
+                )
+            )
+        except Exception as failure:  # noqa: BLE001 - logged; the next tick asks again
+            tick.context.log.warning(
+                f"{feed}/{table}: the runs for the purges kept in {span} are not known: {first_line(failure)}"
+            )
+            continue
+        if len(failed) >= KEPT_PURGE_ATTEMPTS:
+            tick.context.log.error(
+                f"{feed}/{table}: {len(failed)} runs of {span} failed to record the purges its change-log "
+                "write kept; the sensor asks for no more: `lake-assets run` (or a run of the partitions "
+                "from the UI) records them"
+            )
+            continue
+        tick.context.log.info(
+            f"{feed}/{table}: no fold recorded the purges the change-log write of {span} kept (its run "
+            "stopped before its fold): a run records them"
         )
-        for partition, files in sorted(to_run.items(), key=lambda item: order(item[0]))
-    ]
-
-
-def _table_run_in_flight(context: dg.SensorEvaluationContext, assets: TableAssets) -> bool:
-    """Whether a run not finished yet may write the table: one selecting any of its processed
-    assets, or one whose selection is not recorded (it may select them all)."""
-    keys = set(assets.processed_keys)
-    return any(
-        record.dagster_run.asset_selection is None or keys & record.dagster_run.asset_selection
-        for record in context.instance.get_run_records(filters=dg.RunsFilter(statuses=_IN_FLIGHT))
-    )
+        key = f"{feed}:{table}:kept-purges:{span}:{digest}:{len(failed)}"
+        requests.append(
+            _whole_table_run(key, assets, partitions[0], partitions[-1], {KEPT_PURGE_TAG: digest})
+        )
+    return requests
 
 
 def _strays_run(
@@ -438,9 +497,7 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
         for assets, cursor in tick.tables_in_turn(by_name, cursors, BatchCursor):
             with failures.of(assets.table):
                 requests, observed, added, cursors[assets.table] = _batch_runs(tick, assets, cursor)
-                kept_purges = _kept_purge_runs(tick, assets, requests)
-                added += _unregistered(tick, assets, added, [r.tags[RANGE_START_TAG] for r in kept_purges])
-                run_requests += requests + kept_purges
+                run_requests += requests
                 observations += observed
                 additions += added
         failures.unless_every_table_failed(tick)
@@ -463,25 +520,33 @@ def _batch_runs(
     first_scan = cursor.first_scan
     processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
-    if not found and not first_scan:
+    kept, cursor = _kept_purges(tick, assets, cursor, [f.partition for f in found])
+    if not found and not kept and not first_scan:
         strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
         return strays, [], [], cursor
     partitions = _batch_partitions(assets)
     known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
-    # A first scan registers the batches it found processed too: the UI can then re-run them.
+    # A first scan registers the batches it found processed too: the UI can then re-run them; a
+    # kept purge's batch is registered again if the instance lost it.
     landed = tick.fmt.partition_keys(tick.storage, feed.landing, assets.table) if first_scan else []
-    added = sorted({*landed, *(f.partition for f in found)} - registered, key=tick.fmt.partition_order)
+    added = sorted({*landed, *(f.partition for f in found), *kept} - registered, key=tick.fmt.partition_order)
     additions = [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
-    if not found:
-        strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
-        return strays, [], additions, cursor
-    cursor = _strays_reported(cursor)
     # One run per stretch the instance holds in a row: batches registered out of order
     # (by a `--from/--to` run) make more than one.
-    requests = [
+    order = [*known, *added]
+    requests = _kept_purge_runs(
+        tick, assets, kept, stretches_in_order(order, sorted(kept, key=tick.fmt.partition_order))
+    )
+    if not found:
+        strays, cursor = (
+            _strays_run(tick, assets, cursor, cursor.last) if not requests else ([], _strays_reported(cursor))
+        )
+        return strays + requests, [], additions, cursor
+    cursor = _strays_reported(cursor)
+    requests += [
         _range_run(feed.name, assets, stretch[0], stretch[-1], [f for f in found if f.partition in stretch])
-        for stretch in stretches_in_order([*known, *added], [f.partition for f in found])
+        for stretch in stretches_in_order(order, [f.partition for f in found])
     ]
     return requests, [_observation(assets, found)], additions, cursor
 
@@ -532,18 +597,6 @@ def build_tables_sensor(
     return tables_sensor
 
 
-def _unregistered(
-    tick: _Tick, assets: TableAssets, additions: list[dg.AddDynamicPartitionsRequest], batches: list[str]
-) -> list[dg.AddDynamicPartitionsRequest]:
-    """A request registering those of `batches` that neither the instance nor `additions` holds
-    (an instance reset since they ran), so that a run of them can start."""
-    partitions = _batch_partitions(assets)
-    known = {*tick.context.instance.get_dynamic_partitions(partitions)}
-    known.update(key for added in additions for key in added.partition_keys)
-    missing = [batch for batch in batches if batch not in known]
-    return [dg.AddDynamicPartitionsRequest(partitions, missing)] if missing else []
-
-
 def _batch_partitions(assets: TableAssets) -> str:
     """The name of the dynamic partitions (one per batch) a batch table's change log has."""
     partitions = assets.changes.partitions_def
@@ -566,7 +619,9 @@ def _rerun(feed: str, assets: TableAssets, hour: str, standing: list[reruns.Reru
     return _whole_table_run(f"{feed}:{assets.table}:again:{hour}:{digest}", assets, hour, hour)
 
 
-def _whole_table_run(run_key: str, assets: TableAssets, start: str, end: str) -> dg.RunRequest:
+def _whole_table_run(
+    run_key: str, assets: TableAssets, start: str, end: str, tags: Mapping[str, str] | None = None
+) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=run_key,
         asset_selection=assets.processed_keys,
@@ -575,6 +630,7 @@ def _whole_table_run(run_key: str, assets: TableAssets, start: str, end: str) ->
             RANGE_END_TAG: end,
             "lake_assets/table": assets.table,
             WHOLE_TABLE_RUN_TAG: "true",
+            **(tags or {}),
         },
     )
 
