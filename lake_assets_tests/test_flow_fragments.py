@@ -781,3 +781,29 @@ def test_a_fragment_left_out_of_the_cover_is_held_against_the_bytes_read_in_its_
     assert differs.value.offset == 12 and differs.value.uri == "s3://b/j/other"
     with pytest.raises(FragmentError, match=r"offsets 20\.\.24 are read from no fragment of the cover"):
         ff.hold_against(frag(16, 24, "s3://b/j/past"), journal[16:] + b"klmn", pieces, content_of)
+
+
+@pytest.mark.parametrize(
+    "names, shown",
+    [
+        ((b'"f\xff"', b'"f\xfe"'), ("'f\\xff'", "'f\\xfe'")),
+        ((b'"g\\ud800"', b'"g\\udbff"'), ("'g\\ud800'", "'g\\udbff'")),
+        ((b'"h\\ufffd"', b'"h\xff"'), ("'h\ufffd'", "'h\\xff'")),
+    ],
+    ids=["bytes", "escaped-surrogates", "beside-the-replacement-character"],
+)
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "nested"])
+def test_field_names_that_are_one_once_their_text_is_repaired_set_the_document_aside(names, shown, nested):
+    """Repaired, the two names are one and one value would be dropped without a word."""
+    from lake_assets.demo.flow_sample import build_uuid
+    from lake_assets.feeds.flow_documents import vet_document
+
+    fields = b"%s: 1, %s: 2" % names
+    body = b'"o": {%s}' % fields if nested else fields
+    line = b'{"id": 7, %s, "_meta": {"uuid": "%s"}}\n' % (body, build_uuid(1, 0, b"\x01" * 6).encode())
+    doc = ff.parse_document(line, 0, "file:///journal/fragment")
+
+    with pytest.raises(ff.FragmentError) as refused:
+        vet_document(doc, ("/id",))
+
+    assert f"field names {shown[0]} and {shown[1]}, which are one name" in str(refused.value)

@@ -368,6 +368,17 @@ def flow_text_that_is_not_utf8(landing: Path) -> list[Path]:
     return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
 
 
+def flow_field_names_one_once_repaired(landing: Path) -> list[Path]:
+    """Two field names (at the top and nested) that differ only in bytes that are not UTF-8, or
+    beside the very character a repair puts in (U+FFFD): repaired, one value would be dropped."""
+    top = flow_doc(16, fA="first", fB="second").replace(b'"fA"', b'"f\xff"').replace(b'"fB"', b'"f\xfe"')
+    nested = flow_doc(17, o={"kA": 1, "kB": 2}).replace(b'"kA"', b'"k\xff"').replace(b'"kB"', b'"k\\ufffd"')
+    return [
+        write_flow_fragment(flow_journal(landing), valid_length(), top),
+        write_flow_fragment(flow_journal(landing), valid_length() + len(top), nested),
+    ]
+
+
 def field_case_differs_between_documents(landing: Path) -> list[Path]:
     content = flow_doc(13, Status="open") + flow_doc(14, status="closed")
     return [write_flow_fragment(flow_journal(landing), valid_length(), content)]
@@ -417,6 +428,7 @@ CASES = [
     Hostile("flow", "gzip_bomb", gzip_bomb),
     Hostile("flow", "invalid_hour_folders", invalid_hour_folders, complete=False),
     Hostile("flow", "text_that_is_not_utf8", flow_text_that_is_not_utf8, unusable=False, read=True),
+    Hostile("flow", "field_names_one_once_repaired", flow_field_names_one_once_repaired),
     Hostile(
         "flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False
     ),

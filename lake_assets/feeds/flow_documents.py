@@ -205,9 +205,24 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None
             f"longer than Spark's JSON reader takes ({SPARK_JSON_MAX_NAME:,})",
             doc.offset,
         )
-    clash = case_clash(_columns_of(doc.doc, key)) or _field_named_like_a_key(doc.doc, key)
+    merged = ff.names_one_once_repaired(doc.doc) if doc.garbled else None
+    if merged:
+        first, second = (f"'{_clipped(ff.as_written(name))}'" for name in merged)
+        raise ff.FragmentError(
+            doc.uri,
+            f"document has the field names {first} and {second}, which are one name once the text "
+            "in them that is not valid UTF-8 is repaired: one of their values would be dropped",
+            doc.offset,
+        )
+    # as the row is written: with its text repaired
+    body = ff.valid_text_fields(doc.doc)[0] if doc.garbled else doc.doc
+    clash = case_clash(_columns_of(body, key)) or _field_named_like_a_key(body, key)
     if clash:
         raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
+
+
+def _clipped(text: str, shown: int = 60) -> str:
+    return text if len(text) <= shown else f"{text[:shown]}..."
 
 
 def _field_named_like_a_key(document: dict, key: tuple[str, ...]) -> str | None:

@@ -605,6 +605,33 @@ def _valid_text(value):
     return value
 
 
+def as_written(text: str) -> str:
+    """Text of a `Doc.garbled` document as a reason shows it: its bytes that were not UTF-8 as
+    `\\xff`, and its escaped lone surrogates as `\\ud800`."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # an escaped lone surrogate, not a byte
+        return text.encode("utf-8", "backslashreplace").decode()
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def names_one_once_repaired(value) -> tuple[str, str] | None:
+    """Two names of one object (at any depth) of a `Doc.garbled` value that are one name once
+    their text is made valid (`_valid_text`), if any: the repaired object would keep one of
+    their values and drop the other without a word."""
+    if isinstance(value, list):
+        return next(filter(None, map(names_one_once_repaired, value)), None)
+    if not isinstance(value, dict):
+        return None
+    first_of: dict[str, str] = {}
+    for name in value:
+        repaired = _valid_text(name)
+        if repaired in first_of:
+            return first_of[repaired], name
+        first_of[repaired] = name
+    return next(filter(None, map(names_one_once_repaired, value.values())), None)
+
+
 def valid_text_fields(document: dict) -> tuple[dict, int]:
     """A `Doc.garbled` document with its text made valid UTF-8 (what was not becomes U+FFFD),
     and how many of its fields other than `_meta` had text to repair."""
