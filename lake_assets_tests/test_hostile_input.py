@@ -21,6 +21,7 @@ from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lake_assets.cli import main
@@ -115,6 +116,24 @@ def corrupt_pages_and_clashing_schema(landing: Path) -> list[Path]:
         clash_schema,
     )
     return [corrupt, clash]
+
+
+def column_names_not_utf8(landing: Path) -> list[Path]:
+    """Column names (at the top and in a struct) holding bytes that are not UTF-8, as a writer
+    that does not check them leaves them: no reader can name the columns."""
+    added = []
+    for name, columns in [
+        ("part-top.parquet", {"zzQQ": pa.array([1], pa.int64())}),
+        ("part-nested.parquet", {"s": pa.array([{"zzQQ": 1}], pa.struct([("zzQQ", pa.int64())]))}),
+    ]:
+        rows = pa.Table.from_pylist(unit_rows(f"u-{name}", 95), schema=ACCOUNT_SCHEMA)
+        for column, values in columns.items():
+            rows = rows.append_column(column, values)
+        path = unit_hour(landing) / name
+        pq.write_table(rows, path, store_schema=False)
+        path.write_bytes(path.read_bytes().replace(b"zzQQ", b"zzQ\xff"))
+        added.append(path)
+    return added
 
 
 def invalid_time_folders(landing: Path) -> list[Path]:
@@ -389,6 +408,7 @@ CASES = [
     Hostile("unit", "random_bytes", random_bytes),
     Hostile("unit", "corrupt_pages_and_clashing_schema", corrupt_pages_and_clashing_schema),
     Hostile("unit", "invalid_time_folders", invalid_time_folders, complete=False),
+    Hostile("unit", "column_names_not_utf8", column_names_not_utf8),
     Hostile("unit", "symlink_loops", symlink_loops),
     Hostile("unit", "folder_named_like_a_file", folder_named_like_a_file, unusable=False),
     Hostile("unit", "named_pipe", named_pipe),
@@ -433,6 +453,27 @@ CASES = [
         "flow", "field_case_differs_between_documents", field_case_differs_between_documents, unusable=False
     ),
 ]
+
+
+def test_empty_fragments_stored_as_no_bytes_are_read_as_empty(valid_events, tmp_path, monkeypatch):
+    """A fragment whose name declares no bytes (begin = end, the zero sum) may be stored as a
+    file of no bytes, whatever its codec: it is valid, holds no document, and is not set aside."""
+    from lake_assets.feeds.flow_fragments import ZERO_SUM
+
+    def empty_fragments(landing: Path) -> list[Path]:
+        folder = flow_journal(landing) / "utc_date=2024-06-01/utc_hour=10"
+        at = valid_length()
+        added = [folder / f"{at:016x}-{at:016x}-{ZERO_SUM}{codec}" for codec in ("", ".gz", ".zst")]
+        for path in added:
+            path.write_bytes(b"")
+        return added
+
+    code, lake, instance, _ = run_cli(tmp_path, "flow", empty_fragments, monkeypatch)
+
+    assert code == 0
+    assert quarantine_notes(lake) == {}
+    assert len(events(lake, FEEDS["flow"])) == len(valid_events["flow"])
+    assert landing_complete_passed(instance, FEEDS["flow"])
 
 
 def run_cli(tmp_path: Path, feed_name: str, add: Callable[[Path], list[Path]] | None, monkeypatch):
