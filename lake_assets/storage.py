@@ -953,7 +953,8 @@ def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
     except FILE_ERRORS as exc:
         raise DamagedLakeFile(uri, first_line(exc)) from exc
     except UnicodeDecodeError as exc:  # pyarrow decodes the column names it lists
-        raise DamagedLakeFile(uri, f"a column name is not UTF-8 text ({exc.object[:60]!r})") from exc
+        around = exc.object[max(0, exc.start - 30) : exc.end + 10]
+        raise DamagedLakeFile(uri, f"a column name is not UTF-8 text (...{around!r}...)") from exc
 
 
 def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:

@@ -789,8 +789,13 @@ def test_a_fragment_left_out_of_the_cover_is_held_against_the_bytes_read_in_its_
         ((b'"f\xff"', b'"f\xfe"'), ("'f\\xff'", "'f\\xfe'")),
         ((b'"g\\ud800"', b'"g\\udbff"'), ("'g\\ud800'", "'g\\udbff'")),
         ((b'"h\\ufffd"', b'"h\xff"'), ("'h\ufffd'", "'h\\xff'")),
+        ((b'"f\xff\\ud800"', b'"f\xfe\\ud800"'), ("'f\\xff\\ud800'", "'f\\xfe\\ud800'")),
+        (
+            (b'"%s\xff"' % (b"a" * 70), b'"%s\xfe"' % (b"a" * 70)),
+            ("'...%s\\xff'" % ("a" * 20), "'...%s\\xfe'" % ("a" * 20)),
+        ),
     ],
-    ids=["bytes", "escaped-surrogates", "beside-the-replacement-character"],
+    ids=["bytes", "escaped-surrogates", "beside-the-replacement-character", "byte-and-escape", "long"],
 )
 @pytest.mark.parametrize("nested", [False, True], ids=["top", "nested"])
 def test_field_names_that_are_one_once_their_text_is_repaired_set_the_document_aside(names, shown, nested):
@@ -807,3 +812,27 @@ def test_field_names_that_are_one_once_their_text_is_repaired_set_the_document_a
         vet_document(doc, ("/id",))
 
     assert f"field names {shown[0]} and {shown[1]}, which are one name" in str(refused.value)
+
+
+def test_field_names_equal_but_for_case_once_repaired_set_the_document_aside():
+    """`F\\xff` and `f\\xfe` are `F\ufffd` and `f\ufffd` once repaired: one column to Spark."""
+    from lake_assets.demo.flow_sample import build_uuid
+    from lake_assets.feeds.flow_documents import vet_document
+
+    line = (
+        b'{"id": 7, "F\xff": 1, "f\xfe": 2, "_meta": {"uuid": "%s"}}\n'
+        % build_uuid(1, 0, b"\x01" * 6).encode()
+    )
+    with pytest.raises(ff.FragmentError, match="equal ignoring case"):
+        vet_document(ff.parse_document(line, 0, "file:///journal/fragment"), ("/id",))
+
+
+def test_the_journal_s_own_meta_is_not_held_to_the_names_of_fields():
+    """Only `_meta.op` is read and nothing of `_meta` is written: names in it that are one
+    once repaired drop nothing, and set nothing aside."""
+    from lake_assets.demo.flow_sample import build_uuid
+    from lake_assets.feeds.flow_documents import vet_document
+
+    uuid = build_uuid(1, 0, b"\x01" * 6).encode()
+    line = b'{"id": 7, "x": "\xff", "_meta": {"uuid": "%s", "before": {"k\xff": 1, "k\xfe": 2}}}\n' % uuid
+    vet_document(ff.parse_document(line, 0, "file:///journal/fragment"), ("/id",))

@@ -205,9 +205,11 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None
             f"longer than Spark's JSON reader takes ({SPARK_JSON_MAX_NAME:,})",
             doc.offset,
         )
-    merged = ff.names_one_once_repaired(doc.doc) if doc.garbled else None
+    # `_meta` is the journal's: only its op is read, and nothing of it is written
+    fields = {name: value for name, value in doc.doc.items() if name != "_meta"}
+    merged = ff.names_one_once_repaired(fields) if doc.garbled else None
     if merged:
-        first, second = (f"'{_clipped(ff.as_written(name))}'" for name in merged)
+        first, second = (f"'{shown}'" for shown in _where_they_differ(*merged))
         raise ff.FragmentError(
             doc.uri,
             f"document has the field names {first} and {second}, which are one name once the text "
@@ -221,8 +223,17 @@ def vet_document(doc: ff.Doc, key: tuple[str, ...], kinds: dict[str, str] | None
         raise ff.FragmentError(doc.uri, f"document has {clash}", doc.offset)
 
 
-def _clipped(text: str, shown: int = 60) -> str:
-    return text if len(text) <= shown else f"{text[:shown]}..."
+def _where_they_differ(first: str, second: str, shown: int = 60) -> tuple[str, str]:
+    """Two names of a garbled document as a reason shows them (`flow_fragments.as_written`),
+    clipped to `shown` characters around where they first differ."""
+    at = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
+    start = max(0, at - shown // 3)
+
+    def clipped(name: str) -> str:
+        window = ff.as_written(name[start : start + shown])
+        return ("..." if start else "") + window + ("..." if start + shown < len(name) else "")
+
+    return clipped(first), clipped(second)
 
 
 def _field_named_like_a_key(document: dict, key: tuple[str, ...]) -> str | None:

@@ -606,13 +606,19 @@ def _valid_text(value):
 
 
 def as_written(text: str) -> str:
-    """Text of a `Doc.garbled` document as a reason shows it: its bytes that were not UTF-8 as
-    `\\xff`, and its escaped lone surrogates as `\\ud800`."""
-    try:
-        raw = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # an escaped lone surrogate, not a byte
-        return text.encode("utf-8", "backslashreplace").decode()
-    return raw.decode("utf-8", "backslashreplace")
+    """Text of a `Doc.garbled` document as a reason shows it, one character at a time: a byte
+    that was not UTF-8 as `\\xff`, an escaped lone surrogate as `\\ud800` (an escaped one in
+    U+DC80..U+DCFF shows as the byte it stands for), anything else unprintable as `repr` does."""
+    shown = []
+    for character in text:
+        code = ord(character)
+        if 0xDC80 <= code <= 0xDCFF:  # how a byte that is not UTF-8 was decoded (`surrogateescape`)
+            shown.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            shown.append(f"\\u{code:04x}")
+        else:
+            shown.append(character if character.isprintable() else repr(character)[1:-1])
+    return "".join(shown)
 
 
 def names_one_once_repaired(value) -> tuple[str, str] | None:
@@ -796,10 +802,7 @@ def verified_content(
             f"its name declares {name.length} bytes, more than the limit of {max_bytes}",
             name.begin,
         )
-    stored = fetch(fragment.uri)
-    if name.length == 0 and not stored:  # an empty fragment may be stored as no bytes, whatever its codec
-        return b""
-    content = inflate(stored, name.codec, fragment.uri, begin=name.begin, limit=name.length)
+    content = inflate(fetch(fragment.uri), name.codec, fragment.uri, begin=name.begin, limit=name.length)
     verify(content, name, fragment.uri)
     return content
 
