@@ -268,7 +268,8 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
     again though their own files are unchanged). None (run every partition with files, as a
     first scan always did) when a processed note or request is damaged: no reason to stop
     watching. A damaged note of changes stored and never folded costs only what it names: the
-    partitions whose files are all gone are then not found."""
+    partitions whose files are all gone are then not found. (The partitions of purges a write
+    kept are `_kept_purges`' to run, on a first scan as on any tick.)"""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
@@ -287,12 +288,6 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
             f"first scan finds no such partition whose files are all gone (`lake-assets run` does): {damaged}"
         )
         unfolded = {}
-    try:
-        kept_purges = kept_purge_partitions(storage, layout, fmt, feed, table).keys() - notes.keys()
-    except DamagedLakeFile as damaged:
-        tick.context.log.warning(f"{feed}/{table}: the purges its change log kept are not read: {damaged}")
-        kept_purges = set()
-    unfolded = {**{partition: {} for partition in kept_purges}, **unfolded}
     if fmt.files_share_data:  # one walk (no window), where `partitions_files` lists each hour's folders
         landed = {
             key: list(files)
