@@ -39,6 +39,7 @@ from lake_assets.errors import (
     StorageRequestError,
     first_line,
 )
+from lake_assets.footer_probe import FooterProbe
 from lake_assets.paths import is_s3
 
 #: small file requests (footers and notes read, notes written) made at once: on S3 each is a
@@ -928,6 +929,9 @@ def _note_reader(shape: type[_Note]) -> pydantic.TypeAdapter[_Note]:
     return _note_readers[shape]
 
 
+#: the process that reads each footer whole before this one touches it (`footer_probe`)
+FOOTER_PROBE = FooterProbe()
+
 #: bytes first read from a Parquet file's end: its footer and the 8 bytes after it, nearly always
 _FOOTER_GUESS = 64 * 1024
 _PARQUET_MAGIC = b"PAR1"
@@ -948,13 +952,17 @@ def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
             raise DamagedLakeFile(uri, f"its footer claims {length} bytes, more than the file holds")
         if length + 8 > len(end):
             end = _read_exactly(handle, uri, length + 8, size - length - 8)
-    try:  # the footer alone, behind a leading magic: all a footer's decoding reads
-        return pq.ParquetFile(pa.BufferReader(_PARQUET_MAGIC + end[-length - 8 :])).metadata
+    footer = _PARQUET_MAGIC + end[-length - 8 :]  # the footer alone: all a footer's decoding reads
+    try:
+        meta = pq.ParquetFile(pa.BufferReader(footer)).metadata
     except FILE_ERRORS as exc:
         raise DamagedLakeFile(uri, first_line(exc)) from exc
     except UnicodeDecodeError as exc:  # pyarrow decodes the column names it lists
         around = exc.object[max(0, exc.start - 30) : exc.end + 10]
         raise DamagedLakeFile(uri, f"a column name is not UTF-8 text (...{around!r}...)") from exc
+    if (fault := FOOTER_PROBE.why_it_ends_a_reader(footer)) is not None:
+        raise DamagedLakeFile(uri, fault)
+    return meta
 
 
 def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:

@@ -110,6 +110,21 @@ def garble_data_pages(path: Path) -> Path:
     return path
 
 
+#: in a footer (Thrift compact encoding), the start of an INT64 column chunk's metadata: the
+#: chunk's `meta_data` field (struct), then its `type` field (i32) holding INT64 (2, zigzagged 4)
+_INT64_CHUNK_METADATA = b"\x1c\x15\x04"
+
+
+def contradict_a_column_chunk_type(path: Path) -> Path:
+    """Make the first INT64 column chunk's metadata claim INT32, which its schema contradicts:
+    pyarrow (26) ends the process that reads that chunk's statistics (`std::terminate`)."""
+    data = path.read_bytes()
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = data.index(_INT64_CHUNK_METADATA, footer_start)
+    path.write_bytes(data[:at] + b"\x1c\x15\x02" + data[at + len(_INT64_CHUNK_METADATA) :])
+    return path
+
+
 def grax_time(hour: int) -> dt.datetime:
     return dt.datetime(2024, 1, 1, hour, tzinfo=UTC)
 

@@ -33,6 +33,7 @@ from lake_assets_tests.hostile_landings import (
     FLOW_VALID_DOCS,
     GRAX_SCHEMA,
     at,
+    contradict_a_column_chunk_type,
     event,
     events,
     flow_doc,
@@ -134,6 +135,12 @@ def column_names_not_utf8(landing: Path) -> list[Path]:
         path.write_bytes(path.read_bytes().replace(b"zzQQ", b"zzQ\xff"))
         added.append(path)
     return added
+
+
+def column_chunk_type_contradicts_schema(landing: Path) -> list[Path]:
+    """A footer whose column chunk claims a type its schema contradicts: pyarrow cannot read
+    that chunk's metadata without ending its process."""
+    return [contradict_a_column_chunk_type(good_unit_file(unit_hour(landing) / "part-type.parquet"))]
 
 
 def invalid_time_folders(landing: Path) -> list[Path]:
@@ -409,6 +416,7 @@ CASES = [
     Hostile("unit", "corrupt_pages_and_clashing_schema", corrupt_pages_and_clashing_schema),
     Hostile("unit", "invalid_time_folders", invalid_time_folders, complete=False),
     Hostile("unit", "column_names_not_utf8", column_names_not_utf8),
+    Hostile("unit", "column_chunk_type_contradicts_schema", column_chunk_type_contradicts_schema),
     Hostile("unit", "symlink_loops", symlink_loops),
     Hostile("unit", "folder_named_like_a_file", folder_named_like_a_file, unusable=False),
     Hostile("unit", "named_pipe", named_pipe),

@@ -13,7 +13,7 @@ from lake_assets.catalog.opening import open_store
 from lake_assets.catalog.store import CatalogStore
 from lake_assets.config_model import DEFAULT_LEASE_WAIT_SECONDS, DEFAULT_REGION, S3Config
 from lake_assets.paths import LakeLayout
-from lake_assets.storage import Storage
+from lake_assets.storage import FOOTER_PROBE, Storage
 
 # Clients live in private attributes, made on first use: Dagster initialises a fresh copy of each
 # resource for every run (and every sensor tick), so a client is built once per run and never
@@ -98,6 +98,7 @@ class LakeSparkResource(LazyPySparkResource):
         ended (a table's step that ran it out of memory fails; the steps after it get a new one)."""
         with spark_settings.DRIVER_LOCK:
             if self._lake_session is None or spark_settings.driver_ended(self._lake_session):
+                FOOTER_PROBE.start()  # the run reads footers next: the probe imports pyarrow meanwhile
                 self._lake_session = spark_settings.build_session(self.spark_config)
             return self._lake_session
 
