@@ -35,6 +35,7 @@ from lake_assets.engine.run_values import text_table, with_run_values
 from lake_assets.engine.schema import holds_text, unified_fields, union_all, valid_text
 from lake_assets.errors import DamagedLakeFile, LakeAssetsError, SchemaClash, StorageRequestError, first_line
 from lake_assets.feeds.base import DERIVED, FILE_PARTITION, FILE_URI, INVALID, FeedFormat, nanoseconds_as_time
+from lake_assets.footer_probe import FooterProbeFailed
 from lake_assets.quarantine import Quarantined
 from lake_assets.reruns import ByteRange, Reading
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
@@ -128,7 +129,7 @@ def _vet(storage: Storage, fmt: FeedFormat, entry: Entry, keys: tuple[str, ...])
         )
     except _SetAside as unusable:
         return None, _unreadable(unusable.cause)
-    except (StorageRequestError, MemoryError):  # a failure that may pass; the process's limit
+    except (StorageRequestError, MemoryError, FooterProbeFailed):  # may pass; the process's limit; no file's
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for footers it cannot use
         return None, _unreadable(f"{type(exc).__name__}: {exc}")

@@ -14,9 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lake_assets import footer_probe
+from lake_assets import storage as storage_module
 from lake_assets.errors import DamagedLakeFile
-from lake_assets.footer_probe import FooterProbe
-from lake_assets.storage import Storage, parquet_footer
+from lake_assets.feeds.unit_cdc import UnitCdcFormat
+from lake_assets.footer_probe import FooterProbe, FooterProbeFailed
+from lake_assets.ingest import _vet
+from lake_assets.storage import Entry, Storage, parquet_footer
 from lake_assets_tests.hostile_landings import contradict_a_column_chunk_type
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event
 
@@ -33,6 +37,20 @@ def _unit_file(path: Path, rows: int = 3) -> Path:
 def _footer(path: Path) -> bytes:
     data = path.read_bytes()
     return b"PAR1" + data[len(data) - 8 - int.from_bytes(data[-8:-4], "little") :]
+
+
+@pytest.fixture
+def new_probe():
+    """Makes probes, each ended with the test (an idle probe is a Python process)."""
+    made: list[FooterProbe] = []
+
+    def make(command=None) -> FooterProbe:
+        made.append(FooterProbe(command))
+        return made[-1]
+
+    yield make
+    for probe in made:
+        probe.close()
 
 
 @pytest.fixture
@@ -54,7 +72,9 @@ def test_the_damaged_footer_ends_a_process_that_reads_it_in_place(damaged):
     assert _FAULT in ended.stderr
 
 
-def test_a_footer_that_ends_pyarrow_s_process_is_named_damaged_and_the_run_reads_on(damaged, tmp_path):
+def test_a_footer_that_ends_pyarrow_s_process_is_named_damaged_and_the_run_reads_on(
+    damaged, tmp_path, new_probe
+):
     good = _unit_file(tmp_path / "good.parquet", rows=5)
     storage = Storage()
     with pytest.raises(
@@ -66,22 +86,101 @@ def test_a_footer_that_ends_pyarrow_s_process_is_named_damaged_and_the_run_reads
     assert meta.row_group(0).column(2).statistics.max == 4  # safe to touch in this process
 
 
-def test_a_probe_that_died_of_something_else_names_no_footer(tmp_path):
-    """A probe killed from outside (the OOM killer, an operator) is started again: the footer it
-    would have read is read by the next, not named damaged."""
-    probe = FooterProbe()
-    first, second = (_footer(_unit_file(tmp_path / f"good{rows}.parquet", rows)) for rows in (1, 2))
-    assert probe.why_it_ends_a_reader(first) is None
-    process, _stderr = probe._running()
-    process.kill()
-    process.wait()
-    assert probe.why_it_ends_a_reader(second) is None
-    assert probe._running()[0].pid != process.pid
+#: a stand-in probe: the first one started (no marker yet) says it is ready, takes a footer's
+#: length and then fails as told; every later one is the real probe
+_ONCE_THEN_REAL = """
+import os, signal, sys, time
+from pathlib import Path
+from lake_assets import footer_probe
+marker, how = Path(sys.argv[1]), sys.argv[2]
+if marker.exists():
+    footer_probe._serve(sys.stdin.buffer, sys.stdout.buffer)
+    sys.exit(0)
+marker.touch()
+sys.stdout.buffer.write(b"ready\\n")
+sys.stdout.buffer.flush()
+sys.stdin.buffer.read(4)
+if how == "abort":
+    os.abort()
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
 
 
-def test_a_footer_read_whole_once_is_not_sent_again(tmp_path):
+def _stand_in(new_probe, tmp_path: Path, how: str) -> FooterProbe:
+    script = tmp_path / "stand_in.py"
+    script.write_text(_ONCE_THEN_REAL)
+    return new_probe([sys.executable, str(script), str(tmp_path / "started"), how])
+
+
+@pytest.mark.parametrize("how", ["kill", "abort"])
+def test_a_probe_that_dies_once_on_a_footer_names_no_file(how, tmp_path, new_probe):
+    """A probe killed from outside (the OOM killer, an operator) or crashing once is followed by
+    a fresh one, which reads the footer: only a footer that crashes two probes is named."""
+    probe = _stand_in(new_probe, tmp_path, how)
+    assert probe.why_it_ends_a_reader(_footer(_unit_file(tmp_path / "good.parquet"))) is None
+    assert (tmp_path / "started").exists()  # the stand-in did die on it first
+
+
+def test_a_footer_the_probe_never_finishes_is_named_without_a_second_try(tmp_path, monkeypatch, new_probe):
+    monkeypatch.setattr(footer_probe, "FOOTER_SECONDS", 1.0)
+    probe = _stand_in(new_probe, tmp_path, "sleep")
+    verdict = probe.why_it_ends_a_reader(_footer(_unit_file(tmp_path / "good.parquet")))
+    assert verdict is not None and "did not finish reading its footer's metadata in 1 s" in verdict
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[sys.executable, "-c", "pass"], [sys.executable, "-c", "print('hello')"], ["/bin/true"]],
+    ids=["exits", "says_something_else", "not_python"],
+)
+def test_a_probe_that_cannot_run_blames_no_file(command, tmp_path, new_probe):
+    """A probe that cannot run (a broken interpreter, an import that fails) is no footer's fault:
+    the step fails, and nothing is set aside for it."""
+    with pytest.raises(FooterProbeFailed, match="cannot run: it did not start"):
+        new_probe(command).why_it_ends_a_reader(_footer(_unit_file(tmp_path / "good.parquet")))
+
+
+def test_an_exchange_stopped_midway_leaves_no_answer_for_the_next_footer(
+    damaged, tmp_path, monkeypatch, new_probe
+):
+    """An interrupt between a footer sent and its answer read ends the probe: otherwise that
+    answer would be read as the next footer's, and a damaged one taken for read."""
+    probe = new_probe()
+    good = _footer(_unit_file(tmp_path / "good.parquet"))
+    real_line = footer_probe._line
+    calls = []
+
+    def interrupted_once(process, seconds):
+        calls.append(seconds)
+        if len(calls) == 2:  # after the greeting, as the answer is awaited
+            raise KeyboardInterrupt
+        return real_line(process, seconds)
+
+    monkeypatch.setattr(footer_probe, "_line", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        probe.why_it_ends_a_reader(good)
+    verdict = probe.why_it_ends_a_reader(_footer(damaged))
+    assert verdict is not None and _FAULT in verdict
+
+
+def test_a_footer_whose_whole_read_stops_early_is_still_read_part_by_part(damaged, new_probe):
+    """A footer whose `created_by` is not UTF-8 makes `to_dict` raise before it reaches a row
+    group: the probe reads on, part by part, and meets the chunk that ends it."""
+    data = damaged.read_bytes()
+    assert b"parquet-cpp-arrow" in data
+    damaged.write_bytes(data.replace(b"parquet-cpp-arrow", b"parqu\xc1t-cpp-arrow"))
+    footer = _footer(damaged)
+    with pytest.raises(UnicodeDecodeError):
+        pq.ParquetFile(pa.BufferReader(footer)).metadata.to_dict()
+    verdict = new_probe().why_it_ends_a_reader(footer)
+    assert verdict is not None and _FAULT in verdict
+
+
+def test_a_footer_read_whole_once_is_not_sent_again(tmp_path, new_probe):
     """The lake's own files are read again and again in a run: their footers cost one probe."""
-    probe, footer = FooterProbe(), _footer(_unit_file(tmp_path / "good.parquet"))
+    probe, footer = new_probe(), _footer(_unit_file(tmp_path / "good.parquet"))
     assert probe.why_it_ends_a_reader(footer) is None
     process, _stderr = probe._running()
     process.kill()
@@ -90,10 +189,10 @@ def test_a_footer_read_whole_once_is_not_sent_again(tmp_path):
     assert probe._process is process  # not asked: no probe was started again
 
 
-def test_threads_sharing_the_probe_each_learn_of_their_own_footer(damaged, tmp_path):
+def test_threads_sharing_the_probe_each_learn_of_their_own_footer(damaged, tmp_path, new_probe):
     """The run reads footers from many threads at once: each answer is the footer's it asked
     about, however the probe's deaths fall among them."""
-    probe = FooterProbe()
+    probe = new_probe()
     good = _footer(_unit_file(tmp_path / "good.parquet"))
     footers = [_footer(damaged) if i % 4 == 0 else good for i in range(16)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -105,9 +204,21 @@ def test_threads_sharing_the_probe_each_learn_of_their_own_footer(damaged, tmp_p
             assert answer is None
 
 
-def test_a_footer_pyarrow_refuses_with_an_error_is_left_to_the_run(tmp_path):
+def test_a_footer_pyarrow_refuses_with_an_error_is_left_to_the_run(tmp_path, new_probe):
     """An error pyarrow raises is the run's to handle where it reads the footer (it names the
     cause better): the probe only answers for the footers that end it."""
-    probe = FooterProbe()
+    probe = new_probe()
     assert probe.why_it_ends_a_reader(b"PAR1 not a footer at all") is None
     assert probe.why_it_ends_a_reader(b"") is None
+
+
+def test_a_probe_that_cannot_run_fails_the_read_and_sets_no_landed_file_aside(
+    tmp_path, monkeypatch, new_probe
+):
+    """The vetting of a landed file takes most errors for the file's: a probe that cannot run is
+    not, so the step fails and the file stays for the next run."""
+    monkeypatch.setattr(storage_module, "FOOTER_PROBE", new_probe([sys.executable, "-c", "pass"]))
+    path = _unit_file(tmp_path / "good.parquet")
+    entry = Entry(f"file://{path}", path.name, False, path.stat().st_size, 0)
+    with pytest.raises(FooterProbeFailed):
+        _vet(Storage(), UnitCdcFormat(), entry, ("id",))
