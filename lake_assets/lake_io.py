@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
@@ -230,7 +230,16 @@ def _row_group_maxima(meta: pq.FileMetaData, column: str) -> list | None:
     if index is None:
         return None
     groups = (meta.row_group(group).column(index).statistics for group in range(meta.num_row_groups))
-    return [stats.max if stats is not None and stats.has_min_max else None for stats in groups]
+    return [_largest(stats) if stats is not None and stats.has_min_max else None for stats in groups]
+
+
+def _largest(stats: pq.Statistics) -> Any:
+    """A row group's largest value, or None when its statistic cannot be a value of its type
+    (a damaged footer's time past the year 9999, text that is not UTF-8): no statistic."""
+    try:
+        return stats.max
+    except (OverflowError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 def holds_true(meta: pq.FileMetaData, column: str) -> bool:

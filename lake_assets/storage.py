@@ -960,9 +960,18 @@ def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
     except UnicodeDecodeError as exc:  # pyarrow decodes the column names it lists
         around = exc.object[max(0, exc.start - 30) : exc.end + 10]
         raise DamagedLakeFile(uri, f"a column name is not UTF-8 text (...{around!r}...)") from exc
-    if (fault := FOOTER_PROBE.why_it_ends_a_reader(footer)) is not None:
+    if (fault := FOOTER_PROBE.why_it_ends_a_reader(footer) or _chunks_missing(meta)) is not None:
         raise DamagedLakeFile(uri, fault)
     return meta
+
+
+def _chunks_missing(meta: pq.FileMetaData) -> str | None:
+    """Why a footer's row groups do not each hold a column chunk per column of its schema (a
+    reader asking for a column past a group's chunks gets an error, not the column), or None."""
+    for group in range(meta.num_row_groups):
+        if (chunks := meta.row_group(group).num_columns) != meta.num_columns:
+            return f"row group {group} holds {chunks} column chunks for the {meta.num_columns} columns of its schema"
+    return None
 
 
 def parquet_column(storage: Storage, uri: str, name: str) -> pa.ChunkedArray:

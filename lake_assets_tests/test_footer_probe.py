@@ -5,6 +5,7 @@ reading process"). No Spark here."""
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import signal
 import subprocess
 import sys
@@ -14,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lake_assets import footer_probe
+from lake_assets import footer_probe, lake_io
 from lake_assets import storage as storage_module
 from lake_assets.errors import DamagedLakeFile
 from lake_assets.feeds.unit_cdc import UnitCdcFormat
 from lake_assets.footer_probe import FooterProbe, FooterProbeFailed
 from lake_assets.ingest import _vet
-from lake_assets.storage import Entry, Storage, parquet_footer
+from lake_assets.storage import Entry, Storage, _chunks_missing, parquet_footer
 from lake_assets_tests.hostile_landings import contradict_a_column_chunk_type
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event
 
@@ -91,7 +92,7 @@ def test_a_footer_that_ends_pyarrow_s_process_is_named_damaged_and_the_run_reads
 _ONCE_THEN_REAL = """
 import os, signal, sys, time
 from pathlib import Path
-from lake_assets import footer_probe
+from lake_assets import footer_probe, lake_io
 marker, how = Path(sys.argv[1]), sys.argv[2]
 if marker.exists():
     footer_probe._serve(sys.stdin.buffer, sys.stdout.buffer)
@@ -222,3 +223,41 @@ def test_a_probe_that_cannot_run_fails_the_read_and_sets_no_landed_file_aside(
     entry = Entry(f"file://{path}", path.name, False, path.stat().st_size, 0)
     with pytest.raises(FooterProbeFailed):
         _vet(Storage(), UnitCdcFormat(), entry, ("id",))
+
+
+# --- what a footer the probe read may still hold (hunt 131) --------------------------------------
+
+
+def test_a_time_statistic_past_any_date_counts_as_none_and_the_file_as_reaching(tmp_path):
+    """A damaged footer's largest time beyond the year 9999 is no value pyarrow can give: the
+    row group counts as having no statistic, so the file is read (never left out unread)."""
+    latest = dt.datetime(2024, 1, 1, 5, tzinfo=dt.UTC)
+    path = tmp_path / "times.parquet"
+    pq.write_table(pa.table({"t": pa.array([latest], pa.timestamp("us", tz="UTC"))}), path)
+    data = path.read_bytes()
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    stored = int(latest.timestamp() * 1_000_000).to_bytes(8, "little", signed=True)
+    assert stored in data[footer_start:]
+    path.write_bytes(data[:footer_start] + data[footer_start:].replace(stored, (2**62).to_bytes(8, "little")))
+    uri = f"file://{path}"
+    with pytest.raises(OverflowError):
+        parquet_footer(Storage(), uri).row_group(0).column(0).statistics.max  # noqa: B018
+    assert lake_io.files_reaching(Storage(), [uri], "t", latest + dt.timedelta(days=1)) == [uri]
+
+
+def test_a_row_group_with_fewer_column_chunks_than_its_schema_is_damage():
+    """A reader asking such a group for a column past its chunks gets an IndexError, not the
+    column: the footer is damaged (hunt 131 built one by dropping a chunk from the list)."""
+
+    class Group:
+        num_columns = 4
+
+    class Footer:
+        num_row_groups, num_columns = 2, 5
+
+        def row_group(self, index):
+            return Group()
+
+    assert _chunks_missing(Footer()) == "row group 0 holds 4 column chunks for the 5 columns of its schema"
+    Group.num_columns = 5
+    assert _chunks_missing(Footer()) is None
