@@ -22,8 +22,11 @@ with one line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
+import resource
 import select
 import signal
 import subprocess
@@ -41,6 +44,8 @@ import pyarrow.parquet as pq
 from lake_assets.errors import LakeAssetsError
 
 _READY = b"ready\n"
+#: environment variables the probe is not given: what holds a credential
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
 _READ = b"read\n"
 #: signals a process raises on itself when the code it runs breaks: `std::terminate` aborts
 _CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
@@ -72,7 +77,7 @@ class FooterProbe:
 
     def __init__(self, command: Sequence[str] | None = None) -> None:
         #: how the probe is started (tests give stand-ins that fail as a probe can)
-        self._command = list(command or [sys.executable, "-m", __name__])
+        self._command = list(command or [sys.executable, "-P", "-m", __name__])
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
@@ -93,6 +98,8 @@ class FooterProbe:
         if self._lock.acquire(blocking=False):
             try:
                 self._running()
+            except Exception:  # noqa: BLE001,S110 - a warm-up only: the first footer says what fails
+                pass
             finally:
                 self._lock.release()
 
@@ -102,25 +109,47 @@ class FooterProbe:
         crashes two is named; a probe that fails for want of running raises `FooterProbeFailed`."""
         digest = hashlib.blake2b(footer, digest_size=16).digest()
         with self._lock:
-            if digest not in self._verdicts:
-                self._remember(digest, self._verdict(footer))
-            return self._verdicts[digest]
+            if digest in self._verdicts:
+                return self._verdicts[digest]
+            try:
+                verdict, lasting = self._verdict(footer)
+            except FooterProbeFailed:
+                raise
+            except (
+                Exception
+            ) as failure:  # the probe's plumbing (no interpreter, no file handles): no file's fault
+                self._end_quietly()
+                raise self._failed(f"{type(failure).__name__}: {failure}") from failure
+            if lasting:
+                self._remember(digest, verdict)
+            return verdict
 
-    def _verdict(self, footer: bytes) -> str | None:
+    def _verdict(self, footer: bytes) -> tuple[str | None, bool]:
+        """The footer's verdict, and whether it lasts (is remembered): a footer two probes were
+        too slow for may be a loaded machine's doing, and is asked about again next time."""
         outcomes = []
         for _attempt in range(2):
             outcome, said = self._ask(footer)
             if outcome == "read":
-                return None
-            if outcome == "slow":  # a footer that never ends is the footer's fault: not tried again
-                return f"pyarrow did not finish reading its footer's metadata in {FOOTER_SECONDS:.0f} s"
+                return None, True
             outcomes.append(outcome)
         if outcomes == ["crashed", "crashed"]:
-            return f"pyarrow ends the process that reads its footer's column metadata ({said})"
-        raise FooterProbeFailed(
+            return f"pyarrow ends the process that reads its footer's column metadata ({said})", True
+        if set(outcomes) <= {"crashed", "slow"}:
+            return f"pyarrow did not finish reading its footer's metadata in {FOOTER_SECONDS:.0f} s", False
+        raise self._failed(said)
+
+    def _failed(self, said: str) -> FooterProbeFailed:
+        return FooterProbeFailed(
             f"the footer probe (`{' '.join(self._command)}`, which reads each Parquet footer "
             f"apart from the run) cannot run: {said}"
         )
+
+    def _end_quietly(self) -> None:
+        if self._process is not None and self._stderr is not None:
+            with contextlib.suppress(Exception):
+                self._end(self._process, self._stderr)
+        self._process, self._stderr, self._ready = None, None, False
 
     def _remember(self, digest: bytes, verdict: str | None) -> None:
         if len(self._verdicts) >= REMEMBERED:
@@ -138,8 +167,7 @@ class FooterProbe:
                     said = self._end(process, stderr, closed=greeting == b"")
                     return "failed", f"it did not start ({said}; it said {greeting!r})"
                 self._ready = True
-            process.stdin.write(len(footer).to_bytes(4, "little") + footer)  # type: ignore[union-attr]
-            process.stdin.flush()  # type: ignore[union-attr]
+            _send(process, len(footer).to_bytes(4, "little") + footer)
             answer = _line(process, FOOTER_SECONDS)
         except BrokenPipeError:
             answer = b""
@@ -162,15 +190,15 @@ class FooterProbe:
         if self._process is None or self._stderr is None or self._process.poll() is not None:
             if self._process is not None and self._stderr is not None:
                 self._end(self._process, self._stderr)
-            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - kept open while the probe runs
+            # unbuffered: a plain file holds no lock a fork could leave taken (`_forget_in_child`)
+            self._stderr = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115 - kept open while the probe runs
             self._process = subprocess.Popen(
                 self._command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
                 bufsize=0,
-                # the probe imports this module as the run did, wherever the run found it
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)},
+                env=_probe_environment(),
             )
             self._ready = False
         return self._process, self._stderr
@@ -179,19 +207,22 @@ class FooterProbe:
         """End and reap `process` (if it has not ended), and say how it ended: pyarrow's
         `what():` line (which names the fault), or the last line it printed and its status.
         `closed`: its output ended, so it is exiting: given a moment, its own status is kept."""
+        if process is self._process:  # forgotten first: an interrupt below leaves no half-ended probe in use
+            self._process, self._stderr, self._ready = None, None, False
         try:
             process.wait(timeout=_EXIT_SECONDS if closed else 0)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            pass
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         for pipe in (process.stdin, process.stdout):
             if pipe is not None:
                 pipe.close()
         stderr.seek(0)
         lines = [line.strip() for line in stderr.read().decode(errors="replace").splitlines() if line.strip()]
         stderr.close()
-        if process is self._process:
-            self._process = self._stderr = None
         what = next(
             (line.removeprefix("what():").strip() for line in reversed(lines) if line.startswith("what():")),
             "",
@@ -212,12 +243,29 @@ class FooterProbe:
         self._process, self._stderr, self._ready = None, None, False
 
 
+def _probe_environment() -> dict[str, str]:
+    """The run's environment without its secrets (the probe parses hostile bytes and needs none),
+    and the run's import path, so the probe imports this module as the run did."""
+    kept = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+    paths = [path for path in sys.path if isinstance(path, str) and path and os.pathsep not in path]
+    return {**kept, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _send(process: subprocess.Popen[bytes], data: bytes) -> None:
+    """All of `data` to the probe: a pipe takes a large footer in parts."""
+    stdin, view = process.stdin.fileno(), memoryview(data)  # type: ignore[union-attr]
+    while view:
+        view = view[os.write(stdin, view) :]
+
+
 def _line(process: subprocess.Popen[bytes], seconds: float) -> bytes | None:
     """One line from the probe; b"" if it ended first, None if `seconds` passed first."""
     stdout = process.stdout.fileno()  # type: ignore[union-attr]
+    waiting = select.poll()  # not `select.select`, which refuses descriptors past 1023
+    waiting.register(stdout, select.POLLIN)
     deadline, line = time.monotonic() + seconds, b""
     while not line.endswith(b"\n"):
-        if not select.select([stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not waiting.poll(max(0.0, deadline - time.monotonic()) * 1000):
             return None
         chunk = os.read(stdout, 64)
         if not chunk:
@@ -281,4 +329,5 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
 if __name__ == "__main__":
     # A Ctrl-C is the run's to act on: the probe ends when the run closes its input.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort on a damaged footer leaves no core file
     _serve(sys.stdin.buffer, sys.stdout.buffer)
