@@ -115,9 +115,8 @@ class FooterProbe:
                 verdict, lasting = self._verdict(footer)
             except FooterProbeFailed:
                 raise
-            except (
-                Exception
-            ) as failure:  # the probe's plumbing (no interpreter, no file handles): no file's fault
+            # the probe's plumbing failing (no interpreter, no file handles) is no file's fault
+            except Exception as failure:
                 self._end_quietly()
                 raise self._failed(f"{type(failure).__name__}: {failure}") from failure
             if lasting:

@@ -938,10 +938,13 @@ _PARQUET_MAGIC = b"PAR1"
 
 
 def parquet_footer(storage: Storage, uri: str) -> pq.FileMetaData:
-    """The footer of a Parquet file, in one ranged read (two for a footer over 64 KiB). Bytes
-    that are not a footer raise `DamagedLakeFile` (of a landed file, its caller says what that
-    means); a failure to read them (a file gone since it was listed, the network) is raised as
-    it is, so that it is never taken for damage, which asks for a rebuild."""
+    """The footer of a Parquet file, in one ranged read (two for a footer over 64 KiB), safe to
+    read in this process. Bytes that are not a footer, a footer that ends the process reading
+    it (`FOOTER_PROBE` reads each whole first) and one whose row groups lack column chunks raise
+    `DamagedLakeFile` (of a landed file, its caller says what that means); a failure to read
+    them (a file gone since it was listed, the network) is raised as it is, so that it is never
+    taken for damage, which asks for a rebuild, and so is a probe that cannot run
+    (`FooterProbeFailed`)."""
     with storage.open_input_file(uri) as handle:
         size = handle.size()
         end = _read_exactly(handle, uri, min(size, _FOOTER_GUESS), size - min(size, _FOOTER_GUESS))

@@ -144,6 +144,14 @@ def test_a_footer_two_probes_never_finish_is_named_and_asked_about_again_next_ti
     assert probe._verdicts == {}
 
 
+def test_a_probe_that_cannot_be_started_blames_no_file(tmp_path, new_probe):
+    """No interpreter where the probe's command names one (or no file handles left): the
+    probe's plumbing, never the footer's damage."""
+    probe = new_probe([str(tmp_path / "no-such-python")])
+    with pytest.raises(FooterProbeFailed, match="cannot run: FileNotFoundError"):
+        probe.why_it_ends_a_reader(_footer(_unit_file(tmp_path / "good.parquet")))
+
+
 def test_a_probe_killed_on_a_footer_twice_blames_no_file(tmp_path, new_probe):
     """Killed from outside (SIGKILL: the OOM killer, an operator), not crashed: no file's fault."""
     probe = new_probe([sys.executable, "-c", _GREET_THEN + "os.kill(os.getpid(), signal.SIGKILL)"])
