@@ -9,11 +9,12 @@ reads of a file's rows meet the same faults as errors it raises: only the footer
 read one by one from Python, end the process.)
 
 So each footer is first read, every attribute of every row group and column chunk, in a probe
-process (`python -m lake_assets.footer_probe`). A probe that crashes on it (a fatal signal, as
-`std::terminate` raises) names the footer as damaged, and the run sets the file aside. A probe
-that cannot run at all (it never says it is ready, exits, or is killed from outside, twice) is
-no file's fault: that raises `FooterProbeFailed`, and the step fails. An error pyarrow raises
-as a Python exception is not the probe's business: the run meets it where it reads the footer.
+process (`python -P -m lake_assets.footer_probe`). A footer that crashes two probes (a fatal
+signal, as `std::terminate` raises) is named as damaged, and the run sets the file aside; one
+that two probes cannot finish in time is named too. Any other ending of either attempt (no
+`ready`, an exit, a kill from outside, odd output, no interpreter to start) is no file's fault:
+that raises `FooterProbeFailed`, and the step fails. An error pyarrow raises as a Python
+exception is not the probe's business: the run meets it where it reads the footer.
 
 The exchange: the probe says `ready` once started, then reads footers from its standard input
 (four bytes of length, little-endian, then the footer behind a leading `PAR1`) and answers each
