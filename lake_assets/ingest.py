@@ -519,7 +519,8 @@ def _union_compatible(
         return None
     # The batch's text is checked, repaired and counted after the union, bytes that became text
     # with it or will with the stored table's (a key's set its file aside): none on the way.
-    union = _bytes_as_text_where_stored(union_all(table, accepted, keys, repair_text=False), unified)
+    union = union_all(table, accepted, keys, repair_text=False, bound_for=_stored_columns(stored))
+    union = _bytes_as_text_where_stored(union, unified)
     return _with_valid_text_and_keys(union, fmt.table_spec(table))
 
 
@@ -717,7 +718,11 @@ def stamped(events: DataFrame) -> DataFrame:
 def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
     """file URI -> why its rows cannot be used, for the files with invalid rows (hashed counts
     first; the reasons, text, come from a second pass over the invalid rows alone)."""
-    counts = events.groupBy(FILE_URI).agg(F.count(INVALID).alias("bad_rows")).where("bad_rows > 0").collect()
+    landed = ~F.coalesce(F.col(DERIVED), F.lit(False)) if DERIVED in events.columns else F.lit(True)
+    # An event derived from a bad row (GRAX's delete of a deleted row) carries its reason: the
+    # landed row is counted, once.
+    bad_rows = F.count(F.when(landed, F.col(INVALID))).alias("bad_rows")
+    counts = events.groupBy(FILE_URI).agg(bad_rows).where("bad_rows > 0").collect()
     if not counts:
         return {}
     invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_URI).agg(F.first(INVALID).alias("reason"))

@@ -3,6 +3,7 @@ latest-version SQL as a reference, purges erased from every layer, typed-field s
 input, batch discovery, and the same graph on S3."""
 
 import datetime as dt
+import decimal
 import json
 import os
 import shutil
@@ -793,6 +794,56 @@ def test_a_typed_copy_that_changes_type_between_batches_keeps_the_table_going(sp
     assert not list((lake / "_quarantine").rglob("*.reason.json"))
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["one-batch", "two-batches-one-run"])
+def test_numbers_of_several_types_bound_for_a_text_column_keep_every_digit(spark, tmp_path, together):
+    """The table holds `Big` as text. Later files give it as a double in one and as a 64-bit
+    integer and a wide decimal in others, in one batch or in two batches of one run. Widened
+    among themselves they became a double, and the integer's last digit and the decimal's
+    fraction were gone before they became text; each becomes text from its own type."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    write_file(
+        landing,
+        "Account",
+        "01",
+        "data-1.parquet",
+        [{"Id": "a", "source__modified": t(1), "grax__idseq": "1", "Big": "text"}],
+    )
+    process(landing, lake)
+    later = ("02", "02") if not together else ("02", "03")
+    write_file(
+        landing,
+        "Account",
+        later[0],
+        "data-2.parquet",
+        [{"Id": "b", "source__modified": t(2), "grax__idseq": "2", "Big": 2.5}],
+        grax_schema(("Big", pa.float64())),
+    )
+    write_file(
+        landing,
+        "Account",
+        later[1],
+        "data-3.parquet",
+        [{"Id": "c", "source__modified": t(3), "grax__idseq": "3", "Big": 9007199254740993}],
+        grax_schema(("Big", pa.int64())),
+    )
+    wide = decimal.Decimal("1234567890123456789012345678.0123456789")
+    write_file(
+        landing,
+        "Account",
+        later[1],
+        "data-4.parquet",
+        [{"Id": "d", "source__modified": t(4), "grax__idseq": "4", "Big": wide}],
+        grax_schema(("Big", pa.decimal128(38, 10))),
+    )
+    process(landing, lake)
+
+    expected = {"a": "text", "b": "2.5", "c": "9007199254740993", "d": str(wide)}
+    for layer in ("changes", "current", "history"):
+        found = {r["Id"]: r["Big"] for r in layer_rows(lake, layer, f"{ORG}/account")}
+        assert {k: str(v) for k, v in found.items()} == expected, layer
+    assert not list((lake / "_quarantine").rglob("*.reason.json"))
+
+
 def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark, tmp_path):
     """`grax__deleted` / `grax__purged` are timestamps; a file may carry them as text (ISO). Empty
     text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its
@@ -924,7 +975,30 @@ def test_a_write_or_delete_dated_after_the_end_of_history_sets_its_file_aside(tm
     assert [n["reason"].split(" (")[0] for n in notes] == [
         "grax__deleted lies after 9999-12-31 23:59:59.999, where open history ends: 10000-01-01T00:00:00Z"
     ]
+    # one landed row, though the delete derived from it carries its reason too
+    assert notes[0]["reason"].endswith("(1 bad row(s), first reason shown)") and notes[0]["rows"] == 1
     assert [r["Name"] for r in grax_lake.rows(lake, "current")] == ["Xavier"]
+
+
+def test_an_idseq_spelled_like_a_derived_delete_sets_its_file_aside(spark, tmp_path):
+    """A deleted row's delete is sequenced `grax__idseq` + `~`. A landed row whose sequence is
+    spelled so, for the same key and time, was collapsed with that delete as its copy: the run
+    counted it a duplicate and the row was in no layer and in no note. Its file is set aside."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    schema = grax_schema(("Name", pa.string()), ("grax__deleted", pa.timestamp("ms", tz="UTC")))
+    deleted = {"Id": "k1", "source__modified": t(1), "grax__idseq": "05", "grax__deleted": t(1)}
+    write_file(landing, "Account", "01", "data-2.parquet", [deleted], schema)
+    tilde = {"Id": "k1", "source__modified": t(1), "grax__idseq": "05~", "Name": "B"}
+    tilde_file = write_file(landing, "Account", "01", "data-1.parquet", [tilde], schema)
+    instance = process(landing, lake)
+
+    [note] = [json.loads(p.read_text()) for p in (lake / "_quarantine").rglob("*.reason.json")]
+    assert note["file"] == f"file://{tilde_file}"
+    assert "grax__idseq ends with '~', as the sequence of the delete" in note["reason"]
+    changes = layer_rows(lake, "changes", f"{ORG}/account", order="_seq")
+    assert [(r["_seq"], r["_op"]) for r in changes] == [("05", "update"), ("05~", "delete")]
+    metadata = changes_metadata(instance)
+    assert metadata["files_quarantined"] == 1 and metadata["duplicates_collapsed"] == 0
 
 
 def test_typed_copies_stored_as_numbers_that_do_not_fit_their_type_set_their_file_aside(spark, tmp_path):

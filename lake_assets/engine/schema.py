@@ -155,6 +155,30 @@ def unified_fields(
     return [T.StructField(spelling[name], types[name], True) for name in spelling]
 
 
+def text_where_bound_for_text(
+    fields: list[T.StructField], schemas: list[T.StructType], bound_for: T.StructType
+) -> list[T.StructField]:
+    """`fields` (the union of `schemas`) with text for each scalar column the schemas disagree
+    on that the table they are bound for holds as text: each frame's values then become text
+    from their own type. Widened among themselves first, a 64-bit integer beside a fraction
+    would become a double, and lose digits, on its way to the table's text."""
+    text_there = {same_name(f.name) for f in bound_for.fields if isinstance(f.dataType, T.StringType)}
+
+    def disagreed(name: str) -> bool:
+        kinds = {f.dataType for schema in schemas for f in schema.fields if same_name(f.name) == name}
+        return len(kinds) > 1
+
+    return [
+        T.StructField(field.name, T.StringType(), True)
+        if same_name(field.name) in text_there
+        and isinstance(field.dataType, T.AtomicType)
+        and not isinstance(field.dataType, T.StringType)
+        and disagreed(same_name(field.name))
+        else field
+        for field in fields
+    ]
+
+
 def conform(
     df: DataFrame,
     fields: list[T.StructField],
@@ -230,14 +254,22 @@ def one_column_per_name(frame: DataFrame, table: str) -> DataFrame:
 
 
 def union_all(
-    table: str, frames: list[DataFrame], keys: tuple[str, ...] = (), *, repair_text: bool = True
+    table: str,
+    frames: list[DataFrame],
+    keys: tuple[str, ...] = (),
+    *,
+    repair_text: bool = True,
+    bound_for: T.StructType | None = None,
 ) -> DataFrame:
     """Union frames whose schemas drifted, widening their types (`widen`; the `keys` exactly);
-    `repair_text`: as for `conform`."""
+    `repair_text`: as for `conform`. `bound_for` is the schema of the table the union is to be
+    merged into, when there is one (`text_where_bound_for_text`)."""
     if len(frames) == 1:
         return frames[0]
     schemas = [f.schema for f in frames]
     fields = unified_fields(table, schemas, keys)
+    if bound_for is not None:
+        fields = text_where_bound_for_text(fields, schemas, bound_for)
     result = conform(frames[0], fields, schemas[0], keys=keys, repair_text=repair_text)
     for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema, keys=keys, repair_text=repair_text))

@@ -72,7 +72,12 @@ RESTORED_FROM = "grax__restoredfrom"
 GRAX_COLUMNS = (KEY, MODIFIED, IDSEQ, DELETED, DELETE_SOURCE, PURGED, RESTORED_FROM)
 STRING_COPY_SUFFIX = "__string"
 #: appended to a deleted row's idseq: greater than the row's own write, smaller than the next one
+#: of the same width
 DELETE_SEQ_SUFFIX = "~"
+_SEQ_LIKE_A_DELETE = (
+    f"{IDSEQ} ends with '{DELETE_SEQ_SUFFIX}', as the sequence of the delete the lake derives from "
+    "a deleted row does: the row would be taken for a copy of such a delete"
+)
 
 TYPED_SUFFIXES: dict[str, T.DataType | None] = {
     "b": T.BooleanType(),
@@ -84,6 +89,8 @@ TYPED_SUFFIXES: dict[str, T.DataType | None] = {
 }
 _TYPED = re.compile(r"^(?P<field>.+)_(?P<suffix>b|i|f|ts|t|d)$")
 _BATCH = re.compile(r"^[0-9a-fA-F]{1,16}$")
+#: what a batch key that `_BATCH` refuses is not, as messages say it
+_NOT_A_BATCH = "is not a hex number of 1 to 16 digits"
 _ORG = re.compile(r"^[A-Za-z0-9]{1,64}$")
 _OBJECT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
 V2_PREFIX = ("parquet", "v2")
@@ -96,7 +103,7 @@ def is_batch_key(value: str) -> bool:
 def batch_order(key: str) -> int:
     """Batches are opaque increasing hex numbers: compare them as numbers."""
     if not is_batch_key(key):
-        raise InvalidValue(f"batch {key!r} is not a hex number")
+        raise InvalidValue(f"batch {key!r} {_NOT_A_BATCH}")
     return int(key, 16)
 
 
@@ -150,7 +157,7 @@ def _why_no_batch_reads(object_folder: str, folders: list[str]) -> str | None:
     if not folders[0].startswith("batch="):
         return f"folder '{folders[0]}' is not a batch folder (batch=<hex number>), so the file belongs to no batch"
     if not _is_batch_folder(folders[0]):
-        return f"batch folder '{folders[0]}' is not a hex number, so the file belongs to no batch"
+        return f"batch folder '{folders[0]}' {_NOT_A_BATCH}, so the file belongs to no batch"
     if len(folders) > 1:
         return (
             f"the file is inside '{'/'.join(folders[1:])}', a folder within batch folder '{folders[0]}'; "
@@ -368,7 +375,7 @@ class GraxV2Format(FeedFormat):
         """The files of each batch, from one listing of the table's batch folders."""
         for partition in partitions:
             if not is_batch_key(partition):
-                raise InvalidValue(f"batch partition {partition!r} is not a hex number")
+                raise InvalidValue(f"batch partition {partition!r} {_NOT_A_BATCH}")
         return self._files_of(storage, self.batch_folders(storage, landing, table), partitions)
 
     def landed_partitions_files(
@@ -482,6 +489,8 @@ class _LandedRows:
         reason = (
             F.when(F.col(KEY).isNull(), F.lit(f"{KEY} is NULL"))
             .when(seq.isNull(), F.lit(f"{IDSEQ} is NULL"))
+            # A sequence the lake gives a derived delete would be taken for that delete's copy.
+            .when(seq.endswith(DELETE_SEQ_SUFFIX), F.lit(_SEQ_LIKE_A_DELETE))
             .when(version_at.isNull(), _not_a_time(MODIFIED))
             .otherwise(outside_history(version_at, MODIFIED))
         )
