@@ -37,6 +37,7 @@ from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Entry, Storage
+from lake_assets_tests.discovered import discovered_definitions
 from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 
@@ -1062,6 +1063,26 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(
     text = capsys.readouterr().out
     assert f"unit/accounts: not processed: {hour(6)} (1 file(s)): new: 1 file(s)" in text
     assert f"unit/accounts: quarantined: file://{bad}: " in text and "set DAGSTER_HOME" in text
+
+    # A backfill from the UI (Dagster's own asset job) is the table's last run from then on.
+    layers = [
+        dg.AssetKey(["unit", "accounts", layer]) for layer in ("catalog", "changes", "current", "history")
+    ]
+    backfill = (
+        discovered_definitions(lake.config)
+        .resolve_implicit_global_asset_job_def()
+        .execute_in_process(
+            instance=lake.instance,
+            tags={RANGE_START_TAG: hour(6), RANGE_END_TAG: hour(6)},
+            asset_selection=layers,
+        )
+    )
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.pending == [] and status.last_run["run_id"] == backfill.run_id
+    assert (
+        status.last_run["job"] == backfill.job_def.name
+        and status.last_run["partitions"] == f"{hour(6)} .. {hour(6)}"
+    )
 
 
 def test_status_names_a_fold_stopped_while_putting_its_files_in_place(lake, monkeypatch):

@@ -28,7 +28,7 @@ from lake_assets.orchestration.definitions import (
     feed_job_name,
     table_job_name,
 )
-from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.orchestration.sensors import ASSET_JOB_PREFIX, RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import PlannedRun, Progress, StepDone
 from lake_assets.status import TableStatus, table_status
@@ -276,18 +276,32 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
 
 
 def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None:
-    """The newest run of `job` that took the table (a run of some tables of a feed names them)."""
-    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job), limit=20):
-        run = record.dagster_run
-        selected = run.asset_selection
+    """The newest run that took the table: of `job` (the command's), or of Dagster's own asset
+    job, which the UI's backfills, the sensors and automation launch."""
+    found = [
+        record
+        for name in (job, ASSET_JOB_PREFIX)
+        if (record := _newest_run_taking(instance, name, table)) is not None
+    ]
+    if not found:
+        return None
+    record = max(found, key=lambda r: r.create_timestamp)
+    run = record.dagster_run
+    return {
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "status": run.status.value,
+        "started": dt.datetime.fromtimestamp(record.start_time, dt.UTC).isoformat()
+        if record.start_time
+        else None,
+        "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}",
+    }
+
+
+def _newest_run_taking(instance: dg.DagsterInstance, job: str, table: str) -> dg.RunRecord | None:
+    """The newest of `job`'s recent runs that took the table (a run selecting assets names them)."""
+    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job), limit=50):
+        selected = record.dagster_run.asset_selection
         if not selected or any(_table_of(key) == table for key in selected):
-            return {
-                "run_id": run.run_id,
-                "job": job,
-                "status": run.status.value,
-                "started": dt.datetime.fromtimestamp(record.start_time, dt.UTC).isoformat()
-                if record.start_time
-                else None,
-                "partitions": f"{run.tags.get(RANGE_START_TAG, '?')} .. {run.tags.get(RANGE_END_TAG, '?')}",
-            }
+            return record
     return None
