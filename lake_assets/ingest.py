@@ -502,6 +502,9 @@ def _union_compatible(
     """
     accepted: list[DataFrame] = []
     unified = _stored_columns(stored)  # the accepted groups' columns, widened so far
+    # the accepted groups' columns without the stored table's: what their union widens to, where
+    # two key types the stored text absorbs may still clash (a long key beside a double key)
+    among_themselves = T.StructType([])
     keys = fmt.table_spec(table).keys
     for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
@@ -509,31 +512,43 @@ def _union_compatible(
             continue
         try:  # the schemas alone tell whether the union can be made: no union is planned per group
             widened = T.StructType(unified_fields(table, [unified, frame.schema], keys))
+            widened_alone = T.StructType(unified_fields(table, [among_themselves, frame.schema], keys))
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside_for_clash(uri, f"schema does not fit the batch or the stored table: {clash}")
             continue
         accepted.append(frame)
-        unified = widened
+        unified, among_themselves = widened, widened_alone
     if not accepted:
         return None
     # The batch's text is checked, repaired and counted after the union, bytes that became text
     # with it or will with the stored table's (a key's set its file aside): none on the way.
     union = union_all(table, accepted, keys, repair_text=False, bound_for=_stored_columns(stored))
-    union = _bytes_as_text_where_stored(union, unified)
+    union = _as_text_where_stored(union, unified, keys)
     return _with_valid_text_and_keys(union, fmt.table_spec(table))
 
 
-def _bytes_as_text_where_stored(frame: DataFrame, unified: T.StructType) -> DataFrame:
-    """`frame` with its columns of bytes that the stored table holds as text cast to text: the
-    fold would make them text, so the checks of text (a key's, the repairs') see them here."""
+def _as_text_where_stored(frame: DataFrame, unified: T.StructType, keys: tuple[str, ...]) -> DataFrame:
+    """`frame` with the columns the stored table holds as text cast to text where they are bytes,
+    or are keys of another scalar type: the fold would make them text, so the checks of text (a
+    key's, the repairs') see the bytes here, and the fold matches the batch's keys with the
+    stored ones as text (a number key beside a text one is matched as a number otherwise, and
+    a stored key such as 'a' fails that cast)."""
     stored_types = {same_name(f.name): f.dataType for f in unified.fields}
-    casts = {
-        f.name: col(f.name).cast(T.StringType())
-        for f in frame.schema.fields
-        if isinstance(f.dataType, T.BinaryType)
-        and isinstance(stored_types.get(same_name(f.name)), T.StringType)
-    }
+    key_names = {same_name(k) for k in keys}
+
+    def to_text(field: T.StructField) -> bool:
+        if not isinstance(stored_types.get(same_name(field.name)), T.StringType):
+            return False
+        if isinstance(field.dataType, T.BinaryType):
+            return True
+        return (
+            same_name(field.name) in key_names
+            and isinstance(field.dataType, T.AtomicType)
+            and not isinstance(field.dataType, T.StringType)
+        )
+
+    casts = {f.name: col(f.name).cast(T.StringType()) for f in frame.schema.fields if to_text(f)}
     return frame.withColumns(casts) if casts else frame
 
 
@@ -721,14 +736,20 @@ def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
     landed = ~F.coalesce(F.col(DERIVED), F.lit(False)) if DERIVED in events.columns else F.lit(True)
     # An event derived from a bad row (GRAX's delete of a deleted row) carries its reason: the
     # landed row is counted, once.
-    bad_rows = F.count(F.when(landed, F.col(INVALID))).alias("bad_rows")
-    counts = events.groupBy(FILE_URI).agg(bad_rows).where("bad_rows > 0").collect()
+    counts = (
+        events.groupBy(FILE_URI)
+        .agg(F.count(INVALID).alias("invalid"), F.count(F.when(landed, F.col(INVALID))).alias("bad_rows"))
+        .where("invalid > 0")
+        .collect()
+    )
     if not counts:
         return {}
     invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_URI).agg(F.first(INVALID).alias("reason"))
     first_reason = {row[FILE_URI]: row["reason"] for row in invalid.collect()}
     return {
-        row[FILE_URI]: f"{first_reason[row[FILE_URI]]} ({row['bad_rows']} bad row(s), first reason shown)"
+        row[
+            FILE_URI
+        ]: f"{first_reason[row[FILE_URI]]} ({max(row['bad_rows'], 1)} bad row(s), first reason shown)"
         for row in counts
     }
 

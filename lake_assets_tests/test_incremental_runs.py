@@ -1083,6 +1083,12 @@ def test_status_shows_what_waits_what_was_set_aside_the_rows_and_the_last_run(
         status.last_run["job"] == backfill.job_def.name
         and status.last_run["partitions"] == f"{hour(6)} .. {hour(6)}"
     )
+    # and the command's next run after it
+    lake.write(7, "part-0.parquet", [event("g", "I", 7, at(7, 5), name="g", balance=7)])
+    assert lake.run() == [(hour(7), hour(7))]
+    [status] = lake_status(lake.config, lake.instance)
+    assert status.last_run["job"] != backfill.job_def.name
+    assert status.last_run["partitions"] == f"{hour(7)} .. {hour(7)}"
 
 
 def test_status_names_a_fold_stopped_while_putting_its_files_in_place(lake, monkeypatch):

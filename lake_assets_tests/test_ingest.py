@@ -544,6 +544,41 @@ def test_bytes_landing_where_the_table_holds_text_are_checked_and_counted_like_t
     assert _changes_metadata(instance)["text_repaired"] == [{"file": bad_names, "values": 1}]
 
 
+def test_key_types_that_clash_among_themselves_where_the_table_holds_text_set_the_fewer_aside(
+    spark, tmp_path
+):
+    """The table holds `id` as text, which absorbs a long key and a double key alike; but the
+    batch's own union of the two must widen them into one key type, and a long beside a double
+    cannot be without changing a value. That failed the table's step on every run; the group
+    holding fewer rows is set aside with the clash, and the rest is read."""
+    landing, lake = tmp_path / "unit", tmp_path / "lake"
+    write_events(landing, "accounts", 0, "part-text.parquet", [event("a", "I", 1, at(0, 1), name="plain")])
+    instance = _run(landing, lake)
+    folder = hour_dir(landing, "accounts", 1)
+
+    def write(name, ids):
+        pq.write_table(
+            pa.table(
+                {
+                    "id": ids,
+                    "cdc_operation_type": ["I"] * len(ids),
+                    "cdc_change_seq": [2] * len(ids),
+                    "cdc_commit_timestamp": pa.array([at(1, 1)] * len(ids), pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            folder / name,
+        )
+        return f"file://{folder / name}"
+
+    write("part-long.parquet", pa.array([11, 12], pa.int64()))
+    doubles = write("part-double.parquet", pa.array([13.5], pa.float64()))
+    _run(landing, lake, instance)
+
+    [note] = _notes(lake)
+    assert note["file"] == doubles and "column 'id'" in note["reason"] and "double" in note["reason"]
+    assert sorted(r["id"] for r in _lake_rows(lake, "current", "unit", "accounts")) == ["11", "12", "a"]
+
+
 def _flow_line(n, raw_fields: bytes) -> bytes:
     """A document line whose fields are given as raw JSON bytes (which may not be UTF-8)."""
     meta = json.dumps({"uuid": build_uuid(clock_of(FLOW_HOUR) + 16 * n, 0, PRODUCER), "op": "c"}).encode()

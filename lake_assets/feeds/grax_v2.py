@@ -76,7 +76,7 @@ STRING_COPY_SUFFIX = "__string"
 DELETE_SEQ_SUFFIX = "~"
 _SEQ_LIKE_A_DELETE = (
     f"{IDSEQ} ends with '{DELETE_SEQ_SUFFIX}', as the sequence of the delete the lake derives from "
-    "a deleted row does: the row would be taken for a copy of such a delete"
+    "a deleted row does: beside a deleted row of the same Id and time it would be taken for a copy of its delete"
 )
 
 TYPED_SUFFIXES: dict[str, T.DataType | None] = {

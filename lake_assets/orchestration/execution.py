@@ -22,13 +22,14 @@ from lake_assets.discovery import feed_tables, load_pins, tables_of_every_feed
 from lake_assets.errors import ConfigError, LakeAssetsError, first_line
 from lake_assets.feeds import format_for
 from lake_assets.landing_watch import stretches_in_order
+from lake_assets.orchestration.assets import asset_key
 from lake_assets.orchestration.definitions import (
     batch_partitions_name,
     build_definitions,
     feed_job_name,
     table_job_name,
 )
-from lake_assets.orchestration.sensors import ASSET_JOB_PREFIX, RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 from lake_assets.paths import LakeLayout
 from lake_assets.runner import PlannedRun, Progress, StepDone
 from lake_assets.status import TableStatus, table_status
@@ -269,20 +270,32 @@ def lake_status(config: LakeConfig, instance: dg.DagsterInstance | None = None) 
             job = (
                 table_job_name(feed.name, table) if fmt.partitioning == "batch" else feed_job_name(feed.name)
             )
-            status.last_run = _last_run(instance, job, f"{feed.name}/{table}")
+            status.last_run = _last_run(instance, job, feed.name, table)
             status.not_loaded = left_out.get(f"{feed.name}/{table}")
             found.append(status)
     return found
 
 
-def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None:
-    """The newest run that took the table: of `job` (the command's), or of Dagster's own asset
-    job, which the UI's backfills, the sensors and automation launch."""
-    found = [
-        record
-        for name in (job, ASSET_JOB_PREFIX)
-        if (record := _newest_run_taking(instance, name, table)) is not None
-    ]
+#: the layers a run of a table materialises (its `raw` source is only observed)
+_RUN_LAYERS = ("catalog", "changes", "current", "history")
+
+
+def _last_run(instance: dg.DagsterInstance, job: str, feed: str, table: str) -> dict | None:
+    """The newest run that took the table, whichever job it ran: the command's (`job`), or
+    Dagster's own asset job, which the UI's backfills, the sensors and automation launch and
+    which every table shares. Those are found by the table's assets (the run that last planned
+    or materialised each layer), so a quiet table's run is found however many others ran since."""
+    keys = [asset_key(feed, table, layer) for layer in _RUN_LAYERS]
+    run_ids = {
+        run_id
+        for record in instance.get_asset_records(keys)
+        for run_id in (record.asset_entry.last_run_id, record.asset_entry.last_planned_materialization_run_id)
+        if run_id
+    }
+    found = list(instance.get_run_records(filters=dg.RunsFilter(run_ids=sorted(run_ids)))) if run_ids else []
+    command_run = _newest_run_taking(instance, job, f"{feed}/{table}")
+    if command_run is not None:
+        found.append(command_run)
     if not found:
         return None
     record = max(found, key=lambda r: r.create_timestamp)
@@ -300,7 +313,7 @@ def _last_run(instance: dg.DagsterInstance, job: str, table: str) -> dict | None
 
 def _newest_run_taking(instance: dg.DagsterInstance, job: str, table: str) -> dg.RunRecord | None:
     """The newest of `job`'s recent runs that took the table (a run selecting assets names them)."""
-    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job), limit=50):
+    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job), limit=20):
         selected = record.dagster_run.asset_selection
         if not selected or any(_table_of(key) == table for key in selected):
             return record
