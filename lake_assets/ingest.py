@@ -747,10 +747,8 @@ def _bad_row_reasons(events: DataFrame) -> dict[str, str]:
     invalid = events.where(F.col(INVALID).isNotNull()).groupBy(FILE_URI).agg(F.first(INVALID).alias("reason"))
     first_reason = {row[FILE_URI]: row["reason"] for row in invalid.collect()}
     return {
-        row[
-            FILE_URI
-        ]: f"{first_reason[row[FILE_URI]]} ({max(row['bad_rows'], 1)} bad row(s), first reason shown)"
-        for row in counts
+        uri: f"{first_reason[uri]} ({max(bad_rows, 1)} bad row(s), first reason shown)"
+        for uri, bad_rows in ((row[FILE_URI], row["bad_rows"]) for row in counts)
     }
 
 
