@@ -48,6 +48,10 @@ class TableCursor:
     #: when the table's purges kept by a change-log write were last looked for (the landing
     #: sensor's `_kept_purges`), in seconds since the epoch
     purges_looked_at: float | None = None
+    #: the end of the last look at the runs that left the table's partitions unprocessed (the
+    #: landing sensor's `_left_unfinished`): runs that finished before it were looked at, in
+    #: seconds since the epoch
+    unfinished_looked_until: float | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -276,6 +280,10 @@ class BatchCursor:
     #: when the table's purges kept by a change-log write were last looked for (the landing
     #: sensor's `_kept_purges`), in seconds since the epoch
     purges_looked_at: float | None = None
+    #: the end of the last look at the runs that left the table's partitions unprocessed (the
+    #: landing sensor's `_left_unfinished`): runs that finished before it were looked at, in
+    #: seconds since the epoch
+    unfinished_looked_until: float | None = None
 
     @property
     def first_scan(self) -> bool:

@@ -15,15 +15,22 @@ import pytest
 from lake_assets.config import FeedConfig, LakeConfig, dump_config
 from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
-from lake_assets.landing_watch import STRAYS_EVERY_SECONDS, TableCursor, decode_cursor, encode_cursor
+from lake_assets.landing_watch import (
+    STRAYS_EVERY_SECONDS,
+    BatchCursor,
+    TableCursor,
+    decode_cursor,
+    encode_cursor,
+)
 from lake_assets.orchestration import sensors
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, feed_job_name, follow_upstream
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+from lake_assets.paths import LakeLayout
 from lake_assets.runner import run_feeds
 from lake_assets.storage import Storage
 from lake_assets_tests.discovered import discovered_definitions
-from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, hour_dir, write_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,14 +209,15 @@ class _KeptPurgeTicks:
     def __init__(self, tmp_path):
         self.landing, self.defs, self.sensor, self.resources = _unit_landing_sensor(tmp_path)
         self.instance = dg.DagsterInstance.ephemeral()
-        self.cursor = self.tick().cursor
+        self.first = self.tick()
+        self.cursor = self.first.cursor
 
     def tick(self, cursor: str | None = None) -> dg.SensorResult:
-        """A tick from `cursor` (the one kept, by default), as though the kept purges were last
-        looked for long ago."""
+        """A tick from `cursor` (the one kept, by default), as though the kept purges and the
+        runs that ended unsuccessfully were last looked at long ago."""
         cursors = decode_cursor(cursor or getattr(self, "cursor", None))
         for table, kept in cursors.items():
-            cursors[table] = dataclasses.replace(kept, purges_looked_at=None)
+            cursors[table] = dataclasses.replace(kept, purges_looked_at=None, unfinished_looked_until=None)
         with dg.build_sensor_context(
             resources=self.resources,
             definitions=self.defs,
@@ -290,14 +298,192 @@ def test_a_failed_kept_purges_run_is_asked_for_again_a_few_times_then_left_to_th
     ticks = _KeptPurgeTicks(tmp_path)
     _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
     keys = []
-    for _ in range(sensors.KEPT_PURGE_ATTEMPTS):
+    for _ in range(sensors.RUN_AGAIN_ATTEMPTS):
         (request,) = ticks.tick().run_requests
         keys.append(request.run_key)
         ticks.run(dg.DagsterRunStatus.FAILURE, request.asset_selection, tags=request.tags)
-    assert len(set(keys)) == sensors.KEPT_PURGE_ATTEMPTS  # each failure makes a new request
+    assert len(set(keys)) == sensors.RUN_AGAIN_ATTEMPTS  # each failure makes a new request
 
     assert ticks.tick().run_requests == []
     assert "the sensor asks for no more: `lake-assets run`" in capfd.readouterr().err
+
+
+def _processed(tmp_path, table: str, hour: int) -> None:
+    """A processed note of the hour's landed files as they are, as a run's fold writes it."""
+    from lake_assets.processed import ProcessedFile, write_notes
+
+    files = {
+        f"file://{path}": ProcessedFile(path.stat().st_size, "hash", int(time.time() * 1000) + 60_000)
+        for path in hour_dir(tmp_path / "landing" / "unit", table, hour).glob("*.parquet")
+    }
+    assert files
+    write_notes(
+        Storage(), LakeLayout(f"file://{tmp_path / 'lake'}"), "unit", table, {f"2024-03-01-{hour:02d}": files}
+    )
+
+
+def _launched_by(sensor: str, request: dg.RunRequest, **more: str) -> dict[str, str]:
+    """A requested run's tags as the daemon launches it for `sensor`."""
+    return {**request.tags, sensors.SENSOR_NAME_TAG: sensor, **more}
+
+
+def test_dagsters_run_tags_are_spelled_as_dagster_spells_them():
+    from dagster._core.storage import tags
+
+    assert sensors.SENSOR_NAME_TAG == tags.SENSOR_NAME_TAG
+    assert sensors.AUTOMATION_CONDITION_TAG == tags.AUTOMATION_CONDITION_TAG
+    assert sensors.WILL_RETRY_TAG == tags.WILL_RETRY_TAG
+    assert sensors.PARTITION_TAG == tags.PARTITION_NAME_TAG
+    assert (sensors.RANGE_START_TAG, sensors.RANGE_END_TAG) == (
+        tags.ASSET_PARTITION_RANGE_START_TAG,
+        tags.ASSET_PARTITION_RANGE_END_TAG,
+    )
+
+
+def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are_asked_for_again(
+    tmp_path, monkeypatch
+):
+    """The sensor saw a run's files when it asked for it, and a tick compares the landing with
+    its cursor only: the hours of a sensor's run that was cancelled, or failed with its retries
+    spent, were never asked for again. The next look asks for those still unprocessed; not for
+    a person's run (a UI backfill), nor for a failure Dagster will retry, nor for a run that
+    succeeded, nor for an hour processed since."""
+    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    ticks = _KeptPurgeTicks(tmp_path)
+    asked = {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]): r for r in ticks.first.run_requests}
+    assert sorted(asked) == [
+        ("accounts", "2024-03-01-03"),
+        ("accounts", "2024-03-01-09"),
+        ("cards", "2024-03-01-04"),
+    ]
+    three_to_five, nine, cards = (
+        asked["accounts", "2024-03-01-03"],
+        asked["accounts", "2024-03-01-09"],
+        asked["cards", "2024-03-01-04"],
+    )
+    landing = "unit_landing_sensor"
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED, three_to_five.asset_selection, tags=_launched_by(landing, three_to_five)
+    )
+    _processed(tmp_path, "accounts", 3)  # its fold of 03 finished before the cancel
+    ticks.run(dg.DagsterRunStatus.SUCCESS, nine.asset_selection, tags=_launched_by(landing, nine))
+    ticks.run(dg.DagsterRunStatus.CANCELED, nine.asset_selection, tags=dict(nine.tags))  # from the UI
+    ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        cards.asset_selection,
+        tags=_launched_by(landing, cards, **{sensors.WILL_RETRY_TAG: "true"}),
+    )
+
+    result = ticks.tick()
+
+    assert _ranges(result.run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-05")]
+    (again,) = result.run_requests
+    assert sensors.UNFINISHED_TAG in again.tags
+    assert decode_cursor(result.cursor)["accounts"].unfinished_looked_until is not None
+    # the look is not due again until `UNFINISHED_EVERY_SECONDS` have passed
+    with dg.build_sensor_context(
+        resources=ticks.resources, definitions=ticks.defs, cursor=result.cursor, instance=ticks.instance
+    ) as context:
+        assert ticks.sensor(context).run_requests == []
+
+    # the retry Dagster promised failed too, and is the last: its hour is asked for now
+    ticks.run(dg.DagsterRunStatus.FAILURE, cards.asset_selection, tags=_launched_by(landing, cards))
+    assert _ranges(ticks.tick().run_requests) == [
+        ("accounts", "2024-03-01-04", "2024-03-01-05"),
+        ("cards", "2024-03-01-04", "2024-03-01-04"),
+    ]
+
+
+def test_an_automation_run_that_ended_unsuccessfully_has_its_partition_asked_for_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    ticks = _KeptPurgeTicks(tmp_path)
+    for hour in (3, 4, 5):
+        _processed(tmp_path, "accounts", hour)
+    state = [dg.AssetKey(["unit", "accounts", layer]) for layer in ("current", "history")]
+    automation = {
+        sensors.SENSOR_NAME_TAG: "lake_automation",
+        sensors.AUTOMATION_CONDITION_TAG: "true",
+        sensors.PARTITION_TAG: "2024-03-01-09",
+    }
+    ticks.run(dg.DagsterRunStatus.FAILURE, state, tags=automation)
+    assert _ranges(ticks.tick().run_requests) == [("accounts", "2024-03-01-09", "2024-03-01-09")]
+
+
+def test_unfinished_hours_wait_while_a_run_may_write_the_table_and_are_asked_for_a_few_times(
+    tmp_path, monkeypatch, capfd
+):
+    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    ticks = _KeptPurgeTicks(tmp_path)
+    for hour in (3, 4, 5):
+        _processed(tmp_path, "accounts", hour)
+    nine = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-09")
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED, nine.asset_selection, tags=_launched_by("unit_landing_sensor", nine)
+    )
+    in_flight = ticks.run(dg.DagsterRunStatus.STARTED, nine.asset_selection)
+    waiting = ticks.tick()
+    assert waiting.run_requests == []  # the run in flight may process it yet
+    assert decode_cursor(waiting.cursor)["accounts"].unfinished_looked_until is None
+    ticks.instance.report_run_canceled(in_flight)  # a person's run: not asked for again
+
+    keys = []
+    for _ in range(sensors.RUN_AGAIN_ATTEMPTS):
+        (request,) = ticks.tick().run_requests
+        keys.append(request.run_key)
+        ticks.run(
+            dg.DagsterRunStatus.FAILURE,
+            request.asset_selection,
+            tags=_launched_by("unit_landing_sensor", request),
+        )
+    assert len(set(keys)) == sensors.RUN_AGAIN_ATTEMPTS  # each failure makes a new request
+    assert ticks.tick().run_requests == []
+    assert "failed to process what the cancelled or failed run left; the sensor asks for no more" in (
+        capfd.readouterr().err
+    )
+
+
+def test_the_batches_a_cancelled_batch_sensor_run_left_are_asked_for_again(tmp_path, monkeypatch):
+    """The same for GRAX: the run's range of batches is read from the instance's batches."""
+    from lake_assets_tests import grax_lake
+
+    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    landing, batches = tmp_path / "landing", ("065e11a80", "065e11a81")
+    for batch in batches:
+        grax_lake.land(landing, batch, "data-0.parquet", [grax_lake.version("A", 1, "0001", name="a")])
+    config = grax_lake.config_for(landing, tmp_path / "lake")
+    defs = discovered_definitions(config)
+    sensor, instance = defs.resolve_sensor_def("grax_batch_sensor"), dg.DagsterInstance.ephemeral()
+
+    def tick(cursor: str | None) -> dg.SensorResult:
+        with dg.build_sensor_context(
+            resources={"lake": LakeResource(root=config.lake)},
+            definitions=defs,
+            cursor=cursor,
+            instance=instance,
+        ) as context:
+            result = sensor(context)
+        for request in result.dynamic_partitions_requests or ():
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return result
+
+    first = tick(None)
+    (run,) = first.run_requests
+    assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == batches
+    instance.create_run_for_job(
+        defs.resolve_implicit_global_asset_job_def(),
+        asset_selection=frozenset(run.asset_selection or ()),
+        status=dg.DagsterRunStatus.CANCELED,
+        tags=_launched_by("grax_batch_sensor", run),
+    )
+    cursors = {
+        table: dataclasses.replace(cursor, unfinished_looked_until=None)
+        for table, cursor in decode_cursor(first.cursor, BatchCursor).items()
+    }
+
+    (again,) = tick(encode_cursor(cursors)).run_requests
+
+    assert (again.tags[RANGE_START_TAG], again.tags[RANGE_END_TAG]) == batches
+    assert sensors.UNFINISHED_TAG in again.tags
 
 
 def test_a_tick_that_cannot_ask_the_instance_for_runs_in_flight_still_runs_the_files_it_found(

@@ -4,11 +4,15 @@ Hourly feeds: new hour folders and files arriving late in a recent hour. Batch f
 batches are registered as dynamic partitions; the open (greatest) batch is re-run when it gains
 files. Run keys hash the files a run covers, so the same files never run twice. An hourly partition
 that another run asked to run again (`reruns.request_rerun`) gets a run of its own, keyed by
-its standing requests.
+its standing requests. Every few minutes each table is also looked at for partitions whose
+change-log write kept a purge no fold recorded (`_kept_purges`) and for partitions that runs the
+daemon launched left unprocessed when they were cancelled or failed for good
+(`_left_unfinished`); both get runs of their own, asked for again a few times if they fail.
 """
 
 import contextlib
 import dataclasses
+import datetime as dt
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -48,15 +52,27 @@ from lake_assets.landing_watch import (
 from lake_assets.orchestration.assets import WHOLE_TABLE_RUN_TAG, TableAssets, feed_job_name, table_job_name
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.paths import LakeLayout, identifier
-from lake_assets.processed import ProcessedWith, holding_removed_data, read_notes, unfolded_notes
+from lake_assets.processed import (
+    ProcessedWith,
+    holding_removed_data,
+    read_notes,
+    read_notes_of,
+    unfolded_notes,
+)
 from lake_assets.quarantine import unreported_strays
-from lake_assets.status import kept_purge_partitions
+from lake_assets.status import kept_purge_partitions, pending_partitions
 from lake_assets.storage import Storage
 
 #: the name Dagster's own job over every asset starts with (a run of it selects its assets)
 ASSET_JOB_PREFIX = "__ASSET_JOB"
+# The tags Dagster gives runs (`dagster._core.storage.tags`, not exported): a run's partitions,
+# what launched it, and whether its failure will be retried.
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+PARTITION_TAG = "dagster/partition"
+SENSOR_NAME_TAG = "dagster/sensor_name"
+AUTOMATION_CONDITION_TAG = "dagster/from_automation_condition"
+WILL_RETRY_TAG = "dagster/will_retry"
 
 
 def _watching(feed: FeedConfig, tables: list[TableAssets], kind: str, description: str) -> dict:
@@ -194,11 +210,14 @@ class _Tick:
         if self.unfinished is None:
             records = self.context.instance.get_run_records(filters=dg.RunsFilter(statuses=_UNFINISHED))
             self.unfinished = [(r.dagster_run.job_name, r.dagster_run.asset_selection) for r in records]
-        keys = set(assets.processed_keys)
-        jobs = {table_job_name(self.feed.name, assets.table), feed_job_name(self.feed.name)}
-        return any(
-            bool(keys & selection) if selection else (job in jobs or job.startswith(ASSET_JOB_PREFIX))
-            for job, selection in self.unfinished
+        return any(self.may_write(assets, job, selection) for job, selection in self.unfinished)
+
+    def may_write(self, assets: TableAssets, job: str, selection: AbstractSet[dg.AssetKey] | None) -> bool:
+        """Whether a run of `job` selecting `selection` may write the table (`writing`)."""
+        if selection:
+            return bool(set(assets.processed_keys) & selection)
+        return job in {table_job_name(self.feed.name, assets.table), feed_job_name(self.feed.name)} or (
+            job.startswith(ASSET_JOB_PREFIX)
         )
 
     def takes_first_scan(self, table: str, first_scan: bool) -> bool:
@@ -245,11 +264,11 @@ def _hourly_runs(
         for partition, standing in sorted(standing_requests.items())
         if partition not in {f.partition for f in found}
     ]
-    kept, cursor = _kept_purges(tick, assets, cursor, [*(f.partition for f in found), *standing_requests])
-    in_ranges = [
-        tuple(h for h in sorted(kept) if start <= h <= end) for start, end in contiguous_ranges(list(kept))
-    ]
-    requests += _kept_purge_runs(tick, assets, kept, in_ranges)
+    covered = [*(f.partition for f in found), *standing_requests]
+    kept, cursor = _kept_purges(tick, assets, cursor, covered)
+    left, cursor = _left_unfinished(tick, assets, cursor, [*covered, *kept])
+    requests += _asked_again(tick, assets, KEPT_PURGES, kept, _hour_ranges(kept))
+    requests += _asked_again(tick, assets, UNFINISHED, left, _hour_ranges(left))
     if not found and not requests:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
         strays, cursor = _strays_run(tick, assets, cursor, last)
@@ -258,6 +277,12 @@ def _hourly_runs(
         in_range = [f for f in found if start <= f.partition <= end]
         requests.append(_range_run(feed.name, assets, start, end, in_range))
     return requests, [_observation(assets, found)] if found else [], _strays_reported(cursor)
+
+
+def _hour_ranges(hours: Iterable[str]) -> list[tuple[str, ...]]:
+    """`hours` in ranges of consecutive hours, each the hours of one run."""
+    keys = sorted(hours)
+    return [tuple(h for h in keys if start <= h <= end) for start, end in contiguous_ranges(keys)]
 
 
 def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
@@ -300,13 +325,24 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
 #: how often a table's purges kept by a change-log write are looked for (`_kept_purges`): a
 #: listing of its `purges_seen` folder each time
 KEPT_PURGES_EVERY_SECONDS = 300
-#: the runs asked for one set of kept purges (`_kept_purge_runs`) that may fail before the
-#: sensor stops asking for them
-KEPT_PURGE_ATTEMPTS = 3
+#: the runs asked for one set of partitions (`_asked_again`) that may fail before the sensor
+#: stops asking for them
+RUN_AGAIN_ATTEMPTS = 3
 #: the run tag naming the kept purges a run was asked for, by which its attempts are counted
 KEPT_PURGE_TAG = "lake_assets/kept_purges"
+#: how often a table's runs that ended unsuccessfully are looked at (`_left_unfinished`)
+UNFINISHED_EVERY_SECONDS = 300
+#: how long after a run's last update it is looked at: Dagster tags a failed run it will retry
+#: (`dagster/will_retry`) just after the failure
+RUN_SETTLE_SECONDS = 30
+#: how far back the first look at a table's unsuccessful runs goes, for a cursor saved before
+#: the sensors looked at them (a table's first scan finds its unprocessed partitions itself)
+UNFINISHED_LOOKBACK_SECONDS = 24 * 3600
+#: the run tag naming the partitions a cancelled or failed run left, by which attempts are counted
+UNFINISHED_TAG = "lake_assets/unfinished"
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 _UNFINISHED = [status for status in dg.DagsterRunStatus if status not in _FINISHED]
+_UNSUCCESSFUL = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 
 def _kept_purges(
@@ -348,45 +384,176 @@ def _kept_purges(
     return runnable, dataclasses.replace(cursor, purges_looked_at=now)
 
 
-def _kept_purge_runs(
-    tick: _Tick, assets: TableAssets, kept: dict[str, list[str]], ranges: list[tuple[str, ...]]
+def _left_unfinished(
+    tick: _Tick, assets: TableAssets, cursor: _Cursor, covered: Iterable[str]
+) -> tuple[dict[str, list[str]], _Cursor]:
+    """The partitions that runs of the table the daemon launched (a sensor's or automation's)
+    left unprocessed, cancelled or failed with no retry to come, each with the names of its
+    landed files; and the cursor after the look. The sensor saw those files when it asked for
+    the runs, and a tick compares the landing with its cursor only: without this look they would
+    wait for a person. A person's runs (a UI backfill, the launchpad) are theirs to run again,
+    and the runs for kept purges are `_kept_purges`' to ask for again.
+
+    Looked at every `UNFINISHED_EVERY_SECONDS`, over the runs that ended since the last look,
+    and only while no run that may write the table is in flight (it may process them yet).
+    Leaves out the partitions this tick runs anyway (`covered`). Never raises: a failure is
+    logged and the next tick looks again."""
+    until = time.time() - RUN_SETTLE_SECONDS
+    since = cursor.unfinished_looked_until
+    if since is not None and until - since < UNFINISHED_EVERY_SECONDS:
+        return {}, cursor
+    try:
+        if tick.writing(assets):
+            return {}, cursor
+        ended = _ended_unsuccessfully(
+            tick, assets, until - UNFINISHED_LOOKBACK_SECONDS if since is None else since, until
+        )
+        left = _unprocessed(tick, assets, sorted(ended - set(covered))) if ended else {}
+    except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
+        tick.context.log.warning(
+            f"{tick.feed.name}/{assets.table}: the runs that left its partitions unprocessed could not be "
+            f"looked at (the next tick tries again): {first_line(failure)}"
+        )
+        return {}, cursor
+    return left, dataclasses.replace(cursor, unfinished_looked_until=until)
+
+
+def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float, until: float) -> set[str]:
+    """The partitions of the runs the daemon launched that may write the table and ended
+    between `since` and `until` (seconds since the epoch) cancelled, or failed with no retry
+    to come."""
+    records = tick.context.instance.get_run_records(
+        filters=dg.RunsFilter(
+            statuses=_UNSUCCESSFUL,
+            updated_after=dt.datetime.fromtimestamp(since, dt.UTC),
+            updated_before=dt.datetime.fromtimestamp(until, dt.UTC),
+        )
+    )
+    partitions: set[str] = set()
+    for run in (record.dagster_run for record in records):
+        tags = run.tags
+        launched_by_daemon = SENSOR_NAME_TAG in tags or AUTOMATION_CONDITION_TAG in tags
+        if (
+            not launched_by_daemon
+            or tags.get(WILL_RETRY_TAG) == "true"
+            or KEPT_PURGE_TAG in tags
+            or not tick.may_write(assets, run.job_name, run.asset_selection)
+        ):
+            continue
+        try:
+            partitions.update(_partitions_of(tick, assets, tags))
+        except Exception as failure:  # noqa: BLE001 - logged; one run's tags stop no other's
+            tick.context.log.warning(
+                f"{tick.feed.name}/{assets.table}: the partitions of run {run.run_id} are not known, so "
+                f"they are not asked for again: {first_line(failure)}"
+            )
+    return partitions
+
+
+def _partitions_of(tick: _Tick, assets: TableAssets, tags: Mapping[str, str]) -> list[str]:
+    """The table's partitions a run covered, from its tags: a range's, or its one partition's."""
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    if start is not None and end is not None:
+        partitions_def = assets.changes.partitions_def
+        if partitions_def is None:
+            return []
+        # a batch table's partitions are dynamic: the instance holds them, in their order
+        with dg.partition_loading_context(dynamic_partitions_store=tick.context.instance):
+            return list(partitions_def.get_partition_keys_in_range(dg.PartitionKeyRange(start, end)))
+    single = tags.get(PARTITION_TAG)
+    return [single] if single is not None else []
+
+
+def _unprocessed(tick: _Tick, assets: TableAssets, partitions: list[str]) -> dict[str, list[str]]:
+    """Of `partitions`, those a run of the table takes (`pending_partitions`: files not
+    processed as they are now), each with the names of its landed files."""
+    storage, layout, feed, table = tick.storage, tick.layout, tick.feed.name, assets.table
+    wanted = set(partitions)
+    # a damaged note is left out, so its partition is run, which writes it again
+    notes = read_notes_of(storage, layout, feed, table, partitions, damaged=lambda _: None)
+    changes, landed = pending_partitions(
+        storage,
+        layout,
+        tick.fmt,
+        landing=tick.feed.landing,
+        feed=feed,
+        table=table,
+        keys=partitions,
+        notes=notes,
+        within=wanted.__contains__,
+    )
+    return {
+        change.partition: sorted(entry.name for entry in landed.get(change.partition, []))
+        for change in changes
+        if change.partition in wanted
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _AskedAgain:
+    """Partitions a landing sensor asks a run of for a reason of its own, not for files it
+    found new: kept purges (`_kept_purges`) or partitions a cancelled or failed run left
+    (`_left_unfinished`). Each range's run is keyed by its partitions, the files they name and
+    the attempt, and tagged `tag` with their digest: a run that fails is asked for again, up to
+    `RUN_AGAIN_ATTEMPTS` runs, after which they wait for `lake-assets run` or a run from the UI
+    (an error in the tick's log says so)."""
+
+    #: the word naming them in run keys
+    kind: str
+    tag: str
+    #: why they need a run, said of a `{span}` of partitions
+    why: str
+    #: what their run does
+    purpose: str
+
+
+KEPT_PURGES = _AskedAgain(
+    "kept-purges",
+    KEPT_PURGE_TAG,
+    "no fold recorded the purges the change-log write of {span} kept (its run stopped before its fold)",
+    "record the purges its change-log write kept",
+)
+UNFINISHED = _AskedAgain(
+    "unfinished",
+    UNFINISHED_TAG,
+    "a run the daemon launched left {span} unprocessed (cancelled, or failed with no retry to come)",
+    "process what the cancelled or failed run left",
+)
+
+
+def _asked_again(
+    tick: _Tick,
+    assets: TableAssets,
+    asked: _AskedAgain,
+    named: dict[str, list[str]],
+    ranges: list[tuple[str, ...]],
 ) -> list[dg.RunRequest]:
-    """A run of each range of `kept` partitions (`_kept_purges`), keyed by the files keeping
-    their purges and by the attempt: a run that fails is asked for again, up to
-    `KEPT_PURGE_ATTEMPTS` runs, after which the purges wait for `lake-assets run` or a run from
-    the UI (an error in the tick's log says so)."""
+    """A run of each range of the partitions `named` (partition -> the files it names), for
+    `asked`'s reason (`_AskedAgain`)."""
     feed, table = tick.feed.name, assets.table
     requests = []
     for partitions in ranges:
-        files = sorted({name for partition in partitions for name in kept[partition]})
+        files = sorted({name for partition in partitions for name in named[partition]})
         digest = short_digest(",".join([*partitions, *files]))
         span = f"{partitions[0]}..{partitions[-1]}"
         try:
             failed = tick.context.instance.get_run_records(
-                filters=dg.RunsFilter(
-                    tags={KEPT_PURGE_TAG: digest}, statuses=list(_FINISHED - {dg.DagsterRunStatus.SUCCESS})
-                )
+                filters=dg.RunsFilter(tags={asked.tag: digest}, statuses=_UNSUCCESSFUL)
             )
         except Exception as failure:  # noqa: BLE001 - logged; the next tick asks again
             tick.context.log.warning(
-                f"{feed}/{table}: the runs for the purges kept in {span} are not known: {first_line(failure)}"
+                f"{feed}/{table}: the runs asked for {span} to {asked.purpose} are not known: {first_line(failure)}"
             )
             continue
-        if len(failed) >= KEPT_PURGE_ATTEMPTS:
+        if len(failed) >= RUN_AGAIN_ATTEMPTS:
             tick.context.log.error(
-                f"{feed}/{table}: {len(failed)} runs of {span} failed to record the purges its change-log "
-                "write kept; the sensor asks for no more: `lake-assets run` (or a run of the partitions "
-                "from the UI) records them"
+                f"{feed}/{table}: {len(failed)} runs of {span} failed to {asked.purpose}; the sensor asks "
+                "for no more: `lake-assets run` (or a run of the partitions from the UI) does it"
             )
             continue
-        tick.context.log.info(
-            f"{feed}/{table}: no fold recorded the purges the change-log write of {span} kept (its run "
-            "stopped before its fold): a run records them"
-        )
-        key = f"{feed}:{table}:kept-purges:{span}:{digest}:{len(failed)}"
-        requests.append(
-            _whole_table_run(key, assets, partitions[0], partitions[-1], {KEPT_PURGE_TAG: digest})
-        )
+        tick.context.log.info(f"{feed}/{table}: {asked.why.format(span=span)}: a run of it is asked for")
+        key = f"{feed}:{table}:{asked.kind}:{span}:{digest}:{len(failed)}"
+        requests.append(_whole_table_run(key, assets, partitions[0], partitions[-1], {asked.tag: digest}))
     return requests
 
 
@@ -516,23 +683,30 @@ def _batch_runs(
     processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
     kept, cursor = _kept_purges(tick, assets, cursor, [f.partition for f in found])
-    if not found and not kept and not first_scan:
+    left, cursor = _left_unfinished(tick, assets, cursor, [*(f.partition for f in found), *kept])
+    if not found and not kept and not left and not first_scan:
         strays, cursor = _strays_run(tick, assets, cursor, cursor.last)
         return strays, [], [], cursor
     partitions = _batch_partitions(assets)
     known = tick.context.instance.get_dynamic_partitions(partitions)
     registered = set(known)
     # A first scan registers the batches it found processed too: the UI can then re-run them; a
-    # kept purge's batch is registered again if the instance lost it.
+    # kept purge's batch (or an unfinished run's) is registered again if the instance lost it.
     landed = tick.fmt.partition_keys(tick.storage, feed.landing, assets.table) if first_scan else []
-    added = sorted({*landed, *(f.partition for f in found), *kept} - registered, key=tick.fmt.partition_order)
+    added = sorted(
+        {*landed, *(f.partition for f in found), *kept, *left} - registered, key=tick.fmt.partition_order
+    )
     additions = [dg.AddDynamicPartitionsRequest(partitions, added)] if added else []
     # One run per stretch the instance holds in a row: batches registered out of order
     # (by a `--from/--to` run) make more than one.
     order = [*known, *added]
-    requests = _kept_purge_runs(
-        tick, assets, kept, stretches_in_order(order, sorted(kept, key=tick.fmt.partition_order))
-    )
+    requests = [
+        request
+        for asked, named in ((KEPT_PURGES, kept), (UNFINISHED, left))
+        for request in _asked_again(
+            tick, assets, asked, named, stretches_in_order(order, sorted(named, key=tick.fmt.partition_order))
+        )
+    ]
     if not found:
         strays, cursor = (
             _strays_run(tick, assets, cursor, cursor.last) if not requests else ([], _strays_reported(cursor))
