@@ -510,9 +510,8 @@ def _union_compatible(
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
-        try:  # the schemas alone tell whether the union can be made: no union is planned per group
-            widened = T.StructType(unified_fields(table, [unified, frame.schema], keys))
-            widened_alone = T.StructType(unified_fields(table, [among_themselves, frame.schema], keys))
+        try:
+            frame, widened, widened_alone = _fitted(table, keys, frame, unified, among_themselves)
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside_for_clash(uri, f"schema does not fit the batch or the stored table: {clash}")
@@ -550,6 +549,41 @@ def _as_text_where_stored(frame: DataFrame, unified: T.StructType, keys: tuple[s
 
     casts = {f.name: col(f.name).cast(T.StringType()) for f in frame.schema.fields if to_text(f)}
     return frame.withColumns(casts) if casts else frame
+
+
+def _fitted(
+    table: str, keys: tuple[str, ...], frame: DataFrame, unified: T.StructType, among_themselves: T.StructType
+) -> tuple[DataFrame, T.StructType, T.StructType]:
+    """A group's `frame`, and the union's columns with it (`unified`: with the stored table's;
+    `among_themselves`: the groups' alone), or the SchemaClash that keeps it out. The schemas
+    alone tell whether the union can be made: no union is planned per group.
+
+    A column that clashes but holds no value in any row of the group is left out of the frame
+    instead, its rows null as they were: a purge's file carries no field data, and its empty
+    columns, typed as the vendor's writer pleased, must not set it aside (the purge would
+    wait). Asking the rows costs a Spark job, on a clash only."""
+    while True:
+        try:
+            return (
+                frame,
+                T.StructType(unified_fields(table, [unified, frame.schema], keys)),
+                T.StructType(unified_fields(table, [among_themselves, frame.schema], keys)),
+            )
+        except SchemaClash as clash:
+            empty = _empty_column(frame, clash.column, keys)
+            if empty is None:
+                raise
+            frame = frame.drop(col(empty))
+
+
+def _empty_column(frame: DataFrame, name: str | None, keys: tuple[str, ...]) -> str | None:
+    """The frame's spelling of the non-key column `name` when no row holds a value in it."""
+    if name is None or same_name(name) in {same_name(k) for k in keys}:
+        return None
+    spelled = next((c for c in frame.columns if same_name(c) == same_name(name)), None)
+    if spelled is None or m.is_reserved(spelled) or not frame.where(col(spelled).isNotNull()).isEmpty():
+        return None
+    return spelled
 
 
 def _stored_columns(stored: T.StructType | None) -> T.StructType:

@@ -844,6 +844,42 @@ def test_numbers_of_several_types_bound_for_a_text_column_keep_every_digit(spark
     assert not list((lake / "_quarantine").rglob("*.reason.json"))
 
 
+@pytest.mark.parametrize("where", ["stored", "same-batch"])
+def test_a_purge_file_whose_empty_column_has_a_clashing_type_applies_its_purge(spark, tmp_path, where):
+    """A purge's file carries no field data; one gave `Name`, which the table (or the larger
+    file of its batch) holds as text, as a struct, every value NULL. The clash set the file
+    aside, so the purge waited and X's name stayed in every layer. A column no row of the file
+    holds a value of cannot clash: the file's rows have no name, and the purge applies."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    names = [
+        {"Id": key, "source__modified": t(1), "grax__idseq": str(n), "Name": f"name {key}"}
+        for n, key in enumerate(["X", "Y", "Z"])
+    ]
+    write_file(landing, "Account", "01", "data-1.parquet", names, grax_schema(("Name", pa.string())))
+    if where == "stored":
+        process(landing, lake)
+    batch = "02" if where == "stored" else "01"
+    empty_struct = ("Name", pa.struct([("first", pa.string())]))
+    purge = {"Id": "X", "source__modified": t(2), "grax__idseq": "9", "grax__purged": t(2), "Name": None}
+    write_file(
+        landing,
+        "Account",
+        batch,
+        "data-2.parquet",
+        [purge],
+        grax_schema(("grax__purged", pa.timestamp("ms", tz="UTC")), empty_struct),
+    )
+    process(landing, lake)
+
+    assert not list((lake / "_quarantine").rglob("*.reason.json"))
+    for layer in ("changes", "current", "history"):
+        rows = layer_rows(lake, layer, f"{ORG}/account")
+        assert all(r["Name"] is None for r in rows if r["Id"] == "X"), layer
+        assert {r["Name"] for r in rows if r["Id"] != "X"} == {"name Y", "name Z"}, layer
+    marked = [r["_purged"] for r in layer_rows(lake, "history", f"{ORG}/account") if r["Id"] == "X"]
+    assert marked and all(marked)
+
+
 def test_delete_and_purge_markers_that_are_not_times_quarantine_their_file(spark, tmp_path):
     """`grax__deleted` / `grax__purged` are timestamps; a file may carry them as text (ISO). Empty
     text is 'not deleted'; text that is not a time cannot say whether the record is gone, so its

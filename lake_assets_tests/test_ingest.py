@@ -153,22 +153,59 @@ def _lake_rows(lake: Path, layer: str, feed: str, table: str) -> list[dict]:
 # --- a file set aside once is never read again ----------------------------------------------------
 
 
-def test_in_a_clash_the_files_holding_more_rows_are_kept_however_many_empty_files_disagree(spark, tmp_path):
-    """Two empty files give `balance` a struct, one file of ten rows a number: the schema with
-    the rows is kept and the empty files are set aside. Counted by files, the two empty ones
-    outvoted it and the ten rows were set aside."""
+def test_in_a_clash_the_files_holding_more_rows_are_kept_however_many_files_disagree(spark, tmp_path):
+    """Two files of a row each give `balance` a struct, one file of ten rows a number: the
+    schema with the rows is kept and the two files are set aside. Counted by files (empty ones,
+    before a column without values stopped clashing), the two outvoted it and the ten rows
+    were set aside."""
     landing = tmp_path / "unit"
     rows = [event(f"k{i}", "I", i, at(0, i), name="n", balance=i) for i in range(10)]
     write_events(landing, "accounts", 0, "part-rows.parquet", rows, ACCOUNT_SCHEMA)
     struct_schema = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.struct([("cents", pa.int64())])))
-    for name in ("part-empty-0.parquet", "part-empty-1.parquet"):
-        write_events(landing, "accounts", 0, name, [], struct_schema)
+    for name in ("part-struct-0.parquet", "part-struct-1.parquet"):
+        write_events(
+            landing, "accounts", 0, name, [event(name, "I", 1, at(0, 1), balance={"cents": 1})], struct_schema
+        )
 
     batch = _read(spark, landing)
 
-    assert sorted(_names(batch)) == ["part-empty-0.parquet", "part-empty-1.parquet"]
+    assert sorted(_names(batch)) == ["part-struct-0.parquet", "part-struct-1.parquet"]
     assert all("schema does not fit the batch" in reason for reason in _names(batch).values())
     assert _ids(batch) == sorted(f"k{i}" for i in range(10))
+
+
+def test_files_whose_clashing_column_holds_no_value_are_read_without_it(spark, tmp_path):
+    """Empty files, and a file whose `balance` is a struct NULL in every row, beside files
+    holding numbers: nothing of theirs can clash, so none is set aside, and the row keeps a
+    NULL balance. A struct holding a NULL field is a value, and still clashes."""
+    landing = tmp_path / "unit"
+    rows = [event(f"k{i}", "I", i, at(0, i), name="n", balance=i) for i in range(10)]
+    write_events(landing, "accounts", 0, "part-rows.parquet", rows, ACCOUNT_SCHEMA)
+    struct_schema = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.struct([("cents", pa.int64())])))
+    write_events(landing, "accounts", 0, "part-empty.parquet", [], struct_schema)
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-null.parquet",
+        [event("null", "I", 1, at(0, 1), balance=None)],
+        struct_schema,
+    )
+    write_events(
+        landing,
+        "accounts",
+        0,
+        "part-null-field.parquet",
+        [event("field", "I", 1, at(0, 1), balance={"cents": None})],
+        struct_schema.set(1, pa.field("name", pa.int64())),
+    )
+
+    batch = _read(spark, landing)
+
+    assert sorted(_names(batch)) == ["part-null-field.parquet"]
+    assert _ids(batch) == sorted([*(f"k{i}" for i in range(10)), "null"])
+    balances = {r["id"]: r["balance"] for r in batch.events.select("id", "balance").collect()}
+    assert balances["null"] is None and balances["k3"] == 3
     batch.events.unpersist()
 
 
