@@ -500,30 +500,25 @@ def _union_compatible(
     goes on. The stored table's columns come first: a file the fold could not merge into it
     would stop the table on every run until the file was removed.
     """
-    accepted: list[DataFrame] = []
-    unified = _stored_columns(stored)  # the accepted groups' columns, widened so far
-    # the accepted groups' columns without the stored table's: what their union widens to, where
-    # two key types the stored text absorbs may still clash (a long key beside a double key)
-    among_themselves = T.StructType([])
     keys = fmt.table_spec(table).keys
+    accepted = _AcceptedGroups(table, keys, _stored_columns(stored))
     for signature, uris in files.groups():
         frame = _readable_group(spark, fmt, files, signature, uris)
         if frame is None:
             continue
         try:
-            frame, widened, widened_alone = _fitted(table, keys, frame, unified, among_themselves)
+            accepted.take(frame)
         except SchemaClash as clash:
             for uri in uris:
                 files.set_aside_for_clash(uri, f"schema does not fit the batch or the stored table: {clash}")
-            continue
-        accepted.append(frame)
-        unified, among_themselves = widened, widened_alone
-    if not accepted:
+    if not accepted.groups:
         return None
     # The batch's text is checked, repaired and counted after the union, bytes that became text
     # with it or will with the stored table's (a key's set its file aside): none on the way.
-    union = union_all(table, accepted, keys, repair_text=False, bound_for=_stored_columns(stored))
-    union = _as_text_where_stored(union, unified, keys)
+    union = union_all(
+        table, [frame for frame, _ in accepted.groups], keys, repair_text=False, bound_for=accepted.stored
+    )
+    union = _as_text_where_stored(union, accepted.unified(), keys)
     return _with_valid_text_and_keys(union, fmt.table_spec(table))
 
 
@@ -551,39 +546,96 @@ def _as_text_where_stored(frame: DataFrame, unified: T.StructType, keys: tuple[s
     return frame.withColumns(casts) if casts else frame
 
 
-def _fitted(
-    table: str, keys: tuple[str, ...], frame: DataFrame, unified: T.StructType, among_themselves: T.StructType
-) -> tuple[DataFrame, T.StructType, T.StructType]:
-    """A group's `frame`, and the union's columns with it (`unified`: with the stored table's;
-    `among_themselves`: the groups' alone), or the SchemaClash that keeps it out. The schemas
-    alone tell whether the union can be made: no union is planned per group.
+_Group = tuple[DataFrame, T.StructType]
 
-    A column that clashes but holds no value in any row of the group is left out of the frame
-    instead, its rows null as they were: a purge's file carries no field data, and its empty
-    columns, typed as the vendor's writer pleased, must not set it aside (the purge would
-    wait). Asking the rows costs a Spark job, on a clash only."""
-    while True:
-        try:
-            return (
-                frame,
-                T.StructType(unified_fields(table, [unified, frame.schema], keys)),
-                T.StructType(unified_fields(table, [among_themselves, frame.schema], keys)),
-            )
-        except SchemaClash as clash:
-            empty = _empty_column(frame, clash.column, keys)
+
+@dataclasses.dataclass
+class _AcceptedGroups:
+    """The schema groups a batch's union takes, each frame with its schema (asked of Spark
+    once), checked against each other and the `stored` table's columns as each comes (`take`).
+    The schemas alone tell whether the union can be made: no union is planned per group."""
+
+    table: str
+    keys: tuple[str, ...]
+    stored: T.StructType
+    groups: list[_Group] = dataclasses.field(default_factory=list)
+
+    def unified(self, groups: list[_Group] | None = None) -> T.StructType:
+        """The union's columns with the stored table's, widened."""
+        schemas = [self.stored, *(schema for _, schema in (self.groups if groups is None else groups))]
+        return T.StructType(unified_fields(self.table, schemas, self.keys))
+
+    def take(self, frame: DataFrame) -> None:
+        """Takes the group's `frame`, or raises the SchemaClash that keeps it out. The groups are
+        also widened among themselves without the stored table: two key types that the stored
+        text absorbs may still clash (a long key beside a double key).
+
+        A clashing column that no row of the new group holds a value in, or of the groups taken
+        that hold it, is null there instead, typed as nothing, which widens into any type: a
+        purge's file carries no field data, and its empty columns, typed as the vendor's writer
+        pleased, must not set it aside (its purge would wait) nor the files holding the values.
+        Asking the rows costs a Spark job, on a clash only."""
+        group = (frame, frame.schema)
+        while True:
+            candidates = [*self.groups, group]
+            try:
+                self.unified(candidates)
+                unified_fields(self.table, [schema for _, schema in candidates], self.keys)
+            except SchemaClash as clash:
+                emptied = _without_values(group, clash.column, self.keys)
+                if emptied is not None:
+                    group = emptied
+                    continue
+                self.groups = self._emptied_of(clash)
+                continue
+            self.groups = candidates
+            return
+
+    def _emptied_of(self, clash: SchemaClash) -> list[_Group]:
+        """The groups taken, the clashing column null in those holding it, when none holds a
+        value in it; else the clash."""
+        emptied, changed = [], False
+        for group in self.groups:
+            if _typed_column(group[1], clash.column) is None:
+                emptied.append(group)
+                continue
+            empty = _without_values(group, clash.column, self.keys)
             if empty is None:
-                raise
-            frame = frame.drop(col(empty))
+                raise clash
+            emptied.append(empty)
+            changed = True
+        if not changed:
+            raise clash
+        return emptied
 
 
-def _empty_column(frame: DataFrame, name: str | None, keys: tuple[str, ...]) -> str | None:
-    """The frame's spelling of the non-key column `name` when no row holds a value in it."""
-    if name is None or same_name(name) in {same_name(k) for k in keys}:
+def _typed_column(schema: T.StructType, name: str | None) -> T.StructField | None:
+    """The field of `schema` named `name` (ignoring case), when it has a type (not nothing)."""
+    if name is None:
         return None
-    spelled = next((c for c in frame.columns if same_name(c) == same_name(name)), None)
-    if spelled is None or m.is_reserved(spelled) or not frame.where(col(spelled).isNotNull()).isEmpty():
+    return next(
+        (
+            f
+            for f in schema.fields
+            if same_name(f.name) == same_name(name) and not isinstance(f.dataType, T.NullType)
+        ),
+        None,
+    )
+
+
+def _without_values(group: _Group, name: str | None, keys: tuple[str, ...]) -> _Group | None:
+    """`group` with its non-key column `name` null, typed as nothing, when no row holds a value
+    in it; else None."""
+    frame, schema = group
+    field = _typed_column(schema, name)
+    if field is None or same_name(field.name) in {same_name(k) for k in keys} or m.is_reserved(field.name):
         return None
-    return spelled
+    if not frame.where(col(field.name).isNotNull()).isEmpty():
+        return None
+    nulled = T.StructType(
+        [T.StructField(f.name, T.NullType(), True) if f is field else f for f in schema.fields]
+    )
+    return frame.withColumn(field.name, F.lit(None)), nulled
 
 
 def _stored_columns(stored: T.StructType | None) -> T.StructType:

@@ -209,6 +209,25 @@ def test_files_whose_clashing_column_holds_no_value_are_read_without_it(spark, t
     batch.events.unpersist()
 
 
+def test_files_holding_values_are_kept_beside_larger_files_whose_clashing_column_holds_none(spark, tmp_path):
+    """The files whose `balance` is a struct NULL in every row hold more rows, so their group is
+    taken first; the smaller file holding numbers clashed with it and was set aside. The empty
+    column gives way instead, and the numbers are kept."""
+    landing = tmp_path / "unit"
+    struct_schema = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.struct([("cents", pa.int64())])))
+    empty = [event(f"e{i}", "I", i, at(0, i), name="n", balance=None) for i in range(10)]
+    write_events(landing, "accounts", 0, "part-empty-balance.parquet", empty, struct_schema)
+    rows = [event(f"k{i}", "I", 20 + i, at(0, 20 + i), name="n", balance=i) for i in range(2)]
+    write_events(landing, "accounts", 0, "part-rows.parquet", rows, ACCOUNT_SCHEMA)
+
+    batch = _read(spark, landing)
+
+    assert _names(batch) == {}
+    balances = {r["id"]: r["balance"] for r in batch.events.select("id", "balance").collect()}
+    assert balances == {**{f"e{i}": None for i in range(10)}, "k0": 0, "k1": 1}
+    batch.events.unpersist()
+
+
 def test_a_file_spark_cannot_open_in_a_clashing_group_keeps_its_own_reason(spark, tmp_path):
     """Two files give `balance` a struct, where the file holding the rows has a number; Spark
     cannot open one of the two (its name). It was set aside, then the group's clash set aside
