@@ -49,8 +49,8 @@ class TableCursor:
     #: sensor's `_kept_purges`), in seconds since the epoch
     purges_looked_at: float | None = None
     #: the end of the last look at the runs that left the table's partitions unprocessed (the
-    #: landing sensor's `_left_unfinished`): runs that finished before it were looked at, in
-    #: seconds since the epoch
+    #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
+    #: the runs updated since (less an overlap for clocks that lag the daemon's)
     unfinished_looked_until: float | None = None
 
     @property
@@ -281,8 +281,8 @@ class BatchCursor:
     #: sensor's `_kept_purges`), in seconds since the epoch
     purges_looked_at: float | None = None
     #: the end of the last look at the runs that left the table's partitions unprocessed (the
-    #: landing sensor's `_left_unfinished`): runs that finished before it were looked at, in
-    #: seconds since the epoch
+    #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
+    #: the runs updated since (less an overlap for clocks that lag the daemon's)
     unfinished_looked_until: float | None = None
 
     @property

@@ -17,7 +17,6 @@ from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
 from lake_assets.landing_watch import (
     STRAYS_EVERY_SECONDS,
-    BatchCursor,
     TableCursor,
     decode_cursor,
     encode_cursor,
@@ -213,11 +212,11 @@ class _KeptPurgeTicks:
         self.cursor = self.first.cursor
 
     def tick(self, cursor: str | None = None) -> dg.SensorResult:
-        """A tick from `cursor` (the one kept, by default), as though the kept purges and the
-        runs that ended unsuccessfully were last looked at long ago."""
+        """A tick from `cursor` (the one kept, by default), as though the kept purges were last
+        looked for long ago."""
         cursors = decode_cursor(cursor or getattr(self, "cursor", None))
         for table, kept in cursors.items():
-            cursors[table] = dataclasses.replace(kept, purges_looked_at=None, unfinished_looked_until=None)
+            cursors[table] = dataclasses.replace(kept, purges_looked_at=None)
         with dg.build_sensor_context(
             resources=self.resources,
             definitions=self.defs,
@@ -327,6 +326,13 @@ def _launched_by(sensor: str, request: dg.RunRequest, **more: str) -> dict[str, 
     return {**request.tags, sensors.SENSOR_NAME_TAG: sensor, **more}
 
 
+@pytest.fixture
+def looking_every_tick(monkeypatch):
+    """Each tick looks at the runs that ended, up to its own start."""
+    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    monkeypatch.setattr(sensors, "UNFINISHED_EVERY_SECONDS", 0)
+
+
 def test_dagsters_run_tags_are_spelled_as_dagster_spells_them():
     from dagster._core.storage import tags
 
@@ -334,21 +340,21 @@ def test_dagsters_run_tags_are_spelled_as_dagster_spells_them():
     assert sensors.AUTOMATION_CONDITION_TAG == tags.AUTOMATION_CONDITION_TAG
     assert sensors.WILL_RETRY_TAG == tags.WILL_RETRY_TAG
     assert sensors.PARTITION_TAG == tags.PARTITION_NAME_TAG
+    assert sensors.PARENT_RUN_ID_TAG == tags.PARENT_RUN_ID_TAG
+    assert sensors.RETRY_NUMBER_TAG == tags.RETRY_NUMBER_TAG
     assert (sensors.RANGE_START_TAG, sensors.RANGE_END_TAG) == (
         tags.ASSET_PARTITION_RANGE_START_TAG,
         tags.ASSET_PARTITION_RANGE_END_TAG,
     )
 
 
-def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are_asked_for_again(
-    tmp_path, monkeypatch
-):
+@pytest.mark.usefixtures("looking_every_tick")
+def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are_asked_for_again(tmp_path):
     """The sensor saw a run's files when it asked for it, and a tick compares the landing with
     its cursor only: the hours of a sensor's run that was cancelled, or failed with its retries
     spent, were never asked for again. The next look asks for those still unprocessed; not for
-    a person's run (a UI backfill), nor for a failure Dagster will retry, nor for a run that
-    succeeded, nor for an hour processed since."""
-    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+    a person's run (a UI backfill, a re-execution), nor for a failure Dagster will retry, nor
+    for a run that succeeded, nor for an hour processed since, nor for a kept purge's run."""
     ticks = _KeptPurgeTicks(tmp_path)
     asked = {(r.tags["lake_assets/table"], r.tags[RANGE_START_TAG]): r for r in ticks.first.run_requests}
     assert sorted(asked) == [
@@ -356,11 +362,8 @@ def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are
         ("accounts", "2024-03-01-09"),
         ("cards", "2024-03-01-04"),
     ]
-    three_to_five, nine, cards = (
-        asked["accounts", "2024-03-01-03"],
-        asked["accounts", "2024-03-01-09"],
-        asked["cards", "2024-03-01-04"],
-    )
+    three_to_five, nine = asked["accounts", "2024-03-01-03"], asked["accounts", "2024-03-01-09"]
+    cards = asked["cards", "2024-03-01-04"]
     landing = "unit_landing_sensor"
     ticks.run(
         dg.DagsterRunStatus.CANCELED, three_to_five.asset_selection, tags=_launched_by(landing, three_to_five)
@@ -368,51 +371,70 @@ def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are
     _processed(tmp_path, "accounts", 3)  # its fold of 03 finished before the cancel
     ticks.run(dg.DagsterRunStatus.SUCCESS, nine.asset_selection, tags=_launched_by(landing, nine))
     ticks.run(dg.DagsterRunStatus.CANCELED, nine.asset_selection, tags=dict(nine.tags))  # from the UI
-    ticks.run(
-        dg.DagsterRunStatus.FAILURE,
-        cards.asset_selection,
-        tags=_launched_by(landing, cards, **{sensors.WILL_RETRY_TAG: "true"}),
-    )
+    by_hand = _launched_by(landing, nine, **{sensors.PARENT_RUN_ID_TAG: "a-run"})
+    ticks.run(dg.DagsterRunStatus.FAILURE, nine.asset_selection, tags=by_hand)  # re-executed by a person
+    kept = _launched_by(landing, nine, **{sensors.KEPT_PURGE_TAG: "digest"})
+    ticks.run(dg.DagsterRunStatus.FAILURE, nine.asset_selection, tags=kept)  # `_kept_purges`' to ask again
+    retried = _launched_by(landing, cards, **{sensors.WILL_RETRY_TAG: "true"})
+    ticks.run(dg.DagsterRunStatus.FAILURE, cards.asset_selection, tags=retried)
 
     result = ticks.tick()
 
     assert _ranges(result.run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-05")]
     (again,) = result.run_requests
-    assert sensors.UNFINISHED_TAG in again.tags
-    assert decode_cursor(result.cursor)["accounts"].unfinished_looked_until is not None
-    # the look is not due again until `UNFINISHED_EVERY_SECONDS` have passed
-    with dg.build_sensor_context(
-        resources=ticks.resources, definitions=ticks.defs, cursor=result.cursor, instance=ticks.instance
-    ) as context:
-        assert ticks.sensor(context).run_requests == []
+    assert again.tags[sensors.UNFINISHED_TAG] == "true"
+    with pytest.MonkeyPatch.context() as patched:  # not looked at again within the interval
+        patched.setattr(sensors, "UNFINISHED_EVERY_SECONDS", 300)
+        assert ticks.tick(result.cursor).run_requests == []
 
-    # the retry Dagster promised failed too, and is the last: its hour is asked for now
-    ticks.run(dg.DagsterRunStatus.FAILURE, cards.asset_selection, tags=_launched_by(landing, cards))
-    assert _ranges(ticks.tick().run_requests) == [
+    # asked for, 04..05 are in flight: held back; cards' retry, Dagster's last, failed too
+    in_flight = ticks.run(
+        dg.DagsterRunStatus.STARTING, again.asset_selection, tags=_launched_by(landing, again)
+    )
+    last_retry = _launched_by(
+        landing, cards, **{sensors.RETRY_NUMBER_TAG: "2", sensors.PARENT_RUN_ID_TAG: "r"}
+    )
+    ticks.run(dg.DagsterRunStatus.FAILURE, cards.asset_selection, tags=last_retry)
+    assert _ranges(ticks.tick(result.cursor).run_requests) == [("cards", "2024-03-01-04", "2024-03-01-04")]
+    ticks.instance.report_run_canceled(in_flight)
+    assert _ranges(ticks.tick(result.cursor).run_requests) == [
         ("accounts", "2024-03-01-04", "2024-03-01-05"),
         ("cards", "2024-03-01-04", "2024-03-01-04"),
     ]
 
 
-def test_an_automation_run_that_ended_unsuccessfully_has_its_partition_asked_for_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+@pytest.mark.usefixtures("looking_every_tick")
+def test_an_automation_run_that_ended_unsuccessfully_has_its_partition_asked_for_again(tmp_path):
     ticks = _KeptPurgeTicks(tmp_path)
     for hour in (3, 4, 5):
         _processed(tmp_path, "accounts", hour)
     state = [dg.AssetKey(["unit", "accounts", layer]) for layer in ("current", "history")]
-    automation = {
-        sensors.SENSOR_NAME_TAG: "lake_automation",
-        sensors.AUTOMATION_CONDITION_TAG: "true",
-        sensors.PARTITION_TAG: "2024-03-01-09",
-    }
+    automation = {sensors.AUTOMATION_CONDITION_TAG: "true", sensors.PARTITION_TAG: "2024-03-01-09"}
     ticks.run(dg.DagsterRunStatus.FAILURE, state, tags=automation)
     assert _ranges(ticks.tick().run_requests) == [("accounts", "2024-03-01-09", "2024-03-01-09")]
 
 
-def test_unfinished_hours_wait_while_a_run_may_write_the_table_and_are_asked_for_a_few_times(
-    tmp_path, monkeypatch, capfd
-):
-    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
+@pytest.mark.usefixtures("looking_every_tick")
+def test_a_sensors_first_look_at_ended_runs_only_starts_the_watch(tmp_path):
+    """Runs cancelled before the look began (a deployment upgraded to it) are not brought back."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    nine = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-09")
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED, nine.asset_selection, tags=_launched_by("unit_landing_sensor", nine)
+    )
+    cursors = {
+        table: dataclasses.replace(cursor, unfinished_looked_until=None)
+        for table, cursor in decode_cursor(ticks.cursor).items()
+    }
+    started = ticks.tick(encode_cursor(cursors))
+    assert not [r for r in started.run_requests if sensors.UNFINISHED_TAG in r.tags]
+    assert decode_cursor(started.cursor)["accounts"].unfinished_looked_until is not None
+
+
+@pytest.mark.usefixtures("looking_every_tick")
+def test_unfinished_hours_are_asked_for_a_few_times_counted_per_hour(tmp_path, capfd):
+    """Each failed run asked for an hour counts for that hour, whatever range it was asked in: a
+    new failing hour beside spent ones does not start their count again."""
     ticks = _KeptPurgeTicks(tmp_path)
     for hour in (3, 4, 5):
         _processed(tmp_path, "accounts", hour)
@@ -420,33 +442,39 @@ def test_unfinished_hours_wait_while_a_run_may_write_the_table_and_are_asked_for
     ticks.run(
         dg.DagsterRunStatus.CANCELED, nine.asset_selection, tags=_launched_by("unit_landing_sensor", nine)
     )
-    in_flight = ticks.run(dg.DagsterRunStatus.STARTED, nine.asset_selection)
-    waiting = ticks.tick()
-    assert waiting.run_requests == []  # the run in flight may process it yet
-    assert decode_cursor(waiting.cursor)["accounts"].unfinished_looked_until is None
+    in_flight = ticks.run(dg.DagsterRunStatus.STARTED, selection=[])  # may write any partition
+    assert ticks.tick().run_requests == []
     ticks.instance.report_run_canceled(in_flight)  # a person's run: not asked for again
 
-    keys = []
     for _ in range(sensors.RUN_AGAIN_ATTEMPTS):
         (request,) = ticks.tick().run_requests
-        keys.append(request.run_key)
+        assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("2024-03-01-09",) * 2
         ticks.run(
             dg.DagsterRunStatus.FAILURE,
             request.asset_selection,
             tags=_launched_by("unit_landing_sensor", request),
         )
-    assert len(set(keys)) == sensors.RUN_AGAIN_ATTEMPTS  # each failure makes a new request
     assert ticks.tick().run_requests == []
-    assert "failed to process what the cancelled or failed run left; the sensor asks for no more" in (
+    assert "failed to process what cancelled or failed runs left; the sensor asks for no more" in (
         capfd.readouterr().err
     )
 
+    write_events(
+        ticks.landing, "accounts", 10, "part-0.parquet", [event("z", "I", 10, at(10))], ACCOUNT_SCHEMA
+    )
+    landed = ticks.tick()
+    (ten,) = landed.run_requests  # the sensor's run of the new hour
+    assert ten.tags[RANGE_START_TAG] == "2024-03-01-10"
+    ranged = {**_launched_by("unit_landing_sensor", ten), RANGE_START_TAG: "2024-03-01-09"}
+    ticks.run(dg.DagsterRunStatus.FAILURE, ten.asset_selection, tags=ranged)  # over 09..10, failed
+    assert _ranges(ticks.tick(landed.cursor).run_requests) == [("accounts", "2024-03-01-10", "2024-03-01-10")]
 
-def test_the_batches_a_cancelled_batch_sensor_run_left_are_asked_for_again(tmp_path, monkeypatch):
+
+@pytest.mark.usefixtures("looking_every_tick")
+def test_the_batches_a_cancelled_batch_sensor_run_left_are_asked_for_again(tmp_path):
     """The same for GRAX: the run's range of batches is read from the instance's batches."""
     from lake_assets_tests import grax_lake
 
-    monkeypatch.setattr(sensors, "RUN_SETTLE_SECONDS", 0)
     landing, batches = tmp_path / "landing", ("065e11a80", "065e11a81")
     for batch in batches:
         grax_lake.land(landing, batch, "data-0.parquet", [grax_lake.version("A", 1, "0001", name="a")])
@@ -475,15 +503,11 @@ def test_the_batches_a_cancelled_batch_sensor_run_left_are_asked_for_again(tmp_p
         status=dg.DagsterRunStatus.CANCELED,
         tags=_launched_by("grax_batch_sensor", run),
     )
-    cursors = {
-        table: dataclasses.replace(cursor, unfinished_looked_until=None)
-        for table, cursor in decode_cursor(first.cursor, BatchCursor).items()
-    }
 
-    (again,) = tick(encode_cursor(cursors)).run_requests
+    (again,) = tick(first.cursor).run_requests
 
     assert (again.tags[RANGE_START_TAG], again.tags[RANGE_END_TAG]) == batches
-    assert sensors.UNFINISHED_TAG in again.tags
+    assert again.tags[sensors.UNFINISHED_TAG] == "true"
 
 
 def test_a_tick_that_cannot_ask_the_instance_for_runs_in_flight_still_runs_the_files_it_found(

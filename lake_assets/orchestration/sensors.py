@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
@@ -73,6 +74,10 @@ PARTITION_TAG = "dagster/partition"
 SENSOR_NAME_TAG = "dagster/sensor_name"
 AUTOMATION_CONDITION_TAG = "dagster/from_automation_condition"
 WILL_RETRY_TAG = "dagster/will_retry"
+PARENT_RUN_ID_TAG = "dagster/parent_run_id"
+RETRY_NUMBER_TAG = "dagster/retry_number"
+#: the run tag naming the table a sensor's run is for
+TABLE_TAG = "lake_assets/table"
 
 
 def _watching(feed: FeedConfig, tables: list[TableAssets], kind: str, description: str) -> dict:
@@ -172,8 +177,14 @@ class _Tick:
     #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
     strays_turn: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
-    #: (job, assets selected) of the runs not finished yet, asked of the instance once a tick (`writing`)
-    unfinished: list[tuple[str, AbstractSet[dg.AssetKey] | None]] | None = None
+    #: the runs not finished yet, asked of the instance once a tick (`writing`)
+    unfinished: list[dg.DagsterRun] | None = None
+    #: the end of this tick's look at the runs that ended (`ended_since`): runs settle first
+    looked_until: float = dataclasses.field(default_factory=lambda: time.time() - RUN_SETTLE_SECONDS)
+    #: run id -> (when last updated, the run) of the runs that ended unsuccessfully from
+    #: `_ended_from` to `looked_until`, asked of the instance as the tables' looks need them
+    _ended: dict[str, tuple[float, dg.DagsterRun]] = dataclasses.field(default_factory=dict)
+    _ended_from: float | None = None
     first_scans: int = 0
     #: tables this tick scanned, and tables whose first scan waits for a later tick
     scanned: int = 0
@@ -207,10 +218,50 @@ class _Tick:
         """Whether a run not finished yet may write the table: one selecting any of its processed
         assets or, with no selection recorded, one of a job over them (its table's, its feed's,
         or Dagster's job over every asset)."""
+        return bool(self._in_flight(assets))
+
+    def in_flight_partitions(self, assets: TableAssets) -> set[str] | None:
+        """The partitions of the table that runs not finished yet may write; None when one may
+        write any (its partitions are not known: no partition tags, or ones no longer valid)."""
+        partitions: set[str] = set()
+        for run in self._in_flight(assets):
+            try:
+                covered = _partitions_of(self, assets, run.tags)
+            except Exception:  # noqa: BLE001 - not known: it may write any partition
+                return None
+            if not covered:
+                return None
+            partitions.update(covered)
+        return partitions
+
+    def _in_flight(self, assets: TableAssets) -> list[dg.DagsterRun]:
         if self.unfinished is None:
             records = self.context.instance.get_run_records(filters=dg.RunsFilter(statuses=_UNFINISHED))
-            self.unfinished = [(r.dagster_run.job_name, r.dagster_run.asset_selection) for r in records]
-        return any(self.may_write(assets, job, selection) for job, selection in self.unfinished)
+            self.unfinished = [r.dagster_run for r in records]
+        return [run for run in self.unfinished if self.may_write(assets, run.job_name, run.asset_selection)]
+
+    def ended_since(self, since: float) -> list[dg.DagsterRun]:
+        """The runs that ended unsuccessfully (cancelled or failed) and were last updated from
+        `since` (less `UNFINISHED_OVERLAP_SECONDS`) to `looked_until`, asked of the instance once
+        for every table of the tick."""
+        start = since - UNFINISHED_OVERLAP_SECONDS
+        if self._ended_from is None or start < self._ended_from:
+            records = self.context.instance.get_run_records(
+                filters=dg.RunsFilter(
+                    statuses=_UNSUCCESSFUL,
+                    updated_after=dt.datetime.fromtimestamp(start, dt.UTC),
+                    updated_before=dt.datetime.fromtimestamp(
+                        self.looked_until if self._ended_from is None else self._ended_from + 1, dt.UTC
+                    ),
+                )
+            )
+            for record in records:
+                self._ended[record.dagster_run.run_id] = (
+                    record.update_timestamp.timestamp(),
+                    record.dagster_run,
+                )
+            self._ended_from = start
+        return [run for updated, run in self._ended.values() if updated >= start]
 
     def may_write(self, assets: TableAssets, job: str, selection: AbstractSet[dg.AssetKey] | None) -> bool:
         """Whether a run of `job` selecting `selection` may write the table (`writing`)."""
@@ -267,8 +318,8 @@ def _hourly_runs(
     covered = [*(f.partition for f in found), *standing_requests]
     kept, cursor = _kept_purges(tick, assets, cursor, covered)
     left, cursor = _left_unfinished(tick, assets, cursor, [*covered, *kept])
-    requests += _asked_again(tick, assets, KEPT_PURGES, kept, _hour_ranges(kept))
-    requests += _asked_again(tick, assets, UNFINISHED, left, _hour_ranges(left))
+    requests += _kept_purge_runs(tick, assets, kept, _hour_ranges(kept))
+    requests += _unfinished_runs(tick, assets, _hour_ranges(left))
     if not found and not requests:
         last = cursor.high_water if cursor.high_water and cursor.high_water >= (first or "") else None
         strays, cursor = _strays_run(tick, assets, cursor, last)
@@ -325,8 +376,8 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
 #: how often a table's purges kept by a change-log write are looked for (`_kept_purges`): a
 #: listing of its `purges_seen` folder each time
 KEPT_PURGES_EVERY_SECONDS = 300
-#: the runs asked for one set of partitions (`_asked_again`) that may fail before the sensor
-#: stops asking for them
+#: the runs asked for a set of kept purges (`_kept_purge_runs`), or for a partition cancelled or
+#: failed runs left (`_within_attempts`), that may fail before the sensor stops asking for them
 RUN_AGAIN_ATTEMPTS = 3
 #: the run tag naming the kept purges a run was asked for, by which its attempts are counted
 KEPT_PURGE_TAG = "lake_assets/kept_purges"
@@ -335,10 +386,12 @@ UNFINISHED_EVERY_SECONDS = 300
 #: how long after a run's last update it is looked at: Dagster tags a failed run it will retry
 #: (`dagster/will_retry`) just after the failure
 RUN_SETTLE_SECONDS = 30
-#: how far back the first look at a table's unsuccessful runs goes, for a cursor saved before
-#: the sensors looked at them (a table's first scan finds its unprocessed partitions itself)
-UNFINISHED_LOOKBACK_SECONDS = 24 * 3600
-#: the run tag naming the partitions a cancelled or failed run left, by which attempts are counted
+#: how far each look at the runs that ended reaches back into the one before: a run's update
+#: time comes from the clock of the process that ran it, which may lag the daemon's; a run seen
+#: twice is asked for once (its partitions are processed, or a run of them is in flight)
+UNFINISHED_OVERLAP_SECONDS = 120
+#: the run tag of the runs asked for the partitions cancelled or failed runs left, by which
+#: their attempts are counted
 UNFINISHED_TAG = "lake_assets/unfinished"
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 _UNFINISHED = [status for status in dg.DagsterRunStatus if status not in _FINISHED]
@@ -387,58 +440,51 @@ def _kept_purges(
 def _left_unfinished(
     tick: _Tick, assets: TableAssets, cursor: _Cursor, covered: Iterable[str]
 ) -> tuple[dict[str, list[str]], _Cursor]:
-    """The partitions that runs of the table the daemon launched (a sensor's or automation's)
-    left unprocessed, cancelled or failed with no retry to come, each with the names of its
-    landed files; and the cursor after the look. The sensor saw those files when it asked for
-    the runs, and a tick compares the landing with its cursor only: without this look they would
-    wait for a person. A person's runs (a UI backfill, the launchpad) are theirs to run again,
-    and the runs for kept purges are `_kept_purges`' to ask for again.
+    """The partitions that runs of the table the daemon launched (a sensor's, automation's, or
+    their retries) left unprocessed, cancelled or failed with no retry to come, each with the
+    names of its landed files; and the cursor after the look. The sensor saw those files when it
+    asked for the runs, and a tick compares the landing with its cursor only: without this look
+    they would wait for a person. A person's runs (a UI backfill, the launchpad, a re-execution)
+    are theirs to run again, and the runs for kept purges are `_kept_purges`' to ask for again.
 
-    Looked at every `UNFINISHED_EVERY_SECONDS`, over the runs that ended since the last look,
-    and only while no run that may write the table is in flight (it may process them yet).
-    Leaves out the partitions this tick runs anyway (`covered`). Never raises: a failure is
-    logged and the next tick looks again."""
-    until = time.time() - RUN_SETTLE_SECONDS
-    since = cursor.unfinished_looked_until
-    if since is not None and until - since < UNFINISHED_EVERY_SECONDS:
+    Looked at every `UNFINISHED_EVERY_SECONDS`, over the runs that ended since the last look;
+    the first look of a table only starts the watch (a first scan runs what is unprocessed
+    itself, and runs cancelled before an upgrade are not brought back). Leaves out the
+    partitions this tick runs anyway (`covered`), those a run in flight may write (it may
+    process them yet; with one that may write any, the look waits) and those whose runs asked
+    for here failed `RUN_AGAIN_ATTEMPTS` times. Never raises: a failure is logged and the next
+    tick looks again."""
+    since, until = cursor.unfinished_looked_until, tick.looked_until
+    if since is None:
+        return {}, dataclasses.replace(cursor, unfinished_looked_until=until)
+    if until - since < UNFINISHED_EVERY_SECONDS:
         return {}, cursor
+    feed, table = tick.feed.name, assets.table
     try:
-        if tick.writing(assets):
+        held = tick.in_flight_partitions(assets)
+        if held is None:
             return {}, cursor
-        ended = _ended_unsuccessfully(
-            tick, assets, until - UNFINISHED_LOOKBACK_SECONDS if since is None else since, until
-        )
-        left = _unprocessed(tick, assets, sorted(ended - set(covered))) if ended else {}
+        ended = _ended_unsuccessfully(tick, assets, since) - held - set(covered)
+        left = _unprocessed(tick, assets, sorted(p for p in ended if tick.fmt.is_partition_key(p)))
+        left = _within_attempts(tick, assets, left)
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
         tick.context.log.warning(
-            f"{tick.feed.name}/{assets.table}: the runs that left its partitions unprocessed could not be "
-            f"looked at (the next tick tries again): {first_line(failure)}"
+            f"{feed}/{table}: the runs that left its partitions unprocessed could not be looked at "
+            f"(the next tick tries again): {first_line(failure)}"
         )
         return {}, cursor
     return left, dataclasses.replace(cursor, unfinished_looked_until=until)
 
 
-def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float, until: float) -> set[str]:
-    """The partitions of the runs the daemon launched that may write the table and ended
-    between `since` and `until` (seconds since the epoch) cancelled, or failed with no retry
-    to come."""
-    records = tick.context.instance.get_run_records(
-        filters=dg.RunsFilter(
-            statuses=_UNSUCCESSFUL,
-            updated_after=dt.datetime.fromtimestamp(since, dt.UTC),
-            updated_before=dt.datetime.fromtimestamp(until, dt.UTC),
-        )
-    )
+def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> set[str]:
+    """The partitions of the runs the daemon launched that may write the table and ended since
+    `since` (seconds since the epoch) cancelled, or failed with no retry to come."""
     partitions: set[str] = set()
-    for run in (record.dagster_run for record in records):
+    for run in tick.ended_since(since):
         tags = run.tags
-        launched_by_daemon = SENSOR_NAME_TAG in tags or AUTOMATION_CONDITION_TAG in tags
-        if (
-            not launched_by_daemon
-            or tags.get(WILL_RETRY_TAG) == "true"
-            or KEPT_PURGE_TAG in tags
-            or not tick.may_write(assets, run.job_name, run.asset_selection)
-        ):
+        if not _launched_by_daemon(tags) or KEPT_PURGE_TAG in tags or tags.get(WILL_RETRY_TAG) == "true":
+            continue
+        if not tick.may_write(assets, run.job_name, run.asset_selection):
             continue
         try:
             partitions.update(_partitions_of(tick, assets, tags))
@@ -450,8 +496,16 @@ def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float, until:
     return partitions
 
 
+def _launched_by_daemon(tags: Mapping[str, str]) -> bool:
+    """Whether a sensor or automation launched the run, or Dagster retried such a run. A
+    re-execution a person launched keeps its parent's tags, but no retry number."""
+    by_daemon = SENSOR_NAME_TAG in tags or AUTOMATION_CONDITION_TAG in tags
+    re_executed_by_hand = PARENT_RUN_ID_TAG in tags and RETRY_NUMBER_TAG not in tags
+    return by_daemon and not re_executed_by_hand
+
+
 def _partitions_of(tick: _Tick, assets: TableAssets, tags: Mapping[str, str]) -> list[str]:
-    """The table's partitions a run covered, from its tags: a range's, or its one partition's."""
+    """The table's partitions a run covers, from its tags: a range's, or its one partition's."""
     start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
     if start is not None and end is not None:
         partitions_def = assets.changes.partitions_def
@@ -466,22 +520,34 @@ def _partitions_of(tick: _Tick, assets: TableAssets, tags: Mapping[str, str]) ->
 
 def _unprocessed(tick: _Tick, assets: TableAssets, partitions: list[str]) -> dict[str, list[str]]:
     """Of `partitions`, those a run of the table takes (`pending_partitions`: files not
-    processed as they are now), each with the names of its landed files."""
+    processed as they are now), each with the names of its landed files. A note of the table
+    that cannot be read (a request to run again, a note of stored changes) leaves the
+    partitions without a processed note that reads."""
+    if not partitions:
+        return {}
     storage, layout, feed, table = tick.storage, tick.layout, tick.feed.name, assets.table
     wanted = set(partitions)
-    # a damaged note is left out, so its partition is run, which writes it again
+    # a damaged processed note is left out, so its partition is run, which writes it again
     notes = read_notes_of(storage, layout, feed, table, partitions, damaged=lambda _: None)
-    changes, landed = pending_partitions(
-        storage,
-        layout,
-        tick.fmt,
-        landing=tick.feed.landing,
-        feed=feed,
-        table=table,
-        keys=partitions,
-        notes=notes,
-        within=wanted.__contains__,
-    )
+    try:
+        changes, landed = pending_partitions(
+            storage,
+            layout,
+            tick.fmt,
+            landing=tick.feed.landing,
+            feed=feed,
+            table=table,
+            keys=partitions,
+            notes=notes,
+            within=wanted.__contains__,
+        )
+    except DamagedLakeFile as damaged:
+        tick.context.log.warning(
+            f"{feed}/{table}: {damaged}; the partitions cancelled or failed runs left are those without a "
+            "processed note"
+        )
+        landed = tick.fmt.partitions_files(storage, tick.feed.landing, table, partitions)
+        return {p: sorted(entry.name for entry in landed.get(p, [])) for p in partitions if p not in notes}
     return {
         change.partition: sorted(entry.name for entry in landed.get(change.partition, []))
         for change in changes
@@ -489,71 +555,90 @@ def _unprocessed(tick: _Tick, assets: TableAssets, partitions: list[str]) -> dic
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class _AskedAgain:
-    """Partitions a landing sensor asks a run of for a reason of its own, not for files it
-    found new: kept purges (`_kept_purges`) or partitions a cancelled or failed run left
-    (`_left_unfinished`). Each range's run is keyed by its partitions, the files they name and
-    the attempt, and tagged `tag` with their digest: a run that fails is asked for again, up to
-    `RUN_AGAIN_ATTEMPTS` runs, after which they wait for `lake-assets run` or a run from the UI
-    (an error in the tick's log says so)."""
-
-    #: the word naming them in run keys
-    kind: str
-    tag: str
-    #: why they need a run, said of a `{span}` of partitions
-    why: str
-    #: what their run does
-    purpose: str
-
-
-KEPT_PURGES = _AskedAgain(
-    "kept-purges",
-    KEPT_PURGE_TAG,
-    "no fold recorded the purges the change-log write of {span} kept (its run stopped before its fold)",
-    "record the purges its change-log write kept",
-)
-UNFINISHED = _AskedAgain(
-    "unfinished",
-    UNFINISHED_TAG,
-    "a run the daemon launched left {span} unprocessed (cancelled, or failed with no retry to come)",
-    "process what the cancelled or failed run left",
-)
+def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`left` less the partitions that runs asked for them (`UNFINISHED_TAG`) failed to process
+    `RUN_AGAIN_ATTEMPTS` times, counted per partition (a range asked for later may hold more
+    partitions); those wait for `lake-assets run` or a run from the UI, which an error in the
+    tick's log says."""
+    if not left:
+        return left
+    records = tick.context.instance.get_run_records(
+        filters=dg.RunsFilter(tags={TABLE_TAG: assets.table, UNFINISHED_TAG: "true"}, statuses=_UNSUCCESSFUL)
+    )
+    attempts: Counter[str] = Counter()
+    for run in (record.dagster_run for record in records):
+        if run.tags.get(WILL_RETRY_TAG) == "true" or not tick.may_write(
+            assets, run.job_name, run.asset_selection
+        ):
+            continue
+        with contextlib.suppress(Exception):  # a run whose partitions are no longer valid counts for none
+            attempts.update(p for p in _partitions_of(tick, assets, run.tags) if p in left)
+    spent = sorted(p for p in left if attempts[p] >= RUN_AGAIN_ATTEMPTS)
+    if spent:
+        tick.context.log.error(
+            f"{tick.feed.name}/{assets.table}: {RUN_AGAIN_ATTEMPTS} runs of {describe_hours(spent)} failed to "
+            "process what cancelled or failed runs left; the sensor asks for no more: `lake-assets run` (or "
+            "a run of the partitions from the UI) does it"
+        )
+    return {p: names for p, names in left.items() if p not in spent}
 
 
-def _asked_again(
-    tick: _Tick,
-    assets: TableAssets,
-    asked: _AskedAgain,
-    named: dict[str, list[str]],
-    ranges: list[tuple[str, ...]],
+def _unfinished_runs(tick: _Tick, assets: TableAssets, ranges: list[tuple[str, ...]]) -> list[dg.RunRequest]:
+    """A run of each range of partitions cancelled or failed runs left (`_left_unfinished`),
+    keyed by the look that found them: a later look finds them again only when that run fails
+    too, or another leaves them."""
+    feed, table, looked = tick.feed.name, assets.table, int(tick.looked_until)
+    requests = []
+    for partitions in ranges:
+        span = f"{partitions[0]}..{partitions[-1]}"
+        tick.context.log.info(
+            f"{feed}/{table}: a run the daemon launched left {span} unprocessed (cancelled, or failed with "
+            "no retry to come): a run of it is asked for"
+        )
+        key = f"{feed}:{table}:unfinished:{span}:{looked}"
+        requests.append(
+            _whole_table_run(key, assets, partitions[0], partitions[-1], {UNFINISHED_TAG: "true"})
+        )
+    return requests
+
+
+def _kept_purge_runs(
+    tick: _Tick, assets: TableAssets, kept: dict[str, list[str]], ranges: list[tuple[str, ...]]
 ) -> list[dg.RunRequest]:
-    """A run of each range of the partitions `named` (partition -> the files it names), for
-    `asked`'s reason (`_AskedAgain`)."""
+    """A run of each range of `kept` partitions (`_kept_purges`), keyed by the files keeping
+    their purges and by the attempt: a run that fails is asked for again, up to
+    `RUN_AGAIN_ATTEMPTS` runs, after which the purges wait for `lake-assets run` or a run from
+    the UI (an error in the tick's log says so)."""
     feed, table = tick.feed.name, assets.table
     requests = []
     for partitions in ranges:
-        files = sorted({name for partition in partitions for name in named[partition]})
+        files = sorted({name for partition in partitions for name in kept[partition]})
         digest = short_digest(",".join([*partitions, *files]))
         span = f"{partitions[0]}..{partitions[-1]}"
         try:
             failed = tick.context.instance.get_run_records(
-                filters=dg.RunsFilter(tags={asked.tag: digest}, statuses=_UNSUCCESSFUL)
+                filters=dg.RunsFilter(tags={KEPT_PURGE_TAG: digest}, statuses=_UNSUCCESSFUL)
             )
         except Exception as failure:  # noqa: BLE001 - logged; the next tick asks again
             tick.context.log.warning(
-                f"{feed}/{table}: the runs asked for {span} to {asked.purpose} are not known: {first_line(failure)}"
+                f"{feed}/{table}: the runs for the purges kept in {span} are not known: {first_line(failure)}"
             )
             continue
         if len(failed) >= RUN_AGAIN_ATTEMPTS:
             tick.context.log.error(
-                f"{feed}/{table}: {len(failed)} runs of {span} failed to {asked.purpose}; the sensor asks "
-                "for no more: `lake-assets run` (or a run of the partitions from the UI) does it"
+                f"{feed}/{table}: {len(failed)} runs of {span} failed to record the purges its change-log "
+                "write kept; the sensor asks for no more: `lake-assets run` (or a run of the partitions "
+                "from the UI) records them"
             )
             continue
-        tick.context.log.info(f"{feed}/{table}: {asked.why.format(span=span)}: a run of it is asked for")
-        key = f"{feed}:{table}:{asked.kind}:{span}:{digest}:{len(failed)}"
-        requests.append(_whole_table_run(key, assets, partitions[0], partitions[-1], {asked.tag: digest}))
+        tick.context.log.info(
+            f"{feed}/{table}: no fold recorded the purges the change-log write of {span} kept (its run "
+            "stopped before its fold): a run records them"
+        )
+        key = f"{feed}:{table}:kept-purges:{span}:{digest}:{len(failed)}"
+        requests.append(
+            _whole_table_run(key, assets, partitions[0], partitions[-1], {KEPT_PURGE_TAG: digest})
+        )
     return requests
 
 
@@ -701,11 +786,12 @@ def _batch_runs(
     # (by a `--from/--to` run) make more than one.
     order = [*known, *added]
     requests = [
-        request
-        for asked, named in ((KEPT_PURGES, kept), (UNFINISHED, left))
-        for request in _asked_again(
-            tick, assets, asked, named, stretches_in_order(order, sorted(named, key=tick.fmt.partition_order))
-        )
+        *_kept_purge_runs(
+            tick, assets, kept, stretches_in_order(order, sorted(kept, key=tick.fmt.partition_order))
+        ),
+        *_unfinished_runs(
+            tick, assets, stretches_in_order(order, sorted(left, key=tick.fmt.partition_order))
+        ),
     ]
     if not found:
         strays, cursor = (
@@ -797,7 +883,7 @@ def _whole_table_run(
         tags={
             RANGE_START_TAG: start,
             RANGE_END_TAG: end,
-            "lake_assets/table": assets.table,
+            TABLE_TAG: assets.table,
             WHOLE_TABLE_RUN_TAG: "true",
             **(tags or {}),
         },
