@@ -567,6 +567,21 @@ def test_transaction_rolled_back_by_lower_ack():
     assert s.counts["rolled_back"] == 2 and s.counts["committed"] == 1
 
 
+def test_a_document_outside_a_transaction_rolls_back_what_its_producer_left_pending():
+    """As Gazette's sequencer does: the open transaction ends there, and a later ACK of a
+    higher clock commits only what came after. Committed by that ACK, a run over the whole
+    journal kept a document that runs reading from a later hour (after the outside document)
+    never saw: the lake differed with how hours were grouped into runs."""
+    s = Sequencer()
+    s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))
+    s.feed(doc(1, Q, 100, CONTINUE_TXN, id=2))
+    assert ids(s.feed(doc(2, P, 200, OUTSIDE_TXN, id=3))) == [3]
+    s.feed(doc(3, P, 300, CONTINUE_TXN, id=4))
+    assert ids(s.feed(doc(4, P, 300, ACK_TXN))) == [4]
+    assert ids(s.feed(doc(5, Q, 100, ACK_TXN))) == [2]  # another producer's transaction stands
+    assert s.counts["rolled_back"] == 1 and s.counts["committed"] == 3
+
+
 def test_reread_duplicates_dropped():
     s = Sequencer()
     s.feed(doc(0, P, 100, CONTINUE_TXN, id=1))

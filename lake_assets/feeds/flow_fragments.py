@@ -697,7 +697,8 @@ class Sequencer:
     "Reading a journal"):
 
     - ACK documents (`_meta.ack` true, or flags & 0x2) are not data: never emitted;
-    - a document outside a transaction (flags 0x0) is committed at once (it acknowledges itself);
+    - a document outside a transaction (flags 0x0) is committed at once (it acknowledges itself),
+      and rolls back what its producer left pending before it;
     - a document continuing a transaction (0x1) stays pending until a later ACK from the same
       producer has a clock at or above its own: then it is committed (emitted, in journal order);
     - pending documents followed by an ACK of the same producer with a lower clock were rolled back:
@@ -739,8 +740,12 @@ class Sequencer:
         if doc.uuid.flags & CONTINUE_TXN:
             producer.pending.append(doc)
             return []
+        # A document outside a transaction ends the producer's open one: what it left pending
+        # was rolled back, as Gazette's sequencer treats it, and no later ACK commits it.
         self.counts["outside"] += 1
         self.counts["committed"] += 1
+        self.counts["rolled_back"] += len(producer.pending)
+        producer.pending = []
         producer.acked = clock
         return [doc]
 
