@@ -52,6 +52,9 @@ class TableCursor:
     #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
     #: the runs updated since (less an overlap for clocks that lag the daemon's)
     unfinished_looked_until: float | None = None
+    #: partitions cancelled or failed runs left that a run in flight may still write: looked at
+    #: again by the next look, whatever runs it takes
+    unfinished_held: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def first_scan(self) -> bool:
@@ -284,6 +287,9 @@ class BatchCursor:
     #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
     #: the runs updated since (less an overlap for clocks that lag the daemon's)
     unfinished_looked_until: float | None = None
+    #: partitions cancelled or failed runs left that a run in flight may still write: looked at
+    #: again by the next look, whatever runs it takes
+    unfinished_held: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def first_scan(self) -> bool:

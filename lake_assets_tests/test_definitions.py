@@ -404,6 +404,37 @@ def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_hours_a_run_in_flight_may_write_are_looked_at_again_when_it_ends(tmp_path):
+    """A sensor's run over 03..05 was cancelled while a person's run of 04 was in flight: 03 and
+    05 are asked for, 04 waits for that run. The person's run failed too: 04 is asked for then,
+    though the cancelled run ended before the look that finds it."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    person = ticks.run(
+        dg.DagsterRunStatus.STARTED,
+        three_to_five.asset_selection,
+        tags={sensors.PARTITION_TAG: "2024-03-01-04"},
+    )
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED,
+        three_to_five.asset_selection,
+        tags=_launched_by("unit_landing_sensor", three_to_five),
+    )
+
+    first = ticks.tick()
+    assert _ranges(first.run_requests) == [
+        ("accounts", "2024-03-01-03", "2024-03-01-03"),
+        ("accounts", "2024-03-01-05", "2024-03-01-05"),
+    ]
+    assert decode_cursor(first.cursor)["accounts"].unfinished_held == ["2024-03-01-04"]
+    for request in first.run_requests:  # both succeed
+        _processed(tmp_path, "accounts", int(request.tags[RANGE_START_TAG][-2:]))
+    ticks.instance.report_run_failed(person)
+
+    assert _ranges(ticks.tick(first.cursor).run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-04")]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_an_automation_run_that_ended_unsuccessfully_has_its_partition_asked_for_again(tmp_path):
     ticks = _KeptPurgeTicks(tmp_path)
     for hour in (3, 4, 5):

@@ -772,7 +772,8 @@ class Sequencer:
 
     def cut_at_gap(self) -> None:
         """Bytes are missing here: an ACK among them may have committed or rolled back what is
-        pending, so nothing pending is committed by what follows. Those documents are left to
+        pending (a document outside a transaction, rolled it back), so nothing pending is
+        committed by what follows. Those documents are left to
         a run that reads the missing bytes."""
         for producer in self._producers.values():
             self.counts["cut_by_gap"] += len(producer.pending)

@@ -315,9 +315,10 @@ def _hourly_runs(
         for partition, standing in sorted(standing_requests.items())
         if partition not in {f.partition for f in found}
     ]
-    covered = [*(f.partition for f in found), *standing_requests]
-    kept, cursor = _kept_purges(tick, assets, cursor, covered)
-    left, cursor = _left_unfinished(tick, assets, cursor, [*covered, *kept])
+    kept, cursor = _kept_purges(tick, assets, cursor, [*(f.partition for f in found), *standing_requests])
+    # Not the hours asked to run again: a run of theirs that was cancelled keeps its key, which
+    # Dagster runs once; a run asked for here reads what the requests name all the same.
+    left, cursor = _left_unfinished(tick, assets, cursor, [*(f.partition for f in found), *kept])
     requests += _kept_purge_runs(tick, assets, kept, _hour_ranges(kept))
     requests += _unfinished_runs(tick, assets, _hour_ranges(left))
     if not found and not requests:
@@ -388,11 +389,15 @@ UNFINISHED_EVERY_SECONDS = 300
 RUN_SETTLE_SECONDS = 30
 #: how far each look at the runs that ended reaches back into the one before: a run's update
 #: time comes from the clock of the process that ran it, which may lag the daemon's; a run seen
-#: twice is asked for once (its partitions are processed, or a run of them is in flight)
+#: twice costs a look at notes already read (its partitions are processed by then, held back
+#: for a run of them in flight, or counted as an attempt)
 UNFINISHED_OVERLAP_SECONDS = 120
 #: the run tag of the runs asked for the partitions cancelled or failed runs left, by which
 #: their attempts are counted
 UNFINISHED_TAG = "lake_assets/unfinished"
+#: how far back the failed runs asked for a partition count as its attempts: a partition whose
+#: runs keep failing is asked for again at most `RUN_AGAIN_ATTEMPTS` times in it
+ATTEMPTS_WINDOW_SECONDS = 24 * 3600
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 _UNFINISHED = [status for status in dg.DagsterRunStatus if status not in _FINISHED]
 _UNSUCCESSFUL = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
@@ -450,10 +455,11 @@ def _left_unfinished(
     Looked at every `UNFINISHED_EVERY_SECONDS`, over the runs that ended since the last look;
     the first look of a table only starts the watch (a first scan runs what is unprocessed
     itself, and runs cancelled before an upgrade are not brought back). Leaves out the
-    partitions this tick runs anyway (`covered`), those a run in flight may write (it may
-    process them yet; with one that may write any, the look waits) and those whose runs asked
-    for here failed `RUN_AGAIN_ATTEMPTS` times. Never raises: a failure is logged and the next
-    tick looks again."""
+    partitions this tick runs anyway (`covered`), those whose runs asked for here failed
+    `RUN_AGAIN_ATTEMPTS` times (`_within_attempts`), and those a run in flight may write: it
+    may process them yet, so they are kept on the cursor for the next look (with a run in
+    flight that may write any partition, the look waits). Never raises: a failure is logged
+    and the next tick looks again."""
     since, until = cursor.unfinished_looked_until, tick.looked_until
     if since is None:
         return {}, dataclasses.replace(cursor, unfinished_looked_until=until)
@@ -461,19 +467,20 @@ def _left_unfinished(
         return {}, cursor
     feed, table = tick.feed.name, assets.table
     try:
-        held = tick.in_flight_partitions(assets)
-        if held is None:
+        in_flight = tick.in_flight_partitions(assets)
+        if in_flight is None:
             return {}, cursor
-        ended = _ended_unsuccessfully(tick, assets, since) - held - set(covered)
-        left = _unprocessed(tick, assets, sorted(p for p in ended if tick.fmt.is_partition_key(p)))
-        left = _within_attempts(tick, assets, left)
+        ended = _ended_unsuccessfully(tick, assets, since) | set(cursor.unfinished_held)
+        held = ended & in_flight
+        candidates = sorted(p for p in ended - held - set(covered) if tick.fmt.is_partition_key(p))
+        left = _within_attempts(tick, assets, _unprocessed(tick, assets, candidates))
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
         tick.context.log.warning(
             f"{feed}/{table}: the runs that left its partitions unprocessed could not be looked at "
             f"(the next tick tries again): {first_line(failure)}"
         )
         return {}, cursor
-    return left, dataclasses.replace(cursor, unfinished_looked_until=until)
+    return left, dataclasses.replace(cursor, unfinished_looked_until=until, unfinished_held=sorted(held))
 
 
 def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> set[str]:
@@ -482,7 +489,9 @@ def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> set
     partitions: set[str] = set()
     for run in tick.ended_since(since):
         tags = run.tags
-        if not _launched_by_daemon(tags) or KEPT_PURGE_TAG in tags or tags.get(WILL_RETRY_TAG) == "true":
+        if KEPT_PURGE_TAG in tags or tags.get(WILL_RETRY_TAG) == "true":
+            continue
+        if not _launched_by_daemon(tick.context.instance, run):
             continue
         if not tick.may_write(assets, run.job_name, run.asset_selection):
             continue
@@ -496,11 +505,17 @@ def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> set
     return partitions
 
 
-def _launched_by_daemon(tags: Mapping[str, str]) -> bool:
+def _launched_by_daemon(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Whether a sensor or automation launched the run, or Dagster retried such a run. A
-    re-execution a person launched keeps its parent's tags, but no retry number."""
-    by_daemon = SENSOR_NAME_TAG in tags or AUTOMATION_CONDITION_TAG in tags
-    re_executed_by_hand = PARENT_RUN_ID_TAG in tags and RETRY_NUMBER_TAG not in tags
+    re-execution a person launched keeps its parent's tags, but no retry number; Dagster's
+    retries of it are judged by it."""
+    while RETRY_NUMBER_TAG in run.tags and PARENT_RUN_ID_TAG in run.tags:
+        parent = instance.get_run_by_id(run.tags[PARENT_RUN_ID_TAG])
+        if parent is None:
+            break
+        run = parent
+    by_daemon = SENSOR_NAME_TAG in run.tags or AUTOMATION_CONDITION_TAG in run.tags
+    re_executed_by_hand = PARENT_RUN_ID_TAG in run.tags and RETRY_NUMBER_TAG not in run.tags
     return by_daemon and not re_executed_by_hand
 
 
@@ -557,13 +572,17 @@ def _unprocessed(tick: _Tick, assets: TableAssets, partitions: list[str]) -> dic
 
 def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]]) -> dict[str, list[str]]:
     """`left` less the partitions that runs asked for them (`UNFINISHED_TAG`) failed to process
-    `RUN_AGAIN_ATTEMPTS` times, counted per partition (a range asked for later may hold more
-    partitions); those wait for `lake-assets run` or a run from the UI, which an error in the
-    tick's log says."""
+    `RUN_AGAIN_ATTEMPTS` times within `ATTEMPTS_WINDOW_SECONDS`, counted per partition (a range
+    asked for later may hold more partitions); those wait for `lake-assets run`, a run from the
+    UI, or the window to pass, which an error in the tick's log says."""
     if not left:
         return left
     records = tick.context.instance.get_run_records(
-        filters=dg.RunsFilter(tags={TABLE_TAG: assets.table, UNFINISHED_TAG: "true"}, statuses=_UNSUCCESSFUL)
+        filters=dg.RunsFilter(
+            tags={TABLE_TAG: assets.table, UNFINISHED_TAG: "true"},
+            statuses=_UNSUCCESSFUL,
+            created_after=dt.datetime.fromtimestamp(tick.looked_until - ATTEMPTS_WINDOW_SECONDS, dt.UTC),
+        )
     )
     attempts: Counter[str] = Counter()
     for run in (record.dagster_run for record in records):
