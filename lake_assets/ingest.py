@@ -630,7 +630,14 @@ def _without_values(group: _Group, name: str | None, keys: tuple[str, ...]) -> _
     field = _typed_column(schema, name)
     if field is None or same_name(field.name) in {same_name(k) for k in keys} or m.is_reserved(field.name):
         return None
-    if not frame.where(col(field.name).isNotNull()).isEmpty():
+    try:
+        if not frame.where(col(field.name).isNotNull()).isEmpty():
+            return None
+    except SPARK_ERRORS as exc:
+        if is_request_failure(exc):
+            raise
+        # A file whose data Spark cannot read: the clash stands, and the batch's own read of
+        # the files it keeps names any that is damaged.
         return None
     nulled = T.StructType(
         [T.StructField(f.name, T.NullType(), True) if f is field else f for f in schema.fields]
