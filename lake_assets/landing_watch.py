@@ -9,6 +9,7 @@ its cost follows the window, not the length of the landing history.
 
 from __future__ import annotations
 
+import abc
 import bisect
 import dataclasses
 import datetime as dt
@@ -30,13 +31,10 @@ def short_digest(text: str) -> str:
 
 
 @dataclasses.dataclass
-class TableCursor:
-    high_water: str | None = None
-    seen: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    #: the table's first partition when the cursor was saved: hours before it were left out,
-    #: so a first partition moved earlier since (a reload after discovery pinned an earlier
-    #: hour) makes the next scan look back to them
-    first_hour: str | None = None
+class SensorLooks(abc.ABC):
+    """What a table's landing-sensor cursor keeps of the sensor's own looks at it, whatever the
+    feed's partitions are (hours or batches): each cursor adds where its scans got to."""
+
     #: when the table last had its turn to be walked for strays (`strays_due`; a scan that failed
     #: in its turn counts), in seconds since the epoch
     strays_looked_at: float | None = None
@@ -55,6 +53,24 @@ class TableCursor:
     #: partitions cancelled or failed runs left that a run in flight may still write: looked at
     #: again by the next look, whatever runs it takes
     unfinished_held: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    @abc.abstractmethod
+    def first_scan(self) -> bool:
+        """Whether the table was never scanned (a sensor new to it, or reset)."""
+
+
+@dataclasses.dataclass
+class TableCursor(SensorLooks):
+    """The latest hour seen (`high_water`) and, per hour still open to late files, its files as
+    seen: hours before those can no longer change unnoticed."""
+
+    high_water: str | None = None
+    seen: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: the table's first partition when the cursor was saved: hours before it were left out,
+    #: so a first partition moved earlier since (a reload after discovery pinned an earlier
+    #: hour) makes the next scan look back to them
+    first_hour: str | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -266,30 +282,12 @@ def decode_cursor(text: str | None, kind: type | None = None) -> dict:
 
 
 @dataclasses.dataclass
-class BatchCursor:
+class BatchCursor(SensorLooks):
     """The greatest batch seen and its files as seen (`_batch_file_version`; a cursor saved
     before held their names): only that batch can still grow, or have files rewritten or removed."""
 
     last: str | None = None
     open_files: list[str] = dataclasses.field(default_factory=list)
-    #: when the table last had its turn to be walked for strays (`strays_due`; a scan that failed
-    #: in its turn counts), in seconds since the epoch
-    strays_looked_at: float | None = None
-    #: whether a scan saved this cursor (a blank landing leaves nothing else in it)
-    scanned: bool = False
-    #: when a first scan of the table was last begun and did not save a cursor (it failed), in
-    #: seconds since the epoch: tables waiting for a first scan take turns by it
-    first_scan_tried_at: float | None = None
-    #: when the table's purges kept by a change-log write were last looked for (the landing
-    #: sensor's `_kept_purges`), in seconds since the epoch
-    purges_looked_at: float | None = None
-    #: the end of the last look at the runs that left the table's partitions unprocessed (the
-    #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
-    #: the runs updated since (less an overlap for clocks that lag the daemon's)
-    unfinished_looked_until: float | None = None
-    #: partitions cancelled or failed runs left that a run in flight may still write: looked at
-    #: again by the next look, whatever runs it takes
-    unfinished_held: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def first_scan(self) -> bool:

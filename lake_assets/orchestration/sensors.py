@@ -39,6 +39,7 @@ from lake_assets.feeds.base import FeedFormat, current_hour, hour_key
 from lake_assets.landing_watch import (
     BatchCursor,
     NewFiles,
+    SensorLooks,
     TableCursor,
     contiguous_ranges,
     decode_cursor,
@@ -123,7 +124,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
     return landing_sensor
 
 
-_Cursor = TypeVar("_Cursor", TableCursor, BatchCursor)
+_Cursor = TypeVar("_Cursor", bound=SensorLooks)
 
 
 class _ScanFailures:
@@ -717,7 +718,7 @@ def _strays_turn(cursors: dict, tables: Iterable[str]) -> str | None:
     return min(due, key=lambda table: _turn_order(table, cursors.get(table)), default=None)
 
 
-def _turn_order(table: str, cursor: TableCursor | BatchCursor | None) -> tuple[bool, float, str]:
+def _turn_order(table: str, cursor: SensorLooks | None) -> tuple[bool, float, str]:
     """Where a table comes in a tick's turns: the tables scanned before first, by when they
     were last walked for strays; then those never scanned, by when their first scan was last
     tried. A table never scanned goes after the others for the strays turn, too: the tick's
