@@ -71,8 +71,10 @@ def read_partitions(
     column: str,
     values: Iterable[str] | None,
     keys: tuple[str, ...] = (),
+    bound_for: T.StructType | None = None,
 ) -> DataFrame | None:
-    """The rows of the given partitions (all when `values` is None) as one DataFrame.
+    """The rows of the given partitions (all when `values` is None) as one DataFrame; `keys`
+    and `bound_for` as for `read_drifting`.
 
     Only the requested partition folders are handed to Spark, so reading an hour of a long
     log costs the hour, not a listing of the whole log. None when no requested partition exists.
@@ -88,7 +90,13 @@ def read_partitions(
     if not wanted:
         return None
     return read_drifting(
-        spark, storage, [present[v] for v in wanted], base_path=table_uri, table=table_uri, keys=keys
+        spark,
+        storage,
+        [present[v] for v in wanted],
+        base_path=table_uri,
+        table=table_uri,
+        keys=keys,
+        bound_for=bound_for,
     )
 
 
@@ -100,9 +108,11 @@ def read_drifting(
     table: str = "",
     recursive: bool = False,
     keys: tuple[str, ...] = (),
+    bound_for: T.StructType | None = None,
 ) -> DataFrame:
     """Read Parquet folders (or single `.parquet` files) whose files may disagree on column types
-    (`keys`: the table's key columns, widened only where no value changes).
+    (`keys`: the table's key columns, widened only where no value changes; `bound_for`: the
+    schema of the table the rows are to be merged into, as for `schema.union_all`).
 
     Spark's mergeSchema handles added and dropped columns but refuses a column that is int in
     one file and bigint in another; then the files are read in groups of equal schema and
@@ -137,7 +147,7 @@ def read_drifting(
             else spark.read.parquet(*uris)
         )
         frames.append(part)
-    return union_all(table, frames, keys)
+    return union_all(table, frames, keys, bound_for=bound_for)
 
 
 def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:

@@ -439,16 +439,18 @@ class Ingested:
     partition_of: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _stored_schema(session: SparkSession, work: TableWork, log) -> T.StructType | None:
-    """The schema of the table's current state, which a batch's files must fit (None before
-    the first fold). From its footers. Current that cannot be read is no reason to stop: the
-    fold reads the state it is made from, not current, and rewrites it whole; a clash it meets
-    then fails the fold, naming the landed files."""
-    uri = work.layout.table("current", work.feed.name, work.table)
+def current_schema(
+    session: SparkSession, storage: Storage, layout: LakeLayout, feed: str, table: str, log=_log
+) -> T.StructType | None:
+    """The schema of the table's current state, which a batch's files must fit and its drifted
+    columns are widened for (None before the first fold). From its footers. Current that cannot
+    be read is no reason to stop: the fold reads the state it is made from, not current, and
+    rewrites it whole; a clash it meets then fails the fold, naming the landed files."""
+    uri = layout.table("current", feed, table)
     try:
-        summary = lake_io.table_summary(session, work.storage, uri)
+        summary = lake_io.table_summary(session, storage, uri)
     except (DamagedLakeFile, SchemaClash, *SPARK_ERRORS) as unknown:
-        log.warning(f"{work.feed.name}/{work.table}: current's schema is unknown: {first_line(unknown)}")
+        log.warning(f"{feed}/{table}: current's schema is unknown: {first_line(unknown)}")
         return None
     return summary[1] if summary else None
 
@@ -541,7 +543,7 @@ def _read_by_format(
             fmt,
             table,
             {key: catalogued[key] for key in partitions},
-            _stored_schema(session, work, log),
+            current_schema(session, storage, work.layout, feed.name, table, log),
         )
     standing = reruns.read_reruns(storage, work.layout, feed.name, table)
     return fmt.read_batch(
@@ -553,7 +555,7 @@ def _read_by_format(
         partitions,
         lambda: _processed_before(work),
         [part for key in partitions for request in standing.get(key, []) for part in request.parts],
-        _stored_schema(session, work, log),
+        current_schema(session, storage, work.layout, feed.name, table, log),
     )
 
 

@@ -6,6 +6,7 @@ import json
 
 import dagster as dg
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -548,3 +549,56 @@ def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
     notes = [json.loads(p.read_text())["file"] for p in (lake / "_quarantine").rglob("*.reason.json")]
     assert notes == [f"s3a://{s3_bucket}/{stray_key}"]
     assert {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")} == landed
+
+
+def test_a_state_step_reading_the_change_log_back_keeps_every_digit_bound_for_text(tmp_path, spark):
+    """Current holds `balance` as text. Two hours' change logs hold it as a double and as a
+    64-bit integer beyond 2^53, and their state step runs on its own, so it reads them back from
+    storage (no batch handed over in memory). Widened among themselves they became a double and
+    the integer lost its last digit on its way to text; each becomes text from its own type, as
+    in a run that folds the batch it read (`test_ingest.py`)."""
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    as_text = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.string()))
+    write_events(
+        landing, "accounts", 1, "p.parquet", [event("a", "I", 1, at(1), name="a", balance="x")], as_text
+    )
+    as_double = ACCOUNT_SCHEMA.set(2, pa.field("balance", pa.float64()))
+    write_events(
+        landing, "accounts", 2, "p.parquet", [event("b", "I", 2, at(2), name="b", balance=2.5)], as_double
+    )
+    big = 9007199254740993
+    write_events(
+        landing,
+        "accounts",
+        3,
+        "p.parquet",
+        [event("c", "I", 3, at(3), name="c", balance=big)],
+        ACCOUNT_SCHEMA,
+    )
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", tables=("accounts",)),),
+    )
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
+    instance = dg.DagsterInstance.ephemeral()
+    assert job.execute_in_process(instance=instance, partition_key="2024-03-01-01").success
+    layers = {
+        layer: dg.AssetKey(["unit", "accounts", layer])
+        for layer in ("catalog", "changes", "current", "history")
+    }
+    for hour in ("2024-03-01-02", "2024-03-01-03"):
+        selection = [layers["catalog"], layers["changes"]]
+        assert job.execute_in_process(
+            instance=instance, partition_key=hour, asset_selection=selection
+        ).success
+    range_tags = {RANGE_START_TAG: "2024-03-01-02", RANGE_END_TAG: "2024-03-01-03"}
+    result = job.execute_in_process(
+        instance=instance, tags=range_tags, asset_selection=[layers["current"], layers["history"]]
+    )
+    assert result.success
+    assert not any("from memory" in e.message for e in instance.all_logs(result.run_id))
+
+    current = {r["id"]: r["balance"] for r in lake_rows(str(lake), "current", "accounts", "id")}
+    assert current == {"a": "x", "b": "2.5", "c": str(big)}

@@ -20,7 +20,7 @@ from lake_assets.engine import merge
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
-from lake_assets.pipeline import store_partitions
+from lake_assets.pipeline import current_schema, store_partitions
 from lake_assets.spark import driver_ended, release_cached
 
 PARTITION_COLUMN_KEY = "lake/partition_column"
@@ -32,6 +32,12 @@ def _table_location(lake: LakeResource, key: dg.AssetKey) -> str:
         raise dg.Failure(f"asset key {key.to_user_string()} is not [feed, (group,) table, layer]")
     feed, *table, layer = key.path
     return lake.layout().table(layer, feed, "/".join(table))
+
+
+def _table_keys(definition_metadata) -> tuple[str, ...]:
+    """The table's key columns, from the change log asset's metadata."""
+    keys = (definition_metadata or {}).get(TABLE_KEYS_KEY)
+    return tuple(getattr(keys, "value", keys) or ())
 
 
 def empty_changes(spark, partition_column: str) -> DataFrame:
@@ -127,7 +133,6 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
                 f"{context.asset_key.to_user_string()}: the run's partition range holds no partition"
             )
         feed, *table, _ = context.asset_key.path
-        table_keys = (context.definition_metadata or {}).get(TABLE_KEYS_KEY)
         state = TableState(self.lake.layout(), feed, "/".join(table))  # its purges hold for every write
         storage = self.lake.get_storage()
         with lease.writing_table(
@@ -150,7 +155,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
                 feed=feed,
                 table=state.table,
                 run_id=context.run_id,
-                keys=tuple(getattr(table_keys, "value", table_keys) or ()),
+                keys=_table_keys(context.definition_metadata),
                 state=state,
                 log=context.log,
             )
@@ -189,7 +194,20 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             context.log.info(f"{key.to_user_string()}: the batch this run stored, from memory")
             return handed_over
         spark = self.spark.spark_session
-        df = lake_io.read_partitions(spark, self.lake.get_storage(), location, column, keys)
+        storage, (feed, *table, _) = self.lake.get_storage(), key.path
+        # Partitions written with drifted types are widened as a batch's files are when it is
+        # read: the table's keys exactly, and a column they disagree on that current holds as
+        # text becomes text from each partition's own type (`schema.text_where_bound_for_text`).
+        current = current_schema(spark, storage, self.lake.layout(), feed, "/".join(table), context.log)
+        df = lake_io.read_partitions(
+            spark,
+            storage,
+            location,
+            column,
+            keys,
+            _table_keys(upstream.definition_metadata if upstream else None),
+            bound_for=current,
+        )
         if df is None:
             context.log.info(f"{key.to_user_string()}: no stored partitions in the requested range")
             return empty_changes(spark, column)
