@@ -404,6 +404,73 @@ def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_a_damaged_note_leaves_the_look_the_hours_without_a_processed_note(tmp_path, capfd):
+    """A note the look reads besides the processed notes cannot be read (here the table's
+    requests to run again: a folder named like no partition). The hours a cancelled daemon run
+    left are still asked for, those without a processed note, and the tick's log says why."""
+    from lake_assets import reruns
+
+    ticks = _KeptPurgeTicks(tmp_path)
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED,
+        three_to_five.asset_selection,
+        tags=_launched_by("unit_landing_sensor", three_to_five),
+    )
+    _processed(tmp_path, "accounts", 3)
+    requests = reruns.reruns_folder(LakeLayout(f"file://{tmp_path / 'lake'}"), "unit", "accounts")
+    (Path(requests.removeprefix("file://")) / "not-an-hour").mkdir(parents=True)
+
+    assert _ranges(ticks.tick().run_requests) == [("accounts", "2024-03-01-04", "2024-03-01-05")]
+    assert "the partitions cancelled or failed runs left are those without a processed note" in (
+        capfd.readouterr().err
+    )
+
+
+def test_a_tick_asks_the_instance_again_only_for_a_look_reaching_further_back():
+    """The tables of a tick share one question to the instance about the runs that ended; a
+    table whose last look was earlier than the others' asks only for the stretch before it."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    class Instance:
+        def __init__(self, updated: dict[str, float]):
+            self.updated, self.asked = updated, []
+
+        def get_run_records(self, filters):
+            after, before = filters.updated_after.timestamp(), filters.updated_before.timestamp()
+            self.asked.append((after, before))
+            return [
+                SimpleNamespace(
+                    update_timestamp=dt.datetime.fromtimestamp(at, dt.UTC),
+                    dagster_run=SimpleNamespace(run_id=run),
+                )
+                for run, at in self.updated.items()
+                if after < at < before
+            ]
+
+    overlap = sensors.UNFINISHED_OVERLAP_SECONDS
+    instance = Instance({"old": 1_000.0, "recent": 5_000.0, "late-clock": 4_000.0 - overlap / 2})
+    tick = sensors._Tick(
+        context=SimpleNamespace(instance=instance),
+        storage=Storage(),
+        layout=LakeLayout("file:///lake"),
+        feed=None,
+        fmt=None,
+        looked_until=6_000.0,
+    )
+
+    def ended(since: float) -> list[str]:
+        return sorted(run.run_id for run in tick.ended_since(since))
+
+    assert ended(4_000.0) == ["late-clock", "recent"]
+    assert ended(4_500.0) == ["recent"]  # from what was asked already
+    assert len(instance.asked) == 1
+    assert ended(500.0) == ["late-clock", "old", "recent"]
+    assert instance.asked == [(4_000.0 - overlap, 6_000.0), (500.0 - overlap, 4_000.0 - overlap + 1)]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_hours_a_run_in_flight_may_write_are_looked_at_again_when_it_ends(tmp_path):
     """A sensor's run over 03..05 was cancelled while a person's run of 04 was in flight: 03 and
     05 are asked for, 04 waits for that run. The person's run failed too: 04 is asked for then,
