@@ -435,7 +435,8 @@ def test_a_tick_asks_the_instance_again_only_for_a_look_reaching_further_back():
 
     class Instance:
         def __init__(self, updated: dict[str, float]):
-            self.updated, self.asked = updated, []
+            self.updated = updated
+            self.asked: list[tuple[float, float]] = []
 
         def get_run_records(self, filters):
             after, before = filters.updated_after.timestamp(), filters.updated_before.timestamp()
