@@ -339,6 +339,7 @@ def test_dagsters_run_tags_are_spelled_as_dagster_spells_them():
     assert sensors.SENSOR_NAME_TAG == tags.SENSOR_NAME_TAG
     assert sensors.AUTOMATION_CONDITION_TAG == tags.AUTOMATION_CONDITION_TAG
     assert sensors.WILL_RETRY_TAG == tags.WILL_RETRY_TAG
+    assert sensors.AUTO_RETRY_RUN_ID_TAG == tags.AUTO_RETRY_RUN_ID_TAG
     assert sensors.PARTITION_TAG == tags.PARTITION_NAME_TAG
     assert sensors.PARENT_RUN_ID_TAG == tags.PARENT_RUN_ID_TAG
     assert sensors.RETRY_NUMBER_TAG == tags.RETRY_NUMBER_TAG
@@ -401,6 +402,43 @@ def test_the_hours_a_cancelled_or_finally_failed_daemon_run_left_unprocessed_are
         ("accounts", "2024-03-01-04", "2024-03-01-05"),
         ("cards", "2024-03-01-04", "2024-03-01-04"),
     ]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
+def test_a_failure_whose_promised_retry_is_never_launched_has_its_hours_asked_for_a_look_later(tmp_path):
+    """Dagster tags a failed run it will retry (`dagster/will_retry`), and the retry, once
+    launched, on it (`dagster/auto_retry_run_id`). A look holds the hours of a failure whose
+    retry is still to come; at the next look, with no retry launched (retries turned off, the
+    daemon stopped), they are asked for. A failure whose retry was launched is left to it."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    asked = {
+        r.tags["lake_assets/table"]: r
+        for r in ticks.first.run_requests
+        if r.tags[RANGE_START_TAG] != "2024-03-01-09"
+    }
+    accounts, cards = asked["accounts"], asked["cards"]
+    promised = {sensors.WILL_RETRY_TAG: "true"}
+    ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        accounts.asset_selection,
+        tags=_launched_by("unit_landing_sensor", accounts, **promised),
+    )
+    launched = {**promised, sensors.AUTO_RETRY_RUN_ID_TAG: "its-retry"}
+    ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        cards.asset_selection,
+        tags=_launched_by("unit_landing_sensor", cards, **launched),
+    )
+
+    held = ticks.tick()
+    assert held.run_requests == []
+    assert decode_cursor(held.cursor)["accounts"].unfinished_held == [
+        "2024-03-01-03",
+        "2024-03-01-04",
+        "2024-03-01-05",
+    ]
+    assert decode_cursor(held.cursor)["cards"].unfinished_held == []
+    assert _ranges(ticks.tick(held.cursor).run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-05")]
 
 
 @pytest.mark.usefixtures("looking_every_tick")

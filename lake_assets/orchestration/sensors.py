@@ -75,6 +75,7 @@ PARTITION_TAG = "dagster/partition"
 SENSOR_NAME_TAG = "dagster/sensor_name"
 AUTOMATION_CONDITION_TAG = "dagster/from_automation_condition"
 WILL_RETRY_TAG = "dagster/will_retry"
+AUTO_RETRY_RUN_ID_TAG = "dagster/auto_retry_run_id"
 PARENT_RUN_ID_TAG = "dagster/parent_run_id"
 RETRY_NUMBER_TAG = "dagster/retry_number"
 #: the run tag naming the table a sensor's run is for
@@ -459,8 +460,9 @@ def _left_unfinished(
     partitions this tick runs anyway (`covered`), those whose runs asked for here failed
     `RUN_AGAIN_ATTEMPTS` times (`_within_attempts`), and those a run in flight may write: it
     may process them yet, so they are kept on the cursor for the next look (with a run in
-    flight that may write any partition, the look waits). Never raises: a failure is logged
-    and the next tick looks again."""
+    flight that may write any partition, the look waits), as are those of a failure Dagster
+    has yet to launch the retry of. Never raises: a failure is logged and the next tick looks
+    again."""
     since, until = cursor.unfinished_looked_until, tick.looked_until
     if since is None:
         return {}, dataclasses.replace(cursor, unfinished_looked_until=until)
@@ -471,8 +473,9 @@ def _left_unfinished(
         in_flight = tick.in_flight_partitions(assets)
         if in_flight is None:
             return {}, cursor
-        ended = _ended_unsuccessfully(tick, assets, since) | set(cursor.unfinished_held)
-        held = ended & in_flight
+        ended, retry_due = _ended_unsuccessfully(tick, assets, since)
+        ended |= set(cursor.unfinished_held)
+        held = (ended & in_flight) | (retry_due - ended)
         candidates = sorted(p for p in ended - held - set(covered) if tick.fmt.is_partition_key(p))
         left = _within_attempts(tick, assets, _unprocessed(tick, assets, candidates))
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
@@ -484,26 +487,32 @@ def _left_unfinished(
     return left, dataclasses.replace(cursor, unfinished_looked_until=until, unfinished_held=sorted(held))
 
 
-def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> set[str]:
+def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> tuple[set[str], set[str]]:
     """The partitions of the runs the daemon launched that may write the table and ended since
-    `since` (seconds since the epoch) cancelled, or failed with no retry to come."""
+    `since` (seconds since the epoch): (those of the runs cancelled, or failed with no retry to
+    come; those of the failed runs whose retry Dagster has yet to launch). The second are held
+    for a look: should the retry never be launched (retries turned off since, the daemon
+    stopped), the next look finds them unprocessed and asks for them."""
     partitions: set[str] = set()
+    retry_due: set[str] = set()
     for run in tick.ended_since(since):
         tags = run.tags
-        if KEPT_PURGE_TAG in tags or tags.get(WILL_RETRY_TAG) == "true":
+        if KEPT_PURGE_TAG in tags or AUTO_RETRY_RUN_ID_TAG in tags:
             continue
         if not _launched_by_daemon(tick.context.instance, run):
             continue
         if not tick.may_write(assets, run.job_name, run.asset_selection):
             continue
         try:
-            partitions.update(_partitions_of(tick, assets, tags))
+            (retry_due if tags.get(WILL_RETRY_TAG) == "true" else partitions).update(
+                _partitions_of(tick, assets, tags)
+            )
         except Exception as failure:  # noqa: BLE001 - logged; one run's tags stop no other's
             tick.context.log.warning(
                 f"{tick.feed.name}/{assets.table}: the partitions of run {run.run_id} are not known, so "
                 f"they are not asked for again: {first_line(failure)}"
             )
-    return partitions
+    return partitions, retry_due
 
 
 def _launched_by_daemon(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
