@@ -326,6 +326,16 @@ def _launched_by(sensor: str, request: dg.RunRequest, **more: str) -> dict[str, 
     return {**request.tags, sensors.SENSOR_NAME_TAG: sensor, **more}
 
 
+def _cancel_the_sensors_run_of_three_to_five(ticks: _KeptPurgeTicks) -> None:
+    """The landing sensor's first run of accounts (03..05), cancelled."""
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED,
+        three_to_five.asset_selection,
+        tags=_launched_by("unit_landing_sensor", three_to_five),
+    )
+
+
 @pytest.fixture
 def looking_every_tick(monkeypatch):
     """Each tick looks at the runs that ended, up to its own start."""
@@ -442,6 +452,23 @@ def test_a_failure_whose_promised_retry_is_never_launched_has_its_hours_asked_fo
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_a_look_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(tmp_path, monkeypatch):
+    """A cancelled run over a long range: each look reads the notes of a bounded number of its
+    hours (two requests each on S3), so that a tick stays inside Dagster's 60 s; the rest wait
+    on the cursor for the next look."""
+    monkeypatch.setattr(sensors, "UNFINISHED_PARTITIONS_PER_LOOK", 2)
+    ticks = _KeptPurgeTicks(tmp_path)
+    _cancel_the_sensors_run_of_three_to_five(ticks)
+
+    first = ticks.tick()
+    assert _ranges(first.run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-04")]
+    assert decode_cursor(first.cursor)["accounts"].unfinished_held == ["2024-03-01-05"]
+    for hour in (3, 4):  # the run asked for processed them
+        _processed(tmp_path, "accounts", hour)
+    assert _ranges(ticks.tick(first.cursor).run_requests) == [("accounts", "2024-03-01-05", "2024-03-01-05")]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_a_damaged_note_leaves_the_look_the_hours_without_a_processed_note(tmp_path, capfd):
     """A note the look reads besides the processed notes cannot be read (here the table's
     requests to run again: a folder named like no partition). The hours a cancelled daemon run
@@ -449,12 +476,7 @@ def test_a_damaged_note_leaves_the_look_the_hours_without_a_processed_note(tmp_p
     from lake_assets import reruns
 
     ticks = _KeptPurgeTicks(tmp_path)
-    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
-    ticks.run(
-        dg.DagsterRunStatus.CANCELED,
-        three_to_five.asset_selection,
-        tags=_launched_by("unit_landing_sensor", three_to_five),
-    )
+    _cancel_the_sensors_run_of_three_to_five(ticks)
     _processed(tmp_path, "accounts", 3)
     requests = reruns.reruns_folder(LakeLayout(f"file://{tmp_path / 'lake'}"), "unit", "accounts")
     (Path(requests.removeprefix("file://")) / "not-an-hour").mkdir(parents=True)

@@ -386,6 +386,10 @@ RUN_AGAIN_ATTEMPTS = 3
 KEPT_PURGE_TAG = "lake_assets/kept_purges"
 #: how often a table's runs that ended unsuccessfully are looked at (`_left_unfinished`)
 UNFINISHED_EVERY_SECONDS = 300
+#: the most partitions one look reads the notes and landed files of (on S3, two requests
+#: each); those beyond wait on the cursor for the next look, so that a cancelled run over a
+#: year of hours keeps each tick well inside Dagster's 60 s
+UNFINISHED_PARTITIONS_PER_LOOK = 720
 #: how long after a run's last update it is looked at: Dagster tags a failed run it will retry
 #: (`dagster/will_retry`) just after the failure
 RUN_SETTLE_SECONDS = 30
@@ -461,8 +465,8 @@ def _left_unfinished(
     `RUN_AGAIN_ATTEMPTS` times (`_within_attempts`), and those a run in flight may write: it
     may process them yet, so they are kept on the cursor for the next look (with a run in
     flight that may write any partition, the look waits), as are those of a failure Dagster
-    has yet to launch the retry of. Never raises: a failure is logged and the next tick looks
-    again."""
+    has yet to launch the retry of, and those beyond `UNFINISHED_PARTITIONS_PER_LOOK`. Never
+    raises: a failure is logged and the next tick looks again."""
     since, until = cursor.unfinished_looked_until, tick.looked_until
     if since is None:
         return {}, dataclasses.replace(cursor, unfinished_looked_until=until)
@@ -473,11 +477,18 @@ def _left_unfinished(
         in_flight = tick.in_flight_partitions(assets)
         if in_flight is None:
             return {}, cursor
+        waited = set(cursor.unfinished_held)
         ended, retry_due = _ended_unsuccessfully(tick, assets, since)
-        ended |= set(cursor.unfinished_held)
+        ended |= waited
         held = (ended & in_flight) | (retry_due - ended)
-        candidates = sorted(p for p in ended - held - set(covered) if tick.fmt.is_partition_key(p))
-        left = _within_attempts(tick, assets, _unprocessed(tick, assets, candidates))
+        # Those kept from earlier looks first: a run seen again (the looks overlap) never keeps them waiting.
+        candidates = sorted(
+            (p for p in ended - held - set(covered) if tick.fmt.is_partition_key(p)),
+            key=lambda p: (p not in waited, p),
+        )
+        now, later = candidates[:UNFINISHED_PARTITIONS_PER_LOOK], candidates[UNFINISHED_PARTITIONS_PER_LOOK:]
+        held |= set(later)
+        left = _within_attempts(tick, assets, _unprocessed(tick, assets, now))
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
         tick.context.log.warning(
             f"{feed}/{table}: the runs that left its partitions unprocessed could not be looked at "
