@@ -452,6 +452,30 @@ def test_a_failure_whose_promised_retry_is_never_launched_has_its_hours_asked_fo
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_a_failure_dagster_retried_counts_once_and_one_whose_retry_never_came_counts(tmp_path, capfd):
+    """Runs asked for an hour range fail, each with Dagster's word that it will retry and its
+    retry never launched, and beside each a failure Dagster did retry (its retry counts for
+    it). Each look holds the range for the retry to come, the next asks for it again, until
+    `RUN_AGAIN_ATTEMPTS` such failures: then the sensor asks for no more."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    asked_again = {sensors.UNFINISHED_TAG: "true", sensors.WILL_RETRY_TAG: "true"}
+    cursor, requests = ticks.cursor, []
+    for _ in range(sensors.RUN_AGAIN_ATTEMPTS):
+        for retried in ({}, {sensors.AUTO_RETRY_RUN_ID_TAG: "its-retry"}):
+            tags = _launched_by("unit_landing_sensor", three_to_five, **asked_again, **retried)
+            ticks.run(dg.DagsterRunStatus.FAILURE, three_to_five.asset_selection, tags=tags)
+        held = ticks.tick(cursor)  # the retry may yet come
+        assert held.run_requests == []
+        looked = ticks.tick(held.cursor)
+        requests.append(_ranges(looked.run_requests))
+        cursor = looked.cursor
+    three_hours = [("accounts", "2024-03-01-03", "2024-03-01-05")]
+    assert requests == [three_hours, three_hours, []]
+    assert "the sensor asks for no more" in capfd.readouterr().err
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_a_look_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(tmp_path, monkeypatch):
     """A cancelled run over a long range: each look reads the notes of a bounded number of its
     hours (two requests each on S3), so that a tick stays inside Dagster's 60 s; the rest wait

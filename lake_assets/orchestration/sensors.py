@@ -607,9 +607,7 @@ def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]
     )
     attempts: Counter[str] = Counter()
     for run in (record.dagster_run for record in records):
-        if run.tags.get(WILL_RETRY_TAG) == "true" or not tick.may_write(
-            assets, run.job_name, run.asset_selection
-        ):
+        if not _an_attempt(run) or not tick.may_write(assets, run.job_name, run.asset_selection):
             continue
         with contextlib.suppress(Exception):  # a run whose partitions are no longer valid counts for none
             attempts.update(p for p in _partitions_of(tick, assets, run.tags) if p in left)
@@ -621,6 +619,12 @@ def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]
             "a run of the partitions from the UI) does it"
         )
     return {p: names for p, names in left.items() if p not in spent}
+
+
+def _an_attempt(run: dg.DagsterRun) -> bool:
+    """Whether a failed run asked for again counts as an attempt: a failure Dagster retried
+    counts once, by its retry; one whose retry never came counts."""
+    return AUTO_RETRY_RUN_ID_TAG not in run.tags
 
 
 def _unfinished_runs(tick: _Tick, assets: TableAssets, ranges: list[tuple[str, ...]]) -> list[dg.RunRequest]:
@@ -656,9 +660,10 @@ def _kept_purge_runs(
         digest = short_digest(",".join([*partitions, *files]))
         span = f"{partitions[0]}..{partitions[-1]}"
         try:
-            failed = tick.context.instance.get_run_records(
+            records = tick.context.instance.get_run_records(
                 filters=dg.RunsFilter(tags={KEPT_PURGE_TAG: digest}, statuses=_UNSUCCESSFUL)
             )
+            failed = [record for record in records if _an_attempt(record.dagster_run)]
         except Exception as failure:  # noqa: BLE001 - logged; the next tick asks again
             tick.context.log.warning(
                 f"{feed}/{table}: the runs for the purges kept in {span} are not known: {first_line(failure)}"
