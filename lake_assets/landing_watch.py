@@ -71,6 +71,10 @@ class TableCursor(SensorLooks):
     #: so a first partition moved earlier since (a reload after discovery pinned an earlier
     #: hour) makes the next scan look back to them
     first_hour: str | None = None
+    #: when the hours older than the late window were last compared with what the lake processed
+    #: them with (the landing sensor's `_old_hours`; a first scan does it too), in seconds since
+    #: the epoch
+    old_hours_looked_at: float | None = None
 
     @property
     def first_scan(self) -> bool:
@@ -113,6 +117,12 @@ class TableScan(NamedTuple):
     before_start: list[str]
 
 
+def late_window_start(high_water: str, late_hours: int) -> str:
+    """The first hour of the late window of a table whose latest hour seen is `high_water`: the
+    hours a scan lists, and in which a file landing late is found."""
+    return hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
+
+
 def scan_table(
     storage: Storage,
     fmt: FeedFormat,
@@ -135,8 +145,8 @@ def scan_table(
     # way: it is held to it, or the tick would look only at hours no listing returns yet.
     high_water = min(cursor.high_water, hour_key(current_hour())) if cursor.high_water else None
     if high_water is not None:
-        since = parse_hour_key(high_water) - dt.timedelta(hours=late_hours)
-        window = hour_key(since)
+        window = late_window_start(high_water, late_hours)
+        since = parse_hour_key(window)
     uncovered = (cursor.first_hour or "") if first_hour and first_hour < (cursor.first_hour or "") else ""
     if since is not None and first_hour and uncovered:
         since = min(since, parse_hour_key(first_hour))
@@ -171,7 +181,7 @@ def scan_table(
         else:
             seen.pop(key, None)
     if high_water is not None:
-        floor = hour_key(parse_hour_key(high_water) - dt.timedelta(hours=late_hours))
+        floor = late_window_start(high_water, late_hours)
         seen = {k: v for k, v in seen.items() if k >= floor}
     # what the sensor keeps of its turns is carried; a first scan that saved a cursor is not retried
     scanned = dataclasses.replace(

@@ -44,6 +44,7 @@ from lake_assets.landing_watch import (
     contiguous_ranges,
     decode_cursor,
     encode_cursor,
+    late_window_start,
     scan_batches,
     scan_table,
     short_digest,
@@ -103,13 +104,15 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
             tables,
             "landing",
             f"Watches {feed.landing} for new hour folders and for files arriving up to "
-            f"{feed.late_hours} h late in an hour already seen; requests one run per table and "
-            "range of consecutive hours, keyed by the files it saw so nothing runs twice.",
+            f"{feed.late_hours} h late in an hour already seen (older hours are compared with what "
+            "the lake processed once a day); requests one run per table and range of consecutive "
+            "hours, keyed by the files it saw so nothing runs twice.",
         )
     )
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         cursors = decode_cursor(context.cursor)
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
+        tick.old_hours_turn = _old_hours_turn(cursors, by_name)
         run_requests, observations = [], []
         failures = _ScanFailures(context, feed.name)
         for assets, cursor in tick.tables_in_turn(by_name, cursors, TableCursor):
@@ -178,6 +181,9 @@ class _Tick:
     fmt: FeedFormat
     #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
     strays_turn: str | None = None
+    #: the one hourly table whose hours older than the late window are looked at this tick
+    #: (`_old_hours_turn`), if any
+    old_hours_turn: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
     #: the runs not finished yet, asked of the instance once a tick (`writing`)
     unfinished: list[dg.DagsterRun] | None = None
@@ -295,10 +301,15 @@ def _hourly_runs(
     """One hourly table's runs for this tick, what it observed, and its cursor after it."""
     context, storage, layout, feed, fmt = tick.context, tick.storage, tick.layout, tick.feed, tick.fmt
     name, first = assets.table, _first_hour(assets)
-    processed = _processed_with(tick, name) if cursor.first_scan else None
+    first_scan = cursor.first_scan
+    processed = _processed_with(tick, name) if first_scan else None
     found, cursor, before_start = scan_table(
         storage, fmt, feed.landing, name, cursor, feed.late_hours, first, processed
     )
+    if first_scan:  # it compared every hour with what the lake processed it with
+        cursor = dataclasses.replace(cursor, old_hours_looked_at=time.time())
+    old, cursor = _old_hours(tick, assets, cursor, {f.partition for f in found})
+    found += old
     if before_start:
         context.log.warning(
             f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
@@ -333,20 +344,97 @@ def _hourly_runs(
     return requests, [_observation(assets, found)] if found else [], _strays_reported(cursor)
 
 
+#: how often an hourly table's hours older than the late window are compared with what the
+#: lake processed them with (`_old_hours`): a first scan's work (every processed note read, the
+#: whole landing listed), for one table a tick
+OLD_HOURS_EVERY_SECONDS = 24 * 3600
+
+
+def _old_hours_turn(cursors: dict, tables: Iterable[str]) -> str | None:
+    """The hourly table whose old hours are looked at this tick, if any: of those scanned before
+    and due (`OLD_HOURS_EVERY_SECONDS`), the one looked at longest ago."""
+    now = time.time()
+
+    def looked_at(table: str) -> float | None:
+        return getattr(cursors.get(table), "old_hours_looked_at", None)
+
+    due = [
+        table
+        for table in tables
+        if isinstance(cursors.get(table), TableCursor)
+        and not cursors[table].first_scan
+        and ((looked_at(table) or 0.0) <= now - OLD_HOURS_EVERY_SECONDS)
+    ]
+    return min(due, key=lambda table: (looked_at(table) or 0.0, table), default=None)
+
+
+def _old_hours(
+    tick: _Tick, assets: TableAssets, cursor: TableCursor, covered: set[str]
+) -> tuple[list[NewFiles], TableCursor]:
+    """On the table's turn (`_old_hours_turn`): the hours older than the late window whose files
+    differ from those the lake last processed them with (a file landed or was rewritten in an
+    hour the scans no longer list, say while a backfill ran), found as a first scan finds them;
+    less the hours this tick runs anyway (`covered`) and those a run in flight may write. With
+    a run in flight that may write any hour, or a tick past `FIRST_SCANS_SECONDS`, the look
+    waits for a later tick; one that fails is logged and waits its next turn."""
+    feed, table = tick.feed, assets.table
+    if table != tick.old_hours_turn or cursor.high_water is None:
+        return [], cursor
+    if time.monotonic() - tick.started >= FIRST_SCANS_SECONDS:
+        return [], cursor
+    in_flight = tick.in_flight_partitions(assets)
+    if in_flight is None:
+        return [], cursor
+    looked = dataclasses.replace(cursor, old_hours_looked_at=time.time())
+    processed = _processed_with(
+        tick,
+        table,
+        "its hours older than the late window are not looked at (`lake-assets status` names them)",
+    )
+    if processed is None:
+        return [], looked
+    try:
+        found = scan_table(
+            tick.storage,
+            tick.fmt,
+            feed.landing,
+            table,
+            TableCursor(),
+            feed.late_hours,
+            _first_hour(assets),
+            processed,
+        ).found
+    except Exception as failure:  # noqa: BLE001 - logged; its next turn looks again
+        tick.context.log.warning(
+            f"{feed.name}/{table}: its old hours could not be looked at: {first_line(failure)}"
+        )
+        return [], looked
+    window = late_window_start(cursor.high_water, feed.late_hours)
+    old = [f for f in found if f.partition < window and f.partition not in covered | in_flight]
+    if old:
+        tick.context.log.info(
+            f"{feed.name}/{table}: {len(old)} hour(s) older than the late window changed since the lake "
+            f"processed them: {describe_hours([f.partition for f in old])}; runs of them are asked for"
+        )
+    return old, looked
+
+
 def _hour_ranges(hours: Iterable[str]) -> list[tuple[str, ...]]:
     """`hours` in ranges of consecutive hours, each the hours of one run."""
     keys = sorted(hours)
     return [tuple(h for h in keys if start <= h <= end) for start, end in contiguous_ranges(keys)]
 
 
-def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
+def _processed_with(
+    tick: _Tick, table: str, unread: str = "this first scan runs every partition with files"
+) -> ProcessedWith | None:
     """For a table's first scan: what the lake processed, from its notes (read once), and the
     partitions whose changes were stored but never folded; less the partitions a run asked to
     run again and, for a format whose files share data (Flow), those
     holding data of a file removed from another partition (which planning over every hour runs
     again though their own files are unchanged). None (run every partition with files, as a
-    first scan always did) when a processed note or request is damaged: no reason to stop
-    watching. A damaged note of changes stored and never folded costs only what it names: the
+    first scan always did; `unread` says what follows, in the tick's log) when a processed note
+    or request is damaged: no reason to stop watching. A damaged note of changes stored and never folded costs only what it names: the
     partitions whose files are all gone are then not found. (The partitions of purges a write
     kept are `_kept_purges`' to run, on a first scan as on any tick.)"""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
@@ -354,17 +442,14 @@ def _processed_with(tick: _Tick, table: str) -> ProcessedWith | None:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
         to_run = set(reruns.read_reruns(storage, layout, feed, table, fmt.is_partition_key))
     except DamagedLakeFile as damaged:
-        tick.context.log.warning(
-            f"{feed}/{table}: its processed notes are not read, so this first scan runs every "
-            f"partition with files: {damaged}"
-        )
+        tick.context.log.warning(f"{feed}/{table}: its processed notes are not read, so {unread}: {damaged}")
         return None
     try:
         unfolded = unfolded_notes(storage, layout, feed, table, notes.keys(), fmt.is_partition_key)
     except DamagedLakeFile as damaged:
         tick.context.log.warning(
             f"{feed}/{table}: the notes of its changes stored and never folded are not read, so this "
-            f"first scan finds no such partition whose files are all gone (`lake-assets run` does): {damaged}"
+            f"scan finds no such partition whose files are all gone (`lake-assets run` does): {damaged}"
         )
         unfolded = {}
     if fmt.files_share_data:  # one walk (no window), where `partitions_files` lists each hour's folders
