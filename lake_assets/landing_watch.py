@@ -50,9 +50,12 @@ class SensorLooks(abc.ABC):
     #: landing sensor's `_left_unfinished`), in seconds since the epoch: the next look takes
     #: the runs updated since (less an overlap for clocks that lag the daemon's)
     unfinished_looked_until: float | None = None
-    #: partitions cancelled or failed runs left that a run in flight may still write: looked at
-    #: again by the next look, whatever runs it takes
+    #: partitions cancelled or failed runs left that the last look did not ask for (a run in
+    #: flight may still write them, a retry Dagster will launch may process them, or the tick's
+    #: share of partitions was spent): looked at again by the next look, whatever runs it takes
     unfinished_held: list[str] = dataclasses.field(default_factory=list)
+    #: of those, the ones held for a retry Dagster had yet to launch: not waited for again
+    unfinished_retry_held: list[str] = dataclasses.field(default_factory=list)
 
     @property
     @abc.abstractmethod

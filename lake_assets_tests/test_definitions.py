@@ -307,6 +307,27 @@ def test_a_failed_kept_purges_run_is_asked_for_again_a_few_times_then_left_to_th
     assert "the sensor asks for no more: `lake-assets run`" in capfd.readouterr().err
 
 
+def test_a_kept_purges_run_whose_retry_dagster_will_launch_is_not_asked_for_beside_it(tmp_path):
+    """A run asked for kept purges failed and Dagster will retry it: until the retry is launched
+    no run writes the table, yet a run asked for then would fold the same purges beside the
+    retry. The retry is waited for; its own failure is then the one attempt."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    _keep_a_purge(tmp_path, "accounts", "2024-03-01-04")
+    (request,) = ticks.tick().run_requests
+    failed = ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        request.asset_selection,
+        tags={**request.tags, sensors.WILL_RETRY_TAG: "true"},
+    )
+    assert ticks.tick().run_requests == []
+
+    ticks.instance.add_run_tags(failed.run_id, {sensors.AUTO_RETRY_RUN_ID_TAG: "the-retry"})
+    retry = {sensors.RETRY_NUMBER_TAG: "1", sensors.PARENT_RUN_ID_TAG: failed.run_id}
+    ticks.run(dg.DagsterRunStatus.FAILURE, request.asset_selection, tags={**request.tags, **retry})
+    (again,) = ticks.tick().run_requests
+    assert again.run_key.endswith(":1")
+
+
 def _processed(tmp_path, table: str, hour: int) -> None:
     """A processed note of the hour's landed files as they are, as a run's fold writes it."""
     from lake_assets.processed import ProcessedFile, write_notes
@@ -452,6 +473,39 @@ def test_a_failure_whose_promised_retry_is_never_launched_has_its_hours_asked_fo
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_each_failure_in_a_chain_of_dagster_retries_is_waited_for_its_retry(tmp_path):
+    """A sensor's run fails and Dagster will retry it; the retry runs while the next look comes,
+    then fails with another retry promised. Each promise is waited for a look, however long the
+    hours were held: only when the last retry never comes are they asked for."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    sensor, promised = "unit_landing_sensor", {sensors.WILL_RETRY_TAG: "true"}
+    first = ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        three_to_five.asset_selection,
+        tags=_launched_by(sensor, three_to_five, **promised),
+    )
+    waiting = ticks.tick()
+    assert waiting.run_requests == []
+    retry = {sensors.RETRY_NUMBER_TAG: "1", sensors.PARENT_RUN_ID_TAG: first.run_id}
+    ticks.instance.add_run_tags(first.run_id, {sensors.AUTO_RETRY_RUN_ID_TAG: "the-retry"})
+    running = ticks.run(
+        dg.DagsterRunStatus.STARTED,
+        three_to_five.asset_selection,
+        tags=_launched_by(sensor, three_to_five, **retry),
+    )
+    in_flight = ticks.tick(waiting.cursor)
+    assert in_flight.run_requests == []
+    ticks.instance.report_run_failed(running)  # with another retry promised
+    ticks.instance.add_run_tags(running.run_id, promised)
+    waiting_again = ticks.tick(in_flight.cursor)
+    assert waiting_again.run_requests == []
+    assert _ranges(ticks.tick(waiting_again.cursor).run_requests) == [
+        ("accounts", "2024-03-01-03", "2024-03-01-05")
+    ]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_a_failure_dagster_retried_counts_once_and_one_whose_retry_never_came_counts(tmp_path, capfd):
     """Runs asked for an hour range fail, each with Dagster's word that it will retry and its
     retry never launched, and beside each a failure Dagster did retry (its retry counts for
@@ -476,51 +530,29 @@ def test_a_failure_dagster_retried_counts_once_and_one_whose_retry_never_came_co
 
 
 @pytest.mark.usefixtures("looking_every_tick")
-def test_a_look_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(tmp_path, monkeypatch):
-    """A cancelled run over a long range: each look reads the notes of a bounded number of its
-    hours (two requests each on S3), so that a tick stays inside Dagster's 60 s; the rest wait
-    on the cursor for the next look."""
-    monkeypatch.setattr(sensors, "UNFINISHED_PARTITIONS_PER_LOOK", 2)
+def test_a_tick_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(tmp_path, monkeypatch):
+    """Cancelled runs over long ranges: a tick's looks read the notes of a bounded number of
+    hours, for all tables together (about three requests each on S3), so that the tick stays
+    inside Dagster's 60 s; the rest wait on their table's cursor, and go first at its next look
+    (the cancelled run, seen again by it, would otherwise take the share again)."""
+    monkeypatch.setattr(sensors, "UNFINISHED_PARTITIONS_PER_TICK", 2)
     ticks = _KeptPurgeTicks(tmp_path)
     _cancel_the_sensors_run_of_three_to_five(ticks)
+    cards = next(r for r in ticks.first.run_requests if r.tags["lake_assets/table"] == "cards")
+    ticks.run(
+        dg.DagsterRunStatus.CANCELED, cards.asset_selection, tags=_launched_by("unit_landing_sensor", cards)
+    )
 
     first = ticks.tick()
     assert _ranges(first.run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-04")]
-    assert decode_cursor(first.cursor)["accounts"].unfinished_held == ["2024-03-01-05"]
+    held = {table: cursor.unfinished_held for table, cursor in decode_cursor(first.cursor).items()}
+    assert held == {"accounts": ["2024-03-01-05"], "cards": ["2024-03-01-04"]}
     for hour in (3, 4):  # the run asked for processed them
         _processed(tmp_path, "accounts", hour)
-    assert _ranges(ticks.tick(first.cursor).run_requests) == [("accounts", "2024-03-01-05", "2024-03-01-05")]
-
-
-def test_a_file_landing_in_an_hour_older_than_the_late_window_is_found_by_the_daily_look(
-    tmp_path, monkeypatch, capfd
-):
-    """The scans list the late window only (from 05, the latest hour 09 less 4). A file that
-    lands in 03 after it was processed, say while a backfill ran, is found by the table's look at
-    its old hours (once a day, one table a tick), as a first scan would find it: a run of 03 alone.
-    An hour a run in flight may write is left to it."""
-    ticks = _KeptPurgeTicks(tmp_path)
-    for hour in (3, 4, 5, 9):
-        _processed(tmp_path, "accounts", hour)
-    _processed(tmp_path, "cards", 4)
-    late = [event("b", "I", 30, at(3, 30), name="late", balance=2)]
-    write_events(ticks.landing, "accounts", 3, "part-late.parquet", late, ACCOUNT_SCHEMA)
-    assert ticks.tick().run_requests == []  # looked at by the first scan, moments ago
-
-    monkeypatch.setattr(sensors, "OLD_HOURS_EVERY_SECONDS", 0)
-    in_flight = ticks.run(
-        dg.DagsterRunStatus.STARTED,
-        [dg.AssetKey(["unit", "accounts", "changes"])],
-        tags={sensors.PARTITION_TAG: "2024-03-01-03"},
-    )
-    assert ticks.tick().run_requests == []
-    ticks.instance.report_run_failed(in_flight)
-    looked = ticks.tick()
-    assert _ranges(looked.run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-03")]
-    assert (
-        "1 hour(s) older than the late window changed since the lake processed them" in capfd.readouterr().err
-    )
-    assert decode_cursor(looked.cursor)["accounts"].old_hours_looked_at is not None
+    assert _ranges(ticks.tick(first.cursor).run_requests) == [
+        ("accounts", "2024-03-01-05", "2024-03-01-05"),
+        ("cards", "2024-03-01-04", "2024-03-01-04"),
+    ]
 
 
 @pytest.mark.usefixtures("looking_every_tick")

@@ -193,6 +193,8 @@ class _Tick:
     #: `_ended_from` to `looked_until`, asked of the instance as the tables' looks need them
     _ended: dict[str, tuple[float, dg.DagsterRun]] = dataclasses.field(default_factory=dict)
     _ended_from: float | None = None
+    #: how many more partitions this tick's looks at ended runs may read (`unfinished_share`)
+    unfinished_budget: int = dataclasses.field(default_factory=lambda: UNFINISHED_PARTITIONS_PER_TICK)
     first_scans: int = 0
     #: tables this tick scanned, and tables whose first scan waits for a later tick
     scanned: int = 0
@@ -270,6 +272,13 @@ class _Tick:
                 )
             self._ended_from = start
         return [run for updated, run in self._ended.values() if updated >= start]
+
+    def unfinished_share(self, partitions: list[str]) -> tuple[list[str], list[str]]:
+        """`partitions` split into those a table's look reads this tick, within what is left of
+        `UNFINISHED_PARTITIONS_PER_TICK`, and those that wait for its next look."""
+        now, later = partitions[: self.unfinished_budget], partitions[self.unfinished_budget :]
+        self.unfinished_budget -= len(now)
+        return now, later
 
     def may_write(self, assets: TableAssets, job: str, selection: AbstractSet[dg.AssetKey] | None) -> bool:
         """Whether a run of `job` selecting `selection` may write the table (`writing`)."""
@@ -471,10 +480,11 @@ RUN_AGAIN_ATTEMPTS = 3
 KEPT_PURGE_TAG = "lake_assets/kept_purges"
 #: how often a table's runs that ended unsuccessfully are looked at (`_left_unfinished`)
 UNFINISHED_EVERY_SECONDS = 300
-#: the most partitions one look reads the notes and landed files of (on S3, two requests
-#: each); those beyond wait on the cursor for the next look, so that a cancelled run over a
-#: year of hours keeps each tick well inside Dagster's 60 s
-UNFINISHED_PARTITIONS_PER_LOOK = 720
+#: the most partitions a tick's looks at ended runs read the notes and landed files of, for
+#: all tables together (on S3, about three requests each, 16 at a time); those beyond wait on
+#: their table's cursor for its next look, so that cancelled runs over a year of hours keep each
+#: tick well inside Dagster's 60 s
+UNFINISHED_PARTITIONS_PER_TICK = 720
 #: how long after a run's last update it is looked at: Dagster tags a failed run it will retry
 #: (`dagster/will_retry`) just after the failure
 RUN_SETTLE_SECONDS = 30
@@ -537,11 +547,12 @@ def _left_unfinished(
     tick: _Tick, assets: TableAssets, cursor: _Cursor, covered: Iterable[str]
 ) -> tuple[dict[str, list[str]], _Cursor]:
     """The partitions that runs of the table the daemon launched (a sensor's, automation's, or
-    their retries) left unprocessed, cancelled or failed with no retry to come, each with the
-    names of its landed files; and the cursor after the look. The sensor saw those files when it
-    asked for the runs, and a tick compares the landing with its cursor only: without this look
-    they would wait for a person. A person's runs (a UI backfill, the launchpad, a re-execution)
-    are theirs to run again, and the runs for kept purges are `_kept_purges`' to ask for again.
+    their retries) left unprocessed, cancelled or failed with no retry to come (or one promised
+    that never came), each with the names of its landed files; and the cursor after the look.
+    The sensor saw those files when it asked for the runs, and a tick compares the landing with
+    its cursor only: without this look they would wait for a person. A person's runs (a UI
+    backfill, the launchpad, a re-execution) are theirs to run again, and the runs for kept
+    purges are `_kept_purges`' to ask for again.
 
     Looked at every `UNFINISHED_EVERY_SECONDS`, over the runs that ended since the last look;
     the first look of a table only starts the watch (a first scan runs what is unprocessed
@@ -550,8 +561,9 @@ def _left_unfinished(
     `RUN_AGAIN_ATTEMPTS` times (`_within_attempts`), and those a run in flight may write: it
     may process them yet, so they are kept on the cursor for the next look (with a run in
     flight that may write any partition, the look waits), as are those of a failure Dagster
-    has yet to launch the retry of, and those beyond `UNFINISHED_PARTITIONS_PER_LOOK`. Never
-    raises: a failure is logged and the next tick looks again."""
+    has yet to launch the retry of, and those beyond the tick's share
+    (`UNFINISHED_PARTITIONS_PER_TICK`). Never raises: a failure is logged and the next tick
+    looks again."""
     since, until = cursor.unfinished_looked_until, tick.looked_until
     if since is None:
         return {}, dataclasses.replace(cursor, unfinished_looked_until=until)
@@ -564,14 +576,18 @@ def _left_unfinished(
             return {}, cursor
         waited = set(cursor.unfinished_held)
         ended, retry_due = _ended_unsuccessfully(tick, assets, since)
-        ended |= waited
-        held = (ended & in_flight) | (retry_due - ended)
-        # Those kept from earlier looks first: a run seen again (the looks overlap) never keeps them waiting.
+        # A failure whose retry Dagster has yet to launch is waited for one look (a run seen
+        # again, the looks overlapping, is not waited for twice); then its partitions are
+        # looked at as any others, held while its retry is in flight.
+        for_retry = retry_due - set(cursor.unfinished_retry_held)
+        ended |= waited | retry_due
+        held = (ended & in_flight) | for_retry
+        # Those kept from earlier looks first: a run seen again never keeps them waiting.
         candidates = sorted(
             (p for p in ended - held - set(covered) if tick.fmt.is_partition_key(p)),
             key=lambda p: (p not in waited, p),
         )
-        now, later = candidates[:UNFINISHED_PARTITIONS_PER_LOOK], candidates[UNFINISHED_PARTITIONS_PER_LOOK:]
+        now, later = tick.unfinished_share(candidates)
         held |= set(later)
         left = _within_attempts(tick, assets, _unprocessed(tick, assets, now))
     except Exception as failure:  # noqa: BLE001 - logged; the runs this tick found go on
@@ -580,7 +596,12 @@ def _left_unfinished(
             f"(the next tick tries again): {first_line(failure)}"
         )
         return {}, cursor
-    return left, dataclasses.replace(cursor, unfinished_looked_until=until, unfinished_held=sorted(held))
+    return left, dataclasses.replace(
+        cursor,
+        unfinished_looked_until=until,
+        unfinished_held=sorted(held),
+        unfinished_retry_held=sorted(for_retry),
+    )
 
 
 def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> tuple[set[str], set[str]]:
@@ -706,6 +727,14 @@ def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]
     return {p: names for p, names in left.items() if p not in spent}
 
 
+def _retry_awaited(tick: _Tick, record: dg.RunRecord) -> bool:
+    """Whether a failed run's retry is still to be launched by Dagster: promised, not launched,
+    and the failure recent (`UNFINISHED_EVERY_SECONDS`); after that it is not waited for."""
+    tags = record.dagster_run.tags
+    promised = tags.get(WILL_RETRY_TAG) == "true" and AUTO_RETRY_RUN_ID_TAG not in tags
+    return promised and record.update_timestamp.timestamp() > tick.looked_until - UNFINISHED_EVERY_SECONDS
+
+
 def _an_attempt(run: dg.DagsterRun) -> bool:
     """Whether a failed run asked for again counts as an attempt: a failure Dagster retried
     counts once, by its retry; one whose retry never came counts."""
@@ -722,7 +751,7 @@ def _unfinished_runs(tick: _Tick, assets: TableAssets, ranges: list[tuple[str, .
         span = f"{partitions[0]}..{partitions[-1]}"
         tick.context.log.info(
             f"{feed}/{table}: a run the daemon launched left {span} unprocessed (cancelled, or failed with "
-            "no retry to come): a run of it is asked for"
+            "no retry to come, or one promised that never came): a run of it is asked for"
         )
         key = f"{feed}:{table}:unfinished:{span}:{looked}"
         requests.append(
@@ -749,6 +778,8 @@ def _kept_purge_runs(
                 filters=dg.RunsFilter(tags={KEPT_PURGE_TAG: digest}, statuses=_UNSUCCESSFUL)
             )
             failed = [record for record in records if _an_attempt(record.dagster_run)]
+            if any(_retry_awaited(tick, record) for record in records):
+                continue  # a run beside Dagster's retry would fold the same purges twice
         except Exception as failure:  # noqa: BLE001 - logged; the next tick asks again
             tick.context.log.warning(
                 f"{feed}/{table}: the runs for the purges kept in {span} are not known: {first_line(failure)}"
