@@ -71,7 +71,7 @@ def read_partitions(
     column: str,
     values: Iterable[str] | None,
     keys: tuple[str, ...] = (),
-    bound_for: T.StructType | None = None,
+    bound_for: Callable[[], T.StructType | None] | None = None,
 ) -> DataFrame | None:
     """The rows of the given partitions (all when `values` is None) as one DataFrame; `keys`
     and `bound_for` as for `read_drifting`.
@@ -108,11 +108,12 @@ def read_drifting(
     table: str = "",
     recursive: bool = False,
     keys: tuple[str, ...] = (),
-    bound_for: T.StructType | None = None,
+    bound_for: Callable[[], T.StructType | None] | None = None,
 ) -> DataFrame:
     """Read Parquet folders (or single `.parquet` files) whose files may disagree on column types
-    (`keys`: the table's key columns, widened only where no value changes; `bound_for`: the
-    schema of the table the rows are to be merged into, as for `schema.union_all`).
+    (`keys`: the table's key columns, widened only where no value changes; `bound_for` gives the
+    schema of the table the rows are to be merged into, as for `schema.union_all`, asked only
+    when the files disagree).
 
     Spark's mergeSchema handles added and dropped columns but refuses a column that is int in
     one file and bigint in another; then the files are read in groups of equal schema and
@@ -147,7 +148,7 @@ def read_drifting(
             else spark.read.parquet(*uris)
         )
         frames.append(part)
-    return union_all(table, frames, keys, bound_for=bound_for)
+    return union_all(table, frames, keys, bound_for=bound_for() if bound_for is not None else None)
 
 
 def _parquet_files(storage: Storage, paths: list[str], recursive: bool) -> list[str]:

@@ -602,3 +602,57 @@ def test_a_state_step_reading_the_change_log_back_keeps_every_digit_bound_for_te
 
     current = {r["id"]: r["balance"] for r in lake_rows(str(lake), "current", "accounts", "id")}
     assert current == {"a": "x", "b": "2.5", "c": str(big)}
+
+
+def test_a_state_step_whose_stored_partitions_hold_clashing_keys_fails_saying_how_to_mend_them(
+    tmp_path, spark
+):
+    """Two hours' change logs were stored apart, before any fold, one with a 64-bit integer key
+    and one with a double key: read back as one, the keys would round alike and become one
+    record. The state step run on its own fails naming the clash and the way out; a run of
+    both hours together reads their files as one batch, sets aside the file that clashes, and
+    folds the rest."""
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for hour, kind, key in ((1, pa.int64(), 9007199254740993), (2, pa.float64(), 9007199254740992.0)):
+        schema = ACCOUNT_SCHEMA.set(0, pa.field("id", kind))
+        write_events(
+            landing,
+            "accounts",
+            hour,
+            "p.parquet",
+            [event(key, "I", hour, at(hour), name="n", balance=1)],
+            schema,
+        )
+    config = LakeConfig(
+        lake=f"file://{lake}",
+        feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", tables=("accounts",)),),
+    )
+    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
+    instance = dg.DagsterInstance.ephemeral()
+    layer = {
+        name: dg.AssetKey(["unit", "accounts", name]) for name in ("catalog", "changes", "current", "history")
+    }
+    for hour in ("2024-03-01-01", "2024-03-01-02"):
+        selection = [layer["catalog"], layer["changes"]]
+        assert job.execute_in_process(
+            instance=instance, partition_key=hour, asset_selection=selection
+        ).success
+    both = {RANGE_START_TAG: "2024-03-01-01", RANGE_END_TAG: "2024-03-01-02"}
+
+    state_alone = job.execute_in_process(
+        instance=instance,
+        tags=both,
+        asset_selection=[layer["current"], layer["history"]],
+        raise_on_error=False,
+    )
+    assert not state_alone.success
+    (failure,) = [e for e in state_alone.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    error = failure.step_failure_data.error
+    told = "".join(str(part) for part in (error, error.cause) if part is not None)
+    assert "cannot be read as one" in told and "in one run" in told, told
+
+    assert job.execute_in_process(instance=instance, tags=both).success
+    assert len(lake_rows(str(lake), "current", "accounts", "id")) == 1
+    assert len(list((lake / "_quarantine").rglob("*.reason.json"))) == 1

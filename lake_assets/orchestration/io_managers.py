@@ -19,6 +19,7 @@ from lake_assets import lake_io, lease
 from lake_assets.engine import merge
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
+from lake_assets.errors import SchemaClash, first_line
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.pipeline import current_schema, store_partitions
 from lake_assets.spark import driver_ended, release_cached
@@ -195,19 +196,37 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             return handed_over
         spark = self.spark.spark_session
         storage, (feed, *table, _) = self.lake.get_storage(), key.path
+
+        def current() -> T.StructType | None:
+            """Current's schema, which only keeps digits: one that cannot be read is no reason
+            to fail the step (the fold reads the state it is made from, not current)."""
+            try:
+                return current_schema(spark, storage, self.lake.layout(), feed, "/".join(table), context.log)
+            except Exception as unknown:  # noqa: BLE001 - logged; the partitions widen among themselves
+                context.log.warning(
+                    f"{key.to_user_string()}: current's schema is unknown: {first_line(unknown)}"
+                )
+                return None
+
         # Partitions written with drifted types are widened as a batch's files are when it is
         # read: the table's keys exactly, and a column they disagree on that current holds as
         # text becomes text from each partition's own type (`schema.text_where_bound_for_text`).
-        current = current_schema(spark, storage, self.lake.layout(), feed, "/".join(table), context.log)
-        df = lake_io.read_partitions(
-            spark,
-            storage,
-            location,
-            column,
-            keys,
-            _table_keys(upstream.definition_metadata if upstream else None),
-            bound_for=current,
-        )
+        try:
+            df = lake_io.read_partitions(
+                spark,
+                storage,
+                location,
+                column,
+                values=keys,
+                keys=_table_keys(upstream.definition_metadata if upstream else None),
+                bound_for=current,
+            )
+        except SchemaClash as clash:
+            raise dg.Failure(
+                f"{key.to_user_string()}: the stored partitions cannot be read as one: {clash}. Run them "
+                "again in one run (a backfill of their range, or `lake-assets run`): it reads their "
+                "landed files as one batch, and sets aside the files that clash"
+            ) from clash
         if df is None:
             context.log.info(f"{key.to_user_string()}: no stored partitions in the requested range")
             return empty_changes(spark, column)
