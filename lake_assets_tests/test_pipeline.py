@@ -551,6 +551,39 @@ def test_an_archived_s3_object_is_reported_and_the_rest_of_its_hour_is_read(
     assert {r["_source_file"] for r in lake_rows(str(lake), "changes", "accounts", "id")} == landed
 
 
+class _AccountsSteps:
+    """The Unit feed's job over one `accounts` table landed at `landing`, its layers run apart."""
+
+    def __init__(self, landing, lake):
+        config = LakeConfig(
+            lake=f"file://{lake}",
+            feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", tables=("accounts",)),),
+        )
+        self.job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
+        self.instance = dg.DagsterInstance.ephemeral()
+
+    @staticmethod
+    def layers(*names: str) -> list[dg.AssetKey]:
+        return [dg.AssetKey(["unit", "accounts", name]) for name in names]
+
+    def changes_alone(self, *hours: str) -> None:
+        """The change log of each hour stored by a run of its own, with no fold after it."""
+        for hour in hours:
+            selection = self.layers("catalog", "changes")
+            assert self.job.execute_in_process(
+                instance=self.instance, partition_key=hour, asset_selection=selection
+            ).success
+
+    def state_alone(self, first: str, last: str) -> dg.ExecuteInProcessResult:
+        """A run of the state step alone over `first`..`last`: it reads the change log back."""
+        return self.job.execute_in_process(
+            instance=self.instance,
+            tags={RANGE_START_TAG: first, RANGE_END_TAG: last},
+            asset_selection=self.layers("current", "history"),
+            raise_on_error=False,
+        )
+
+
 def test_a_state_step_reading_the_change_log_back_keeps_every_digit_bound_for_text(tmp_path, spark):
     """Current holds `balance` as text. Two hours' change logs hold it as a double and as a
     64-bit integer beyond 2^53, and their state step runs on its own, so it reads them back from
@@ -577,28 +610,12 @@ def test_a_state_step_reading_the_change_log_back_keeps_every_digit_bound_for_te
         [event("c", "I", 3, at(3), name="c", balance=big)],
         ACCOUNT_SCHEMA,
     )
-    config = LakeConfig(
-        lake=f"file://{lake}",
-        feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", tables=("accounts",)),),
-    )
-    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
-    instance = dg.DagsterInstance.ephemeral()
-    assert job.execute_in_process(instance=instance, partition_key="2024-03-01-01").success
-    layers = {
-        layer: dg.AssetKey(["unit", "accounts", layer])
-        for layer in ("catalog", "changes", "current", "history")
-    }
-    for hour in ("2024-03-01-02", "2024-03-01-03"):
-        selection = [layers["catalog"], layers["changes"]]
-        assert job.execute_in_process(
-            instance=instance, partition_key=hour, asset_selection=selection
-        ).success
-    range_tags = {RANGE_START_TAG: "2024-03-01-02", RANGE_END_TAG: "2024-03-01-03"}
-    result = job.execute_in_process(
-        instance=instance, tags=range_tags, asset_selection=[layers["current"], layers["history"]]
-    )
+    steps = _AccountsSteps(landing, lake)
+    assert steps.job.execute_in_process(instance=steps.instance, partition_key="2024-03-01-01").success
+    steps.changes_alone("2024-03-01-02", "2024-03-01-03")
+    result = steps.state_alone("2024-03-01-02", "2024-03-01-03")
     assert result.success
-    assert not any("from memory" in e.message for e in instance.all_logs(result.run_id))
+    assert not any("from memory" in e.message for e in steps.instance.all_logs(result.run_id))
 
     current = {r["id"]: r["balance"] for r in lake_rows(str(lake), "current", "accounts", "id")}
     assert current == {"a": "x", "b": "2.5", "c": str(big)}
@@ -625,34 +642,16 @@ def test_a_state_step_whose_stored_partitions_hold_clashing_keys_fails_saying_ho
             [event(key, "I", hour, at(hour), name="n", balance=1)],
             schema,
         )
-    config = LakeConfig(
-        lake=f"file://{lake}",
-        feeds=(FeedConfig("unit", "unit_cdc", f"file://{landing}", tables=("accounts",)),),
-    )
-    job = discovered_definitions(config).resolve_job_def(feed_job_name("unit"))
-    instance = dg.DagsterInstance.ephemeral()
-    layer = {
-        name: dg.AssetKey(["unit", "accounts", name]) for name in ("catalog", "changes", "current", "history")
-    }
-    for hour in ("2024-03-01-01", "2024-03-01-02"):
-        selection = [layer["catalog"], layer["changes"]]
-        assert job.execute_in_process(
-            instance=instance, partition_key=hour, asset_selection=selection
-        ).success
-    both = {RANGE_START_TAG: "2024-03-01-01", RANGE_END_TAG: "2024-03-01-02"}
-
-    state_alone = job.execute_in_process(
-        instance=instance,
-        tags=both,
-        asset_selection=[layer["current"], layer["history"]],
-        raise_on_error=False,
-    )
+    steps = _AccountsSteps(landing, lake)
+    steps.changes_alone("2024-03-01-01", "2024-03-01-02")
+    state_alone = steps.state_alone("2024-03-01-01", "2024-03-01-02")
     assert not state_alone.success
     (failure,) = [e for e in state_alone.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     error = failure.step_failure_data.error
     told = "".join(str(part) for part in (error, error.cause) if part is not None)
     assert "cannot be read as one" in told and "in one run" in told, told
 
-    assert job.execute_in_process(instance=instance, tags=both).success
+    both = {RANGE_START_TAG: "2024-03-01-01", RANGE_END_TAG: "2024-03-01-02"}
+    assert steps.job.execute_in_process(instance=steps.instance, tags=both).success
     assert len(lake_rows(str(lake), "current", "accounts", "id")) == 1
     assert len(list((lake / "_quarantine").rglob("*.reason.json"))) == 1
