@@ -445,7 +445,7 @@ def current_schema(
     """The schema of the table's current state, which a batch's files must fit and its drifted
     columns are widened for (None before the first fold). From its footers. Current that cannot
     be read is no reason to stop: the fold reads the state it is made from, not current, and
-    rewrites it whole; a clash it meets then fails the fold, naming the landed files."""
+    rewrites it whole; a clash it meets then fails the fold."""
     uri = layout.table("current", feed, table)
     try:
         summary = lake_io.table_summary(session, storage, uri)
