@@ -518,11 +518,11 @@ def _union_compatible(
     union = union_all(
         table, [frame for frame, _ in accepted.groups], keys, repair_text=False, bound_for=accepted.stored
     )
-    union = _as_text_where_stored(union, accepted.unified(), keys)
+    union = as_text_where_stored(union, accepted.unified(), keys)
     return _with_valid_text_and_keys(union, fmt.table_spec(table))
 
 
-def _as_text_where_stored(frame: DataFrame, unified: T.StructType, keys: tuple[str, ...]) -> DataFrame:
+def as_text_where_stored(frame: DataFrame, unified: T.StructType, keys: tuple[str, ...]) -> DataFrame:
     """`frame` with the columns the stored table holds as text cast to text where they are bytes,
     or are keys of another scalar type: the fold would make them text, so the checks of text (a
     key's, the repairs') see the bytes here, and the fold matches the batch's keys with the

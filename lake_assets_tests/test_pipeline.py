@@ -2,6 +2,7 @@
 the sample data against the brute-force reference, and the same graph on S3 (moto + s3a)."""
 
 import datetime as dt
+import decimal
 import json
 
 import dagster as dg
@@ -629,19 +630,9 @@ def test_a_state_step_whose_stored_partitions_hold_clashing_keys_fails_saying_ho
     record. The state step run on its own fails naming the clash and the way out; a run of
     both hours together reads their files as one batch, sets aside the file that clashes, and
     folds the rest."""
-    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
-
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     for hour, kind, key in ((1, pa.int64(), 9007199254740993), (2, pa.float64(), 9007199254740992.0)):
-        schema = ACCOUNT_SCHEMA.set(0, pa.field("id", kind))
-        write_events(
-            landing,
-            "accounts",
-            hour,
-            "p.parquet",
-            [event(key, "I", hour, at(hour), name="n", balance=1)],
-            schema,
-        )
+        _write_keyed(landing, hour, kind, key, "I", "n")
     steps = _AccountsSteps(landing, lake)
     steps.changes_alone("2024-03-01-01", "2024-03-01-02")
     state_alone = steps.state_alone("2024-03-01-01", "2024-03-01-02")
@@ -655,3 +646,58 @@ def test_a_state_step_whose_stored_partitions_hold_clashing_keys_fails_saying_ho
     assert steps.job.execute_in_process(instance=steps.instance, tags=both).success
     assert len(lake_rows(str(lake), "current", "accounts", "id")) == 1
     assert len(list((lake / "_quarantine").rglob("*.reason.json"))) == 1
+
+
+def _text_keys_then(landing, *later: tuple[int, pa.DataType, object, str]) -> None:
+    """Hour 01 lands the text keys `x` and `5`; each of `later` (hour, key type, key, name) a
+    write of one key given as another type."""
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+    first = [
+        event("x", "I", 1, at(1), name="x", balance=1),
+        event("5", "I", 2, at(1, 5), name="five", balance=1),
+    ]
+    write_events(landing, "accounts", 1, "p.parquet", first, ACCOUNT_SCHEMA)
+    for hour, kind, key, name in later:
+        _write_keyed(landing, hour, kind, key, "U", name)
+
+
+def _write_keyed(landing, hour: int, kind: pa.DataType, key, op: str, name: str) -> None:
+    """Hour `hour` lands one write (`op`) of `key`, its key column typed `kind`."""
+    from lake_assets_tests.unit_files import ACCOUNT_SCHEMA, at, event, write_events
+
+    schema = ACCOUNT_SCHEMA.set(0, pa.field("id", kind))
+    rows = [event(key, op, hour, at(hour), name=name, balance=hour)]
+    write_events(landing, "accounts", hour, "p.parquet", rows, schema)
+
+
+def test_a_number_key_read_back_is_matched_as_text_where_current_holds_keys_as_text(tmp_path, spark):
+    """Current holds `id` as text; hour 02's change log, stored alone, gives key 5 as a 64-bit
+    integer. The state step reading it back matches it with the stored `5` as text, as a run
+    folding the batch it read does (a number join with the stored text keys failed on `x`)."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    _text_keys_then(landing, (2, pa.int64(), 5, "five-updated"))
+    steps = _AccountsSteps(landing, lake)
+    steps.changes_alone("2024-03-01-01", "2024-03-01-02")
+    assert steps.state_alone("2024-03-01-01", "2024-03-01-01").success
+    assert steps.state_alone("2024-03-01-02", "2024-03-01-02").success
+
+    current = {r["id"]: r["name"] for r in lake_rows(str(lake), "current", "accounts", "id")}
+    assert current == {"x": "x", "5": "five-updated"}
+
+
+def test_keys_of_two_number_types_bound_for_text_keep_their_own_spelling(tmp_path, spark):
+    """Current holds `id` as text. One later run reads a decimal key `1.50` and a 64-bit integer
+    key `5` (an update of the stored `5`): widened among themselves, `5` became `5.00`, a new
+    record beside the stored one. Each becomes text from its own type, as in one run over all."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    _text_keys_then(
+        landing, (2, pa.decimal128(10, 2), decimal.Decimal("1.50"), "dec"), (3, pa.int64(), 5, "five-updated")
+    )
+    steps = _AccountsSteps(landing, lake)
+    assert steps.job.execute_in_process(instance=steps.instance, partition_key="2024-03-01-01").success
+    later = {RANGE_START_TAG: "2024-03-01-02", RANGE_END_TAG: "2024-03-01-03"}
+    assert steps.job.execute_in_process(instance=steps.instance, tags=later).success
+
+    current = {r["id"]: r["name"] for r in lake_rows(str(lake), "current", "accounts", "id")}
+    assert current == {"x": "x", "1.50": "dec", "5": "five-updated"}

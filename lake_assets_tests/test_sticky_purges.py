@@ -172,6 +172,33 @@ def test_a_change_log_written_before_its_fold_holds_no_purged_fields(clean, lake
     assert tables(root) == clean
 
 
+def test_a_state_step_run_alone_applies_a_purge_to_the_change_log_it_read_its_batch_from(tmp_path, spark):
+    """X's write (B2) and its purge (B3) were stored by `changes` alone, into a table holding
+    rows (B1); then the state step runs alone over B2..B3, reading its batch back from the change
+    log. Its purge rewrites B2's partition, which the batch was read from, and the checks after
+    the commit read the batch again: it is kept as read, and the step succeeds as one run would."""
+    landing = tmp_path / "landing"
+    land(
+        landing,
+        B1,
+        "data-1.parquet",
+        [version("X", 1, "01", "Xavier", "555-0101"), version("Y", 1, "02", "Yvonne")],
+    )
+    land(landing, B2, "data-2.parquet", [version("X", 2, "03", "Xavier II", "555-0303")])
+    land(landing, B3, "data-3.parquet", [purge("X", 3, "04")])
+    config, root, instance = (
+        config_for(landing, tmp_path / "lake"),
+        tmp_path / "lake",
+        dg.DagsterInstance.ephemeral(),
+    )
+    backfill(config, instance, B1, B1)
+    for batch in (B2, B3):
+        backfill(config, instance, batch, batch, layers=("catalog", "changes"))
+    backfill(config, instance, B2, B3, layers=("current", "history"))
+    assert leaks(root, {"X"}) == []
+    assert tables(root) == clean_run(landing, tmp_path / "clean")
+
+
 def _without_the_purge_batch(landing, folder_left: bool = False):
     """The purge batch's files removed from the landing, with its folder unless `folder_left`
     (a share may keep an emptied folder)."""

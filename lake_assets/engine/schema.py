@@ -156,23 +156,15 @@ def unified_fields(
 
 
 def text_where_bound_for_text(
-    fields: list[T.StructField],
-    schemas: list[T.StructType],
-    bound_for: T.StructType,
-    keys: tuple[str, ...] = (),
+    fields: list[T.StructField], schemas: list[T.StructType], bound_for: T.StructType
 ) -> list[T.StructField]:
     """`fields` (the union of `schemas`) with text for each scalar column the schemas disagree
     on that the table they are bound for holds as text: each frame's values then become text
     from their own type. Widened among themselves first, a 64-bit integer beside a fraction
-    would become a double, and lose digits, on its way to the table's text. Not the `keys`:
-    their widening never changes a value, and one key spelled two ways (`1` and `1.0`) would be
-    two records."""
-    key_names = {same_name(k) for k in keys}
-    text_there = {
-        same_name(f.name)
-        for f in bound_for.fields
-        if isinstance(f.dataType, T.StringType) and same_name(f.name) not in key_names
-    }
+    would become a double, and lose digits, on its way to the table's text; and a key, though
+    its widening changes no value, would change its spelling (`5` beside a decimal key becomes
+    `5.00`), and so its record, where one run over both files keeps each as it landed."""
+    text_there = {same_name(f.name) for f in bound_for.fields if isinstance(f.dataType, T.StringType)}
 
     def disagreed(name: str) -> bool:
         kinds = {f.dataType for schema in schemas for f in schema.fields if same_name(f.name) == name}
@@ -279,7 +271,7 @@ def union_all(
     schemas = [f.schema for f in frames]
     fields = unified_fields(table, schemas, keys)
     if bound_for is not None:
-        fields = text_where_bound_for_text(fields, schemas, bound_for, keys)
+        fields = text_where_bound_for_text(fields, schemas, bound_for)
     result = conform(frames[0], fields, schemas[0], keys=keys, repair_text=repair_text)
     for frame, schema in zip(frames[1:], schemas[1:], strict=True):
         result = result.unionByName(conform(frame, fields, schema, keys=keys, repair_text=repair_text))

@@ -496,6 +496,11 @@ def state_asset(
             stored_by = work.run_id if handed_over else None
             folded_files = None if handed_over else {canonical_uri(uri) for uri in batch.inputFiles()}
             with work.writing("state", context.log):
+                if not handed_over:
+                    # Kept as read (a checkpoint: not taken for a batch handed over): a purge the
+                    # fold applies rewrites the change log's partitions the batch was read from,
+                    # and the checks after the commit read it again.
+                    batch = batch.localCheckpoint(eager=True)
                 report = fold(
                     table, spark.spark_session, work, batch, context.log, list(context.partition_keys)
                 )

@@ -9,6 +9,7 @@ return one DataFrame filtered to those partitions.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -20,6 +21,7 @@ from lake_assets.engine import merge
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash, first_line
+from lake_assets.ingest import as_text_where_stored
 from lake_assets.orchestration.resources import CatalogResource, LakeResource, LakeSparkResource
 from lake_assets.pipeline import current_schema, store_partitions
 from lake_assets.spark import driver_ended, release_cached
@@ -39,6 +41,19 @@ def _table_keys(definition_metadata) -> tuple[str, ...]:
     """The table's key columns, from the change log asset's metadata."""
     keys = (definition_metadata or {}).get(TABLE_KEYS_KEY)
     return tuple(getattr(keys, "value", keys) or ())
+
+
+def _keys_as_stored(
+    changes: DataFrame, keys: tuple[str, ...], current: Callable[[], T.StructType | None]
+) -> DataFrame:
+    """The change log read back with its number keys as text where `current` holds the key as
+    text, as a batch's are when it is read (`ingest.as_text_where_stored`): the fold matches them
+    with the stored keys as text. Current is asked only when a key is not text already."""
+    types = {f.name: f.dataType for f in changes.schema.fields}
+    if all(isinstance(types.get(k), (T.StringType, type(None))) for k in keys):
+        return changes
+    stored = current()
+    return changes if stored is None else as_text_where_stored(changes, stored, keys)
 
 
 def empty_changes(spark, partition_column: str) -> DataFrame:
@@ -196,6 +211,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             return handed_over
         spark = self.spark.spark_session
         storage, (feed, *table, _) = self.lake.get_storage(), key.path
+        table_keys = _table_keys(upstream.definition_metadata if upstream else None)
 
         def current() -> T.StructType | None:
             """Current's schema, which only keeps digits: one that cannot be read is no reason
@@ -218,7 +234,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
                 location,
                 column,
                 values=keys,
-                keys=_table_keys(upstream.definition_metadata if upstream else None),
+                keys=table_keys,
                 bound_for=current,
             )
         except SchemaClash as clash:
@@ -230,4 +246,4 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         if df is None:
             context.log.info(f"{key.to_user_string()}: no stored partitions in the requested range")
             return empty_changes(spark, column)
-        return df
+        return _keys_as_stored(df, table_keys, current)
