@@ -214,8 +214,9 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         table_keys = _table_keys(upstream.definition_metadata if upstream else None)
 
         def current() -> T.StructType | None:
-            """Current's schema, which only keeps digits: one that cannot be read is no reason
-            to fail the step (the fold reads the state it is made from, not current)."""
+            """Current's schema, which the read-back batch's types are bound for (digits kept,
+            number keys matched as text): one that cannot be read is no reason to fail the step
+            here (the fold reads the state it is made from, not current)."""
             try:
                 return current_schema(spark, storage, self.lake.layout(), feed, "/".join(table), context.log)
             except Exception as unknown:  # noqa: BLE001 - logged; the partitions widen among themselves

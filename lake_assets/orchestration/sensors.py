@@ -437,15 +437,16 @@ def _hour_ranges(hours: Iterable[str]) -> list[tuple[str, ...]]:
 def _processed_with(
     tick: _Tick, table: str, unread: str = "this first scan runs every partition with files"
 ) -> ProcessedWith | None:
-    """For a table's first scan: what the lake processed, from its notes (read once), and the
-    partitions whose changes were stored but never folded; less the partitions a run asked to
-    run again and, for a format whose files share data (Flow), those
-    holding data of a file removed from another partition (which planning over every hour runs
-    again though their own files are unchanged). None (run every partition with files, as a
-    first scan always did; `unread` says what follows, in the tick's log) when a processed note
-    or request is damaged: no reason to stop watching. A damaged note of changes stored and never folded costs only what it names: the
-    partitions whose files are all gone are then not found. (The partitions of purges a write
-    kept are `_kept_purges`' to run, on a first scan as on any tick.)"""
+    """For a table's first scan (or its look at its old hours, `_old_hours`): what the lake
+    processed, from its notes (read once), and the partitions whose changes were stored but
+    never folded; less the partitions a run asked to run again and, for a format whose files
+    share data (Flow), those holding data of a file removed from another partition (which
+    planning over every hour runs again though their own files are unchanged). None (a first
+    scan then runs every partition with files, as it always did; `unread` says what follows, in
+    the tick's log) when a processed note or request is damaged: no reason to stop watching. A
+    damaged note of changes stored and never folded costs only what it names: the partitions
+    whose files are all gone are then not found. (The partitions of purges a write kept are
+    `_kept_purges`' to run, on a first scan as on any tick.)"""
     storage, layout, feed, fmt = tick.storage, tick.layout, tick.feed.name, tick.fmt
     try:
         notes = read_notes(storage, layout, feed, table, fmt.is_partition_key)
