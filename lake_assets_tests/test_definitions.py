@@ -555,6 +555,16 @@ def test_a_tick_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(
     ]
 
 
+def test_the_daily_look_at_old_hours_is_the_turn_of_a_table_holding_hours():
+    """A table scanned whose landing holds no hour has no old hour to look at: it never takes
+    the turn (it would keep it, tick after tick, from every other table)."""
+    cursors = {
+        "empty": TableCursor(scanned=True),
+        "long": TableCursor(scanned=True, high_water="2024-03-01-09", old_hours_looked_at=5.0),
+    }
+    assert sensors._old_hours_turn(cursors, ["empty", "long"]) == "long"
+
+
 @pytest.mark.usefixtures("looking_every_tick")
 def test_a_damaged_note_leaves_the_look_the_hours_without_a_processed_note(tmp_path, capfd):
     """A note the look reads besides the processed notes cannot be read (here the table's

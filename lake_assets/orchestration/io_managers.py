@@ -8,6 +8,7 @@ return one DataFrame filtered to those partitions.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -213,6 +214,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
         storage, (feed, *table, _) = self.lake.get_storage(), key.path
         table_keys = _table_keys(upstream.definition_metadata if upstream else None)
 
+        @functools.cache
         def current() -> T.StructType | None:
             """Current's schema, which the read-back batch's types are bound for (digits kept,
             number keys matched as text): one that cannot be read is no reason to fail the step

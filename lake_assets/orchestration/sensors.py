@@ -371,7 +371,7 @@ def _old_hours_turn(cursors: dict, tables: Iterable[str]) -> str | None:
         table
         for table in tables
         if isinstance(cursors.get(table), TableCursor)
-        and not cursors[table].first_scan
+        and cursors[table].high_water is not None  # a table with no hour has none older either
         and ((looked_at(table) or 0.0) <= now - OLD_HOURS_EVERY_SECONDS)
     ]
     return min(due, key=lambda table: (looked_at(table) or 0.0, table), default=None)
@@ -383,17 +383,19 @@ def _old_hours(
     """On the table's turn (`_old_hours_turn`): the hours older than the late window whose files
     differ from those the lake last processed them with (a file landed or was rewritten in an
     hour the scans no longer list, say while a backfill ran), found as a first scan finds them;
-    less the hours this tick runs anyway (`covered`) and those a run in flight may write. With
-    a run in flight that may write any hour, or a tick past `FIRST_SCANS_SECONDS`, the look
-    waits for a later tick; one that fails is logged and waits its next turn."""
+    less the hours this tick runs anyway (`covered`), those a run in flight may write, and
+    those the look at ended runs holds (`unfinished_held`: a retry of theirs may be coming).
+    It counts as the tick's first scan, whose work it does: in a tick past
+    `FIRST_SCANS_SECONDS` it waits for a later tick. One that fails is logged and waits its next
+    turn."""
     feed, table = tick.feed, assets.table
     if table != tick.old_hours_turn or cursor.high_water is None:
         return [], cursor
-    if time.monotonic() - tick.started >= FIRST_SCANS_SECONDS:
+    if tick.first_scans or time.monotonic() - tick.started >= FIRST_SCANS_SECONDS:
         return [], cursor
-    in_flight = tick.in_flight_partitions(assets)
-    if in_flight is None:
-        return [], cursor
+    tick.first_scans += 1
+    # A run in flight whose hours are not known may write any: what it folds is then run again.
+    in_flight = tick.in_flight_partitions(assets) or set()
     looked = dataclasses.replace(cursor, old_hours_looked_at=time.time())
     processed = _processed_with(
         tick,
@@ -419,7 +421,8 @@ def _old_hours(
         )
         return [], looked
     window = late_window_start(cursor.high_water, feed.late_hours)
-    old = [f for f in found if f.partition < window and f.partition not in covered | in_flight]
+    left_out = covered | in_flight | set(cursor.unfinished_held)
+    old = [f for f in found if f.partition < window and f.partition not in left_out]
     if old:
         tick.context.log.info(
             f"{feed.name}/{table}: {len(old)} hour(s) older than the late window changed since the lake "
