@@ -142,6 +142,15 @@ def test_a_ranged_backfill_is_one_run_with_metadata(local_lake, sample):
             > 0
         )
         assert "dagster/column_schema" in state.metadata
+    # The columns are told on the run's last partition alone: Dagster would store them once per
+    # partition of the range.
+    for layer in ("changes", "current", "history"):
+        key = dg.AssetKey(["unit", "accounts", layer])
+        events = instance.fetch_materializations(key, limit=1000).records
+        with_schema = [
+            e.partition_key for e in events if "dagster/column_schema" in e.asset_materialization.metadata
+        ]
+        assert len(events) > 1 and with_schema == [max(e.partition_key for e in events)], layer
     # Each table's state step folded the batch its changes step had stored, from memory.
     handed_over = [
         e.message

@@ -9,10 +9,11 @@ from typing import Any
 
 import dagster as dg
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from lake_assets import lake_io, pipeline, reruns
 from lake_assets.config import FeedConfig
-from lake_assets.engine import checks
+from lake_assets.engine import checks, merge
 from lake_assets.engine.fold import FoldReport
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash
@@ -288,6 +289,9 @@ def changes_asset(
                 context.log.error(f"{table.label}: gap in the landed data: {gap}")
             for partition, files in files_of_each_partition(ingested, partitions).items():
                 context.add_asset_metadata(files, partition_key=partition)
+            if ingested.batch.events is not None:
+                schema = merge.without_marks(ingested.batch.events).schema
+                add_column_schema(context, table.key("changes"), schema, partitions)
             yield dg.Output(ingested.batch.events, metadata=changes_metadata(ingested, partitions))
             pipeline.record_stored(work, partitions, ingested)
         yield landing_check(ingested, partitions)
@@ -504,7 +508,11 @@ def state_asset(
                 report = fold(
                     table, spark.spark_session, work, batch, context.log, list(context.partition_keys)
                 )
-                yield from state_materializations(table, spark.spark_session, work, report)
+                layers = state_layers_stored(table, spark.spark_session, work)
+                for layer in layers:
+                    if layer.schema is not None:
+                        add_column_schema(context, layer.key, layer.schema, list(context.partition_keys))
+                yield from state_materializations(layers, report)
                 outcomes = pipeline.check_fold(
                     spark.spark_session,
                     work,
@@ -554,16 +562,59 @@ def fold_metadata(report: FoldReport) -> dict[str, int]:
     }
 
 
-def state_materializations(
-    table: AssetTable, session: SparkSession, work: pipeline.TableWork, report: FoldReport
-) -> Iterator[dg.MaterializeResult]:
-    """Current and history as a reader now finds them, each with the fold's figures."""
+@dataclasses.dataclass(frozen=True)
+class StateLayer:
+    """A state layer as a reader finds it, from its Parquet footers (a Spark count and schema
+    merge of current and history cost every state run a few tenths of a second:
+    docs/profiling.md, "Figures behind the code"). `schema` is None without files."""
+
+    key: dg.AssetKey
+    uri: str
+    rows: int
+    schema: T.StructType | None
+
+
+def state_layers_stored(
+    table: AssetTable, session: SparkSession, work: pipeline.TableWork
+) -> list[StateLayer]:
     table_state = TableState(work.layout, table.feed.name, table.name)
-    layers = ((table.key("current"), table_state.current), (table.key("history"), table_state.history))
-    for key, uri in layers:
+    found = []
+    for key, uri in (
+        (table.key("current"), table_state.current),
+        (table.key("history"), table_state.history),
+    ):
+        rows, schema = lake_io.table_summary(session, work.storage, uri) or (0, None)
+        found.append(StateLayer(key, uri, rows, schema))
+    return found
+
+
+def state_materializations(layers: list[StateLayer], report: FoldReport) -> Iterator[dg.MaterializeResult]:
+    """Current and history as a reader now finds them, each with the fold's figures."""
+    for layer in layers:
         yield dg.MaterializeResult(
-            asset_key=key, metadata={**fold_metadata(report), **_table_metadata(session, work.storage, uri)}
+            asset_key=layer.key,
+            metadata={
+                **fold_metadata(report),
+                "dagster/row_count": layer.rows,
+                "path": dg.MetadataValue.path(layer.uri),
+            },
         )
+
+
+def add_column_schema(
+    context: dg.AssetExecutionContext, key: dg.AssetKey, schema: T.StructType, partitions: list[str]
+) -> None:
+    """`key`'s columns as its materialisation's `dagster/column_schema`, on the run's last
+    partition only. Dagster copies a range run's metadata onto each of its partitions, and the
+    schema was the largest part of those events: a week's backfill stored it some 500 times
+    (docs/profiling.md, "Figures behind the code"). The asset's page shows the latest
+    materialisation's schema, which is the last partition's."""
+    columns = [dg.TableColumn(name, dtype) for name, dtype in lake_io.schema_metadata(schema)]
+    context.add_asset_metadata(
+        {"dagster/column_schema": dg.TableSchema(columns=columns)},
+        asset_key=key,
+        partition_key=partitions[-1],
+    )
 
 
 def fold_check_results(table: AssetTable, outcomes: list[checks.Outcome]) -> Iterator[dg.AssetCheckResult]:
@@ -586,16 +637,3 @@ def clash_failure(table: AssetTable, clash: SchemaClash, batch: DataFrame) -> dg
         description=f"{table.label}: the batch cannot be folded into the stored table: {clash}{named}",
         metadata={"column": clash.column or "", "files": dg.MetadataValue.json(files)},
     )
-
-
-def _table_metadata(session, storage, uri: str) -> dict:
-    """Row count, path and schema of a lake table as a reader sees it, from the Parquet footers
-    (a Spark count and schema merge of current and history cost every state run a few tenths of
-    a second: docs/profiling.md, "Figures behind the code")."""
-    summary = lake_io.table_summary(session, storage, uri)
-    metadata = {"dagster/row_count": summary[0] if summary else 0, "path": dg.MetadataValue.path(uri)}
-    if summary and summary[1] is not None:
-        metadata["dagster/column_schema"] = dg.TableSchema(
-            columns=[dg.TableColumn(n, t) for n, t in lake_io.schema_metadata(summary[1])]
-        )
-    return metadata

@@ -18,7 +18,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from lake_assets import lake_io, lease
-from lake_assets.engine import merge
 from lake_assets.engine.schema import system_fields
 from lake_assets.engine.state import TableState
 from lake_assets.errors import SchemaClash, first_line
@@ -189,13 +188,7 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             # Dagster copies a range run's output metadata onto every partition in the range:
             # there, the run's total would read as each hour's row count in the UI.
             metadata["dagster/row_count"] = metadata["rows_written"]
-        if obj is not None:
-            metadata["dagster/column_schema"] = dg.TableSchema(
-                columns=[
-                    dg.TableColumn(name, dtype)
-                    for name, dtype in lake_io.schema_metadata(merge.without_marks(obj).schema)
-                ]
-            )
+        # The columns are the asset's to tell, on the run's last partition (`assets.add_column_schema`).
         context.add_output_metadata(metadata)
 
     def load_input(self, context: dg.InputContext) -> DataFrame:
