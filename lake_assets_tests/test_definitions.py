@@ -555,6 +555,37 @@ def test_a_tick_reads_a_bounded_number_of_hours_and_leaves_the_rest_to_the_next(
     ]
 
 
+def test_a_file_landing_in_an_hour_older_than_the_late_window_is_found_by_the_daily_look(
+    tmp_path, monkeypatch, capfd
+):
+    """The scans list the late window only (from 05, the latest hour 09 less 4). A file that
+    lands in 03 after it was processed, say while a backfill ran, is found by the table's look at
+    its old hours (once a day, one table a tick), as a first scan would find it: a run of 03 alone.
+    An hour a run in flight may write is left to it."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    for hour in (3, 4, 5, 9):
+        _processed(tmp_path, "accounts", hour)
+    _processed(tmp_path, "cards", 4)
+    late = [event("b", "I", 30, at(3, 30), name="late", balance=2)]
+    write_events(ticks.landing, "accounts", 3, "part-late.parquet", late, ACCOUNT_SCHEMA)
+    assert ticks.tick().run_requests == []  # looked at by the first scan, moments ago
+
+    monkeypatch.setattr(sensors, "OLD_HOURS_EVERY_SECONDS", 0)
+    in_flight = ticks.run(
+        dg.DagsterRunStatus.STARTED,
+        [dg.AssetKey(["unit", "accounts", "changes"])],
+        tags={sensors.PARTITION_TAG: "2024-03-01-03"},
+    )
+    assert ticks.tick().run_requests == []
+    ticks.instance.report_run_failed(in_flight)
+    looked = ticks.tick()
+    assert _ranges(looked.run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-03")]
+    assert (
+        "1 hour(s) older than the late window changed since the lake processed them" in capfd.readouterr().err
+    )
+    assert decode_cursor(looked.cursor)["accounts"].old_hours_looked_at is not None
+
+
 def test_the_daily_look_at_old_hours_is_the_turn_of_a_table_holding_hours():
     """A table scanned whose landing holds no hour has no old hour to look at: it never takes
     the turn (it would keep it, tick after tick, from every other table)."""
