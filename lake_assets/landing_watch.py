@@ -56,11 +56,20 @@ class SensorLooks(abc.ABC):
     unfinished_held: list[str] = dataclasses.field(default_factory=list)
     #: of those, the ones held for a retry Dagster had yet to launch: not waited for again
     unfinished_retry_held: list[str] = dataclasses.field(default_factory=list)
+    #: when the partitions the scans no longer list (hours older than the late window, batches
+    #: before the open one) were last compared with what the lake processed them with (the
+    #: sensors' `_old_partitions`; a first scan does it too), in seconds since the epoch
+    old_partitions_looked_at: float | None = None
 
     @property
     @abc.abstractmethod
     def first_scan(self) -> bool:
         """Whether the table was never scanned (a sensor new to it, or reset)."""
+
+    @property
+    @abc.abstractmethod
+    def newest(self) -> str | None:
+        """The newest partition the scans saw (none: the landing holds none yet)."""
 
 
 @dataclasses.dataclass
@@ -74,16 +83,16 @@ class TableCursor(SensorLooks):
     #: so a first partition moved earlier since (a reload after discovery pinned an earlier
     #: hour) makes the next scan look back to them
     first_hour: str | None = None
-    #: when the hours older than the late window were last compared with what the lake processed
-    #: them with (the landing sensor's `_old_hours`; a first scan does it too), in seconds since
-    #: the epoch
-    old_hours_looked_at: float | None = None
 
     @property
     def first_scan(self) -> bool:
         """Whether the table was never scanned (a sensor new to it, or reset). A cursor saved
         before `scanned` was kept has scanned the table when it has seen an hour."""
         return not self.scanned and self.high_water is None and not self.seen
+
+    @property
+    def newest(self) -> str | None:
+        return self.high_water
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +316,10 @@ class BatchCursor(SensorLooks):
         """Whether the table was never scanned (a sensor new to it, or reset). A cursor saved
         before `scanned` was kept has scanned the table when it has seen a batch."""
         return not self.scanned and self.last is None
+
+    @property
+    def newest(self) -> str | None:
+        return self.last
 
 
 def scan_batches(

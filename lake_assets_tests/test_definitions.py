@@ -17,6 +17,7 @@ from lake_assets.discovery import discover
 from lake_assets.errors import LakeAssetsError
 from lake_assets.landing_watch import (
     STRAYS_EVERY_SECONDS,
+    BatchCursor,
     TableCursor,
     decode_cursor,
     encode_cursor,
@@ -570,7 +571,7 @@ def test_a_file_landing_in_an_hour_older_than_the_late_window_is_found_by_the_da
     write_events(ticks.landing, "accounts", 3, "part-late.parquet", late, ACCOUNT_SCHEMA)
     assert ticks.tick().run_requests == []  # looked at by the first scan, moments ago
 
-    monkeypatch.setattr(sensors, "OLD_HOURS_EVERY_SECONDS", 0)
+    monkeypatch.setattr(sensors, "OLD_PARTITIONS_EVERY_SECONDS", 0)
     in_flight = ticks.run(
         dg.DagsterRunStatus.STARTED,
         [dg.AssetKey(["unit", "accounts", "changes"])],
@@ -583,17 +584,19 @@ def test_a_file_landing_in_an_hour_older_than_the_late_window_is_found_by_the_da
     assert (
         "1 hour(s) older than the late window changed since the lake processed them" in capfd.readouterr().err
     )
-    assert decode_cursor(looked.cursor)["accounts"].old_hours_looked_at is not None
+    assert decode_cursor(looked.cursor)["accounts"].old_partitions_looked_at is not None
 
 
-def test_the_daily_look_at_old_hours_is_the_turn_of_a_table_holding_hours():
+def test_the_daily_look_at_old_partitions_is_the_turn_of_a_table_holding_partitions():
     """A table scanned whose landing holds no hour has no old hour to look at: it never takes
     the turn (it would keep it, tick after tick, from every other table)."""
     cursors = {
         "empty": TableCursor(scanned=True),
-        "long": TableCursor(scanned=True, high_water="2024-03-01-09", old_hours_looked_at=5.0),
+        "long": TableCursor(scanned=True, high_water="2024-03-01-09", old_partitions_looked_at=5.0),
     }
-    assert sensors._old_hours_turn(cursors, ["empty", "long"]) == "long"
+    assert sensors._old_partitions_turn(cursors, ["empty", "long"]) == "long"
+    batches = {"none": BatchCursor(scanned=True), "two": BatchCursor(scanned=True, last="065e11a81")}
+    assert sensors._old_partitions_turn(batches, ["none", "two"]) == "two"
 
 
 @pytest.mark.usefixtures("looking_every_tick")

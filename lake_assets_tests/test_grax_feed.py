@@ -1432,3 +1432,36 @@ def test_a_batch_sensor_started_after_a_cli_run_runs_only_the_batches_that_chang
     _, runs = grax_lake.sensor_tick(config, instance, None)
     assert runs == 1
     assert {row["Id"] for row in grax_lake.rows(lake, "current")} == {"a", "b", "c", "d"}
+
+
+def test_a_file_landing_in_a_batch_before_the_open_one_is_found_by_the_daily_look(
+    tmp_path, spark, monkeypatch, capfd
+):
+    """The scans list the open (greatest) batch only: a file that lands in an earlier batch
+    after it was processed is found by the table's look at its older batches (once a day, one
+    table a tick), as a first scan would find it, and that batch alone runs."""
+    from lake_assets.orchestration import sensors
+    from lake_assets_tests import grax_lake
+
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for batch, key in (("000000001", "a"), ("000000002", "b"), ("000000003", "c")):
+        grax_lake.land(landing, batch, "data-1.parquet", [grax_lake.version(key, 1, "01", name=key.upper())])
+    config, instance = grax_lake.config_for(landing, lake), dg.DagsterInstance.ephemeral()
+    cursor, runs = grax_lake.sensor_tick(config, instance, None)
+    assert runs == 1
+    grax_lake.land(landing, "000000001", "data-2.parquet", [grax_lake.version("a", 5, "02", name="A2")])
+    cursor, runs = grax_lake.sensor_tick(config, instance, cursor)
+    assert runs == 0  # looked at by the first scan, moments ago
+
+    monkeypatch.setattr(sensors, "OLD_PARTITIONS_EVERY_SECONDS", 0)
+    capfd.readouterr()
+    cursor, runs = grax_lake.sensor_tick(config, instance, cursor)
+    assert runs == 1
+    told = "1 batch(es) before the open one changed since the lake processed them: 000000001;"
+    assert told in capfd.readouterr().err
+    assert {row["Id"]: row["Name"] for row in grax_lake.rows(lake, "current")} == {
+        "a": "A2",
+        "b": "B",
+        "c": "C",
+    }
+    assert grax_lake.sensor_tick(config, instance, cursor)[1] == 0  # processed with it now

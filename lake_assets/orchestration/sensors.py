@@ -112,7 +112,7 @@ def build_landing_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAs
     def landing_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         cursors = decode_cursor(context.cursor)
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
-        tick.old_hours_turn = _old_hours_turn(cursors, by_name)
+        tick.old_partitions_turn = _old_partitions_turn(cursors, by_name)
         run_requests, observations = [], []
         failures = _ScanFailures(context, feed.name)
         for assets, cursor in tick.tables_in_turn(by_name, cursors, TableCursor):
@@ -181,9 +181,9 @@ class _Tick:
     fmt: FeedFormat
     #: the one table whose turn it is to be walked for strays (`_strays_turn`), if any
     strays_turn: str | None = None
-    #: the one hourly table whose hours older than the late window are looked at this tick
-    #: (`_old_hours_turn`), if any
-    old_hours_turn: str | None = None
+    #: the one table whose partitions the scans no longer list are looked at this tick
+    #: (`_old_partitions_turn`), if any
+    old_partitions_turn: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
     #: the runs not finished yet, asked of the instance once a tick (`writing`)
     unfinished: list[dg.DagsterRun] | None = None
@@ -316,13 +316,13 @@ def _hourly_runs(
         storage, fmt, feed.landing, name, cursor, feed.late_hours, first, processed
     )
     if first_scan:  # it compared every hour with what the lake processed it with
-        cursor = dataclasses.replace(cursor, old_hours_looked_at=time.time())
+        cursor = dataclasses.replace(cursor, old_partitions_looked_at=time.time())
     old, cursor = _old_hours(tick, assets, cursor, {f.partition for f in found})
     found += old
     if before_start:
         context.log.warning(
             f"{feed.name}/{name}: {len(before_start)} hour(s) with files before the first "
-            f"partition {first} are not run: {describe_hours(before_start)}. `lake-assets "
+            f"partition {first} are not run: {describe_partitions(before_start)}. `lake-assets "
             "discover` (or the tables sensor) pins the first landed hour, and a reload of the "
             "code location takes them in; an explicit `start` in the configuration leaves them out"
         )
@@ -353,82 +353,127 @@ def _hourly_runs(
     return requests, [_observation(assets, found)] if found else [], _strays_reported(cursor)
 
 
-#: how often an hourly table's hours older than the late window are compared with what the
-#: lake processed them with (`_old_hours`): a first scan's work (every processed note read, the
-#: whole landing listed), for one table a tick
-OLD_HOURS_EVERY_SECONDS = 24 * 3600
+#: how often a table's partitions the scans no longer list (hours older than the late window,
+#: batches before the open one) are compared with what the lake processed them with
+#: (`_old_partitions`): a first scan's work (every processed note read, the whole landing
+#: listed), for one table a tick
+OLD_PARTITIONS_EVERY_SECONDS = 24 * 3600
 
 
-def _old_hours_turn(cursors: dict, tables: Iterable[str]) -> str | None:
-    """The hourly table whose old hours are looked at this tick, if any: of those scanned before
-    and due (`OLD_HOURS_EVERY_SECONDS`), the one looked at longest ago."""
+def _old_partitions_turn(cursors: dict, tables: Iterable[str]) -> str | None:
+    """The table whose old partitions are looked at this tick, if any: of those scanned before
+    and due (`OLD_PARTITIONS_EVERY_SECONDS`), the one looked at longest ago."""
     now = time.time()
 
-    def looked_at(table: str) -> float | None:
-        return getattr(cursors.get(table), "old_hours_looked_at", None)
+    def looked_at(table: str) -> float:
+        return cursors[table].old_partitions_looked_at or 0.0
 
     due = [
         table
         for table in tables
-        if isinstance(cursors.get(table), TableCursor)
-        and cursors[table].high_water is not None  # a table with no hour has none older either
-        and ((looked_at(table) or 0.0) <= now - OLD_HOURS_EVERY_SECONDS)
+        if isinstance(cursors.get(table), SensorLooks)
+        and cursors[table].newest is not None  # a table with no partition has none older either
+        and looked_at(table) <= now - OLD_PARTITIONS_EVERY_SECONDS
     ]
-    return min(due, key=lambda table: (looked_at(table) or 0.0, table), default=None)
+    return min(due, key=lambda table: (looked_at(table), table), default=None)
+
+
+def _old_partitions(
+    tick: _Tick,
+    assets: TableAssets,
+    cursor: _Cursor,
+    covered: set[str],
+    scanned_since_processed: Callable[[ProcessedWith], list[NewFiles]],
+    older: Callable[[str], bool],
+    described: str,
+) -> tuple[list[NewFiles], _Cursor]:
+    """On the table's turn (`_old_partitions_turn`): the partitions the scans no longer list
+    (`older`: hours older than the late window, batches before the open one) whose files differ
+    from those the lake last processed them with (a file landed or was rewritten there, say
+    while a backfill ran), found as a first scan finds them (`scanned_since_processed`); less
+    the partitions this tick runs anyway (`covered`), those a run in flight may write, and those
+    the look at ended runs holds (`unfinished_held`: a retry of theirs may be coming).
+    It counts as the tick's first scan, whose work it does: in a tick past
+    `FIRST_SCANS_SECONDS` it waits for a later tick. One that fails is logged and waits its next
+    turn. `described` names the partitions in the log, e.g. "hour(s) older than the late window"."""
+    feed, table = tick.feed, assets.table
+    if table != tick.old_partitions_turn or cursor.newest is None:
+        return [], cursor
+    if tick.first_scans or time.monotonic() - tick.started >= FIRST_SCANS_SECONDS:
+        return [], cursor
+    tick.first_scans += 1
+    # A run in flight whose partitions are not known may write any: what it folds is then run again.
+    in_flight = tick.in_flight_partitions(assets) or set()
+    looked = dataclasses.replace(cursor, old_partitions_looked_at=time.time())
+    processed = _processed_with(
+        tick, table, f"its {described} are not looked at (`lake-assets status` names them)"
+    )
+    if processed is None:
+        return [], looked
+    try:
+        found = scanned_since_processed(processed)
+    except Exception as failure:  # noqa: BLE001 - logged; its next turn looks again
+        tick.context.log.warning(
+            f"{feed.name}/{table}: its {described} could not be looked at: {first_line(failure)}"
+        )
+        return [], looked
+    left_out = covered | in_flight | set(cursor.unfinished_held)
+    old = [f for f in found if older(f.partition) and f.partition not in left_out]
+    if old:
+        tick.context.log.info(
+            f"{feed.name}/{table}: {len(old)} {described} changed since the lake processed them: "
+            f"{describe_partitions([f.partition for f in old])}; runs of them are asked for"
+        )
+    return old, looked
 
 
 def _old_hours(
     tick: _Tick, assets: TableAssets, cursor: TableCursor, covered: set[str]
 ) -> tuple[list[NewFiles], TableCursor]:
-    """On the table's turn (`_old_hours_turn`): the hours older than the late window whose files
-    differ from those the lake last processed them with (a file landed or was rewritten in an
-    hour the scans no longer list, say while a backfill ran), found as a first scan finds them;
-    less the hours this tick runs anyway (`covered`), those a run in flight may write, and
-    those the look at ended runs holds (`unfinished_held`: a retry of theirs may be coming).
-    It counts as the tick's first scan, whose work it does: in a tick past
-    `FIRST_SCANS_SECONDS` it waits for a later tick. One that fails is logged and waits its next
-    turn."""
-    feed, table = tick.feed, assets.table
-    if table != tick.old_hours_turn or cursor.high_water is None:
-        return [], cursor
-    if tick.first_scans or time.monotonic() - tick.started >= FIRST_SCANS_SECONDS:
-        return [], cursor
-    tick.first_scans += 1
-    # A run in flight whose hours are not known may write any: what it folds is then run again.
-    in_flight = tick.in_flight_partitions(assets) or set()
-    looked = dataclasses.replace(cursor, old_hours_looked_at=time.time())
-    processed = _processed_with(
-        tick,
-        table,
-        "its hours older than the late window are not looked at (`lake-assets status` names them)",
-    )
-    if processed is None:
-        return [], looked
-    try:
-        found = scan_table(
+    """`_old_partitions` of an hourly table: the hours older than its late window."""
+    feed, first = tick.feed, _first_hour(assets)
+
+    def scanned(processed: ProcessedWith) -> list[NewFiles]:
+        return scan_table(
             tick.storage,
             tick.fmt,
             feed.landing,
-            table,
+            assets.table,
             TableCursor(),
             feed.late_hours,
-            _first_hour(assets),
+            first,
             processed,
         ).found
-    except Exception as failure:  # noqa: BLE001 - logged; its next turn looks again
-        tick.context.log.warning(
-            f"{feed.name}/{table}: its old hours could not be looked at: {first_line(failure)}"
-        )
-        return [], looked
-    window = late_window_start(cursor.high_water, feed.late_hours)
-    left_out = covered | in_flight | set(cursor.unfinished_held)
-    old = [f for f in found if f.partition < window and f.partition not in left_out]
-    if old:
-        tick.context.log.info(
-            f"{feed.name}/{table}: {len(old)} hour(s) older than the late window changed since the lake "
-            f"processed them: {describe_hours([f.partition for f in old])}; runs of them are asked for"
-        )
-    return old, looked
+
+    # No hour seen, no turn (`_old_partitions_turn`): then nothing is older than the window.
+    window = late_window_start(cursor.high_water, feed.late_hours) if cursor.high_water else ""
+    return _old_partitions(
+        tick,
+        assets,
+        cursor,
+        covered,
+        scanned,
+        lambda hour: hour < window,
+        "hour(s) older than the late window",
+    )
+
+
+def _old_batches(
+    tick: _Tick, assets: TableAssets, cursor: BatchCursor, covered: set[str]
+) -> tuple[list[NewFiles], BatchCursor]:
+    """`_old_partitions` of a batch table: the batches before the open (greatest) one, which
+    the scans list no more."""
+    feed, fmt = tick.feed, tick.fmt
+
+    def scanned(processed: ProcessedWith) -> list[NewFiles]:
+        return scan_batches(tick.storage, fmt, feed.landing, assets.table, BatchCursor(), processed)[0]
+
+    def before_open(batch: str) -> bool:
+        return cursor.last is not None and fmt.partition_order(batch) < fmt.partition_order(cursor.last)
+
+    return _old_partitions(
+        tick, assets, cursor, covered, scanned, before_open, "batch(es) before the open one"
+    )
 
 
 def _hour_ranges(hours: Iterable[str]) -> list[tuple[str, ...]]:
@@ -440,7 +485,7 @@ def _hour_ranges(hours: Iterable[str]) -> list[tuple[str, ...]]:
 def _processed_with(
     tick: _Tick, table: str, unread: str = "this first scan runs every partition with files"
 ) -> ProcessedWith | None:
-    """For a table's first scan (or its look at its old hours, `_old_hours`): what the lake
+    """For a table's first scan (or its look at its old partitions, `_old_partitions`): what the lake
     processed, from its notes (read once), and the partitions whose changes were stored but
     never folded; less the partitions a run asked to run again and, for a format whose files
     share data (Flow), those holding data of a file removed from another partition (which
@@ -724,7 +769,7 @@ def _within_attempts(tick: _Tick, assets: TableAssets, left: dict[str, list[str]
     spent = sorted(p for p in left if attempts[p] >= RUN_AGAIN_ATTEMPTS)
     if spent:
         tick.context.log.error(
-            f"{tick.feed.name}/{assets.table}: {RUN_AGAIN_ATTEMPTS} runs of {describe_hours(spent)} failed to "
+            f"{tick.feed.name}/{assets.table}: {RUN_AGAIN_ATTEMPTS} runs of {describe_partitions(spent)} failed to "
             "process what cancelled or failed runs left; the sensor asks for no more: `lake-assets run` (or "
             "a run of the partitions from the UI) does it"
         )
@@ -882,8 +927,8 @@ def _first_hour(assets: TableAssets) -> str | None:
     return None
 
 
-def describe_hours(keys: list[str], shown: int = 5) -> str:
-    """The first hour keys, and how many more."""
+def describe_partitions(keys: list[str], shown: int = 5) -> str:
+    """The first partition keys (hours or batches), and how many more."""
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
     return ", ".join(keys[:shown]) + more
 
@@ -898,12 +943,14 @@ def build_batch_sensor(feed: FeedConfig, fmt: FeedFormat, tables: list[TableAsse
             "batch",
             f"Watches {feed.landing} for new batches of every object: registers them as partitions "
             "and requests one run per table over the new batches, and again for the open "
-            "(greatest) batch when it gains, rewrites or loses files.",
+            "(greatest) batch when it gains, rewrites or loses files (older batches are compared "
+            "with what the lake processed once a day).",
         )
     )
     def batch_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
         cursors = decode_cursor(context.cursor, BatchCursor)
         tick = _Tick(context, lake.get_storage(), lake.layout(), feed, fmt, _strays_turn(cursors, by_name))
+        tick.old_partitions_turn = _old_partitions_turn(cursors, by_name)
         run_requests, observations, additions = [], [], []
         failures = _ScanFailures(context, feed.name)
         for assets, cursor in tick.tables_in_turn(by_name, cursors, BatchCursor):
@@ -932,6 +979,10 @@ def _batch_runs(
     first_scan = cursor.first_scan
     processed = _processed_with(tick, assets.table) if first_scan else None
     found, cursor = scan_batches(tick.storage, tick.fmt, feed.landing, assets.table, cursor, processed)
+    if first_scan:  # it compared every batch with what the lake processed it with
+        cursor = dataclasses.replace(cursor, old_partitions_looked_at=time.time())
+    old, cursor = _old_batches(tick, assets, cursor, {f.partition for f in found})
+    found = sorted([*found, *old], key=lambda new: tick.fmt.partition_order(new.partition))
     kept, cursor = _kept_purges(tick, assets, cursor, [f.partition for f in found])
     left, cursor = _left_unfinished(tick, assets, cursor, [*(f.partition for f in found), *kept])
     if not found and not kept and not left and not first_scan:
