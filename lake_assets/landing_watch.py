@@ -54,8 +54,9 @@ class SensorLooks(abc.ABC):
     #: flight may still write them, a retry Dagster will launch may process them, or the tick's
     #: share of partitions was spent): looked at again by the next look, whatever runs it takes
     unfinished_held: list[str] = dataclasses.field(default_factory=list)
-    #: of those, the ones held for a retry Dagster had yet to launch: not waited for again
-    unfinished_retry_held: list[str] = dataclasses.field(default_factory=list)
+    #: the failed runs whose retry, promised and yet to be launched, the last look waited for
+    #: (their partitions are held): not waited for again
+    retries_awaited: list[str] = dataclasses.field(default_factory=list)
     #: when the partitions the scans no longer list (hours older than the late window, batches
     #: before the open one) were last compared with what the lake processed them with (the
     #: sensors' `_old_partitions`; a first scan does it too), in seconds since the epoch

@@ -507,6 +507,37 @@ def test_each_failure_in_a_chain_of_dagster_retries_is_waited_for_its_retry(tmp_
 
 
 @pytest.mark.usefixtures("looking_every_tick")
+def test_a_retry_failing_before_the_next_look_is_waited_for_as_well(tmp_path):
+    """A slow daemon: the run fails with a retry promised, the look waits; before the next look
+    the retry was launched and failed too, with another promised. That promise is another run's:
+    it is waited for too (the hours were not asked for beside the third attempt), and only when
+    the third attempt never comes are the hours asked for."""
+    ticks = _KeptPurgeTicks(tmp_path)
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    sensor, promised = "unit_landing_sensor", {sensors.WILL_RETRY_TAG: "true"}
+    first = ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        three_to_five.asset_selection,
+        tags=_launched_by(sensor, three_to_five, **promised),
+    )
+    waiting = ticks.tick()
+    assert waiting.run_requests == []
+    retry = {sensors.RETRY_NUMBER_TAG: "1", sensors.PARENT_RUN_ID_TAG: first.run_id, **promised}
+    second = ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        three_to_five.asset_selection,
+        tags=_launched_by(sensor, three_to_five, **retry),
+    )
+    ticks.instance.add_run_tags(first.run_id, {sensors.AUTO_RETRY_RUN_ID_TAG: second.run_id})
+    waiting_again = ticks.tick(waiting.cursor)
+    assert waiting_again.run_requests == []
+    assert decode_cursor(waiting_again.cursor)["accounts"].retries_awaited == [second.run_id]
+    assert _ranges(ticks.tick(waiting_again.cursor).run_requests) == [
+        ("accounts", "2024-03-01-03", "2024-03-01-05")
+    ]
+
+
+@pytest.mark.usefixtures("looking_every_tick")
 def test_a_failure_dagster_retried_counts_once_and_one_whose_retry_never_came_counts(tmp_path, capfd):
     """Runs asked for an hour range fail, each with Dagster's word that it will retry and its
     retry never launched, and beside each a failure Dagster did retry (its retry counts for

@@ -626,10 +626,12 @@ def _left_unfinished(
         waited = set(cursor.unfinished_held)
         ended, retry_due = _ended_unsuccessfully(tick, assets, since)
         # A failure whose retry Dagster has yet to launch is waited for one look (a run seen
-        # again, the looks overlapping, is not waited for twice); then its partitions are
-        # looked at as any others, held while its retry is in flight.
-        for_retry = retry_due - set(cursor.unfinished_retry_held)
-        ended |= waited | retry_due
+        # again, the looks overlapping, is not waited for twice; each run of a chain of retries
+        # is, however soon after the one before it fails); then its partitions are looked at
+        # as any others, held while its retry is in flight.
+        awaited = sorted(set(retry_due) - set(cursor.retries_awaited))
+        for_retry = {partition for run_id in awaited for partition in retry_due[run_id]}
+        ended |= waited | {partition for partitions in retry_due.values() for partition in partitions}
         held = (ended & in_flight) | for_retry
         # Those kept from earlier looks first: a run seen again never keeps them waiting.
         candidates = sorted(
@@ -649,18 +651,20 @@ def _left_unfinished(
         cursor,
         unfinished_looked_until=until,
         unfinished_held=sorted(held),
-        unfinished_retry_held=sorted(for_retry),
+        retries_awaited=awaited,
     )
 
 
-def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> tuple[set[str], set[str]]:
+def _ended_unsuccessfully(
+    tick: _Tick, assets: TableAssets, since: float
+) -> tuple[set[str], dict[str, list[str]]]:
     """The partitions of the runs the daemon launched that may write the table and ended since
     `since` (seconds since the epoch): (those of the runs cancelled, or failed with no retry to
-    come; those of the failed runs whose retry Dagster has yet to launch). The second are held
-    for a look: should the retry never be launched (retries turned off since, the daemon
-    stopped), the next look finds them unprocessed and asks for them."""
+    come; run id -> those of each failed run whose retry Dagster has yet to launch). The second
+    are held for a look: should the retry never be launched (retries turned off since, the
+    daemon stopped), the next look finds them unprocessed and asks for them."""
     partitions: set[str] = set()
-    retry_due: set[str] = set()
+    retry_due: dict[str, list[str]] = {}
     for run in tick.ended_since(since):
         tags = run.tags
         if KEPT_PURGE_TAG in tags or AUTO_RETRY_RUN_ID_TAG in tags:
@@ -670,9 +674,10 @@ def _ended_unsuccessfully(tick: _Tick, assets: TableAssets, since: float) -> tup
         if not tick.may_write(assets, run.job_name, run.asset_selection):
             continue
         try:
-            (retry_due if tags.get(WILL_RETRY_TAG) == "true" else partitions).update(
-                _partitions_of(tick, assets, tags)
-            )
+            if tags.get(WILL_RETRY_TAG) == "true":
+                retry_due[run.run_id] = _partitions_of(tick, assets, tags)
+            else:
+                partitions.update(_partitions_of(tick, assets, tags))
         except Exception as failure:  # noqa: BLE001 - logged; one run's tags stop no other's
             tick.context.log.warning(
                 f"{tick.feed.name}/{assets.table}: the partitions of run {run.run_id} are not known, so "
