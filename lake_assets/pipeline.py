@@ -465,6 +465,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
     holders_asked = _ask_holders_of_removed_data(work, partitions, records, log)
     catalogued = catalogued_entries(records)
     partition_of = {f.uri: key for key in partitions for f in catalogued[key]}
+    own_files = list(partition_of)
     log.info(f"{feed.name}/{table}: {len(partition_of)} catalogued file(s) in {len(partitions)} partition(s)")
     as_read = landing_confirmation.listed_before_the_read(work, catalogued)
     batch = _read(session, work, partitions, catalogued, log)
@@ -493,7 +494,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         batch=batch,
         files_catalogued=_catalogue_strays_and_copies(work, readable_strays, copies, log),
         strays=[Quarantined(e.uri, r) for e, r in strays],
-        reruns=sorted({*request_reruns(work, batch.committed_elsewhere, log), *holders_asked}),
+        reruns=sorted({*holders_asked, *_ask_for_commits_and_gaps(work, partitions, batch, own_files, log)}),
         read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
         partition_of=partition_of,
     )
@@ -649,6 +650,37 @@ def _note_of_what_was_held(
         url: dataclasses.replace(note, read_mtime_ms=as_read[url].mtime_ms) if url in as_read else note
         for url, note in held.items()
     }
+
+
+def _ask_for_commits_and_gaps(
+    work: TableWork, partitions: list[str], batch: Batch, own_files: list[str], log
+) -> list[str]:
+    """Ask the partitions that hold rows of this run's files (`request_reruns`), then those read
+    across a hole its files (`own_files`) fill (`_ask_readers_of_filled_gaps`), to run again;
+    returns the partitions asked."""
+    asked = request_reruns(work, batch.committed_elsewhere, log)
+    return [*asked, *_ask_readers_of_filled_gaps(work, [*partitions, *asked], own_files, log)]
+
+
+def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed: list[str], log) -> list[str]:
+    """Ask the partitions (but `leaving_out`) whose stored changes were read with a hole that
+    one of the `landed` files holds bytes of to run again: a transaction pending where the hole
+    began committed nothing after it (Flow: a fragment landing late between a transaction's
+    documents and the hour of its acknowledgement, which ran while it was missing;
+    docs/formats/flow-journals.md, "Hours"). The step holds
+    the table's lease. Returns the partitions asked."""
+    storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed.name, work.table
+    if not fmt.files_share_data:
+        return []
+    with_gaps = reruns.readings_with_gaps(storage, layout, feed, table, leaving_out=set(leaving_out))
+    asked = []
+    for partition, parts in sorted(fmt.filling_gaps(work.feed.landing, with_gaps, landed).items()):
+        more = f" and {len(parts) - 1} more" if len(parts) > 1 else ""
+        reason = f"its changes were read with a gap that {parts[0].uri}{more} fills"
+        reruns.request_rerun(storage, layout, feed, table, partition, reason, parts)
+        log.warning(f"{feed}/{table}: asked {partition} to run again: {reason}")
+        asked.append(partition)
+    return asked
 
 
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:

@@ -37,6 +37,9 @@ from lake_assets.storage import Storage, each_request, read_lake_json
 
 READING_FOLDER = "reading"
 RERUNS_FOLDER = "reruns"
+#: a mark per partition whose reading has a hole (`Reading.gaps`), so that a run finds them
+#: with one listing (`readings_with_gaps`)
+READING_GAPS_FOLDER = "reading_gaps"
 #: the metadata name under which a changes step lists the partitions it asked to run again
 RERUNS_ASKED = "partitions_asked_to_run_again"
 
@@ -68,6 +71,15 @@ class Reading:
         stretch after the stream's last gap counts."""
         ranges = self.read.get(part.stream, ())
         return bool(ranges) and ranges[-1][0] <= part.begin and part.end <= ranges[-1][1]
+
+    def gaps(self) -> dict[str, list[tuple[int, int]]]:
+        """Per stream, the bytes missing between those read: what was read after such a hole
+        committed nothing that began before it."""
+        holes = {
+            stream: [(ranges[i][1], ranges[i + 1][0]) for i in range(len(ranges) - 1)]
+            for stream, ranges in self.read.items()
+        }
+        return {stream: found for stream, found in holes.items() if found}
 
     def answers(self, part: ByteRange) -> bool:
         """Whether a run asked to read `part` did: it read its bytes, or set the file aside as
@@ -120,14 +132,47 @@ def reruns_folder(layout: LakeLayout, feed: str, table: str) -> str:
     return join(layout.state(feed, table), RERUNS_FOLDER)
 
 
+def reading_gaps_folder(layout: LakeLayout, feed: str, table: str) -> str:
+    return join(layout.state(feed, table), READING_GAPS_FOLDER)
+
+
 def leave_reading(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], reading: Reading
 ) -> None:
     """Record what the stored changes of `partitions` were read from (each partition's record
-    replaces the one before, so it always describes the changes stored), under a mark of its own."""
+    replaces the one before, so it always describes the changes stored), under a mark of its own,
+    and mark those whose reading has a hole (`readings_with_gaps`), or unmark them."""
     body = json.dumps(dataclasses.replace(reading, recorded=uuid.uuid4().hex).to_json()).encode()
     folder = reading_folder(layout, feed, table)
     each_request(lambda partition: storage.write_bytes(join(folder, f"{partition}.json"), body), partitions)
+    gaps = reading_gaps_folder(layout, feed, table)
+    if reading.gaps():
+        each_request(
+            lambda partition: storage.write_bytes(join(gaps, f"{partition}.json"), b"{}"), partitions
+        )
+        return
+    marked = sorted({json_name(entry) for entry in json_files(storage, gaps)} & set(partitions))
+    each_request(lambda partition: storage.delete_file(join(gaps, f"{partition}.json")), marked)
+
+
+def readings_with_gaps(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, leaving_out: set[str]
+) -> dict[str, Reading]:
+    """The partitions (but `leaving_out`) whose stored changes were read with a hole in a
+    stream, with their readings: one listing of their marks, which is mostly empty."""
+    marked = [
+        name
+        for name in (
+            json_name(entry) for entry in json_files(storage, reading_gaps_folder(layout, feed, table))
+        )
+        if name not in leaving_out
+    ]
+    readings = each_request(lambda partition: read_reading(storage, layout, feed, table, partition), marked)
+    return {
+        partition: reading
+        for partition, reading in zip(marked, readings, strict=True)
+        if reading is not None and reading.gaps()
+    }
 
 
 def read_reading(

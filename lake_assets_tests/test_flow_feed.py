@@ -417,6 +417,35 @@ def test_documents_before_a_gap_wait_for_its_bytes_so_a_late_rollback_holds(spar
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [0, 5, 6]
 
 
+@pytest.mark.parametrize("landed", [(12, 10, 11), (10, 12, 11)])
+def test_a_late_fragment_of_another_producer_filling_a_gap_lets_the_transaction_across_it_commit(
+    spark, tmp_path, landed
+):
+    """A transaction's document at 10, another producer's document at 11 (the journal bytes
+    between), the transaction's ACK at 12; hour 11's fragment lands last. The hour that read
+    across the missing bytes cut the transaction there (`cut_by_gap`); the fragment filling the
+    gap holds none of its documents, yet its run asks that hour to run again, and the
+    transaction commits at 12, in whichever order the other two landed."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    other = bytes.fromhex("0f0e0d0c0b0a")
+    by_other = build_uuid(clock_of(dt.datetime(2024, 6, 1, 11, 5, tzinfo=UTC)), 0x0, other)
+    hours = {
+        10: transaction_line(1, 0x1, 10),
+        11: json.dumps({"id": 2, "name": "c2", "_meta": {"uuid": by_other}}).encode() + b"\n",
+        12: transaction_line(3, 0x2, 12, ack=True),
+    }
+    begins = offsets_of(hours)
+    for hour in landed:
+        write_fragment(journal, begins[hour], hours[hour], hour=hour)
+        run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("11", 2), ("12", 1)}
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2]
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
+    assert not list((lake / "_state").glob("**/reading_gaps/*.json"))  # no hour was read with a gap
+
+
 def test_a_fragment_landing_in_a_later_folder_than_its_acknowledgement_is_read_there(spark, tmp_path):
     """The transaction's documents (journal bytes before the 10:05 ACK) land late, in folder
     11: hour 11's run asks hour 10 to run again, and that run reads the folder it was asked to."""

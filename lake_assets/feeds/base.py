@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lake_assets.ingest import Batch
-    from lake_assets.reruns import ByteRange
+    from lake_assets.reruns import ByteRange, Reading
 
 #: set by `normalise` on events derived in addition to a landed row's own event
 DERIVED = "__derived"
@@ -153,6 +153,14 @@ class FeedFormat(abc.ABC):
         """Landed file -> a removed file (URIs) that held some of the same data, so that the
         removal may change what a run over the landed file's partition finds (Flow: fragments
         holding the same journal bytes). Files of the other formats hold data of their own."""
+        return {}
+
+    def filling_gaps(
+        self, landing: str, readings: dict[str, Reading], landed: list[str]
+    ) -> dict[str, list[ByteRange]]:
+        """Partition -> the bytes of `landed` files (of `landing`) that fall in a hole of its
+        `readings` (Flow: a fragment landing between bytes another hour read while it was
+        missing). Files of the other formats are read whole, with no hole between them."""
         return {}
 
     def is_partition_key(self, key: str) -> bool:

@@ -362,6 +362,12 @@ class FlowJournalFeedConfig(FeedConfig):
         return None
 
 
+def _journal_name(landing: str, uri: str) -> str:
+    """The journal a fragment's URI belongs to, as a reading names it: its folder under the
+    landing, without the `utc_date=`/`utc_hour=` folders."""
+    return _journal_folder(uri)[len(landing.rstrip("/")) + 1 :]
+
+
 def _fragments_named(uris: list[str]) -> list[ff.Fragment]:
     """The fragments among `uris` that hold bytes (a name that is no fragment's, or an empty
     fragment, is read by no cover)."""
@@ -460,6 +466,26 @@ class FlowJournalFormat(FeedFormat):
             if before_end and furthest[before_end - 1].name.end > fragment.name.begin:
                 holding[fragment.uri] = furthest[before_end - 1].uri
         return holding
+
+    def filling_gaps(
+        self, landing: str, readings: dict[str, Reading], landed: list[str]
+    ) -> dict[str, list[ByteRange]]:
+        """Partition -> the landed fragments holding bytes of a hole in what its stored changes
+        were read from: a transaction pending where the hole began was cut there (`cut_by_gap`),
+        and the partition's run, read again, commits it."""
+        filling: dict[str, list[ByteRange]] = {}
+        fragments = _fragments_named(landed)
+        for partition, reading in sorted(readings.items()):
+            holes = reading.gaps()
+            for fragment in fragments:
+                journal, begin, end = (
+                    _journal_name(landing, fragment.uri),
+                    fragment.name.begin,
+                    fragment.name.end,
+                )
+                if any(begin < stop and start < end for start, stop in holes.get(journal, ())):
+                    filling.setdefault(partition, []).append(ByteRange(fragment.uri, journal, begin, end))
+        return filling
 
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
@@ -865,10 +891,9 @@ class FlowJournalFormat(FeedFormat):
         by_journal: dict[str, list[tuple[str, Entry]]] = {}
         for key, entries in files.items():
             for entry in entries:
-                by_journal.setdefault(entry.uri.split("/utc_date=", 1)[0], []).append((key, entry))
+                by_journal.setdefault(_journal_name(landing, entry.uri), []).append((key, entry))
         journals, quarantined, listed = [], [], 0
-        for journal_uri, keyed_entries in sorted(by_journal.items()):
-            name = journal_uri[len(landing.rstrip("/")) + 1 :]
+        for name, keyed_entries in sorted(by_journal.items()):
             fragments, hour_of = [], {}
             for key, entry in keyed_entries:
                 listed += key in wanted
