@@ -446,6 +446,52 @@ def test_a_late_fragment_of_another_producer_filling_a_gap_lets_the_transaction_
     assert not list((lake / "_state").glob("**/reading_gaps/*.json"))  # no hour was read with a gap
 
 
+def test_a_compaction_in_a_later_folder_with_its_originals_removed_keeps_every_document(spark, tmp_path):
+    """A journal of two producers with transactions across hours lands in rounds; then a
+    compaction of the fragments of hours 08 to 11 lands in folder 15, and the originals are
+    removed. The hour whose acknowledgement commits their transaction is asked to read the
+    compaction, in a later folder than its own: it read back only to its context hour, took the
+    bytes between the compaction and its own for a gap, and its transaction's documents left
+    `changes`. After every run the lake equals one run over the landing as it then stands."""
+    plan = json.loads((Path(__file__).parent / "data" / "flow_compaction_in_a_later_folder.json").read_text())
+    journal, lake, config, instance = customers_lake(tmp_path)
+    written = {}
+
+    def equals_one_run_over_the_landing(step: str) -> None:
+        fresh = tmp_path / f"fresh-{step}"
+        whole = config_for(tmp_path / "landing", fresh, {"acmeCo/customers": ["/id"]})
+        run_feeds(whole, instance=dg.DagsterInstance.ephemeral(), say=lambda _: None)
+        for layer, of in (
+            ("changes", lambda r: (r["hour"], r["n"])),
+            ("current", lambda r: (r["id"], r["n"])),
+        ):
+            got = sorted((of(r) for r in rows(lake, layer, "acmeco_customers")), key=repr)
+            want = sorted((of(r) for r in rows(fresh, layer, "acmeco_customers")), key=repr)
+            assert got == want, (step, layer)
+
+    for round_ in plan["rounds"]:
+        for fragment in round_:
+            content = fragment["content"].encode()
+            written[fragment["hour"], fragment["begin"]] = (
+                content,
+                write_fragment(journal, fragment["begin"], content, hour=fragment["hour"]),
+            )
+        run_feeds(config, instance=instance, say=lambda _: None)
+    equals_one_run_over_the_landing("landed")
+    compacted = [written[f["hour"], f["begin"]] for f in plan["compaction"]["fragments"]]
+    begin = plan["compaction"]["fragments"][0]["begin"]
+    write_fragment(
+        journal, begin, b"".join(content for content, _ in compacted), hour=plan["compaction"]["hour"]
+    )
+    run_feeds(config, instance=instance, say=lambda _: None)
+    equals_one_run_over_the_landing("compaction beside")
+    for _, path in compacted:
+        path.unlink()
+    run_feeds(config, instance=instance, say=lambda _: None)
+    equals_one_run_over_the_landing("originals removed")
+    assert landing_complete_passed(instance, "acmeco_customers") is True
+
+
 def test_a_fragment_landing_in_a_later_folder_than_its_acknowledgement_is_read_there(spark, tmp_path):
     """The transaction's documents (journal bytes before the 10:05 ACK) land late, in folder
     11: hour 11's run asks hour 10 to run again, and that run reads the folder it was asked to."""

@@ -362,6 +362,11 @@ class FlowJournalFeedConfig(FeedConfig):
         return None
 
 
+def _missing_from(journal: _JournalFragments, offset: int) -> bool:
+    """Whether the journal's fragments listed so far leave bytes from `offset` on unheld."""
+    return any(gap.end > offset for gap in journal.cover()[1])
+
+
 def _journal_name(landing: str, uri: str) -> str:
     """The journal a fragment's URI belongs to, as a reading names it: its folder under the
     landing, without the `utc_date=`/`utc_hour=` folders."""
@@ -1011,11 +1016,12 @@ class FlowJournalFormat(FeedFormat):
     ) -> None:
         """Read each journal back to the hour of the earliest file a run asked these hours to
         read (`reruns`), so the transaction it belongs to is read whole, and the hour of any
-        such file after them (a fragment that landed in a later folder)."""
+        such file after them (a fragment that landed in a later folder). Such a later file (a
+        compaction) may hold bytes from long before those read: the journal is then read back,
+        hour by hour, until no byte is missing from the earliest asked on."""
         for journal in journals:
-            hours = {
-                hour for part in must_read if part.stream == journal.name and (hour := uri_hour(part.uri))
-            }
+            parts = [part for part in must_read if part.stream == journal.name]
+            hours = {hour for part in parts if (hour := uri_hour(part.uri))}
             read = set(journal.hour_of.values())
             if not hours or not read:
                 continue
@@ -1026,6 +1032,11 @@ class FlowJournalFormat(FeedFormat):
                 since = parse_hour_key(later[0])
                 folders = self._hour_folders(storage, self._journal_at(landing, journal), since)
                 self._add_fragments(storage, journal, folders, [hour for hour in later if hour in folders])
+                asked_from = min(part.begin for part in parts)
+                while _missing_from(journal, asked_from) and self._add_hours(
+                    storage, landing, journal, later=False
+                ):
+                    pass
 
     @staticmethod
     def _journal_at(landing: str, journal: _JournalFragments) -> Journal:
