@@ -298,7 +298,17 @@ def decode_cursor(text: str | None, kind: type | None = None) -> dict:
     if not text:
         return {}
     known = {field.name for field in dataclasses.fields(kind)}
-    return {t: kind(**{k: v for k, v in c.items() if k in known}) for t, c in json.loads(text).items()}
+    return {
+        t: kind(**{k: v for k, v in _renamed(c).items() if k in known}) for t, c in json.loads(text).items()
+    }
+
+
+#: cursor fields saved under an earlier name
+_EARLIER_NAMES = {"old_hours_looked_at": "old_partitions_looked_at"}
+
+
+def _renamed(saved: dict) -> dict:
+    return {_EARLIER_NAMES.get(name, name): value for name, value in saved.items()}
 
 
 # --- feeds partitioned by the vendor's own batches (GRAX) ---------------------------------------
@@ -307,7 +317,8 @@ def decode_cursor(text: str | None, kind: type | None = None) -> dict:
 @dataclasses.dataclass
 class BatchCursor(SensorLooks):
     """The greatest batch seen and its files as seen (`_batch_file_version`; a cursor saved
-    before held their names): only that batch can still grow, or have files rewritten or removed."""
+    before held their names): the batch a vendor still writes to, so every tick compares it;
+    earlier batches are compared once a day (the sensors' look at older partitions)."""
 
     last: str | None = None
     open_files: list[str] = dataclasses.field(default_factory=list)

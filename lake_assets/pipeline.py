@@ -659,7 +659,9 @@ def _ask_for_commits_and_gaps(
     across a hole its files (`own_files`) fill (`_ask_readers_of_filled_gaps`), to run again;
     returns the partitions asked."""
     asked = request_reruns(work, batch.committed_elsewhere, log)
-    return [*asked, *_ask_readers_of_filled_gaps(work, [*partitions, *asked], own_files, log)]
+    # A file set aside fills no hole: asked to read it, the hour would find the same hole.
+    usable = sorted(set(own_files) - {item.uri for item in batch.quarantined})
+    return [*asked, *_ask_readers_of_filled_gaps(work, [*partitions, *asked], usable, log)]
 
 
 def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed: list[str], log) -> list[str]:
@@ -672,7 +674,7 @@ def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed:
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed.name, work.table
     if not fmt.files_share_data:
         return []
-    with_gaps = reruns.readings_with_gaps(storage, layout, feed, table, leaving_out=set(leaving_out))
+    with_gaps = reruns.readings_with_gaps(storage, layout, feed, table, set(leaving_out), log.warning)
     asked = []
     for partition, parts in sorted(fmt.filling_gaps(work.feed.landing, with_gaps, landed).items()):
         more = f" and {len(parts) - 1} more" if len(parts) > 1 else ""

@@ -2,12 +2,14 @@
 
 A Flow document belongs to the hour of its transaction's acknowledgement, so a fragment that
 lands late in an earlier hour changes the rows of a later one, which nothing in that later hour's
-own files says. Two records make this safe, without comparing clocks (docs/incremental-runs.md,
+own files says. These records make this safe, without comparing clocks (docs/incremental-runs.md,
 "Runs asked for by other runs"):
 
 - what a partition's stored changes were read from (`Reading`: per stream, the byte ranges read,
   and the files set aside as unusable), left by the changes step once its output is stored, at
   `<lake>/_state/<feed>/<table>/reading/<partition>.json`;
+- a mark on each partition whose reading has a hole (`reading_gaps/<partition>.json`), so that
+  a run whose files fill such a hole finds the partitions to ask with one listing;
 - a request that a partition run again because its rows depend on bytes (`ByteRange`s) its
   reading does not hold, one file per request at
   `<lake>/_state/<feed>/<table>/reruns/<partition>/<request>.json`; or, for a request made
@@ -156,7 +158,12 @@ def leave_reading(
 
 
 def readings_with_gaps(
-    storage: Storage, layout: LakeLayout, feed: str, table: str, leaving_out: set[str]
+    storage: Storage,
+    layout: LakeLayout,
+    feed: str,
+    table: str,
+    leaving_out: set[str],
+    warn: Callable[[str], None],
 ) -> dict[str, Reading]:
     """The partitions (but `leaving_out`) whose stored changes were read with a hole in a
     stream, with their readings: one listing of their marks, which is mostly empty."""
@@ -167,7 +174,17 @@ def readings_with_gaps(
         )
         if name not in leaving_out
     ]
-    readings = each_request(lambda partition: read_reading(storage, layout, feed, table, partition), marked)
+
+    def reading_of(partition: str) -> Reading | None:
+        try:
+            return read_reading(storage, layout, feed, table, partition)
+        except DamagedLakeFile as damaged:  # one damaged record stops no run
+            warn(
+                f"{feed}/{table}: the reading of {partition} is not read, so no run asks it to fill its gap: {damaged}"
+            )
+            return None
+
+    readings = each_request(reading_of, marked)
     return {
         partition: reading
         for partition, reading in zip(marked, readings, strict=True)

@@ -921,6 +921,38 @@ def test_what_a_run_read_holds_a_file_read_from_any_copy_or_set_aside(tmp_path):
     assert not reading.holds(set_aside) and reading.answers(set_aside)  # its own hour reports it
 
 
+def test_readings_with_a_hole_are_marked_until_one_without_replaces_them_and_a_damaged_one_is_passed(
+    tmp_path,
+):
+    """A reading with a hole marks its partitions (one listing finds them); a later reading of
+    a partition without one removes its mark. A marked partition whose reading cannot be read is
+    warned of and left out: it stops no run. Only a fragment the run could use, and not one the
+    marked reading set aside, fills a hole (a set-aside fragment read again leaves the same hole)."""
+    from lake_assets.feeds.flow_journal import FlowJournalFormat
+
+    storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    holed = reruns.Reading(
+        {"j": ((0, 88), (182, 255))}, frozenset({"file:///l/j/utc_date=2024-06-01/utc_hour=11/bad"})
+    )
+    assert holed.gaps() == {"j": [(88, 182)]} and reruns.Reading({"j": ((0, 255),)}).gaps() == {}
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1), hour(2)], holed)
+    warned: list[str] = []
+    found = reruns.readings_with_gaps(storage, layout, "flow", "t", {hour(2)}, warned.append)
+    assert list(found) == [hour(1)]
+    reruns.leave_reading(storage, layout, "flow", "t", [hour(1)], reruns.Reading({"j": ((0, 255),)}))
+    assert list(reruns.readings_with_gaps(storage, layout, "flow", "t", set(), warned.append)) == [hour(2)]
+    (tmp_path / "_state" / "flow" / "t" / "reading" / f"{hour(2)}.json").write_text("{not json")
+    assert reruns.readings_with_gaps(storage, layout, "flow", "t", set(), warned.append) == {}
+    assert hour(2) in warned[0]
+
+    fill = "file:///l/j/utc_date=2024-06-01/utc_hour=11/" + f"{100:016x}-{150:016x}-{'0' * 40}.gz"
+    beside = "file:///l/j/utc_date=2024-06-01/utc_hour=12/" + f"{182:016x}-{200:016x}-{'1' * 40}.gz"
+    asked = FlowJournalFormat().filling_gaps("file:///l", {hour(2): holed}, [fill, beside])
+    assert asked == {hour(2): [reruns.ByteRange(fill, "j", 100, 150)]}
+    set_aside = dataclasses.replace(holed, set_aside=frozenset({fill}))
+    assert FlowJournalFormat().filling_gaps("file:///l", {hour(2): set_aside}, [fill]) == {}
+
+
 def test_requests_to_run_again_stand_until_a_fold_whose_changes_read_what_they_name(tmp_path):
     storage, layout = Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
     late, other = tmp_path / "f1.gz", tmp_path / "f2.gz"

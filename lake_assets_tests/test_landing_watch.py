@@ -271,3 +271,10 @@ def test_a_cursor_field_this_version_does_not_know_is_left_out():
         {"accounts": {"high_water": "2024-03-01-05", "seen": {}, "kept_by_a_newer_version": 1}}
     )
     assert decode_cursor(saved)["accounts"].high_water == "2024-03-01-05"
+
+
+def test_a_cursor_field_saved_under_its_earlier_name_is_read():
+    """The daily look's time was saved as `old_hours_looked_at`: read under that name, an
+    upgrade does not make every table due for the look at once."""
+    saved = json.dumps({"accounts": {"high_water": "2024-03-01-05", "old_hours_looked_at": 5.0}})
+    assert decode_cursor(saved)["accounts"].old_partitions_looked_at == 5.0

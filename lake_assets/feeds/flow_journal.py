@@ -362,9 +362,15 @@ class FlowJournalFeedConfig(FeedConfig):
         return None
 
 
-def _missing_from(journal: _JournalFragments, offset: int) -> bool:
-    """Whether the journal's fragments listed so far leave bytes from `offset` on unheld."""
-    return any(gap.end > offset for gap in journal.cover()[1])
+def _missing_between(journal: _JournalFragments, begin: int, end: int, later: set[str]) -> bool:
+    """Whether the journal's fragments listed so far leave bytes in `[begin, end)` unheld, and
+    those listed outside the `later` hours all begin after `begin` (reading further back can
+    then still find them; once they reach it, a hole left is the landing's)."""
+    earliest = min(
+        (f.name.begin for f in journal.fragments if journal.hour_of[f.uri] not in later), default=begin
+    )
+    reached = earliest <= begin
+    return not reached and any(gap.begin < end and gap.end > begin for gap in journal.cover()[1])
 
 
 def _journal_name(landing: str, uri: str) -> str:
@@ -483,6 +489,8 @@ class FlowJournalFormat(FeedFormat):
         for partition, reading in sorted(readings.items()):
             holes = reading.gaps()
             for fragment in fragments:
+                if fragment.uri in reading.set_aside:  # its hole is that fragment's: read again, still a hole
+                    continue
                 journal, begin, end = (
                     _journal_name(landing, fragment.uri),
                     fragment.name.begin,
@@ -1018,7 +1026,8 @@ class FlowJournalFormat(FeedFormat):
         read (`reruns`), so the transaction it belongs to is read whole, and the hour of any
         such file after them (a fragment that landed in a later folder). Such a later file (a
         compaction) may hold bytes from long before those read: the journal is then read back,
-        hour by hour, until no byte is missing from the earliest asked on."""
+        hour by hour, while bytes between the earliest asked and the first listed before are
+        missing and the hours read back have not reached the asked bytes."""
         for journal in journals:
             parts = [part for part in must_read if part.stream == journal.name]
             hours = {hour for part in parts if (hour := uri_hour(part.uri))}
@@ -1029,11 +1038,12 @@ class FlowJournalFormat(FeedFormat):
                 self._read_back_to(storage, landing, journal, min(hours))
             later = sorted(hour for hour in hours if hour > max(read))
             if later:
+                first_listed = min(f.name.begin for f in journal.fragments)
                 since = parse_hour_key(later[0])
                 folders = self._hour_folders(storage, self._journal_at(landing, journal), since)
                 self._add_fragments(storage, journal, folders, [hour for hour in later if hour in folders])
                 asked_from = min(part.begin for part in parts)
-                while _missing_from(journal, asked_from) and self._add_hours(
+                while _missing_between(journal, asked_from, first_listed, set(later)) and self._add_hours(
                     storage, landing, journal, later=False
                 ):
                     pass
