@@ -473,21 +473,30 @@ def test_a_failure_whose_promised_retry_is_never_launched_has_its_hours_asked_fo
     assert _ranges(ticks.tick(held.cursor).run_requests) == [("accounts", "2024-03-01-03", "2024-03-01-05")]
 
 
+def _failed_with_a_retry_promised(
+    ticks: "_KeptPurgeTicks",
+) -> tuple[dg.RunRequest, dg.DagsterRun, dg.SensorResult]:
+    """The sensor's run of 03..05 failed with a Dagster retry promised, and the look that waits
+    for it: (that run's request, the failed run, the look)."""
+    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    first = ticks.run(
+        dg.DagsterRunStatus.FAILURE,
+        three_to_five.asset_selection,
+        tags=_launched_by("unit_landing_sensor", three_to_five, **{sensors.WILL_RETRY_TAG: "true"}),
+    )
+    waiting = ticks.tick()
+    assert waiting.run_requests == []
+    return three_to_five, first, waiting
+
+
 @pytest.mark.usefixtures("looking_every_tick")
 def test_each_failure_in_a_chain_of_dagster_retries_is_waited_for_its_retry(tmp_path):
     """A sensor's run fails and Dagster will retry it; the retry runs while the next look comes,
     then fails with another retry promised. Each promise is waited for a look, however long the
     hours were held: only when the last retry never comes are they asked for."""
     ticks = _KeptPurgeTicks(tmp_path)
-    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    three_to_five, first, waiting = _failed_with_a_retry_promised(ticks)
     sensor, promised = "unit_landing_sensor", {sensors.WILL_RETRY_TAG: "true"}
-    first = ticks.run(
-        dg.DagsterRunStatus.FAILURE,
-        three_to_five.asset_selection,
-        tags=_launched_by(sensor, three_to_five, **promised),
-    )
-    waiting = ticks.tick()
-    assert waiting.run_requests == []
     retry = {sensors.RETRY_NUMBER_TAG: "1", sensors.PARENT_RUN_ID_TAG: first.run_id}
     ticks.instance.add_run_tags(first.run_id, {sensors.AUTO_RETRY_RUN_ID_TAG: "the-retry"})
     running = ticks.run(
@@ -513,15 +522,8 @@ def test_a_retry_failing_before_the_next_look_is_waited_for_as_well(tmp_path):
     it is waited for too (the hours were not asked for beside the third attempt), and only when
     the third attempt never comes are the hours asked for."""
     ticks = _KeptPurgeTicks(tmp_path)
-    three_to_five = next(r for r in ticks.first.run_requests if r.tags[RANGE_START_TAG] == "2024-03-01-03")
+    three_to_five, first, waiting = _failed_with_a_retry_promised(ticks)
     sensor, promised = "unit_landing_sensor", {sensors.WILL_RETRY_TAG: "true"}
-    first = ticks.run(
-        dg.DagsterRunStatus.FAILURE,
-        three_to_five.asset_selection,
-        tags=_launched_by(sensor, three_to_five, **promised),
-    )
-    waiting = ticks.tick()
-    assert waiting.run_requests == []
     retry = {sensors.RETRY_NUMBER_TAG: "1", sensors.PARENT_RUN_ID_TAG: first.run_id, **promised}
     second = ticks.run(
         dg.DagsterRunStatus.FAILURE,
