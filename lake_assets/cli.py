@@ -35,8 +35,8 @@ from lake_assets.console import (
 )
 from lake_assets.discovery import (
     describe,
-    describe_unread,
     discover,
+    each_unread,
     feed_tables,
     load_pins,
     tables_of_every_feed,
@@ -123,8 +123,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     discovered = discover(config, config.storage())
     for found in discovered:
         print(describe(found))
-        unread = describe_unread(found)
-        if unread:
+        for unread in each_unread(found):
             print(f"lake-assets: warning: {unread}", file=sys.stderr)
         for line in ([found.problem] if found.problem else []) + list(found.unlisted):
             print(f"lake-assets: failed: {found.feed.name}: {line}", file=sys.stderr)

@@ -351,9 +351,20 @@ NAMED_UNREAD = 5
 
 
 def describe_unread(found: Discovery) -> str | None:
-    """One line naming what no table of the feed reads in its landing, or None when nothing."""
+    """One line naming what no table of the feed reads in its landing (the first few entries),
+    or None when nothing."""
     if not found.unread:
         return None
-    named = "; ".join(found.unread[:NAMED_UNREAD])
     more = len(found.unread) - NAMED_UNREAD
-    return f"{found.feed.name}: not read, no table's: {named}" + (f"; and {more} more" if more > 0 else "")
+    return _not_read(found, "; ".join(found.unread[:NAMED_UNREAD])) + (
+        f"; and {more} more (`lake-assets discover` names each)" if more > 0 else ""
+    )
+
+
+def each_unread(found: Discovery) -> list[str]:
+    """A line per entry no table of the feed reads in its landing."""
+    return [_not_read(found, entry) for entry in found.unread]
+
+
+def _not_read(found: Discovery, named: str) -> str:
+    return f"{found.feed.name}: not read, no table's: {named}"

@@ -57,7 +57,7 @@ from lake_assets.errors import (
 )
 from lake_assets.feeds.base import FeedFormat
 from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
-from lake_assets.paths import LakeLayout, partition_folder
+from lake_assets.paths import LakeLayout, parse_hour_key, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
 from lake_assets.storage import Entry, Storage, each_request, parquet_footer
@@ -494,7 +494,9 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         batch=batch,
         files_catalogued=_catalogue_strays_and_copies(work, readable_strays, copies, log),
         strays=[Quarantined(e.uri, r) for e, r in strays],
-        reruns=sorted({*holders_asked, *_ask_for_commits_and_gaps(work, partitions, batch, own_files, log)}),
+        reruns=sorted(
+            {*holders_asked, *_ask_partitions_to_run_again(work, partitions, batch, own_files, log)}
+        ),
         read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
         partition_of=partition_of,
     )
@@ -652,16 +654,18 @@ def _note_of_what_was_held(
     }
 
 
-def _ask_for_commits_and_gaps(
+def _ask_partitions_to_run_again(
     work: TableWork, partitions: list[str], batch: Batch, own_files: list[str], log
 ) -> list[str]:
     """Ask the partitions that hold rows of this run's files (`request_reruns`), then those read
-    across a hole its files (`own_files`) fill (`_ask_readers_of_filled_gaps`), to run again;
-    returns the partitions asked."""
+    across a hole its files (`own_files`) fill (`_ask_readers_of_filled_gaps`), and its own
+    partitions if a file that landed since its catalog step fills a hole in what it read
+    (`_ask_again_for_holes_filled_meanwhile`), to run again; returns the partitions asked."""
     asked = request_reruns(work, batch.committed_elsewhere, log)
     # A file set aside fills no hole: asked to read it, the hour would find the same hole.
     usable = sorted(set(own_files) - {item.uri for item in batch.quarantined})
-    return [*asked, *_ask_readers_of_filled_gaps(work, [*partitions, *asked], usable, log)]
+    asked += _ask_readers_of_filled_gaps(work, [*partitions, *asked], usable, log)
+    return [*asked, *_ask_again_for_holes_filled_meanwhile(work, partitions, batch.reading, log)]
 
 
 def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed: list[str], log) -> list[str]:
@@ -675,23 +679,50 @@ def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed:
     if not fmt.files_share_data:
         return []
     with_gaps = reruns.readings_with_gaps(storage, layout, feed, table, set(leaving_out), log.warning)
+    return _ask_to_fill(work, reruns.filling_gaps(with_gaps, fmt.byte_ranges(work.feed.landing, landed)), log)
+
+
+def _ask_again_for_holes_filled_meanwhile(
+    work: TableWork, partitions: list[str], reading: reruns.Reading | None, log
+) -> list[str]:
+    """Ask `partitions` themselves to run again when what they read has a hole that a file
+    landed now holds bytes of. Such a file landed after this run's catalog step, and its own
+    run, which asks the readers of the holes it fills, may have looked before this run's
+    reading (and its mark) existed. Looked at under the table's lease, which this run holds
+    until its reading is recorded: a file landing after this look is its own run's to match
+    against the mark. Lists the hours from the run's first read (only for a reading with a
+    hole). Returns the partitions asked."""
+    if reading is None or not reading.gaps():
+        return []
+    fmt, landing = work.fmt, work.feed.landing
+    since = parse_hour_key(fmt.read_partitions(partitions)[0])
+    landed = [
+        e.uri for files in fmt.landed_hours(work.storage, landing, work.table, since).values() for e in files
+    ]
+    holed = dict.fromkeys(partitions, reading)
+    return _ask_to_fill(work, reruns.filling_gaps(holed, fmt.byte_ranges(landing, landed)), log)
+
+
+def _ask_to_fill(work: TableWork, filling: dict[str, list[reruns.ByteRange]], log) -> list[str]:
+    """Request that each partition of `filling` run again to read the parts that fill a hole in
+    what its changes were read from; returns the partitions asked."""
     asked = []
-    for partition, parts in sorted(fmt.filling_gaps(work.feed.landing, with_gaps, landed).items()):
+    for partition, parts in sorted(filling.items()):
         more = f" and {len(parts) - 1} more" if len(parts) > 1 else ""
         reason = f"its changes were read with a gap that {parts[0].uri}{more} fills"
-        reruns.request_rerun(storage, layout, feed, table, partition, reason, parts)
-        log.warning(f"{feed}/{table}: asked {partition} to run again: {reason}")
+        reruns.request_rerun(work.storage, work.layout, work.feed.name, work.table, partition, reason, parts)
+        log.warning(f"{work.feed.name}/{work.table}: asked {partition} to run again: {reason}")
         asked.append(partition)
     return asked
 
 
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:
-    """Ask the partitions holding data of a file removed from `partitions` since they were
-    processed (Flow: a compaction in another hour holding a removed fragment's bytes, which that
-    hour's run read from the removed one) to run again. The request stands until a fold of
-    theirs that was read after it (`reruns.request_read_since_removal`): once this run's notes
-    no longer name the file, nothing else would tell. The step holds the table's lease. Returns
-    the partitions asked."""
+    """Ask the partitions whose changes may hold data of a file removed from `partitions` since
+    they were processed to run again (Flow: an hour whose stored changes were read from a removed
+    fragment, for a transaction acknowledged there or through a compaction holding its bytes).
+    The request stands until a fold of theirs that was read after it
+    (`reruns.request_read_since_removal`): once this run's notes no longer name the file,
+    nothing else would tell. The step holds the table's lease. Returns the partitions asked."""
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed, work.table
     if not fmt.files_share_data:
         return []
@@ -703,13 +734,27 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
         partitions,
         lambda damage: log.warning(f"{feed.name}/{table}: {damage} (this run writes it again)"),
     )
-    if not any(set(note) - set(records.get(p, {})) for p, note in notes.items()):
+    removed = {url: p for p, note in notes.items() for url in sorted(set(note) - set(records.get(p, {})))}
+    if not removed:
         return []
     keys = fmt.partition_keys(storage, feed.landing, table)
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
     live = {p: landed.get(p, []) for p in partitions}
     holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
-    for partition, reason in holding.items():
+    read_from = reruns.readings_holding(
+        storage,
+        layout,
+        feed.name,
+        table,
+        fmt.byte_ranges(feed.landing, sorted(removed)),
+        set(partitions),
+        log.warning,
+    )
+    for partition, part in sorted(read_from.items()):
+        holding.setdefault(
+            partition, f"was read from {part.uri.rsplit('/', 1)[-1]}, removed from {removed[part.uri]}"
+        )
+    for partition, reason in sorted(holding.items()):
         if partition not in partitions and reruns.request_read_since_removal(
             storage, layout, feed.name, table, partition, reason
         ):

@@ -17,7 +17,7 @@ from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, dump_co
 from lake_assets.demo.flow_sample import write_flow_landing
 from lake_assets.demo.grax_sample import write_grax_landing
 from lake_assets.demo.unit_sample import write_unit_landing
-from lake_assets.discovery import Pin, discover, tables_of_every_feed
+from lake_assets.discovery import NAMED_UNREAD, Pin, describe_unread, discover, tables_of_every_feed
 from lake_assets.orchestration.definitions import build_definitions
 from lake_assets.orchestration.resources import LakeResource
 from lake_assets.runner import _Selection, plan_runs
@@ -188,9 +188,17 @@ def test_discover_names_what_in_a_landing_no_table_reads(lake, capsys):
     assert main(["discover", "--config", str(config_file)]) == 0
     captured = capsys.readouterr()
     warnings = [line for line in captured.err.splitlines() if line.startswith("lake-assets: warning: ")]
-    assert len(warnings) == 2, captured.err
-    unit_line, grax_line = sorted(warnings, reverse=True)
-    assert unit_line.startswith("lake-assets: warning: unit: not read, no table's: ")
+    by_feed = {
+        feed: [
+            line
+            for line in warnings
+            if line.startswith(f"lake-assets: warning: {feed}: not read, no table's: ")
+        ]
+        for feed in ("unit", "grax")
+    }
+    assert len(by_feed["unit"]) + len(by_feed["grax"]) == len(warnings), captured.err
+    assert len(by_feed["unit"]) == 4, by_feed  # one line for each entry
+    unit_line, grax_line = "\n".join(by_feed["unit"]), "\n".join(by_feed["grax"])
     for name in ("Accounts/", "accounts-v2/"):
         assert f"{config.feeds[0].landing}/{name}: no table has this name" in unit_line
     assert "stray.parquet: a file outside every table's folder" in unit_line and "_SUCCESS" not in unit_line
@@ -203,6 +211,24 @@ def test_discover_names_what_in_a_landing_no_table_reads(lake, capsys):
     ):
         assert name in grax_line, grax_line
     assert "unit: 3 table(s) pinned: accounts (new), customers (new), transactions (new)" in captured.out
+
+
+def test_a_run_names_the_first_entries_no_table_reads_and_discover_names_each(lake, capsys):
+    """A landing with many entries no table reads: a run's line names the first few and says
+    how many more, and that `lake-assets discover` names each, which it does, one per line."""
+    config, config_file, unit = lake
+    for n in range(NAMED_UNREAD + 3):
+        (unit / f"notes-{n}.txt").write_text("not data")
+    found = next(f for f in discover(config, config.storage()) if f.feed.name == "unit")
+
+    line = describe_unread(found)
+
+    assert line is not None and line.endswith("; and 3 more (`lake-assets discover` names each)")
+    assert main(["discover", "--config", str(config_file)]) == 0
+    named = [line for line in capsys.readouterr().err.splitlines() if "unit: not read, no table's:" in line]
+    assert sorted(name.rsplit("/", 1)[-1].split(":")[0] for name in named) == sorted(
+        f"notes-{n}.txt" for n in range(NAMED_UNREAD + 3)
+    )
 
 
 def test_a_pin_only_grows(lake, capsys):

@@ -417,6 +417,18 @@ def test_documents_before_a_gap_wait_for_its_bytes_so_a_late_rollback_holds(spar
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [0, 5, 6]
 
 
+def transaction_across_another_producers_document() -> dict[int, bytes]:
+    """Hour -> its fragment's content: a transaction's document at 10, another producer's
+    document at 11, the transaction's ACK at 12."""
+    other = bytes.fromhex("0f0e0d0c0b0a")
+    by_other = build_uuid(clock_of(dt.datetime(2024, 6, 1, 11, 5, tzinfo=UTC)), 0x0, other)
+    return {
+        10: transaction_line(1, 0x1, 10),
+        11: json.dumps({"id": 2, "name": "c2", "_meta": {"uuid": by_other}}).encode() + b"\n",
+        12: transaction_line(3, 0x2, 12, ack=True),
+    }
+
+
 @pytest.mark.parametrize("landed", [(12, 10, 11), (10, 12, 11)])
 def test_a_late_fragment_of_another_producer_filling_a_gap_lets_the_transaction_across_it_commit(
     spark, tmp_path, landed
@@ -427,13 +439,7 @@ def test_a_late_fragment_of_another_producer_filling_a_gap_lets_the_transaction_
     gap holds none of its documents, yet its run asks that hour to run again, and the
     transaction commits at 12, in whichever order the other two landed."""
     journal, lake, config, instance = customers_lake(tmp_path)
-    other = bytes.fromhex("0f0e0d0c0b0a")
-    by_other = build_uuid(clock_of(dt.datetime(2024, 6, 1, 11, 5, tzinfo=UTC)), 0x0, other)
-    hours = {
-        10: transaction_line(1, 0x1, 10),
-        11: json.dumps({"id": 2, "name": "c2", "_meta": {"uuid": by_other}}).encode() + b"\n",
-        12: transaction_line(3, 0x2, 12, ack=True),
-    }
+    hours = transaction_across_another_producers_document()
     begins = offsets_of(hours)
     for hour in landed:
         write_fragment(journal, begins[hour], hours[hour], hour=hour)
@@ -444,6 +450,40 @@ def test_a_late_fragment_of_another_producer_filling_a_gap_lets_the_transaction_
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2]
     assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
     assert not list((lake / "_state").glob("**/reading_gaps/*.json"))  # no hour was read with a gap
+
+
+def test_a_fragment_filling_a_hole_while_the_hour_reading_across_it_runs_asks_that_hour_again(
+    spark, tmp_path, monkeypatch
+):
+    """The fragment between a transaction's document (10) and its ACK (12) lands after the run
+    of 10-12 listed the landing, and before it read: it reads across the hole. The fragment's
+    own run asks the hours read with a hole it fills, but it may have looked before this run's
+    reading existed (here it never sees one). So the run itself, still holding the table's
+    lease, looks at what landed and asks its hours to run again: the transaction commits at 12
+    within the same `lake-assets run`."""
+    from lake_assets import pipeline
+
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours = transaction_across_another_producers_document()
+    begins = offsets_of(hours)
+    for hour in (10, 12):
+        write_fragment(journal, begins[hour], hours[hour], hour=hour)
+    real_ingest, landed_late = pipeline.ingest, []
+
+    def ingest_after_a_late_landing(session, work, partitions, log=pipeline._log):
+        if not landed_late:
+            landed_late.append(write_fragment(journal, begins[11], hours[11], hour=11))
+        return real_ingest(session, work, partitions, log)
+
+    monkeypatch.setattr(pipeline, "ingest", ingest_after_a_late_landing)
+    monkeypatch.setattr(pipeline.reruns, "readings_with_gaps", lambda *args: {})  # looked too early
+
+    run_feeds(config, instance=instance, say=lambda _: None)
+
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert landed_late and changes == {("11", 2), ("12", 1)}
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
+    assert not list((lake / "_state").glob("**/reading_gaps/*.json"))
 
 
 def test_a_compaction_in_a_later_folder_with_its_originals_removed_keeps_every_document(spark, tmp_path):
@@ -1229,6 +1269,44 @@ def test_only_selected_logical_partitions_are_listed(tmp_path):
     assert sorted(fmt.landed_hours(storage, f"file://{landing}", "acmeco_orders", None)) == ["2024-06-01-10"]
 
 
+def test_a_logical_partition_left_out_of_the_selection_is_named_by_every_run(spark, tmp_path):
+    """Narrowing a collection's `partitions` takes the rows read from the folders it leaves out
+    out of `changes`, as a removal of their files would. Their files are still landed, so the
+    run says which folders no table reads now and why (the planning reason alone said only
+    `removed`), and so does every run after it, and `lake-assets discover` names each."""
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for n, category in enumerate(("Anvils", "Rockets"), 1):
+        write_fragment(landing / "acmeCo" / "orders" / f"category={category}" / "pivot=00", 0, doc_line(n))
+
+    def config(*selected: str) -> LakeConfig:
+        selection = (("category", selected),) if selected else ()
+        collection = CollectionConfig(name="acmeCo/orders", key=("/id",), partitions=selection)
+        return LakeConfig(
+            lake=f"file://{lake}",
+            feeds=(
+                FeedConfig(
+                    name="flow", format="flow_journal", landing=f"file://{landing}", collections=(collection,)
+                ),
+            ),
+        )
+
+    instance = dg.DagsterInstance.ephemeral()
+    run_feeds(config(), instance=instance, say=lambda _: None)
+    assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_orders")) == [1, 2]
+
+    for _ in range(2):
+        said: list[str] = []
+        run_feeds(config("Anvils"), instance=instance, say=said.append)
+        left_out = [line for line in said if "not read, no table's" in line]
+        assert (
+            len(left_out) == 1
+            and "/category=Rockets/: not among collection acmeCo/orders's partitions" in left_out[0]
+        )
+        assert "(category: Anvils)" in left_out[0], left_out
+        assert sorted(r["id"] for r in rows(lake, "changes", "acmeco_orders")) == [1]
+    assert sorted(r["id"] for r in rows(lake, "current", "acmeco_orders")) == [1, 2]  # a fold only adds
+
+
 @pytest.mark.parametrize("table", ["acmeco_orders", "acmeco_customers"])
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake, table):
     _, lake, instance = sample_lake
@@ -1481,6 +1559,70 @@ def test_fragments_removed_while_a_later_fragment_holds_their_bytes_again_move_i
     assert {hour: sorted(ids) for hour, ids in by_hour.items()} == {"2024-06-01-12": [1, 2, 3, 4, 5]}
     assert any("2024-06-01-12: to run again: holds data of" in line for line in said), said
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_customers")) == [1, 2, 3, 4, 5]
+
+
+def test_reading_back_to_a_later_folders_bytes_stops_once_it_reaches_them_past_a_hole(tmp_path):
+    """An hour asked to read bytes of a compaction in a later folder reads its journal back
+    until the fragments listed reach those bytes. A hole between them and its own (a fragment
+    never landed) stays a hole however far back it reads, so the read-back stops there rather
+    than reading the journal's whole history: here the day before is never listed."""
+    from lake_assets.feeds.flow_fragments import fragment_from_uri
+    from lake_assets.feeds.flow_journal import _JournalFragments
+    from lake_assets.reruns import ByteRange
+
+    landing = tmp_path / "landing"
+    journal = landing / "acmeCo" / "customers" / "pivot=00"
+    hours = [dt.datetime(2024, 5, 31, tzinfo=UTC) + dt.timedelta(hours=n) for n in range(35)]
+
+    def land(at: dt.datetime, begin: int) -> Path:
+        folder = journal / f"utc_date={at:%Y-%m-%d}" / f"utc_hour={at:%H}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{begin:016x}-{begin + 10:016x}-{'0' * 40}.gz"
+        path.write_bytes(b"x")
+        return path
+
+    for index, at in enumerate(hours[:-1]):
+        if at.hour != 8 or at.day != 1:  # 2024-06-01-08's bytes never landed: a hole
+            land(at, 10 * index)
+    own = land(hours[-1], 10 * (len(hours) - 1))  # the run's hour, 2024-06-01-10
+    compaction = land(dt.datetime(2024, 6, 1, 15, tzinfo=UTC), 300)  # again bytes of 2024-06-01-06
+    name = "acmeCo/customers/pivot=00"
+    read = _JournalFragments(
+        name, [fragment_from_uri(f"file://{own}", name)], {f"file://{own}": "2024-06-01-10"}
+    )
+    asked = ByteRange(f"file://{compaction}", name, 300, 310)
+
+    FlowJournalFormat()._read_what_was_asked(Storage(S3Config()), f"file://{landing}", [read], [asked])
+
+    listed = read.hours_read()
+    assert "2024-06-01-15" in listed and min(f.name.begin for f in read.fragments) <= 300
+    assert min(listed) >= "2024-06-01-00", sorted(listed)
+
+
+def test_a_fragment_removed_takes_its_documents_out_of_the_hour_of_their_acknowledgement(spark, tmp_path):
+    """A transaction's documents at 10 and its ACK at 11: they are in hour 11's changes, read
+    from hour 10's fragment. Once that fragment is removed, hour 10 runs again and empties, and
+    asks hour 11 to run again (its reading held the removed bytes), so the documents leave
+    `changes` in the same run, as one run over the landing as it stands would have it."""
+    journal, lake, config, instance = customers_lake(tmp_path)
+    hours = {
+        10: transaction_line(0, 0x0, 10) + transaction_line(1, 0x1, 10),
+        11: transaction_line(2, 0x2, 11, ack=True) + transaction_line(3, 0x0, 11),
+    }
+    begins = offsets_of(hours)
+    first = write_fragment(journal, begins[10], hours[10], hour=10)
+    write_fragment(journal, begins[11], hours[11], hour=11)
+    run_feeds(config, instance=instance, say=lambda _: None)
+    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
+    assert changes == {("10", 0), ("11", 1), ("11", 3)}
+
+    first.unlink()
+    said: list[str] = []
+    run_feeds(config, instance=instance, say=said.append)
+
+    assert {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")} == {("11", 3)}
+    assert any("2024-06-01-11: to run again: was read from" in line for line in said), said
+    assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
 
 
 def _originals_and_their_compaction_run(tmp_path):

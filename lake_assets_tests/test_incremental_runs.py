@@ -947,10 +947,11 @@ def test_readings_with_a_hole_are_marked_until_one_without_replaces_them_and_a_d
 
     fill = "file:///l/j/utc_date=2024-06-01/utc_hour=11/" + f"{100:016x}-{150:016x}-{'0' * 40}.gz"
     beside = "file:///l/j/utc_date=2024-06-01/utc_hour=12/" + f"{182:016x}-{200:016x}-{'1' * 40}.gz"
-    asked = FlowJournalFormat().filling_gaps("file:///l", {hour(2): holed}, [fill, beside])
+    landed = FlowJournalFormat().byte_ranges("file:///l", [fill, beside])
+    asked = reruns.filling_gaps({hour(2): holed}, landed)
     assert asked == {hour(2): [reruns.ByteRange(fill, "j", 100, 150)]}
     set_aside = dataclasses.replace(holed, set_aside=frozenset({fill}))
-    assert FlowJournalFormat().filling_gaps("file:///l", {hour(2): set_aside}, [fill]) == {}
+    assert reruns.filling_gaps({hour(2): set_aside}, landed[:1]) == {}
 
 
 def test_requests_to_run_again_stand_until_a_fold_whose_changes_read_what_they_name(tmp_path):

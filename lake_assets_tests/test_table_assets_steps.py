@@ -283,7 +283,7 @@ def test_the_state_layers_as_a_reader_finds_them(tmp_path, spark):
     spark.createDataFrame([("a", 1), ("b", 2)], "id string, balance int").write.parquet(
         f"{tmp_path}/current/unit/accounts"
     )
-    layers = steps.state_layers_stored(table, spark, work)
+    layers = steps.read_state_layers(table, spark, work)
     assert [(layer.key.path[-1], layer.rows) for layer in layers] == [("current", 2), ("history", 0)]
     assert layers[0].schema is not None and layers[0].schema.fieldNames() == ["id", "balance"]
     assert layers[1].schema is None  # no files yet

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lake_assets.ingest import Batch
-    from lake_assets.reruns import ByteRange, Reading
+    from lake_assets.reruns import ByteRange
 
 #: set by `normalise` on events derived in addition to a landed row's own event
 DERIVED = "__derived"
@@ -155,13 +155,11 @@ class FeedFormat(abc.ABC):
         holding the same journal bytes). Files of the other formats hold data of their own."""
         return {}
 
-    def filling_gaps(
-        self, landing: str, readings: dict[str, Reading], landed: list[str]
-    ) -> dict[str, list[ByteRange]]:
-        """Partition -> the bytes of `landed` files (of `landing`) that fall in a hole of its
-        `readings` (Flow: a fragment landing between bytes another hour read while it was
-        missing). Files of the other formats are read whole, with no hole between them."""
-        return {}
+    def byte_ranges(self, landing: str, uris: list[str]) -> list[ByteRange]:
+        """The stream bytes each of `uris` (files of `landing`) holds, named as a `Reading`
+        names them (Flow: a fragment's journal and offsets). Files of the other formats are read
+        whole, with data of their own."""
+        return []
 
     def is_partition_key(self, key: str) -> bool:
         """Whether `key` can name a partition of the format (an hour key here)."""

@@ -373,6 +373,17 @@ def _missing_between(journal: _JournalFragments, begin: int, end: int, later: se
     return not reached and any(gap.begin < end and gap.end > begin for gap in journal.cover()[1])
 
 
+@dataclasses.dataclass(frozen=True)
+class _CollectionWalk:
+    """What a walk of a collection's folders met: its journals (`pivot=` folders), the entries
+    that are neither a logical partition folder nor a journal folder (each with its path below
+    the landing), and the logical partition folders its `partitions` leave out."""
+
+    journals: list[Journal]
+    misfits: list[tuple[Entry, str]]
+    unselected: list[Entry]
+
+
 def _journal_name(landing: str, uri: str) -> str:
     """The journal a fragment's URI belongs to, as a reading names it: its folder under the
     landing, without the `utc_date=`/`utc_hour=` folders."""
@@ -478,27 +489,14 @@ class FlowJournalFormat(FeedFormat):
                 holding[fragment.uri] = furthest[before_end - 1].uri
         return holding
 
-    def filling_gaps(
-        self, landing: str, readings: dict[str, Reading], landed: list[str]
-    ) -> dict[str, list[ByteRange]]:
-        """Partition -> the landed fragments holding bytes of a hole in what its stored changes
-        were read from: a transaction pending where the hole began was cut there (`cut_by_gap`),
-        and the partition's run, read again, commits it."""
-        filling: dict[str, list[ByteRange]] = {}
-        fragments = _fragments_named(landed)
-        for partition, reading in sorted(readings.items()):
-            holes = reading.gaps()
-            for fragment in fragments:
-                if fragment.uri in reading.set_aside:  # its hole is that fragment's: read again, still a hole
-                    continue
-                journal, begin, end = (
-                    _journal_name(landing, fragment.uri),
-                    fragment.name.begin,
-                    fragment.name.end,
-                )
-                if any(begin < stop and start < end for start, stop in holes.get(journal, ())):
-                    filling.setdefault(partition, []).append(ByteRange(fragment.uri, journal, begin, end))
-        return filling
+    def byte_ranges(self, landing: str, uris: list[str]) -> list[ByteRange]:
+        """Each fragment's bytes of its journal (a name that is no fragment's holds none)."""
+        return [
+            ByteRange(
+                fragment.uri, _journal_name(landing, fragment.uri), fragment.name.begin, fragment.name.end
+            )
+            for fragment in _fragments_named(uris)
+        ]
 
     def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
         self.collections = {c.table: c for c in collections}
@@ -553,7 +551,24 @@ class FlowJournalFormat(FeedFormat):
             and not (e.is_dir and e.name in leading[folder])
             and not (folder == top and e.is_dir and e.name == FLOW_RECOVERY_LOGS)
         ]
-        return LandingSurvey([t for t, root in roots.items() if root in found], sorted(unread))
+        tables = [t for t, root in roots.items() if root in found]
+        return LandingSurvey(tables, sorted(unread + self._unselected_partitions(storage, landing, tables)))
+
+    def _unselected_partitions(self, storage: Storage, landing: str, tables: list[str]) -> list[str]:
+        """A line per logical partition folder that a collection's `partitions` leave out: no
+        table reads its files (and, narrowed since, their rows leave `changes` as removed files'
+        do). A walk down to the journals of each collection with a selection."""
+        lines = []
+        for table in tables:
+            collection = self.collection(table)
+            if not collection.partitions:
+                continue
+            selected = "; ".join(f"{field}: {', '.join(values)}" for field, values in collection.partitions)
+            lines += [
+                f"{entry.uri}/: not among collection {collection.name}'s partitions ({selected}), so no table reads it"
+                for entry in self._collection_folders(storage, landing, table).unselected
+            ]
+        return lines
 
     def configured_tables(self, feed) -> list[str] | None:
         """A Flow feed names its collections in the configuration: they are its tables."""
@@ -571,17 +586,15 @@ class FlowJournalFormat(FeedFormat):
     # --- listing --------------------------------------------------------------------------------
     def journals(self, storage: Storage, landing: str, table: str) -> list[Journal]:
         """Every `pivot=` folder under the collection, through the selected logical partitions."""
-        return self._collection_folders(storage, landing, table)[0]
+        return self._collection_folders(storage, landing, table).journals
 
-    def _collection_folders(
-        self, storage: Storage, landing: str, table: str
-    ) -> tuple[list[Journal], list[tuple[Entry, str]]]:
-        """The journals (see `journals`) and the entries met on the way that are neither a logical
-        partition folder nor a journal folder, each with its path below the landing."""
+    def _collection_folders(self, storage: Storage, landing: str, table: str) -> _CollectionWalk:
+        """A walk of the collection's folders down to its journals (see `journals`)."""
         collection = self.collection(table)
         root = self._collection_root(landing, table)
         found: list[Journal] = []
         misfits: list[tuple[Entry, str]] = []
+        unselected: list[Entry] = []
 
         def descend(uri: str, relative: str) -> None:
             for entry in storage.list(uri):
@@ -596,11 +609,13 @@ class FlowJournalFormat(FeedFormat):
                     misfits.append((entry, child))
                 elif entry.name.startswith("pivot="):
                     found.append(Journal(uri=entry.uri, name=child))
-                elif collection.wants(*entry.name.split("=", 1)):  # unselected partitions: never listed
+                elif collection.wants(*entry.name.split("=", 1)):
                     descend(entry.uri, child)
+                else:  # never listed inside: discovery names the folder as read by no table
+                    unselected.append(entry)
 
         descend(root, collection.name)
-        return found, misfits
+        return _CollectionWalk(found, misfits, unselected)
 
     def _collection_root(self, landing: str, table: str) -> str:
         """The folder of the table's collection: its name's segments below the landing."""
@@ -610,9 +625,9 @@ class FlowJournalFormat(FeedFormat):
     def stray_files(self, storage: Storage, landing: str, table: str) -> list[tuple[Entry, str]]:
         """Every file under the collection's selected partitions that no hour reads, with the reason.
         One walk of every journal: a run's cost, not a sensor tick's."""
-        journals, misfits = self._collection_folders(storage, landing, table)
+        walk = self._collection_folders(storage, landing, table)
         strays = []
-        for entry, where in misfits:
+        for entry, where in walk.misfits:
             misfit = (
                 f"'{where}' is neither a logical partition (field=value) nor a journal (pivot=) folder, "
                 "so the file is in no journal"
@@ -625,7 +640,7 @@ class FlowJournalFormat(FeedFormat):
                     else [entry]
                 )
             ]
-        for journal in journals:
+        for journal in walk.journals:
             for entry in storage.walk_files(journal.uri, skip=is_hidden, follow_link=_in_the_fragment_layout):
                 reason = stray_reason(journal.name, entry.uri[len(journal.uri) + 1 :].split("/")[:-1])
                 # A file no one can open (a link that leads nowhere, a local name that is not

@@ -508,7 +508,7 @@ def state_asset(
                 report = fold(
                     table, spark.spark_session, work, batch, context.log, list(context.partition_keys)
                 )
-                layers = state_layers_stored(table, spark.spark_session, work)
+                layers = read_state_layers(table, spark.spark_session, work)
                 for layer in layers:
                     if layer.schema is not None:
                         add_column_schema(context, layer.key, layer.schema, list(context.partition_keys))
@@ -574,9 +574,9 @@ class StateLayer:
     schema: T.StructType | None
 
 
-def state_layers_stored(
-    table: AssetTable, session: SparkSession, work: pipeline.TableWork
-) -> list[StateLayer]:
+def read_state_layers(table: AssetTable, session: SparkSession, work: pipeline.TableWork) -> list[StateLayer]:
+    """Current and history as stored now: their rows and schema, from their files' footers
+    (read once a fold, for its materialisations and the column schema)."""
     table_state = TableState(work.layout, table.feed.name, table.name)
     found = []
     for key, uri in (
