@@ -237,8 +237,8 @@ def discover_feed(
 ) -> Discovery:
     """Discover one feed. `every_table=False` (the sensor's ticks) looks for the first hour only in
     the tables not pinned before, unless none is pinned yet: a tick with nothing new then costs
-    the survey's listings (the landing's top; a Flow feed's folders of collections), not one of
-    every table's hours. The tables `siblings`
+    the survey's listings (the landing's top; a Flow feed's folders of collections, down to the
+    journals of a collection with a `partitions` selection), not one of every table's hours. The tables `siblings`
     (`sharing_landing`) take are not named as left out."""
     fmt = format_for(feed)
     replaced = problem = None

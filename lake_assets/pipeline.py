@@ -60,7 +60,7 @@ from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout, parse_hour_key, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
-from lake_assets.storage import Entry, Storage, each_request, parquet_footer
+from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_request, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -430,7 +430,8 @@ class Ingested:
     files_catalogued: int  # stray landed files and quarantine copies recorded by this run
     #: landed files outside every valid partition (also in the batch's quarantined files)
     strays: list[Quarantined] = dataclasses.field(default_factory=list)
-    #: other partitions this run asked to run again (`request_reruns`)
+    #: partitions this run asked to run again (`_ask_partitions_to_run_again`): others, and its
+    #: own when a file landed during the run fills a hole in what they read
     reruns: list[str] = dataclasses.field(default_factory=list)
     #: partition -> the catalogued landed files the batch was read from (`record_stored`)
     read_from: dict[str, dict[str, processed.ProcessedFile]] = dataclasses.field(default_factory=dict)
@@ -495,7 +496,17 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
         files_catalogued=_catalogue_strays_and_copies(work, readable_strays, copies, log),
         strays=[Quarantined(e.uri, r) for e, r in strays],
         reruns=sorted(
-            {*holders_asked, *_ask_partitions_to_run_again(work, partitions, batch, own_files, log)}
+            {
+                *holders_asked,
+                *_ask_partitions_to_run_again(
+                    work,
+                    partitions,
+                    batch,
+                    own_files,
+                    {url for key in read_partitions for url in records.get(key, {})},
+                    log,
+                ),
+            }
         ),
         read_from={key: _note_of_what_was_held(records[key], uncopied, as_read) for key in partitions},
         partition_of=partition_of,
@@ -655,17 +666,20 @@ def _note_of_what_was_held(
 
 
 def _ask_partitions_to_run_again(
-    work: TableWork, partitions: list[str], batch: Batch, own_files: list[str], log
+    work: TableWork, partitions: list[str], batch: Batch, own_files: list[str], catalogued: set[str], log
 ) -> list[str]:
     """Ask the partitions that hold rows of this run's files (`request_reruns`), then those read
     across a hole its files (`own_files`) fill (`_ask_readers_of_filled_gaps`), and its own
-    partitions if a file that landed since its catalog step fills a hole in what it read
+    partitions if a file this run did not catalogue fills a hole in what it read
     (`_ask_again_for_holes_filled_meanwhile`), to run again; returns the partitions asked."""
     asked = request_reruns(work, batch.committed_elsewhere, log)
     # A file set aside fills no hole: asked to read it, the hour would find the same hole.
-    usable = sorted(set(own_files) - {item.uri for item in batch.quarantined})
-    asked += _ask_readers_of_filled_gaps(work, [*partitions, *asked], usable, log)
-    return [*asked, *_ask_again_for_holes_filled_meanwhile(work, partitions, batch.reading, log)]
+    set_aside = {item.uri for item in batch.quarantined}
+    asked += _ask_readers_of_filled_gaps(work, [*partitions, *asked], sorted(set(own_files) - set_aside), log)
+    return [
+        *asked,
+        *_ask_again_for_holes_filled_meanwhile(work, partitions, batch.reading, catalogued | set_aside, log),
+    ]
 
 
 def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed: list[str], log) -> list[str]:
@@ -683,22 +697,29 @@ def _ask_readers_of_filled_gaps(work: TableWork, leaving_out: list[str], landed:
 
 
 def _ask_again_for_holes_filled_meanwhile(
-    work: TableWork, partitions: list[str], reading: reruns.Reading | None, log
+    work: TableWork, partitions: list[str], reading: reruns.Reading | None, known: set[str], log
 ) -> list[str]:
-    """Ask `partitions` themselves to run again when what they read has a hole that a file
-    landed now holds bytes of. Such a file landed after this run's catalog step, and its own
-    run, which asks the readers of the holes it fills, may have looked before this run's
-    reading (and its mark) existed. Looked at under the table's lease, which this run holds
-    until its reading is recorded: a file landing after this look is its own run's to match
-    against the mark. Lists the hours from the run's first read (only for a reading with a
-    hole). Returns the partitions asked."""
+    """Ask `partitions` themselves to run again when what they read has a new hole that a file
+    landed now, and not `known` to the run (catalogued by it, or set aside), holds bytes of.
+    Such a file landed after this run's catalog step, and its own run, which asks the readers
+    of the holes it fills, may have looked before this run's reading (and its mark) existed.
+    Looked at under the table's lease, which this run holds until its reading is recorded: a
+    file landing after this look is its own run's to match against the mark. A hole the
+    partitions' readings had already (marked) was there for that run to find, so only a new
+    hole costs the look: a listing of the hours from the run's first read (one a file landing
+    in an hour before it is not looked for here). Returns the partitions asked."""
     if reading is None or not reading.gaps():
         return []
-    fmt, landing = work.fmt, work.feed.landing
+    storage, fmt, landing, feed, table = work.storage, work.fmt, work.feed.landing, work.feed.name, work.table
+    if reruns.holes_marked_before(storage, work.layout, feed, table, partitions, reading):
+        return []
     since = parse_hour_key(fmt.read_partitions(partitions)[0])
-    landed = [
-        e.uri for files in fmt.landed_hours(work.storage, landing, work.table, since).values() for e in files
-    ]
+    try:
+        hours = fmt.landed_hours(storage, landing, table, since)
+    except FILE_ERRORS as exc:  # the run's own read stands; the look is one more chance
+        log.warning(f"{feed}/{table}: files landed during the run not looked for: {first_line(exc)}")
+        return []
+    landed = [entry.uri for entries in hours.values() for entry in entries if entry.uri not in known]
     holed = dict.fromkeys(partitions, reading)
     return _ask_to_fill(work, reruns.filling_gaps(holed, fmt.byte_ranges(landing, landed)), log)
 
@@ -717,12 +738,12 @@ def _ask_to_fill(work: TableWork, filling: dict[str, list[reruns.ByteRange]], lo
 
 
 def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records: dict, log) -> list[str]:
-    """Ask the partitions whose changes may hold data of a file removed from `partitions` since
-    they were processed to run again (Flow: an hour whose stored changes were read from a removed
-    fragment, for a transaction acknowledged there or through a compaction holding its bytes).
-    The request stands until a fold of theirs that was read after it
-    (`reruns.request_read_since_removal`): once this run's notes no longer name the file,
-    nothing else would tell. The step holds the table's lease. Returns the partitions asked."""
+    """Ask the partitions holding data of a file removed from `partitions` since they were
+    processed (Flow: a compaction in another hour holding a removed fragment's bytes, which that
+    hour's run read from the removed one) to run again. The request stands until a fold of
+    theirs that was read after it (`reruns.request_read_since_removal`): once this run's notes
+    no longer name the file, nothing else would tell. The step holds the table's lease. Returns
+    the partitions asked."""
     storage, layout, fmt, feed, table = work.storage, work.layout, work.fmt, work.feed, work.table
     if not fmt.files_share_data:
         return []
@@ -734,27 +755,13 @@ def _ask_holders_of_removed_data(work: TableWork, partitions: list[str], records
         partitions,
         lambda damage: log.warning(f"{feed.name}/{table}: {damage} (this run writes it again)"),
     )
-    removed = {url: p for p, note in notes.items() for url in sorted(set(note) - set(records.get(p, {})))}
-    if not removed:
+    if not any(set(note) - set(records.get(p, {})) for p, note in notes.items()):
         return []
     keys = fmt.partition_keys(storage, feed.landing, table)
     landed = fmt.partitions_files(storage, feed.landing, table, keys)
     live = {p: landed.get(p, []) for p in partitions}
     holding = processed.holding_removed_data({**landed, **live}, notes, fmt.holding_removed_data)
-    read_from = reruns.readings_holding(
-        storage,
-        layout,
-        feed.name,
-        table,
-        fmt.byte_ranges(feed.landing, sorted(removed)),
-        set(partitions),
-        log.warning,
-    )
-    for partition, part in sorted(read_from.items()):
-        holding.setdefault(
-            partition, f"was read from {part.uri.rsplit('/', 1)[-1]}, removed from {removed[part.uri]}"
-        )
-    for partition, reason in sorted(holding.items()):
+    for partition, reason in holding.items():
         if partition not in partitions and reruns.request_read_since_removal(
             storage, layout, feed.name, table, partition, reason
         ):

@@ -83,10 +83,6 @@ class Reading:
         }
         return {stream: found for stream, found in holes.items() if found}
 
-    def read_any_of(self, part: ByteRange) -> bool:
-        """Whether the run read any of `part`'s bytes (from it or another file holding them)."""
-        return _overlaps(self.read.get(part.stream, ()), part)
-
     def answers(self, part: ByteRange) -> bool:
         """Whether a run asked to read `part` did: it read its bytes, or set the file aside as
         unusable (its own partition reports it; a repaired file is asked for again, as a file
@@ -175,12 +171,29 @@ def readings_with_gaps(
 ) -> dict[str, Reading]:
     """The partitions (but `leaving_out`) whose stored changes were read with a hole in a
     stream, with their readings: one listing of their marks, which is mostly empty."""
-    marked = json_files(storage, reading_gaps_folder(layout, feed, table))
-    partitions = [name for name in map(json_name, marked) if name not in leaving_out]
-    readings = _readings_of(
-        storage, layout, feed, table, "so no run asks it to fill its gap", partitions, warn
-    )
-    return {partition: reading for partition, reading in readings.items() if reading.gaps()}
+    marked = [
+        name
+        for name in (
+            json_name(entry) for entry in json_files(storage, reading_gaps_folder(layout, feed, table))
+        )
+        if name not in leaving_out
+    ]
+
+    def reading_of(partition: str) -> Reading | None:
+        try:
+            return read_reading(storage, layout, feed, table, partition)
+        except DamagedLakeFile as damaged:  # one damaged record stops no run
+            warn(
+                f"{feed}/{table}: the reading of {partition} is not read, so no run asks it to fill its gap: {damaged}"
+            )
+            return None
+
+    readings = each_request(reading_of, marked)
+    return {
+        partition: reading
+        for partition, reading in zip(marked, readings, strict=True)
+        if reading is not None and reading.gaps()
+    }
 
 
 def filling_gaps(readings: dict[str, Reading], parts: list[ByteRange]) -> dict[str, list[ByteRange]]:
@@ -200,55 +213,29 @@ def filling_gaps(readings: dict[str, Reading], parts: list[ByteRange]) -> dict[s
     return filling
 
 
-def readings_holding(
-    storage: Storage,
-    layout: LakeLayout,
-    feed: str,
-    table: str,
-    parts: list[ByteRange],
-    leaving_out: set[str],
-    warn: Callable[[str], None],
-) -> dict[str, ByteRange]:
-    """Partition (but `leaving_out`) -> the first of `parts` (bytes of files removed since) that
-    its stored changes were read some of: their rows may still be in its changes. Reads every
-    recorded reading, so a run asks this only once files were removed."""
-    if not parts:
-        return {}
-    partitions = sorted(read_partitions(storage, layout, feed, table) - leaving_out)
-    readings = _readings_of(storage, layout, feed, table, "so no run asks it to read again", partitions, warn)
-    found = {}
-    for partition, reading in readings.items():
-        held = next((part for part in parts if reading.read_any_of(part)), None)
-        if held is not None:
-            found[partition] = held
-    return found
+def holes_marked_before(
+    storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], reading: Reading
+) -> bool:
+    """Whether each of `partitions` is marked already (one listing) with a recorded reading
+    whose holes hold every hole of `reading` (read at once): a file filling them that landed
+    since found the mark. A reading that cannot be read answers no."""
+    marked = {json_name(entry) for entry in json_files(storage, reading_gaps_folder(layout, feed, table))}
+    if not set(partitions) <= marked:
+        return False
 
-
-def _readings_of(
-    storage: Storage,
-    layout: LakeLayout,
-    feed: str,
-    table: str,
-    consequence: str,
-    partitions: list[str],
-    warn: Callable[[str], None],
-) -> dict[str, Reading]:
-    """The recorded readings of `partitions`, read at once; one that is damaged is warned of
-    (with its `consequence`) and left out: it stops no run."""
-
-    def reading_of(partition: str) -> Reading | None:
+    def holds_the_holes(partition: str) -> bool:
         try:
-            return read_reading(storage, layout, feed, table, partition)
-        except DamagedLakeFile as damaged:
-            warn(f"{feed}/{table}: the reading of {partition} is not read, {consequence}: {damaged}")
-            return None
+            before = read_reading(storage, layout, feed, table, partition)
+        except DamagedLakeFile:
+            return False
+        old = before.gaps() if before else {}
+        return all(
+            any(start <= begin and end <= stop for start, stop in old.get(stream, ()))
+            for stream, holes in reading.gaps().items()
+            for begin, end in holes
+        )
 
-    readings = each_request(reading_of, partitions)
-    return {
-        partition: reading
-        for partition, reading in zip(partitions, readings, strict=True)
-        if reading is not None
-    }
+    return all(each_request(holds_the_holes, partitions))
 
 
 def read_reading(

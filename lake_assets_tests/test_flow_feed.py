@@ -1307,6 +1307,33 @@ def test_a_logical_partition_left_out_of_the_selection_is_named_by_every_run(spa
     assert sorted(r["id"] for r in rows(lake, "current", "acmeco_orders")) == [1, 2]  # a fold only adds
 
 
+def test_a_logical_partition_another_feed_over_the_landing_reads_is_not_named_as_unread(tmp_path):
+    """Two feeds over one landing split a collection's logical partitions between them: neither
+    names the other's folders as read by no table; a folder neither selects, both name."""
+    landing = tmp_path / "landing"
+    for category in ("Anvils", "Rockets", "Bolts"):
+        write_fragment(landing / "acmeCo" / "orders" / f"category={category}" / "pivot=00", 0, doc_line(1))
+    feeds = tuple(
+        FeedConfig(
+            name=name,
+            format="flow_journal",
+            landing=f"file://{landing}",
+            collections=(
+                CollectionConfig(name="acmeCo/orders", key=("/id",), partitions=(("category", (value,)),)),
+            ),
+        )
+        for name, value in (("flow_a", "Anvils"), ("flow_r", "Rockets"))
+    )
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=feeds)
+
+    found = discover(config, Storage(S3Config()))
+
+    for feed in found:
+        assert [line.split("/: ")[0].rsplit("/", 1)[-1] for line in feed.unread] == ["category=Bolts"], (
+            feed.unread
+        )
+
+
 @pytest.mark.parametrize("table", ["acmeco_orders", "acmeco_customers"])
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake, table):
     _, lake, instance = sample_lake
@@ -1597,32 +1624,6 @@ def test_reading_back_to_a_later_folders_bytes_stops_once_it_reaches_them_past_a
     listed = read.hours_read()
     assert "2024-06-01-15" in listed and min(f.name.begin for f in read.fragments) <= 300
     assert min(listed) >= "2024-06-01-00", sorted(listed)
-
-
-def test_a_fragment_removed_takes_its_documents_out_of_the_hour_of_their_acknowledgement(spark, tmp_path):
-    """A transaction's documents at 10 and its ACK at 11: they are in hour 11's changes, read
-    from hour 10's fragment. Once that fragment is removed, hour 10 runs again and empties, and
-    asks hour 11 to run again (its reading held the removed bytes), so the documents leave
-    `changes` in the same run, as one run over the landing as it stands would have it."""
-    journal, lake, config, instance = customers_lake(tmp_path)
-    hours = {
-        10: transaction_line(0, 0x0, 10) + transaction_line(1, 0x1, 10),
-        11: transaction_line(2, 0x2, 11, ack=True) + transaction_line(3, 0x0, 11),
-    }
-    begins = offsets_of(hours)
-    first = write_fragment(journal, begins[10], hours[10], hour=10)
-    write_fragment(journal, begins[11], hours[11], hour=11)
-    run_feeds(config, instance=instance, say=lambda _: None)
-    changes = {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")}
-    assert changes == {("10", 0), ("11", 1), ("11", 3)}
-
-    first.unlink()
-    said: list[str] = []
-    run_feeds(config, instance=instance, say=said.append)
-
-    assert {(r["hour"][-2:], r["id"]) for r in rows(lake, "changes", "acmeco_customers")} == {("11", 3)}
-    assert any("2024-06-01-11: to run again: was read from" in line for line in said), said
-    assert not list((lake / "_state").glob("**/reruns/**/*.json"))  # answered, so withdrawn
 
 
 def _originals_and_their_compaction_run(tmp_path):

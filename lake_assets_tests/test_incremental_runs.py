@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from lake_assets import lake_io, pipeline, processed, reruns
 from lake_assets.catalog.files import landed_records
 from lake_assets.cli import main
-from lake_assets.config import FeedConfig, LakeConfig, S3Config, dump_config
+from lake_assets.config import CollectionConfig, FeedConfig, LakeConfig, S3Config, dump_config
 from lake_assets.console import format_status
 from lake_assets.errors import LakeAssetsError
 from lake_assets.orchestration import io_managers
@@ -1005,6 +1005,43 @@ def test_a_request_made_after_a_removal_stands_until_a_reading_recorded_since(tm
     storage.write_bytes(old, json.dumps({"reason": "from before", "parts": []}).encode())
     assert reruns.read_reruns(storage, layout, "flow", "t")[hour(1)][0].after is None
     assert [r.uri for r in folds()] == [old]
+
+
+def test_a_run_read_across_a_new_hole_asks_itself_again_for_a_file_it_did_not_know_of(tmp_path):
+    """A run whose reading has a hole looks, before it lets the table go, for a landed file
+    filling it that it did not catalogue (one that landed during the run): its own hours are
+    asked to run again. A file it knew of (read, or set aside: the store refused it) asks
+    nothing, or the run would ask itself again and again; nor does a hole its hours' readings
+    had already, marked for the filling file's own run to find."""
+    from lake_assets import pipeline
+    from lake_assets.feeds.flow_journal import FlowJournalFormat
+
+    landing, storage, layout = tmp_path / "landing", Storage(S3Config()), LakeLayout(f"file://{tmp_path}")
+    collection = CollectionConfig(name="acmeCo/customers", key=("/id",))
+    feed = FeedConfig(
+        name="flow", format="flow_journal", landing=f"file://{landing}", collections=(collection,)
+    )
+    work = pipeline.TableWork(
+        feed, FlowJournalFormat((collection,)), "acmeco_customers", storage, layout, None, "a"
+    )
+    folder = landing / "acmeCo" / "customers" / "pivot=00" / "utc_date=2024-06-01" / "utc_hour=11"
+    folder.mkdir(parents=True)
+    fill = folder / f"{88:016x}-{182:016x}-{'0' * 40}.gz"
+    fill.write_bytes(b"x")
+    holed = reruns.Reading({"acmeCo/customers/pivot=00": ((0, 88), (182, 255))})
+    said: list[str] = []
+    log = type("Log", (), {"warning": staticmethod(said.append)})()
+    own = ["2024-06-01-12"]
+
+    def ask(known: set[str]) -> list[str]:
+        return pipeline._ask_again_for_holes_filled_meanwhile(work, own, holed, known, log)
+
+    assert ask({f"file://{fill}"}) == []
+    assert ask(set()) == own and f"file://{fill}" in said[0]
+    (request,) = reruns.read_reruns(storage, layout, "flow", "acmeco_customers")[own[0]]
+    assert [part.uri for part in request.parts] == [f"file://{fill}"]
+    reruns.leave_reading(storage, layout, "flow", "acmeco_customers", own, holed)
+    assert ask(set()) == []  # the hole was marked before: the file's own run asks
 
 
 def test_a_fold_answers_no_request_with_a_reading_another_run_stored_since(tmp_path):

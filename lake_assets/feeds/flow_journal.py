@@ -498,8 +498,12 @@ class FlowJournalFormat(FeedFormat):
             for fragment in _fragments_named(uris)
         ]
 
-    def __init__(self, collections: tuple[CollectionConfig, ...] = ()):
+    def __init__(
+        self, collections: tuple[CollectionConfig, ...] = (), siblings: tuple[CollectionConfig, ...] = ()
+    ):
         self.collections = {c.table: c for c in collections}
+        #: the collections of other feeds over the same landing (`surveying_with`)
+        self.siblings = siblings
 
     def configured(self, feed) -> FlowJournalFormat:
         return FlowJournalFormat(tuple(feed.collections or ()))
@@ -507,7 +511,7 @@ class FlowJournalFormat(FeedFormat):
     def surveying_with(self, siblings: Sequence) -> FlowJournalFormat:
         theirs = tuple(c for sibling in siblings for c in sibling.collections or ())
         # its own last: a sibling's collection of the same table name does not stand in for it
-        return FlowJournalFormat((*theirs, *self.collections.values())) if theirs else self
+        return FlowJournalFormat((*theirs, *self.collections.values()), theirs) if theirs else self
 
     def collection(self, table: str) -> CollectionConfig:
         try:
@@ -555,18 +559,26 @@ class FlowJournalFormat(FeedFormat):
         return LandingSurvey(tables, sorted(unread + self._unselected_partitions(storage, landing, tables)))
 
     def _unselected_partitions(self, storage: Storage, landing: str, tables: list[str]) -> list[str]:
-        """A line per logical partition folder that a collection's `partitions` leave out: no
-        table reads its files (and, narrowed since, their rows leave `changes` as removed files'
-        do). A walk down to the journals of each collection with a selection."""
+        """A line per logical partition folder that the feed's own collections' `partitions`
+        leave out and no other feed's collection of the same name reads: no table reads its
+        files (and, narrowed since, their rows leave `changes` as removed files' do). A walk
+        down to the journals of each collection with a selection; one that cannot be walked is
+        its runs' to report."""
         lines = []
         for table in tables:
             collection = self.collection(table)
-            if not collection.partitions:
+            if not collection.partitions or any(collection is c for c in self.siblings):
                 continue
+            others = [c for c in self.siblings if c.name == collection.name]
             selected = "; ".join(f"{field}: {', '.join(values)}" for field, values in collection.partitions)
+            try:
+                unselected = self._collection_folders(storage, landing, table).unselected
+            except OSError:
+                continue
             lines += [
                 f"{entry.uri}/: not among collection {collection.name}'s partitions ({selected}), so no table reads it"
-                for entry in self._collection_folders(storage, landing, table).unselected
+                for entry in unselected
+                if not any(other.wants(*entry.name.split("=", 1)) for other in others)
             ]
         return lines
 
