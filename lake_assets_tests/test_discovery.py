@@ -486,6 +486,12 @@ def test_the_tables_sensor_warns_of_what_no_table_reads_once_for_each_new_set(la
     cursor, warned = tick(quiet_cursor)
     assert len(warned) == 1 and "Accounts/: no table has this name" in warned[0], warned
     assert tick(cursor) == (cursor, [])
+    for n in range(NAMED_UNREAD):  # past the few a note names: a change there is new as well
+        (unit / f"z-notes-{n}.txt").write_text("not data")
+    cursor, warned = tick(cursor)
+    assert len(warned) == 1 and warned[0].endswith("and 1 more (`lake-assets discover` names each)")
+    (unit / f"z-notes-{NAMED_UNREAD - 1}.txt").rename(unit / "z-renamed.txt")
+    assert len(tick(cursor)[1]) == 1
 
 
 def test_a_table_whose_dagster_names_another_feeds_table_has_is_left_out_and_the_rest_loads(tmp_path, capsys):

@@ -1051,8 +1051,9 @@ def build_tables_sensor(
         # logged where the code location loads
         clashes = tables_of_every_feed([feed], {feed.name: found.pin})[1].values()
         notes = [note for note in (describe_unread(found), describe_absent(found), *clashes) if note]
-        # Said once for each new set of notes, not on every tick: the cursor keeps its digest.
-        notes_digest = short_digest("\n".join(notes))
+        # Said once for each new set of notes, not on every tick: the cursor keeps a digest of
+        # them and of every unread entry (a note names the first few only).
+        notes_digest = short_digest("\n".join([*notes, *found.unread]))
         if notes and notes_digest != context.cursor:
             for note in notes:
                 context.log.warning(note)
