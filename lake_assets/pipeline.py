@@ -60,7 +60,7 @@ from lake_assets.ingest import SPARK_REASON_CHARACTERS, Batch, read_batch
 from lake_assets.paths import LakeLayout, parse_hour_key, partition_folder
 from lake_assets.quarantine import REASON_SUFFIX, UNPARTITIONED, Quarantined, quarantine_file
 from lake_assets.spark_errors import SPARK_ERRORS, is_request_failure
-from lake_assets.storage import FILE_ERRORS, Entry, Storage, each_request, parquet_footer
+from lake_assets.storage import Entry, Storage, each_request, parquet_footer
 
 CHANGE_TIME_COLUMNS = (m.VERSION_AT,)  # the event time of a change-log file, for its catalog span
 STATE_TIME_COLUMNS = ("_fivetran_start", "_version_at")  # history files, then current files
@@ -503,7 +503,7 @@ def ingest(session: SparkSession, work: TableWork, partitions: list[str], log=_l
                     partitions,
                     batch,
                     own_files,
-                    {url for key in read_partitions for url in records.get(key, {})},
+                    {url for key in read_partitions for url in records[key]},
                     log,
                 ),
             }
@@ -705,20 +705,18 @@ def _ask_again_for_holes_filled_meanwhile(
     of the holes it fills, may have looked before this run's reading (and its mark) existed.
     Looked at under the table's lease, which this run holds until its reading is recorded: a
     file landing after this look is its own run's to match against the mark. A hole the
-    partitions' readings had already (marked) was there for that run to find, so only a new
-    hole costs the look: a listing of the hours from the run's first read (one a file landing
-    in an hour before it is not looked for here). Returns the partitions asked."""
+    partitions' readings had already (marked, with no file set aside that this reading uses)
+    was there for that run to find, so only a new hole costs the look: a listing of the hours
+    from the run's context hour on (a file landing during the run in an earlier hour is not
+    looked for). A listing that fails fails the step: skipped, the look would never be made,
+    as the hole is marked from then on. Returns the partitions asked."""
     if reading is None or not reading.gaps():
         return []
     storage, fmt, landing, feed, table = work.storage, work.fmt, work.feed.landing, work.feed.name, work.table
     if reruns.holes_marked_before(storage, work.layout, feed, table, partitions, reading):
         return []
     since = parse_hour_key(fmt.read_partitions(partitions)[0])
-    try:
-        hours = fmt.landed_hours(storage, landing, table, since)
-    except FILE_ERRORS as exc:  # the run's own read stands; the look is one more chance
-        log.warning(f"{feed}/{table}: files landed during the run not looked for: {first_line(exc)}")
-        return []
+    hours = fmt.landed_hours(storage, landing, table, since)
     landed = [entry.uri for entries in hours.values() for entry in entries if entry.uri not in known]
     holed = dict.fromkeys(partitions, reading)
     return _ask_to_fill(work, reruns.filling_gaps(holed, fmt.byte_ranges(landing, landed)), log)

@@ -217,8 +217,10 @@ def holes_marked_before(
     storage: Storage, layout: LakeLayout, feed: str, table: str, partitions: list[str], reading: Reading
 ) -> bool:
     """Whether each of `partitions` is marked already (one listing) with a recorded reading
-    whose holes hold every hole of `reading` (read at once): a file filling them that landed
-    since found the mark. A reading that cannot be read answers no."""
+    whose holes hold every hole of `reading` and which set aside no file `reading` does not
+    (read at once): a file filling those holes that landed since then was matched against the
+    mark by its own run (`filling_gaps` leaves out only the files a reading set aside). A
+    reading that cannot be read answers no."""
     marked = {json_name(entry) for entry in json_files(storage, reading_gaps_folder(layout, feed, table))}
     if not set(partitions) <= marked:
         return False
@@ -228,7 +230,9 @@ def holes_marked_before(
             before = read_reading(storage, layout, feed, table, partition)
         except DamagedLakeFile:
             return False
-        old = before.gaps() if before else {}
+        if before is None or not before.set_aside <= reading.set_aside:
+            return False
+        old = before.gaps()
         return all(
             any(start <= begin and end <= stop for start, stop in old.get(stream, ()))
             for stream, holes in reading.gaps().items()

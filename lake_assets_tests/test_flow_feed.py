@@ -1334,6 +1334,34 @@ def test_a_logical_partition_another_feed_over_the_landing_reads_is_not_named_as
         )
 
 
+def test_a_nested_logical_partition_is_read_by_another_feed_only_if_it_selects_each_level(tmp_path):
+    """Partitions two levels deep: the other feed over the landing selects `region=eu` only, so
+    `region=us/category=Rockets`, which this feed leaves out, is read by no table either."""
+    landing = tmp_path / "landing"
+    for region, category in (("us", "Anvils"), ("us", "Rockets"), ("eu", "Rockets")):
+        folder = landing / "acmeCo" / "orders" / f"region={region}" / f"category={category}"
+        write_fragment(folder / "pivot=00", 0, doc_line(1))
+
+    def feed(name: str, *selection: tuple[str, tuple[str, ...]]) -> FeedConfig:
+        orders = CollectionConfig(name="acmeCo/orders", key=("/id",), partitions=selection)
+        return FeedConfig(
+            name=name, format="flow_journal", landing=f"file://{landing}", collections=(orders,)
+        )
+
+    feeds = (
+        feed("flow_us", ("region", ("us",)), ("category", ("Anvils",))),
+        feed("flow_eu", ("region", ("eu",))),
+    )
+    config = LakeConfig(lake=f"file://{tmp_path / 'lake'}", feeds=feeds)
+
+    found = {f.feed.name: f.unread for f in discover(config, Storage(S3Config()))}
+
+    assert [line.split("/: ")[0].split("orders/")[1] for line in found["flow_us"]] == [
+        "region=us/category=Rockets"
+    ]
+    assert [line.split("/: ")[0].split("orders/")[1] for line in found["flow_eu"]] == []
+
+
 @pytest.mark.parametrize("table", ["acmeco_orders", "acmeco_customers"])
 def test_every_change_carries_the_instant_its_run_read_it(sample_lake, table):
     _, lake, instance = sample_lake

@@ -1042,6 +1042,11 @@ def test_a_run_read_across_a_new_hole_asks_itself_again_for_a_file_it_did_not_kn
     assert [part.uri for part in request.parts] == [f"file://{fill}"]
     reruns.leave_reading(storage, layout, "flow", "acmeco_customers", own, holed)
     assert ask(set()) == []  # the hole was marked before: the file's own run asks
+    # ... unless the marked reading set aside a file this one does not: the filling file's own
+    # run passed that reading over for it
+    aside = dataclasses.replace(holed, set_aside=frozenset({f"file://{fill}"}))
+    reruns.leave_reading(storage, layout, "flow", "acmeco_customers", own, aside)
+    assert ask(set()) == own
 
 
 def test_a_fold_answers_no_request_with_a_reading_another_run_stored_since(tmp_path):

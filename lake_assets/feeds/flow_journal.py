@@ -373,6 +373,12 @@ def _missing_between(journal: _JournalFragments, begin: int, end: int, later: se
     return not reached and any(gap.begin < end and gap.end > begin for gap in journal.cover()[1])
 
 
+def _selects_folder(collection: CollectionConfig, below_root: str) -> bool:
+    """Whether `collection` reads the logical partition folder at `below_root` (its path below
+    the collection's folder): it selects each `field=value` on the way."""
+    return all(collection.wants(*segment.split("=", 1)) for segment in below_root.split("/"))
+
+
 @dataclasses.dataclass(frozen=True)
 class _CollectionWalk:
     """What a walk of a collection's folders met: its journals (`pivot=` folders), the entries
@@ -575,10 +581,11 @@ class FlowJournalFormat(FeedFormat):
                 unselected = self._collection_folders(storage, landing, table).unselected
             except OSError:
                 continue
+            root = self._collection_root(landing, table)
             lines += [
                 f"{entry.uri}/: not among collection {collection.name}'s partitions ({selected}), so no table reads it"
                 for entry in unselected
-                if not any(other.wants(*entry.name.split("=", 1)) for other in others)
+                if not any(_selects_folder(other, entry.uri[len(root) + 1 :]) for other in others)
             ]
         return lines
 
